@@ -1,0 +1,87 @@
+# WorkManager. The two commands: `make run` (whole stack on loopback) and
+# `make test` (everything). Both install what is missing: Debian packages via
+# apt-get (through sudo when not root) and pinned Go tools into .tools/.
+
+SHELL := /bin/bash
+TOOLS := $(CURDIR)/.tools/bin
+TEMPORAL_CLI_VERSION := v1.5.1
+PROTOC_GEN_GO_VERSION := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.0
+GRPCURL_VERSION := v1.9.3
+WORKFLOWCHECK_VERSION := v0.6.0
+DEB_PACKAGES := redis-server redis-tools python3
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+TEST_TIMEOUT ?= 15m
+
+.PHONY: run test unit integration bench deps tools proto build clean vet
+
+run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
+	bin/devstack $(RUN_FLAGS)
+
+test: deps tools vet
+	go test -timeout $(TEST_TIMEOUT) ./...
+
+unit: vet
+	go test -timeout 5m -short $$(go list ./... | grep -v /test/integration)
+
+integration: deps tools
+	go test -timeout $(TEST_TIMEOUT) -v ./test/integration/
+
+bench: deps
+	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./engines/python/
+
+# go vet, plus workflowcheck: workflow code must stay deterministic.
+vet: $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp
+	go vet ./...
+	$(TOOLS)/workflowcheck ./workflows/...
+
+build:
+	go build -o bin/ ./cmd/worker ./cmd/api ./cmd/devstack
+
+# Debian packages, installed only when a command is missing.
+deps:
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
+	command -v python3 >/dev/null || missing="$$missing python3"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+tools: $(TOOLS)/temporal-$(TEMPORAL_CLI_VERSION).stamp $(TOOLS)/daprd
+
+# The temporal CLI (dev server + Web UI), pinned; rebuilt when the pin changes.
+$(TOOLS)/temporal-$(TEMPORAL_CLI_VERSION).stamp:
+	@mkdir -p $(TOOLS)
+	GOBIN=$(TOOLS) go install github.com/temporalio/cli/cmd/temporal@$(TEMPORAL_CLI_VERSION)
+	@touch $@
+
+# daprd v1.14.0 from the tool module in deploy/dapr/daprd (dapr's go.mod has
+# replace directives, so `go install` cannot build it).
+$(TOOLS)/daprd: deploy/dapr/daprd/go.mod deploy/dapr/daprd/go.sum deploy/dapr/daprd/main.go
+	@mkdir -p $(TOOLS)
+	cd deploy/dapr/daprd && go build -tags stablecomponents -o $(TOOLS)/daprd .
+
+$(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp:
+	@mkdir -p $(TOOLS)
+	GOBIN=$(TOOLS) go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
+	@touch $@
+
+$(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp:
+	@mkdir -p $(TOOLS)
+	GOBIN=$(TOOLS) go install go.temporal.io/sdk/contrib/tools/workflowcheck@$(WORKFLOWCHECK_VERSION)
+	@touch $@
+
+$(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc:
+	GOBIN=$(TOOLS) go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(TOOLS) go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+# Regenerate the committed protobuf code.
+proto: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
+	@command -v protoc >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq protobuf-compiler; }
+	PATH=$(TOOLS):$$PATH protoc -I proto --go_out=proto --go_opt=paths=source_relative \
+		--go-grpc_out=proto --go-grpc_opt=paths=source_relative proto/workmanager/v1/workmanager.proto
+
+clean:
+	rm -rf bin .run

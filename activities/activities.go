@@ -1,0 +1,166 @@
+// Package activities owns the side effects of worker lifecycle workflows:
+// fetching and verifying code, load-checking it with its engine, persisting
+// config, history and code, attaching and detaching workers on this node, and
+// publishing lifecycle events. Every activity is idempotent so that Temporal
+// may retry it; errors caused by the request itself are returned as
+// non-retryable application errors of type ErrTypeInvalidArgument.
+package activities
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/codesource"
+	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/node"
+	"github.com/virtufin/workmanager/internal/state"
+)
+
+// ErrTypeInvalidArgument marks errors caused by bad input (bad code, wrong
+// sha256, unknown MIME type). The API maps it to INVALID_ARGUMENT.
+const ErrTypeInvalidArgument = "InvalidArgument"
+
+// Activities carries the dependencies of every activity.
+type Activities struct {
+	Catalog *catalog.Catalog
+	Node    *node.Node
+	Events  *lifecycle.Emitter
+	Fetcher codesource.Fetcher
+}
+
+// PrepareCodeInput names the code a worker is about to load.
+type PrepareCodeInput struct {
+	Worker catalog.Worker
+	Ref    catalog.CodeRef
+}
+
+// PrepareCode gets the code body (from the staging area or its URL), checks
+// its SHA-256, load-checks it with the worker's engine and stores it under
+// its SHA-256. Nothing is stored when any step fails.
+func (a *Activities) PrepareCode(ctx context.Context, in PrepareCodeInput) (catalog.CodeRef, error) {
+	var body []byte
+	var err error
+	switch in.Ref.SourceKind {
+	case "url":
+		body, err = a.Fetcher.Fetch(ctx, in.Ref.URL, in.Ref.SHA256)
+	case "content":
+		body, err = a.Catalog.GetStaged(ctx, in.Ref.SHA256)
+		if errors.Is(err, state.ErrNotFound) {
+			// Already moved by an earlier attempt of this activity?
+			if body, err = a.Catalog.GetCode(ctx, in.Ref.SHA256); errors.Is(err, state.ErrNotFound) {
+				err = fmt.Errorf("%w: uploaded code %s expired before it was loaded; send it again", codesource.ErrInvalid, in.Ref.SHA256)
+			}
+		}
+	default:
+		err = fmt.Errorf("%w: unknown source kind %q", codesource.ErrInvalid, in.Ref.SourceKind)
+	}
+	if err != nil {
+		return catalog.CodeRef{}, classify(err)
+	}
+	if err := a.Node.Check(ctx, in.Worker, body); err != nil {
+		if in.Ref.SourceKind == "content" {
+			_ = a.Catalog.DeleteStaged(ctx, in.Ref.SHA256)
+		}
+		return catalog.CodeRef{}, classify(err)
+	}
+	if _, err := a.Catalog.PutCode(ctx, body); err != nil {
+		return catalog.CodeRef{}, err
+	}
+	if in.Ref.SourceKind == "content" {
+		if err := a.Catalog.DeleteStaged(ctx, in.Ref.SHA256); err != nil {
+			return catalog.CodeRef{}, err
+		}
+	}
+	return in.Ref, nil
+}
+
+// EventSpec is one lifecycle event to publish; ID is deterministic so that a
+// retried activity republishes the same event.
+type EventSpec struct {
+	ID   string
+	Kind lifecycle.Kind
+}
+
+// ApplyInput is a worker's new state.
+type ApplyInput struct {
+	Worker  catalog.Worker
+	History *catalog.HistoryEntry
+	Events  []EventSpec
+}
+
+// Apply makes this node serve the worker as described (attach, hot-swap code
+// or detach), then persists the record (and history entry), then publishes the
+// lifecycle events. The node goes first so that a worker whose code cannot be
+// attached is never persisted.
+func (a *Activities) Apply(ctx context.Context, in ApplyInput) error {
+	err := a.Node.Apply(ctx, in.Worker, func(ctx context.Context) error {
+		if err := a.Catalog.SaveWorker(ctx, in.Worker); err != nil {
+			return err
+		}
+		if in.History != nil {
+			return a.Catalog.AppendHistory(ctx, in.Worker.ID, *in.History)
+		}
+		return nil
+	})
+	if err != nil {
+		return classify(err)
+	}
+	return a.emit(ctx, in.Worker, in.Events)
+}
+
+// DeleteInput names the worker to delete.
+type DeleteInput struct {
+	Worker  catalog.Worker
+	EventID string
+}
+
+// Delete detaches the worker, removes its config and history, and publishes
+// the deleted event.
+func (a *Activities) Delete(ctx context.Context, in DeleteInput) error {
+	if err := a.Node.Remove(ctx, in.Worker.ID, func(ctx context.Context) error {
+		return a.Catalog.DeleteWorker(ctx, in.Worker.ID)
+	}); err != nil {
+		return err
+	}
+	return a.emit(ctx, in.Worker, []EventSpec{{ID: in.EventID, Kind: lifecycle.Deleted}})
+}
+
+// ListWorkers returns every persisted worker (recovery).
+func (a *Activities) ListWorkers(ctx context.Context) ([]catalog.Worker, error) {
+	return a.Catalog.ListWorkers(ctx)
+}
+
+// Activate makes this node match a persisted worker (recovery). It re-reads
+// the record so that a change made since the list was taken wins.
+func (a *Activities) Activate(ctx context.Context, id string) error {
+	return classify(a.Node.Sync(ctx, id))
+}
+
+func (a *Activities) emit(ctx context.Context, w catalog.Worker, events []EventSpec) error {
+	for _, e := range events {
+		d := lifecycle.Data{WorkerID: w.ID, Group: w.Group, Topic: w.Topic, CodeVersion: w.CodeVersion}
+		if err := a.Events.Emit(ctx, e.ID, e.Kind, d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// classify turns errors caused by the request into non-retryable
+// InvalidArgument application errors; everything else stays retryable.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, bad := range []error{engines.ErrInvalidCode, engines.ErrUnknownMIMEType, codesource.ErrInvalid, catalog.ErrInvalidSpec} {
+		if errors.Is(err, bad) {
+			return temporal.NewNonRetryableApplicationError(err.Error(), ErrTypeInvalidArgument, nil)
+		}
+	}
+	return err
+}

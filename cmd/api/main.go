@@ -1,0 +1,90 @@
+// Command api serves the WorkManager control API (gRPC, with server
+// reflection and the standard health service). It only wires packages
+// together: the handlers live in internal/api.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	dapr "github.com/dapr/go-sdk/client"
+	"go.temporal.io/sdk/client"
+	tlog "go.temporal.io/sdk/log"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/virtufin/workmanager/engines/builtin"
+	"github.com/virtufin/workmanager/internal/api"
+	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/state"
+	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+)
+
+func main() {
+	cfg, err := loadConfig()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "workmanager api: bad configuration:", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, log, cfg); err != nil {
+		log.Error("api failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, log *slog.Logger, cfg config) error {
+	conn, err := grpc.NewClient(cfg.DaprGRPCAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("dapr connection: %w", err)
+	}
+	defer conn.Close()
+	cat := catalog.New(state.NewDaprStore(dapr.NewClientWithConnection(conn), cfg.StateStore))
+	reg, err := builtin.Registry(builtin.Config{Logger: log})
+	if err != nil {
+		return err
+	}
+	tc, err := client.DialContext(ctx, client.Options{HostPort: cfg.TemporalAddress, Namespace: cfg.TemporalNamespace,
+		Logger: tlog.NewStructuredLogger(log.With("component", "temporal"))})
+	if err != nil {
+		return fmt.Errorf("temporal: %w", err)
+	}
+	defer tc.Close()
+
+	srv := grpc.NewServer()
+	pb.RegisterWorkManagerServiceServer(srv, api.New(log, tc, cat, reg.MIMETypes(), cfg.OperationTimeout))
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(pb.WorkManagerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(srv, hs)
+	reflection.Register(srv)
+
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Addr, err)
+	}
+	go func() {
+		<-ctx.Done()
+		hs.Shutdown()
+		done := make(chan struct{})
+		go func() { srv.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			srv.Stop()
+		}
+	}()
+	log.Info("api listening", "addr", ln.Addr().String())
+	return srv.Serve(ln)
+}

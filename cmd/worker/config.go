@@ -1,0 +1,80 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+)
+
+// config is the node's typed configuration, read from the environment.
+type config struct {
+	HTTPAddr          string        // WORKMANAGER_HTTP_ADDR
+	TemporalAddress   string        // TEMPORAL_ADDRESS
+	TemporalNamespace string        // TEMPORAL_NAMESPACE
+	DaprGRPCAddress   string        // DAPR_GRPC_ADDRESS
+	PubSub            string        // DAPR_PUBSUB
+	StateStore        string        // DAPR_STATESTORE
+	RecoveryOnStart   bool          // WORKER_RECOVERY_ON_START
+	MaxConcurrency    int           // WORKER_MAX_CONCURRENCY
+	WorkerTimeout     time.Duration // WORKER_TIMEOUT
+	PythonProcesses   int           // PYTHON_PROCESSES
+	PythonSpinWait    time.Duration // PYTHON_SPIN_WAIT (negative: never spin)
+	ReconcileInterval time.Duration // RECONCILE_INTERVAL (0 disables)
+	LogLevel          slog.Level    // LOG_LEVEL
+}
+
+func loadConfig() (config, error) {
+	c := config{
+		HTTPAddr:          env("WORKMANAGER_HTTP_ADDR", "127.0.0.1:8080"),
+		TemporalAddress:   env("TEMPORAL_ADDRESS", "127.0.0.1:7233"),
+		TemporalNamespace: env("TEMPORAL_NAMESPACE", "default"),
+		DaprGRPCAddress:   env("DAPR_GRPC_ADDRESS", "127.0.0.1:50001"),
+		PubSub:            env("DAPR_PUBSUB", "pubsub"),
+		StateStore:        env("DAPR_STATESTORE", "statestore"),
+	}
+	var err error
+	parse := func(name string, f func(string) error) {
+		if v, ok := os.LookupEnv(name); ok && err == nil {
+			if e := f(v); e != nil {
+				err = fmt.Errorf("%s=%q: %w", name, v, e)
+			}
+		}
+	}
+	c.RecoveryOnStart, c.MaxConcurrency, c.WorkerTimeout, c.PythonProcesses, c.ReconcileInterval = true, 8, 30*time.Second, 1, 30*time.Second
+	parse("WORKER_RECOVERY_ON_START", func(v string) (e error) { c.RecoveryOnStart, e = strconv.ParseBool(v); return })
+	parse("WORKER_MAX_CONCURRENCY", func(v string) (e error) { c.MaxConcurrency, e = strconv.Atoi(v); return })
+	parse("WORKER_TIMEOUT", func(v string) (e error) { c.WorkerTimeout, e = time.ParseDuration(v); return })
+	parse("PYTHON_PROCESSES", func(v string) (e error) { c.PythonProcesses, e = strconv.Atoi(v); return })
+	parse("PYTHON_SPIN_WAIT", func(v string) (e error) { c.PythonSpinWait, e = time.ParseDuration(v); return })
+	parse("RECONCILE_INTERVAL", func(v string) (e error) { c.ReconcileInterval, e = time.ParseDuration(v); return })
+	parse("LOG_LEVEL", func(v string) error { return c.LogLevel.UnmarshalText([]byte(v)) })
+	if err != nil {
+		return c, err
+	}
+	return c, c.validate()
+}
+
+func (c config) validate() error {
+	switch {
+	case c.MaxConcurrency < 1:
+		return fmt.Errorf("WORKER_MAX_CONCURRENCY must be at least 1, got %d", c.MaxConcurrency)
+	case c.WorkerTimeout <= 0:
+		return fmt.Errorf("WORKER_TIMEOUT must be positive, got %s", c.WorkerTimeout)
+	case c.PythonProcesses < 1:
+		return fmt.Errorf("PYTHON_PROCESSES must be at least 1, got %d", c.PythonProcesses)
+	case c.ReconcileInterval < 0:
+		return fmt.Errorf("RECONCILE_INTERVAL must not be negative, got %s", c.ReconcileInterval)
+	case c.TemporalAddress == "" || c.DaprGRPCAddress == "" || c.HTTPAddr == "":
+		return fmt.Errorf("TEMPORAL_ADDRESS, DAPR_GRPC_ADDRESS and WORKMANAGER_HTTP_ADDR must not be empty")
+	}
+	return nil
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}

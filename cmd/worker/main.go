@@ -1,0 +1,117 @@
+// Command worker runs a WorkManager node: the Temporal worker for lifecycle
+// workflows and activities, the Dapr subscriptions of the hot path, the
+// engines, and the health endpoints. It only wires packages together.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
+	dapr "github.com/dapr/go-sdk/client"
+	"go.temporal.io/sdk/client"
+	tlog "go.temporal.io/sdk/log"
+	"go.temporal.io/sdk/worker"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/virtufin/workmanager/activities"
+	"github.com/virtufin/workmanager/engines/builtin"
+	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/health"
+	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/node"
+	"github.com/virtufin/workmanager/internal/publish"
+	"github.com/virtufin/workmanager/internal/startup"
+	"github.com/virtufin/workmanager/internal/state"
+	"github.com/virtufin/workmanager/workflows"
+)
+
+func main() {
+	cfg, err := loadConfig()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "workmanager worker: bad configuration:", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, log, cfg); err != nil {
+		log.Error("worker node failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, log *slog.Logger, cfg config) error {
+	conn, err := grpc.NewClient(cfg.DaprGRPCAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("dapr connection: %w", err)
+	}
+	defer conn.Close()
+	daprClient := dapr.NewClientWithConnection(conn)
+
+	reg, err := builtin.Registry(builtin.Config{Logger: log, PythonProcesses: cfg.PythonProcesses,
+		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait})
+	if err != nil {
+		return err
+	}
+	cat := catalog.New(state.NewDaprStore(daprClient, cfg.StateStore))
+	pub := publish.NewDapr(daprClient, cfg.PubSub)
+	events := lifecycle.NewEmitter(pub)
+	disp := dispatch.New(ctx, log, dispatch.DaprSubscriber{Client: runtimev1.NewDaprClient(conn)}, pub, events,
+		dispatch.Config{PubSub: cfg.PubSub, MaxConcurrency: cfg.MaxConcurrency})
+	n := node.New(log, cat, reg, disp, cfg.WorkerTimeout)
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		n.Shutdown(sctx)
+	}()
+
+	h := health.New()
+	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: h.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("health listener: %w", err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+
+	tc, err := client.DialContext(ctx, client.Options{HostPort: cfg.TemporalAddress, Namespace: cfg.TemporalNamespace,
+		Logger: tlog.NewStructuredLogger(log.With("component", "temporal"))})
+	if err != nil {
+		return fmt.Errorf("temporal: %w", err)
+	}
+	defer tc.Close()
+	w := worker.New(tc, workflows.TaskQueue, worker.Options{})
+	w.RegisterWorkflow(workflows.WorkerWorkflow)
+	w.RegisterWorkflow(workflows.RecoveryWorkflow)
+	w.RegisterActivity(&activities.Activities{Catalog: cat, Node: n, Events: events})
+	if err := w.Start(); err != nil {
+		return fmt.Errorf("temporal worker: %w", err)
+	}
+	defer w.Stop()
+	log.Info("node started", "http", cfg.HTTPAddr, "temporal", cfg.TemporalAddress, "dapr", cfg.DaprGRPCAddress)
+
+	if cfg.RecoveryOnStart {
+		go func() {
+			if err := startup.Recover(ctx, log, tc, n, h); err != nil && !errors.Is(err, context.Canceled) {
+				log.Error("recovery failed", "err", err)
+			}
+		}()
+	} else {
+		h.Set(health.Recovery, health.Healthy, "recovery on start disabled")
+	}
+	go startup.ReconcileLoop(ctx, log, n, cfg.ReconcileInterval)
+	<-ctx.Done()
+	log.Info("node stopping")
+	return nil
+}

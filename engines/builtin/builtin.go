@@ -1,0 +1,38 @@
+// Package builtin registers every built-in engine in one place. Adding an
+// engine is a new package under engines/ plus one line here.
+package builtin
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/python"
+)
+
+// Config carries the settings of the built-in engines.
+type Config struct {
+	Logger *slog.Logger
+	// PythonProcesses is the number of Python subprocesses per worker.
+	PythonProcesses int
+	// DefaultTimeout bounds one message when a worker sets none.
+	DefaultTimeout time.Duration
+	// PythonSpinWait is how long a Python call busy-polls for its reply
+	// (0: engine default, negative: never).
+	PythonSpinWait time.Duration
+}
+
+// Registry returns a registry with every built-in engine. Constructing an
+// engine starts nothing: processes are started when a worker is loaded.
+func Registry(cfg Config) (*engines.Registry, error) {
+	reg := engines.NewRegistry()
+	for _, e := range []engines.Engine{
+		python.New(python.Config{Processes: cfg.PythonProcesses, DefaultTimeout: cfg.DefaultTimeout,
+			SpinWait: cfg.PythonSpinWait, Logger: cfg.Logger}),
+	} {
+		if err := reg.Register(e); err != nil {
+			return nil, err
+		}
+	}
+	return reg, nil
+}

@@ -1,0 +1,157 @@
+// Package engines owns the contract between WorkManager and the runtimes that
+// execute worker code (Python, native libraries, .NET, ...), and the registry
+// that maps a worker's MIME type to the engine that runs it.
+//
+// An engine is a driver in the Nomad sense: one small interface (Engine and
+// Instance), capabilities described as data (Capabilities), optional features as
+// small extra interfaces, and every built-in registered in one place
+// (engines/builtin). Every engine must pass the conformance suite in
+// engines/enginetest.
+package engines
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+)
+
+// Engine loads worker code of one or more MIME types.
+type Engine interface {
+	// Info describes the engine; it must be cheap and constant.
+	Info() Info
+	// Check verifies that code would load (compiles, exports what the ABI
+	// requires) without keeping anything running. It returns an error wrapping
+	// ErrInvalidCode with a message that says what is wrong when the code is bad.
+	Check(ctx context.Context, spec Spec, code []byte) error
+	// Load starts an Instance that serves spec with code. Bad code gives an
+	// error wrapping ErrInvalidCode.
+	Load(ctx context.Context, spec Spec, code []byte) (Instance, error)
+}
+
+// Instance is one loaded version of one worker's code.
+//
+// Process must be safe for concurrent use; an engine that cannot run calls in
+// parallel serializes them itself (and says so in Capabilities). Hot reload is
+// done by the caller: it loads a new Instance, routes new messages to it and
+// closes the old one once its in-flight calls returned.
+type Instance interface {
+	// Process runs the worker on one input event and returns its outputs (zero
+	// or more). A worker failure returns an error wrapping ErrWorkerFailed; a
+	// call that exceeded its deadline returns one wrapping ErrTimeout. The
+	// input is only valid during the call: the caller reuses it afterwards.
+	Process(ctx context.Context, in *event.Event) ([]event.Event, error)
+	// Close releases everything the instance holds (processes, handles,
+	// temporary files). It waits for in-flight calls at most until ctx ends.
+	Close(ctx context.Context) error
+}
+
+// Info describes an engine as data.
+type Info struct {
+	// Name is a short identifier used in logs and metrics ("python").
+	Name string
+	// MIMETypes are the worker MIME types this engine serves.
+	MIMETypes []string
+	// Capabilities says what the engine can and cannot do.
+	Capabilities Capabilities
+}
+
+// Capabilities are the properties of an engine that callers may rely on.
+type Capabilities struct {
+	// InProcess is true when worker code runs inside the WorkManager process (a
+	// crash in it ends the node).
+	InProcess bool
+	// Interruptible is true when a call that exceeds its deadline is really
+	// stopped (false: the engine reports ErrTimeout but the call keeps running).
+	Interruptible bool
+	// ParallelCalls is the number of calls one Instance runs at the same time
+	// (0 means unbounded: the caller's bound applies).
+	ParallelCalls int
+}
+
+// Spec is what an engine knows about the worker it loads.
+type Spec struct {
+	WorkerID string
+	MIMEType string
+	Topic    string
+	Group    string
+	// Timeout bounds one Process call; 0 means the engine's default.
+	Timeout time.Duration
+	// Logger receives the worker's own log output.
+	Logger *slog.Logger
+}
+
+// Errors engines wrap so that callers can classify failures without knowing
+// the engine.
+var (
+	// ErrInvalidCode: the code does not compile or load. Not retryable.
+	ErrInvalidCode = errors.New("invalid worker code")
+	// ErrWorkerFailed: the worker raised an error while processing a message.
+	ErrWorkerFailed = errors.New("worker failed")
+	// ErrTimeout: the worker did not answer within its timeout.
+	ErrTimeout = errors.New("worker timed out")
+	// ErrClosed: the instance was closed (the call may have been cut off by
+	// a stop or a reload); the message should be redelivered.
+	ErrClosed = errors.New("worker instance closed")
+	// ErrUnknownMIMEType: no engine is registered for the MIME type.
+	ErrUnknownMIMEType = errors.New("unknown MIME type")
+)
+
+// Registry maps MIME types to engines. The zero value is not usable; use
+// NewRegistry.
+type Registry struct {
+	mu      sync.RWMutex
+	engines map[string]Engine
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry { return &Registry{engines: map[string]Engine{}} }
+
+// Register adds an engine for every MIME type in its Info. Registering a MIME
+// type twice is a programming error and returns an error.
+func (r *Registry) Register(e Engine) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	info := e.Info()
+	if len(info.MIMETypes) == 0 {
+		return fmt.Errorf("engine %q declares no MIME type", info.Name)
+	}
+	for _, m := range info.MIMETypes {
+		if old, ok := r.engines[m]; ok {
+			return fmt.Errorf("MIME type %q is already served by engine %q", m, old.Info().Name)
+		}
+	}
+	for _, m := range info.MIMETypes {
+		r.engines[m] = e
+	}
+	return nil
+}
+
+// Lookup returns the engine for a MIME type, or an error wrapping
+// ErrUnknownMIMEType that lists the supported ones.
+func (r *Registry) Lookup(mimeType string) (Engine, error) {
+	r.mu.RLock()
+	e, ok := r.engines[mimeType]
+	r.mu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("%w %q (supported: %v)", ErrUnknownMIMEType, mimeType, r.MIMETypes())
+	}
+	return e, nil
+}
+
+// MIMETypes lists the registered MIME types, sorted.
+func (r *Registry) MIMETypes() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]string, 0, len(r.engines))
+	for m := range r.engines {
+		out = append(out, m)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,192 @@
+package python_test
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/python"
+)
+
+// benchEvent returns an event whose JSON data is 1 KiB.
+func benchEvent(b *testing.B) *event.Event {
+	ev := event.New()
+	ev.SetID("bench-1")
+	ev.SetSource("/bench")
+	ev.SetType("bench.request")
+	ev.SetExtension("correlationid", "corr-bench")
+	data := map[string]string{"payload": strings.Repeat("x", 1024-len(`{"payload":""}`))}
+	if err := ev.SetData(event.ApplicationJSON, data); err != nil {
+		b.Fatal(err)
+	}
+	if len(ev.Data()) != 1024 {
+		b.Fatalf("data is %d bytes", len(ev.Data()))
+	}
+	return &ev
+}
+
+// reportLatencies reports p50/p99 of the per-iteration durations.
+func reportLatencies(b *testing.B, d []time.Duration) {
+	if len(d) == 0 {
+		return
+	}
+	slices.Sort(d)
+	pct := func(p float64) float64 {
+		return float64(d[int(p*float64(len(d)-1))].Nanoseconds()) / 1e3
+	}
+	b.ReportMetric(pct(0.50), "p50-µs")
+	b.ReportMetric(pct(0.99), "p99-µs")
+}
+
+const benchEcho = `
+def process(event):
+    return {"type": "bench.echo", "data": event["data"], "correlationid": event.get("correlationid")}
+`
+
+func BenchmarkPythonRoundTrip1KiB(b *testing.B) {
+	benchRoundTrip(b, python.Config{})
+}
+
+// BenchmarkPythonRoundTrip1KiBNoSpin is the same without busy-polling: every
+// reply and request wakes a sleeping thread.
+func BenchmarkPythonRoundTrip1KiBNoSpin(b *testing.B) {
+	benchRoundTrip(b, python.Config{SpinWait: -1})
+}
+
+func benchRoundTrip(b *testing.B, cfg python.Config) {
+	e := newEngine(b, cfg)
+	ctx := context.Background()
+	inst, err := e.Load(ctx, engines.Spec{WorkerID: "bench", MIMEType: python.MIMEType}, []byte(benchEcho))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer inst.Close(ctx)
+	in := benchEvent(b)
+	for range 1000 { // warm up
+		if _, err := inst.Process(ctx, in); err != nil {
+			b.Fatal(err)
+		}
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		t0 := time.Now()
+		out, err := inst.Process(ctx, in)
+		lat = append(lat, time.Since(t0))
+		if err != nil || len(out) != 1 || len(out[0].Data()) != 1024 {
+			b.Fatalf("Process: %v (%d outputs)", err, len(out))
+		}
+	}
+	b.StopTimer()
+	reportLatencies(b, lat)
+}
+
+// bareEcho is the naive baseline: length-prefixed JSON over stdin/stdout.
+const bareEcho = `
+import json, struct, sys
+r, w = sys.stdin.buffer, sys.stdout.buffer
+while True:
+    h = r.read(4)
+    if len(h) < 4:
+        break
+    msg = json.loads(r.read(struct.unpack("<I", h)[0]))
+    out = json.dumps(msg).encode()
+    w.write(struct.pack("<I", len(out)) + out)
+    w.flush()
+`
+
+func BenchmarkBarePipeEcho1KiB(b *testing.B) {
+	out, err := exec.Command("python3", "-c", "import sys; print(sys.executable)").Output()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(strings.TrimSpace(string(out)), "-I", "-c", bareEcho)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		stdin.Close()
+		cmd.Wait()
+	}()
+	in := benchEvent(b)
+	var hdr [4]byte
+	roundTrip := func() event.Event {
+		payload, err := json.Marshal(in)
+		if err != nil {
+			b.Fatal(err)
+		}
+		msg := binary.LittleEndian.AppendUint32(nil, uint32(len(payload)))
+		if _, err := stdin.Write(append(msg, payload...)); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(stdout, hdr[:]); err != nil {
+			b.Fatal(err)
+		}
+		reply := make([]byte, binary.LittleEndian.Uint32(hdr[:]))
+		if _, err := io.ReadFull(stdout, reply); err != nil {
+			b.Fatal(err)
+		}
+		var ev event.Event
+		if err := json.Unmarshal(reply, &ev); err != nil {
+			b.Fatal(err)
+		}
+		return ev
+	}
+	for range 1000 {
+		roundTrip()
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		t0 := time.Now()
+		ev := roundTrip()
+		lat = append(lat, time.Since(t0))
+		if len(ev.Data()) < 1024 {
+			b.Fatalf("echo data is %d bytes", len(ev.Data()))
+		}
+	}
+	b.StopTimer()
+	reportLatencies(b, lat)
+}
+
+// BenchmarkPythonParallel1KiB measures throughput with two processes serving
+// calls from several goroutines.
+func BenchmarkPythonParallel1KiB(b *testing.B) {
+	e := newEngine(b, python.Config{Processes: 2})
+	ctx := context.Background()
+	inst, err := e.Load(ctx, engines.Spec{WorkerID: "bench", MIMEType: python.MIMEType}, []byte(benchEcho))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer inst.Close(ctx)
+	in := benchEvent(b)
+	b.ReportAllocs()
+	b.SetParallelism(2)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if out, err := inst.Process(ctx, in); err != nil || len(out) != 1 {
+				b.Errorf("Process: %v", err)
+				return
+			}
+		}
+	})
+}

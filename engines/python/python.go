@@ -1,0 +1,240 @@
+// Package python owns the Python engine (MIME type text/x-python): it runs
+// worker code in persistent CPython subprocesses driven over a framed binary
+// pipe protocol (see README.md and runner.py).
+package python
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/virtufin/workmanager/engines"
+)
+
+// MIMEType is the worker MIME type this engine serves.
+const MIMEType = "text/x-python"
+
+//go:embed runner.py
+var runnerSource string
+
+// Defaults used when the Config leaves a field zero.
+const (
+	DefaultProcesses   = 1
+	DefaultTimeout     = 30 * time.Second
+	DefaultLoadTimeout = 60 * time.Second
+	DefaultSpinWait    = 50 * time.Microsecond
+)
+
+// closeGrace is how long Close lets an idle runner exit on its own (it sees
+// EOF on its request pipe) before it is killed.
+const closeGrace = 2 * time.Second
+
+// Config configures the engine. The zero value is usable.
+type Config struct {
+	// Interpreter is the python executable. Default: the real interpreter
+	// behind "python3" on PATH, resolved once with
+	// `python3 -c "import sys; print(sys.executable)"` (python3 on PATH may be
+	// a pyenv shim that costs ~100 ms per start).
+	Interpreter string
+	// Processes is the number of subprocesses per loaded Instance, i.e. the
+	// number of calls one Instance runs in parallel. Default 1.
+	Processes int
+	// DefaultTimeout bounds one Process call when Spec.Timeout is 0.
+	// Default 30s.
+	DefaultTimeout time.Duration
+	// LoadTimeout bounds starting one subprocess and loading the code into it
+	// (Check, Load and restarts). Default 60s.
+	LoadTimeout time.Duration
+	// SpinWait is how long a call busy-polls for the worker's reply before
+	// it sleeps in the runtime poller. Waking a sleeping thread costs ~10 µs
+	// or more on small VMs, twice per call; spinning avoids that for fast
+	// workers. It is used only while replies usually come within SpinWait,
+	// and by at most NumCPU/2 calls at a time. Default 50µs; negative
+	// disables it.
+	SpinWait time.Duration
+	// Env holds extra KEY=VALUE entries for every worker process, on top of
+	// the WorkManager's own environment (and below VIRTUFIN_WORKER_*).
+	Env []string
+	// Logger receives the engine's own logs (restarts) and, when Spec.Logger
+	// is nil, the workers' output. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Engine is the Python engine. It is safe for concurrent use.
+type Engine struct {
+	cfg Config
+
+	interpMu sync.Mutex
+	interp   string
+}
+
+var _ engines.Engine = (*Engine)(nil)
+
+// New returns a Python engine. Nothing is started until Check or Load.
+func New(cfg Config) *Engine {
+	if cfg.Processes <= 0 {
+		cfg.Processes = DefaultProcesses
+	}
+	if cfg.DefaultTimeout <= 0 {
+		cfg.DefaultTimeout = DefaultTimeout
+	}
+	if cfg.LoadTimeout <= 0 {
+		cfg.LoadTimeout = DefaultLoadTimeout
+	}
+	if cfg.SpinWait == 0 {
+		cfg.SpinWait = DefaultSpinWait
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Engine{cfg: cfg}
+}
+
+// Info implements engines.Engine.
+func (e *Engine) Info() engines.Info {
+	return engines.Info{
+		Name:      "python",
+		MIMETypes: []string{MIMEType},
+		Capabilities: engines.Capabilities{
+			InProcess:     false,
+			Interruptible: true,
+			ParallelCalls: e.cfg.Processes,
+		},
+	}
+}
+
+// Check implements engines.Engine: it starts one runner, loads the code into
+// it and kills it.
+func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) error {
+	interp, err := e.interpreter(ctx)
+	if err != nil {
+		return err
+	}
+	p, err := e.startLoaded(ctx, spec, interp, code, nil)
+	if err != nil {
+		return err
+	}
+	p.retire()
+	return nil
+}
+
+// Load implements engines.Engine: it starts Config.Processes runners with the
+// code loaded and keeps them running until the Instance is closed.
+func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engines.Instance, error) {
+	interp, err := e.interpreter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	in := newInstance(e, spec, interp, code)
+	errs := make([]error, len(in.slots))
+	var wg sync.WaitGroup
+	for i, s := range in.slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.p, errs[i] = e.startLoaded(ctx, spec, interp, in.code, in)
+		}()
+	}
+	wg.Wait()
+	if err := firstError(errs); err != nil {
+		for _, s := range in.slots {
+			if s.p != nil {
+				s.p.retire()
+				s.p = nil
+			}
+		}
+		in.cancel()
+		return nil, err
+	}
+	for _, s := range in.slots {
+		in.free <- s
+	}
+	return in, nil
+}
+
+// firstError prefers an invalid-code error (it says what is wrong with the
+// code) over start-up failures.
+func firstError(errs []error) error {
+	var first error
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, engines.ErrInvalidCode) {
+			return err
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func (e *Engine) timeout(spec engines.Spec) time.Duration {
+	if spec.Timeout > 0 {
+		return spec.Timeout
+	}
+	return e.cfg.DefaultTimeout
+}
+
+func (e *Engine) logger(spec engines.Spec) *slog.Logger {
+	if spec.Logger != nil {
+		return spec.Logger
+	}
+	return e.cfg.Logger
+}
+
+// interpreter returns the python executable, resolving the default once.
+func (e *Engine) interpreter(ctx context.Context) (string, error) {
+	if e.cfg.Interpreter != "" {
+		return e.cfg.Interpreter, nil
+	}
+	e.interpMu.Lock()
+	defer e.interpMu.Unlock()
+	if e.interp != "" {
+		return e.interp, nil
+	}
+	p, err := resolveDefaultInterpreter(ctx)
+	if err != nil {
+		return "", err
+	}
+	e.interp = p
+	return p, nil
+}
+
+// The default interpreter is resolved once per process (not per Engine): the
+// pyenv shim lookup costs ~100 ms.
+var defaultInterp struct {
+	mu   sync.Mutex
+	path string
+}
+
+func resolveDefaultInterpreter(ctx context.Context) (string, error) {
+	defaultInterp.mu.Lock()
+	defer defaultInterp.mu.Unlock()
+	if defaultInterp.path != "" {
+		return defaultInterp.path, nil
+	}
+	shim, err := exec.LookPath("python3")
+	if err != nil {
+		return "", fmt.Errorf("python engine: no python3 on PATH: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, shim, "-c", "import sys; print(sys.executable)").Output()
+	if err != nil {
+		return "", fmt.Errorf("python engine: resolving the python3 interpreter: %w", err)
+	}
+	p := strings.TrimSpace(string(out))
+	if p == "" {
+		p = shim // sys.executable can be empty in odd embeddings
+	}
+	defaultInterp.path = p
+	return p, nil
+}

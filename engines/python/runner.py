@@ -1,0 +1,447 @@
+# WorkManager Python runner.
+#
+# Started by engines/python as `python -I -u -c <this file> <spin µs>`. It
+# serves exactly one worker: it says hello ('H'), loads the worker's code once
+# ('L'), then answers events ('E') one at a time until its request pipe
+# reaches EOF. See README.md next to this file for the protocol and the worker
+# contract.
+#
+# fd 3: requests  (Go -> Python)
+# fd 4: responses (Python -> Go)
+# A frame is: uint32 little-endian payload length, 1 byte kind, payload.
+# stdout/stderr belong to the worker (they are forwarded to the Go logger).
+
+import asyncio
+import base64
+import gc
+import inspect
+import json
+import linecache
+import os
+import select
+import struct
+import sys
+import time
+import traceback
+import types
+
+REQ_FD = 3
+RESP_FD = 4
+FILENAME = "<worker>"
+MODULE = "__worker__"
+
+_HDR = struct.Struct("<IB")
+_unpack_hdr = _HDR.unpack_from
+_pack_hdr = _HDR.pack
+_read = os.read
+_write = os.write
+_clock = time.perf_counter
+
+K_HELLO = ord("H")
+K_LOAD = ord("L")
+K_EVENT = ord("E")
+K_OK = ord("K")
+K_RESULT = ord("R")
+K_ERROR = ord("X")
+
+
+def _not_serializable(o):
+    raise TypeError("Object of type %s is not JSON serializable" % type(o).__name__)
+
+
+# The C scanner and encoder are used directly: json.loads/json.dumps add a
+# few microseconds of Python-level work per call. Input always comes from Go's
+# encoder (valid JSON, no surrounding whitespace).
+_scan = json.decoder.JSONDecoder().scan_once
+_join = "".join
+if json.encoder.c_make_encoder is not None:
+    _encode = json.encoder.c_make_encoder(
+        None,  # no cycle detection: a cycle ends in RecursionError
+        _not_serializable,
+        json.encoder.encode_basestring_ascii,
+        None,  # indent
+        ":",
+        ",",
+        False,  # sort_keys
+        False,  # skipkeys
+        False,  # allow_nan
+    )
+
+    def _dumps(o):
+        """o as compact ASCII JSON (str)."""
+        return _join(_encode(o, 0))
+
+else:  # an interpreter without the _json accelerator
+    _dumps = json.JSONEncoder(
+        ensure_ascii=True,
+        allow_nan=False,
+        separators=(",", ":"),
+        default=_not_serializable,
+    ).encode
+
+
+def _loads(b):
+    """Parses one JSON value from bytes produced by Go's encoder."""
+    s = b.decode("utf-8", "surrogatepass")
+    try:
+        obj, end = _scan(s, 0)
+    except StopIteration as e:
+        raise ValueError("invalid JSON at character %s" % e.value) from None
+    if end != len(s):
+        raise ValueError("extra data after the JSON value")
+    return obj
+
+
+_b64enc = base64.b64encode
+_b64dec = base64.b64decode
+
+# Media types the Go CloudEvents SDK embeds as JSON (not as a string) in the
+# structured form; "" means "no datacontenttype", which it also treats as JSON.
+_SDK_JSON = frozenset(
+    (
+        "",
+        "application/json",
+        "text/json",
+        "application/cloudevents+json",
+        "application/cloudevents-batch+json",
+    )
+)
+
+
+class _OutputError(Exception):
+    """A problem with what process() returned (reported without a type)."""
+
+
+def _media_type(ct):
+    i = ct.find(";")
+    if i >= 0:
+        ct = ct[:i]
+    return ct.strip().lower()
+
+
+# ---------------------------------------------------------------- framing
+
+
+class _Reader:
+    """Reads frames from the (non-blocking) request pipe.
+
+    After a reply the next request often follows within microseconds (a
+    queue of events); waking a sleeping process costs more than that on small
+    VMs, so the reader first busy-polls for up to `spin` seconds, then sleeps
+    in poll(). Spinning stops being tried (except now and then) when it
+    mostly runs out.
+    """
+
+    __slots__ = ("fd", "buf", "poller", "spin", "score", "count")
+
+    def __init__(self, fd, spin):
+        self.fd = fd
+        self.buf = b""
+        self.spin = spin
+        self.score = 0
+        self.count = 0
+        os.set_blocking(fd, False)
+        self.poller = select.poll()
+        self.poller.register(fd, select.POLLIN)
+
+    def _read(self, n):
+        fd = self.fd
+        try:
+            return _read(fd, n)
+        except BlockingIOError:
+            pass
+        self.count += 1
+        if self.spin > 0 and (self.score > -4 or self.count % 32 == 0):
+            until = _clock() + self.spin
+            while True:
+                try:
+                    data = _read(fd, n)
+                    if self.score < 8:
+                        self.score += 1
+                    return data
+                except BlockingIOError:
+                    if _clock() > until:
+                        break
+            if self.score > -8:
+                self.score -= 1
+        while True:
+            self.poller.poll()
+            try:
+                return _read(fd, n)
+            except BlockingIOError:
+                pass
+
+    def read(self):
+        """Returns (kind, payload) or (None, None) at EOF."""
+        buf = self.buf
+        while len(buf) < 5:
+            chunk = self._read(65536)
+            if not chunk:
+                return None, None
+            buf = buf + chunk if buf else chunk
+        n, kind = _unpack_hdr(buf)
+        end = 5 + n
+        have = len(buf)
+        if have < end:
+            parts = [buf]
+            while have < end:
+                chunk = self._read(end - have)
+                if not chunk:
+                    return None, None
+                parts.append(chunk)
+                have += len(chunk)
+            buf = b"".join(parts)
+        payload = buf[5:end]
+        self.buf = buf[end:] if have > end else b""
+        return kind, payload
+
+
+def _send(kind, payload):
+    data = _pack_hdr(len(payload), kind) + payload
+    n = _write(RESP_FD, data)
+    if n < len(data):
+        view = memoryview(data)
+        while n < len(data):
+            n += _write(RESP_FD, view[n:])
+
+
+def _send_error(type_name, message, tb=""):
+    _send(
+        K_ERROR,
+        _dumps({"type": type_name, "message": message, "traceback": tb}).encode(),
+    )
+
+
+# ---------------------------------------------------------------- errors
+
+
+def _worker_frames(tb):
+    """Drops the runner's own frames from the front of a traceback."""
+    t = tb
+    while t is not None and t.tb_frame.f_code.co_filename != FILENAME:
+        t = t.tb_next
+    return t if t is not None else tb
+
+
+def _format_tb(exc):
+    try:
+        return "".join(
+            traceback.format_exception(
+                type(exc), exc, _worker_frames(exc.__traceback__)
+            )
+        )
+    except Exception:  # never let formatting hide the real error
+        return ""
+
+
+def _worker_line(exc):
+    """The deepest line of worker code in the exception's traceback."""
+    line = None
+    t = exc.__traceback__
+    while t is not None:
+        if t.tb_frame.f_code.co_filename == FILENAME:
+            line = t.tb_lineno
+        t = t.tb_next
+    return line
+
+
+def _exc_message(exc):
+    try:
+        return str(exc)
+    except Exception:
+        return "<unprintable %s>" % type(exc).__name__
+
+
+# ---------------------------------------------------------------- loading
+
+_process = None
+_is_async = False
+_loop = None
+
+
+def _load(source):
+    global _process, _is_async, _loop
+    text = source.decode("utf-8", "replace")
+    linecache.cache[FILENAME] = (len(text), None, text.splitlines(True), FILENAME)
+    try:
+        code = compile(source, FILENAME, "exec", dont_inherit=True)
+    except SyntaxError as e:  # includes IndentationError, TabError
+        where = " (line %d)" % e.lineno if e.lineno else ""
+        _send_error(type(e).__name__, "%s%s" % (e.msg, where), _format_tb(e))
+        return
+    except (ValueError, TypeError) as e:  # e.g. null bytes in the source
+        _send_error(type(e).__name__, _exc_message(e))
+        return
+
+    mod = types.ModuleType(MODULE)
+    mod.__file__ = FILENAME
+    sys.modules[MODULE] = mod
+    try:
+        exec(code, mod.__dict__)
+    except BaseException as e:
+        line = _worker_line(e)
+        where = " (line %d)" % line if line else ""
+        _send_error(
+            type(e).__name__, "%s%s" % (_exc_message(e), where), _format_tb(e)
+        )
+        return
+
+    fn = mod.__dict__.get("process")
+    if fn is None:
+        _send_error("", "the code defines no process(event) function")
+        return
+    if not callable(fn):
+        _send_error("", "process is not callable (it is a %s)" % type(fn).__name__)
+        return
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        _send_error("", "process must accept exactly one argument (the event)")
+        return
+    except ValueError:  # no signature available (some builtins): accept
+        pass
+
+    _process = fn
+    _is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)
+    )
+    _loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(_loop)
+    # Everything loaded so far lives as long as the process: keep it out of
+    # the garbage collector's way.
+    gc.collect()
+    gc.freeze()
+    _send(K_OK, b"")
+
+
+# ---------------------------------------------------------------- events
+
+
+def _decode_event(payload):
+    ev = _loads(payload)
+    if "data_base64" in ev:
+        ev["data"] = _b64dec(ev.pop("data_base64"))
+    elif "datacontenttype" in ev:
+        data = ev.get("data")
+        if type(data) is str:
+            mt = _media_type(ev["datacontenttype"])
+            if mt not in _SDK_JSON and mt.endswith("+json"):
+                try:
+                    ev["data"] = json.loads(data)
+                except ValueError:
+                    pass
+    return ev
+
+
+def _normalize(o, i):
+    if type(o) is not dict:
+        if not isinstance(o, dict):
+            raise _OutputError(
+                "output %d: expected a dict (a CloudEvent), got %s"
+                % (i, type(o).__name__)
+            )
+        o = dict(o)
+    t = o.get("type")
+    if not t or type(t) is not str:
+        raise _OutputError('output %d: missing required attribute "type"' % i)
+    out = {"specversion": "1.0"}
+    for k, v in o.items():
+        if v is not None:
+            out[k] = v
+    if "data" in out:
+        data = out["data"]
+        dt = type(data)
+        if dt is bytes or dt is bytearray or dt is memoryview:
+            del out["data"]
+            out["data_base64"] = _b64enc(data).decode("ascii")
+        else:
+            ct = out.get("datacontenttype")
+            if ct is None:
+                out["datacontenttype"] = "text/plain" if dt is str else "application/json"
+            elif type(ct) is not str:
+                raise _OutputError("output %d: datacontenttype must be a str" % i)
+            else:
+                mt = _media_type(ct)
+                if mt not in _SDK_JSON and dt is not str:
+                    if mt.endswith("+json"):
+                        out["data"] = _dumps(data)
+                    else:
+                        raise _OutputError(
+                            "output %d: data for datacontenttype %r must be str or bytes, got %s"
+                            % (i, ct, dt.__name__)
+                        )
+    return out
+
+
+def _encode_result(result):
+    if result is None:
+        return b"null"
+    if isinstance(result, dict):
+        return _dumps(_normalize(result, 0)).encode()
+    if isinstance(result, (list, tuple)):
+        if not result:
+            return b"null"
+        return _dumps([_normalize(o, i) for i, o in enumerate(result)]).encode()
+    raise _OutputError(
+        "process returned %s; expected None, a dict or a list of dicts"
+        % type(result).__name__
+    )
+
+
+def _handle_event(payload):
+    if _process is None:
+        _send_error("", "no code loaded")
+        return
+    try:
+        ev = _decode_event(payload)
+    except Exception as e:
+        _send_error("", "decoding the input event: %s: %s" % (type(e).__name__, e))
+        return
+    try:
+        result = _process(ev)
+        if _is_async or (
+            result is not None
+            and type(result) is not dict
+            and type(result) is not list
+            and inspect.isawaitable(result)
+        ):
+            result = _loop.run_until_complete(result)
+    except BaseException as e:  # SystemExit too: the runner keeps serving
+        _send_error(type(e).__name__, _exc_message(e), _format_tb(e))
+        return
+    try:
+        out = _encode_result(result)
+    except _OutputError as e:
+        _send_error("", str(e))
+        return
+    except Exception as e:  # not JSON serializable, NaN, ...
+        _send_error(type(e).__name__, "encoding the outputs: %s" % _exc_message(e))
+        return
+    _send(K_RESULT, out)
+
+
+def main():
+    # The protocol pipes must not leak into processes the worker starts.
+    os.set_inheritable(REQ_FD, False)
+    os.set_inheritable(RESP_FD, False)
+    spin_us = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    reader = _Reader(REQ_FD, spin_us / 1e6)
+    _send(K_HELLO, sys.version.encode())
+    while True:
+        kind, payload = reader.read()
+        if kind is None:
+            break
+        if kind == K_EVENT:
+            _handle_event(payload)
+        elif kind == K_LOAD:
+            _load(payload)
+        else:
+            _send_error("", "protocol error: unknown frame kind %r" % chr(kind))
+    if _loop is not None:
+        try:
+            _loop.close()
+        except Exception:
+            pass
+
+
+main()

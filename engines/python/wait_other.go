@@ -1,0 +1,9 @@
+//go:build !linux
+
+package python
+
+// canWaitNoReap is false: without waitid(WNOWAIT) the process group is only
+// killed while the leader is known to be alive.
+const canWaitNoReap = false
+
+func waitExitedNoReap(pid int) {}

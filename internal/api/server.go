@@ -1,0 +1,287 @@
+// Package api owns the gRPC control API (workmanager.v1.WorkManagerService).
+// It is a Temporal client: each lifecycle RPC is an Update of the worker's
+// entity workflow (create is Update-With-Start), GetWorker is a Query, and
+// RecoverWorkers runs the recovery workflow. It reads the catalog for lists
+// and history, and stages uploaded code there so that code bodies never enter
+// workflow history. Errors are mapped to gRPC status codes here.
+package api
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/serviceerror"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/virtufin/workmanager/activities"
+	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/codesource"
+	"github.com/virtufin/workmanager/internal/startup"
+	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+	"github.com/virtufin/workmanager/workflows"
+)
+
+// Server implements pb.WorkManagerServiceServer.
+type Server struct {
+	pb.UnimplementedWorkManagerServiceServer
+	log       *slog.Logger
+	temporal  client.Client
+	catalog   *catalog.Catalog
+	mimeTypes []string
+	timeout   time.Duration
+}
+
+// New returns a Server. mimeTypes are the supported worker MIME types;
+// timeout bounds one lifecycle operation.
+func New(log *slog.Logger, tc client.Client, cat *catalog.Catalog, mimeTypes []string, timeout time.Duration) *Server {
+	return &Server{log: log, temporal: tc, catalog: cat, mimeTypes: mimeTypes, timeout: timeout}
+}
+
+// CreateWorker implements pb.WorkManagerServiceServer.
+func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) (*pb.CreateWorkerResponse, error) {
+	if err := catalog.ValidateSpec(req.GetMimeType(), req.GetTopic(), req.GetGroup(), s.mimeTypes); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	ref, err := s.stage(ctx, req.GetCode())
+	if err != nil {
+		return nil, err
+	}
+	id := uuid.NewString()
+	w := catalog.Worker{ID: id, MIMEType: req.GetMimeType(), Topic: req.GetTopic(), Group: req.GetGroup(), Status: catalog.StatusStopped}
+	start := s.temporal.NewWithStartWorkflowOperation(client.StartWorkflowOptions{
+		ID:                       workflows.WorkflowID(id),
+		TaskQueue:                workflows.TaskQueue,
+		WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_FAIL,
+		TypedSearchAttributes: temporal.NewSearchAttributes(workflows.SAWorkerID.ValueSet(id),
+			workflows.SAWorkerTopic.ValueSet(w.Topic), workflows.SAWorkerGroup.ValueSet(w.Group)),
+	}, workflows.WorkerWorkflow, workflows.WorkerInput{State: workflows.WorkerState{Worker: w}})
+	h, err := s.temporal.UpdateWithStartWorkflow(ctx, client.UpdateWithStartWorkflowOptions{
+		StartWorkflowOperation: start,
+		UpdateOptions: client.UpdateWorkflowOptions{
+			WorkflowID: workflows.WorkflowID(id), UpdateName: workflows.UpdateCreate,
+			Args: []any{workflows.CreateRequest{Ref: ref}}, WaitForStage: client.WorkflowUpdateStageCompleted,
+		},
+	})
+	if err != nil {
+		return nil, s.status(err, id)
+	}
+	var created catalog.Worker
+	if err := h.Get(ctx, &created); err != nil {
+		return nil, s.status(err, id)
+	}
+	return &pb.CreateWorkerResponse{WorkerId: id}, nil
+}
+
+// StartWorker implements pb.WorkManagerServiceServer.
+func (s *Server) StartWorker(ctx context.Context, req *pb.StartWorkerRequest) (*pb.Worker, error) {
+	return s.update(ctx, req.GetWorkerId(), workflows.UpdateStart)
+}
+
+// StopWorker implements pb.WorkManagerServiceServer.
+func (s *Server) StopWorker(ctx context.Context, req *pb.StopWorkerRequest) (*pb.Worker, error) {
+	return s.update(ctx, req.GetWorkerId(), workflows.UpdateStop)
+}
+
+// LoadCode implements pb.WorkManagerServiceServer.
+func (s *Server) LoadCode(ctx context.Context, req *pb.LoadCodeRequest) (*pb.Worker, error) {
+	if err := validID(req.GetWorkerId()); err != nil {
+		return nil, err
+	}
+	if _, err := s.state(ctx, req.GetWorkerId()); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	ref, err := s.stage(ctx, req.GetCode())
+	if err != nil {
+		return nil, err
+	}
+	return s.update(ctx, req.GetWorkerId(), workflows.UpdateLoadCode, ref)
+}
+
+// DeleteWorker implements pb.WorkManagerServiceServer.
+func (s *Server) DeleteWorker(ctx context.Context, req *pb.DeleteWorkerRequest) (*pb.DeleteWorkerResponse, error) {
+	if err := validID(req.GetWorkerId()); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	h, err := s.temporal.UpdateWorkflow(ctx, client.UpdateWorkflowOptions{
+		WorkflowID: workflows.WorkflowID(req.GetWorkerId()), UpdateName: workflows.UpdateDelete,
+		WaitForStage: client.WorkflowUpdateStageCompleted,
+	})
+	if err == nil {
+		err = h.Get(ctx, nil)
+	}
+	if err != nil {
+		return nil, s.status(err, req.GetWorkerId())
+	}
+	return &pb.DeleteWorkerResponse{}, nil
+}
+
+// GetWorker implements pb.WorkManagerServiceServer.
+func (s *Server) GetWorker(ctx context.Context, req *pb.GetWorkerRequest) (*pb.Worker, error) {
+	if err := validID(req.GetWorkerId()); err != nil {
+		return nil, err
+	}
+	st, err := s.state(ctx, req.GetWorkerId())
+	if err != nil {
+		return nil, err
+	}
+	return toProto(st.Worker), nil
+}
+
+// ListWorkers implements pb.WorkManagerServiceServer.
+func (s *Server) ListWorkers(ctx context.Context, _ *pb.ListWorkersRequest) (*pb.ListWorkersResponse, error) {
+	ws, err := s.catalog.ListWorkers(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "list workers: %v", err)
+	}
+	out := &pb.ListWorkersResponse{Workers: make([]*pb.Worker, 0, len(ws))}
+	for _, w := range ws {
+		out.Workers = append(out.Workers, toProto(w))
+	}
+	return out, nil
+}
+
+// GetWorkerHistory implements pb.WorkManagerServiceServer.
+func (s *Server) GetWorkerHistory(ctx context.Context, req *pb.GetWorkerHistoryRequest) (*pb.GetWorkerHistoryResponse, error) {
+	if err := validID(req.GetWorkerId()); err != nil {
+		return nil, err
+	}
+	if _, err := s.state(ctx, req.GetWorkerId()); err != nil {
+		return nil, err
+	}
+	entries, err := s.catalog.History(ctx, req.GetWorkerId())
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "history: %v", err)
+	}
+	out := &pb.GetWorkerHistoryResponse{}
+	for _, e := range entries {
+		out.Entries = append(out.Entries, &pb.HistoryEntry{Version: e.Version, Sha256: e.SHA256, SourceKind: e.SourceKind,
+			Url: e.URL, CreatedAt: timestamppb.New(e.CreatedAt)})
+	}
+	return out, nil
+}
+
+// RecoverWorkers implements pb.WorkManagerServiceServer.
+func (s *Server) RecoverWorkers(ctx context.Context, _ *pb.RecoverWorkersRequest) (*pb.RecoverWorkersResponse, error) {
+	res, err := startup.RunRecovery(ctx, s.temporal)
+	if err != nil {
+		return nil, s.status(err, "")
+	}
+	return &pb.RecoverWorkersResponse{Recovered: int32(res.Recovered), Failed: int32(res.Failed)}, nil
+}
+
+// stage validates a code source and, for inline content, puts the body in
+// the catalog's staging area; only the reference goes into the workflow.
+func (s *Server) stage(ctx context.Context, src *pb.CodeSource) (catalog.CodeRef, error) {
+	switch c := src.GetSource().(type) {
+	case *pb.CodeSource_Content:
+		if len(c.Content) == 0 {
+			return catalog.CodeRef{}, status.Error(codes.InvalidArgument, "code.content is empty")
+		}
+		if len(c.Content) > codesource.MaxSize {
+			return catalog.CodeRef{}, status.Errorf(codes.InvalidArgument, "code.content is larger than %d bytes", codesource.MaxSize)
+		}
+		sha, err := s.catalog.StageCode(ctx, c.Content)
+		if err != nil {
+			return catalog.CodeRef{}, status.Errorf(codes.Unavailable, "stage code: %v", err)
+		}
+		return catalog.CodeRef{SHA256: sha, SourceKind: "content"}, nil
+	case *pb.CodeSource_Url:
+		if err := codesource.ValidateURL(c.Url.GetUrl(), c.Url.GetSha256()); err != nil {
+			return catalog.CodeRef{}, status.Error(codes.InvalidArgument, "code.url: "+err.Error())
+		}
+		return catalog.CodeRef{SHA256: c.Url.GetSha256(), SourceKind: "url", URL: c.Url.GetUrl()}, nil
+	default:
+		return catalog.CodeRef{}, status.Error(codes.InvalidArgument, "code is required: set code.content or code.url")
+	}
+}
+
+func (s *Server) update(ctx context.Context, id, name string, args ...any) (*pb.Worker, error) {
+	if err := validID(id); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	h, err := s.temporal.UpdateWorkflow(ctx, client.UpdateWorkflowOptions{
+		WorkflowID: workflows.WorkflowID(id), UpdateName: name, Args: args,
+		WaitForStage: client.WorkflowUpdateStageCompleted,
+	})
+	if err != nil {
+		return nil, s.status(err, id)
+	}
+	var w catalog.Worker
+	if err := h.Get(ctx, &w); err != nil {
+		return nil, s.status(err, id)
+	}
+	return toProto(w), nil
+}
+
+// state queries a worker's workflow; a deleted or never-created worker is
+// NOT_FOUND.
+func (s *Server) state(ctx context.Context, id string) (workflows.WorkerState, error) {
+	v, err := s.temporal.QueryWorkflow(ctx, workflows.WorkflowID(id), "", workflows.QueryState)
+	if err != nil {
+		return workflows.WorkerState{}, s.status(err, id)
+	}
+	var st workflows.WorkerState
+	if err := v.Get(&st); err != nil {
+		return st, status.Errorf(codes.Internal, "decode worker state: %v", err)
+	}
+	if !st.Created || st.Deleted {
+		return st, status.Errorf(codes.NotFound, "worker %s not found", id)
+	}
+	return st, nil
+}
+
+// status maps Temporal errors to gRPC status codes.
+func (s *Server) status(err error, id string) error {
+	var appErr *temporal.ApplicationError
+	var notFound *serviceerror.NotFound
+	switch {
+	case errors.As(err, &appErr) && appErr.Type() == activities.ErrTypeInvalidArgument:
+		return status.Error(codes.InvalidArgument, appErr.Message())
+	case errors.As(err, &notFound):
+		return status.Errorf(codes.NotFound, "worker %s not found", id)
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Errorf(codes.DeadlineExceeded, "worker %s: operation did not finish in time: %v", id, err)
+	case strings.Contains(err.Error(), "is deleted") || strings.Contains(err.Error(), "is not created"):
+		// Validator rejections come back as plain failures.
+		return status.Errorf(codes.NotFound, "worker %s not found", id)
+	}
+	s.log.Error("lifecycle operation failed", "worker_id", id, "err", err)
+	return status.Error(codes.Internal, err.Error())
+}
+
+func validID(id string) error {
+	if id == "" {
+		return status.Error(codes.InvalidArgument, "worker_id is empty")
+	}
+	if _, err := uuid.Parse(id); err != nil {
+		return status.Errorf(codes.NotFound, "worker %s not found", id)
+	}
+	return nil
+}
+
+func toProto(w catalog.Worker) *pb.Worker {
+	st := pb.WorkerStatus_WORKER_STATUS_STOPPED
+	if w.Status == catalog.StatusRunning {
+		st = pb.WorkerStatus_WORKER_STATUS_RUNNING
+	}
+	return &pb.Worker{WorkerId: w.ID, MimeType: w.MIMEType, Topic: w.Topic, Group: w.Group, Status: st,
+		CodeVersion: w.CodeVersion, CodeSha256: w.CodeSHA256,
+		CreatedAt: timestamppb.New(w.CreatedAt), UpdatedAt: timestamppb.New(w.UpdatedAt)}
+}

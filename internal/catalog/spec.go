@@ -1,0 +1,56 @@
+package catalog
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+)
+
+// ErrInvalidSpec: a create request is malformed.
+var ErrInvalidSpec = errors.New("invalid worker spec")
+
+var (
+	topicRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._\-/:]{0,248}$`)
+	groupRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$`)
+	sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+// LifecycleTopic is reserved for WorkManager's own lifecycle events.
+const LifecycleTopic = "workmanager.lifecycle"
+
+// ValidateSpec checks the parts of a worker spec that need no engine:
+// supported lists the MIME types engines are registered for.
+func ValidateSpec(mimeType, topic, group string, supported []string) error {
+	switch {
+	case mimeType == "":
+		return fmt.Errorf("%w: mime_type is empty (supported: %v)", ErrInvalidSpec, supported)
+	case !contains(supported, mimeType):
+		return fmt.Errorf("%w: unknown mime_type %q (supported: %v)", ErrInvalidSpec, mimeType, supported)
+	case topic == "":
+		return fmt.Errorf("%w: topic is empty", ErrInvalidSpec)
+	case !topicRE.MatchString(topic):
+		return fmt.Errorf("%w: topic %q must match %s", ErrInvalidSpec, topic, topicRE)
+	case topic == LifecycleTopic:
+		return fmt.Errorf("%w: topic %q is reserved for lifecycle events", ErrInvalidSpec, topic)
+	case group != "" && !groupRE.MatchString(group):
+		return fmt.Errorf("%w: group %q must match %s", ErrInvalidSpec, group, groupRE)
+	}
+	return nil
+}
+
+// ValidateSHA256 checks a lowercase hex SHA-256.
+func ValidateSHA256(s string) error {
+	if !sha256RE.MatchString(s) {
+		return fmt.Errorf("%w: sha256 %q is not 64 lowercase hex digits", ErrInvalidSpec, s)
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

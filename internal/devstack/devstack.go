@@ -1,0 +1,417 @@
+// Package devstack starts the real servers WorkManager runs on — Redis, the
+// Temporal dev server (with its Web UI) and daprd — as child processes on
+// loopback, for `make run` and for the integration tests. Every process gets
+// its own log file, is started in its own process group and is killed by
+// Stop. Nothing is assumed to be running already.
+package devstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Search attributes registered in the Temporal dev server so the Web UI and
+// `temporal workflow list --query` can filter workers.
+var SearchAttributes = []string{"WorkerId=Keyword", "WorkerTopic=Keyword", "WorkerGroup=Keyword", "WorkerStatus=Keyword"}
+
+// AppID is the Dapr app id of WorkManager nodes.
+const AppID = "workmanager"
+
+// Component names written into the Dapr resources folder.
+const (
+	PubSubName = "pubsub"
+	StateName  = "statestore"
+)
+
+// Options choose where the stack lives and which ports it uses. A zero port
+// means a free loopback port.
+type Options struct {
+	// Dir holds data, logs and Dapr resources. Reusing a Dir keeps Redis and
+	// Temporal data across restarts.
+	Dir string
+	// ToolsBin holds the temporal and daprd binaries.
+	ToolsBin string
+	// Ports; zero means "pick a free one".
+	RedisPort, TemporalPort, UIPort, DaprGRPCPort, DaprHTTPPort int
+	// Headless drops the Temporal Web UI.
+	Headless bool
+	// RedeliverInterval and ProcessingTimeout tune Redis stream redelivery
+	// (defaults 2s and 15s).
+	RedeliverInterval, ProcessingTimeout time.Duration
+}
+
+// Stack is a running set of servers.
+type Stack struct {
+	Options
+	RedisAddr    string
+	TemporalAddr string
+	UIURL        string
+	DaprGRPCAddr string
+	DaprHTTPAddr string
+	procs        []*Proc
+	daprd        *Proc
+}
+
+// Proc is one child process.
+type Proc struct {
+	Name string
+	Cmd  *exec.Cmd
+	Log  string
+	done chan struct{}
+	err  error
+}
+
+// FreePort returns a free loopback TCP port.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func pick(p *int) error {
+	if *p != 0 {
+		return nil
+	}
+	var err error
+	*p, err = FreePort()
+	return err
+}
+
+// StartProc starts a child process in its own process group, logging to
+// dir/name.log.
+func StartProc(dir, name string, env []string, bin string, args ...string) (*Proc, error) {
+	logPath := filepath.Join(dir, name+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &Proc{Name: name, Cmd: cmd, Log: logPath, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Done is closed when the process has ended.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Exited reports whether the process has ended.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Kill sends SIGKILL to the process group and waits for the process.
+func (p *Proc) Kill() {
+	if p == nil || p.Cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// Stop sends SIGTERM, then SIGKILL after grace.
+func (p *Proc) Stop(grace time.Duration) {
+	if p == nil || p.Cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		p.Kill()
+	}
+}
+
+// Tail returns the end of the process's log, for error messages.
+func (p *Proc) Tail() string {
+	b, _ := os.ReadFile(p.Log)
+	if len(b) > 3000 {
+		b = b[len(b)-3000:]
+	}
+	return string(b)
+}
+
+// Start brings up Redis, Temporal and daprd and waits until each answers.
+func Start(ctx context.Context, o Options) (*Stack, error) {
+	if o.RedeliverInterval == 0 {
+		o.RedeliverInterval = 2 * time.Second
+	}
+	if o.ProcessingTimeout == 0 {
+		o.ProcessingTimeout = 15 * time.Second
+	}
+	for _, p := range []*int{&o.RedisPort, &o.TemporalPort, &o.UIPort, &o.DaprGRPCPort, &o.DaprHTTPPort} {
+		if err := pick(p); err != nil {
+			return nil, err
+		}
+	}
+	for _, d := range []string{"redis", "temporal", "dapr"} {
+		if err := os.MkdirAll(filepath.Join(o.Dir, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	s := &Stack{Options: o,
+		RedisAddr:    fmt.Sprintf("127.0.0.1:%d", o.RedisPort),
+		TemporalAddr: fmt.Sprintf("127.0.0.1:%d", o.TemporalPort),
+		DaprGRPCAddr: fmt.Sprintf("127.0.0.1:%d", o.DaprGRPCPort),
+		DaprHTTPAddr: fmt.Sprintf("127.0.0.1:%d", o.DaprHTTPPort),
+	}
+	if !o.Headless {
+		s.UIURL = fmt.Sprintf("http://127.0.0.1:%d", o.UIPort)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			s.Stop()
+		}
+	}()
+	if err := s.startRedis(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.startTemporal(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.StartDaprd(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	return s, nil
+}
+
+func (s *Stack) startRedis(ctx context.Context) error {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return errors.New("redis-server not found: install Debian's redis-server (make deps does it)")
+	}
+	p, err := StartProc(s.Dir, "redis", nil, bin,
+		"--bind", "127.0.0.1", "--port", strconv.Itoa(s.RedisPort), "--dir", filepath.Join(s.Dir, "redis"),
+		"--appendonly", "yes", "--save", "", "--protected-mode", "no", "--daemonize", "no")
+	if err != nil {
+		return err
+	}
+	s.procs = append(s.procs, p)
+	return waitFor(ctx, p, 20*time.Second, func() error {
+		c, err := net.DialTimeout("tcp", s.RedisAddr, time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(time.Second))
+		if _, err := c.Write([]byte("PING\r\n")); err != nil {
+			return err
+		}
+		buf := make([]byte, 16)
+		n, err := c.Read(buf)
+		if err != nil || !strings.HasPrefix(string(buf[:n]), "+PONG") {
+			return fmt.Errorf("redis not ready: %q %v", buf[:n], err)
+		}
+		return nil
+	})
+}
+
+func (s *Stack) startTemporal(ctx context.Context) error {
+	httpPort, err := FreePort()
+	if err != nil {
+		return err
+	}
+	metricsPort, err := FreePort()
+	if err != nil {
+		return err
+	}
+	args := []string{"server", "start-dev", "--ip", "127.0.0.1", "--port", strconv.Itoa(s.TemporalPort),
+		"--db-filename", filepath.Join(s.Dir, "temporal", "temporal.db"), "--log-level", "warn",
+		"--http-port", strconv.Itoa(httpPort), "--metrics-port", strconv.Itoa(metricsPort),
+		// Several updates may be in flight on one worker workflow.
+		"--dynamic-config-value", "history.maxInFlightUpdates=100",
+	}
+	if s.Headless {
+		args = append(args, "--headless")
+	} else {
+		args = append(args, "--ui-port", strconv.Itoa(s.UIPort))
+	}
+	for _, sa := range SearchAttributes {
+		args = append(args, "--search-attribute", sa)
+	}
+	p, err := StartProc(s.Dir, "temporal", nil, filepath.Join(s.ToolsBin, "temporal"), args...)
+	if err != nil {
+		return err
+	}
+	s.procs = append(s.procs, p)
+	return waitFor(ctx, p, 60*time.Second, func() error {
+		out, err := exec.CommandContext(ctx, filepath.Join(s.ToolsBin, "temporal"), "operator", "cluster", "health",
+			"--address", s.TemporalAddr, "--command-timeout", "2s").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+}
+
+// StartDaprd (re)starts daprd with Redis pub/sub and state components.
+func (s *Stack) StartDaprd(ctx context.Context) error {
+	res := filepath.Join(s.Dir, "dapr")
+	if err := WriteComponents(res, s.RedisAddr, s.RedeliverInterval, s.ProcessingTimeout); err != nil {
+		return err
+	}
+	metrics, err := FreePort()
+	if err != nil {
+		return err
+	}
+	internal, err := FreePort()
+	if err != nil {
+		return err
+	}
+	p, err := StartProc(s.Dir, "daprd", nil, filepath.Join(s.ToolsBin, "daprd"),
+		"--app-id", AppID, "--dapr-grpc-port", strconv.Itoa(s.DaprGRPCPort), "--dapr-http-port", strconv.Itoa(s.DaprHTTPPort),
+		"--dapr-internal-grpc-port", strconv.Itoa(internal), "--metrics-port", strconv.Itoa(metrics),
+		"--dapr-listen-addresses", "127.0.0.1", "--resources-path", res, "--log-level", "warn")
+	if err != nil {
+		return err
+	}
+	s.daprd = p
+	s.procs = append(s.procs, p)
+	return waitFor(ctx, p, 60*time.Second, func() error {
+		resp, err := http.Get("http://" + s.DaprHTTPAddr + "/v1.0/healthz/outbound")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			return fmt.Errorf("daprd health %d", resp.StatusCode)
+		}
+		return nil
+	})
+}
+
+// KillDaprd kills daprd (to test reconnection).
+func (s *Stack) KillDaprd() { s.daprd.Kill() }
+
+// WriteComponents writes the Redis pub/sub and state store components.
+// keyPrefix none lets every app id (node, API) share the same keys.
+func WriteComponents(dir, redisAddr string, redeliver, processing time.Duration) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	pubsub := fmt.Sprintf(`apiVersion: dapr.io/v1alpha1
+kind: Component
+metadata:
+  name: %s
+spec:
+  type: pubsub.redis
+  version: v1
+  metadata:
+  - name: redisHost
+    value: "%s"
+  - name: redeliverInterval
+    value: "%s"
+  - name: processingTimeout
+    value: "%s"
+`, PubSubName, redisAddr, redeliver, processing)
+	statestore := fmt.Sprintf(`apiVersion: dapr.io/v1alpha1
+kind: Component
+metadata:
+  name: %s
+spec:
+  type: state.redis
+  version: v1
+  metadata:
+  - name: redisHost
+    value: "%s"
+  - name: keyPrefix
+    value: none
+`, StateName, redisAddr)
+	if err := os.WriteFile(filepath.Join(dir, "pubsub.yaml"), []byte(pubsub), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "statestore.yaml"), []byte(statestore), 0o644)
+}
+
+// Stop kills every process of the stack, daprd first.
+func (s *Stack) Stop() {
+	for i := len(s.procs) - 1; i >= 0; i-- {
+		s.procs[i].Stop(5 * time.Second)
+	}
+	s.procs = nil
+}
+
+// waitFor polls check until it succeeds, the process exits, or limit passes.
+func waitFor(ctx context.Context, p *Proc, limit time.Duration, check func() error) error {
+	deadline := time.Now().Add(limit)
+	var last error
+	for time.Now().Before(deadline) {
+		if p.Exited() {
+			return fmt.Errorf("%s exited during start-up: %v\n%s", p.Name, p.err, p.Tail())
+		}
+		if last = check(); last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%s not ready after %s: %v\n%s", p.Name, limit, last, p.Tail())
+}
+
+// Env is the environment that points a node or the API at this stack.
+func (s *Stack) Env() []string {
+	return []string{
+		"TEMPORAL_ADDRESS=" + s.TemporalAddr,
+		"DAPR_GRPC_ADDRESS=" + s.DaprGRPCAddr,
+		"DAPR_PUBSUB=" + PubSubName,
+		"DAPR_STATESTORE=" + StateName,
+	}
+}
+
+// StartNode starts a WorkManager node binary serving HTTP on httpAddr.
+func (s *Stack) StartNode(bin, httpAddr string, env ...string) (*Proc, error) {
+	return StartProc(s.Dir, "node", append(append(s.Env(), "WORKMANAGER_HTTP_ADDR="+httpAddr), env...), bin)
+}
+
+// StartAPI starts the WorkManager API binary listening on addr.
+func (s *Stack) StartAPI(bin, addr string, env ...string) (*Proc, error) {
+	return StartProc(s.Dir, "api", append(append(s.Env(), "WORKMANAGER_API_ADDR="+addr), env...), bin)
+}
+
+// WaitHTTP polls url until it answers 200, the process exits, or limit passes.
+func WaitHTTP(ctx context.Context, p *Proc, url string, limit time.Duration) error {
+	return waitFor(ctx, p, limit, func() error {
+		resp, err := http.Get(url)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: HTTP %d", url, resp.StatusCode)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,263 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/internal/lifecycle"
+)
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func request(id string, correlation string) *runtimev1.TopicEventRequest {
+	req := &runtimev1.TopicEventRequest{Id: id, Source: "test", Type: "in", SpecVersion: "1.0",
+		DataContentType: "application/json", Data: []byte(`{"n":1}`), Topic: "in", PubsubName: "pubsub"}
+	if correlation != "" {
+		req.Extensions, _ = structpb.NewStruct(map[string]any{"correlationid": correlation, "traceparent": "00-abc-def-01"})
+	}
+	return req
+}
+
+func outputs(types ...string) func(*event.Event) ([]event.Event, error) {
+	return func(in *event.Event) ([]event.Event, error) {
+		var out []event.Event
+		for _, t := range types {
+			e := event.New()
+			e.SetType(t)
+			if err := e.SetData(event.ApplicationJSON, map[string]string{"from": in.ID()}); err != nil {
+				return nil, err
+			}
+			out = append(out, e)
+		}
+		return out, nil
+	}
+}
+
+func waitAck(t *testing.T, b *fakeBroker) fakeAck {
+	t.Helper()
+	select {
+	case a := <-b.acks:
+		return a
+	case <-time.After(5 * time.Second):
+		t.Fatal("no ack")
+	}
+	return fakeAck{}
+}
+
+func waitStream(t *testing.T, b *fakeBroker, topic string) *fakeStream {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if s := b.stream(topic); s != nil {
+			return s
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("no subscription")
+	return nil
+}
+
+func newTestDispatcher(t *testing.T, b *fakeBroker, pub *fakePublisher, conc int) *Dispatcher {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return New(ctx, quietLog(), b, pub, lifecycle.NewEmitter(pub), Config{PubSub: "pubsub", MaxConcurrency: conc})
+}
+
+func TestOutputsGoToTheirTypeWithCorrelationID(t *testing.T) {
+	b, pub := newFakeBroker(), &fakePublisher{}
+	d := newTestDispatcher(t, b, pub, 2)
+	d.Attach(Worker{ID: "w1", Topic: "in"}, &funcInstance{fn: outputs("out.a", "out.b")})
+	s := waitStream(t, b, "in")
+
+	s.in <- request("m1", "corr-1")
+	if a := waitAck(t, b); a.id != "m1" || a.status != AckSuccess {
+		t.Fatalf("ack %+v", a)
+	}
+	s.in <- request("m2", "")
+	waitAck(t, b)
+
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	if len(pub.events) != 4 {
+		t.Fatalf("published %d events", len(pub.events))
+	}
+	for i, p := range pub.events {
+		if p.topic != p.ev.Type() {
+			t.Errorf("event %d published to %q, type %q", i, p.topic, p.ev.Type())
+		}
+		if p.ev.ID() == "" || p.ev.Source() != "workmanager/workers/w1" || p.ev.SpecVersion() != "1.0" {
+			t.Errorf("event %d defaults: %v", i, p.ev)
+		}
+		cid, ok := p.ev.Extensions()[CorrelationExtension]
+		if i < 2 && cid != "corr-1" {
+			t.Errorf("event %d correlationid %v", i, cid)
+		}
+		if i >= 2 && ok {
+			t.Errorf("event %d has correlationid %v though the input had none", i, cid)
+		}
+	}
+}
+
+func TestWorkerCannotForgeCorrelationID(t *testing.T) {
+	b, pub := newFakeBroker(), &fakePublisher{}
+	d := newTestDispatcher(t, b, pub, 1)
+	d.Attach(Worker{ID: "w1", Topic: "in"}, &funcInstance{fn: func(*event.Event) ([]event.Event, error) {
+		e := event.New()
+		e.SetType("out")
+		e.SetExtension(CorrelationExtension, "forged")
+		return []event.Event{e}, nil
+	}})
+	s := waitStream(t, b, "in")
+	s.in <- request("m1", "")
+	waitAck(t, b)
+	if _, ok := pub.events[0].ev.Extensions()[CorrelationExtension]; ok {
+		t.Fatal("a correlation id appeared although the input had none")
+	}
+}
+
+func TestFailureRetriesAndEmitsWorkerError(t *testing.T) {
+	for name, err := range map[string]error{
+		"worker_failed": fmt.Errorf("%w: ValueError: boom", engines.ErrWorkerFailed),
+		"timeout":       fmt.Errorf("%w after 1s", engines.ErrTimeout),
+	} {
+		t.Run(name, func(t *testing.T) {
+			b, pub := newFakeBroker(), &fakePublisher{}
+			d := newTestDispatcher(t, b, pub, 1)
+			d.Attach(Worker{ID: "w1", Topic: "in", Group: "g"}, &funcInstance{fn: func(*event.Event) ([]event.Event, error) { return nil, err }})
+			s := waitStream(t, b, "in")
+			s.in <- request("m1", "")
+			if a := waitAck(t, b); a.status != AckRetry {
+				t.Fatalf("ack %+v, want RETRY", a)
+			}
+			pub.mu.Lock()
+			defer pub.mu.Unlock()
+			if len(pub.events) != 1 || pub.events[0].topic != lifecycle.Topic || pub.events[0].ev.Type() != lifecycle.TypePrefix+"error" {
+				t.Fatalf("published %v", pub.events)
+			}
+			var data lifecycle.Data
+			if err := pub.events[0].ev.DataAs(&data); err != nil || data.ErrorType != name || data.WorkerID != "w1" || data.Group != "g" {
+				t.Fatalf("error data %+v %v", data, err)
+			}
+		})
+	}
+}
+
+func TestFanOutAcksOnceAfterAllWorkers(t *testing.T) {
+	b, pub := newFakeBroker(), &fakePublisher{}
+	d := newTestDispatcher(t, b, pub, 1)
+	release := make(chan struct{})
+	d.Attach(Worker{ID: "slow", Topic: "in"}, &funcInstance{fn: func(in *event.Event) ([]event.Event, error) {
+		<-release
+		return outputs("a")(in)
+	}})
+	d.Attach(Worker{ID: "fast", Topic: "in"}, &funcInstance{fn: outputs("b")})
+	s := waitStream(t, b, "in")
+	s.in <- request("m1", "")
+	select {
+	case a := <-b.acks:
+		t.Fatalf("acked %+v before the slow worker finished", a)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	if a := waitAck(t, b); a.status != AckSuccess {
+		t.Fatalf("ack %+v", a)
+	}
+	if b.subs.Load() != 1 {
+		t.Fatalf("%d subscriptions for one topic", b.subs.Load())
+	}
+}
+
+func TestHotSwapDrainsOldInstance(t *testing.T) {
+	b, pub := newFakeBroker(), &fakePublisher{}
+	d := newTestDispatcher(t, b, pub, 4)
+	entered, release := make(chan struct{}), make(chan struct{})
+	old := &funcInstance{fn: func(in *event.Event) ([]event.Event, error) {
+		close(entered)
+		<-release
+		return outputs("old")(in)
+	}}
+	d.Attach(Worker{ID: "w", Topic: "in"}, old)
+	s := waitStream(t, b, "in")
+	s.in <- request("m1", "")
+	<-entered
+	d.Attach(Worker{ID: "w", Topic: "in"}, &funcInstance{fn: outputs("new")})
+	s.in <- request("m2", "")
+	if a := waitAck(t, b); a.id != "m2" {
+		t.Fatalf("first ack %+v, want m2 (served by the new code while m1 is in flight)", a)
+	}
+	if old.closed.Load() {
+		t.Fatal("old instance closed while a call was in flight")
+	}
+	close(release)
+	if a := waitAck(t, b); a.id != "m1" || a.status != AckSuccess {
+		t.Fatalf("ack %+v", a)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !old.closed.Load() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if !old.closed.Load() {
+		t.Fatal("old instance not closed after draining")
+	}
+}
+
+func TestDetachClosesStreamAndInstance(t *testing.T) {
+	b, pub := newFakeBroker(), &fakePublisher{}
+	d := newTestDispatcher(t, b, pub, 1)
+	inst := &funcInstance{fn: outputs("x")}
+	d.Attach(Worker{ID: "w", Topic: "in"}, inst)
+	s := waitStream(t, b, "in")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	d.Detach(ctx, "w")
+	if !inst.closed.Load() {
+		t.Fatal("instance not closed")
+	}
+	select {
+	case <-s.done:
+	default:
+		t.Fatal("stream not closed after the last worker left")
+	}
+	if st := d.Stats(); st.Workers != 0 || st.Topics != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	d.Detach(ctx, "w") // idempotent
+}
+
+func TestReconnectsAfterStreamError(t *testing.T) {
+	b, pub := newFakeBroker(), &fakePublisher{}
+	d := newTestDispatcher(t, b, pub, 1)
+	d.Attach(Worker{ID: "w", Topic: "in"}, &funcInstance{fn: outputs("x")})
+	first := waitStream(t, b, "in")
+	first.Close() // daprd went away
+	deadline := time.Now().Add(5 * time.Second)
+	for b.subs.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	second := b.stream("in")
+	if second == first || second == nil {
+		t.Fatal("did not resubscribe")
+	}
+	second.in <- request("m1", "")
+	if a := waitAck(t, b); a.status != AckSuccess {
+		t.Fatalf("ack %+v", a)
+	}
+}
+
+func TestDecodeRejectsInvalidEvent(t *testing.T) {
+	var e event.Event
+	err := Decode(&runtimev1.TopicEventRequest{Id: "", Source: "s", Type: "t", SpecVersion: "1.0"}, &e)
+	if err == nil || !errors.Is(err, err) {
+		t.Fatal("an event without id was accepted")
+	}
+}

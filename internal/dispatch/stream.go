@@ -1,0 +1,97 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
+)
+
+// Ack is the answer given to the broker for one message.
+type Ack = runtimev1.TopicEventResponse_TopicEventResponseStatus
+
+const (
+	AckSuccess = runtimev1.TopicEventResponse_SUCCESS
+	AckRetry   = runtimev1.TopicEventResponse_RETRY
+)
+
+// Stream is one open subscription to a topic.
+type Stream interface {
+	// Recv blocks for the next message; an error ends the stream.
+	Recv() (*runtimev1.TopicEventRequest, error)
+	// Ack answers one message. It is safe for concurrent use.
+	Ack(id string, status Ack) error
+	// Close ends the subscription.
+	Close()
+}
+
+// Subscriber opens streams.
+type Subscriber interface {
+	Subscribe(ctx context.Context, pubsub, topic string) (Stream, error)
+}
+
+// DaprSubscriber opens Dapr streaming subscriptions (SubscribeTopicEventsAlpha1)
+// on the raw runtime proto client: go-sdk v1.11's TopicEvent drops CloudEvent
+// extensions such as correlationid, and its stream does not reconnect.
+type DaprSubscriber struct {
+	Client runtimev1.DaprClient
+}
+
+// Subscribe implements Subscriber.
+func (s DaprSubscriber) Subscribe(ctx context.Context, pubsub, topic string) (Stream, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	st, err := s.Client.SubscribeTopicEventsAlpha1(ctx)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("subscribe %s/%s: %w", pubsub, topic, err)
+	}
+	err = st.Send(&runtimev1.SubscribeTopicEventsRequestAlpha1{
+		SubscribeTopicEventsRequestType: &runtimev1.SubscribeTopicEventsRequestAlpha1_InitialRequest{
+			InitialRequest: &runtimev1.SubscribeTopicEventsRequestInitialAlpha1{PubsubName: pubsub, Topic: topic},
+		},
+	})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("subscribe %s/%s: %w", pubsub, topic, err)
+	}
+	return &daprStream{st: st, cancel: cancel}, nil
+}
+
+type daprStream struct {
+	st     runtimev1.Dapr_SubscribeTopicEventsAlpha1Client
+	cancel context.CancelFunc
+	sendMu sync.Mutex
+}
+
+func (d *daprStream) Recv() (*runtimev1.TopicEventRequest, error) {
+	for {
+		resp, err := d.st.Recv()
+		if err != nil {
+			return nil, err
+		}
+		if m := resp.GetEventMessage(); m != nil {
+			return m, nil
+		}
+		// The initial response carries nothing we need.
+	}
+}
+
+func (d *daprStream) Ack(id string, status Ack) error {
+	d.sendMu.Lock()
+	defer d.sendMu.Unlock()
+	return d.st.Send(&runtimev1.SubscribeTopicEventsRequestAlpha1{
+		SubscribeTopicEventsRequestType: &runtimev1.SubscribeTopicEventsRequestAlpha1_EventProcessed{
+			EventProcessed: &runtimev1.SubscribeTopicEventsRequestProcessedAlpha1{
+				Id: id, Status: &runtimev1.TopicEventResponse{Status: status},
+			},
+		},
+	})
+}
+
+func (d *daprStream) Close() {
+	d.sendMu.Lock()
+	_ = d.st.CloseSend()
+	d.sendMu.Unlock()
+	d.cancel()
+}

@@ -1,0 +1,76 @@
+// Package lifecycle owns WorkManager's lifecycle events: CloudEvents v1.0 on
+// the topic "workmanager.lifecycle" with type
+// "com.virtufin.workmanager.lifecycle.<state>", published for every worker
+// transition and for every worker error on the hot path.
+package lifecycle
+
+import (
+	"context"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/google/uuid"
+
+	"github.com/virtufin/workmanager/internal/publish"
+)
+
+// Topic carries every lifecycle event.
+const Topic = "workmanager.lifecycle"
+
+// TypePrefix prefixes every lifecycle event type.
+const TypePrefix = "com.virtufin.workmanager.lifecycle."
+
+// Source is the CloudEvent source of lifecycle events.
+const Source = "workmanager"
+
+// Kind is the state a lifecycle event reports.
+type Kind string
+
+const (
+	Created     Kind = "created"
+	Started     Kind = "started"
+	Stopped     Kind = "stopped"
+	Deleted     Kind = "deleted"
+	CodeUpdated Kind = "code_updated"
+	Error       Kind = "error"
+)
+
+// Data is the payload of a lifecycle event.
+type Data struct {
+	WorkerID     string `json:"worker_id"`
+	Group        string `json:"group"`
+	Topic        string `json:"topic"`
+	CodeVersion  int64  `json:"code_version,omitempty"`
+	ErrorType    string `json:"error_type,omitempty"`
+	ErrorMessage string `json:"error_message,omitempty"`
+}
+
+// Emitter publishes lifecycle events.
+type Emitter struct {
+	pub publish.Publisher
+}
+
+// NewEmitter publishes through pub.
+func NewEmitter(pub publish.Publisher) *Emitter { return &Emitter{pub: pub} }
+
+// Emit publishes one lifecycle event. id, when non-empty, makes the event id
+// deterministic so that a retried activity does not produce a new event id.
+func (e *Emitter) Emit(ctx context.Context, id string, kind Kind, d Data) error {
+	ev := New(id, kind, d)
+	return e.pub.Publish(ctx, Topic, &ev)
+}
+
+// New builds a lifecycle event.
+func New(id string, kind Kind, d Data) event.Event {
+	if id == "" {
+		id = uuid.NewString()
+	}
+	ev := event.New(event.CloudEventsVersionV1)
+	ev.SetID(id)
+	ev.SetSource(Source)
+	ev.SetType(TypePrefix + string(kind))
+	ev.SetTime(time.Now().UTC())
+	ev.SetSubject(d.WorkerID)
+	_ = ev.SetData(event.ApplicationJSON, d)
+	return ev
+}

@@ -1,0 +1,87 @@
+// Package startup owns what a node does after it comes up and while it runs:
+// join (or start) the cluster-wide recovery workflow, reconcile this node
+// against the catalog, report both in the health state, and keep reconciling
+// periodically so that changes made through other nodes reach this one.
+package startup
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/client"
+
+	"github.com/virtufin/workmanager/internal/health"
+	"github.com/virtufin/workmanager/internal/node"
+	"github.com/virtufin/workmanager/workflows"
+)
+
+// RunRecovery executes the recovery workflow under its fixed ID, joining one
+// that is already running (only one recovery runs in the cluster).
+func RunRecovery(ctx context.Context, c client.Client) (workflows.RecoveryResult, error) {
+	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
+		ID:                       workflows.RecoveryWorkflowID,
+		TaskQueue:                workflows.TaskQueue,
+		WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING,
+		WorkflowIDReusePolicy:    enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
+		WorkflowExecutionTimeout: 10 * time.Minute,
+	}, workflows.RecoveryWorkflow)
+	if err != nil {
+		return workflows.RecoveryResult{}, fmt.Errorf("start recovery: %w", err)
+	}
+	var res workflows.RecoveryResult
+	if err := run.Get(ctx, &res); err != nil {
+		return res, fmt.Errorf("recovery: %w", err)
+	}
+	return res, nil
+}
+
+// Recover runs the recovery workflow and then reconciles this node, keeping
+// the health state's recovery check up to date. Broken workers are counted,
+// not fatal; failing to run recovery at all makes the node Unhealthy.
+func Recover(ctx context.Context, log *slog.Logger, c client.Client, n *node.Node, h *health.State) error {
+	h.Set(health.Recovery, health.Degraded, "recovery running")
+	res, err := RunRecovery(ctx, c)
+	if err != nil {
+		h.Set(health.Recovery, health.Unhealthy, err.Error())
+		return err
+	}
+	rec, err := n.Reconcile(ctx)
+	if err != nil {
+		h.Set(health.Recovery, health.Unhealthy, err.Error())
+		return err
+	}
+	detail := fmt.Sprintf("recovered %d, failed %d (running %d, stopped %d on this node)", res.Recovered, res.Failed+rec.Failed, rec.Running, rec.Stopped)
+	log.Info("recovery finished", "recovered", res.Recovered, "failed", res.Failed, "failed_ids", res.FailedIDs,
+		"running", rec.Running, "stopped", rec.Stopped, "node_failed", rec.Failed)
+	h.Set(health.Recovery, health.Healthy, detail)
+	if res.Failed+rec.Failed > 0 {
+		h.Set("workers", health.Degraded, fmt.Sprintf("%d worker(s) could not be recovered: %v", res.Failed+rec.Failed, res.FailedIDs))
+	} else {
+		h.Set("workers", health.Healthy, "")
+	}
+	return nil
+}
+
+// ReconcileLoop reconciles the node every interval until ctx ends.
+func ReconcileLoop(ctx context.Context, log *slog.Logger, n *node.Node, interval time.Duration) {
+	if interval <= 0 {
+		return
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if res, err := n.Reconcile(ctx); err != nil {
+				log.Warn("periodic reconcile failed", "err", err)
+			} else if res.Failed > 0 {
+				log.Warn("periodic reconcile: some workers failed", "failed", res.Failed)
+			}
+		}
+	}
+}

@@ -1,0 +1,50 @@
+// Package state owns every access WorkManager makes to persistent key/value
+// state: one small interface (Store), its Dapr implementation (go-sdk state
+// API with ETags) and an in-memory implementation for unit tests. Nothing else
+// in the code base talks to the Dapr state API.
+package state
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// KeyPrefix namespaces every key WorkManager writes.
+const KeyPrefix = "workmanager/"
+
+var (
+	// ErrNotFound: the key does not exist.
+	ErrNotFound = errors.New("state: key not found")
+	// ErrConflict: an ETag or first-write precondition failed; re-read and retry.
+	ErrConflict = errors.New("state: concurrent modification")
+)
+
+// Item is one stored value with its ETag.
+type Item struct {
+	Value []byte
+	ETag  string
+}
+
+// PutOptions are the preconditions and lifetime of a Put.
+type PutOptions struct {
+	// ETag, when set, makes the write succeed only if the stored ETag matches.
+	ETag string
+	// IfAbsent makes the write succeed only if the key does not exist yet.
+	// A key created this way must afterwards always be written with its ETag
+	// (state.redis keeps the key in first-write mode).
+	IfAbsent bool
+	// TTL, when positive, lets the store expire the key.
+	TTL time.Duration
+}
+
+// Store is persistent key/value state with optimistic concurrency.
+type Store interface {
+	// Get returns ErrNotFound when the key is absent.
+	Get(ctx context.Context, key string) (Item, error)
+	// Put writes a value; a failed precondition returns ErrConflict.
+	Put(ctx context.Context, key string, value []byte, opts PutOptions) error
+	// Delete removes a key (no error if it is absent). A non-empty etag makes
+	// the delete conditional.
+	Delete(ctx context.Context, key, etag string) error
+}

@@ -1,0 +1,362 @@
+// Package integration drives WorkManager end to end on the real stack: Redis,
+// the Temporal dev server and daprd started by internal/devstack on free
+// loopback ports, the real worker node and API binaries, real Python. Nothing
+// here is mocked.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/virtufin/workmanager/internal/devstack"
+	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/lifecycle"
+	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+)
+
+// env is one running stack plus node and API processes.
+type env struct {
+	t       testing.TB
+	dir     string
+	stack   *devstack.Stack
+	bins    string
+	node    *devstack.Proc
+	api     *devstack.Proc
+	apiAddr string
+	nodeURL string
+	client  pb.WorkManagerServiceClient
+	conn    *grpc.ClientConn
+	dapr    *grpc.ClientConn
+
+	mu        sync.Mutex
+	lifecycle []lifecycleEvent
+	subs      []dispatch.Stream
+}
+
+type lifecycleEvent struct {
+	Type string
+	Data lifecycle.Data
+}
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+func repoRoot() string {
+	wd, _ := os.Getwd()
+	return filepath.Join(wd, "..", "..")
+}
+
+// buildBinaries builds cmd/worker and cmd/api once per test binary.
+func buildBinaries(t testing.TB) string {
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "wm-bin-")
+		if buildErr != nil {
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", binDir, "./cmd/worker", "./cmd/api")
+		cmd.Dir = repoRoot()
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binDir
+}
+
+// newEnv starts a full stack in dir (a fresh temp dir when empty).
+func newEnv(t testing.TB, dir string) *env {
+	t.Helper()
+	return newEnvPorts(t, dir, 0, 0)
+}
+
+// newEnvPorts is newEnv with fixed Redis and Temporal ports, as `make run`
+// restarts on its fixed ports.
+func newEnvPorts(t testing.TB, dir string, redisPort, temporalPort int) *env {
+	t.Helper()
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	e := &env{t: t, dir: dir, bins: buildBinaries(t)}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	st, err := devstack.Start(ctx, devstack.Options{Dir: dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"), Headless: true,
+		RedisPort: redisPort, TemporalPort: temporalPort, RedeliverInterval: time.Second, ProcessingTimeout: 6 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.stack = st
+	t.Cleanup(e.close)
+	e.startProcesses()
+	return e
+}
+
+func (e *env) startProcesses() {
+	e.t.Helper()
+	e.startNode()
+	e.startAPI()
+	e.connectDapr()
+}
+
+// startNode starts the worker node and waits for /readyz.
+func (e *env) startNode() {
+	e.t.Helper()
+	port, err := devstack.FreePort()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.nodeURL = "http://127.0.0.1:" + strconv.Itoa(port)
+	e.node, err = e.stack.StartNode(filepath.Join(e.bins, "worker"), "127.0.0.1:"+strconv.Itoa(port),
+		"WORKER_TIMEOUT=2s", "RECONCILE_INTERVAL=5s", "LOG_LEVEL=debug")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := devstack.WaitHTTP(context.Background(), e.node, e.nodeURL+"/readyz", 90*time.Second); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) startAPI() {
+	e.t.Helper()
+	port, err := devstack.FreePort()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.apiAddr = "127.0.0.1:" + strconv.Itoa(port)
+	e.api, err = e.stack.StartAPI(filepath.Join(e.bins, "api"), e.apiAddr, "LOG_LEVEL=debug")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if e.conn != nil {
+		e.conn.Close()
+	}
+	e.conn, err = grpc.NewClient(e.apiAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.client = pb.NewWorkManagerServiceClient(e.conn)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err = e.client.ListWorkers(ctx, &pb.ListWorkersRequest{})
+		cancel()
+		if err == nil {
+			return
+		}
+		if e.api.Exited() {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	e.t.Fatalf("api not serving: %v\n%s", err, e.api.Tail())
+}
+
+// connectDapr opens the test's own client to daprd and subscribes to the
+// lifecycle topic.
+func (e *env) connectDapr() {
+	e.t.Helper()
+	var err error
+	e.dapr, err = grpc.NewClient(e.stack.DaprGRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ch := e.subscribe(lifecycle.Topic)
+	go func() {
+		for ev := range ch {
+			var d lifecycle.Data
+			_ = ev.DataAs(&d)
+			e.mu.Lock()
+			e.lifecycle = append(e.lifecycle, lifecycleEvent{Type: ev.Type(), Data: d})
+			e.mu.Unlock()
+		}
+	}()
+}
+
+// subscribe opens a real streaming subscription on daprd and returns the
+// events received (each acked SUCCESS).
+func (e *env) subscribe(topic string) <-chan event.Event {
+	e.t.Helper()
+	sub := dispatch.DaprSubscriber{Client: runtimev1.NewDaprClient(e.dapr)}
+	st, err := sub.Subscribe(context.Background(), devstack.PubSubName, topic)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.mu.Lock()
+	e.subs = append(e.subs, st)
+	e.mu.Unlock()
+	ch := make(chan event.Event, 100)
+	go func() {
+		defer close(ch)
+		for {
+			req, err := st.Recv()
+			if err != nil {
+				return
+			}
+			var ev event.Event
+			if err := dispatch.Decode(req, &ev); err == nil {
+				ch <- ev
+			}
+			_ = st.Ack(req.GetId(), dispatch.AckSuccess)
+		}
+	}()
+	// Give daprd a moment to create the consumer group before anything is
+	// published to the topic.
+	time.Sleep(300 * time.Millisecond)
+	return ch
+}
+
+// publish sends a structured CloudEvent through daprd's HTTP API.
+func (e *env) publish(topic, id string, data any, correlationID string) {
+	e.t.Helper()
+	ce := map[string]any{"specversion": "1.0", "id": id, "source": "integration-test", "type": "test.input",
+		"datacontenttype": "application/json", "data": data}
+	if correlationID != "" {
+		ce["correlationid"] = correlationID
+	}
+	body, _ := json.Marshal(ce)
+	url := fmt.Sprintf("http://%s/v1.0/publish/%s/%s", e.stack.DaprHTTPAddr, devstack.PubSubName, topic)
+	resp, err := http.Post(url, "application/cloudevents+json", bytes.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		e.t.Fatalf("publish to %s: HTTP %d", topic, resp.StatusCode)
+	}
+}
+
+// httpGet fetches a path from the node's HTTP endpoint.
+func (e *env) httpGet(t testing.TB, path string) string {
+	t.Helper()
+	resp, err := http.Get(e.nodeURL + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// killNode SIGKILLs the node process.
+func (e *env) killNode() { e.node.Kill() }
+
+// waitLifecycle waits for a lifecycle event of kind for workerID.
+func (e *env) waitLifecycle(workerID string, kind lifecycle.Kind, timeout time.Duration) lifecycleEvent {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		e.mu.Lock()
+		for _, ev := range e.lifecycle {
+			if ev.Data.WorkerID == workerID && ev.Type == lifecycle.TypePrefix+string(kind) {
+				e.mu.Unlock()
+				return ev
+			}
+		}
+		e.mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.t.Fatalf("no %s lifecycle event for worker %s within %s (got %v)", kind, workerID, timeout, e.lifecycleFor(workerID))
+	return lifecycleEvent{}
+}
+
+func (e *env) lifecycleFor(workerID string) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for _, ev := range e.lifecycle {
+		if ev.Data.WorkerID == workerID {
+			out = append(out, ev.Type)
+		}
+	}
+	return out
+}
+
+func (e *env) closeSubs() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, s := range e.subs {
+		s.Close()
+	}
+	e.subs = nil
+}
+
+// stopAll stops node, API and the stack, keeping the data directory.
+func (e *env) stopAll() {
+	e.closeSubs()
+	if e.dapr != nil {
+		e.dapr.Close()
+		e.dapr = nil
+	}
+	if e.conn != nil {
+		e.conn.Close()
+		e.conn = nil
+	}
+	e.api.Stop(5 * time.Second)
+	e.node.Stop(10 * time.Second)
+	e.stack.Stop()
+}
+
+func (e *env) close() {
+	if e.t.Failed() {
+		for _, p := range []string{"node", "api", "daprd", "temporal"} {
+			b, _ := os.ReadFile(filepath.Join(e.dir, p+".log"))
+			if len(b) > 6000 {
+				b = b[len(b)-6000:]
+			}
+			e.t.Logf("---- %s.log (tail) ----\n%s", p, b)
+		}
+	}
+	e.stopAll()
+}
+
+// expectEvent waits for one event on ch.
+func expectEvent(t testing.TB, ch <-chan event.Event, timeout time.Duration) event.Event {
+	t.Helper()
+	select {
+	case ev, ok := <-ch:
+		if !ok {
+			t.Fatal("subscription closed")
+		}
+		return ev
+	case <-time.After(timeout):
+		t.Fatalf("no event within %s", timeout)
+	}
+	return event.Event{}
+}
+
+// expectNoEvent asserts that nothing arrives on ch for d.
+func expectNoEvent(t testing.TB, ch <-chan event.Event, d time.Duration) {
+	t.Helper()
+	select {
+	case ev := <-ch:
+		t.Fatalf("unexpected event %s (%s): %s", ev.ID(), ev.Type(), ev.Data())
+	case <-time.After(d):
+	}
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -1,0 +1,69 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	historypb "go.temporal.io/api/history/v1"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/worker"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+	"github.com/virtufin/workmanager/workflows"
+)
+
+// TestReplayRealHistory replays the history a real server recorded for a
+// worker's whole lifecycle against the current workflow code: a
+// non-deterministic change fails here. With WM_RECORD_HISTORY=1 it also
+// refreshes workflows/testdata/worker_history.json for the unit replay test.
+func TestReplayRealHistory(t *testing.T) {
+	e := newEnv(t, "")
+	id := e.create(t, topicName(t, "in"), echoWorker("replay-out", "v1"))
+	ctx := ctxT(t)
+	if _, err := e.client.StopWorker(ctx, &pb.StopWorkerRequest{WorkerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.StartWorker(ctx, &pb.StartWorkerRequest{WorkerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.LoadCode(ctx, &pb.LoadCodeRequest{WorkerId: id, Code: &pb.CodeSource{Source: &pb.CodeSource_Content{Content: echoWorker("replay-out", "v2")}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.DeleteWorker(ctx, &pb.DeleteWorkerRequest{WorkerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	tc, err := client.Dial(client.Options{HostPort: e.stack.TemporalAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	hist := &historypb.History{}
+	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	it := tc.GetWorkflowHistory(cctx, workflows.WorkflowID(id), "", false, 0)
+	for it.HasNext() {
+		ev, err := it.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		hist.Events = append(hist.Events, ev)
+	}
+	r := worker.NewWorkflowReplayer()
+	r.RegisterWorkflow(workflows.WorkerWorkflow)
+	if err := r.ReplayWorkflowHistory(nil, hist); err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	if os.Getenv("WM_RECORD_HISTORY") != "" {
+		b, err := protojson.MarshalOptions{Indent: "  "}.Marshal(hist)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(repoRoot(), "workflows", "testdata", "worker_history.json"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

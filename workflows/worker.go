@@ -1,0 +1,309 @@
+// Package workflows owns the durable lifecycle of workers: one long-lived
+// entity workflow per worker (WorkerWorkflow) whose Updates are the lifecycle
+// operations and whose Query is its state, and the cluster-wide recovery
+// workflow (RecoveryWorkflow) that runs under a fixed ID so that only one
+// recovery runs at a time. Side effects live in package activities.
+package workflows
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/virtufin/workmanager/activities"
+	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/lifecycle"
+)
+
+// Names of the worker workflow's updates and query.
+const (
+	UpdateCreate   = "create"
+	UpdateStart    = "start"
+	UpdateStop     = "stop"
+	UpdateLoadCode = "load_code"
+	UpdateDelete   = "delete"
+	QueryState     = "state"
+)
+
+// TaskQueue is where WorkManager nodes poll for workflow and activity tasks.
+const TaskQueue = "workmanager"
+
+// WorkflowID is the ID of a worker's entity workflow.
+func WorkflowID(workerID string) string { return "workmanager-worker-" + workerID }
+
+// Search attributes the workflow keeps up to date (register them in the
+// Temporal server; the dev stack does).
+var (
+	SAWorkerID     = temporal.NewSearchAttributeKeyKeyword("WorkerId")
+	SAWorkerTopic  = temporal.NewSearchAttributeKeyKeyword("WorkerTopic")
+	SAWorkerGroup  = temporal.NewSearchAttributeKeyKeyword("WorkerGroup")
+	SAWorkerStatus = temporal.NewSearchAttributeKeyKeyword("WorkerStatus")
+)
+
+// WorkerInput starts (or continues) a worker's workflow.
+type WorkerInput struct {
+	State WorkerState
+	// ContinueAsNewAfter forces a continue-as-new after this many updates in
+	// one run (0: only when the server suggests it).
+	ContinueAsNewAfter int
+	// CreateTimeout ends a workflow that was started but never created (the
+	// caller went away); 0 means 5 minutes.
+	CreateTimeout time.Duration
+}
+
+// WorkerState is what the workflow knows and carries across continue-as-new.
+type WorkerState struct {
+	Worker  catalog.Worker
+	Created bool
+	Deleted bool
+	// Seq numbers lifecycle events so their ids are deterministic.
+	Seq int64
+}
+
+// CreateRequest is the argument of the create update.
+type CreateRequest struct {
+	Ref catalog.CodeRef
+}
+
+// errNotCreated ends a workflow that was started but never created.
+var errNotCreated = errors.New("worker was never created")
+
+type entity struct {
+	st      WorkerState
+	mu      workflow.Mutex
+	updates int
+	failed  error
+}
+
+// WorkerWorkflow is the entity workflow of one worker.
+func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
+	e := &entity{st: in.State, mu: workflow.NewMutex(ctx)}
+	if err := workflow.SetQueryHandler(ctx, QueryState, func() (WorkerState, error) { return e.st, nil }); err != nil {
+		return e.st, err
+	}
+	if err := e.registerUpdates(ctx); err != nil {
+		return e.st, err
+	}
+	if e.st.Created {
+		e.upsertSearchAttributes(ctx)
+	}
+	if !e.st.Created {
+		timeout := in.CreateTimeout
+		if timeout == 0 {
+			timeout = 5 * time.Minute
+		}
+		ok, err := workflow.AwaitWithTimeout(ctx, timeout, func() bool { return e.st.Created || e.failed != nil })
+		if err != nil {
+			return e.st, err
+		}
+		if !ok || e.failed != nil {
+			_ = workflow.Await(ctx, func() bool { return workflow.AllHandlersFinished(ctx) })
+			if e.failed != nil {
+				return e.st, temporal.NewNonRetryableApplicationError("create failed: "+e.failed.Error(), "CreateFailed", nil)
+			}
+			return e.st, temporal.NewNonRetryableApplicationError(errNotCreated.Error(), "CreateFailed", nil)
+		}
+	}
+	continueAsNew := func() bool {
+		if workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
+			return true
+		}
+		return in.ContinueAsNewAfter > 0 && e.updates >= in.ContinueAsNewAfter
+	}
+	if err := workflow.Await(ctx, func() bool {
+		return (e.st.Deleted || continueAsNew()) && workflow.AllHandlersFinished(ctx)
+	}); err != nil {
+		return e.st, err
+	}
+	if e.st.Deleted {
+		return e.st, nil
+	}
+	next := in
+	next.State = e.st
+	return e.st, workflow.NewContinueAsNewError(ctx, WorkerWorkflow, next)
+}
+
+func (e *entity) registerUpdates(ctx workflow.Context) error {
+	alive := func() error {
+		switch {
+		case e.st.Deleted:
+			return fmt.Errorf("worker %s is deleted", e.st.Worker.ID)
+		case !e.st.Created:
+			return fmt.Errorf("worker %s is not created", e.st.Worker.ID)
+		}
+		return nil
+	}
+	handlers := []struct {
+		name     string
+		fn       any
+		validate any
+	}{
+		{UpdateCreate, e.create, func(workflow.Context, CreateRequest) error {
+			if e.st.Created || e.failed != nil {
+				return fmt.Errorf("worker %s already exists", e.st.Worker.ID)
+			}
+			return nil
+		}},
+		{UpdateStart, e.start, func(workflow.Context) error { return alive() }},
+		{UpdateStop, e.stop, func(workflow.Context) error { return alive() }},
+		{UpdateLoadCode, e.loadCode, func(_ workflow.Context, r catalog.CodeRef) error {
+			if err := alive(); err != nil {
+				return err
+			}
+			return catalog.ValidateSHA256(r.SHA256)
+		}},
+		{UpdateDelete, e.delete, func(workflow.Context) error { return alive() }},
+	}
+	for _, h := range handlers {
+		if err := workflow.SetUpdateHandlerWithOptions(ctx, h.name, h.fn, workflow.UpdateHandlerOptions{Validator: h.validate}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// activityCtx sets the options of lifecycle activities. Update handlers run
+// on the workflow's root context, so options are set here, in the handler.
+func activityCtx(ctx workflow.Context) workflow.Context {
+	return workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		StartToCloseTimeout: time.Minute,
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval:        200 * time.Millisecond,
+			BackoffCoefficient:     2,
+			MaximumInterval:        10 * time.Second,
+			MaximumAttempts:        8,
+			NonRetryableErrorTypes: []string{activities.ErrTypeInvalidArgument},
+		},
+	})
+}
+
+var a *activities.Activities // method values name the activities
+
+func (e *entity) event(ctx workflow.Context, kind lifecycle.Kind) activities.EventSpec {
+	e.st.Seq++
+	return activities.EventSpec{ID: fmt.Sprintf("%s/%d/%s", workflow.GetInfo(ctx).WorkflowExecution.ID, e.st.Seq, kind), Kind: kind}
+}
+
+func (e *entity) lock(ctx workflow.Context) (func(), error) {
+	if err := e.mu.Lock(ctx); err != nil {
+		return nil, err
+	}
+	e.updates++
+	return e.mu.Unlock, nil
+}
+
+func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker, error) {
+	unlock, err := e.lock(ctx)
+	if err != nil {
+		return catalog.Worker{}, err
+	}
+	defer unlock()
+	actx := activityCtx(ctx)
+	w := e.st.Worker
+	var ref catalog.CodeRef
+	if err := workflow.ExecuteActivity(actx, a.PrepareCode, activities.PrepareCodeInput{Worker: w, Ref: req.Ref}).Get(ctx, &ref); err != nil {
+		e.failed = err
+		return catalog.Worker{}, err
+	}
+	now := workflow.Now(ctx).UTC()
+	w.Status, w.CodeVersion, w.CodeSHA256, w.CreatedAt, w.UpdatedAt = catalog.StatusRunning, 1, ref.SHA256, now, now
+	in := activities.ApplyInput{
+		Worker:  w,
+		History: &catalog.HistoryEntry{Version: 1, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now},
+		Events:  []activities.EventSpec{e.event(ctx, lifecycle.Created), e.event(ctx, lifecycle.Started)},
+	}
+	if err := workflow.ExecuteActivity(actx, a.Apply, in).Get(ctx, nil); err != nil {
+		e.failed = err
+		return catalog.Worker{}, err
+	}
+	e.st.Worker, e.st.Created = w, true
+	e.upsertSearchAttributes(ctx)
+	return w, nil
+}
+
+func (e *entity) setStatus(ctx workflow.Context, status catalog.Status, kind lifecycle.Kind) (catalog.Worker, error) {
+	unlock, err := e.lock(ctx)
+	if err != nil {
+		return catalog.Worker{}, err
+	}
+	defer unlock()
+	if e.st.Worker.Status == status {
+		return e.st.Worker, nil // idempotent
+	}
+	w := e.st.Worker
+	w.Status, w.UpdatedAt = status, workflow.Now(ctx).UTC()
+	in := activities.ApplyInput{Worker: w, Events: []activities.EventSpec{e.event(ctx, kind)}}
+	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Apply, in).Get(ctx, nil); err != nil {
+		return catalog.Worker{}, err
+	}
+	e.st.Worker = w
+	e.upsertSearchAttributes(ctx)
+	return w, nil
+}
+
+func (e *entity) start(ctx workflow.Context) (catalog.Worker, error) {
+	return e.setStatus(ctx, catalog.StatusRunning, lifecycle.Started)
+}
+
+func (e *entity) stop(ctx workflow.Context) (catalog.Worker, error) {
+	return e.setStatus(ctx, catalog.StatusStopped, lifecycle.Stopped)
+}
+
+func (e *entity) loadCode(ctx workflow.Context, ref catalog.CodeRef) (catalog.Worker, error) {
+	unlock, err := e.lock(ctx)
+	if err != nil {
+		return catalog.Worker{}, err
+	}
+	defer unlock()
+	if e.st.Deleted {
+		return catalog.Worker{}, temporal.NewNonRetryableApplicationError("worker is deleted", "NotFound", nil)
+	}
+	actx := activityCtx(ctx)
+	w := e.st.Worker
+	if err := workflow.ExecuteActivity(actx, a.PrepareCode, activities.PrepareCodeInput{Worker: w, Ref: ref}).Get(ctx, &ref); err != nil {
+		return catalog.Worker{}, err
+	}
+	now := workflow.Now(ctx).UTC()
+	w.CodeVersion++
+	w.CodeSHA256, w.UpdatedAt = ref.SHA256, now
+	in := activities.ApplyInput{
+		Worker:  w,
+		History: &catalog.HistoryEntry{Version: w.CodeVersion, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now},
+		Events:  []activities.EventSpec{e.event(ctx, lifecycle.CodeUpdated)},
+	}
+	if err := workflow.ExecuteActivity(actx, a.Apply, in).Get(ctx, nil); err != nil {
+		return catalog.Worker{}, err
+	}
+	e.st.Worker = w
+	return w, nil
+}
+
+func (e *entity) delete(ctx workflow.Context) error {
+	unlock, err := e.lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if e.st.Deleted {
+		return nil
+	}
+	in := activities.DeleteInput{Worker: e.st.Worker, EventID: e.event(ctx, lifecycle.Deleted).ID}
+	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Delete, in).Get(ctx, nil); err != nil {
+		return err
+	}
+	e.st.Deleted = true
+	return nil
+}
+
+func (e *entity) upsertSearchAttributes(ctx workflow.Context) {
+	w := e.st.Worker
+	err := workflow.UpsertTypedSearchAttributes(ctx,
+		SAWorkerID.ValueSet(w.ID), SAWorkerTopic.ValueSet(w.Topic),
+		SAWorkerGroup.ValueSet(w.Group), SAWorkerStatus.ValueSet(string(w.Status)))
+	if err != nil {
+		workflow.GetLogger(ctx).Warn("upsert search attributes", "err", err)
+	}
+}
