@@ -86,6 +86,14 @@ type Spec struct {
 	Logger *slog.Logger
 }
 
+// Gateway lets worker code call backend services. The node's implementation
+// uses Dapr service invocation; service is a Dapr app id or HTTPEndpoint
+// name, method the path, request and response opaque bytes (JSON by
+// convention).
+type Gateway interface {
+	Call(ctx context.Context, service, method string, request []byte) ([]byte, error)
+}
+
 // Errors engines wrap so that callers can classify failures without knowing
 // the engine.
 var (

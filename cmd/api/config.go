@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"time"
 )
 
@@ -15,6 +16,8 @@ type config struct {
 	DaprGRPCAddress   string        // DAPR_GRPC_ADDRESS
 	StateStore        string        // DAPR_STATESTORE
 	OperationTimeout  time.Duration // WORKMANAGER_OPERATION_TIMEOUT
+	// ContinueAsNewAfter: WORKMANAGER_CONTINUE_AS_NEW_AFTER (0: when the server suggests).
+	ContinueAsNewAfter int
 	LogLevel          slog.Level    // LOG_LEVEL
 }
 
@@ -34,6 +37,13 @@ func loadConfig() (config, error) {
 		}
 		c.OperationTimeout = d
 	}
+	if v := os.Getenv("WORKMANAGER_CONTINUE_AS_NEW_AFTER"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return c, fmt.Errorf("WORKMANAGER_CONTINUE_AS_NEW_AFTER=%q: %w", v, err)
+		}
+		c.ContinueAsNewAfter = n
+	}
 	if v := os.Getenv("LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 			return c, fmt.Errorf("LOG_LEVEL=%q: %w", v, err)
@@ -46,6 +56,8 @@ func (c config) validate() error {
 	switch {
 	case c.Addr == "" || c.TemporalAddress == "" || c.DaprGRPCAddress == "" || c.StateStore == "":
 		return fmt.Errorf("WORKMANAGER_API_ADDR, TEMPORAL_ADDRESS, DAPR_GRPC_ADDRESS and DAPR_STATESTORE must not be empty")
+	case c.ContinueAsNewAfter < 0:
+		return fmt.Errorf("WORKMANAGER_CONTINUE_AS_NEW_AFTER must not be negative, got %d", c.ContinueAsNewAfter)
 	case c.OperationTimeout <= 0:
 		return fmt.Errorf("WORKMANAGER_OPERATION_TIMEOUT must be positive, got %s", c.OperationTimeout)
 	}

@@ -63,7 +63,8 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	defer tc.Close()
 
 	srv := grpc.NewServer()
-	pb.RegisterWorkManagerServiceServer(srv, api.New(log, tc, cat, reg.MIMETypes(), cfg.OperationTimeout))
+	pb.RegisterWorkManagerServiceServer(srv, api.New(log, tc, cat, reg.MIMETypes(),
+		api.Options{OperationTimeout: cfg.OperationTimeout, ContinueAsNewAfter: cfg.ContinueAsNewAfter}))
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(pb.WorkManagerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

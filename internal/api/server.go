@@ -37,13 +37,22 @@ type Server struct {
 	temporal  client.Client
 	catalog   *catalog.Catalog
 	mimeTypes []string
+	opts      Options
 	timeout   time.Duration
 }
 
-// New returns a Server. mimeTypes are the supported worker MIME types;
-// timeout bounds one lifecycle operation.
-func New(log *slog.Logger, tc client.Client, cat *catalog.Catalog, mimeTypes []string, timeout time.Duration) *Server {
-	return &Server{log: log, temporal: tc, catalog: cat, mimeTypes: mimeTypes, timeout: timeout}
+// Options tune the API.
+type Options struct {
+	// OperationTimeout bounds one lifecycle operation.
+	OperationTimeout time.Duration
+	// ContinueAsNewAfter makes new worker workflows continue as new after
+	// this many updates per run (0: when the server suggests it).
+	ContinueAsNewAfter int
+}
+
+// New returns a Server; mimeTypes are the supported worker MIME types.
+func New(log *slog.Logger, tc client.Client, cat *catalog.Catalog, mimeTypes []string, opts Options) *Server {
+	return &Server{log: log, temporal: tc, catalog: cat, mimeTypes: mimeTypes, opts: opts, timeout: opts.OperationTimeout}
 }
 
 // CreateWorker implements pb.WorkManagerServiceServer.
@@ -65,7 +74,7 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 		WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_FAIL,
 		TypedSearchAttributes: temporal.NewSearchAttributes(workflows.SAWorkerID.ValueSet(id),
 			workflows.SAWorkerTopic.ValueSet(w.Topic), workflows.SAWorkerGroup.ValueSet(w.Group)),
-	}, workflows.WorkerWorkflow, workflows.WorkerInput{State: workflows.WorkerState{Worker: w}})
+	}, workflows.WorkerWorkflow, workflows.WorkerInput{State: workflows.WorkerState{Worker: w}, ContinueAsNewAfter: s.opts.ContinueAsNewAfter})
 	h, err := s.temporal.UpdateWithStartWorkflow(ctx, client.UpdateWithStartWorkflowOptions{
 		StartWorkflowOperation: start,
 		UpdateOptions: client.UpdateWorkflowOptions{

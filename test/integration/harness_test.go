@@ -47,6 +47,7 @@ type env struct {
 	mu        sync.Mutex
 	lifecycle []lifecycleEvent
 	subs      []dispatch.Stream
+	apiEnv    []string
 }
 
 type lifecycleEvent struct {
@@ -93,12 +94,12 @@ func newEnv(t testing.TB, dir string) *env {
 
 // newEnvPorts is newEnv with fixed Redis and Temporal ports, as `make run`
 // restarts on its fixed ports.
-func newEnvPorts(t testing.TB, dir string, redisPort, temporalPort int) *env {
+func newEnvPorts(t testing.TB, dir string, redisPort, temporalPort int, apiEnv ...string) *env {
 	t.Helper()
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	e := &env{t: t, dir: dir, bins: buildBinaries(t)}
+	e := &env{t: t, dir: dir, bins: buildBinaries(t), apiEnv: apiEnv}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	st, err := devstack.Start(ctx, devstack.Options{Dir: dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"), Headless: true,
@@ -144,7 +145,7 @@ func (e *env) startAPI() {
 		e.t.Fatal(err)
 	}
 	e.apiAddr = "127.0.0.1:" + strconv.Itoa(port)
-	e.api, err = e.stack.StartAPI(filepath.Join(e.bins, "api"), e.apiAddr, "LOG_LEVEL=debug")
+	e.api, err = e.stack.StartAPI(filepath.Join(e.bins, "api"), e.apiAddr, append([]string{"LOG_LEVEL=debug"}, e.apiEnv...)...)
 	if err != nil {
 		e.t.Fatal(err)
 	}

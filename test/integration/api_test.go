@@ -1,0 +1,190 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.temporal.io/sdk/client"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+
+	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+	"github.com/virtufin/workmanager/workflows"
+)
+
+// The control API serves the standard health service and reflection, so
+// grpcurl works without proto files.
+func TestHealthAndReflection(t *testing.T) {
+	e := newEnv(t, "")
+	ctx := ctxT(t)
+	h, err := healthpb.NewHealthClient(e.conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "workmanager.v1.WorkManagerService"})
+	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health: %v %v", h, err)
+	}
+	st, err := reflectionpb.NewServerReflectionClient(e.conn).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{ListServices: ""}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	if !slices.Contains(names, "workmanager.v1.WorkManagerService") || !slices.Contains(names, "grpc.health.v1.Health") {
+		t.Fatalf("reflection lists %v", names)
+	}
+	body := e.httpGet(t, "/health")
+	if !strings.Contains(body, `"status":"Healthy"`) {
+		t.Fatalf("/health: %s", body)
+	}
+}
+
+// The README's temporal CLI commands control a worker through its workflow.
+func TestTemporalCLIControlsWorker(t *testing.T) {
+	e := newEnv(t, "")
+	id := e.create(t, topicName(t, "in"), echoWorker("cli-out", "v1"))
+	cli := func(args ...string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		args = append(args, "--address", e.stack.TemporalAddr, "--workflow-id", workflows.WorkflowID(id))
+		out, err := exec.CommandContext(ctx, filepath.Join(repoRoot(), ".tools", "bin", "temporal"), args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("temporal %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	cli("workflow", "update", "execute", "--name", "stop")
+	if w, err := e.client.GetWorker(ctxT(t), &pb.GetWorkerRequest{WorkerId: id}); err != nil || w.GetStatus() != pb.WorkerStatus_WORKER_STATUS_STOPPED {
+		t.Fatalf("after CLI stop: %v %v", w, err)
+	}
+	if out := cli("workflow", "query", "--type", "state"); !strings.Contains(out, `"status":"STOPPED"`) {
+		t.Fatalf("query output: %s", out)
+	}
+	cli("workflow", "update", "execute", "--name", "start")
+	if w, err := e.client.GetWorker(ctxT(t), &pb.GetWorkerRequest{WorkerId: id}); err != nil || w.GetStatus() != pb.WorkerStatus_WORKER_STATUS_RUNNING {
+		t.Fatalf("after CLI start: %v %v", w, err)
+	}
+	// The search attributes let the CLI (and the Web UI) find the worker.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		out, _ := exec.CommandContext(ctx, filepath.Join(repoRoot(), ".tools", "bin", "temporal"), "workflow", "list",
+			"--address", e.stack.TemporalAddr, "--query", "WorkerId='"+id+"' AND WorkerStatus='RUNNING'").CombinedOutput()
+		cancel()
+		if strings.Contains(string(out), workflows.WorkflowID(id)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("workflow list by search attributes: %s", out)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// The README's example worker does what the walkthrough says.
+func TestExampleWorker(t *testing.T) {
+	e := newEnv(t, "")
+	code, err := os.ReadFile(filepath.Join(repoRoot(), "examples", "python", "enrich", "worker.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs := e.subscribe("order.priced")
+	e.create(t, "orders", code)
+	e.publish("orders", "o-1", map[string]any{"items": []map[string]any{{"sku": "a", "price": 2, "qty": 3}, {"sku": "b", "price": 1}}}, "c-42")
+	ev := expectEvent(t, outs, 20*time.Second)
+	var d map[string]any
+	if err := ev.DataAs(&d); err != nil {
+		t.Fatal(err)
+	}
+	if d["total"] != float64(7) || d["order_id"] != "o-1" || ev.Extensions()["correlationid"] != "c-42" {
+		t.Fatalf("example output %v %v", d, ev.Extensions())
+	}
+}
+
+// Many concurrent lifecycle updates across continue-as-new boundaries lose
+// nothing: every LoadCode gets its own version, the final state is what the
+// last call said, and the workflow really continued as new.
+func TestConcurrentUpdatesAcrossContinueAsNew(t *testing.T) {
+	e := newEnvPorts(t, "", 0, 0, "WORKMANAGER_CONTINUE_AS_NEW_AFTER=3")
+	in, out := topicName(t, "in"), topicName(t, "out")
+	outs := e.subscribe(out)
+	id := e.create(t, in, echoWorker(out, "v0"))
+	tc, err := client.Dial(client.Options{HostPort: e.stack.TemporalAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	first, err := tc.DescribeWorkflowExecution(ctxT(t), workflows.WorkflowID(id), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const loads = 4
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := range loads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code := echoWorker(out, "v"+string(rune('1'+i)))
+			if _, err := e.client.LoadCode(ctxT(t), &pb.LoadCodeRequest{WorkerId: id, Code: &pb.CodeSource{Source: &pb.CodeSource_Content{Content: code}}}); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 3 {
+				if _, err := e.client.StopWorker(ctxT(t), &pb.StopWorkerRequest{WorkerId: id}); err != nil {
+					errs <- err
+				}
+				if _, err := e.client.StartWorker(ctxT(t), &pb.StartWorkerRequest{WorkerId: id}); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("update failed: %v", err)
+	}
+	w, err := e.client.StartWorker(ctxT(t), &pb.StartWorkerRequest{WorkerId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.GetCodeVersion() != loads+1 || w.GetStatus() != pb.WorkerStatus_WORKER_STATUS_RUNNING {
+		t.Fatalf("final worker %v", w)
+	}
+	h, err := e.client.GetWorkerHistory(ctxT(t), &pb.GetWorkerHistoryRequest{WorkerId: id})
+	if err != nil || len(h.GetEntries()) != loads+1 {
+		t.Fatalf("history %v %v", h.GetEntries(), err)
+	}
+	now, err := tc.DescribeWorkflowExecution(ctxT(t), workflows.WorkflowID(id), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.GetWorkflowExecutionInfo().GetExecution().GetRunId() == first.GetWorkflowExecutionInfo().GetExecution().GetRunId() {
+		t.Fatal("the workflow never continued as new")
+	}
+	e.publish(in, "final", map[string]any{"n": 1}, "")
+	if d := decodeOut(t, expectEvent(t, outs, 20*time.Second).Data()); d.Version == "v0" {
+		t.Fatalf("still serving the first code: %+v", d)
+	}
+}
