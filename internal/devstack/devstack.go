@@ -167,42 +167,67 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	if o.ProcessingTimeout == 0 {
 		o.ProcessingTimeout = 15 * time.Second
 	}
-	for _, p := range []*int{&o.RedisPort, &o.TemporalPort, &o.UIPort, &o.DaprGRPCPort, &o.DaprHTTPPort} {
-		if err := pick(p); err != nil {
-			return nil, err
-		}
-	}
 	for _, d := range []string{"redis", "temporal", "dapr"} {
 		if err := os.MkdirAll(filepath.Join(o.Dir, d), 0o755); err != nil {
 			return nil, err
 		}
 	}
-	s := &Stack{Options: o,
-		RedisAddr:    fmt.Sprintf("127.0.0.1:%d", o.RedisPort),
-		TemporalAddr: fmt.Sprintf("127.0.0.1:%d", o.TemporalPort),
-		DaprGRPCAddr: fmt.Sprintf("127.0.0.1:%d", o.DaprGRPCPort),
-		DaprHTTPAddr: fmt.Sprintf("127.0.0.1:%d", o.DaprHTTPPort),
-	}
-	if !o.Headless {
-		s.UIURL = fmt.Sprintf("http://127.0.0.1:%d", o.UIPort)
-	}
+	s := &Stack{Options: o}
 	ok := false
 	defer func() {
 		if !ok {
 			s.Stop()
 		}
 	}()
-	if err := s.startRedis(ctx); err != nil {
+	if err := s.withFreePorts(ctx, s.startRedis, &s.RedisPort); err != nil {
 		return nil, err
 	}
-	if err := s.startTemporal(ctx); err != nil {
+	if err := s.withFreePorts(ctx, s.startTemporal, &s.TemporalPort, &s.UIPort); err != nil {
 		return nil, err
 	}
-	if err := s.StartDaprd(ctx); err != nil {
+	if err := s.withFreePorts(ctx, s.StartDaprd, &s.DaprGRPCPort, &s.DaprHTTPPort); err != nil {
 		return nil, err
 	}
 	ok = true
 	return s, nil
+}
+
+// withFreePorts runs start, picking the ports the caller left at zero. A
+// port picked free can be taken by another process before the server binds
+// it; then the server fails with "address already in use" and start is tried
+// again with new ports (up to three times).
+func (s *Stack) withFreePorts(ctx context.Context, start func(context.Context) error, ports ...*int) error {
+	fixed := make([]bool, len(ports))
+	for i, p := range ports {
+		fixed[i] = *p != 0
+	}
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		for i, p := range ports {
+			if !fixed[i] {
+				*p = 0
+				if err := pick(p); err != nil {
+					return err
+				}
+			}
+		}
+		s.setAddrs()
+		if err = start(ctx); err == nil || !strings.Contains(err.Error(), "address already in use") {
+			return err
+		}
+	}
+	return err
+}
+
+func (s *Stack) setAddrs() {
+	s.RedisAddr = fmt.Sprintf("127.0.0.1:%d", s.RedisPort)
+	s.TemporalAddr = fmt.Sprintf("127.0.0.1:%d", s.TemporalPort)
+	s.DaprGRPCAddr = fmt.Sprintf("127.0.0.1:%d", s.DaprGRPCPort)
+	s.DaprHTTPAddr = fmt.Sprintf("127.0.0.1:%d", s.DaprHTTPPort)
+	s.UIURL = ""
+	if !s.Headless {
+		s.UIURL = fmt.Sprintf("http://127.0.0.1:%d", s.UIPort)
+	}
 }
 
 func (s *Stack) startRedis(ctx context.Context) error {

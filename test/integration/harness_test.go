@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -120,57 +121,73 @@ func (e *env) startProcesses() {
 	e.connectDapr()
 }
 
-// startNode starts the worker node and waits for /readyz.
-func (e *env) startNode() {
+// onFreePort runs start on a free loopback port, and again on another one
+// when the port was taken between picking it and binding it.
+func (e *env) onFreePort(start func(addr string) (*devstack.Proc, error)) (*devstack.Proc, string) {
 	e.t.Helper()
-	port, err := devstack.FreePort()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.nodeURL = "http://127.0.0.1:" + strconv.Itoa(port)
-	e.node, err = e.stack.StartNode(filepath.Join(e.bins, "worker"), "127.0.0.1:"+strconv.Itoa(port),
-		"WORKER_TIMEOUT=2s", "RECONCILE_INTERVAL=5s", "LOG_LEVEL=debug")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := devstack.WaitHTTP(context.Background(), e.node, e.nodeURL+"/readyz", 90*time.Second); err != nil {
+	for attempt := 0; ; attempt++ {
+		port, err := devstack.FreePort()
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		p, err := start(addr)
+		if err == nil {
+			return p, addr
+		}
+		if p != nil {
+			p.Kill()
+		}
+		if attempt < 2 && strings.Contains(err.Error(), "address already in use") {
+			continue
+		}
 		e.t.Fatal(err)
 	}
 }
 
+// startNode starts the worker node and waits for /readyz.
+func (e *env) startNode() {
+	e.t.Helper()
+	var addr string
+	e.node, addr = e.onFreePort(func(addr string) (*devstack.Proc, error) {
+		p, err := e.stack.StartNode(filepath.Join(e.bins, "worker"), addr, "WORKER_TIMEOUT=2s", "RECONCILE_INTERVAL=5s", "LOG_LEVEL=debug")
+		if err != nil {
+			return nil, err
+		}
+		return p, devstack.WaitHTTP(context.Background(), p, "http://"+addr+"/readyz", 90*time.Second)
+	})
+	e.nodeURL = "http://" + addr
+}
+
 func (e *env) startAPI() {
 	e.t.Helper()
-	port, err := devstack.FreePort()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.apiAddr = "127.0.0.1:" + strconv.Itoa(port)
-	e.api, err = e.stack.StartAPI(filepath.Join(e.bins, "api"), e.apiAddr, append([]string{"LOG_LEVEL=debug"}, e.apiEnv...)...)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if e.conn != nil {
-		e.conn.Close()
-	}
-	e.conn, err = grpc.NewClient(e.apiAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.client = pb.NewWorkManagerServiceClient(e.conn)
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err = e.client.ListWorkers(ctx, &pb.ListWorkersRequest{})
-		cancel()
-		if err == nil {
-			return
+	e.api, e.apiAddr = e.onFreePort(func(addr string) (*devstack.Proc, error) {
+		p, err := e.stack.StartAPI(filepath.Join(e.bins, "api"), addr, append([]string{"LOG_LEVEL=debug"}, e.apiEnv...)...)
+		if err != nil {
+			return nil, err
 		}
-		if e.api.Exited() {
-			break
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return p, err
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	e.t.Fatalf("api not serving: %v\n%s", err, e.api.Tail())
+		client := pb.NewWorkManagerServiceClient(conn)
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) && !p.Exited() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, err = client.ListWorkers(ctx, &pb.ListWorkersRequest{})
+			cancel()
+			if err == nil {
+				if e.conn != nil {
+					e.conn.Close()
+				}
+				e.conn, e.client = conn, client
+				return p, nil
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		conn.Close()
+		return p, fmt.Errorf("api not serving: %v\n%s", err, p.Tail())
+	})
 }
 
 // connectDapr opens the test's own client to daprd and subscribes to the
