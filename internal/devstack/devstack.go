@@ -48,6 +48,9 @@ type Options struct {
 	// RedeliverInterval and ProcessingTimeout tune Redis stream redelivery
 	// (defaults 2s and 15s).
 	RedeliverInterval, ProcessingTimeout time.Duration
+	// ExtraResources are more Dapr resource files (name → YAML), e.g. an
+	// HTTPEndpoint that workers reach through the gateway.
+	ExtraResources map[string]string
 }
 
 // Stack is a running set of servers.
@@ -305,6 +308,11 @@ func (s *Stack) StartDaprd(ctx context.Context) error {
 	if err := WriteComponents(res, s.RedisAddr, s.RedeliverInterval, s.ProcessingTimeout); err != nil {
 		return err
 	}
+	for name, yaml := range s.ExtraResources {
+		if err := os.WriteFile(filepath.Join(res, name), []byte(yaml), 0o644); err != nil {
+			return err
+		}
+	}
 	metrics, err := FreePort()
 	if err != nil {
 		return err
@@ -333,6 +341,12 @@ func (s *Stack) StartDaprd(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// HTTPEndpoint is a Dapr HTTPEndpoint resource named name for baseURL: Dapr
+// service invocation of name reaches baseURL/<method>.
+func HTTPEndpoint(name, baseURL string) string {
+	return fmt.Sprintf("apiVersion: dapr.io/v1alpha1\nkind: HTTPEndpoint\nmetadata:\n  name: %s\nspec:\n  baseUrl: %s\n", name, baseURL)
 }
 
 // KillDaprd kills daprd (to test reconnection).
