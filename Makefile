@@ -9,7 +9,6 @@ PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.0
 GRPCURL_VERSION := v1.9.3
 WORKFLOWCHECK_VERSION := v0.6.0
-DEB_PACKAGES := redis-server redis-tools python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TEST_TIMEOUT ?= 15m
 
@@ -19,7 +18,7 @@ run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	bin/devstack $(RUN_FLAGS)
 
 test: deps tools vet
-	go test -timeout $(TEST_TIMEOUT) ./...
+	go test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 unit: vet
 	go test -timeout 5m -short $$(go list ./... | grep -v /test/integration)
@@ -28,7 +27,7 @@ integration: deps tools
 	go test -timeout $(TEST_TIMEOUT) -v ./test/integration/
 
 bench: deps
-	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./engines/python/
+	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./engines/python/ ./engines/native/
 
 # go vet, plus workflowcheck: workflow code must stay deterministic.
 vet: $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp
@@ -36,7 +35,7 @@ vet: $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp
 	$(TOOLS)/workflowcheck ./workflows/...
 
 build:
-	go build -o bin/ ./cmd/worker ./cmd/api ./cmd/devstack
+	go build -o bin/ ./cmd/worker ./cmd/api ./cmd/native-host ./cmd/devstack
 
 # Debian packages, installed only when a command is missing.
 deps:
@@ -44,6 +43,7 @@ deps:
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
 	command -v python3 >/dev/null || missing="$$missing python3"; \
+	command -v gcc >/dev/null || missing="$$missing gcc libc6-dev"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

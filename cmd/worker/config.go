@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 )
@@ -22,6 +23,10 @@ type config struct {
 	PythonProcesses   int           // PYTHON_PROCESSES
 	PythonSpinWait    time.Duration // PYTHON_SPIN_WAIT (negative: never spin)
 	ReconcileInterval time.Duration // RECONCILE_INTERVAL (0 disables)
+	GatewayTimeout    time.Duration // GATEWAY_TIMEOUT
+	NativeIsolation   string        // NATIVE_ISOLATION: "in-process" (default) or "process"
+	NativeHostPath    string        // NATIVE_HOST_PATH (default: native-host next to this binary)
+	NativeTempDir     string        // NATIVE_TEMP_DIR
 	LogLevel          slog.Level    // LOG_LEVEL
 }
 
@@ -33,6 +38,9 @@ func loadConfig() (config, error) {
 		DaprGRPCAddress:   env("DAPR_GRPC_ADDRESS", "127.0.0.1:50001"),
 		PubSub:            env("DAPR_PUBSUB", "pubsub"),
 		StateStore:        env("DAPR_STATESTORE", "statestore"),
+		NativeIsolation:   env("NATIVE_ISOLATION", ""),
+		NativeHostPath:    env("NATIVE_HOST_PATH", defaultHostPath()),
+		NativeTempDir:     env("NATIVE_TEMP_DIR", ""),
 	}
 	var err error
 	parse := func(name string, f func(string) error) {
@@ -48,6 +56,8 @@ func loadConfig() (config, error) {
 	parse("WORKER_TIMEOUT", func(v string) (e error) { c.WorkerTimeout, e = time.ParseDuration(v); return })
 	parse("PYTHON_PROCESSES", func(v string) (e error) { c.PythonProcesses, e = strconv.Atoi(v); return })
 	parse("PYTHON_SPIN_WAIT", func(v string) (e error) { c.PythonSpinWait, e = time.ParseDuration(v); return })
+	c.GatewayTimeout = 30 * time.Second
+	parse("GATEWAY_TIMEOUT", func(v string) (e error) { c.GatewayTimeout, e = time.ParseDuration(v); return })
 	parse("RECONCILE_INTERVAL", func(v string) (e error) { c.ReconcileInterval, e = time.ParseDuration(v); return })
 	parse("LOG_LEVEL", func(v string) error { return c.LogLevel.UnmarshalText([]byte(v)) })
 	if err != nil {
@@ -66,6 +76,10 @@ func (c config) validate() error {
 		return fmt.Errorf("PYTHON_PROCESSES must be at least 1, got %d", c.PythonProcesses)
 	case c.ReconcileInterval < 0:
 		return fmt.Errorf("RECONCILE_INTERVAL must not be negative, got %s", c.ReconcileInterval)
+	case c.NativeIsolation != "" && c.NativeIsolation != "in-process" && c.NativeIsolation != "process":
+		return fmt.Errorf(`NATIVE_ISOLATION must be "in-process" or "process", got %q`, c.NativeIsolation)
+	case c.GatewayTimeout <= 0:
+		return fmt.Errorf("GATEWAY_TIMEOUT must be positive, got %s", c.GatewayTimeout)
 	case c.TemporalAddress == "" || c.DaprGRPCAddress == "" || c.HTTPAddr == "":
 		return fmt.Errorf("TEMPORAL_ADDRESS, DAPR_GRPC_ADDRESS and WORKMANAGER_HTTP_ADDR must not be empty")
 	}
@@ -77,4 +91,13 @@ func env(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// defaultHostPath is cmd/native-host's binary next to this one.
+func defaultHostPath() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(exe), "native-host")
 }

@@ -25,8 +25,10 @@ import (
 
 	"github.com/virtufin/workmanager/activities"
 	"github.com/virtufin/workmanager/engines/builtin"
+	"github.com/virtufin/workmanager/engines/native"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/gateway"
 	"github.com/virtufin/workmanager/internal/health"
 	"github.com/virtufin/workmanager/internal/lifecycle"
 	"github.com/virtufin/workmanager/internal/node"
@@ -60,7 +62,9 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	daprClient := dapr.NewClientWithConnection(conn)
 
 	reg, err := builtin.Registry(builtin.Config{Logger: log, PythonProcesses: cfg.PythonProcesses,
-		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait})
+		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait,
+		Gateway:         gateway.NewDapr(daprClient, cfg.GatewayTimeout),
+		NativeIsolation: native.Isolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir})
 	if err != nil {
 		return err
 	}

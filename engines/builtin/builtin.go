@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/native"
 	"github.com/virtufin/workmanager/engines/python"
 )
 
@@ -20,6 +21,14 @@ type Config struct {
 	// PythonSpinWait is how long a Python call busy-polls for its reply
 	// (0: engine default, negative: never).
 	PythonSpinWait time.Duration
+	// Gateway serves native workers' gateway_call (nil: unavailable).
+	Gateway engines.Gateway
+	// NativeIsolation is the native engine's default mode ("" = in process).
+	NativeIsolation native.Isolation
+	// NativeHostPath is the cmd/native-host binary for process isolation.
+	NativeHostPath string
+	// NativeTempDir is where native packages are extracted ("" = os.TempDir()).
+	NativeTempDir string
 }
 
 // Registry returns a registry with every built-in engine. Constructing an
@@ -29,6 +38,8 @@ func Registry(cfg Config) (*engines.Registry, error) {
 	for _, e := range []engines.Engine{
 		python.New(python.Config{Processes: cfg.PythonProcesses, DefaultTimeout: cfg.DefaultTimeout,
 			SpinWait: cfg.PythonSpinWait, Logger: cfg.Logger}),
+		native.New(native.Config{DefaultTimeout: cfg.DefaultTimeout, Gateway: cfg.Gateway, Logger: cfg.Logger,
+			Isolation: cfg.NativeIsolation, HostPath: cfg.NativeHostPath, TempDir: cfg.NativeTempDir}),
 	} {
 		if err := reg.Register(e); err != nil {
 			return nil, err

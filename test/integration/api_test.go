@@ -119,7 +119,7 @@ func TestExampleWorker(t *testing.T) {
 // nothing: every LoadCode gets its own version, the final state is what the
 // last call said, and the workflow really continued as new.
 func TestConcurrentUpdatesAcrossContinueAsNew(t *testing.T) {
-	e := newEnvPorts(t, "", 0, 0, "WORKMANAGER_CONTINUE_AS_NEW_AFTER=3")
+	e := newEnvWith(t, envConfig{apiEnv: []string{"WORKMANAGER_CONTINUE_AS_NEW_AFTER=3"}})
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := e.subscribe(out)
 	id := e.create(t, in, echoWorker(out, "v0"))

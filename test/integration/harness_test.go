@@ -49,6 +49,7 @@ type env struct {
 	lifecycle []lifecycleEvent
 	subs      []dispatch.Stream
 	apiEnv    []string
+	nodeEnv   []string
 }
 
 type lifecycleEvent struct {
@@ -74,7 +75,7 @@ func buildBinaries(t testing.TB) string {
 		if buildErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", binDir, "./cmd/worker", "./cmd/api")
+		cmd := exec.Command("go", "build", "-o", binDir, "./cmd/worker", "./cmd/api", "./cmd/native-host")
 		cmd.Dir = repoRoot()
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -87,24 +88,31 @@ func buildBinaries(t testing.TB) string {
 	return binDir
 }
 
+// envConfig shapes an env; the zero value is a fresh stack on free ports.
+type envConfig struct {
+	dir                     string // data dir; reusing one keeps the data
+	redisPort, temporalPort int    // fixed ports, as `make run` restarts on its own
+	apiEnv, nodeEnv         []string
+	resources               map[string]string // extra Dapr resources
+}
+
 // newEnv starts a full stack in dir (a fresh temp dir when empty).
 func newEnv(t testing.TB, dir string) *env {
 	t.Helper()
-	return newEnvPorts(t, dir, 0, 0)
+	return newEnvWith(t, envConfig{dir: dir})
 }
 
-// newEnvPorts is newEnv with fixed Redis and Temporal ports, as `make run`
-// restarts on its fixed ports.
-func newEnvPorts(t testing.TB, dir string, redisPort, temporalPort int, apiEnv ...string) *env {
+func newEnvWith(t testing.TB, c envConfig) *env {
 	t.Helper()
-	if dir == "" {
-		dir = t.TempDir()
+	if c.dir == "" {
+		c.dir = t.TempDir()
 	}
-	e := &env{t: t, dir: dir, bins: buildBinaries(t), apiEnv: apiEnv}
+	e := &env{t: t, dir: c.dir, bins: buildBinaries(t), apiEnv: c.apiEnv, nodeEnv: c.nodeEnv}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	st, err := devstack.Start(ctx, devstack.Options{Dir: dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"), Headless: true,
-		RedisPort: redisPort, TemporalPort: temporalPort, RedeliverInterval: time.Second, ProcessingTimeout: 6 * time.Second})
+	st, err := devstack.Start(ctx, devstack.Options{Dir: c.dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"), Headless: true,
+		RedisPort: c.redisPort, TemporalPort: c.temporalPort, RedeliverInterval: time.Second, ProcessingTimeout: 6 * time.Second,
+		ExtraResources: c.resources})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +158,8 @@ func (e *env) startNode() {
 	e.t.Helper()
 	var addr string
 	e.node, addr = e.onFreePort(func(addr string) (*devstack.Proc, error) {
-		p, err := e.stack.StartNode(filepath.Join(e.bins, "worker"), addr, "WORKER_TIMEOUT=2s", "RECONCILE_INTERVAL=5s", "LOG_LEVEL=debug")
+		p, err := e.stack.StartNode(filepath.Join(e.bins, "worker"), addr,
+			append([]string{"WORKER_TIMEOUT=2s", "RECONCILE_INTERVAL=5s", "LOG_LEVEL=debug"}, e.nodeEnv...)...)
 		if err != nil {
 			return nil, err
 		}
@@ -247,10 +256,20 @@ func (e *env) subscribe(topic string) <-chan event.Event {
 // publish sends a structured CloudEvent through daprd's HTTP API.
 func (e *env) publish(topic, id string, data any, correlationID string) {
 	e.t.Helper()
-	ce := map[string]any{"specversion": "1.0", "id": id, "source": "integration-test", "type": "test.input",
-		"datacontenttype": "application/json", "data": data}
+	ce := map[string]any{"id": id, "type": "test.input", "datacontenttype": "application/json", "data": data}
 	if correlationID != "" {
 		ce["correlationid"] = correlationID
+	}
+	e.publishEvent(topic, ce)
+}
+
+// publishEvent publishes ce (specversion and source defaulted) as a
+// structured CloudEvent, which keeps its id, type and extensions.
+func (e *env) publishEvent(topic string, ce map[string]any) {
+	e.t.Helper()
+	ce["specversion"] = "1.0"
+	if ce["source"] == nil {
+		ce["source"] = "integration-test"
 	}
 	body, _ := json.Marshal(ce)
 	url := fmt.Sprintf("http://%s/v1.0/publish/%s/%s", e.stack.DaprHTTPAddr, devstack.PubSubName, topic)

@@ -103,7 +103,7 @@ func TestRecoveryAfterWholeStackRestart(t *testing.T) {
 	ports := e.stack.Options
 	e.stopAll()
 
-	e2 := newEnvPorts(t, dir, ports.RedisPort, ports.TemporalPort)
+	e2 := newEnvWith(t, envConfig{dir: dir, redisPort: ports.RedisPort, temporalPort: ports.TemporalPort})
 	checkRecovered(t, e2, f)
 }
 

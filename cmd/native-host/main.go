@@ -1,0 +1,22 @@
+// Command native-host hosts one native worker library for the native engine
+// in process isolation (engines/native, Config.Isolation = "process" or a
+// manifest with "isolation": "process"). The engine starts it with the
+// extracted library and two pipes (fd 3: requests, fd 4: responses) and
+// talks to it with the FlatBuffers messages of the in-process ABI; a crash
+// or a timeout kills only this process, which the engine restarts.
+//
+// It is not meant to be run by hand. Build it next to the node and give its
+// path to the engine (native.Config.HostPath):
+//
+//	go build -o bin/native-host ./cmd/native-host
+package main
+
+import (
+	"os"
+
+	"github.com/virtufin/workmanager/engines/native"
+)
+
+func main() {
+	os.Exit(native.HostMain(os.Args[1:]))
+}

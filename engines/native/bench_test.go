@@ -1,0 +1,183 @@
+//go:build linux || darwin || freebsd
+
+package native
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/ebitengine/purego"
+
+	"github.com/virtufin/workmanager/engines"
+)
+
+// The benchmarks use the fixture's BenchProcess/BenchFree pair: a trivial
+// Process that returns a prebuilt response (one event with 1 KiB of data)
+// and a FreeResult that does nothing, so that what is measured is the
+// engine's overhead, not the worker's work.
+//
+//	go test -run '^$' -bench . -benchtime 200000x ./engines/native/
+
+// benchEvent returns an input event whose JSON data is 1 KiB, with a
+// correlationid.
+func benchEvent(b *testing.B) *event.Event {
+	ev := event.New()
+	ev.SetID("bench-1")
+	ev.SetSource("/bench")
+	ev.SetType("bench.request")
+	ev.SetExtension("correlationid", "corr-bench")
+	data := map[string]string{"payload": strings.Repeat("x", 1024-len(`{"payload":""}`))}
+	if err := ev.SetData(event.ApplicationJSON, data); err != nil {
+		b.Fatal(err)
+	}
+	if len(ev.Data()) != 1024 {
+		b.Fatalf("data is %d bytes", len(ev.Data()))
+	}
+	return &ev
+}
+
+var benchManifest = &Manifest{ABIVersion: 1, Library: "fixture", EntryPoint: "BenchProcess", FreeResult: "BenchFree"}
+
+// BenchmarkCall compares, in one run, a bare purego call of the
+// BenchProcess+BenchFree pair with the full ABI round trip around the same
+// pair (encode the 1 KiB CloudEvent to FlatBuffers, Process, decode the
+// response into an event.Event, FreeResult), and its parts.
+func BenchmarkCall(b *testing.B) {
+	path := fixtureLib(b)
+	if _, err := nativeRuntime(); err != nil {
+		b.Fatal(err)
+	}
+	lib, err := openLibrary(path, benchManifest)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lib.close()
+	ev := benchEvent(b)
+
+	b.Run("BarePuregoPair", func(b *testing.B) {
+		slots := new(callSlots)
+		in := make([]byte, 1100)
+		b.ReportAllocs()
+		for b.Loop() {
+			purego.SyscallN(lib.process, 0, uintptr(unsafe.Pointer(&in[0])), uintptr(len(in)),
+				uintptr(unsafe.Pointer(&slots.out)), uintptr(unsafe.Pointer(&slots.outLen)))
+			purego.SyscallN(lib.freeResult, slots.out)
+		}
+	})
+	b.Run("ABIRoundTrip1KiB", func(b *testing.B) {
+		enc := newEncoder()
+		slots := new(callSlots)
+		b.ReportAllocs()
+		for b.Loop() {
+			in, err := enc.encode(ev)
+			if err != nil {
+				b.Fatal(err)
+			}
+			rc := lib.call(0, in, slots)
+			buf, err := outBytes(slots)
+			if err != nil || rc != 0 {
+				b.Fatal(rc, err)
+			}
+			out, err := decodeResponse(buf)
+			lib.freeOut(slots.out)
+			if err != nil || len(out) != 1 || len(out[0].Data()) != 1024 {
+				b.Fatal(out, err)
+			}
+		}
+	})
+	b.Run("Encode1KiB", func(b *testing.B) {
+		enc := newEncoder()
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := enc.encode(ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Decode1KiB", func(b *testing.B) {
+		slots := new(callSlots)
+		lib.call(0, []byte{0}, slots)
+		buf, _ := outBytes(slots)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := decodeResponse(buf); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+type discardSink struct{}
+
+func (discardSink) hostLog(int32, string) {}
+func (discardSink) hostGateway(string, string, []byte) ([]byte, int32) {
+	return nil, gatewayUnavailable
+}
+
+// BenchmarkLogCallback is one native call that makes one host->log call
+// (a C->Go callback through purego), to price the host functions.
+func BenchmarkLogCallback(b *testing.B) {
+	path := fixtureLib(b)
+	rt, err := nativeRuntime()
+	if err != nil {
+		b.Fatal(err)
+	}
+	lib, err := openLibrary(path, &Manifest{ABIVersion: 1, Library: "fixture", EntryPoint: "BenchLog", FreeResult: "BenchFree"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lib.close()
+	id := registerSink(discardSink{})
+	defer unregisterSink(id)
+	host := newHostBlock(rt, abis[0], id, "w", "g", "t")
+	defer host.release(rt)
+	slots := new(callSlots)
+	b.ReportAllocs()
+	for b.Loop() {
+		lib.call(host.addr(), []byte{0}, slots)
+	}
+}
+
+// BenchmarkInstance measures engines.Instance.Process end to end: the ABI
+// round trip plus the hand-off to a goroutine that lets Process return at
+// the deadline while native code keeps running.
+func BenchmarkInstance(b *testing.B) {
+	compileAll(b, flagsEcho)
+	bench := packageOf(b, flagsEcho, map[string]any{"entry_point": "BenchProcess", "free_result": "BenchFree"})
+	echo := packageOf(b, flagsEcho, nil)
+	ev := benchEvent(b)
+	run := func(b *testing.B, e *Engine, code []byte, parallel bool) {
+		ctx := context.Background()
+		inst, err := e.Load(ctx, engines.Spec{WorkerID: "bench", MIMEType: MIMEType}, code)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer inst.Close(ctx)
+		b.ReportAllocs()
+		if parallel {
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := inst.Process(ctx, ev); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			return
+		}
+		for b.Loop() {
+			if _, err := inst.Process(ctx, ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.Run("InProcess/Trivial1KiB", func(b *testing.B) { run(b, newTestEngine(b, Config{}), bench, false) })
+	b.Run("InProcess/Trivial1KiBParallel", func(b *testing.B) { run(b, newTestEngine(b, Config{}), bench, true) })
+	b.Run("InProcess/CEcho1KiB", func(b *testing.B) { run(b, newTestEngine(b, Config{}), echo, false) })
+	b.Run("ProcessIsolation/Trivial1KiB", func(b *testing.B) {
+		run(b, newTestEngine(b, hostConfig(Config{Isolation: IsolationProcess})), bench, false)
+	})
+}

@@ -1,0 +1,307 @@
+package native
+
+import (
+	"fmt"
+	"time"
+	"unsafe"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/cloudevents/sdk-go/v2/types"
+	flatbuffers "github.com/google/flatbuffers/go"
+
+	"github.com/virtufin/workmanager/engines/native/abi"
+)
+
+//go:generate sh -c "rm -f abi/*.go && flatc --go --go-namespace abi -o . ../../sdk/native/worker_api.fbs"
+
+// encoder turns input events into ABI v1 CloudEvent buffers. It is reused
+// across calls; the bytes it returns are valid until the next encode.
+type encoder struct {
+	b    *flatbuffers.Builder
+	offs []flatbuffers.UOffsetT
+	tbuf []byte
+}
+
+func newEncoder() *encoder {
+	return &encoder{b: flatbuffers.NewBuilder(4096), offs: make([]flatbuffers.UOffsetT, 0, 8), tbuf: make([]byte, 0, 40)}
+}
+
+// attrs are the attributes of an input event, read without the copies the
+// generic EventContext getters make.
+type attrs struct {
+	id, source, typ, spec, ct, subject, schema string
+	tm                                         time.Time
+	exts                                       map[string]any
+}
+
+func attrsOf(ev *event.Event) attrs {
+	if c, ok := ev.Context.(*event.EventContextV1); ok {
+		a := attrs{id: c.ID, source: uriRefString(&c.Source), typ: c.Type, spec: event.CloudEventsVersionV1, exts: c.Extensions}
+		if c.DataContentType != nil {
+			a.ct = *c.DataContentType
+		}
+		if c.Subject != nil {
+			a.subject = *c.Subject
+		}
+		if c.DataSchema != nil {
+			a.schema = c.DataSchema.String()
+		}
+		if c.Time != nil {
+			a.tm = c.Time.Time
+		}
+		return a
+	}
+	return attrs{id: ev.ID(), source: ev.Source(), typ: ev.Type(), spec: ev.SpecVersion(), ct: ev.DataContentType(),
+		subject: ev.Subject(), schema: ev.DataSchema(), tm: ev.Time(), exts: ev.Extensions()}
+}
+
+// uriRefString is u.String() without its allocation for the usual source
+// made of a plain path ("/orders").
+func uriRefString(u *types.URIRef) string {
+	if u.Scheme == "" && u.Opaque == "" && u.User == nil && u.Host == "" && u.RawPath == "" &&
+		u.RawQuery == "" && u.Fragment == "" && !u.ForceQuery && plainPath(u.Path) {
+		return u.Path
+	}
+	return u.String()
+}
+
+// plainPath reports whether p needs no escaping and cannot be mistaken for
+// a scheme ("a:b").
+func plainPath(p string) bool {
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '/' || c == '-' || c == '_' || c == '.' || c == '~') {
+			return false
+		}
+	}
+	return true
+}
+
+// encode writes ev as a FlatBuffers CloudEvent (root table).
+func (e *encoder) encode(ev *event.Event) ([]byte, error) {
+	a := attrsOf(ev)
+	b := e.b
+	b.Reset()
+	var dataOff flatbuffers.UOffsetT
+	if data := ev.Data(); data != nil {
+		dataOff = b.CreateByteVector(data)
+	}
+	var extOff flatbuffers.UOffsetT
+	if len(a.exts) > 0 {
+		e.offs = e.offs[:0]
+		for k, v := range a.exts {
+			s, ok := v.(string)
+			if !ok {
+				var err error
+				if s, err = types.Format(v); err != nil {
+					return nil, fmt.Errorf("native engine: input extension %q: %w", k, err)
+				}
+			}
+			ko := b.CreateString(k)
+			vo := b.CreateString(s)
+			abi.ExtensionStart(b)
+			abi.ExtensionAddKey(b, ko)
+			abi.ExtensionAddValue(b, vo)
+			e.offs = append(e.offs, abi.ExtensionEnd(b))
+		}
+		abi.CloudEventStartExtensionsVector(b, len(e.offs))
+		for i := len(e.offs) - 1; i >= 0; i-- {
+			b.PrependUOffsetT(e.offs[i])
+		}
+		extOff = b.EndVector(len(e.offs))
+	}
+	str := func(s string) flatbuffers.UOffsetT {
+		if s == "" {
+			return 0
+		}
+		return b.CreateString(s)
+	}
+	id := str(a.id)
+	source := str(a.source)
+	typ := str(a.typ)
+	spec := str(a.spec)
+	ct := str(a.ct)
+	subject := str(a.subject)
+	schema := str(a.schema)
+	var tm flatbuffers.UOffsetT
+	if !a.tm.IsZero() {
+		e.tbuf = a.tm.AppendFormat(e.tbuf[:0], time.RFC3339Nano)
+		tm = b.CreateByteString(e.tbuf)
+	}
+	abi.CloudEventStart(b)
+	add := func(f func(*flatbuffers.Builder, flatbuffers.UOffsetT), o flatbuffers.UOffsetT) {
+		if o != 0 {
+			f(b, o)
+		}
+	}
+	add(abi.CloudEventAddId, id)
+	add(abi.CloudEventAddSource, source)
+	add(abi.CloudEventAddType, typ)
+	add(abi.CloudEventAddSpecversion, spec)
+	add(abi.CloudEventAddDatacontenttype, ct)
+	add(abi.CloudEventAddSubject, subject)
+	add(abi.CloudEventAddTime, tm)
+	add(abi.CloudEventAddData, dataOff)
+	add(abi.CloudEventAddExtensions, extOff)
+	add(abi.CloudEventAddDataschema, schema)
+	b.Finish(abi.CloudEventEnd(b))
+	return b.FinishedBytes(), nil
+}
+
+// decodeResponse turns a WorkerResponse buffer into output events, or the
+// worker's error. The buffer is native memory: everything is copied. A
+// malformed buffer gives a *WorkerError, never a crash (every access is
+// bounds-checked against buf).
+func decodeResponse(buf []byte) (out []event.Event, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			out, err = nil, &WorkerError{Message: fmt.Sprintf("malformed response (%d bytes): %v", len(buf), r)}
+		}
+	}()
+	if len(buf) < 8 {
+		return nil, &WorkerError{Message: fmt.Sprintf("malformed response: %d bytes", len(buf))}
+	}
+	r := abi.GetRootAsWorkerResponse(buf, 0)
+	if msg := r.ErrorMessage(); msg != nil {
+		m := string(msg)
+		if m == "" {
+			m = "the worker reported a failure with an empty error_message"
+		}
+		return nil, &WorkerError{Message: m}
+	}
+	var ce abi.CloudEvent
+	n := r.ResultEventsLength()
+	single := r.ResultEvent(&ce) != nil
+	if single {
+		n++
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	out = make([]event.Event, 0, n)
+	if single {
+		ev, err := decodeEvent(&ce)
+		if err != nil {
+			return nil, outputError(0, err)
+		}
+		out = append(out, ev)
+	}
+	for j := 0; j < r.ResultEventsLength(); j++ {
+		if !r.ResultEvents(&ce, j) {
+			return nil, outputError(len(out), fmt.Errorf("missing event"))
+		}
+		ev, err := decodeEvent(&ce)
+		if err != nil {
+			return nil, outputError(len(out), err)
+		}
+		out = append(out, ev)
+	}
+	return out, nil
+}
+
+func outputError(i int, err error) error {
+	return &WorkerError{Message: fmt.Sprintf("output %d: %v", i, err)}
+}
+
+// v1Box holds an output's context and the strings its pointer fields point
+// to, in one allocation.
+type v1Box struct {
+	ctx         event.EventContextV1
+	ct, subject string
+}
+
+// decodeEvent copies one output event. Outputs need a type; id and source
+// may be empty (the dispatcher fills them in).
+func decodeEvent(ce *abi.CloudEvent) (event.Event, error) {
+	typ := ce.Type()
+	if len(typ) == 0 {
+		return event.Event{}, fmt.Errorf(`missing required attribute "type"`)
+	}
+	var c event.EventContext
+	var dataCopy []byte
+	switch sv := string(ce.Specversion()); sv {
+	case "", event.CloudEventsVersionV1:
+		// Built directly, with every string and the data copied into one
+		// allocation: the setters cost an allocation or two each.
+		id, ct, subject, data := ce.Id(), ce.Datacontenttype(), ce.Subject(), ce.DataBytes()
+		slab := make([]byte, len(id)+len(typ)+len(ct)+len(subject)+len(data))
+		off := 0
+		str := func(b []byte) string {
+			if len(b) == 0 {
+				return ""
+			}
+			copy(slab[off:], b)
+			s := unsafe.String(&slab[off], len(b))
+			off += len(b)
+			return s
+		}
+		box := &v1Box{ctx: event.EventContextV1{ID: str(id), Type: str(typ)}}
+		c1 := &box.ctx
+		if len(ct) > 0 {
+			box.ct = str(ct)
+			c1.DataContentType = &box.ct
+		}
+		if len(subject) > 0 {
+			box.subject = str(subject)
+			c1.Subject = &box.subject
+		}
+		if data != nil {
+			// Last, and capped: appending to DataEncoded reallocates
+			// instead of overwriting the strings.
+			copy(slab[off:], data)
+			dataCopy = slab[off : off+len(data) : off+len(data)]
+		}
+		c = c1
+		if v := ce.Source(); len(v) > 0 {
+			if err := c.SetSource(string(v)); err != nil {
+				return event.Event{}, fmt.Errorf("source: %w", err)
+			}
+		}
+	case event.CloudEventsVersionV03:
+		c = &event.EventContextV03{}
+		c.SetID(string(ce.Id()))
+		c.SetType(string(typ))
+		if v := ce.Source(); len(v) > 0 {
+			if err := c.SetSource(string(v)); err != nil {
+				return event.Event{}, fmt.Errorf("source: %w", err)
+			}
+		}
+		if v := ce.Subject(); len(v) > 0 {
+			c.SetSubject(string(v))
+		}
+		if v := ce.Datacontenttype(); len(v) > 0 {
+			c.SetDataContentType(string(v))
+		}
+		if data := ce.DataBytes(); data != nil {
+			dataCopy = append([]byte{}, data...)
+		}
+	default:
+		return event.Event{}, fmt.Errorf("specversion %q is not supported", sv)
+	}
+	ev := event.Event{Context: c, DataEncoded: dataCopy}
+	if v := ce.Dataschema(); len(v) > 0 {
+		if err := c.SetDataSchema(string(v)); err != nil {
+			return ev, fmt.Errorf("dataschema: %w", err)
+		}
+	}
+	if v := ce.Time(); len(v) > 0 {
+		t, err := time.Parse(time.RFC3339Nano, string(v))
+		if err != nil {
+			return ev, fmt.Errorf("time %q is not RFC 3339", v)
+		}
+		if err := c.SetTime(t); err != nil {
+			return ev, err
+		}
+	}
+	var x abi.Extension
+	for j := 0; j < ce.ExtensionsLength(); j++ {
+		if !ce.Extensions(&x, j) {
+			return ev, fmt.Errorf("extension %d is missing", j)
+		}
+		k := string(x.Key())
+		if err := c.SetExtension(k, string(x.Value())); err != nil {
+			return ev, fmt.Errorf("extension %q: %w", k, err)
+		}
+	}
+	return ev, nil
+}

@@ -1,0 +1,70 @@
+package native
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/virtufin/workmanager/engines"
+)
+
+// ErrClosed is returned by Process on a closed Instance.
+var ErrClosed = fmt.Errorf("native engine: %w", engines.ErrClosed)
+
+// invalidError is bad worker code; it wraps engines.ErrInvalidCode.
+type invalidError struct{ msg string }
+
+func (e *invalidError) Error() string { return engines.ErrInvalidCode.Error() + ": " + e.msg }
+func (e *invalidError) Unwrap() error { return engines.ErrInvalidCode }
+
+// WorkerError is a failure the worker reported for one event: a non-zero
+// return code of Process and/or the error_message of its response, or a
+// response the engine could not use. errors.Is(err, engines.ErrWorkerFailed)
+// holds.
+type WorkerError struct {
+	// Code is Process' return code (0 when the worker returned 0 with an
+	// error_message, or when the problem is the response itself).
+	Code int32
+	// Message is the worker's error_message, or what is wrong with its
+	// response; may be empty.
+	Message string
+}
+
+func (e *WorkerError) Error() string {
+	s := engines.ErrWorkerFailed.Error()
+	if e.Code != 0 {
+		s += fmt.Sprintf(": native worker returned code %d", e.Code)
+	}
+	if e.Message != "" {
+		s += ": " + e.Message
+	}
+	return s
+}
+
+func (e *WorkerError) Unwrap() error { return engines.ErrWorkerFailed }
+
+// withCode combines Process' return code with the decoded response.
+func withCode(rc int32, out []event.Event, err error) ([]event.Event, error) {
+	if rc == 0 {
+		return out, err
+	}
+	we := &WorkerError{Code: rc}
+	var werr *WorkerError
+	if errors.As(err, &werr) {
+		we.Message = werr.Message
+	}
+	return nil, we
+}
+
+func ctxError(ctx context.Context, what string) error {
+	err := ctx.Err()
+	if err == nil || errors.Is(err, context.DeadlineExceeded) {
+		if err == nil {
+			err = context.DeadlineExceeded
+		}
+		return fmt.Errorf("%w: deadline passed %s: %w", engines.ErrTimeout, what, err)
+	}
+	return fmt.Errorf("native engine: call cancelled %s: %w", what, err)
+}

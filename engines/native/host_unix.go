@@ -1,0 +1,307 @@
+//go:build linux || darwin || freebsd
+
+package native
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
+)
+
+// maxGatewayName bounds service and method names read from native memory.
+const maxGatewayName = 4 << 10
+
+// hostSink receives the host calls of one loaded worker: an in-process
+// instance, or the host side of a native-host child process.
+type hostSink interface {
+	hostLog(level int32, msg string)
+	// hostGateway returns the response (or an error message) and a
+	// VIRTUFIN_GATEWAY_* code.
+	hostGateway(service, method string, req []byte) ([]byte, int32)
+}
+
+// sinks maps engine_ptr handles to their sink. engine_ptr is never a Go
+// pointer: native code only ever gets this number back to us.
+var (
+	sinks    sync.Map // uintptr -> hostSink
+	nextSink atomic.Uintptr
+)
+
+func registerSink(s hostSink) uintptr {
+	id := nextSink.Add(1)
+	sinks.Store(id, s)
+	return id
+}
+
+func unregisterSink(id uintptr) { sinks.Delete(id) }
+
+func lookupSink(id uintptr) hostSink {
+	s, ok := sinks.Load(id)
+	if !ok {
+		return nil
+	}
+	return s.(hostSink)
+}
+
+// runtimeState is created once per process: libc's malloc/free and the
+// three host callbacks (purego callbacks cannot be freed and are limited in
+// number, so they are shared by every loaded worker and routed through
+// engine_ptr).
+type runtimeState struct {
+	malloc, free     uintptr
+	logCB, gatewayCB uintptr
+	freeResponseCB   uintptr // libc free: responses are malloc'd
+}
+
+var (
+	rtOnce sync.Once
+	rt     *runtimeState
+	rtErr  error
+)
+
+func nativeRuntime() (*runtimeState, error) {
+	rtOnce.Do(func() {
+		var libc uintptr
+		var errs []string
+		for _, name := range libcNames() {
+			h, err := purego.Dlopen(name, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+			if err == nil {
+				libc = h
+				break
+			}
+			errs = append(errs, err.Error())
+		}
+		if libc == 0 {
+			rtErr = fmt.Errorf("native engine: cannot load the C library: %s", strings.Join(errs, "; "))
+			return
+		}
+		s := &runtimeState{}
+		var err error
+		if s.malloc, err = purego.Dlsym(libc, "malloc"); err != nil {
+			rtErr = fmt.Errorf("native engine: %w", err)
+			return
+		}
+		if s.free, err = purego.Dlsym(libc, "free"); err != nil {
+			rtErr = fmt.Errorf("native engine: %w", err)
+			return
+		}
+		s.freeResponseCB = s.free
+		s.logCB = purego.NewCallback(hostLogCallback)
+		s.gatewayCB = purego.NewCallback(hostGatewayCallback)
+		rt = s
+	})
+	return rt, rtErr
+}
+
+func libcNames() []string {
+	switch runtime.GOOS {
+	case "darwin":
+		return []string{"/usr/lib/libSystem.B.dylib"}
+	case "freebsd":
+		return []string{"libc.so.7"}
+	default:
+		return []string{"libc.so.6", "libc.so", "libc.musl-x86_64.so.1", "libc.musl-aarch64.so.1"}
+	}
+}
+
+func (s *runtimeState) cmalloc(n int) unsafe.Pointer {
+	if n <= 0 {
+		n = 1
+	}
+	p, _, _ := purego.SyscallN(s.malloc, uintptr(n))
+	return cptr(p)
+}
+
+func (s *runtimeState) cfree(p unsafe.Pointer) {
+	if p != nil {
+		purego.SyscallN(s.free, uintptr(p))
+	}
+}
+
+// cptr turns an address returned by native code into a pointer. The memory
+// is not Go memory; the indirection keeps vet's unsafeptr check quiet about
+// a conversion that is correct here.
+func cptr(u uintptr) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&u)) }
+
+// goStringN copies a NUL-terminated C string of at most max bytes.
+func goStringN(p unsafe.Pointer, max int) string {
+	if p == nil {
+		return ""
+	}
+	n := 0
+	for n < max && *(*byte)(unsafe.Add(p, n)) != 0 {
+		n++
+	}
+	return string(unsafe.Slice((*byte)(p), n))
+}
+
+// hostLogCallback is VirtufinHost.log.
+func hostLogCallback(enginePtr uintptr, level int32, msg unsafe.Pointer) {
+	s := lookupSink(enginePtr)
+	if s == nil || msg == nil {
+		return
+	}
+	s.hostLog(level, goStringN(msg, maxLogLine))
+}
+
+// hostGatewayCallback is VirtufinHost.gateway_call.
+func hostGatewayCallback(enginePtr uintptr, service, method, req unsafe.Pointer, reqLen int32,
+	resp, respLen unsafe.Pointer) int32 {
+	if resp != nil {
+		*(*uintptr)(resp) = 0
+	}
+	if respLen != nil {
+		*(*int32)(respLen) = 0
+	}
+	if resp == nil || respLen == nil || service == nil || method == nil || reqLen < 0 || (req == nil && reqLen > 0) {
+		return gatewayBadArgs
+	}
+	s := lookupSink(enginePtr)
+	if s == nil {
+		return gatewayUnavailable
+	}
+	var body []byte
+	if reqLen > 0 {
+		body = unsafe.Slice((*byte)(req), reqLen)
+	}
+	out, code := s.hostGateway(goStringN(service, maxGatewayName), goStringN(method, maxGatewayName), body)
+	if len(out) > 0 {
+		r := rt.cmalloc(len(out))
+		if r == nil {
+			return gatewayError
+		}
+		copy(unsafe.Slice((*byte)(r), len(out)), out)
+		*(*unsafe.Pointer)(resp) = r
+		*(*int32)(respLen) = int32(len(out))
+	}
+	return code
+}
+
+// hostBlock is one VirtufinHost in C memory (with its identity strings),
+// alive as long as the library is loaded.
+type hostBlock struct {
+	p unsafe.Pointer
+}
+
+func newHostBlock(s *runtimeState, abi abiSpec, sinkID uintptr, workerID, group, topic string) *hostBlock {
+	strs := []string{workerID, group, topic}
+	size := hostStructSizeV1
+	for _, v := range strs {
+		size += len(v) + 1
+	}
+	p := s.cmalloc(size)
+	if p == nil {
+		return nil
+	}
+	mem := unsafe.Slice((*byte)(p), size)
+	clear(mem)
+	h := (*hostStructV1)(p)
+	h.enginePtr = sinkID
+	h.abiVersion = int32(abi.Version)
+	h.structSize = int32(hostStructSizeV1)
+	h.log = s.logCB
+	h.gatewayCall = s.gatewayCB
+	h.freeResponse = s.freeResponseCB
+	off := hostStructSizeV1
+	ptrs := []*uintptr{&h.workerID, &h.workerGroup, &h.workerTopic}
+	for i, v := range strs {
+		copy(mem[off:], v)
+		mem[off+len(v)] = 0
+		*ptrs[i] = uintptr(unsafe.Add(p, off))
+		off += len(v) + 1
+	}
+	return &hostBlock{p: p}
+}
+
+func (h *hostBlock) addr() uintptr { return uintptr(h.p) }
+
+func (h *hostBlock) release(s *runtimeState) {
+	if h != nil && h.p != nil {
+		s.cfree(h.p)
+		h.p = nil
+	}
+}
+
+// library is one dlopen'ed worker library.
+type library struct {
+	handle     uintptr
+	process    uintptr
+	freeResult uintptr
+}
+
+// openLibrary loads path and resolves the manifest's exports. Errors are
+// invalid code (with the dynamic loader's message or the missing exports).
+func openLibrary(path string, m *Manifest) (*library, error) {
+	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
+	if err != nil {
+		return nil, invalidf("the library %s does not load: %v", LibraryFileName(m.Library, runtime.GOOS), err)
+	}
+	l := &library{handle: h}
+	var missing []string
+	for _, sym := range []struct {
+		name string
+		dst  *uintptr
+	}{{m.EntryPoint, &l.process}, {m.FreeResult, &l.freeResult}} {
+		p, err := purego.Dlsym(h, sym.name)
+		if err != nil || p == 0 {
+			missing = append(missing, sym.name)
+			continue
+		}
+		*sym.dst = p
+	}
+	if len(missing) > 0 {
+		_ = purego.Dlclose(h)
+		return nil, invalidf("the library %s does not export %s (ABI v%d needs the exports %q and %q, named by entry_point and free_result in %s)",
+			LibraryFileName(m.Library, runtime.GOOS), strings.Join(missing, " and "), m.ABIVersion, m.EntryPoint, m.FreeResult, ManifestName)
+	}
+	return l, nil
+}
+
+// callSlots receives Process' out parameters. It must live in the Go heap
+// (not on a stack, which may move) for the duration of the call.
+type callSlots struct {
+	out    uintptr
+	outLen int32
+}
+
+// call runs Process(host, in, len(in), &s.out, &s.outLen).
+func (l *library) call(host uintptr, in []byte, s *callSlots) int32 {
+	s.out, s.outLen = 0, 0
+	r1, _, _ := purego.SyscallN(l.process, host, uintptr(unsafe.Pointer(unsafe.SliceData(in))), uintptr(len(in)),
+		uintptr(unsafe.Pointer(&s.out)), uintptr(unsafe.Pointer(&s.outLen)))
+	runtime.KeepAlive(in)
+	return int32(uint32(r1))
+}
+
+// freeOut calls FreeResult(out).
+func (l *library) freeOut(out uintptr) {
+	if out != 0 {
+		purego.SyscallN(l.freeResult, out)
+	}
+}
+
+// outBytes is the worker's response buffer (native memory, valid until
+// freeOut).
+func outBytes(s *callSlots) ([]byte, error) {
+	switch {
+	case s.out == 0:
+		return nil, nil
+	case s.outLen <= 0:
+		return nil, fmt.Errorf("the worker returned a response buffer with length %d", s.outLen)
+	}
+	return unsafe.Slice((*byte)(cptr(s.out)), s.outLen), nil
+}
+
+func (l *library) close() error {
+	if l.handle == 0 {
+		return nil
+	}
+	err := purego.Dlclose(l.handle)
+	l.handle = 0
+	return err
+}

@@ -1,0 +1,598 @@
+package native
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/virtufin/workmanager/engines"
+)
+
+// closeGrace is how long Close lets an idle host exit on its own (it sees
+// EOF on its request pipe) before it is killed.
+const closeGrace = 2 * time.Second
+
+// hostProc is one native-host child process.
+type hostProc struct {
+	cmd  *exec.Cmd
+	reqW *os.File // engine -> host
+	r    *frameReader
+	w    *frameWriter
+	enc  *encoder
+
+	done    chan struct{} // closed once the process was reaped
+	waitErr error         // valid after done
+	tail    *tailLog
+
+	killed    atomic.Bool
+	timedOut  atomic.Bool
+	cancelled atomic.Bool
+}
+
+func (p *hostProc) kill() {
+	p.killed.Store(true)
+	if p.cmd.Process != nil {
+		_ = p.cmd.Process.Kill()
+	}
+}
+
+// retire closes the engine's ends and reaps the process (killing it if it
+// does not exit within closeGrace).
+func (p *hostProc) retire() {
+	p.reqW.Close()
+	t := time.NewTimer(closeGrace)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		p.kill()
+		<-p.done
+	}
+}
+
+// tailLog keeps the last lines the host wrote to stdout/stderr, for error
+// messages (a crashing host prints why).
+type tailLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+const tailLines = 200
+
+func (t *tailLog) add(s string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.lines) == tailLines {
+		copy(t.lines, t.lines[1:])
+		t.lines = t.lines[:tailLines-1]
+	}
+	t.lines = append(t.lines, s)
+}
+
+// String summarises the output for an error message: the first lines of a
+// Go crash report (fatal error, signal) with the few lines the worker wrote
+// before it, or else the last lines.
+func (t *tailLog) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.lines) == 0 {
+		return ""
+	}
+	var pick []string
+	start := slices.IndexFunc(t.lines, isCrashLine)
+	if start < 0 {
+		pick = t.lines[max(0, len(t.lines)-4):]
+	} else {
+		pick = append(pick, t.lines[max(0, start-3):start+1]...)
+		for _, l := range t.lines[start+1 : min(len(t.lines), start+3)] {
+			if l == "" {
+				break
+			}
+			pick = append(pick, l)
+		}
+	}
+	return "; output: " + strings.Join(pick, " | ")
+}
+
+func isCrashLine(l string) bool {
+	for _, p := range []string{"fatal error:", "panic:", "SIGSEGV:", "SIGBUS:", "SIGILL:", "SIGFPE:", "SIGABRT:", "SIGTRAP:"} {
+		if strings.HasPrefix(l, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// startHost starts a native-host process for the extracted library and
+// waits until it has loaded it (bounded by ctx and Config.LoadTimeout).
+func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath string, m *Manifest, wlog *slog.Logger) (*hostProc, error) {
+	if e.cfg.HostPath == "" {
+		return nil, errors.New("native engine: process isolation needs Config.HostPath (the native-host executable)")
+	}
+	reqR, reqW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("native engine: %w", err)
+	}
+	respR, respW, err := os.Pipe()
+	if err != nil {
+		reqR.Close()
+		reqW.Close()
+		return nil, fmt.Errorf("native engine: %w", err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		reqR.Close()
+		reqW.Close()
+		respR.Close()
+		respW.Close()
+		return nil, fmt.Errorf("native engine: %w", err)
+	}
+	args := append(append([]string(nil), e.cfg.HostArgs...),
+		"-library", libPath, "-entry", m.EntryPoint, "-free", m.FreeResult, "-abi", strconv.Itoa(m.ABIVersion))
+	cmd := exec.Command(e.cfg.HostPath, args...)
+	cmd.Env = append(append(os.Environ(), e.cfg.HostEnv...),
+		EnvWorkerID+"="+spec.WorkerID, EnvWorkerGroup+"="+spec.Group, EnvWorkerTopic+"="+spec.Topic)
+	cmd.ExtraFiles = []*os.File{reqR, respW}
+	cmd.Stdout, cmd.Stderr = outW, outW
+	err = cmd.Start()
+	reqR.Close()
+	respW.Close()
+	outW.Close()
+	if err != nil {
+		reqW.Close()
+		respR.Close()
+		outR.Close()
+		return nil, fmt.Errorf("native engine: starting the native host %s: %w", e.cfg.HostPath, err)
+	}
+	p := &hostProc{cmd: cmd, reqW: reqW, r: newFrameReader(respR), w: newFrameWriter(reqW), enc: newEncoder(),
+		done: make(chan struct{}), tail: &tailLog{}}
+	outDone := make(chan struct{})
+	go func() { // the host's stdout/stderr: the worker's printf and crash reports
+		defer close(outDone)
+		sc := bufio.NewScanner(outR)
+		sc.Buffer(make([]byte, 0, 4096), maxLogLine)
+		for sc.Scan() {
+			line := sc.Text()
+			p.tail.add(line)
+			wlog.Info(line, "stream", "host-output")
+		}
+		io.Copy(io.Discard, outR)
+		outR.Close()
+	}()
+	go func() {
+		p.waitErr = cmd.Wait()
+		respR.Close()
+		// Output written just before the exit (a crash report) is part of
+		// the error message: give the reader a moment to take it in.
+		select {
+		case <-outDone:
+		case <-time.After(200 * time.Millisecond):
+		}
+		close(p.done)
+	}()
+
+	// Wait for 'Y' (or 'X'), bounded.
+	lctx, cancel := context.WithTimeout(ctx, e.cfg.LoadTimeout)
+	defer cancel()
+	stop := context.AfterFunc(lctx, p.kill)
+	kind, payload, err := p.r.read()
+	timedOut := !stop()
+	switch {
+	case err == nil && kind == frameReady:
+		return p, nil
+	case err == nil && kind == frameLoadError && len(payload) >= 1:
+		msg := string(payload[1:])
+		p.retire()
+		if payload[0] == 1 {
+			return nil, invalidf("%s", msg)
+		}
+		return nil, fmt.Errorf("native engine: the native host could not start: %s", msg)
+	case timedOut:
+		p.kill()
+		p.retire()
+		return nil, fmt.Errorf("native engine: the native host did not load the library within %v: %w", e.cfg.LoadTimeout, lctx.Err())
+	default:
+		p.kill()
+		<-p.done
+		return nil, invalidf("the native host exited while loading the library (%v)%s", p.waitErr, p.tail)
+	}
+}
+
+func (e *Engine) checkInHost(ctx context.Context, spec engines.Spec, pk *pkg) error {
+	dir, libPath, err := e.extract(pk)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	p, err := e.startHost(ctx, spec, libPath, pk.manifest, e.logger(spec).With("worker_id", spec.WorkerID))
+	if err != nil {
+		return err
+	}
+	p.retire()
+	return nil
+}
+
+// hostInstance is a worker served by native-host child processes.
+type hostInstance struct {
+	e       *Engine
+	spec    engines.Spec
+	m       *Manifest
+	dir     string
+	libPath string
+	timeout time.Duration
+	log     *slog.Logger
+	wlog    *slog.Logger
+
+	slots []*hostSlot
+	free  chan *hostSlot
+
+	ctx       context.Context // cancelled by Close: aborts restarts
+	cancel    context.CancelFunc
+	closed    chan struct{}
+	closeDone chan struct{}
+
+	mu      sync.Mutex
+	closing bool
+	killAll bool
+	procs   map[*hostProc]struct{}
+	wg      sync.WaitGroup // calls and restarts in flight
+}
+
+type hostSlot struct {
+	p   *hostProc
+	err error
+}
+
+var _ engines.Instance = (*hostInstance)(nil)
+
+func (e *Engine) loadInHost(ctx context.Context, spec engines.Spec, pk *pkg) (engines.Instance, error) {
+	dir, libPath, err := e.extract(pk)
+	if err != nil {
+		return nil, err
+	}
+	log := e.logger(spec)
+	in := &hostInstance{
+		e: e, spec: spec, m: pk.manifest, dir: dir, libPath: libPath,
+		timeout: e.timeout(spec), log: log, wlog: log.With("worker_id", spec.WorkerID),
+		free: make(chan *hostSlot, e.cfg.HostProcesses), closed: make(chan struct{}), closeDone: make(chan struct{}),
+		procs: map[*hostProc]struct{}{},
+	}
+	in.ctx, in.cancel = context.WithCancel(context.Background())
+	errs := make([]error, e.cfg.HostProcesses)
+	in.slots = make([]*hostSlot, e.cfg.HostProcesses)
+	var wg sync.WaitGroup
+	for i := range in.slots {
+		in.slots[i] = &hostSlot{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			in.slots[i].p, errs[i] = in.start(ctx)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, s := range in.slots {
+			if s.p != nil {
+				s.p.retire()
+			}
+		}
+		in.cancel()
+		os.RemoveAll(dir)
+		for _, e := range errs { // prefer the invalid-code error: it says what is wrong
+			if errors.Is(e, engines.ErrInvalidCode) {
+				return nil, e
+			}
+		}
+		for _, e := range errs {
+			if e != nil {
+				return nil, e
+			}
+		}
+	}
+	for _, s := range in.slots {
+		in.free <- s
+	}
+	return in, nil
+}
+
+func (in *hostInstance) start(ctx context.Context) (*hostProc, error) {
+	p, err := in.e.startHost(ctx, in.spec, in.libPath, in.m, in.wlog)
+	if err != nil {
+		return nil, err
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.killAll {
+		p.kill()
+		go p.retire()
+		return nil, ErrClosed
+	}
+	in.procs[p] = struct{}{}
+	return p, nil
+}
+
+// Process implements engines.Instance. A call that times out kills its host
+// process (the native code really stops); a host that crashes fails the call
+// in progress. Either way a new host is started in the background.
+func (in *hostInstance) Process(ctx context.Context, ev *event.Event) ([]event.Event, error) {
+	if ev == nil {
+		return nil, errors.New("native engine: nil event")
+	}
+	if !in.enter() {
+		return nil, ErrClosed
+	}
+	defer in.wg.Done()
+	var s *hostSlot
+	select {
+	case s = <-in.free:
+	case <-ctx.Done():
+		return nil, ctxError(ctx, "waiting for a free native host")
+	case <-in.closed:
+		return nil, ErrClosed
+	}
+	return in.run(ctx, s, ev)
+}
+
+func (in *hostInstance) run(ctx context.Context, s *hostSlot, ev *event.Event) ([]event.Event, error) {
+	start := time.Now()
+	wait := in.timeout
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+		wait = time.Until(dl)
+	}
+	if s.p == nil {
+		p, err := in.restartNow(ctx)
+		if err != nil {
+			s.err = err
+			in.free <- s
+			return nil, fmt.Errorf("%w: the native host could not be restarted: %w", engines.ErrWorkerFailed, err)
+		}
+		s.p, s.err = p, nil
+	}
+	p := s.p
+	input, err := p.enc.encode(ev)
+	if err != nil {
+		in.free <- s
+		return nil, err
+	}
+	if wait <= 0 || ctx.Err() != nil {
+		in.free <- s
+		return nil, ctxError(ctx, "before the call started")
+	}
+	// At the deadline the host is killed (the native code really stops) and
+	// a gateway call in progress is cancelled, in that order: whatever
+	// returns first, the call ends as a timeout.
+	gwCtx, gwCancel := context.WithCancel(ctx)
+	timer := time.AfterFunc(wait, func() { p.timedOut.Store(true); p.kill(); gwCancel() })
+	stopCtx := context.AfterFunc(ctx, func() { p.cancelled.Store(true); p.kill() })
+	out, callErr := in.exchange(gwCtx, p, input)
+	timer.Stop()
+	stopCtx()
+	gwCancel()
+
+	if callErr == nil && !p.killed.Load() {
+		in.free <- s
+		return out.events, out.err
+	}
+	if callErr == nil { // the reply came in as the deadline fired: keep it, replace the host
+		in.replace(s, "killed at the deadline")
+		return out.events, out.err
+	}
+	var reason string
+	var cerr error
+	switch {
+	case p.timedOut.Load():
+		reason = "timeout"
+		cerr = fmt.Errorf("%w after %v (the native host was killed)", engines.ErrTimeout, time.Since(start).Round(time.Millisecond))
+	case p.cancelled.Load() || ctx.Err() != nil:
+		reason = "call cancelled"
+		cerr = ctxError(ctx, "during the call (the native host was killed)")
+	case in.killed():
+		reason = "instance closed"
+		cerr = fmt.Errorf("%w: the call was interrupted", ErrClosed)
+	default:
+		reason = "host exited"
+		p.kill()
+		<-p.done
+		cerr = &WorkerError{Message: fmt.Sprintf("the native host process exited during the call (%v)%s", p.waitErr, p.tail)}
+		if !errors.Is(callErr, io.EOF) && !errors.Is(callErr, io.ErrUnexpectedEOF) && !errors.Is(callErr, os.ErrClosed) {
+			cerr = &WorkerError{Message: fmt.Sprintf("talking to the native host: %v", callErr)}
+		}
+	}
+	in.replace(s, reason)
+	return nil, cerr
+}
+
+type hostResult struct {
+	events []event.Event
+	err    error
+}
+
+// exchange sends one event and serves the host's log lines and gateway calls
+// until its result comes in. An error means the process is unusable.
+// errAborted: the call was cut off (deadline, ctx, Close) during a gateway
+// call.
+var errAborted = errors.New("call aborted")
+
+func (in *hostInstance) exchange(ctx context.Context, p *hostProc, input []byte) (hostResult, error) {
+	if err := p.w.write(frameProcess, input); err != nil {
+		return hostResult{}, err
+	}
+	for {
+		kind, payload, err := p.r.read()
+		if err != nil {
+			return hostResult{}, err
+		}
+		switch kind {
+		case frameLog:
+			if len(payload) >= 4 {
+				in.wlog.Log(context.Background(), slogLevel(int32(binary.LittleEndian.Uint32(payload))), string(payload[4:]))
+			}
+		case frameGateway:
+			service, method, req, err := parseGatewayCall(payload)
+			var resp []byte
+			code := int32(gatewayBadArgs)
+			if err == nil {
+				// Bounded by the gateway timeout, and cancelled at the call's
+				// deadline (ctx) and by Close.
+				gctx, cancel := context.WithTimeout(ctx, in.e.gatewayTimeout(in.spec))
+				stop := context.AfterFunc(in.ctx, cancel)
+				resp, code = gatewayCall(gctx, in.e.cfg.Gateway, service, method, req)
+				stop()
+				cancel()
+				if p.killed.Load() || ctx.Err() != nil {
+					return hostResult{}, errAborted
+				}
+			}
+			if err := p.w.write(frameGatewayReply, le32(code), resp); err != nil {
+				return hostResult{}, err
+			}
+		case frameResult:
+			rc, hasOut, outLen, buf, err := parseResult(payload)
+			if err != nil {
+				return hostResult{}, err
+			}
+			var res hostResult
+			switch {
+			case hasOut && outLen <= 0:
+				res.err = &WorkerError{Code: rc, Message: fmt.Sprintf("the worker returned a response buffer with length %d", outLen)}
+			case hasOut:
+				res.events, res.err = decodeResponse(buf)
+			}
+			res.events, res.err = withCode(rc, res.events, res.err)
+			return res, nil
+		default:
+			return hostResult{}, fmt.Errorf("unexpected frame %q from the native host", kind)
+		}
+	}
+}
+
+// replace retires the slot's process and starts a new one in the
+// background; the slot goes back to the free list once that is done.
+func (in *hostInstance) replace(s *hostSlot, reason string) {
+	old := s.p
+	s.p = nil
+	in.wg.Add(1) // the caller's call holds the group open: no race with Wait
+	go func() {
+		defer in.wg.Done()
+		old.kill()
+		old.retire()
+		in.untrack(old)
+		if in.ctx.Err() != nil {
+			s.err = ErrClosed
+			in.free <- s
+			return
+		}
+		p, err := in.start(in.ctx)
+		s.p, s.err = p, err
+		if err != nil {
+			if in.ctx.Err() == nil {
+				in.log.Error("native host could not be restarted", "worker_id", in.spec.WorkerID, "reason", reason, "error", err)
+			}
+		} else {
+			in.log.Warn("native host restarted", "worker_id", in.spec.WorkerID, "reason", reason)
+		}
+		in.free <- s
+	}()
+}
+
+func (in *hostInstance) restartNow(ctx context.Context) (*hostProc, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(in.ctx, cancel)
+	defer stop()
+	return in.start(ctx)
+}
+
+func (in *hostInstance) enter() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.closing {
+		return false
+	}
+	in.wg.Add(1)
+	return true
+}
+
+func (in *hostInstance) killed() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.killAll
+}
+
+func (in *hostInstance) untrack(p *hostProc) {
+	in.mu.Lock()
+	delete(in.procs, p)
+	in.mu.Unlock()
+}
+
+// Close implements engines.Instance: it waits for calls in flight until ctx
+// ends, then kills their hosts; idle hosts get EOF and exit. Every process
+// is reaped and the extracted files removed before Close returns.
+func (in *hostInstance) Close(ctx context.Context) error {
+	in.mu.Lock()
+	if in.closing {
+		in.mu.Unlock()
+		select {
+		case <-in.closeDone:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	in.closing = true
+	close(in.closed)
+	in.cancel()
+	in.mu.Unlock()
+	defer close(in.closeDone)
+
+	var err error
+	idle := make(chan struct{})
+	go func() {
+		in.wg.Wait()
+		close(idle)
+	}()
+	select {
+	case <-idle:
+	case <-ctx.Done():
+		err = fmt.Errorf("native engine: closed with calls in flight: %w", ctx.Err())
+		in.mu.Lock()
+		in.killAll = true
+		for p := range in.procs {
+			p.kill()
+		}
+		in.mu.Unlock()
+		<-idle // killed calls return at once
+	}
+	in.mu.Lock()
+	procs := make([]*hostProc, 0, len(in.procs))
+	for p := range in.procs {
+		procs = append(procs, p)
+	}
+	in.procs = map[*hostProc]struct{}{}
+	in.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, p := range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.retire()
+		}()
+	}
+	wg.Wait()
+	os.RemoveAll(in.dir)
+	return err
+}

@@ -1,0 +1,210 @@
+// Package native owns the native engine (MIME type application/x-native-dll):
+// worker code is a shared library (.so, .dylib, .dll) shipped in a zip
+// package with a manifest, called through a small C ABI whose messages are
+// FlatBuffers (sdk/native/worker_api.fbs, sdk/native/virtufin_worker_api.h).
+//
+// By default the library is loaded into the WorkManager process with purego
+// (no cgo): calls cost well under a microsecond of overhead, but a crash in
+// the library ends the process and a call that hangs cannot be stopped. The
+// opt-in process isolation hosts the same library in a small child process
+// (cmd/native-host) that speaks the same FlatBuffers messages over pipes and
+// is killed and restarted on a timeout or a crash. See README.md.
+package native
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/virtufin/workmanager/engines"
+)
+
+// MIMEType is the worker MIME type this engine serves.
+const MIMEType = "application/x-native-dll"
+
+// Isolation says where a worker library runs.
+type Isolation string
+
+const (
+	// IsolationInProcess loads the library into the WorkManager process.
+	IsolationInProcess Isolation = "in-process"
+	// IsolationProcess hosts the library in a native-host child process.
+	IsolationProcess Isolation = "process"
+)
+
+// Defaults used when the Config leaves a field zero.
+const (
+	DefaultTimeout       = 30 * time.Second
+	DefaultLoadTimeout   = 30 * time.Second
+	DefaultHostProcesses = 1
+)
+
+// Config configures the engine. The zero value is usable (in-process, no
+// gateway).
+type Config struct {
+	// DefaultTimeout bounds one Process call when Spec.Timeout is 0.
+	// Default 30s.
+	DefaultTimeout time.Duration
+	// Gateway serves the workers' gateway_call host function. Nil: the
+	// call returns VIRTUFIN_GATEWAY_UNAVAILABLE.
+	Gateway engines.Gateway
+	// GatewayTimeout bounds one gateway call. Default: the worker's
+	// timeout. In process isolation the calling event's deadline bounds it
+	// too; in process it cannot (engine_ptr identifies the worker, not the
+	// call), so there a gateway call may outlast a timed-out event.
+	GatewayTimeout time.Duration
+	// TempDir is where packages are extracted (one fresh directory per
+	// Check and per Load, removed when done). It must allow executable
+	// mappings (not mounted noexec). Default os.TempDir().
+	TempDir string
+	// Isolation is the mode of every worker: IsolationInProcess (default)
+	// or IsolationProcess. A worker can also ask for IsolationProcess in its
+	// manifest ("isolation": "process"); that needs HostPath.
+	Isolation Isolation
+	// HostPath is the native-host executable (cmd/native-host) used for
+	// process isolation.
+	HostPath string
+	// HostArgs are extra arguments put before the host's own (for a
+	// HostPath that is a wrapper, e.g. "prlimit" or "nice").
+	HostArgs []string
+	// HostEnv holds extra KEY=VALUE entries for host processes, on top of
+	// the WorkManager's environment (and below VIRTUFIN_WORKER_*).
+	HostEnv []string
+	// HostProcesses is the number of host processes per loaded worker in
+	// process isolation, i.e. the calls it runs in parallel. Default 1.
+	HostProcesses int
+	// LoadTimeout bounds starting a host process and loading the library
+	// in it. Default 30s.
+	LoadTimeout time.Duration
+	// Logger receives the engine's own logs and, when Spec.Logger is nil,
+	// the workers' log lines. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Engine is the native engine. It is safe for concurrent use.
+type Engine struct {
+	cfg Config
+}
+
+var _ engines.Engine = (*Engine)(nil)
+
+// New returns a native engine. Nothing is loaded until Check or Load.
+func New(cfg Config) *Engine {
+	if cfg.DefaultTimeout <= 0 {
+		cfg.DefaultTimeout = DefaultTimeout
+	}
+	if cfg.LoadTimeout <= 0 {
+		cfg.LoadTimeout = DefaultLoadTimeout
+	}
+	if cfg.HostProcesses <= 0 {
+		cfg.HostProcesses = DefaultHostProcesses
+	}
+	if cfg.Isolation == "" {
+		cfg.Isolation = IsolationInProcess
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Engine{cfg: cfg}
+}
+
+// Info implements engines.Engine. With in-process isolation (the default)
+// the capabilities are those of in-process workers: a worker's manifest may
+// still ask for process isolation, which only makes it safer.
+func (e *Engine) Info() engines.Info {
+	caps := engines.Capabilities{InProcess: true, Interruptible: false, ParallelCalls: 0}
+	if e.cfg.Isolation == IsolationProcess {
+		caps = engines.Capabilities{InProcess: false, Interruptible: true, ParallelCalls: e.cfg.HostProcesses}
+	}
+	return engines.Info{Name: "native", MIMETypes: []string{MIMEType}, Capabilities: caps}
+}
+
+// isolation is the mode for one worker.
+func (e *Engine) isolation(m *Manifest) Isolation {
+	if e.cfg.Isolation == IsolationProcess || m.Isolation == IsolationProcess {
+		return IsolationProcess
+	}
+	return IsolationInProcess
+}
+
+// Check implements engines.Engine: it checks the package, and loads the
+// library (in a host process with process isolation) to check that it links
+// and has the ABI's exports, then unloads it. Loading runs the library's
+// initialisers.
+func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) error {
+	p, err := openPackage(code, hostRID)
+	if err != nil {
+		return err
+	}
+	if e.isolation(p.manifest) == IsolationProcess {
+		return e.checkInHost(ctx, spec, p)
+	}
+	dir, libPath, err := e.extract(p)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	env := pushIdentity(spec.WorkerID, spec.Group, spec.Topic)
+	defer popIdentity(env)
+	lib, err := openLibrary(libPath, p.manifest)
+	if err != nil {
+		return err
+	}
+	return lib.close()
+}
+
+// Load implements engines.Engine.
+func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engines.Instance, error) {
+	p, err := openPackage(code, hostRID)
+	if err != nil {
+		return nil, err
+	}
+	abiSpec, _ := lookupABI(p.manifest.ABIVersion)
+	if abiSpec.Deprecated {
+		e.logger(spec).Warn("native worker uses a deprecated ABI version; it will be refused by the next release",
+			"worker_id", spec.WorkerID, "abi_version", abiSpec.Version, "current", CurrentABI)
+	}
+	if e.isolation(p.manifest) == IsolationProcess {
+		return e.loadInHost(ctx, spec, p)
+	}
+	return e.loadInProcess(spec, p, abiSpec)
+}
+
+// extract writes the library for this platform into a fresh directory.
+// Each load gets its own directory: dlopen returns the existing handle for
+// a path that is already loaded, so reusing a path would not load new code.
+func (e *Engine) extract(p *pkg) (dir, lib string, err error) {
+	dir, err = os.MkdirTemp(e.cfg.TempDir, "virtufin-native-*")
+	if err != nil {
+		return "", "", fmt.Errorf("native engine: creating the extraction directory: %w", err)
+	}
+	lib, err = p.extract(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", "", err
+	}
+	return dir, lib, nil
+}
+
+func (e *Engine) timeout(spec engines.Spec) time.Duration {
+	if spec.Timeout > 0 {
+		return spec.Timeout
+	}
+	return e.cfg.DefaultTimeout
+}
+
+func (e *Engine) gatewayTimeout(spec engines.Spec) time.Duration {
+	if e.cfg.GatewayTimeout > 0 {
+		return e.cfg.GatewayTimeout
+	}
+	return e.timeout(spec)
+}
+
+func (e *Engine) logger(spec engines.Spec) *slog.Logger {
+	if spec.Logger != nil {
+		return spec.Logger
+	}
+	return e.cfg.Logger
+}
