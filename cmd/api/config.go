@@ -18,7 +18,7 @@ type config struct {
 	OperationTimeout  time.Duration // WORKMANAGER_OPERATION_TIMEOUT
 	// ContinueAsNewAfter: WORKMANAGER_CONTINUE_AS_NEW_AFTER (0: when the server suggests).
 	ContinueAsNewAfter int
-	LogLevel          slog.Level    // LOG_LEVEL
+	LogLevel           slog.Level // LOG_LEVEL
 }
 
 func loadConfig() (config, error) {
