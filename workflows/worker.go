@@ -28,6 +28,13 @@ const (
 	QueryState     = "state"
 )
 
+// Application error types of validator rejections, mapped to gRPC codes by
+// the API.
+const (
+	ErrTypeNotFound      = "NotFound"
+	ErrTypeAlreadyExists = "AlreadyExists"
+)
+
 // TaskQueue is where WorkManager nodes poll for workflow and activity tasks.
 const TaskQueue = "workmanager"
 
@@ -130,9 +137,9 @@ func (e *entity) registerUpdates(ctx workflow.Context) error {
 	alive := func() error {
 		switch {
 		case e.st.Deleted:
-			return fmt.Errorf("worker %s is deleted", e.st.Worker.ID)
+			return temporal.NewNonRetryableApplicationError(fmt.Sprintf("worker %s is deleted", e.st.Worker.ID), ErrTypeNotFound, nil)
 		case !e.st.Created:
-			return fmt.Errorf("worker %s is not created", e.st.Worker.ID)
+			return temporal.NewNonRetryableApplicationError(fmt.Sprintf("worker %s is not created", e.st.Worker.ID), ErrTypeNotFound, nil)
 		}
 		return nil
 	}
@@ -143,7 +150,7 @@ func (e *entity) registerUpdates(ctx workflow.Context) error {
 	}{
 		{UpdateCreate, e.create, func(workflow.Context, CreateRequest) error {
 			if e.st.Created || e.failed != nil {
-				return fmt.Errorf("worker %s already exists", e.st.Worker.ID)
+				return temporal.NewNonRetryableApplicationError(fmt.Sprintf("worker %s already exists", e.st.Worker.ID), ErrTypeAlreadyExists, nil)
 			}
 			return nil
 		}},
@@ -153,7 +160,10 @@ func (e *entity) registerUpdates(ctx workflow.Context) error {
 			if err := alive(); err != nil {
 				return err
 			}
-			return catalog.ValidateSHA256(r.SHA256)
+			if err := catalog.ValidateSHA256(r.SHA256); err != nil {
+				return temporal.NewNonRetryableApplicationError(err.Error(), activities.ErrTypeInvalidArgument, nil)
+			}
+			return nil
 		}},
 		{UpdateDelete, e.delete, func(workflow.Context) error { return alive() }},
 	}
@@ -187,9 +197,15 @@ func (e *entity) event(ctx workflow.Context, kind lifecycle.Kind) activities.Eve
 	return activities.EventSpec{ID: fmt.Sprintf("%s/%d/%s", workflow.GetInfo(ctx).WorkflowExecution.ID, e.st.Seq, kind), Kind: kind}
 }
 
+// lock serializes handlers. A handler that waited for the lock while the
+// worker was deleted fails as NotFound instead of acting on it.
 func (e *entity) lock(ctx workflow.Context) (func(), error) {
 	if err := e.mu.Lock(ctx); err != nil {
 		return nil, err
+	}
+	if e.st.Deleted {
+		e.mu.Unlock()
+		return nil, temporal.NewNonRetryableApplicationError(fmt.Sprintf("worker %s is deleted", e.st.Worker.ID), ErrTypeNotFound, nil)
 	}
 	e.updates++
 	return e.mu.Unlock, nil
@@ -258,9 +274,6 @@ func (e *entity) loadCode(ctx workflow.Context, ref catalog.CodeRef) (catalog.Wo
 		return catalog.Worker{}, err
 	}
 	defer unlock()
-	if e.st.Deleted {
-		return catalog.Worker{}, temporal.NewNonRetryableApplicationError("worker is deleted", "NotFound", nil)
-	}
 	actx := activityCtx(ctx)
 	w := e.st.Worker
 	if err := workflow.ExecuteActivity(actx, a.PrepareCode, activities.PrepareCodeInput{Worker: w, Ref: ref}).Get(ctx, &ref); err != nil {
@@ -287,9 +300,6 @@ func (e *entity) delete(ctx workflow.Context) error {
 		return err
 	}
 	defer unlock()
-	if e.st.Deleted {
-		return nil
-	}
 	in := activities.DeleteInput{Worker: e.st.Worker, EventID: e.event(ctx, lifecycle.Deleted).ID}
 	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Delete, in).Get(ctx, nil); err != nil {
 		return err

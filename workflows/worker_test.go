@@ -40,7 +40,6 @@ func newWorker() catalog.Worker {
 
 // updater sends an update and records its result.
 type updater struct {
-	s      *WorkerWorkflowSuite
 	result any
 	err    error
 	reject error
@@ -179,4 +178,21 @@ func (s *WorkerWorkflowSuite) TestContinueAsNewCarriesState() {
 
 func TestWorkflowIDIsStable(t *testing.T) {
 	require.Equal(t, "workmanager-worker-abc", WorkflowID("abc"))
+}
+
+func (s *WorkerWorkflowSuite) TestUpdateQueuedBehindDeleteIsNotFound() {
+	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).After(time.Second).Return(nil)
+	w := newWorker()
+	w.Status = catalog.StatusRunning
+	var del, start updater
+	s.env.RegisterDelayedCallback(func() {
+		s.update(UpdateDelete, &del)
+		s.update(UpdateStop, &start) // accepted while the delete runs, then waits for the lock
+	}, time.Second)
+	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: w, Created: true}})
+	s.NoError(del.err)
+	var appErr *temporal.ApplicationError
+	s.Require().True(errors.As(start.err, &appErr), "got %v / %v", start.err, start.reject)
+	s.Equal(ErrTypeNotFound, appErr.Type())
+	s.True(s.env.IsWorkflowCompleted())
 }

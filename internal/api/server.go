@@ -10,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -263,13 +262,12 @@ func (s *Server) status(err error, id string) error {
 	switch {
 	case errors.As(err, &appErr) && appErr.Type() == activities.ErrTypeInvalidArgument:
 		return status.Error(codes.InvalidArgument, appErr.Message())
-	case errors.As(err, &notFound):
+	case errors.As(err, &appErr) && appErr.Type() == workflows.ErrTypeNotFound, errors.As(err, &notFound):
 		return status.Errorf(codes.NotFound, "worker %s not found", id)
+	case errors.As(err, &appErr) && appErr.Type() == workflows.ErrTypeAlreadyExists:
+		return status.Errorf(codes.AlreadyExists, "worker %s already exists", id)
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Errorf(codes.DeadlineExceeded, "worker %s: operation did not finish in time: %v", id, err)
-	case strings.Contains(err.Error(), "is deleted") || strings.Contains(err.Error(), "is not created"):
-		// Validator rejections come back as plain failures.
-		return status.Errorf(codes.NotFound, "worker %s not found", id)
 	}
 	s.log.Error("lifecycle operation failed", "worker_id", id, "err", err)
 	return status.Error(codes.Internal, err.Error())
