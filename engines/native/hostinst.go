@@ -20,6 +20,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/internal/procpool"
 )
 
 // closeGrace is how long Close lets an idle host exit on its own (it sees
@@ -28,11 +29,12 @@ const closeGrace = 2 * time.Second
 
 // hostProc is one native-host child process.
 type hostProc struct {
-	cmd  *exec.Cmd
-	reqW *os.File // engine -> host
-	r    *frameReader
-	w    *frameWriter
-	enc  *encoder
+	cmd   *exec.Cmd
+	reqW  *os.File // engine -> host
+	respR *os.File // host -> engine; closed by Retire
+	r     *frameReader
+	w     *frameWriter
+	enc   *encoder
 
 	done    chan struct{} // closed once the process was reaped
 	waitErr error         // valid after done
@@ -43,25 +45,33 @@ type hostProc struct {
 	cancelled atomic.Bool
 }
 
-func (p *hostProc) kill() {
+// Kill kills the host process. Safe from any goroutine.
+func (p *hostProc) Kill() {
 	p.killed.Store(true)
 	if p.cmd.Process != nil {
 		_ = p.cmd.Process.Kill()
 	}
 }
 
-// retire closes the engine's ends and reaps the process (killing it if it
+// CloseRequests closes the request pipe: the host sees EOF and exits.
+func (p *hostProc) CloseRequests() { p.reqW.Close() }
+
+// Done is closed once the process was reaped.
+func (p *hostProc) Done() <-chan struct{} { return p.done }
+
+// Retire closes the engine's ends and reaps the process (killing it if it
 // does not exit within closeGrace).
-func (p *hostProc) retire() {
-	p.reqW.Close()
+func (p *hostProc) Retire() {
+	p.CloseRequests()
 	t := time.NewTimer(closeGrace)
 	defer t.Stop()
 	select {
 	case <-p.done:
 	case <-t.C:
-		p.kill()
+		p.Kill()
 		<-p.done
 	}
+	p.respR.Close()
 }
 
 // tailLog keeps the last lines the host wrote to stdout/stderr, for error
@@ -123,22 +133,14 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 	if e.cfg.HostPath == "" {
 		return nil, errors.New("native engine: process isolation needs Config.HostPath (the native-host executable)")
 	}
-	reqR, reqW, err := os.Pipe()
+	pipes, err := procpool.NewPipes()
 	if err != nil {
-		return nil, fmt.Errorf("native engine: %w", err)
-	}
-	respR, respW, err := os.Pipe()
-	if err != nil {
-		reqR.Close()
-		reqW.Close()
 		return nil, fmt.Errorf("native engine: %w", err)
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		reqR.Close()
-		reqW.Close()
-		respR.Close()
-		respW.Close()
+		pipes.CloseChildEnds()
+		pipes.CloseParentEnds()
 		return nil, fmt.Errorf("native engine: %w", err)
 	}
 	args := append(append([]string(nil), e.cfg.HostArgs...),
@@ -146,19 +148,18 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 	cmd := exec.Command(e.cfg.HostPath, args...)
 	cmd.Env = append(append(os.Environ(), e.cfg.HostEnv...),
 		EnvWorkerID+"="+spec.WorkerID, EnvWorkerGroup+"="+spec.Group, EnvWorkerTopic+"="+spec.Topic)
-	cmd.ExtraFiles = []*os.File{reqR, respW}
+	cmd.ExtraFiles = pipes.ChildEnds()
 	cmd.Stdout, cmd.Stderr = outW, outW
 	err = cmd.Start()
-	reqR.Close()
-	respW.Close()
+	pipes.CloseChildEnds()
 	outW.Close()
 	if err != nil {
-		reqW.Close()
-		respR.Close()
+		pipes.CloseParentEnds()
 		outR.Close()
 		return nil, fmt.Errorf("native engine: starting the native host %s: %w", e.cfg.HostPath, err)
 	}
-	p := &hostProc{cmd: cmd, reqW: reqW, r: newFrameReader(respR), w: newFrameWriter(reqW), enc: newEncoder(),
+	respR := pipes.RespR
+	p := &hostProc{cmd: cmd, reqW: pipes.ReqW, respR: respR, r: newFrameReader(respR), w: newFrameWriter(pipes.ReqW), enc: newEncoder(),
 		done: make(chan struct{}), tail: &tailLog{}}
 	outDone := make(chan struct{})
 	go func() { // the host's stdout/stderr: the worker's printf and crash reports
@@ -175,9 +176,10 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 	}()
 	go func() {
 		p.waitErr = cmd.Wait()
-		respR.Close()
 		// Output written just before the exit (a crash report) is part of
-		// the error message: give the reader a moment to take it in.
+		// the error message: give the reader a moment to take it in. The
+		// response pipe stays open (reads get EOF after the frames the host
+		// wrote before exiting) until Retire closes it.
 		select {
 		case <-outDone:
 		case <-time.After(200 * time.Millisecond):
@@ -188,7 +190,7 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 	// Wait for 'Y' (or 'X'), bounded.
 	lctx, cancel := context.WithTimeout(ctx, e.cfg.LoadTimeout)
 	defer cancel()
-	stop := context.AfterFunc(lctx, p.kill)
+	stop := context.AfterFunc(lctx, p.Kill)
 	kind, payload, err := p.r.read()
 	timedOut := !stop()
 	switch {
@@ -196,18 +198,18 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 		return p, nil
 	case err == nil && kind == frameLoadError && len(payload) >= 1:
 		msg := string(payload[1:])
-		p.retire()
+		p.Retire()
 		if payload[0] == 1 {
 			return nil, invalidf("%s", msg)
 		}
 		return nil, fmt.Errorf("native engine: the native host could not start: %s", msg)
 	case timedOut:
-		p.kill()
-		p.retire()
+		p.Kill()
+		p.Retire()
 		return nil, fmt.Errorf("native engine: the native host did not load the library within %v: %w", e.cfg.LoadTimeout, lctx.Err())
 	default:
-		p.kill()
-		<-p.done
+		p.Kill()
+		p.Retire()
 		return nil, invalidf("the native host exited while loading the library (%v)%s", p.waitErr, p.tail)
 	}
 }
@@ -222,7 +224,7 @@ func (e *Engine) checkInHost(ctx context.Context, spec engines.Spec, pk *pkg) er
 	if err != nil {
 		return err
 	}
-	p.retire()
+	p.Retire()
 	return nil
 }
 
@@ -231,30 +233,10 @@ type hostInstance struct {
 	e       *Engine
 	spec    engines.Spec
 	m       *Manifest
-	dir     string
 	libPath string
 	timeout time.Duration
-	log     *slog.Logger
 	wlog    *slog.Logger
-
-	slots []*hostSlot
-	free  chan *hostSlot
-
-	ctx       context.Context // cancelled by Close: aborts restarts
-	cancel    context.CancelFunc
-	closed    chan struct{}
-	closeDone chan struct{}
-
-	mu      sync.Mutex
-	closing bool
-	killAll bool
-	procs   map[*hostProc]struct{}
-	wg      sync.WaitGroup // calls and restarts in flight
-}
-
-type hostSlot struct {
-	p   *hostProc
-	err error
+	pool    *procpool.Pool[*hostProc]
 }
 
 var _ engines.Instance = (*hostInstance)(nil)
@@ -266,45 +248,23 @@ func (e *Engine) loadInHost(ctx context.Context, spec engines.Spec, pk *pkg) (en
 	}
 	log := e.logger(spec)
 	in := &hostInstance{
-		e: e, spec: spec, m: pk.manifest, dir: dir, libPath: libPath,
-		timeout: e.timeout(spec), log: log, wlog: log.With("worker_id", spec.WorkerID),
-		free: make(chan *hostSlot, e.cfg.HostProcesses), closed: make(chan struct{}), closeDone: make(chan struct{}),
-		procs: map[*hostProc]struct{}{},
+		e: e, spec: spec, m: pk.manifest, libPath: libPath,
+		timeout: e.timeout(spec), wlog: log.With("worker_id", spec.WorkerID),
 	}
-	in.ctx, in.cancel = context.WithCancel(context.Background())
-	errs := make([]error, e.cfg.HostProcesses)
-	in.slots = make([]*hostSlot, e.cfg.HostProcesses)
-	var wg sync.WaitGroup
-	for i := range in.slots {
-		in.slots[i] = &hostSlot{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			in.slots[i].p, errs[i] = in.start(ctx)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		for _, s := range in.slots {
-			if s.p != nil {
-				s.p.retire()
-			}
-		}
-		in.cancel()
+	in.pool = procpool.New(procpool.Config[*hostProc]{
+		Size:             e.cfg.HostProcesses,
+		Start:            in.start,
+		Grace:            closeGrace,
+		GraceOutlastsCtx: true, // idle hosts get the whole grace period to exit on EOF
+		Cleanup:          func() { os.RemoveAll(dir) },
+		Logger:           log,
+		Name:             "native host",
+		LogAttrs:         []any{"worker_id", spec.WorkerID},
+	})
+	// An invalid-code error says what is wrong: it is preferred.
+	if err := procpool.FirstError(in.pool.Fill(ctx), engines.ErrInvalidCode); err != nil {
 		os.RemoveAll(dir)
-		for _, e := range errs { // prefer the invalid-code error: it says what is wrong
-			if errors.Is(e, engines.ErrInvalidCode) {
-				return nil, e
-			}
-		}
-		for _, e := range errs {
-			if e != nil {
-				return nil, e
-			}
-		}
-	}
-	for _, s := range in.slots {
-		in.free <- s
+		return nil, err
 	}
 	return in, nil
 }
@@ -314,14 +274,11 @@ func (in *hostInstance) start(ctx context.Context) (*hostProc, error) {
 	if err != nil {
 		return nil, err
 	}
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.killAll {
-		p.kill()
-		go p.retire()
+	if !in.pool.Track(p) {
+		p.Kill()
+		go p.Retire()
 		return nil, ErrClosed
 	}
-	in.procs[p] = struct{}{}
 	return p, nil
 }
 
@@ -332,63 +289,53 @@ func (in *hostInstance) Process(ctx context.Context, ev *event.Event) ([]event.E
 	if ev == nil {
 		return nil, errors.New("native engine: nil event")
 	}
-	if !in.enter() {
+	s, err := in.pool.Acquire(ctx)
+	if errors.Is(err, procpool.ErrClosed) {
 		return nil, ErrClosed
 	}
-	defer in.wg.Done()
-	var s *hostSlot
-	select {
-	case s = <-in.free:
-	case <-ctx.Done():
+	if err != nil {
 		return nil, ctxError(ctx, "waiting for a free native host")
-	case <-in.closed:
-		return nil, ErrClosed
 	}
 	return in.run(ctx, s, ev)
 }
 
-func (in *hostInstance) run(ctx context.Context, s *hostSlot, ev *event.Event) ([]event.Event, error) {
+func (in *hostInstance) run(ctx context.Context, s *procpool.Slot[*hostProc], ev *event.Event) ([]event.Event, error) {
 	start := time.Now()
 	wait := in.timeout
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
 		wait = time.Until(dl)
 	}
-	if s.p == nil {
-		p, err := in.restartNow(ctx)
-		if err != nil {
-			s.err = err
-			in.free <- s
-			return nil, fmt.Errorf("%w: the native host could not be restarted: %w", engines.ErrWorkerFailed, err)
-		}
-		s.p, s.err = p, nil
+	p, err := in.pool.Proc(ctx, s)
+	if err != nil {
+		in.pool.Release(s)
+		return nil, fmt.Errorf("%w: the native host could not be restarted: %w", engines.ErrWorkerFailed, err)
 	}
-	p := s.p
 	input, err := p.enc.encode(ev)
 	if err != nil {
-		in.free <- s
+		in.pool.Release(s)
 		return nil, err
 	}
 	if wait <= 0 || ctx.Err() != nil {
-		in.free <- s
+		in.pool.Release(s)
 		return nil, ctxError(ctx, "before the call started")
 	}
 	// At the deadline the host is killed (the native code really stops) and
 	// a gateway call in progress is cancelled, in that order: whatever
 	// returns first, the call ends as a timeout.
 	gwCtx, gwCancel := context.WithCancel(ctx)
-	timer := time.AfterFunc(wait, func() { p.timedOut.Store(true); p.kill(); gwCancel() })
-	stopCtx := context.AfterFunc(ctx, func() { p.cancelled.Store(true); p.kill() })
+	timer := time.AfterFunc(wait, func() { p.timedOut.Store(true); p.Kill(); gwCancel() })
+	stopCtx := context.AfterFunc(ctx, func() { p.cancelled.Store(true); p.Kill() })
 	out, callErr := in.exchange(gwCtx, p, input)
 	timer.Stop()
 	stopCtx()
 	gwCancel()
 
 	if callErr == nil && !p.killed.Load() {
-		in.free <- s
+		in.pool.Release(s)
 		return out.events, out.err
 	}
 	if callErr == nil { // the reply came in as the deadline fired: keep it, replace the host
-		in.replace(s, "killed at the deadline")
+		in.pool.Replace(s, "killed at the deadline")
 		return out.events, out.err
 	}
 	var reason string
@@ -400,19 +347,19 @@ func (in *hostInstance) run(ctx context.Context, s *hostSlot, ev *event.Event) (
 	case p.cancelled.Load() || ctx.Err() != nil:
 		reason = "call cancelled"
 		cerr = ctxError(ctx, "during the call (the native host was killed)")
-	case in.killed():
+	case in.pool.Killed():
 		reason = "instance closed"
 		cerr = fmt.Errorf("%w: the call was interrupted", ErrClosed)
 	default:
 		reason = "host exited"
-		p.kill()
+		p.Kill()
 		<-p.done
 		cerr = &WorkerError{Message: fmt.Sprintf("the native host process exited during the call (%v)%s", p.waitErr, p.tail)}
 		if !errors.Is(callErr, io.EOF) && !errors.Is(callErr, io.ErrUnexpectedEOF) && !errors.Is(callErr, os.ErrClosed) {
 			cerr = &WorkerError{Message: fmt.Sprintf("talking to the native host: %v", callErr)}
 		}
 	}
-	in.replace(s, reason)
+	in.pool.Replace(s, reason)
 	return nil, cerr
 }
 
@@ -449,7 +396,7 @@ func (in *hostInstance) exchange(ctx context.Context, p *hostProc, input []byte)
 				// Bounded by the gateway timeout, and cancelled at the call's
 				// deadline (ctx) and by Close.
 				gctx, cancel := context.WithTimeout(ctx, in.e.gatewayTimeout(in.spec))
-				stop := context.AfterFunc(in.ctx, cancel)
+				stop := context.AfterFunc(in.pool.Context(), cancel)
 				resp, code = gatewayCall(gctx, in.e.cfg.Gateway, service, method, req)
 				stop()
 				cancel()
@@ -480,119 +427,13 @@ func (in *hostInstance) exchange(ctx context.Context, p *hostProc, input []byte)
 	}
 }
 
-// replace retires the slot's process and starts a new one in the
-// background; the slot goes back to the free list once that is done.
-func (in *hostInstance) replace(s *hostSlot, reason string) {
-	old := s.p
-	s.p = nil
-	in.wg.Add(1) // the caller's call holds the group open: no race with Wait
-	go func() {
-		defer in.wg.Done()
-		old.kill()
-		old.retire()
-		in.untrack(old)
-		if in.ctx.Err() != nil {
-			s.err = ErrClosed
-			in.free <- s
-			return
-		}
-		p, err := in.start(in.ctx)
-		s.p, s.err = p, err
-		if err != nil {
-			if in.ctx.Err() == nil {
-				in.log.Error("native host could not be restarted", "worker_id", in.spec.WorkerID, "reason", reason, "error", err)
-			}
-		} else {
-			in.log.Warn("native host restarted", "worker_id", in.spec.WorkerID, "reason", reason)
-		}
-		in.free <- s
-	}()
-}
-
-func (in *hostInstance) restartNow(ctx context.Context) (*hostProc, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(in.ctx, cancel)
-	defer stop()
-	return in.start(ctx)
-}
-
-func (in *hostInstance) enter() bool {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.closing {
-		return false
-	}
-	in.wg.Add(1)
-	return true
-}
-
-func (in *hostInstance) killed() bool {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.killAll
-}
-
-func (in *hostInstance) untrack(p *hostProc) {
-	in.mu.Lock()
-	delete(in.procs, p)
-	in.mu.Unlock()
-}
-
 // Close implements engines.Instance: it waits for calls in flight until ctx
 // ends, then kills their hosts; idle hosts get EOF and exit. Every process
 // is reaped and the extracted files removed before Close returns.
 func (in *hostInstance) Close(ctx context.Context) error {
-	in.mu.Lock()
-	if in.closing {
-		in.mu.Unlock()
-		select {
-		case <-in.closeDone:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	err := in.pool.Close(ctx)
+	if errors.Is(err, procpool.ErrInFlight) {
+		return fmt.Errorf("native engine: %w", err)
 	}
-	in.closing = true
-	close(in.closed)
-	in.cancel()
-	in.mu.Unlock()
-	defer close(in.closeDone)
-
-	var err error
-	idle := make(chan struct{})
-	go func() {
-		in.wg.Wait()
-		close(idle)
-	}()
-	select {
-	case <-idle:
-	case <-ctx.Done():
-		err = fmt.Errorf("native engine: closed with calls in flight: %w", ctx.Err())
-		in.mu.Lock()
-		in.killAll = true
-		for p := range in.procs {
-			p.kill()
-		}
-		in.mu.Unlock()
-		<-idle // killed calls return at once
-	}
-	in.mu.Lock()
-	procs := make([]*hostProc, 0, len(in.procs))
-	for p := range in.procs {
-		procs = append(procs, p)
-	}
-	in.procs = map[*hostProc]struct{}{}
-	in.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, p := range procs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.retire()
-		}()
-	}
-	wg.Wait()
-	os.RemoveAll(in.dir)
 	return err
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"syscall"
 )
 
 // HostMain is the main function of the native-host process
@@ -35,6 +36,10 @@ func HostMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "native-host: fd 3 and fd 4 must be the engine's pipes; this program is started by the native engine")
 		return 2
 	}
+	// Programs the worker library starts must not inherit the protocol
+	// pipes: a grandchild holding fd 4 would hide this host's exit (EOF).
+	syscall.CloseOnExec(3)
+	syscall.CloseOnExec(4)
 	c := &childConn{r: newFrameReader(reqFile), w: newFrameWriter(respFile)}
 	fail := func(invalid bool, err error) int {
 		var flag byte

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/internal/procpool"
 )
 
 // Frame kinds (see README.md).
@@ -46,7 +47,7 @@ const (
 var errProcessGone = errors.New("worker process is gone")
 
 // proc is one runner subprocess. At any time it is used by at most one
-// goroutine (the owner of its slot); kill may be called from anywhere.
+// goroutine (the owner of its slot); Kill may be called from anywhere.
 type proc struct {
 	cmd *exec.Cmd
 	pid int
@@ -108,8 +109,9 @@ func (f *frameBuf) reset(kind byte) {
 }
 
 // startLoaded starts a runner and loads code into it. On success the process
-// is idle and ready for events. in may be nil (Check).
-func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, interp string, code []byte, in *Instance) (*proc, error) {
+// is idle and ready for events. pool, which tracks the process, may be nil
+// (Check).
+func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, interp string, code []byte, pool *procpool.Pool[*proc]) (*proc, error) {
 	start := time.Now()
 	deadline := start.Add(e.cfg.LoadTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
@@ -122,8 +124,8 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, interp stri
 	if err != nil {
 		return nil, err
 	}
-	if in != nil && !in.track(p) {
-		p.retire()
+	if pool != nil && !pool.Track(p) {
+		p.Retire()
 		return nil, ErrClosed
 	}
 	// The load frame is written at once; the runner reads it after its hello.
@@ -152,9 +154,9 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, interp stri
 	if err == nil && kind == kindOK && p.healthy() && !p.pending() {
 		return p, nil
 	}
-	p.retire()
-	if in != nil {
-		in.untrack(p)
+	p.Retire()
+	if pool != nil {
+		pool.Untrack(p)
 	}
 	switch {
 	case p.timedOut.Load():
@@ -177,26 +179,20 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, interp stri
 
 // spawn starts the runner subprocess.
 func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
-	reqR, reqW, err := os.Pipe()
+	pipes, err := procpool.NewPipes()
 	if err != nil {
-		return nil, fmt.Errorf("python engine: %w", err)
-	}
-	respR, respW, err := os.Pipe()
-	if err != nil {
-		reqR.Close()
-		reqW.Close()
 		return nil, fmt.Errorf("python engine: %w", err)
 	}
 	log := e.logger(spec)
 	p := &proc{
-		reqW:   reqW,
-		respR:  respR,
+		reqW:   pipes.ReqW,
+		respR:  pipes.RespR,
 		done:   make(chan struct{}),
 		stdout: &lineLogger{log: log, level: slog.LevelInfo, stream: "stdout", workerID: spec.WorkerID},
 		stderr: &lineLogger{log: log, level: slog.LevelInfo, stream: "stderr", workerID: spec.WorkerID, keepTail: true},
 	}
 	cmd := exec.Command(interp, "-I", "-u", "-c", runnerSource, strconv.Itoa(e.runnerSpinMicros()))
-	cmd.ExtraFiles = []*os.File{reqR, respW} // fd 3, fd 4
+	cmd.ExtraFiles = pipes.ChildEnds() // fd 3, fd 4
 	cmd.Stdout = p.stdout
 	cmd.Stderr = p.stderr
 	cmd.Env = e.env(spec)
@@ -204,19 +200,17 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	p.cmd = cmd
 	err = cmd.Start()
-	reqR.Close()
-	respW.Close()
+	pipes.CloseChildEnds()
 	if err != nil {
-		reqW.Close()
-		respR.Close()
+		pipes.CloseParentEnds()
 		return nil, fmt.Errorf("python engine: starting %s: %w", interp, err)
 	}
 	p.pid = cmd.Process.Pid
 	p.timer = time.AfterFunc(time.Hour, p.onTimeout)
 	p.timer.Stop()
 	go p.wait()
-	if p.respRC, err = respR.SyscallConn(); err != nil {
-		p.retire()
+	if p.respRC, err = p.respR.SyscallConn(); err != nil {
+		p.Retire()
 		return nil, fmt.Errorf("python engine: %w", err)
 	}
 	p.readFn = p.readRaw
@@ -257,9 +251,9 @@ func (p *proc) wait() {
 	close(p.done)
 }
 
-// kill SIGKILLs the runner's process group (the runner and anything it
+// Kill SIGKILLs the runner's process group (the runner and anything it
 // started), unless the runner is already gone. Safe from any goroutine.
-func (p *proc) kill() {
+func (p *proc) Kill() {
 	p.mu.Lock()
 	if !p.exited {
 		syscall.Kill(-p.pid, syscall.SIGKILL)
@@ -269,29 +263,32 @@ func (p *proc) kill() {
 
 func (p *proc) onTimeout() {
 	p.timedOut.Store(true)
-	p.kill()
+	p.Kill()
 }
 
 func (p *proc) onCancel() {
 	p.cancelled.Store(true)
-	p.kill()
+	p.Kill()
 }
 
-// closeRequests closes the request pipe: the runner sees EOF and exits.
-func (p *proc) closeRequests() {
+// CloseRequests closes the request pipe: the runner sees EOF and exits.
+func (p *proc) CloseRequests() {
 	if !p.reqClosed {
 		p.reqClosed = true
 		p.reqW.Close()
 	}
 }
 
-// retire kills the process, reaps it and releases its descriptors. The
+// Done is closed once the process is reaped.
+func (p *proc) Done() <-chan struct{} { return p.done }
+
+// Retire kills the process, reaps it and releases its descriptors. The
 // caller must own p (no round trip in progress).
-func (p *proc) retire() {
+func (p *proc) Retire() {
 	p.timer.Stop()
-	p.kill()
+	p.Kill()
 	<-p.done
-	p.closeRequests()
+	p.CloseRequests()
 	p.respR.Close()
 }
 

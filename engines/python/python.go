@@ -6,7 +6,6 @@ package python
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os/exec"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/internal/procpool"
 )
 
 // MIMEType is the worker MIME type this engine serves.
@@ -120,7 +120,7 @@ func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) erro
 	if err != nil {
 		return err
 	}
-	p.retire()
+	p.Retire()
 	return nil
 }
 
@@ -132,48 +132,12 @@ func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engi
 		return nil, err
 	}
 	in := newInstance(e, spec, interp, code)
-	errs := make([]error, len(in.slots))
-	var wg sync.WaitGroup
-	for i, s := range in.slots {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.p, errs[i] = e.startLoaded(ctx, spec, interp, in.code, in)
-		}()
-	}
-	wg.Wait()
-	if err := firstError(errs); err != nil {
-		for _, s := range in.slots {
-			if s.p != nil {
-				s.p.retire()
-				s.p = nil
-			}
-		}
-		in.cancel()
+	// An invalid-code error says what is wrong with the code: it is
+	// preferred over start-up failures.
+	if err := procpool.FirstError(in.pool.Fill(ctx), engines.ErrInvalidCode); err != nil {
 		return nil, err
 	}
-	for _, s := range in.slots {
-		in.free <- s
-	}
 	return in, nil
-}
-
-// firstError prefers an invalid-code error (it says what is wrong with the
-// code) over start-up failures.
-func firstError(errs []error) error {
-	var first error
-	for _, err := range errs {
-		if err == nil {
-			continue
-		}
-		if errors.Is(err, engines.ErrInvalidCode) {
-			return err
-		}
-		if first == nil {
-			first = err
-		}
-	}
-	return first
 }
 
 func (e *Engine) timeout(spec engines.Spec) time.Duration {

@@ -1,0 +1,433 @@
+// Package procpool owns a pool of child processes that serve one call at a
+// time each: it hands a free slot (a place for one process) to each call,
+// restarts a slot's process in the background after the call that found it
+// crashed or killed it (a timeout), kills every process when Close gives up
+// waiting for the calls in flight, and reaps every process before Close
+// returns.
+//
+// What a process is, how it is started and how a call talks to it belongs to
+// the user (the Python and native engines): the process type implements
+// Process, and Config.Start starts one.
+package procpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Process is one child process as the pool sees it. Its methods other than
+// Retire may be called from any goroutine at any time, also concurrently
+// with a call that uses the process.
+type Process interface {
+	comparable
+	// Kill kills the process (and what it started) unless it is gone
+	// already. It does not wait.
+	Kill()
+	// CloseRequests closes the parent's end of the request pipe: an idle
+	// process sees EOF and exits on its own.
+	CloseRequests()
+	// Done is closed once the process has exited and been reaped.
+	Done() <-chan struct{}
+	// Retire ends the process the way its engine does that, waits until it
+	// has been reaped and releases what the parent holds for it. It is
+	// called by whoever owns the process, with no call in progress, also
+	// after Done is closed.
+	Retire()
+}
+
+// Config configures a Pool.
+type Config[P Process] struct {
+	// Size is the number of slots, i.e. of calls served in parallel.
+	Size int
+	// Start starts one process, ready for calls, bounded by ctx. It is
+	// used by Fill, by the restart after a crash or a timeout and by Proc.
+	// A process it starts should be registered with Track as soon as it
+	// can be killed, so that Close can kill it.
+	Start func(ctx context.Context) (P, error)
+	// Grace is how long Close lets idle processes exit on their own after
+	// CloseRequests before it kills them.
+	Grace time.Duration
+	// GraceOutlastsCtx makes Close let Grace run out even after its ctx has
+	// ended; by default an ended ctx kills the remaining processes at once.
+	GraceOutlastsCtx bool
+	// Cleanup, if set, runs once at the end of the first Close, after every
+	// process has been reaped and before any Close returns.
+	Cleanup func()
+	// Logger receives a line for each restart; Name says what a process
+	// is in it ("python worker process"), LogAttrs come first in its
+	// attributes.
+	Logger   *slog.Logger
+	Name     string
+	LogAttrs []any
+}
+
+var (
+	// ErrClosed is returned by Acquire once Close has started.
+	ErrClosed = errors.New("pool closed")
+	// ErrInFlight is wrapped (with ctx's error) by a Close whose ctx ended
+	// while calls were in flight: their processes were killed.
+	ErrInFlight = errors.New("closed with calls in flight")
+)
+
+// Slot is the place of one process. It belongs to the call that acquired
+// it until that call gives it back with Release or Replace.
+type Slot[P Process] struct {
+	p P // the zero P when the process could not be (re)started
+}
+
+// Pool is a fixed set of slots with their processes. Its methods are safe
+// for concurrent use.
+type Pool[P Process] struct {
+	cfg Config[P]
+
+	slots []*Slot[P]
+	// free holds the slots no call is using; its capacity is len(slots), so
+	// giving a slot back never blocks.
+	free chan *Slot[P]
+
+	ctx       context.Context // cancelled by Close: aborts restarts
+	cancel    context.CancelFunc
+	closed    chan struct{} // closed when Close starts
+	closeDone chan struct{} // closed when Close has finished
+
+	mu      sync.Mutex
+	closing bool
+	killAll bool           // Close gave up waiting: kill every process
+	procs   map[P]struct{} // live processes, for Close
+	wg      sync.WaitGroup // calls in flight and restarts
+}
+
+// New returns a pool with cfg.Size empty slots; Fill starts their processes.
+func New[P Process](cfg Config[P]) *Pool[P] {
+	pl := &Pool[P]{
+		cfg:       cfg,
+		slots:     make([]*Slot[P], cfg.Size),
+		free:      make(chan *Slot[P], cfg.Size),
+		closed:    make(chan struct{}),
+		closeDone: make(chan struct{}),
+		procs:     map[P]struct{}{},
+	}
+	pl.ctx, pl.cancel = context.WithCancel(context.Background())
+	for i := range pl.slots {
+		pl.slots[i] = &Slot[P]{}
+	}
+	return pl
+}
+
+// Fill starts the process of every slot in parallel, bounded by ctx, and
+// makes the slots available to Acquire. If any start fails it retires the
+// processes that did start, gives the pool up (it is not to be used any
+// more) and returns the errors, one per slot (nil for those that started);
+// it returns nil when every process started.
+func (pl *Pool[P]) Fill(ctx context.Context) []error {
+	errs := make([]error, len(pl.slots))
+	var wg sync.WaitGroup
+	for i, s := range pl.slots {
+		wg.Go(func() {
+			s.p, errs[i] = pl.cfg.Start(ctx)
+		})
+	}
+	wg.Wait()
+	if errors.Join(errs...) != nil {
+		var zero P
+		for _, s := range pl.slots {
+			if s.p != zero {
+				s.p.Retire()
+				s.p = zero
+			}
+		}
+		pl.cancel()
+		return errs
+	}
+	for _, s := range pl.slots {
+		pl.free <- s
+	}
+	return nil
+}
+
+// FirstError returns the first non-nil error of errs, preferring one that
+// wraps prefer (it says more about what is wrong than, say, a start-up
+// failure next to it).
+func FirstError(errs []error, prefer error) error {
+	var first error
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, prefer) {
+			return err
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// Context is cancelled when Close starts: work done for a call that should
+// end then (a restart, a request the process makes) can be bound to it.
+func (pl *Pool[P]) Context() context.Context { return pl.ctx }
+
+// Acquire starts a call: it waits for a free slot, bounded by ctx. It fails
+// with ErrClosed once Close has started, or with ctx's error. A slot it
+// returns must be given back with exactly one Release or Replace, which ends
+// the call; Close waits for calls until its own ctx ends.
+func (pl *Pool[P]) Acquire(ctx context.Context) (*Slot[P], error) {
+	if !pl.enter() {
+		return nil, ErrClosed
+	}
+	select {
+	case s := <-pl.free:
+		return s, nil
+	default:
+	}
+	select {
+	case s := <-pl.free:
+		return s, nil
+	case <-ctx.Done():
+		pl.wg.Done()
+		return nil, ctx.Err()
+	case <-pl.closed:
+		pl.wg.Done()
+		return nil, ErrClosed
+	}
+}
+
+// Proc returns the slot's process. A slot whose last restart failed has
+// none: then Proc starts one now, bounded by ctx and by Close. On an error
+// the slot stays empty and still has to be given back.
+func (pl *Pool[P]) Proc(ctx context.Context, s *Slot[P]) (P, error) {
+	var zero P
+	if s.p != zero {
+		return s.p, nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(pl.ctx, cancel)
+	defer stop()
+	p, err := pl.cfg.Start(ctx)
+	if err != nil {
+		return zero, err
+	}
+	s.p = p
+	return p, nil
+}
+
+// Release gives the slot back with its process as it is, and ends the call.
+func (pl *Pool[P]) Release(s *Slot[P]) {
+	pl.free <- s
+	pl.wg.Done()
+}
+
+// Replace ends the call and retires the slot's process (killing it first),
+// then starts a new one in the background; the slot is available again
+// once that is done, or failed (then Proc tries again for the next call).
+// reason is logged with the restart.
+func (pl *Pool[P]) Replace(s *Slot[P], reason string) {
+	var zero P
+	old := s.p
+	s.p = zero
+	pl.wg.Add(1) // the call holds the group open until below: no race with Wait
+	go func() {
+		defer pl.wg.Done()
+		if old != zero {
+			old.Kill()
+			old.Retire()
+			pl.Untrack(old)
+		}
+		if pl.ctx.Err() != nil {
+			pl.free <- s
+			return
+		}
+		p, err := pl.cfg.Start(pl.ctx)
+		if err != nil {
+			if pl.ctx.Err() == nil {
+				pl.cfg.Logger.Error(pl.cfg.Name+" could not be restarted",
+					slices.Concat(pl.cfg.LogAttrs, []any{"reason", reason, "error", err})...)
+			}
+		} else {
+			s.p = p
+			pl.cfg.Logger.Warn(pl.cfg.Name+" restarted",
+				slices.Concat(pl.cfg.LogAttrs, []any{"reason", reason})...)
+		}
+		pl.free <- s
+	}()
+	pl.wg.Done()
+}
+
+// Killed reports whether Close gave up waiting and killed every process: a
+// call that fails now was cut off by Close.
+func (pl *Pool[P]) Killed() bool {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	return pl.killAll
+}
+
+// Track registers a process that Start is starting, for Close. It refuses
+// (false) once Close has started killing everything: then Start must end the
+// process and fail.
+func (pl *Pool[P]) Track(p P) bool {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	if pl.killAll {
+		return false
+	}
+	pl.procs[p] = struct{}{}
+	return true
+}
+
+// Untrack forgets a process that Start retired after all.
+func (pl *Pool[P]) Untrack(p P) {
+	pl.mu.Lock()
+	delete(pl.procs, p)
+	pl.mu.Unlock()
+}
+
+func (pl *Pool[P]) enter() bool {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	if pl.closing {
+		return false
+	}
+	pl.wg.Add(1)
+	return true
+}
+
+// Close stops the pool: new calls fail with ErrClosed and restarts are
+// aborted. It waits for the calls in flight until ctx ends, then kills every
+// process (those calls return at once) and returns an error wrapping
+// ErrInFlight and ctx's error. Idle processes get CloseRequests and
+// Config.Grace to exit before they are killed. Every process is reaped
+// (and retired) before Close returns. A second Close waits for the first
+// one until its own ctx ends.
+func (pl *Pool[P]) Close(ctx context.Context) error {
+	pl.mu.Lock()
+	if pl.closing {
+		pl.mu.Unlock()
+		select {
+		case <-pl.closeDone:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	pl.closing = true
+	close(pl.closed)
+	pl.cancel()
+	pl.mu.Unlock()
+	defer close(pl.closeDone)
+
+	var err error
+	idle := make(chan struct{})
+	go func() {
+		pl.wg.Wait()
+		close(idle)
+	}()
+	select {
+	case <-idle:
+	case <-ctx.Done():
+		// With nothing in flight, idle closes as soon as its goroutine runs:
+		// give it that moment so an expired ctx does not kill idle processes.
+		select {
+		case <-idle:
+			break
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	select {
+	case <-idle:
+	default:
+		err = fmt.Errorf("%w: %w", ErrInFlight, ctx.Err())
+		pl.mu.Lock()
+		pl.killAll = true
+		for p := range pl.procs {
+			p.Kill()
+		}
+		pl.mu.Unlock()
+		<-idle // killed calls return at once
+	}
+
+	pl.mu.Lock()
+	procs := make([]P, 0, len(pl.procs))
+	for p := range pl.procs {
+		procs = append(procs, p)
+	}
+	pl.procs = map[P]struct{}{}
+	pl.mu.Unlock()
+	for _, p := range procs {
+		p.CloseRequests()
+	}
+	grace := time.NewTimer(pl.cfg.Grace)
+	defer grace.Stop()
+	ctxDone := ctx.Done()
+	if pl.cfg.GraceOutlastsCtx {
+		ctxDone = nil
+	}
+	killRest := func() {
+		for _, p := range procs {
+			p.Kill()
+		}
+	}
+	for _, p := range procs {
+		select {
+		case <-p.Done():
+		case <-grace.C:
+			killRest()
+		case <-ctxDone:
+			killRest()
+		}
+	}
+	for _, p := range procs {
+		p.Retire() // reaps the killed ones
+	}
+	if pl.cfg.Cleanup != nil {
+		pl.cfg.Cleanup()
+	}
+	return err
+}
+
+// Pipes are the two protocol pipes between the parent and one child:
+// requests (the parent writes ReqW, the child reads ReqR) and responses (the
+// child writes RespW, the parent reads RespR).
+type Pipes struct {
+	ReqR, ReqW   *os.File
+	RespR, RespW *os.File
+}
+
+// NewPipes creates the protocol pipes of a child.
+func NewPipes() (*Pipes, error) {
+	reqR, reqW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	respR, respW, err := os.Pipe()
+	if err != nil {
+		reqR.Close()
+		reqW.Close()
+		return nil, err
+	}
+	return &Pipes{ReqR: reqR, ReqW: reqW, RespR: respR, RespW: respW}, nil
+}
+
+// ChildEnds are the ends the child inherits, for exec.Cmd.ExtraFiles: the
+// request read end (fd 3) and the response write end (fd 4).
+func (p *Pipes) ChildEnds() []*os.File { return []*os.File{p.ReqR, p.RespW} }
+
+// CloseChildEnds closes the parent's copies of the child's ends (after the
+// child started, or failed to).
+func (p *Pipes) CloseChildEnds() {
+	p.ReqR.Close()
+	p.RespW.Close()
+}
+
+// CloseParentEnds closes the parent's own ends.
+func (p *Pipes) CloseParentEnds() {
+	p.ReqW.Close()
+	p.RespR.Close()
+}
