@@ -2,7 +2,6 @@ package dispatch
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -255,9 +254,32 @@ func TestReconnectsAfterStreamError(t *testing.T) {
 }
 
 func TestDecodeRejectsInvalidEvent(t *testing.T) {
+	for name, req := range map[string]*runtimev1.TopicEventRequest{
+		"no id":          {Source: "s", Type: "t", SpecVersion: "1.0"},
+		"no type":        {Id: "1", Source: "s", SpecVersion: "1.0"},
+		"no source":      {Id: "1", Type: "t", SpecVersion: "1.0"},
+		"bad source":     {Id: "1", Source: "%zz", Type: "t", SpecVersion: "1.0"},
+		"spec version 2": {Id: "1", Source: "s", Type: "t", SpecVersion: "2.0"},
+	} {
+		var e event.Event
+		if err := Decode(req, &e); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
 	var e event.Event
-	err := Decode(&runtimev1.TopicEventRequest{Id: "", Source: "s", Type: "t", SpecVersion: "1.0"}, &e)
-	if err == nil || !errors.Is(err, err) {
-		t.Fatal("an event without id was accepted")
+	if err := Decode(request("ok", "c"), &e); err != nil || e.ID() != "ok" || e.Extensions()[CorrelationExtension] != "c" {
+		t.Fatalf("valid event: %v %v", err, e)
+	}
+}
+
+// A message whose CloudEvent cannot be decoded is answered RETRY, not lost.
+func TestUndecodableMessageIsRetried(t *testing.T) {
+	b, pub := newFakeBroker(), &fakePublisher{}
+	d := newTestDispatcher(t, b, pub, 1)
+	d.Attach(Worker{ID: "w", Topic: "in"}, &funcInstance{fn: outputs("x")})
+	s := waitStream(t, b, "in")
+	s.in <- &runtimev1.TopicEventRequest{Id: "bad", Type: "t", SpecVersion: "1.0"}
+	if a := waitAck(t, b); a.id != "bad" || a.status != AckRetry {
+		t.Fatalf("ack %+v", a)
 	}
 }
