@@ -44,6 +44,9 @@ deps:
 	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
 	command -v python3 >/dev/null || missing="$$missing python3"; \
 	command -v gcc >/dev/null || missing="$$missing gcc libc6-dev"; \
+	command -v g++ >/dev/null || missing="$$missing g++"; \
+	command -v flatc >/dev/null || missing="$$missing flatbuffers-compiler"; \
+	[ -f /usr/include/flatbuffers/flatbuffers.h ] || missing="$$missing libflatbuffers-dev"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
