@@ -5,15 +5,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	dapr "github.com/dapr/go-sdk/client"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/virtufin/workmanager/internal/devstack"
 	"github.com/virtufin/workmanager/internal/gateway"
@@ -28,20 +24,10 @@ func TestCallThroughRealDapr(t *testing.T) {
 		_, _ = w.Write([]byte(`{"method":"` + r.Method + `","path":"` + r.URL.Path + `","got":` + string(body) + `}`))
 	}))
 	defer backend.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	wd, _ := os.Getwd()
-	st, err := devstack.Start(ctx, devstack.Options{Dir: t.TempDir(), ToolsBin: filepath.Join(wd, "..", "..", ".tools", "bin"), Headless: true,
+	_, conn := devstack.StartT(t, devstack.Options{
 		ExtraResources: map[string]string{"pricing.yaml": devstack.HTTPEndpoint("pricing", backend.URL)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Stop()
-	conn, err := grpc.NewClient(st.DaprGRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	g := gateway.NewDapr(dapr.NewClientWithConnection(conn), 10*time.Second)
 	resp, err := g.Call(ctx, "pricing", "quote", []byte(`{"sku":"a"}`))
 	if err != nil {

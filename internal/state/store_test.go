@@ -3,14 +3,10 @@ package state_test
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	dapr "github.com/dapr/go-sdk/client"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/virtufin/workmanager/internal/devstack"
 	"github.com/virtufin/workmanager/internal/state"
@@ -65,19 +61,9 @@ func TestMemoryStore(t *testing.T) { runConformance(t, state.NewMemoryStore()) }
 
 // TestDaprStore runs the same contract on real daprd with state.redis.
 func TestDaprStore(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	_, conn := devstack.StartT(t, devstack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	wd, _ := os.Getwd()
-	st, err := devstack.Start(ctx, devstack.Options{Dir: t.TempDir(), ToolsBin: filepath.Join(wd, "..", "..", ".tools", "bin"), Headless: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Stop()
-	conn, err := grpc.NewClient(st.DaprGRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	s := state.NewDaprStore(dapr.NewClientWithConnection(conn), devstack.StateName)
 	runConformance(t, s)
 

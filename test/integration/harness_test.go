@@ -110,7 +110,7 @@ func newEnvWith(t testing.TB, c envConfig) *env {
 	e := &env{t: t, dir: c.dir, bins: buildBinaries(t), apiEnv: c.apiEnv, nodeEnv: c.nodeEnv}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	st, err := devstack.Start(ctx, devstack.Options{Dir: c.dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"), Headless: true,
+	st, err := devstack.Start(ctx, devstack.Options{Dir: c.dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"), Headless: true, // not StartT: a test may restart the stack on the same dir
 		RedisPort: c.redisPort, TemporalPort: c.temporalPort, RedeliverInterval: time.Second, ProcessingTimeout: 6 * time.Second,
 		ExtraResources: c.resources})
 	if err != nil {
