@@ -304,34 +304,60 @@ func (s *Stack) startTemporal(ctx context.Context) error {
 
 // StartDaprd (re)starts daprd with Redis pub/sub and state components.
 func (s *Stack) StartDaprd(ctx context.Context) error {
+	p, err := s.startDaprd(ctx, "daprd", s.DaprGRPCPort, s.DaprHTTPPort)
+	if p != nil {
+		s.daprd = p
+	}
+	return err
+}
+
+// Sidecar is an extra daprd of the same app id on the same Redis, for a
+// second node.
+type Sidecar struct {
+	GRPCAddr, HTTPAddr string
+	Proc               *Proc
+}
+
+// StartSidecar starts another daprd (logging to name.log) on free ports.
+func (s *Stack) StartSidecar(ctx context.Context, name string) (Sidecar, error) {
+	var sc Sidecar
+	grpcPort, httpPort := 0, 0
+	err := s.withFreePorts(ctx, func(ctx context.Context) error {
+		p, err := s.startDaprd(ctx, name, grpcPort, httpPort)
+		sc = Sidecar{GRPCAddr: fmt.Sprintf("127.0.0.1:%d", grpcPort), HTTPAddr: fmt.Sprintf("127.0.0.1:%d", httpPort), Proc: p}
+		return err
+	}, &grpcPort, &httpPort)
+	return sc, err
+}
+
+func (s *Stack) startDaprd(ctx context.Context, name string, grpcPort, httpPort int) (*Proc, error) {
 	res := filepath.Join(s.Dir, "dapr")
 	if err := WriteComponents(res, s.RedisAddr, s.RedeliverInterval, s.ProcessingTimeout); err != nil {
-		return err
+		return nil, err
 	}
 	for name, yaml := range s.ExtraResources {
 		if err := os.WriteFile(filepath.Join(res, name), []byte(yaml), 0o644); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	metrics, err := FreePort()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	internal, err := FreePort()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	p, err := StartProc(s.Dir, "daprd", nil, filepath.Join(s.ToolsBin, "daprd"),
-		"--app-id", AppID, "--dapr-grpc-port", strconv.Itoa(s.DaprGRPCPort), "--dapr-http-port", strconv.Itoa(s.DaprHTTPPort),
+	p, err := StartProc(s.Dir, name, nil, filepath.Join(s.ToolsBin, "daprd"),
+		"--app-id", AppID, "--dapr-grpc-port", strconv.Itoa(grpcPort), "--dapr-http-port", strconv.Itoa(httpPort),
 		"--dapr-internal-grpc-port", strconv.Itoa(internal), "--metrics-port", strconv.Itoa(metrics),
 		"--dapr-listen-addresses", "127.0.0.1", "--resources-path", res, "--log-level", "warn")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	s.daprd = p
 	s.procs = append(s.procs, p)
-	return waitFor(ctx, p, 60*time.Second, func() error {
-		resp, err := http.Get("http://" + s.DaprHTTPAddr + "/v1.0/healthz/outbound")
+	return p, waitFor(ctx, p, 60*time.Second, func() error {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/v1.0/healthz/outbound", httpPort))
 		if err != nil {
 			return err
 		}
