@@ -4,14 +4,13 @@ package native
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"unsafe"
 
-	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/ebitengine/purego"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/enginetest"
 )
 
 // The benchmarks use the fixture's BenchProcess/BenchFree pair: a trivial
@@ -20,24 +19,6 @@ import (
 // engine's overhead, not the worker's work.
 //
 //	go test -run '^$' -bench . -benchtime 200000x ./engines/native/
-
-// benchEvent returns an input event whose JSON data is 1 KiB, with a
-// correlationid.
-func benchEvent(b *testing.B) *event.Event {
-	ev := event.New()
-	ev.SetID("bench-1")
-	ev.SetSource("/bench")
-	ev.SetType("bench.request")
-	ev.SetExtension("correlationid", "corr-bench")
-	data := map[string]string{"payload": strings.Repeat("x", 1024-len(`{"payload":""}`))}
-	if err := ev.SetData(event.ApplicationJSON, data); err != nil {
-		b.Fatal(err)
-	}
-	if len(ev.Data()) != 1024 {
-		b.Fatalf("data is %d bytes", len(ev.Data()))
-	}
-	return &ev
-}
 
 var benchManifest = &Manifest{ABIVersion: 1, Library: "fixture", EntryPoint: "BenchProcess", FreeResult: "BenchFree"}
 
@@ -55,7 +36,7 @@ func BenchmarkCall(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer lib.close()
-	ev := benchEvent(b)
+	ev := enginetest.BenchEvent1KiB(b)
 
 	b.Run("BarePuregoPair", func(b *testing.B) {
 		slots := new(callSlots)
@@ -148,7 +129,7 @@ func BenchmarkInstance(b *testing.B) {
 	compileAll(b, flagsEcho)
 	bench := packageOf(b, flagsEcho, map[string]any{"entry_point": "BenchProcess", "free_result": "BenchFree"})
 	echo := packageOf(b, flagsEcho, nil)
-	ev := benchEvent(b)
+	ev := enginetest.BenchEvent1KiB(b)
 	run := func(b *testing.B, e *Engine, code []byte, parallel bool) {
 		ctx := context.Background()
 		inst, err := e.Load(ctx, engines.Spec{WorkerID: "bench", MIMEType: MIMEType}, code)

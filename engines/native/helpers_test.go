@@ -219,18 +219,7 @@ var testSpec = engines.Spec{WorkerID: "w-native", MIMEType: MIMEType, Topic: "to
 // load loads code and closes the instance at the end of the test.
 func load(t testing.TB, e *Engine, spec engines.Spec, code []byte) engines.Instance {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	inst, err := e.Load(ctx, spec, code)
-	if err != nil {
-		t.Fatalf("Load: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		inst.Close(ctx)
-	})
-	return inst
+	return enginetest.Load(t, e, spec, code)
 }
 
 func call(t testing.TB, inst engines.Instance, ev *event.Event) ([]event.Event, error) {
@@ -251,19 +240,6 @@ func mustCall(t testing.TB, inst engines.Instance, ev *event.Event) []event.Even
 
 func typed(typ string, data any) *event.Event {
 	return enginetest.NewEvent("id-"+typ, typ, data, "")
-}
-
-// dataOf decodes the single output's JSON data.
-func dataOf(t testing.TB, out []event.Event) map[string]any {
-	t.Helper()
-	if len(out) != 1 {
-		t.Fatalf("got %d outputs, want 1", len(out))
-	}
-	var m map[string]any
-	if err := json.Unmarshal(out[0].Data(), &m); err != nil {
-		t.Fatalf("output data %q: %v", out[0].Data(), err)
-	}
-	return m
 }
 
 // recorder is a slog.Handler that keeps "level|worker_id|message" of the

@@ -246,7 +246,7 @@ func TestGatewayCallback(t *testing.T) {
 		inst := load(t, newTestEngine(t, cfg), testSpec, packageOf(t, flagsEcho, nil))
 		ev := typed("test.gateway", map[string]any{"q": "x"})
 		ev.SetExtension("gwmethod", "v1/things")
-		got := dataOf(t, mustCall(t, inst, ev))
+		got := enginetest.DataOf(t, mustCall(t, inst, ev))
 		if got["answer"] != 42.0 || !reflect.DeepEqual(got["echo"], map[string]any{"q": "x"}) {
 			t.Fatalf("gateway result = %v", got)
 		}
@@ -278,7 +278,7 @@ func TestIdentity(t *testing.T) {
 		t.Setenv(EnvWorkerID, "prior-id")
 		os.Unsetenv(EnvWorkerGroup)
 		inst := load(t, newTestEngine(t, cfg), testSpec, packageOf(t, flagsEcho, nil))
-		got := dataOf(t, mustCall(t, inst, typed("test.identity", nil)))
+		got := enginetest.DataOf(t, mustCall(t, inst, typed("test.identity", nil)))
 		want := map[string]any{"worker_id": "w-native", "group": "group-native", "topic": "topic-native",
 			"env_worker_id": "w-native", "abi": 1.0, "size": float64(hostStructSizeV1)}
 		if !reflect.DeepEqual(got, want) {
@@ -304,7 +304,7 @@ func TestIdentityEnvStack(t *testing.T) {
 	a.WorkerID, b.WorkerID = "worker-a", "worker-b"
 	ia := load(t, e, a, code)
 	ib := load(t, e, b, code)
-	ga := dataOf(t, mustCall(t, ia, typed("test.identity", nil)))
+	ga := enginetest.DataOf(t, mustCall(t, ia, typed("test.identity", nil)))
 	if ga["worker_id"] != "worker-a" || ga["env_worker_id"] != "worker-b" {
 		t.Fatalf("worker a sees %v: want its own worker_id in the host struct and b's in the environment", ga)
 	}
@@ -396,7 +396,7 @@ func TestWorkerFailures(t *testing.T) {
 		}
 		// FreeResult was called once for every buffer the worker returned
 		// (the counts are taken before the stats response is built).
-		got := dataOf(t, mustCall(t, inst, typed("test.stats", nil)))
+		got := enginetest.DataOf(t, mustCall(t, inst, typed("test.stats", nil)))
 		if got["allocs"] != got["frees"] || got["allocs"] != 4.0 {
 			t.Fatalf("allocs/frees = %v, want 4 buffers returned and freed", got)
 		}

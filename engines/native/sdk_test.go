@@ -104,7 +104,7 @@ func TestNativeHostBinary(t *testing.T) {
 	if _, err := call(t, inst, typed("test.crash", nil)); !errors.Is(err, engines.ErrWorkerFailed) {
 		t.Fatalf("crash: %v", err)
 	}
-	got := dataOf(t, mustCall(t, inst, typed("test.identity", nil)))
+	got := enginetest.DataOf(t, mustCall(t, inst, typed("test.identity", nil)))
 	if got["worker_id"] != "w-native" || got["env_worker_id"] != "w-native" {
 		t.Fatalf("identity in the host = %v", got)
 	}

@@ -14,25 +14,9 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/engines/python"
 )
-
-// benchEvent returns an event whose JSON data is 1 KiB.
-func benchEvent(b *testing.B) *event.Event {
-	ev := event.New()
-	ev.SetID("bench-1")
-	ev.SetSource("/bench")
-	ev.SetType("bench.request")
-	ev.SetExtension("correlationid", "corr-bench")
-	data := map[string]string{"payload": strings.Repeat("x", 1024-len(`{"payload":""}`))}
-	if err := ev.SetData(event.ApplicationJSON, data); err != nil {
-		b.Fatal(err)
-	}
-	if len(ev.Data()) != 1024 {
-		b.Fatalf("data is %d bytes", len(ev.Data()))
-	}
-	return &ev
-}
 
 // reportLatencies reports p50/p99 of the per-iteration durations.
 func reportLatencies(b *testing.B, d []time.Duration) {
@@ -70,7 +54,7 @@ func benchRoundTrip(b *testing.B, cfg python.Config) {
 		b.Fatal(err)
 	}
 	defer inst.Close(ctx)
-	in := benchEvent(b)
+	in := enginetest.BenchEvent1KiB(b)
 	for range 1000 { // warm up
 		if _, err := inst.Process(ctx, in); err != nil {
 			b.Fatal(err)
@@ -126,7 +110,7 @@ func BenchmarkBarePipeEcho1KiB(b *testing.B) {
 		stdin.Close()
 		cmd.Wait()
 	}()
-	in := benchEvent(b)
+	in := enginetest.BenchEvent1KiB(b)
 	var hdr [4]byte
 	roundTrip := func() event.Event {
 		payload, err := json.Marshal(in)
@@ -178,7 +162,7 @@ func BenchmarkPythonParallel1KiB(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer inst.Close(ctx)
-	in := benchEvent(b)
+	in := enginetest.BenchEvent1KiB(b)
 	b.ReportAllocs()
 	b.SetParallelism(2)
 	b.RunParallel(func(pb *testing.PB) {

@@ -132,22 +132,10 @@ var testSpec = engines.Spec{
 	Group:    "group-test",
 }
 
-// load loads code with a bounded context and closes the instance at the end
-// of the test.
+// load loads Python source (see enginetest.Load).
 func load(t *testing.T, e *python.Engine, spec engines.Spec, code string) engines.Instance {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	inst, err := e.Load(ctx, spec, []byte(code))
-	if err != nil {
-		t.Fatalf("Load: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		inst.Close(ctx)
-	})
-	return inst
+	return enginetest.Load(t, e, spec, []byte(code))
 }
 
 // call runs Process with a 30s bound.
@@ -171,19 +159,6 @@ func jsonEvent(typ string, data any) *event.Event {
 	return enginetest.NewEvent("id-"+typ, typ, data, "")
 }
 
-// dataOf decodes the single output's JSON data.
-func dataOf(t *testing.T, out []event.Event) map[string]any {
-	t.Helper()
-	if len(out) != 1 {
-		t.Fatalf("got %d outputs, want 1", len(out))
-	}
-	var m map[string]any
-	if err := json.Unmarshal(out[0].Data(), &m); err != nil {
-		t.Fatalf("output data %q: %v", out[0].Data(), err)
-	}
-	return m
-}
-
 func TestAsyncProcess(t *testing.T) {
 	e := newEngine(t, python.Config{})
 	inst := load(t, e, testSpec, `
@@ -202,7 +177,7 @@ async def process(event):
     return {"type": "async.done", "data": {"calls": calls, "id": event["id"]}}
 `)
 	for i := 1; i <= 3; i++ {
-		m := dataOf(t, mustCall(t, inst, jsonEvent("async", map[string]any{"i": i})))
+		m := enginetest.DataOf(t, mustCall(t, inst, jsonEvent("async", map[string]any{"i": i})))
 		if m["calls"] != float64(i) || m["id"] != "id-async" {
 			t.Fatalf("call %d: data = %v", i, m)
 		}
@@ -448,7 +423,7 @@ def process(event):
     return {"type": "printed", "data": {"id": event["id"]}}
 `)
 	for i := range 5 {
-		m := dataOf(t, mustCall(t, inst, enginetest.NewEvent(fmt.Sprint("p", i), "print", nil, "")))
+		m := enginetest.DataOf(t, mustCall(t, inst, enginetest.NewEvent(fmt.Sprint("p", i), "print", nil, "")))
 		if m["id"] != fmt.Sprint("p", i) {
 			t.Fatalf("call %d: data = %v", i, m)
 		}
@@ -475,7 +450,7 @@ def process(event):
     return {"type": "env", "data": {k: os.environ.get(k) for k in
         ["VIRTUFIN_WORKER_ID", "VIRTUFIN_WORKER_GROUP", "VIRTUFIN_WORKER_TOPIC", "EXTRA_SETTING"]}}
 `)
-	m := dataOf(t, mustCall(t, inst, jsonEvent("env", nil)))
+	m := enginetest.DataOf(t, mustCall(t, inst, jsonEvent("env", nil)))
 	want := map[string]any{
 		"VIRTUFIN_WORKER_ID":    "w-test",
 		"VIRTUFIN_WORKER_GROUP": "group-test",
@@ -502,7 +477,7 @@ def process(event):
 
 func pidOf(t *testing.T, inst engines.Instance) int {
 	t.Helper()
-	return int(dataOf(t, mustCall(t, inst, jsonEvent("pid", nil)))["pid"].(float64))
+	return int(enginetest.DataOf(t, mustCall(t, inst, jsonEvent("pid", nil)))["pid"].(float64))
 }
 
 func TestProcessExitRecovers(t *testing.T) {
@@ -628,7 +603,7 @@ def process(event):
 	}
 	var pids []int
 	collect := func() {
-		m := dataOf(t, mustCall(t, inst, jsonEvent("pid", nil)))
+		m := enginetest.DataOf(t, mustCall(t, inst, jsonEvent("pid", nil)))
 		pids = append(pids, int(m["pid"].(float64)), int(m["child"].(float64)))
 	}
 	for range 10 {

@@ -1,0 +1,63 @@
+package enginetest
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/virtufin/workmanager/engines"
+)
+
+// Load loads code with a bounded context and closes the instance when the
+// test ends. Engines' own tests use it for what the suite does not cover.
+func Load(t testing.TB, e engines.Engine, spec engines.Spec, code []byte) engines.Instance {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	inst, err := e.Load(ctx, spec, code)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		inst.Close(ctx)
+	})
+	return inst
+}
+
+// BenchEvent1KiB is the input of every engine's round-trip benchmark: a
+// CloudEvent whose JSON data is exactly 1 KiB, with a correlationid.
+func BenchEvent1KiB(tb testing.TB) *event.Event {
+	tb.Helper()
+	ev := event.New()
+	ev.SetID("bench-1")
+	ev.SetSource("/bench")
+	ev.SetType("bench.request")
+	ev.SetExtension("correlationid", "corr-bench")
+	data := map[string]string{"payload": strings.Repeat("x", 1024-len(`{"payload":""}`))}
+	if err := ev.SetData(event.ApplicationJSON, data); err != nil {
+		tb.Fatal(err)
+	}
+	if len(ev.Data()) != 1024 {
+		tb.Fatalf("data is %d bytes", len(ev.Data()))
+	}
+	return &ev
+}
+
+// DataOf decodes the JSON data of the single output in out.
+func DataOf(t testing.TB, out []event.Event) map[string]any {
+	t.Helper()
+	if len(out) != 1 {
+		t.Fatalf("got %d outputs, want 1", len(out))
+	}
+	var m map[string]any
+	if err := json.Unmarshal(out[0].Data(), &m); err != nil {
+		t.Fatalf("output data %q: %v", out[0].Data(), err)
+	}
+	return m
+}
