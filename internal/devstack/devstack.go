@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -70,18 +71,41 @@ type Proc struct {
 	Name string
 	Cmd  *exec.Cmd
 	Log  string
-	done chan struct{}
-	err  error
+	// logStart is where this run's output starts in Log (logs are appended
+	// across restarts).
+	logStart int64
+	done     chan struct{}
+	err      error
 }
 
-// FreePort returns a free loopback TCP port.
+// ErrPortInUse marks a start-up that failed because a port was taken.
+var ErrPortInUse = errors.New("address already in use")
+
+// FreePort returns a free loopback TCP port. Like the Temporal dev server's
+// own picker, it leaves the port in TIME_WAIT (a connection closed from the
+// server side), so the kernel does not hand it out again as an ephemeral
+// port — to the Temporal server's internal services or to any outgoing
+// connection — for a minute, while servers (which set SO_REUSEADDR) can still
+// bind it.
 func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
 	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	port := l.Addr().(*net.TCPAddr).Port
+	c, err := net.DialTimeout("tcp", l.Addr().String(), time.Second)
+	if err != nil {
+		return 0, fmt.Errorf("reserve port %d: %w", port, err)
+	}
+	defer c.Close()
+	_ = l.(*net.TCPListener).SetDeadline(time.Now().Add(time.Second))
+	sc, err := l.Accept()
+	if err != nil {
+		return 0, fmt.Errorf("reserve port %d: %w", port, err)
+	}
+	sc.Close() // server side first: TIME_WAIT stays on this port
+	return port, nil
 }
 
 func pick(p *int) error {
@@ -101,6 +125,11 @@ func StartProc(dir, name string, env []string, bin string, args ...string) (*Pro
 	if err != nil {
 		return nil, err
 	}
+	start, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), env...)
@@ -109,7 +138,7 @@ func StartProc(dir, name string, env []string, bin string, args ...string) (*Pro
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &Proc{Name: name, Cmd: cmd, Log: logPath, done: make(chan struct{})}
+	p := &Proc{Name: name, Cmd: cmd, Log: logPath, logStart: start, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		f.Close()
@@ -153,13 +182,28 @@ func (p *Proc) Stop(grace time.Duration) {
 	}
 }
 
-// Tail returns the end of the process's log, for error messages.
-func (p *Proc) Tail() string {
+// Output returns what this run of the process has logged so far.
+func (p *Proc) Output() string {
 	b, _ := os.ReadFile(p.Log)
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
+	if p.logStart <= int64(len(b)) {
+		b = b[p.logStart:]
 	}
 	return string(b)
+}
+
+// Tail returns the end of this run's log for error messages, preceded by the
+// first panic line when the end is a long stack trace that no longer shows it.
+func (p *Proc) Tail() string {
+	out := p.Output()
+	if len(out) <= 3000 {
+		return out
+	}
+	tail := out[len(out)-3000:]
+	if i := strings.Index(out, "panic: "); i >= 0 && i < len(out)-3000 {
+		line, _, _ := strings.Cut(out[i:], "\n")
+		return line + "\n...\n" + tail
+	}
+	return tail
 }
 
 // Start brings up Redis, Temporal and daprd and waits until each answers.
@@ -197,7 +241,7 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 
 // withFreePorts runs start, picking the ports the caller left at zero. A
 // port picked free can be taken by another process before the server binds
-// it; then the server fails with "address already in use" and start is tried
+// it; then the server fails with "address already in use" (ErrPortInUse) and start is tried
 // again with new ports (up to three times).
 func (s *Stack) withFreePorts(ctx context.Context, start func(context.Context) error, ports ...*int) error {
 	fixed := make([]bool, len(ports))
@@ -215,7 +259,7 @@ func (s *Stack) withFreePorts(ctx context.Context, start func(context.Context) e
 			}
 		}
 		s.setAddrs()
-		if err = start(ctx); err == nil || !strings.Contains(err.Error(), "address already in use") {
+		if err = start(ctx); err == nil || !errors.Is(err, ErrPortInUse) {
 			return err
 		}
 	}
@@ -432,7 +476,11 @@ func waitFor(ctx context.Context, p *Proc, limit time.Duration, check func() err
 	var last error
 	for time.Now().Before(deadline) {
 		if p.Exited() {
-			return fmt.Errorf("%s exited during start-up: %v\n%s", p.Name, p.err, p.Tail())
+			err := fmt.Errorf("%s exited during start-up: %v\n%s", p.Name, p.err, p.Tail())
+			if strings.Contains(p.Output(), "address already in use") {
+				err = fmt.Errorf("%w: %w", ErrPortInUse, err)
+			}
+			return err
 		}
 		if last = check(); last == nil {
 			return nil

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -146,7 +146,7 @@ func (e *env) onFreePort(start func(addr string) (*devstack.Proc, error)) (*devs
 		if p != nil {
 			p.Kill()
 		}
-		if attempt < 2 && strings.Contains(err.Error(), "address already in use") {
+		if attempt < 2 && errors.Is(err, devstack.ErrPortInUse) {
 			continue
 		}
 		e.t.Fatal(err)
