@@ -130,9 +130,21 @@ func (a *Activities) Delete(ctx context.Context, in DeleteInput) error {
 	return a.emit(ctx, in.Worker, []EventSpec{{ID: in.EventID, Kind: lifecycle.Deleted}})
 }
 
-// ListWorkers returns every persisted worker (recovery).
+// ListWorkers returns every persisted worker. Only recovery runs recorded
+// before paged recovery call it; kept so that their histories replay.
 func (a *Activities) ListWorkers(ctx context.Context) ([]catalog.Worker, error) {
 	return a.Catalog.ListWorkers(ctx)
+}
+
+// ListWorkerIDs returns the ids of every persisted worker (recovery).
+func (a *Activities) ListWorkerIDs(ctx context.Context) ([]string, error) {
+	return a.Catalog.WorkerIDs(ctx)
+}
+
+// GetWorkers returns the persisted records of ids, leaving out deleted ones
+// (recovery, one batch at a time).
+func (a *Activities) GetWorkers(ctx context.Context, ids []string) ([]catalog.Worker, error) {
+	return a.Catalog.GetWorkers(ctx, ids)
 }
 
 // Activate makes this node match a persisted worker (recovery). It re-reads

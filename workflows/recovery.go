@@ -18,42 +18,111 @@ const RecoveryWorkflowID = "workmanager-recovery"
 type RecoveryResult struct {
 	Recovered int
 	Failed    int
-	// FailedIDs lists the workers that could not be recovered.
+	// FailedIDs lists the workers that could not be recovered (the first
+	// MaxFailedIDs of them).
 	FailedIDs []string
 }
+
+// Recovery sizes: workers recovered concurrently, and workers per run before
+// continuing as new (each worker adds about ten events to the history).
+const (
+	DefaultRecoveryBatch = 50
+	DefaultRecoveryRun   = 500
+	MaxFailedIDs         = 100
+)
+
+// RecoveryInput carries a recovery across continue-as-new. The zero value
+// starts one.
+type RecoveryInput struct {
+	// Listed tells that Pending holds what is left of the worker list.
+	Listed  bool
+	Pending []string
+	Done    RecoveryResult
+	// Batch and Run override DefaultRecoveryBatch and DefaultRecoveryRun
+	// (tests).
+	Batch, Run int
+}
+
+// pagedRecovery marks the change from one list of every worker record and
+// one fan-out over all of them to batches and continue-as-new.
+const pagedRecovery = "paged-recovery"
 
 // RecoveryWorkflow brings every persisted worker back: it makes sure each
 // worker's entity workflow runs (starting it from the persisted record when
 // Temporal lost it) and that the worker is attached (RUNNING) or detached
-// (STOPPED) on the node that runs the activity. One broken worker does not
-// stop the others: it is logged and counted.
-func RecoveryWorkflow(ctx workflow.Context) (RecoveryResult, error) {
-	log := workflow.GetLogger(ctx)
+// (STOPPED) on the node that runs the activity. Workers are taken in batches
+// of Batch ids, and the workflow continues as new every Run workers, so the
+// list, the history and the concurrency stay bounded whatever the number of
+// workers. One broken worker does not stop the others: it is logged and
+// counted.
+func RecoveryWorkflow(ctx workflow.Context, in RecoveryInput) (RecoveryResult, error) {
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		StartToCloseTimeout: time.Minute,
 		RetryPolicy: &temporal.RetryPolicy{
 			InitialInterval: 200 * time.Millisecond, MaximumInterval: 2 * time.Second, MaximumAttempts: 3,
 		},
 	})
+	if workflow.GetVersion(ctx, pagedRecovery, workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+		return recoverAll(ctx, actx)
+	}
+	batch, run := in.Batch, in.Run
+	if batch <= 0 {
+		batch = DefaultRecoveryBatch
+	}
+	if run <= 0 {
+		run = DefaultRecoveryRun
+	}
+	if !in.Listed {
+		if err := workflow.ExecuteActivity(actx, a.ListWorkerIDs).Get(ctx, &in.Pending); err != nil {
+			return in.Done, err
+		}
+		in.Listed = true
+	}
+	for handled := 0; len(in.Pending) > 0; {
+		if handled >= run || workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
+			return RecoveryResult{}, workflow.NewContinueAsNewError(ctx, RecoveryWorkflow, in)
+		}
+		n := min(batch, len(in.Pending))
+		var ws []catalog.Worker
+		if err := workflow.ExecuteActivity(actx, a.GetWorkers, in.Pending[:n]).Get(ctx, &ws); err != nil {
+			return in.Done, err
+		}
+		recoverBatch(ctx, actx, ws, &in.Done)
+		in.Pending = in.Pending[n:]
+		handled += n
+	}
+	return in.Done, nil
+}
+
+// recoverAll is recovery as it ran before pagedRecovery, for the histories
+// recorded then: one list of every record, every worker at once.
+func recoverAll(ctx, actx workflow.Context) (RecoveryResult, error) {
 	var ws []catalog.Worker
 	if err := workflow.ExecuteActivity(actx, a.ListWorkers).Get(ctx, &ws); err != nil {
 		return RecoveryResult{}, err
 	}
+	var res RecoveryResult
+	recoverBatch(ctx, actx, ws, &res)
+	return res, nil
+}
+
+// recoverBatch recovers ws concurrently and adds the outcome to res.
+func recoverBatch(ctx, actx workflow.Context, ws []catalog.Worker, res *RecoveryResult) {
 	futures := make([]workflow.Future, len(ws))
 	for i, w := range ws {
 		futures[i] = recoverOne(ctx, actx, w)
 	}
-	var res RecoveryResult
 	for i, f := range futures {
 		if err := f.Get(ctx, nil); err != nil {
-			log.Error("worker not recovered", "worker_id", ws[i].ID, "err", err)
+			workflow.GetLogger(ctx).Error("worker not recovered", "worker_id", ws[i].ID, "err", err)
 			res.Failed++
-			res.FailedIDs = append(res.FailedIDs, ws[i].ID)
+			if len(res.FailedIDs) < MaxFailedIDs {
+				res.FailedIDs = append(res.FailedIDs, ws[i].ID)
+			}
 			continue
 		}
 		res.Recovered++
 	}
-	return res, nil
 }
 
 // recoverOne ensures the entity workflow, then activates the worker.

@@ -18,3 +18,19 @@ func TestReplayRecordedHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReplayRecordedRecovery replays two recoveries recorded on a real
+// server: one from before paged recovery (it must keep taking the old path
+// through the pagedRecovery version marker) and one from the current code
+// (refreshed by the same WM_RECORD_HISTORY run as worker_history.json).
+func TestReplayRecordedRecovery(t *testing.T) {
+	for _, f := range []string{"testdata/recovery_history_unversioned.json", "testdata/recovery_history.json"} {
+		t.Run(f, func(t *testing.T) {
+			r := worker.NewWorkflowReplayer()
+			r.RegisterWorkflow(RecoveryWorkflow)
+			if err := r.ReplayWorkflowHistoryFromJSONFile(nil, f); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

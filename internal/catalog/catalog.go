@@ -140,10 +140,22 @@ func (c *Catalog) DeleteWorker(ctx context.Context, id string) error {
 
 // ListWorkers returns every worker in the index, in creation order.
 func (c *Catalog) ListWorkers(ctx context.Context) ([]Worker, error) {
-	ids, _, err := c.index(ctx)
+	ids, err := c.WorkerIDs(ctx)
 	if err != nil {
 		return nil, err
 	}
+	return c.GetWorkers(ctx, ids)
+}
+
+// WorkerIDs returns the ids in the index, in creation order.
+func (c *Catalog) WorkerIDs(ctx context.Context) ([]string, error) {
+	ids, _, err := c.index(ctx)
+	return ids, err
+}
+
+// GetWorkers returns the records of ids, in order, leaving out the ones that
+// do not exist (any more).
+func (c *Catalog) GetWorkers(ctx context.Context, ids []string) ([]Worker, error) {
 	out := make([]Worker, 0, len(ids))
 	for _, id := range ids {
 		w, err := c.GetWorker(ctx, id)

@@ -27,7 +27,7 @@ func RunRecovery(ctx context.Context, c client.Client) (workflows.RecoveryResult
 		WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING,
 		WorkflowIDReusePolicy:    enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
 		WorkflowExecutionTimeout: 10 * time.Minute,
-	}, workflows.RecoveryWorkflow)
+	}, workflows.RecoveryWorkflow, workflows.RecoveryInput{})
 	if err != nil {
 		return workflows.RecoveryResult{}, fmt.Errorf("start recovery: %w", err)
 	}

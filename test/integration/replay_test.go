@@ -16,16 +16,20 @@ import (
 	"github.com/virtufin/workmanager/workflows"
 )
 
-// TestReplayRealHistory replays the history a real server recorded for a
-// worker's whole lifecycle against the current workflow code: a
-// non-deterministic change fails here. With WM_RECORD_HISTORY=1 it also
-// refreshes workflows/testdata/worker_history.json for the unit replay test.
+// TestReplayRealHistory replays the histories a real server recorded for a
+// worker's whole lifecycle and for a recovery against the current workflow
+// code: a non-deterministic change fails here. With WM_RECORD_HISTORY=1 it
+// also refreshes workflows/testdata/{worker,recovery}_history.json for the
+// unit replay test.
 func TestReplayRealHistory(t *testing.T) {
 	e := newEnv(t, "")
 	id := e.create(t, topicName(t, "in"), echoWorker("replay-out", "v1"))
 	ctx := ctxT(t)
 	if _, err := e.client.StopWorker(ctx, &pb.StopWorkerRequest{WorkerId: id}); err != nil {
 		t.Fatal(err)
+	}
+	if r, err := e.client.RecoverWorkers(ctx, &pb.RecoverWorkersRequest{}); err != nil || r.GetRecovered() != 1 {
+		t.Fatalf("RecoverWorkers: %v %v", r, err)
 	}
 	if _, err := e.client.StartWorker(ctx, &pb.StartWorkerRequest{WorkerId: id}); err != nil {
 		t.Fatal(err)
@@ -41,10 +45,17 @@ func TestReplayRealHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tc.Close()
+	replay(t, history(t, tc, workflows.WorkflowID(id)), workflows.WorkerWorkflow, "worker_history.json")
+	replay(t, history(t, tc, workflows.RecoveryWorkflowID), workflows.RecoveryWorkflow, "recovery_history.json")
+}
+
+// history fetches the latest run's history of a workflow.
+func history(t *testing.T, tc client.Client, workflowID string) *historypb.History {
+	t.Helper()
 	hist := &historypb.History{}
-	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	it := tc.GetWorkflowHistory(cctx, workflows.WorkflowID(id), "", false, 0)
+	it := tc.GetWorkflowHistory(ctx, workflowID, "", false, 0)
 	for it.HasNext() {
 		ev, err := it.Next()
 		if err != nil {
@@ -52,17 +63,24 @@ func TestReplayRealHistory(t *testing.T) {
 		}
 		hist.Events = append(hist.Events, ev)
 	}
+	return hist
+}
+
+// replay replays hist against wf and, with WM_RECORD_HISTORY=1, records it
+// as workflows/testdata/file.
+func replay(t *testing.T, hist *historypb.History, wf any, file string) {
+	t.Helper()
 	r := worker.NewWorkflowReplayer()
-	r.RegisterWorkflow(workflows.WorkerWorkflow)
+	r.RegisterWorkflow(wf)
 	if err := r.ReplayWorkflowHistory(nil, hist); err != nil {
-		t.Fatalf("replay: %v", err)
+		t.Fatalf("replay %s: %v", file, err)
 	}
 	if os.Getenv("WM_RECORD_HISTORY") != "" {
 		b, err := protojson.MarshalOptions{Indent: "  "}.Marshal(hist)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(repoRoot(), "workflows", "testdata", "worker_history.json"), b, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(repoRoot(), "workflows", "testdata", file), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,0 +1,157 @@
+package workflows
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/mock"
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/virtufin/workmanager/activities"
+	"github.com/virtufin/workmanager/internal/catalog"
+)
+
+// recoveryEnv is a test environment whose catalog holds workers w0..w(n-1),
+// minus the deleted ones; Activate fails for the broken ones.
+type recoveryEnv struct {
+	env       *testsuite.TestWorkflowEnvironment
+	ids       []string
+	batches   [][]string
+	activated []string
+	children  int
+	lists     int   // ListWorkerIDs and ListWorkers calls
+	getErr    error // GetWorkers fails with it when set
+}
+
+func newRecoveryEnv(n int, deleted, broken map[string]bool) *recoveryEnv {
+	var s testsuite.WorkflowTestSuite
+	r := &recoveryEnv{env: s.NewTestWorkflowEnvironment()}
+	r.env.RegisterActivity(&activities.Activities{})
+	r.env.RegisterWorkflow(WorkerWorkflow)
+	for i := range n {
+		r.ids = append(r.ids, fmt.Sprintf("w%d", i))
+	}
+	r.env.OnActivity(a.ListWorkerIDs, mock.Anything).Return(func(context.Context) ([]string, error) {
+		r.lists++
+		return r.ids, nil
+	})
+	r.env.OnActivity(a.GetWorkers, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, ids []string) ([]catalog.Worker, error) {
+			if r.getErr != nil {
+				return nil, r.getErr
+			}
+			r.batches = append(r.batches, ids)
+			var ws []catalog.Worker
+			for _, id := range ids {
+				if !deleted[id] {
+					ws = append(ws, catalog.Worker{ID: id, Topic: "in", Status: catalog.StatusRunning})
+				}
+			}
+			return ws, nil
+		})
+	r.env.OnActivity(a.ListWorkers, mock.Anything).Return(
+		func(context.Context) ([]catalog.Worker, error) {
+			r.lists++
+			var ws []catalog.Worker
+			for _, id := range r.ids {
+				if !deleted[id] {
+					ws = append(ws, catalog.Worker{ID: id, Topic: "in", Status: catalog.StatusRunning})
+				}
+			}
+			return ws, nil
+		})
+	r.env.OnWorkflow(WorkerWorkflow, mock.Anything, mock.Anything).Return(
+		func(workflow.Context, WorkerInput) (WorkerState, error) { r.children++; return WorkerState{}, nil })
+	r.env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(func(_ context.Context, id string) error {
+		if broken[id] {
+			return temporal.NewNonRetryableApplicationError("engine refused the code", activities.ErrTypeInvalidArgument, nil)
+		}
+		r.activated = append(r.activated, id)
+		return nil
+	})
+	return r
+}
+
+// Recovery takes the workers in batches, continues as new every Run
+// workers carrying what is left and the counts, and a deleted or broken
+// worker neither stops it nor is counted as recovered.
+func TestRecoveryPagesAndContinuesAsNew(t *testing.T) {
+	deleted, broken := map[string]bool{"w1": true}, map[string]bool{"w5": true}
+	r := newRecoveryEnv(7, deleted, broken)
+	r.env.ExecuteWorkflow(RecoveryWorkflow, RecoveryInput{Batch: 2, Run: 4})
+	require.True(t, r.env.IsWorkflowCompleted())
+	var can *workflow.ContinueAsNewError
+	require.True(t, errors.As(r.env.GetWorkflowError(), &can), "want continue-as-new, got %v", r.env.GetWorkflowError())
+	var next RecoveryInput
+	require.NoError(t, converterDecode(can, &next))
+	require.Equal(t, RecoveryInput{Listed: true, Pending: []string{"w4", "w5", "w6"}, Done: RecoveryResult{Recovered: 3}, Batch: 2, Run: 4}, next)
+	require.Equal(t, [][]string{{"w0", "w1"}, {"w2", "w3"}}, r.batches)
+	require.Equal(t, 3, r.children)
+
+	// The next run finishes the list without listing again.
+	r2 := newRecoveryEnv(7, deleted, broken)
+	r2.env.ExecuteWorkflow(RecoveryWorkflow, next)
+	require.True(t, r2.env.IsWorkflowCompleted())
+	require.NoError(t, r2.env.GetWorkflowError())
+	var res RecoveryResult
+	require.NoError(t, r2.env.GetWorkflowResult(&res))
+	require.Equal(t, RecoveryResult{Recovered: 5, Failed: 1, FailedIDs: []string{"w5"}}, res)
+	require.Equal(t, [][]string{{"w4", "w5"}, {"w6"}}, r2.batches)
+	require.Equal(t, []string{"w4", "w6"}, r2.activated)
+	require.Equal(t, 0, r2.lists)
+}
+
+func TestRecoveryOfNoWorkers(t *testing.T) {
+	r := newRecoveryEnv(0, nil, nil)
+	r.env.ExecuteWorkflow(RecoveryWorkflow, RecoveryInput{})
+	require.NoError(t, r.env.GetWorkflowError())
+	var res RecoveryResult
+	require.NoError(t, r.env.GetWorkflowResult(&res))
+	require.Equal(t, RecoveryResult{}, res)
+	require.Empty(t, r.batches)
+}
+
+// The state store failing is not a broken worker: recovery fails (and the
+// node reports Unhealthy) instead of counting everyone as failed.
+func TestRecoveryFailsWhenTheCatalogCannotBeRead(t *testing.T) {
+	r := newRecoveryEnv(3, nil, nil)
+	r.getErr = errors.New("state store unavailable")
+	r.env.ExecuteWorkflow(RecoveryWorkflow, RecoveryInput{})
+	err := r.env.GetWorkflowError()
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "state store unavailable")
+}
+
+// Only the first MaxFailedIDs failed ids are listed; all are counted.
+func TestRecoveryCapsFailedIDs(t *testing.T) {
+	n := MaxFailedIDs + 20
+	broken := map[string]bool{}
+	for i := range n {
+		broken[fmt.Sprintf("w%d", i)] = true
+	}
+	r := newRecoveryEnv(n, nil, broken)
+	r.env.ExecuteWorkflow(RecoveryWorkflow, RecoveryInput{Batch: 40, Run: 1000})
+	require.NoError(t, r.env.GetWorkflowError())
+	var res RecoveryResult
+	require.NoError(t, r.env.GetWorkflowResult(&res))
+	require.Equal(t, n, res.Failed)
+	require.Len(t, res.FailedIDs, MaxFailedIDs)
+}
+
+// A recovery recorded before paged recovery replays down its old path.
+func TestRecoveryBeforePagingKeepsItsPath(t *testing.T) {
+	r := newRecoveryEnv(3, map[string]bool{"w2": true}, nil)
+	r.env.OnGetVersion(pagedRecovery, workflow.DefaultVersion, 1).Return(workflow.DefaultVersion)
+	r.env.ExecuteWorkflow(RecoveryWorkflow, RecoveryInput{})
+	require.NoError(t, r.env.GetWorkflowError())
+	var res RecoveryResult
+	require.NoError(t, r.env.GetWorkflowResult(&res))
+	require.Equal(t, RecoveryResult{Recovered: 2}, res)
+	require.Empty(t, r.batches)
+	require.Equal(t, 1, r.lists)
+}
