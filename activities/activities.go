@@ -15,6 +15,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/cluster"
 	"github.com/virtufin/workmanager/internal/codesource"
 	"github.com/virtufin/workmanager/internal/lifecycle"
 	"github.com/virtufin/workmanager/internal/node"
@@ -31,6 +32,7 @@ type Activities struct {
 	Node    *node.Node
 	Events  *lifecycle.Emitter
 	Fetcher codesource.Fetcher
+	Members *cluster.Members
 }
 
 // PrepareCodeInput names the code a worker is about to load.
@@ -147,8 +149,18 @@ func (a *Activities) GetWorkers(ctx context.Context, ids []string) ([]catalog.Wo
 	return a.Catalog.GetWorkers(ctx, ids)
 }
 
-// Activate makes this node match a persisted worker (recovery). It re-reads
-// the record so that a change made since the list was taken wins.
+// ListNodes returns the ids of the live nodes, each polling its own task
+// queue (workflows.NodeTaskQueue).
+func (a *Activities) ListNodes(ctx context.Context) ([]string, error) {
+	if a.Members == nil {
+		return nil, nil
+	}
+	return a.Members.Alive(ctx)
+}
+
+// Activate makes this node match a persisted worker (recovery, and on every
+// node after each lifecycle change). It re-reads the record so that a change
+// made since the list was taken wins.
 func (a *Activities) Activate(ctx context.Context, id string) error {
 	return classify(a.Node.Sync(ctx, id))
 }

@@ -6,16 +6,22 @@ import (
 	"go.temporal.io/sdk/worker"
 )
 
-// TestReplayRecordedHistory replays a worker lifecycle (create, stop, start,
+// TestReplayRecordedHistory replays worker lifecycles (create, stop, start,
 // load_code, delete) recorded on a real Temporal server against the current
-// code. Refresh it with `WM_RECORD_HISTORY=1 go test ./test/integration -run
-// TestReplayRealHistory` only when a change is meant to be incompatible (and
-// then version the workflow instead).
+// code: one from before the sync-all-nodes change (it must keep its path
+// through the version marker) and one from the current code. Refresh the
+// current one with `WM_RECORD_HISTORY=1 go test ./test/integration -run
+// TestReplayRealHistory`; an incompatible change is versioned, and the
+// history it replaces is kept here.
 func TestReplayRecordedHistory(t *testing.T) {
-	r := worker.NewWorkflowReplayer()
-	r.RegisterWorkflow(WorkerWorkflow)
-	if err := r.ReplayWorkflowHistoryFromJSONFile(nil, "testdata/worker_history.json"); err != nil {
-		t.Fatal(err)
+	for _, f := range []string{"testdata/worker_history_unversioned.json", "testdata/worker_history.json"} {
+		t.Run(f, func(t *testing.T) {
+			r := worker.NewWorkflowReplayer()
+			r.RegisterWorkflow(WorkerWorkflow)
+			if err := r.ReplayWorkflowHistoryFromJSONFile(nil, f); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 

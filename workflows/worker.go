@@ -237,6 +237,7 @@ func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker
 	}
 	e.st.Worker, e.st.Created = w, true
 	e.upsertSearchAttributes(ctx)
+	e.syncNodes(ctx)
 	return w, nil
 }
 
@@ -257,6 +258,7 @@ func (e *entity) setStatus(ctx workflow.Context, status catalog.Status, kind lif
 	}
 	e.st.Worker = w
 	e.upsertSearchAttributes(ctx)
+	e.syncNodes(ctx)
 	return w, nil
 }
 
@@ -291,6 +293,7 @@ func (e *entity) loadCode(ctx workflow.Context, ref catalog.CodeRef) (catalog.Wo
 		return catalog.Worker{}, err
 	}
 	e.st.Worker = w
+	e.syncNodes(ctx)
 	return w, nil
 }
 
@@ -305,7 +308,57 @@ func (e *entity) delete(ctx workflow.Context) error {
 		return err
 	}
 	e.st.Deleted = true
+	e.syncNodes(ctx)
 	return nil
+}
+
+// syncAllNodes is the change that makes every lifecycle change reach every
+// live node before its update returns (before it, other nodes caught up by
+// their periodic reconcile only).
+const syncAllNodes = "sync-all-nodes"
+
+// NodeTaskQueue is the task queue that only node nodeID polls: an activity
+// scheduled there runs on that node.
+func NodeTaskQueue(nodeID string) string { return TaskQueue + "-node-" + nodeID }
+
+// syncNodes runs Activate (make this node match the persisted record) on
+// every live node's own task queue, after the change was persisted and
+// applied on the node that ran Apply. A node that does not answer in time is
+// logged and skipped, never fails the update: the change is persisted, and
+// the node's periodic reconcile (or its recovery when it comes back) applies
+// it.
+func (e *entity) syncNodes(ctx workflow.Context) {
+	if workflow.GetVersion(ctx, syncAllNodes, workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+		return
+	}
+	log := workflow.GetLogger(ctx)
+	lctx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		StartToCloseTimeout: 10 * time.Second,
+		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: 200 * time.Millisecond, MaximumAttempts: 3},
+	})
+	var nodes []string
+	if err := workflow.ExecuteActivity(lctx, a.ListNodes).Get(ctx, &nodes); err != nil {
+		log.Warn("cluster members unknown; other nodes catch up by reconcile", "err", err)
+		return
+	}
+	futures := make([]workflow.Future, len(nodes))
+	for i, n := range nodes {
+		nctx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+			TaskQueue: NodeTaskQueue(n),
+			// A live node polls its queue all the time; one that does not
+			// pick the task up quickly is gone or stuck.
+			ScheduleToStartTimeout: 5 * time.Second,
+			StartToCloseTimeout:    20 * time.Second,
+			RetryPolicy: &temporal.RetryPolicy{InitialInterval: 200 * time.Millisecond, MaximumAttempts: 2,
+				NonRetryableErrorTypes: []string{activities.ErrTypeInvalidArgument}},
+		})
+		futures[i] = workflow.ExecuteActivity(nctx, a.Activate, e.st.Worker.ID)
+	}
+	for i, f := range futures {
+		if err := f.Get(ctx, nil); err != nil {
+			log.Warn("node did not apply the change; it catches up by reconcile", "node", nodes[i], "err", err)
+		}
+	}
 }
 
 func (e *entity) upsertSearchAttributes(ctx workflow.Context) {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/mock"
 	"github.com/stretchr/testify/require"
 	"github.com/stretchr/testify/suite"
+	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/workflow"
@@ -174,6 +175,61 @@ func (s *WorkerWorkflowSuite) TestContinueAsNewCarriesState() {
 	s.Equal(int64(3), next.State.Worker.CodeVersion)
 	s.Equal(catalog.StatusRunning, next.State.Worker.Status)
 	s.Equal(int64(2), next.State.Seq)
+}
+
+// Every change is applied on every live node, on that node's own task
+// queue; a node that fails does not fail the update.
+func (s *WorkerWorkflowSuite) TestChangesReachEveryNode() {
+	s.env.OnActivity(a.PrepareCode, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in activities.PrepareCodeInput) (catalog.CodeRef, error) { return in.Ref, nil })
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
+	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
+	s.env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1", "n2"}, nil)
+	var synced []string
+	s.env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(func(ctx context.Context, id string) error {
+		tq := activity.GetInfo(ctx).TaskQueue
+		synced = append(synced, tq+":"+id)
+		if tq == NodeTaskQueue("n2") {
+			return errors.New("node n2 is gone")
+		}
+		return nil
+	})
+	var create, stop, load, del updater
+	s.env.RegisterDelayedCallback(func() {
+		s.update(UpdateCreate, &create, CreateRequest{Ref: catalog.CodeRef{SHA256: sha1, SourceKind: "content"}})
+	}, time.Second)
+	s.env.RegisterDelayedCallback(func() { s.update(UpdateStop, &stop) }, 2*time.Second)
+	s.env.RegisterDelayedCallback(func() { s.update(UpdateLoadCode, &load, catalog.CodeRef{SHA256: sha2, SourceKind: "content"}) }, 3*time.Second)
+	s.env.RegisterDelayedCallback(func() { s.update(UpdateDelete, &del) }, 4*time.Second)
+	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: newWorker()}})
+	for _, u := range []*updater{&create, &stop, &load, &del} {
+		s.NoError(u.reject)
+		s.NoError(u.err)
+	}
+	n1, n2 := NodeTaskQueue("n1")+":w1", NodeTaskQueue("n2")+":w1"
+	// Four changes, each to both nodes; n2 is tried twice each time.
+	count := map[string]int{}
+	for _, x := range synced {
+		count[x]++
+	}
+	s.Equal(map[string]int{n1: 4, n2: 8}, count)
+}
+
+// Before the sync-all-nodes change, a change reached only the node that ran
+// Apply: histories recorded then must not schedule node activities.
+func (s *WorkerWorkflowSuite) TestChangesBeforeSyncAllNodesStayLocal() {
+	s.env.OnGetVersion(syncAllNodes, workflow.DefaultVersion, 1).Return(workflow.DefaultVersion)
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
+	listed := 0
+	s.env.OnActivity(a.ListNodes, mock.Anything).Return(func(context.Context) ([]string, error) { listed++; return nil, nil })
+	w := newWorker()
+	w.Status = catalog.StatusRunning
+	var stop updater
+	s.env.RegisterDelayedCallback(func() { s.update(UpdateStop, &stop) }, time.Second)
+	s.env.RegisterDelayedCallback(func() { s.env.CancelWorkflow() }, 2*time.Second)
+	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: w, Created: true}})
+	s.NoError(stop.err)
+	s.Zero(listed)
 }
 
 func TestWorkflowIDIsStable(t *testing.T) {

@@ -23,6 +23,8 @@ type config struct {
 	PythonProcesses   int           // PYTHON_PROCESSES
 	PythonSpinWait    time.Duration // PYTHON_SPIN_WAIT (negative: never spin)
 	ReconcileInterval time.Duration // RECONCILE_INTERVAL (0 disables)
+	NodeID            string        // WORKMANAGER_NODE_ID (default: <hostname>-<pid>)
+	NodeHeartbeat     time.Duration // NODE_HEARTBEAT; a node silent for 3 heartbeats counts as gone
 	GatewayTimeout    time.Duration // GATEWAY_TIMEOUT
 	NativeIsolation   string        // NATIVE_ISOLATION: "in-process" (default) or "process"
 	NativeHostPath    string        // NATIVE_HOST_PATH (default: native-host next to this binary)
@@ -41,6 +43,8 @@ func loadConfig() (config, error) {
 		NativeIsolation:   env("NATIVE_ISOLATION", ""),
 		NativeHostPath:    env("NATIVE_HOST_PATH", defaultHostPath()),
 		NativeTempDir:     env("NATIVE_TEMP_DIR", ""),
+		NodeID:            env("WORKMANAGER_NODE_ID", defaultNodeID()),
+		NodeHeartbeat:     5 * time.Second,
 	}
 	var err error
 	parse := func(name string, f func(string) error) {
@@ -59,6 +63,7 @@ func loadConfig() (config, error) {
 	c.GatewayTimeout = 30 * time.Second
 	parse("GATEWAY_TIMEOUT", func(v string) (e error) { c.GatewayTimeout, e = time.ParseDuration(v); return })
 	parse("RECONCILE_INTERVAL", func(v string) (e error) { c.ReconcileInterval, e = time.ParseDuration(v); return })
+	parse("NODE_HEARTBEAT", func(v string) (e error) { c.NodeHeartbeat, e = time.ParseDuration(v); return })
 	parse("LOG_LEVEL", func(v string) error { return c.LogLevel.UnmarshalText([]byte(v)) })
 	if err != nil {
 		return c, err
@@ -80,6 +85,10 @@ func (c config) validate() error {
 		return fmt.Errorf(`NATIVE_ISOLATION must be "in-process" or "process", got %q`, c.NativeIsolation)
 	case c.GatewayTimeout <= 0:
 		return fmt.Errorf("GATEWAY_TIMEOUT must be positive, got %s", c.GatewayTimeout)
+	case c.NodeHeartbeat <= 0:
+		return fmt.Errorf("NODE_HEARTBEAT must be positive, got %s", c.NodeHeartbeat)
+	case !validNodeID(c.NodeID):
+		return fmt.Errorf("WORKMANAGER_NODE_ID must be 1 to 100 letters, digits, '.', '_' or '-', got %q", c.NodeID)
 	case c.TemporalAddress == "" || c.DaprGRPCAddress == "" || c.HTTPAddr == "":
 		return fmt.Errorf("TEMPORAL_ADDRESS, DAPR_GRPC_ADDRESS and WORKMANAGER_HTTP_ADDR must not be empty")
 	}
@@ -91,6 +100,38 @@ func env(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// defaultNodeID is <hostname>-<pid>: unique among the nodes of one host, and
+// readable in the Temporal UI (task queue workmanager-node-<id>).
+func defaultNodeID() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "node"
+	}
+	id := []byte(fmt.Sprintf("%s-%d", h, os.Getpid()))
+	for i, c := range id {
+		if !nodeIDChar(c) {
+			id[i] = '-'
+		}
+	}
+	return string(id)
+}
+
+func validNodeID(id string) bool {
+	if id == "" || len(id) > 100 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if !nodeIDChar(id[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func nodeIDChar(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
 }
 
 // defaultHostPath is cmd/native-host's binary next to this one.

@@ -27,6 +27,7 @@ import (
 	"github.com/virtufin/workmanager/engines/builtin"
 	"github.com/virtufin/workmanager/engines/native"
 	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/cluster"
 	"github.com/virtufin/workmanager/internal/dispatch"
 	"github.com/virtufin/workmanager/internal/gateway"
 	"github.com/virtufin/workmanager/internal/health"
@@ -95,15 +96,31 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		return fmt.Errorf("temporal: %w", err)
 	}
 	defer tc.Close()
+	members := cluster.New(state.NewDaprStore(daprClient, cfg.StateStore), cfg.NodeID, 3*cfg.NodeHeartbeat)
+	acts := &activities.Activities{Catalog: cat, Node: n, Events: events, Members: members}
 	w := worker.New(tc, workflows.TaskQueue, worker.Options{})
 	w.RegisterWorkflow(workflows.WorkerWorkflow)
 	w.RegisterWorkflow(workflows.RecoveryWorkflow)
-	w.RegisterActivity(&activities.Activities{Catalog: cat, Node: n, Events: events})
+	w.RegisterActivity(acts)
 	if err := w.Start(); err != nil {
 		return fmt.Errorf("temporal worker: %w", err)
 	}
 	defer w.Stop()
-	log.Info("node started", "http", cfg.HTTPAddr, "temporal", cfg.TemporalAddress, "dapr", cfg.DaprGRPCAddress)
+	// This node's own queue, where every lifecycle change is applied on it.
+	nw := worker.New(tc, workflows.NodeTaskQueue(cfg.NodeID), worker.Options{})
+	nw.RegisterActivity(acts)
+	if err := nw.Start(); err != nil {
+		return fmt.Errorf("temporal node worker: %w", err)
+	}
+	defer nw.Stop()
+	if err := members.Heartbeat(ctx); err != nil {
+		return fmt.Errorf("join the cluster: %w", err)
+	}
+	mctx, leave := context.WithCancel(ctx)
+	left := make(chan struct{})
+	go func() { members.Run(mctx, log, cfg.NodeHeartbeat); close(left) }()
+	defer func() { leave(); <-left }() // leave before the connections close
+	log.Info("node started", "node_id", cfg.NodeID, "http", cfg.HTTPAddr, "temporal", cfg.TemporalAddress, "dapr", cfg.DaprGRPCAddress)
 
 	if cfg.RecoveryOnStart {
 		go func() {

@@ -159,7 +159,7 @@ func (e *env) startNode() {
 	var addr string
 	e.node, addr = e.onFreePort(func(addr string) (*devstack.Proc, error) {
 		p, err := e.stack.StartNode(filepath.Join(e.bins, "worker"), addr,
-			append([]string{"WORKER_TIMEOUT=2s", "RECONCILE_INTERVAL=5s", "LOG_LEVEL=debug"}, e.nodeEnv...)...)
+			append([]string{"WORKER_TIMEOUT=2s", "RECONCILE_INTERVAL=5s", "NODE_HEARTBEAT=1s", "LOG_LEVEL=debug"}, e.nodeEnv...)...)
 		if err != nil {
 			return nil, err
 		}

@@ -11,12 +11,16 @@ import (
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
 
-// Two nodes, each with its own daprd, share Temporal and Redis. A worker
-// created through either reaches both (the node that runs the activity at
-// once, the other by its periodic reconcile); when one node dies the other
-// keeps processing, and lifecycle operations keep working through it.
+// Two nodes, each with its own daprd, share Temporal and Redis, with their
+// periodic reconcile turned off: only the fan-out of each lifecycle change to
+// every live node's task queue can bring a change to the node that did not
+// run the Apply activity. A stop therefore silences both nodes as soon as it
+// returns, a start revives both, and when one node dies the other keeps
+// processing and keeps applying lifecycle operations (waiting at most the
+// schedule-to-start timeout for the dead node until its membership expires).
 func TestSecondNodeTakesOver(t *testing.T) {
-	e := newEnv(t, "")
+	noReconcile := []string{"RECONCILE_INTERVAL=0"}
+	e := newEnvWith(t, envConfig{nodeEnv: noReconcile})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	sc, err := e.stack.StartSidecar(ctx, "daprd-b")
@@ -24,8 +28,9 @@ func TestSecondNodeTakesOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	nodeB, _ := e.onFreePort(func(addr string) (*devstack.Proc, error) {
-		p, err := devstack.StartProc(e.dir, "node-b", append(e.stack.Env(), "DAPR_GRPC_ADDRESS="+sc.GRPCAddr,
-			"WORKMANAGER_HTTP_ADDR="+addr, "WORKER_TIMEOUT=2s", "RECONCILE_INTERVAL=1s", "LOG_LEVEL=debug"), filepath.Join(e.bins, "worker"))
+		p, err := devstack.StartProc(e.dir, "node-b", append(append(e.stack.Env(), "DAPR_GRPC_ADDRESS="+sc.GRPCAddr,
+			"WORKMANAGER_HTTP_ADDR="+addr, "WORKER_TIMEOUT=2s", "LOG_LEVEL=debug", "WORKMANAGER_NODE_ID=node-b", "NODE_HEARTBEAT=1s"), noReconcile...),
+			filepath.Join(e.bins, "worker"))
 		if err != nil {
 			return nil, err
 		}
@@ -36,7 +41,25 @@ func TestSecondNodeTakesOver(t *testing.T) {
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := e.subscribe(out)
 	id := e.create(t, in, echoWorker(out, "v1"))
-	time.Sleep(3 * time.Second) // > node B's reconcile interval
+	for i := range 4 {
+		e.publish(in, "both-"+strconv.Itoa(i), map[string]any{"n": i}, "")
+	}
+	for range 4 {
+		expectEvent(t, outs, 30*time.Second)
+	}
+	if _, err := e.client.StopWorker(ctxT(t), &pb.StopWorkerRequest{WorkerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		e.publish(in, "stopped-"+strconv.Itoa(i), map[string]any{"n": i}, "")
+	}
+	expectNoEvent(t, outs, 3*time.Second) // neither node still runs it
+	if _, err := e.client.StartWorker(ctxT(t), &pb.StartWorkerRequest{WorkerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 { // the paused messages
+		expectEvent(t, outs, 30*time.Second)
+	}
 
 	e.killNode() // node A is gone; only node B serves now
 	for i := range 3 {
@@ -45,7 +68,8 @@ func TestSecondNodeTakesOver(t *testing.T) {
 	for range 3 {
 		expectEvent(t, outs, 30*time.Second)
 	}
-	// Lifecycle operations run their activities on node B.
+	// Lifecycle operations run their activities on node B; the dead node is
+	// skipped after its schedule-to-start timeout.
 	if _, err := e.client.StopWorker(ctxT(t), &pb.StopWorkerRequest{WorkerId: id}); err != nil {
 		t.Fatal(err)
 	}

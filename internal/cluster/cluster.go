@@ -1,0 +1,138 @@
+// Package cluster owns node membership: which WorkManager nodes are alive,
+// so that a lifecycle change can be applied on every node at once instead of
+// waiting for each node's periodic reconcile. Membership is one ETag-guarded
+// key in the state store, a map from node id to the time of its last
+// heartbeat; a node that missed its heartbeats for TTL counts as gone.
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/virtufin/workmanager/internal/state"
+)
+
+// membersKey holds the member map.
+const membersKey = state.KeyPrefix + "nodes"
+
+// Members is this node's view of, and entry in, the membership.
+type Members struct {
+	store state.Store
+	self  string
+	ttl   time.Duration
+	now   func() time.Time
+}
+
+// New returns the membership as seen by node self; entries older than ttl
+// count as gone.
+func New(store state.Store, self string, ttl time.Duration) *Members {
+	return &Members{store: store, self: self, ttl: ttl, now: time.Now}
+}
+
+// Self is this node's id.
+func (m *Members) Self() string { return m.self }
+
+// Heartbeat records this node as alive now and drops the entries of nodes
+// gone for longer than the TTL.
+func (m *Members) Heartbeat(ctx context.Context) error {
+	return m.update(ctx, func(ms map[string]time.Time) {
+		ms[m.self] = m.now().UTC()
+	})
+}
+
+// Leave removes this node (on a clean shutdown), so that nobody waits for it.
+func (m *Members) Leave(ctx context.Context) error {
+	return m.update(ctx, func(ms map[string]time.Time) { delete(ms, m.self) })
+}
+
+// Alive returns the ids of the nodes that sent a heartbeat within the TTL,
+// sorted.
+func (m *Members) Alive(ctx context.Context) ([]string, error) {
+	ms, _, err := m.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cut := m.now().Add(-m.ttl)
+	var ids []string
+	for id, seen := range ms {
+		if seen.After(cut) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// Run sends a heartbeat every interval until ctx ends, then leaves. The
+// first heartbeat is the caller's (so that start-up can fail on it).
+func (m *Members) Run(ctx context.Context, log *slog.Logger, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := m.Leave(lctx); err != nil {
+				log.Warn("leave the cluster", "node", m.self, "err", err)
+			}
+			return
+		case <-t.C:
+			if err := m.Heartbeat(ctx); err != nil && ctx.Err() == nil {
+				log.Warn("cluster heartbeat", "node", m.self, "err", err)
+			}
+		}
+	}
+}
+
+func (m *Members) read(ctx context.Context) (map[string]time.Time, string, error) {
+	it, err := m.store.Get(ctx, membersKey)
+	if errors.Is(err, state.ErrNotFound) {
+		return map[string]time.Time{}, "", nil
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("read cluster members: %w", err)
+	}
+	ms := map[string]time.Time{}
+	if err := json.Unmarshal(it.Value, &ms); err != nil {
+		return nil, "", fmt.Errorf("decode cluster members: %w", err)
+	}
+	return ms, it.ETag, nil
+}
+
+// update applies change and prunes expired entries, with optimistic
+// concurrency (ETag), retrying on conflicts.
+func (m *Members) update(ctx context.Context, change func(map[string]time.Time)) error {
+	for {
+		ms, etag, err := m.read(ctx)
+		if err != nil {
+			return err
+		}
+		change(ms)
+		cut := m.now().Add(-m.ttl)
+		for id, seen := range ms {
+			if !seen.After(cut) {
+				delete(ms, id)
+			}
+		}
+		b, err := json.Marshal(ms)
+		if err != nil {
+			return err
+		}
+		err = m.store.Put(ctx, membersKey, b, state.PutOptions{ETag: etag, IfAbsent: etag == ""})
+		if !errors.Is(err, state.ErrConflict) {
+			if err != nil {
+				return fmt.Errorf("write cluster members: %w", err)
+			}
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}
