@@ -122,14 +122,30 @@ type DeleteInput struct {
 }
 
 // Delete detaches the worker, removes its config and history, and publishes
-// the deleted event.
+// the deleted event when EventID is set (workflows now publish it with Emit,
+// after every node applied the delete).
 func (a *Activities) Delete(ctx context.Context, in DeleteInput) error {
 	if err := a.Node.Remove(ctx, in.Worker.ID, func(ctx context.Context) error {
 		return a.Catalog.DeleteWorker(ctx, in.Worker.ID)
 	}); err != nil {
 		return err
 	}
+	if in.EventID == "" {
+		return nil
+	}
 	return a.emit(ctx, in.Worker, []EventSpec{{ID: in.EventID, Kind: lifecycle.Deleted}})
+}
+
+// EmitInput names lifecycle events of a worker.
+type EmitInput struct {
+	Worker catalog.Worker
+	Events []EventSpec
+}
+
+// Emit publishes lifecycle events; their ids are deterministic, so a retry
+// publishes duplicates that consumers can drop.
+func (a *Activities) Emit(ctx context.Context, in EmitInput) error {
+	return a.emit(ctx, in.Worker, in.Events)
 }
 
 // ListWorkers returns every persisted worker. Only recovery runs recorded

@@ -231,14 +231,28 @@ func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker
 		History: &catalog.HistoryEntry{Version: 1, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now},
 		Events:  []activities.EventSpec{e.event(ctx, lifecycle.Created), e.event(ctx, lifecycle.Started)},
 	}
-	if err := workflow.ExecuteActivity(actx, a.Apply, in).Get(ctx, nil); err != nil {
+	if applied, err := e.apply(ctx, in); err != nil {
+		if applied {
+			e.undoCreate(ctx, w)
+		}
 		e.failed = err
 		return catalog.Worker{}, err
 	}
 	e.st.Worker, e.st.Created = w, true
 	e.upsertSearchAttributes(ctx)
-	e.syncNodes(ctx)
 	return w, nil
+}
+
+// undoCreate removes a worker whose create failed after Apply persisted and
+// attached it (its events could not be published), so that a failed create
+// leaves nothing behind: not in the catalog, not on any node.
+func (e *entity) undoCreate(ctx workflow.Context, w catalog.Worker) {
+	err := workflow.ExecuteActivity(activityCtx(ctx), a.Delete, activities.DeleteInput{Worker: w}).Get(ctx, nil)
+	if err != nil {
+		workflow.GetLogger(ctx).Error("failed create not undone; recovery will bring the worker back", "worker_id", w.ID, "err", err)
+		return
+	}
+	e.syncNodes(ctx)
 }
 
 func (e *entity) setStatus(ctx workflow.Context, status catalog.Status, kind lifecycle.Kind) (catalog.Worker, error) {
@@ -253,12 +267,11 @@ func (e *entity) setStatus(ctx workflow.Context, status catalog.Status, kind lif
 	w := e.st.Worker
 	w.Status, w.UpdatedAt = status, workflow.Now(ctx).UTC()
 	in := activities.ApplyInput{Worker: w, Events: []activities.EventSpec{e.event(ctx, kind)}}
-	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Apply, in).Get(ctx, nil); err != nil {
+	if _, err := e.apply(ctx, in); err != nil {
 		return catalog.Worker{}, err
 	}
 	e.st.Worker = w
 	e.upsertSearchAttributes(ctx)
-	e.syncNodes(ctx)
 	return w, nil
 }
 
@@ -289,11 +302,10 @@ func (e *entity) loadCode(ctx workflow.Context, ref catalog.CodeRef) (catalog.Wo
 		History: &catalog.HistoryEntry{Version: w.CodeVersion, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now},
 		Events:  []activities.EventSpec{e.event(ctx, lifecycle.CodeUpdated)},
 	}
-	if err := workflow.ExecuteActivity(actx, a.Apply, in).Get(ctx, nil); err != nil {
+	if _, err := e.apply(ctx, in); err != nil {
 		return catalog.Worker{}, err
 	}
 	e.st.Worker = w
-	e.syncNodes(ctx)
 	return w, nil
 }
 
@@ -303,19 +315,68 @@ func (e *entity) delete(ctx workflow.Context) error {
 		return err
 	}
 	defer unlock()
-	in := activities.DeleteInput{Worker: e.st.Worker, EventID: e.event(ctx, lifecycle.Deleted).ID}
-	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Delete, in).Get(ctx, nil); err != nil {
+	ev := e.event(ctx, lifecycle.Deleted)
+	actx := activityCtx(ctx)
+	if !e.syncsAllNodes(ctx) {
+		if err := workflow.ExecuteActivity(actx, a.Delete, activities.DeleteInput{Worker: e.st.Worker, EventID: ev.ID}).Get(ctx, nil); err != nil {
+			return err
+		}
+		e.st.Deleted = true
+		return nil
+	}
+	if err := workflow.ExecuteActivity(actx, a.Delete, activities.DeleteInput{Worker: e.st.Worker}).Get(ctx, nil); err != nil {
+		return err
+	}
+	e.syncNodes(ctx)
+	if err := workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: e.st.Worker, Events: []activities.EventSpec{ev}}).Get(ctx, nil); err != nil {
 		return err
 	}
 	e.st.Deleted = true
-	e.syncNodes(ctx)
 	return nil
 }
 
+// apply persists a change and applies it on the node that runs Apply, then
+// (since syncAllNodes) on every other live node, and only then publishes its
+// lifecycle events: a consumer that sees "stopped" can rely on no node
+// running the worker any more. applied tells whether the change was
+// persisted, also when a later step failed.
+func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput) (applied bool, err error) {
+	actx := activityCtx(ctx)
+	if !e.syncsAllNodes(ctx) {
+		return false, workflow.ExecuteActivity(actx, a.Apply, in).Get(ctx, nil)
+	}
+	events := in.Events
+	in.Events = nil
+	if err := workflow.ExecuteActivity(actx, a.Apply, in).Get(ctx, nil); err != nil {
+		return false, err
+	}
+	e.syncNodes(ctx)
+	return true, workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: in.Worker, Events: events}).Get(ctx, nil)
+}
+
+// emitCtx retries publishing until the broker takes the events: the change
+// is already persisted, so its events must not be dropped (their ids are
+// deterministic, so retries cannot duplicate them for a consumer that
+// deduplicates).
+func emitCtx(ctx workflow.Context) workflow.Context {
+	return workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		StartToCloseTimeout: 30 * time.Second,
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval: 200 * time.Millisecond, BackoffCoefficient: 2, MaximumInterval: 10 * time.Second,
+			MaximumAttempts: 0, // until it succeeds
+		},
+	})
+}
+
 // syncAllNodes is the change that makes every lifecycle change reach every
-// live node before its update returns (before it, other nodes caught up by
-// their periodic reconcile only).
+// live node before its events are published and its update returns (before
+// it, Apply published the events and other nodes caught up by their periodic
+// reconcile only).
 const syncAllNodes = "sync-all-nodes"
+
+func (e *entity) syncsAllNodes(ctx workflow.Context) bool {
+	return workflow.GetVersion(ctx, syncAllNodes, workflow.DefaultVersion, 1) != workflow.DefaultVersion
+}
 
 // NodeTaskQueue is the task queue that only node nodeID polls: an activity
 // scheduled there runs on that node.
@@ -328,9 +389,6 @@ func NodeTaskQueue(nodeID string) string { return TaskQueue + "-node-" + nodeID 
 // the node's periodic reconcile (or its recovery when it comes back) applies
 // it.
 func (e *entity) syncNodes(ctx workflow.Context) {
-	if workflow.GetVersion(ctx, syncAllNodes, workflow.DefaultVersion, 1) == workflow.DefaultVersion {
-		return
-	}
 	log := workflow.GetLogger(ctx)
 	lctx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		StartToCloseTimeout: 10 * time.Second,

@@ -22,7 +22,8 @@ import (
 type WorkerWorkflowSuite struct {
 	suite.Suite
 	testsuite.WorkflowTestSuite
-	env *testsuite.TestWorkflowEnvironment
+	env     *testsuite.TestWorkflowEnvironment
+	emitted [][]lifecycle.Kind // events published by Emit, per call
 }
 
 func TestWorkerWorkflow(t *testing.T) { suite.Run(t, new(WorkerWorkflowSuite)) }
@@ -30,6 +31,15 @@ func TestWorkerWorkflow(t *testing.T) { suite.Run(t, new(WorkerWorkflowSuite)) }
 func (s *WorkerWorkflowSuite) SetupTest() {
 	s.env = s.NewTestWorkflowEnvironment()
 	s.env.RegisterActivity(&activities.Activities{})
+	s.emitted = nil
+	s.env.OnActivity(a.Emit, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.EmitInput) error {
+		var ks []lifecycle.Kind
+		for _, e := range in.Events {
+			ks = append(ks, e.Kind)
+		}
+		s.emitted = append(s.emitted, ks)
+		return nil
+	})
 }
 
 const sha1 = "1111111111111111111111111111111111111111111111111111111111111111"
@@ -92,26 +102,21 @@ func (s *WorkerWorkflowSuite) TestFullLifecycle() {
 	s.Equal(int64(2), lw.CodeVersion)
 	s.Equal(sha2, lw.CodeSHA256)
 
-	// The repeated stop applied nothing: create, stop, start, load.
+	// The repeated stop applied nothing: create, stop, start, load. Events
+	// are published after the change reached every node, not by Apply.
 	s.Len(applied, 4)
-	s.Equal([]lifecycle.Kind{lifecycle.Created, lifecycle.Started}, kinds(applied[0]))
-	s.Equal([]lifecycle.Kind{lifecycle.Stopped}, kinds(applied[1]))
-	s.Equal([]lifecycle.Kind{lifecycle.Started}, kinds(applied[2]))
-	s.Equal([]lifecycle.Kind{lifecycle.CodeUpdated}, kinds(applied[3]))
+	for _, in := range applied {
+		s.Empty(in.Events)
+	}
+	s.Equal([][]lifecycle.Kind{{lifecycle.Created, lifecycle.Started}, {lifecycle.Stopped}, {lifecycle.Started},
+		{lifecycle.CodeUpdated}, {lifecycle.Deleted}}, s.emitted)
+	s.Equal(catalog.StatusStopped, applied[1].Worker.Status)
 	s.Equal(int64(2), applied[3].History.Version)
 	s.Equal("url", applied[3].History.SourceKind)
 
 	var st WorkerState
 	s.NoError(s.env.GetWorkflowResult(&st))
 	s.True(st.Deleted)
-}
-
-func kinds(in activities.ApplyInput) []lifecycle.Kind {
-	var out []lifecycle.Kind
-	for _, e := range in.Events {
-		out = append(out, e.Kind)
-	}
-	return out
 }
 
 func (s *WorkerWorkflowSuite) TestValidatorsRejectWithoutActivities() {
@@ -186,9 +191,11 @@ func (s *WorkerWorkflowSuite) TestChangesReachEveryNode() {
 	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
 	s.env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1", "n2"}, nil)
 	var synced []string
+	var emittedBefore []int // how many changes had published their events when a node applied one
 	s.env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(func(ctx context.Context, id string) error {
 		tq := activity.GetInfo(ctx).TaskQueue
 		synced = append(synced, tq+":"+id)
+		emittedBefore = append(emittedBefore, len(s.emitted))
 		if tq == NodeTaskQueue("n2") {
 			return errors.New("node n2 is gone")
 		}
@@ -213,6 +220,9 @@ func (s *WorkerWorkflowSuite) TestChangesReachEveryNode() {
 		count[x]++
 	}
 	s.Equal(map[string]int{n1: 4, n2: 8}, count)
+	// Each change reached the nodes before its events were published.
+	s.Equal([]int{0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3}, emittedBefore)
+	s.Len(s.emitted, 4)
 }
 
 // Before the sync-all-nodes change, a change reached only the node that ran
@@ -230,6 +240,38 @@ func (s *WorkerWorkflowSuite) TestChangesBeforeSyncAllNodesStayLocal() {
 	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: w, Created: true}})
 	s.NoError(stop.err)
 	s.Zero(listed)
+	s.Empty(s.emitted) // Apply published them
+}
+
+// A create whose events cannot be published after Apply persisted the
+// worker is undone: nothing stays in the catalog or on a node.
+func (s *WorkerWorkflowSuite) TestCreateUndoneWhenItsEventsCannotBePublished() {
+	env := s.NewTestWorkflowEnvironment() // without the suite's Emit mock
+	env.RegisterActivity(&activities.Activities{})
+	env.OnActivity(a.PrepareCode, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in activities.PrepareCodeInput) (catalog.CodeRef, error) { return in.Ref, nil })
+	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
+	env.OnActivity(a.Emit, mock.Anything, mock.Anything).Return(
+		temporal.NewNonRetryableApplicationError("pubsub refused the event", "Refused", nil))
+	var deleted []activities.DeleteInput
+	env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.DeleteInput) error {
+		deleted = append(deleted, in)
+		return nil
+	})
+	var create updater
+	env.RegisterDelayedCallback(func() {
+		env.UpdateWorkflow(UpdateCreate, "c", &testsuite.TestUpdateCallback{
+			OnReject: func(err error) { create.reject = err }, OnAccept: func() {},
+			OnComplete: func(r any, err error) { create.result, create.err = r, err },
+		}, CreateRequest{Ref: catalog.CodeRef{SHA256: sha1, SourceKind: "content"}})
+	}, time.Second)
+	env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: newWorker()}})
+	s.ErrorContains(create.err, "pubsub refused the event")
+	s.Require().Len(deleted, 1)
+	s.Equal("w1", deleted[0].Worker.ID)
+	s.Empty(deleted[0].EventID) // nothing was announced, so no "deleted" either
+	s.True(env.IsWorkflowCompleted())
+	s.ErrorContains(env.GetWorkflowError(), "create failed")
 }
 
 func TestWorkflowIDIsStable(t *testing.T) {
