@@ -76,8 +76,8 @@ type idleStream struct {
 }
 
 func (s idleStream) Recv() (*runtimev1.TopicEventRequest, error) { <-s.ctx.Done(); return nil, io.EOF }
-func (s idleStream) Ack(string, dispatch.Ack) error               { return nil }
-func (s idleStream) Close()                                       { s.cancel() }
+func (s idleStream) Ack(string, dispatch.Ack) error              { return nil }
+func (s idleStream) Close()                                      { s.cancel() }
 
 type published struct {
 	topic string
