@@ -50,7 +50,9 @@ func run(o devstack.Options, bins, apiAddr, nodeAddr string) error {
 		return err
 	}
 	defer s.Stop()
-	node, err := s.StartNode(filepath.Join(bins, "worker"), nodeAddr)
+	// A fixed node id: after a crash the restarted node takes over its own
+	// task queue and cluster entry instead of waiting for the old one to expire.
+	node, err := s.StartNode(filepath.Join(bins, "worker"), nodeAddr, "WORKMANAGER_NODE_ID=local")
 	if err != nil {
 		return err
 	}
