@@ -2,8 +2,12 @@ package integration
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/url"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,6 +41,9 @@ func TestSecondNodeTakesOver(t *testing.T) {
 		return p, devstack.WaitHTTP(ctx, p, "http://"+addr+"/readyz", 90*time.Second)
 	})
 	defer nodeB.Kill()
+	if m := members(t, e); !strings.Contains(m, `"node-b"`) {
+		t.Fatalf("node B is not in the cluster: %s", m)
+	}
 
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := e.subscribe(out)
@@ -75,4 +82,25 @@ func TestSecondNodeTakesOver(t *testing.T) {
 	}
 	e.publish(in, "while-stopped", map[string]any{"n": 9}, "")
 	expectNoEvent(t, outs, 3*time.Second)
+
+	// A node that stops cleanly leaves the cluster at once.
+	nodeB.Stop(10 * time.Second)
+	if m := members(t, e); strings.Contains(m, `"node-b"`) {
+		t.Fatalf("node B stopped but is still a member: %s", m)
+	}
+}
+
+// members reads the cluster membership through daprd's state API.
+func members(t *testing.T, e *env) string {
+	t.Helper()
+	resp, err := http.Get("http://" + e.stack.DaprHTTPAddr + "/v1.0/state/" + devstack.StateName + "/" + url.PathEscape("workmanager/nodes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("read members: HTTP %d %v %s", resp.StatusCode, err, b)
+	}
+	return string(b)
 }
