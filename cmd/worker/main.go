@@ -114,7 +114,9 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	}
 	defer nw.Stop()
 	if err := members.Heartbeat(ctx); err != nil {
-		return fmt.Errorf("join the cluster: %w", err)
+		// Not fatal: the next heartbeat joins, and until then reconcile
+		// brings changes to this node.
+		log.Warn("join the cluster", "node_id", cfg.NodeID, "err", err)
 	}
 	mctx, leave := context.WithCancel(ctx)
 	left := make(chan struct{})
