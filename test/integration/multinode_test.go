@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cloudevents/sdk-go/v2/event"
+
 	"github.com/virtufin/workmanager/internal/devstack"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
@@ -46,42 +48,36 @@ func TestSecondNodeTakesOver(t *testing.T) {
 	}
 
 	in, out := topicName(t, "in"), topicName(t, "out")
-	outs := e.subscribe(out)
+	o := &outputs{t: t, ch: e.subscribe(out), seen: map[string]bool{}}
 	id := e.create(t, in, echoWorker(out, "v1"))
-	for i := range 4 {
-		e.publish(in, "both-"+strconv.Itoa(i), map[string]any{"n": i}, "")
+	publish := func(prefix string, n int) []string {
+		var ids []string
+		for i := range n {
+			ids = append(ids, prefix+strconv.Itoa(i))
+			e.publish(in, ids[i], map[string]any{"n": i}, "")
+		}
+		return ids
 	}
-	for range 4 {
-		expectEvent(t, outs, 30*time.Second)
-	}
+	o.expect(publish("both-", 4)...)
 	if _, err := e.client.StopWorker(ctxT(t), &pb.StopWorkerRequest{WorkerId: id}); err != nil {
 		t.Fatal(err)
 	}
-	for i := range 4 {
-		e.publish(in, "stopped-"+strconv.Itoa(i), map[string]any{"n": i}, "")
-	}
-	expectNoEvent(t, outs, 3*time.Second) // neither node still runs it
+	paused := publish("stopped-", 4)
+	o.expectNoNew(3 * time.Second) // neither node still runs it
 	if _, err := e.client.StartWorker(ctxT(t), &pb.StartWorkerRequest{WorkerId: id}); err != nil {
 		t.Fatal(err)
 	}
-	for range 4 { // the paused messages
-		expectEvent(t, outs, 30*time.Second)
-	}
+	o.expect(paused...)
 
 	e.killNode() // node A is gone; only node B serves now
-	for i := range 3 {
-		e.publish(in, "after-kill-"+strconv.Itoa(i), map[string]any{"n": i}, "")
-	}
-	for range 3 {
-		expectEvent(t, outs, 30*time.Second)
-	}
+	o.expect(publish("after-kill-", 3)...)
 	// Lifecycle operations run their activities on node B; the dead node is
 	// skipped after its schedule-to-start timeout.
 	if _, err := e.client.StopWorker(ctxT(t), &pb.StopWorkerRequest{WorkerId: id}); err != nil {
 		t.Fatal(err)
 	}
-	e.publish(in, "while-stopped", map[string]any{"n": 9}, "")
-	expectNoEvent(t, outs, 3*time.Second)
+	publish("while-stopped-", 1)
+	o.expectNoNew(3 * time.Second)
 
 	// A node that stops cleanly leaves the cluster at once.
 	nodeB.Stop(10 * time.Second)
@@ -103,4 +99,54 @@ func members(t *testing.T, e *env) string {
 		t.Fatalf("read members: HTTP %d %v %s", resp.StatusCode, err, b)
 	}
 	return string(b)
+}
+
+// outputs tracks the outputs of a topic by the input they answer. Delivery
+// is at least once: a node killed between publishing an output and acking
+// its input makes the input run again elsewhere, with the same output id.
+// Repeats are therefore skipped, as consumers are told to do.
+type outputs struct {
+	t    *testing.T
+	ch   <-chan event.Event
+	seen map[string]bool // input ids answered
+}
+
+// input is the id of the input an output answers (outputs are
+// "<input id>/<worker id>/<n>").
+func input(ev event.Event) string { id, _, _ := strings.Cut(ev.ID(), "/"); return id }
+
+// expect waits for an output for each of ids; anything else new fails.
+func (o *outputs) expect(ids ...string) {
+	o.t.Helper()
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	for len(want) > 0 {
+		ev := expectEvent(o.t, o.ch, 30*time.Second)
+		in := input(ev)
+		switch {
+		case want[in]:
+			delete(want, in)
+			o.seen[in] = true
+		case !o.seen[in]:
+			o.t.Fatalf("unexpected output %s while waiting for %v", ev.ID(), want)
+		}
+	}
+}
+
+// expectNoNew asserts that no output for a new input arrives for d.
+func (o *outputs) expectNoNew(d time.Duration) {
+	o.t.Helper()
+	deadline := time.After(d)
+	for {
+		select {
+		case ev := <-o.ch:
+			if !o.seen[input(ev)] {
+				o.t.Fatalf("unexpected output %s: %s", ev.ID(), ev.Data())
+			}
+		case <-deadline:
+			return
+		}
+	}
 }
