@@ -97,8 +97,9 @@ type ApplyInput struct {
 
 // Apply makes this node serve the worker as described (attach, hot-swap code
 // or detach), then persists the record (and history entry), then publishes the
-// lifecycle events. The node goes first so that a worker whose code cannot be
-// attached is never persisted.
+// lifecycle events in Events, if any (workflows now pass none and publish with
+// Emit once every node applied the change). The node goes first so that a
+// worker whose code cannot be attached is never persisted.
 func (a *Activities) Apply(ctx context.Context, in ApplyInput) error {
 	err := a.Node.Apply(ctx, in.Worker, func(ctx context.Context) error {
 		if err := a.Catalog.SaveWorker(ctx, in.Worker); err != nil {
