@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -113,7 +114,14 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		return fmt.Errorf("temporal node worker: %w", err)
 	}
 	defer nw.Stop()
-	if err := members.Heartbeat(ctx); err != nil {
+	members.OnBeat = func(alive []string, err error) {
+		if err != nil {
+			h.Set(health.Cluster, health.Degraded, "heartbeat failed: "+err.Error())
+			return
+		}
+		h.Set(health.Cluster, health.Healthy, fmt.Sprintf("node %s; live nodes: %s", cfg.NodeID, strings.Join(alive, ", ")))
+	}
+	if err := members.Beat(ctx); err != nil {
 		// Not fatal: the next heartbeat joins, and until then reconcile
 		// brings changes to this node.
 		log.Warn("join the cluster", "node_id", cfg.NodeID, "err", err)

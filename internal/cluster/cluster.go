@@ -22,6 +22,10 @@ const membersKey = state.KeyPrefix + "nodes"
 
 // Members is this node's view of, and entry in, the membership.
 type Members struct {
+	// OnBeat, when set before Run, is told the outcome of each heartbeat
+	// of Beat and, after a successful one, the live nodes (for /health).
+	OnBeat func(alive []string, err error)
+
 	store state.Store
 	self  string
 	ttl   time.Duration
@@ -43,6 +47,19 @@ func (m *Members) Heartbeat(ctx context.Context) error {
 	return m.update(ctx, func(ms map[string]time.Time) {
 		ms[m.self] = m.now().UTC()
 	})
+}
+
+// Beat sends a heartbeat and reports it to OnBeat.
+func (m *Members) Beat(ctx context.Context) error {
+	err := m.Heartbeat(ctx)
+	var alive []string
+	if err == nil {
+		alive, err = m.Alive(ctx)
+	}
+	if m.OnBeat != nil && ctx.Err() == nil {
+		m.OnBeat(alive, err)
+	}
+	return err
 }
 
 // Leave removes this node (on a clean shutdown), so that nobody waits for it.
@@ -68,8 +85,8 @@ func (m *Members) Alive(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
-// Run sends a heartbeat every interval until ctx ends, then leaves. The
-// first heartbeat is the caller's (so that start-up can fail on it).
+// Run sends a heartbeat (Beat) every interval until ctx ends, then leaves.
+// The first heartbeat is the caller's, so that start-up can report it.
 func (m *Members) Run(ctx context.Context, log *slog.Logger, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -83,7 +100,7 @@ func (m *Members) Run(ctx context.Context, log *slog.Logger, interval time.Durat
 			}
 			return
 		case <-t.C:
-			if err := m.Heartbeat(ctx); err != nil && ctx.Err() == nil {
+			if err := m.Beat(ctx); err != nil && ctx.Err() == nil {
 				log.Warn("cluster heartbeat", "node", m.self, "err", err)
 			}
 		}

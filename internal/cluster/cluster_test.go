@@ -125,3 +125,24 @@ func TestCorruptMembersIsAnError(t *testing.T) {
 		t.Fatal("a corrupt member map must be reported")
 	}
 }
+
+func TestBeatReportsToOnBeat(t *testing.T) {
+	ctx := context.Background()
+	store, c := state.NewMemoryStore(), &clock{t: time.Unix(1e9, 0)}
+	if err := members(store, c, "b").Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := members(store, c, "a")
+	var got []string
+	var gotErr error
+	a.OnBeat = func(alive []string, err error) { got, gotErr = alive, err }
+	if err := a.Beat(ctx); err != nil || gotErr != nil || fmt.Sprint(got) != "[a b]" {
+		t.Fatalf("Beat: %v; reported %v %v", err, got, gotErr)
+	}
+	if err := store.Put(ctx, membersKey, []byte("{not json"), state.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Beat(ctx); err == nil || gotErr == nil {
+		t.Fatalf("a failed heartbeat must be returned and reported: %v %v", err, gotErr)
+	}
+}

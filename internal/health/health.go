@@ -1,7 +1,7 @@
 // Package health owns a node's health reporting: liveness (/healthz),
 // readiness (/readyz: ready only once start-up recovery finished) and a JSON
-// report (/health: Healthy, Degraded while recovery runs, Unhealthy when it
-// failed) with one entry per check.
+// report (/health: Healthy, Degraded while recovery runs or while cluster
+// heartbeats fail, Unhealthy when recovery failed) with one entry per check.
 package health
 
 import (
@@ -35,6 +35,11 @@ type Report struct {
 // Recovery is the name of the start-up recovery check; the node is ready only
 // when it is Healthy.
 const Recovery = "recovery"
+
+// Cluster is the name of the cluster membership check: Degraded while this
+// node's heartbeats fail (lifecycle changes then reach it only through its
+// periodic reconcile). It does not affect readiness.
+const Cluster = "cluster"
 
 // State holds the checks. It is safe for concurrent use.
 type State struct {

@@ -47,7 +47,7 @@ func TestHealthAndReflection(t *testing.T) {
 		t.Fatalf("reflection lists %v", names)
 	}
 	body := e.httpGet(t, "/health")
-	if !strings.Contains(body, `"status":"Healthy"`) {
+	if !strings.Contains(body, `"status":"Healthy"`) || !strings.Contains(body, `"cluster":{"status":"Healthy","detail":"node `) {
 		t.Fatalf("/health: %s", body)
 	}
 }
