@@ -149,7 +149,7 @@ func (c *Catalog) ListWorkers(ctx context.Context) ([]Worker, error) {
 
 // WorkerIDs returns the ids in the index, in creation order.
 func (c *Catalog) WorkerIDs(ctx context.Context) ([]string, error) {
-	ids, _, err := c.index(ctx)
+	ids, _, err := state.GetJSON[[]string](ctx, c.store, indexKey)
 	return ids, err
 }
 
@@ -173,85 +173,28 @@ func (c *Catalog) GetWorkers(ctx context.Context, ids []string) ([]Worker, error
 // AppendHistory records a code load; appending the same version twice is a
 // no-op, so activities may retry it.
 func (c *Catalog) AppendHistory(ctx context.Context, id string, e HistoryEntry) error {
-	for {
-		entries, etag, err := c.history(ctx, id)
-		if err != nil {
-			return err
+	return state.UpdateJSON(ctx, c.store, historyKey(id), func(entries *[]HistoryEntry) bool {
+		if slices.ContainsFunc(*entries, func(x HistoryEntry) bool { return x.Version == e.Version }) {
+			return false
 		}
-		if slices.ContainsFunc(entries, func(x HistoryEntry) bool { return x.Version == e.Version }) {
-			return nil
-		}
-		b, err := json.Marshal(append(entries, e))
-		if err != nil {
-			return err
-		}
-		err = c.store.Put(ctx, historyKey(id), b, state.PutOptions{ETag: etag, IfAbsent: etag == ""})
-		if !errors.Is(err, state.ErrConflict) {
-			return err
-		}
-	}
+		*entries = append(*entries, e)
+		return true
+	})
 }
 
 // History returns the code loads of a worker, oldest first.
 func (c *Catalog) History(ctx context.Context, id string) ([]HistoryEntry, error) {
-	entries, _, err := c.history(ctx, id)
+	entries, _, err := state.GetJSON[[]HistoryEntry](ctx, c.store, historyKey(id))
 	return entries, err
 }
 
-func (c *Catalog) history(ctx context.Context, id string) ([]HistoryEntry, string, error) {
-	it, err := c.store.Get(ctx, historyKey(id))
-	if errors.Is(err, state.ErrNotFound) {
-		return nil, "", nil
-	}
-	if err != nil {
-		return nil, "", err
-	}
-	var entries []HistoryEntry
-	if err := json.Unmarshal(it.Value, &entries); err != nil {
-		return nil, "", fmt.Errorf("decode history of %s: %w", id, err)
-	}
-	return entries, it.ETag, nil
-}
-
-func (c *Catalog) index(ctx context.Context) ([]string, string, error) {
-	it, err := c.store.Get(ctx, indexKey)
-	if errors.Is(err, state.ErrNotFound) {
-		return nil, "", nil
-	}
-	if err != nil {
-		return nil, "", err
-	}
-	var ids []string
-	if err := json.Unmarshal(it.Value, &ids); err != nil {
-		return nil, "", fmt.Errorf("decode worker index: %w", err)
-	}
-	return ids, it.ETag, nil
-}
-
-// updateIndex applies change with optimistic concurrency (ETag), retrying on
-// conflicts.
+// updateIndex applies change to the index with optimistic concurrency.
 func (c *Catalog) updateIndex(ctx context.Context, change func([]string) ([]string, bool)) error {
-	for {
-		ids, etag, err := c.index(ctx)
-		if err != nil {
-			return err
-		}
-		next, changed := change(ids)
-		if !changed {
-			return nil
-		}
-		b, err := json.Marshal(next)
-		if err != nil {
-			return err
-		}
-		err = c.store.Put(ctx, indexKey, b, state.PutOptions{ETag: etag, IfAbsent: etag == ""})
-		if !errors.Is(err, state.ErrConflict) {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-	}
+	return state.UpdateJSON(ctx, c.store, indexKey, func(ids *[]string) bool {
+		next, changed := change(*ids)
+		*ids = next
+		return changed
+	})
 }
 
 // PutCode stores a code body under its SHA-256 (idempotent).

@@ -7,8 +7,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -70,7 +68,7 @@ func (m *Members) Leave(ctx context.Context) error {
 // Alive returns the ids of the nodes that sent a heartbeat within the TTL,
 // sorted.
 func (m *Members) Alive(ctx context.Context) ([]string, error) {
-	ms, _, err := m.read(ctx)
+	ms, err := m.read(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -107,49 +105,32 @@ func (m *Members) Run(ctx context.Context, log *slog.Logger, interval time.Durat
 	}
 }
 
-func (m *Members) read(ctx context.Context) (map[string]time.Time, string, error) {
-	it, err := m.store.Get(ctx, membersKey)
-	if errors.Is(err, state.ErrNotFound) {
-		return map[string]time.Time{}, "", nil
-	}
+func (m *Members) read(ctx context.Context) (map[string]time.Time, error) {
+	ms, _, err := state.GetJSON[map[string]time.Time](ctx, m.store, membersKey)
 	if err != nil {
-		return nil, "", fmt.Errorf("read cluster members: %w", err)
+		return nil, fmt.Errorf("read cluster members: %w", err)
 	}
-	ms := map[string]time.Time{}
-	if err := json.Unmarshal(it.Value, &ms); err != nil {
-		return nil, "", fmt.Errorf("decode cluster members: %w", err)
-	}
-	return ms, it.ETag, nil
+	return ms, nil
 }
 
 // update applies change and prunes expired entries, with optimistic
-// concurrency (ETag), retrying on conflicts.
+// concurrency.
 func (m *Members) update(ctx context.Context, change func(map[string]time.Time)) error {
-	for {
-		ms, etag, err := m.read(ctx)
-		if err != nil {
-			return err
+	err := state.UpdateJSON(ctx, m.store, membersKey, func(ms *map[string]time.Time) bool {
+		if *ms == nil {
+			*ms = map[string]time.Time{}
 		}
-		change(ms)
+		change(*ms)
 		cut := m.now().Add(-m.ttl)
-		for id, seen := range ms {
+		for id, seen := range *ms {
 			if !seen.After(cut) {
-				delete(ms, id)
+				delete(*ms, id)
 			}
 		}
-		b, err := json.Marshal(ms)
-		if err != nil {
-			return err
-		}
-		err = m.store.Put(ctx, membersKey, b, state.PutOptions{ETag: etag, IfAbsent: etag == ""})
-		if !errors.Is(err, state.ErrConflict) {
-			if err != nil {
-				return fmt.Errorf("write cluster members: %w", err)
-			}
-			return nil
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("update cluster members: %w", err)
 	}
+	return nil
 }

@@ -88,7 +88,7 @@ func TestHeartbeatPrunesGoneNodes(t *testing.T) {
 	if err := a.Heartbeat(ctx); err != nil {
 		t.Fatal(err)
 	}
-	ms, _, err := a.read(ctx)
+	ms, err := a.read(ctx)
 	if err != nil || len(ms) != 1 {
 		t.Fatalf("stored members after prune: %v %v", ms, err)
 	}
