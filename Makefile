@@ -61,8 +61,10 @@ $(TOOLS)/temporal-$(TEMPORAL_CLI_VERSION).stamp:
 	@touch $@
 
 # daprd v1.14.0 from the tool module in deploy/dapr/daprd (dapr's go.mod has
-# replace directives, so `go install` cannot build it).
-$(TOOLS)/daprd: deploy/dapr/daprd/go.mod deploy/dapr/daprd/go.sum deploy/dapr/daprd/main.go
+# replace directives, so `go install` cannot build it), with its Redis streams
+# pub/sub replaced by deploy/dapr/daprd/redisstreams (bounded XREADGROUP
+# blocks: upstream leaks a Redis connection per closed subscription).
+$(TOOLS)/daprd: deploy/dapr/daprd/go.mod deploy/dapr/daprd/go.sum deploy/dapr/daprd/main.go deploy/dapr/daprd/redisstreams/redis.go
 	@mkdir -p $(TOOLS)
 	cd deploy/dapr/daprd && go build -tags stablecomponents -o $(TOOLS)/daprd .
 

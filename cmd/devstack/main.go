@@ -30,6 +30,11 @@ func main() {
 	flag.IntVar(&o.DaprHTTPPort, "dapr-http-port", 3500, "daprd HTTP port")
 	flag.StringVar(&apiAddr, "api-addr", "127.0.0.1:50051", "control API address")
 	flag.StringVar(&nodeAddr, "node-addr", "127.0.0.1:8080", "node HTTP (health) address")
+	// Quicker redelivery than the manifest's 45s, for a snappy dev loop: a
+	// message answered RETRY comes back after about 15s. A worker slower than
+	// that is handed out twice here (WORKER_TIMEOUT is 30s).
+	flag.DurationVar(&o.RedeliverInterval, "redeliver-interval", 2*time.Second, "Redis streams redelivery scan interval")
+	flag.DurationVar(&o.ProcessingTimeout, "processing-timeout", 15*time.Second, "how long a message may stay unacknowledged before it is redelivered")
 	flag.Parse()
 	if err := run(o, bins, apiAddr, nodeAddr); err != nil {
 		fmt.Fprintln(os.Stderr, "devstack:", err)

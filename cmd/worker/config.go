@@ -29,6 +29,8 @@ type config struct {
 	NativeIsolation   string        // NATIVE_ISOLATION: "in-process" (default) or "process"
 	NativeHostPath    string        // NATIVE_HOST_PATH (default: native-host next to this binary)
 	NativeTempDir     string        // NATIVE_TEMP_DIR
+	BrokerProbe       time.Duration // BROKER_PROBE_INTERVAL: how often an idle node checks that publishing works
+	BrokerReadyGrace  time.Duration // BROKER_READY_GRACE: how long the broker may fail before /readyz does
 	LogLevel          slog.Level    // LOG_LEVEL
 }
 
@@ -64,6 +66,9 @@ func loadConfig() (config, error) {
 	parse("GATEWAY_TIMEOUT", func(v string) (e error) { c.GatewayTimeout, e = time.ParseDuration(v); return })
 	parse("RECONCILE_INTERVAL", func(v string) (e error) { c.ReconcileInterval, e = time.ParseDuration(v); return })
 	parse("NODE_HEARTBEAT", func(v string) (e error) { c.NodeHeartbeat, e = time.ParseDuration(v); return })
+	c.BrokerProbe, c.BrokerReadyGrace = 2*time.Second, 15*time.Second
+	parse("BROKER_PROBE_INTERVAL", func(v string) (e error) { c.BrokerProbe, e = time.ParseDuration(v); return })
+	parse("BROKER_READY_GRACE", func(v string) (e error) { c.BrokerReadyGrace, e = time.ParseDuration(v); return })
 	parse("LOG_LEVEL", func(v string) error { return c.LogLevel.UnmarshalText([]byte(v)) })
 	if err != nil {
 		return c, err
@@ -85,6 +90,10 @@ func (c config) validate() error {
 		return fmt.Errorf(`NATIVE_ISOLATION must be "in-process" or "process", got %q`, c.NativeIsolation)
 	case c.GatewayTimeout <= 0:
 		return fmt.Errorf("GATEWAY_TIMEOUT must be positive, got %s", c.GatewayTimeout)
+	case c.BrokerProbe <= 0:
+		return fmt.Errorf("BROKER_PROBE_INTERVAL must be positive, got %s", c.BrokerProbe)
+	case c.BrokerReadyGrace < 0:
+		return fmt.Errorf("BROKER_READY_GRACE must not be negative, got %s", c.BrokerReadyGrace)
 	case c.NodeHeartbeat <= 0:
 		return fmt.Errorf("NODE_HEARTBEAT must be positive, got %s", c.NodeHeartbeat)
 	case !validNodeID(c.NodeID):

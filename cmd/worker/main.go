@@ -70,11 +70,18 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	if err != nil {
 		return err
 	}
+	h := health.New()
+	broker := health.NewBrokerWatch(h)
+	h.GateReadiness(health.Broker, cfg.BrokerReadyGrace)
 	cat := catalog.New(state.NewDaprStore(daprClient, cfg.StateStore))
-	pub := publish.NewDapr(daprClient, cfg.PubSub)
+	daprPub := publish.NewDapr(daprClient, cfg.PubSub)
+	pub := publish.Observed(daprPub, broker.Published)
 	events := lifecycle.NewEmitter(pub)
 	disp := dispatch.New(ctx, log, dispatch.DaprSubscriber{Client: runtimev1.NewDaprClient(conn)}, pub, events,
-		dispatch.Config{PubSub: cfg.PubSub, MaxConcurrency: cfg.MaxConcurrency})
+		dispatch.Config{PubSub: cfg.PubSub, MaxConcurrency: cfg.MaxConcurrency, OnSubscription: broker.Subscribed})
+	go broker.Probe(ctx, cfg.BrokerProbe, min(cfg.BrokerProbe, 5*time.Second), func(ctx context.Context) error {
+		return daprPub.Probe(ctx, cfg.NodeID)
+	})
 	n := node.New(log, cat, reg, disp, cfg.WorkerTimeout)
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -82,7 +89,6 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		n.Shutdown(sctx)
 	}()
 
-	h := health.New()
 	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: h.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/virtufin/workmanager/deploy/dapr/components"
 )
 
 // Search attributes registered in the Temporal dev server so the Web UI and
@@ -47,8 +49,14 @@ type Options struct {
 	// Headless drops the Temporal Web UI.
 	Headless bool
 	// RedeliverInterval and ProcessingTimeout tune Redis stream redelivery
-	// (defaults 2s and 15s).
+	// (zero: the manifest's, deploy/dapr/components/pubsub.yaml).
 	RedeliverInterval, ProcessingTimeout time.Duration
+	// PoolSize is daprd's Redis pub/sub connection pool (zero: the
+	// manifest's). It must exceed the topics one node subscribes to.
+	PoolSize int
+	// DaprdEnv is added to daprd's environment (for example
+	// DAPRD_UPSTREAM_REDIS_PUBSUB=1 for a side-by-side measurement).
+	DaprdEnv []string
 	// ExtraResources are more Dapr resource files (name → YAML), e.g. an
 	// HTTPEndpoint that workers reach through the gateway.
 	ExtraResources map[string]string
@@ -64,6 +72,7 @@ type Stack struct {
 	DaprHTTPAddr string
 	procs        []*Proc
 	daprd        *Proc
+	redis        *Proc
 }
 
 // Proc is one child process.
@@ -208,12 +217,6 @@ func (p *Proc) Tail() string {
 
 // Start brings up Redis, Temporal and daprd and waits until each answers.
 func Start(ctx context.Context, o Options) (*Stack, error) {
-	if o.RedeliverInterval == 0 {
-		o.RedeliverInterval = 2 * time.Second
-	}
-	if o.ProcessingTimeout == 0 {
-		o.ProcessingTimeout = 15 * time.Second
-	}
 	for _, d := range []string{"redis", "temporal", "dapr"} {
 		if err := os.MkdirAll(filepath.Join(o.Dir, d), 0o755); err != nil {
 			return nil, err
@@ -289,6 +292,7 @@ func (s *Stack) startRedis(ctx context.Context) error {
 		return err
 	}
 	s.procs = append(s.procs, p)
+	s.redis = p
 	return waitFor(ctx, p, 20*time.Second, func() error {
 		c, err := net.DialTimeout("tcp", s.RedisAddr, time.Second)
 		if err != nil {
@@ -376,7 +380,7 @@ func (s *Stack) StartSidecar(ctx context.Context, name string) (Sidecar, error) 
 
 func (s *Stack) startDaprd(ctx context.Context, name string, grpcPort, httpPort int) (*Proc, error) {
 	res := filepath.Join(s.Dir, "dapr")
-	if err := WriteComponents(res, s.RedisAddr, s.RedeliverInterval, s.ProcessingTimeout); err != nil {
+	if err := WriteComponents(res, s.RedisAddr, s.RedeliverInterval, s.ProcessingTimeout, s.PoolSize); err != nil {
 		return nil, err
 	}
 	for name, yaml := range s.ExtraResources {
@@ -392,7 +396,7 @@ func (s *Stack) startDaprd(ctx context.Context, name string, grpcPort, httpPort 
 	if err != nil {
 		return nil, err
 	}
-	p, err := StartProc(s.Dir, name, nil, filepath.Join(s.ToolsBin, "daprd"),
+	p, err := StartProc(s.Dir, name, s.DaprdEnv, filepath.Join(s.ToolsBin, "daprd"),
 		"--app-id", AppID, "--dapr-grpc-port", strconv.Itoa(grpcPort), "--dapr-http-port", strconv.Itoa(httpPort),
 		"--dapr-internal-grpc-port", strconv.Itoa(internal), "--metrics-port", strconv.Itoa(metrics),
 		"--dapr-listen-addresses", "127.0.0.1", "--resources-path", res, "--log-level", "warn")
@@ -419,47 +423,46 @@ func HTTPEndpoint(name, baseURL string) string {
 	return fmt.Sprintf("apiVersion: dapr.io/v1alpha1\nkind: HTTPEndpoint\nmetadata:\n  name: %s\nspec:\n  baseUrl: %s\n", name, baseURL)
 }
 
+// StopRedis shuts Redis down cleanly (its data is saved), to test a broker
+// outage; StartRedis brings it back on the same port with the same data.
+func (s *Stack) StopRedis() { s.redis.Stop(10 * time.Second) }
+
+// StartRedis restarts Redis after StopRedis.
+func (s *Stack) StartRedis(ctx context.Context) error { return s.startRedis(ctx) }
+
 // KillDaprd kills daprd (to test reconnection).
 func (s *Stack) KillDaprd() { s.daprd.Kill() }
 
-// WriteComponents writes the Redis pub/sub and state store components.
-// keyPrefix none lets every app id (node, API) share the same keys.
-func WriteComponents(dir, redisAddr string, redeliver, processing time.Duration) error {
+// WriteComponents writes the pub/sub and state store components: the
+// manifests of deploy/dapr/components, pointed at redisAddr. Zero durations
+// and pool size keep the manifest's values.
+func WriteComponents(dir, redisAddr string, redeliver, processing time.Duration, poolSize int) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	pubsub := fmt.Sprintf(`apiVersion: dapr.io/v1alpha1
-kind: Component
-metadata:
-  name: %s
-spec:
-  type: pubsub.redis
-  version: v1
-  metadata:
-  - name: redisHost
-    value: "%s"
-  - name: redeliverInterval
-    value: "%s"
-  - name: processingTimeout
-    value: "%s"
-`, PubSubName, redisAddr, redeliver, processing)
-	statestore := fmt.Sprintf(`apiVersion: dapr.io/v1alpha1
-kind: Component
-metadata:
-  name: %s
-spec:
-  type: state.redis
-  version: v1
-  metadata:
-  - name: redisHost
-    value: "%s"
-  - name: keyPrefix
-    value: none
-`, StateName, redisAddr)
-	if err := os.WriteFile(filepath.Join(dir, "pubsub.yaml"), []byte(pubsub), 0o644); err != nil {
-		return err
+	pubsubSet := map[string]string{"redisHost": redisAddr}
+	if redeliver > 0 {
+		pubsubSet["redeliverInterval"] = redeliver.String()
 	}
-	return os.WriteFile(filepath.Join(dir, "statestore.yaml"), []byte(statestore), 0o644)
+	if processing > 0 {
+		pubsubSet["processingTimeout"] = processing.String()
+	}
+	if poolSize > 0 {
+		pubsubSet["poolSize"] = strconv.Itoa(poolSize)
+	}
+	for file, set := range map[string]map[string]string{
+		components.PubSub:     pubsubSet,
+		components.StateStore: {"redisHost": redisAddr},
+	} {
+		b, err := components.Render(file, set)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, file), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Stop kills every process of the stack, daprd first.

@@ -41,6 +41,10 @@ type Config struct {
 	MaxConcurrency int
 	// ReconnectMin and ReconnectMax bound the backoff between reconnects.
 	ReconnectMin, ReconnectMax time.Duration
+	// OnSubscription, when set, learns the state of each topic's
+	// subscription: an error when it could not be opened or was lost, nil
+	// when it is open or no longer wanted (the node's broker health check).
+	OnSubscription func(topic string, err error)
 }
 
 // Worker identifies a worker to the hot path.
@@ -76,6 +80,9 @@ func New(ctx context.Context, log *slog.Logger, sub Subscriber, pub publish.Publ
 	}
 	if cfg.ReconnectMax < cfg.ReconnectMin {
 		cfg.ReconnectMax = 5 * time.Second
+	}
+	if cfg.OnSubscription == nil {
+		cfg.OnSubscription = func(string, error) {}
 	}
 	return &Dispatcher{
 		log: log, sub: sub, pub: pub, events: events, cfg: cfg, ctx: ctx,
@@ -227,12 +234,14 @@ func (d *Dispatcher) Stats() Stats {
 // backoff when daprd goes away.
 func (d *Dispatcher) topicLoop(ctx context.Context, t *topic) {
 	defer close(t.done)
+	defer d.cfg.OnSubscription(t.name, nil) // no longer wanted
 	log := d.log.With("topic", t.name)
 	backoff := d.cfg.ReconnectMin
 	for ctx.Err() == nil {
 		st, err := d.sub.Subscribe(ctx, d.cfg.PubSub, t.name)
 		if err == nil {
 			log.Debug("subscribed")
+			d.cfg.OnSubscription(t.name, nil)
 			stopClose := context.AfterFunc(ctx, st.Close) // unblock Recv on unsubscribe
 			var got bool
 			for {
@@ -253,6 +262,7 @@ func (d *Dispatcher) topicLoop(ctx context.Context, t *topic) {
 		if ctx.Err() != nil {
 			return
 		}
+		d.cfg.OnSubscription(t.name, err)
 		log.Warn("subscription lost, reconnecting", "err", err, "backoff", backoff)
 		select {
 		case <-time.After(backoff):

@@ -2,9 +2,11 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -250,6 +252,56 @@ func TestReconnectsAfterStreamError(t *testing.T) {
 	second.in <- request("m1", "")
 	if a := waitAck(t, b); a.status != AckSuccess {
 		t.Fatalf("ack %+v", a)
+	}
+}
+
+func TestSubscriptionStateIsReported(t *testing.T) {
+	b, pub := newFakeBroker(), &fakePublisher{}
+	var mu sync.Mutex
+	state := map[string]error{}
+	seen := 0
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d := New(ctx, quietLog(), b, pub, nil, Config{PubSub: "pubsub", MaxConcurrency: 1,
+		ReconnectMin: time.Millisecond, ReconnectMax: 5 * time.Millisecond,
+		OnSubscription: func(topic string, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			state[topic] = err
+			seen++
+		}})
+	current := func() (error, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		err, ok := state["in"]
+		return err, ok
+	}
+	waitUntil := func(what string, cond func(error, bool) bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			if cond(current()) {
+				return
+			}
+			if time.Now().After(deadline) {
+				err, ok := current()
+				t.Fatalf("%s: state %v (reported %v)", what, err, ok)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	refused := errors.New("redis: connection pool timeout")
+	b.refuse.Store(&refused)
+	d.Attach(Worker{ID: "w", Topic: "in"}, &funcInstance{fn: outputs("x")})
+	waitUntil("refused subscription", func(err error, ok bool) bool { return errors.Is(err, refused) })
+	b.refuse.Store(nil)
+	waitUntil("subscription open", func(err error, ok bool) bool { return ok && err == nil })
+	b.stream("in").Close() // stream lost: reported, then reopened
+	waitUntil("reopened", func(err error, ok bool) bool { return ok && err == nil && b.subs.Load() >= 2 })
+	b.refuse.Store(&refused)
+	d.Detach(context.Background(), "w")
+	if err, ok := current(); !ok || err != nil {
+		t.Fatalf("a detached topic must be reported as no longer failing: %v", err)
 	}
 }
 

@@ -18,6 +18,9 @@ type fakeBroker struct {
 	streams map[string]*fakeStream
 	subs    atomic.Int32
 	acks    chan fakeAck
+	// refuse, while set, is the error every Subscribe returns (a broker
+	// that is down or out of connections).
+	refuse atomic.Pointer[error]
 }
 
 type fakeAck struct {
@@ -30,6 +33,9 @@ func newFakeBroker() *fakeBroker {
 }
 
 func (b *fakeBroker) Subscribe(ctx context.Context, _, topic string) (Stream, error) {
+	if err := b.refuse.Load(); err != nil {
+		return nil, *err
+	}
 	s := &fakeStream{in: make(chan *runtimev1.TopicEventRequest, 1024), done: make(chan struct{}), b: b}
 	b.mu.Lock()
 	b.streams[topic] = s

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
 )
@@ -38,7 +39,12 @@ type DaprSubscriber struct {
 	Client runtimev1.DaprClient
 }
 
-// Subscribe implements Subscriber.
+// SubscribeTimeout bounds how long daprd may take to confirm a subscription.
+const SubscribeTimeout = 10 * time.Second
+
+// Subscribe implements Subscriber. It returns once daprd has confirmed the
+// subscription (its initial response), so that a broker that refuses it
+// (down, connection pool exhausted) is an error here, not a silent stream.
 func (s DaprSubscriber) Subscribe(ctx context.Context, pubsub, topic string) (Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	st, err := s.Client.SubscribeTopicEventsAlpha1(ctx)
@@ -55,16 +61,34 @@ func (s DaprSubscriber) Subscribe(ctx context.Context, pubsub, topic string) (St
 		cancel()
 		return nil, fmt.Errorf("subscribe %s/%s: %w", pubsub, topic, err)
 	}
-	return &daprStream{st: st, cancel: cancel}, nil
+	timer := time.AfterFunc(SubscribeTimeout, cancel)
+	first, err := st.Recv()
+	if !timer.Stop() {
+		err = fmt.Errorf("no confirmation within %s", SubscribeTimeout)
+	}
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("subscribe %s/%s: %w", pubsub, topic, err)
+	}
+	d := &daprStream{st: st, cancel: cancel}
+	if m := first.GetEventMessage(); m != nil { // no initial response: keep the event
+		d.first = m
+	}
+	return d, nil
 }
 
 type daprStream struct {
 	st     runtimev1.Dapr_SubscribeTopicEventsAlpha1Client
 	cancel context.CancelFunc
 	sendMu sync.Mutex
+	first  *runtimev1.TopicEventRequest // received while confirming
 }
 
 func (d *daprStream) Recv() (*runtimev1.TopicEventRequest, error) {
+	if m := d.first; m != nil {
+		d.first = nil
+		return m, nil
+	}
 	for {
 		resp, err := d.st.Recv()
 		if err != nil {

@@ -1,14 +1,19 @@
 // Package health owns a node's health reporting: liveness (/healthz),
-// readiness (/readyz: ready only once start-up recovery finished) and a JSON
-// report (/health: Healthy, Degraded while recovery runs or while cluster
-// heartbeats fail, Unhealthy when recovery failed) with one entry per check.
+// readiness (/readyz: ready once start-up recovery finished and while no
+// check with a readiness grace, such as the broker's, has been failing for
+// longer than its grace) and a JSON report (/health: Healthy, Degraded while
+// recovery runs, while cluster heartbeats fail or while the broker refuses
+// publishes or subscriptions, Unhealthy when recovery failed) with one entry
+// per check. The broker check is fed by BrokerWatch.
 package health
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"sort"
 	"sync"
+	"time"
 )
 
 // Status of one check or of the whole node.
@@ -24,6 +29,8 @@ const (
 type Check struct {
 	Status Status `json:"status"`
 	Detail string `json:"detail,omitempty"`
+	// Since is when the check last changed status.
+	Since time.Time `json:"since"`
 }
 
 // Report is the JSON body of /health.
@@ -45,18 +52,35 @@ const Cluster = "cluster"
 type State struct {
 	mu     sync.Mutex
 	checks map[string]Check
+	graces map[string]time.Duration
+	now    func() time.Time
 }
 
 // New returns a State whose recovery check is Degraded ("pending").
 func New() *State {
-	return &State{checks: map[string]Check{Recovery: {Status: Degraded, Detail: "pending"}}}
+	s := &State{checks: map[string]Check{}, graces: map[string]time.Duration{}, now: time.Now}
+	s.Set(Recovery, Degraded, "pending")
+	return s
 }
 
 // Set records a check.
 func (s *State) Set(name string, status Status, detail string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.checks[name] = Check{Status: status, Detail: detail}
+	c := Check{Status: status, Detail: detail, Since: s.now()}
+	if old, ok := s.checks[name]; ok && old.Status == status {
+		c.Since = old.Since
+	}
+	s.checks[name] = c
+}
+
+// GateReadiness makes the check name fail readiness once it has not been
+// Healthy for longer than grace (the broker check: a short outage keeps the
+// node in rotation, a long one takes it out).
+func (s *State) GateReadiness(name string, grace time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.graces[name] = grace
 }
 
 // Report returns the overall status: the worst of all checks.
@@ -81,9 +105,34 @@ func (s *State) Report() Report {
 
 // Ready reports whether the node may receive traffic.
 func (s *State) Ready() bool {
+	ok, _ := s.Readiness()
+	return ok
+}
+
+// Readiness reports whether the node may receive traffic, and why (or why
+// not): recovery must be Healthy, and no gated check may have been failing
+// for longer than its grace.
+func (s *State) Readiness() (bool, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.checks[Recovery].Status == Healthy
+	rec := s.checks[Recovery]
+	if rec.Status != Healthy {
+		return false, fmt.Sprintf("%s: %s: %s", rec.Status, Recovery, rec.Detail)
+	}
+	now := s.now()
+	names := make([]string, 0, len(s.graces))
+	for n := range s.graces {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		c, ok := s.checks[n]
+		if ok && c.Status != Healthy && now.Sub(c.Since) > s.graces[n] {
+			return false, fmt.Sprintf("%s: %s: %s (for %s, grace %s)", c.Status, n, c.Detail,
+				now.Sub(c.Since).Round(time.Second), s.graces[n])
+		}
+	}
+	return true, fmt.Sprintf("%s: %s: %s", rec.Status, Recovery, rec.Detail)
 }
 
 func rank(s Status) int {
@@ -105,12 +154,11 @@ func (s *State) Handler() http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		r := s.Report()
-		rec := r.Checks[Recovery]
-		if rec.Status != Healthy {
+		ok, why := s.Readiness()
+		if !ok {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
-		_, _ = w.Write([]byte(string(rec.Status) + ": " + rec.Detail + "\n"))
+		_, _ = w.Write([]byte(why + "\n"))
 	})
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		r := s.Report()

@@ -94,6 +94,8 @@ type envConfig struct {
 	redisPort, temporalPort int    // fixed ports, as `make run` restarts on its own
 	apiEnv, nodeEnv         []string
 	resources               map[string]string // extra Dapr resources
+	poolSize                int               // daprd's Redis pub/sub pool (0: the manifest's)
+	daprdEnv                []string
 }
 
 // newEnv starts a full stack in dir (a fresh temp dir when empty).
@@ -112,7 +114,7 @@ func newEnvWith(t testing.TB, c envConfig) *env {
 	defer cancel()
 	st, err := devstack.Start(ctx, devstack.Options{Dir: c.dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"), Headless: true, // not StartT: a test may restart the stack on the same dir
 		RedisPort: c.redisPort, TemporalPort: c.temporalPort, RedeliverInterval: time.Second, ProcessingTimeout: 6 * time.Second,
-		ExtraResources: c.resources})
+		ExtraResources: c.resources, PoolSize: c.poolSize, DaprdEnv: c.daprdEnv})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +165,7 @@ func (e *env) startNode() {
 		if err != nil {
 			return nil, err
 		}
-		return p, devstack.WaitHTTP(context.Background(), p, "http://"+addr+"/readyz", 90*time.Second)
+		return p, devstack.WaitHTTP(context.Background(), p, "http://"+addr+"/readyz", 5*time.Minute)
 	})
 	e.nodeURL = "http://" + addr
 }
@@ -247,9 +249,8 @@ func (e *env) subscribe(topic string) <-chan event.Event {
 			_ = st.Ack(req.GetId(), dispatch.AckSuccess)
 		}
 	}()
-	// Give daprd a moment to create the consumer group before anything is
-	// published to the topic.
-	time.Sleep(300 * time.Millisecond)
+	// Subscribe returned after daprd confirmed the subscription, so its
+	// consumer group exists: anything published from now on is received.
 	return ch
 }
 

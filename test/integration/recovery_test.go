@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/virtufin/workmanager/internal/health"
 	"github.com/virtufin/workmanager/internal/lifecycle"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
@@ -163,18 +164,29 @@ func TestHungWorkerTimesOut(t *testing.T) {
 	}
 }
 
-// The hot path survives a daprd restart: streams reconnect by themselves.
+// The hot path survives a daprd restart: streams reconnect by themselves,
+// and /health says the broker is unreachable while daprd is gone.
 func TestStreamReconnectsAfterDaprdRestart(t *testing.T) {
 	e := newEnv(t, "")
 	in, out := topicName(t, "in"), topicName(t, "out")
 	e.create(t, in, echoWorker(out, "v1"))
 	e.closeSubs()
 	e.stack.KillDaprd()
+	var detail string
+	waitFor(t, 15*time.Second, "broker Degraded while daprd is gone", func() bool {
+		c := e.healthReport(t).Checks[health.Broker]
+		detail = c.Detail
+		return c.Status == health.Degraded
+	})
+	t.Logf("broker check without daprd: %s", detail)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := e.stack.StartDaprd(ctx); err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, 30*time.Second, "broker Healthy after daprd is back", func() bool {
+		return e.healthReport(t).Checks[health.Broker].Status == health.Healthy
+	})
 	e.connectDapr()
 	outs := e.subscribe(out)
 	deadline := time.Now().Add(30 * time.Second)
