@@ -77,12 +77,13 @@ func (b *BrokerWatch) Probe(ctx context.Context, interval, timeout time.Duration
 	for {
 		pctx, cancel := context.WithTimeout(ctx, timeout)
 		err := probe(pctx)
+		timedOut := errors.Is(pctx.Err(), context.DeadlineExceeded)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("probe publish got no answer within %s: %w", timeout, err)
+		if err != nil && timedOut {
+			err = fmt.Errorf("no answer within %s: %w", timeout, err)
 		}
 		b.Published(err)
 		select {
