@@ -3,7 +3,7 @@
 // config, history and code, attaching and detaching workers on this node, and
 // publishing lifecycle events. Every activity is idempotent so that Temporal
 // may retry it; errors caused by the request itself are returned as
-// non-retryable application errors of type ErrTypeInvalidArgument.
+// non-retryable application errors of type failure.InvalidArgument.
 package activities
 
 import (
@@ -11,28 +11,41 @@ import (
 	"errors"
 	"fmt"
 
-	"go.temporal.io/sdk/temporal"
-
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/catalog"
-	"github.com/virtufin/workmanager/internal/cluster"
 	"github.com/virtufin/workmanager/internal/codesource"
+	"github.com/virtufin/workmanager/internal/failure"
 	"github.com/virtufin/workmanager/internal/lifecycle"
-	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/state"
 )
 
-// ErrTypeInvalidArgument marks errors caused by bad input (bad code, wrong
-// sha256, unknown MIME type). The API maps it to INVALID_ARGUMENT.
-const ErrTypeInvalidArgument = "InvalidArgument"
+// Node is what activities need of the node they run on (internal/node): the
+// node attaches or detaches a worker and, under the same lock, runs commit
+// (the catalog write), so a worker that cannot be attached is never
+// persisted.
+type Node interface {
+	// Check load-checks code for w with its engine without running it.
+	Check(ctx context.Context, w catalog.Worker, code []byte) error
+	// Apply attaches (or detaches, when stopped) w, then runs commit.
+	Apply(ctx context.Context, w catalog.Worker, commit func(context.Context) error) error
+	// Remove detaches the worker id, then runs commit.
+	Remove(ctx context.Context, id string, commit func(context.Context) error) error
+	// Sync makes this node match the persisted record of id.
+	Sync(ctx context.Context, id string) error
+}
+
+// Members lists the live nodes (internal/cluster).
+type Members interface {
+	Alive(ctx context.Context) ([]string, error)
+}
 
 // Activities carries the dependencies of every activity.
 type Activities struct {
 	Catalog *catalog.Catalog
-	Node    *node.Node
+	Node    Node
 	Events  *lifecycle.Emitter
 	Fetcher codesource.Fetcher
-	Members *cluster.Members
+	Members Members
 }
 
 // PrepareCodeInput names the code a worker is about to load.
@@ -200,7 +213,7 @@ func classify(err error) error {
 	}
 	for _, bad := range []error{engines.ErrInvalidCode, engines.ErrUnknownMIMEType, codesource.ErrInvalid, catalog.ErrInvalidSpec} {
 		if errors.Is(err, bad) {
-			return temporal.NewNonRetryableApplicationError(err.Error(), ErrTypeInvalidArgument, nil)
+			return failure.New(failure.InvalidArgument, err.Error())
 		}
 	}
 	return err

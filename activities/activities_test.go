@@ -19,6 +19,7 @@ import (
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/cluster"
 	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/failure"
 	"github.com/virtufin/workmanager/internal/lifecycle"
 	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/state"
@@ -139,8 +140,8 @@ func worker(status catalog.Status, sha string) catalog.Worker {
 func wantInvalidArgument(t *testing.T, err error, want string) {
 	t.Helper()
 	var app *temporal.ApplicationError
-	if !errors.As(err, &app) || app.Type() != ErrTypeInvalidArgument || !app.NonRetryable() {
-		t.Fatalf("want a non-retryable %s error, got %v", ErrTypeInvalidArgument, err)
+	if !errors.As(err, &app) || app.Type() != failure.InvalidArgument || !app.NonRetryable() {
+		t.Fatalf("want a non-retryable %s error, got %v", failure.InvalidArgument, err)
 	}
 	if !strings.Contains(err.Error(), want) {
 		t.Fatalf("error %q does not say %q", err, want)
@@ -297,8 +298,9 @@ func TestListNodes(t *testing.T) {
 	if ids, err := f.acts.ListNodes(ctx); err != nil || len(ids) != 0 {
 		t.Fatalf("without membership: %v %v", ids, err)
 	}
-	f.acts.Members = cluster.New(f.store, "n1", time.Minute)
-	if err := f.acts.Members.Heartbeat(ctx); err != nil {
+	members := cluster.New(f.store, "n1", time.Minute)
+	f.acts.Members = members
+	if err := members.Heartbeat(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if ids, err := f.acts.ListNodes(ctx); err != nil || len(ids) != 1 || ids[0] != "n1" {

@@ -1,9 +1,12 @@
 package workflows
 
 import (
+	"context"
+	"fmt"
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
@@ -143,4 +146,24 @@ func recoverOne(ctx, actx workflow.Context, w catalog.Worker) workflow.Future {
 		set.Set(nil, workflow.ExecuteActivity(actx, a.Activate, w.ID).Get(ctx, nil))
 	})
 	return f
+}
+
+// RunRecovery executes the recovery workflow under its fixed ID, joining one
+// that is already running (only one recovery runs in the cluster).
+func RunRecovery(ctx context.Context, c client.Client) (RecoveryResult, error) {
+	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
+		ID:                       RecoveryWorkflowID,
+		TaskQueue:                TaskQueue,
+		WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING,
+		WorkflowIDReusePolicy:    enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
+		WorkflowExecutionTimeout: 10 * time.Minute,
+	}, RecoveryWorkflow, RecoveryInput{})
+	if err != nil {
+		return RecoveryResult{}, fmt.Errorf("start recovery: %w", err)
+	}
+	var res RecoveryResult
+	if err := run.Get(ctx, &res); err != nil {
+		return res, fmt.Errorf("recovery: %w", err)
+	}
+	return res, nil
 }

@@ -8,12 +8,12 @@ import (
 
 	"github.com/stretchr/testify/mock"
 	"github.com/stretchr/testify/require"
-	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/virtufin/workmanager/activities"
 	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/failure"
 )
 
 // recoveryEnv is a test environment whose catalog holds workers w0..w(n-1),
@@ -69,7 +69,7 @@ func newRecoveryEnv(n int, deleted, broken map[string]bool) *recoveryEnv {
 		func(workflow.Context, WorkerInput) (WorkerState, error) { r.children++; return WorkerState{}, nil })
 	r.env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(func(_ context.Context, id string) error {
 		if broken[id] {
-			return temporal.NewNonRetryableApplicationError("engine refused the code", activities.ErrTypeInvalidArgument, nil)
+			return failure.New(failure.InvalidArgument, "engine refused the code")
 		}
 		r.activated = append(r.activated, id)
 		return nil

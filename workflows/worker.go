@@ -15,6 +15,7 @@ import (
 
 	"github.com/virtufin/workmanager/activities"
 	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/failure"
 	"github.com/virtufin/workmanager/internal/lifecycle"
 )
 
@@ -26,13 +27,6 @@ const (
 	UpdateLoadCode = "load_code"
 	UpdateDelete   = "delete"
 	QueryState     = "state"
-)
-
-// Application error types of validator rejections, mapped to gRPC codes by
-// the API.
-const (
-	ErrTypeNotFound      = "NotFound"
-	ErrTypeAlreadyExists = "AlreadyExists"
 )
 
 // TaskQueue is where WorkManager nodes poll for workflow and activity tasks.
@@ -137,9 +131,9 @@ func (e *entity) registerUpdates(ctx workflow.Context) error {
 	alive := func() error {
 		switch {
 		case e.st.Deleted:
-			return temporal.NewNonRetryableApplicationError(fmt.Sprintf("worker %s is deleted", e.st.Worker.ID), ErrTypeNotFound, nil)
+			return failure.New(failure.NotFound, fmt.Sprintf("worker %s is deleted", e.st.Worker.ID))
 		case !e.st.Created:
-			return temporal.NewNonRetryableApplicationError(fmt.Sprintf("worker %s is not created", e.st.Worker.ID), ErrTypeNotFound, nil)
+			return failure.New(failure.NotFound, fmt.Sprintf("worker %s is not created", e.st.Worker.ID))
 		}
 		return nil
 	}
@@ -150,7 +144,7 @@ func (e *entity) registerUpdates(ctx workflow.Context) error {
 	}{
 		{UpdateCreate, e.create, func(workflow.Context, CreateRequest) error {
 			if e.st.Created || e.failed != nil {
-				return temporal.NewNonRetryableApplicationError(fmt.Sprintf("worker %s already exists", e.st.Worker.ID), ErrTypeAlreadyExists, nil)
+				return failure.New(failure.AlreadyExists, fmt.Sprintf("worker %s already exists", e.st.Worker.ID))
 			}
 			return nil
 		}},
@@ -161,7 +155,7 @@ func (e *entity) registerUpdates(ctx workflow.Context) error {
 				return err
 			}
 			if err := catalog.ValidateSHA256(r.SHA256); err != nil {
-				return temporal.NewNonRetryableApplicationError(err.Error(), activities.ErrTypeInvalidArgument, nil)
+				return failure.New(failure.InvalidArgument, err.Error())
 			}
 			return nil
 		}},
@@ -185,7 +179,7 @@ func activityCtx(ctx workflow.Context) workflow.Context {
 			BackoffCoefficient:     2,
 			MaximumInterval:        10 * time.Second,
 			MaximumAttempts:        8,
-			NonRetryableErrorTypes: []string{activities.ErrTypeInvalidArgument},
+			NonRetryableErrorTypes: []string{failure.InvalidArgument},
 		},
 	})
 }
@@ -205,7 +199,7 @@ func (e *entity) lock(ctx workflow.Context) (func(), error) {
 	}
 	if e.st.Deleted {
 		e.mu.Unlock()
-		return nil, temporal.NewNonRetryableApplicationError(fmt.Sprintf("worker %s is deleted", e.st.Worker.ID), ErrTypeNotFound, nil)
+		return nil, failure.New(failure.NotFound, fmt.Sprintf("worker %s is deleted", e.st.Worker.ID))
 	}
 	e.updates++
 	return e.mu.Unlock, nil
@@ -408,7 +402,7 @@ func (e *entity) syncNodes(ctx workflow.Context) {
 			ScheduleToStartTimeout: 5 * time.Second,
 			StartToCloseTimeout:    20 * time.Second,
 			RetryPolicy: &temporal.RetryPolicy{InitialInterval: 200 * time.Millisecond, MaximumAttempts: 2,
-				NonRetryableErrorTypes: []string{activities.ErrTypeInvalidArgument}},
+				NonRetryableErrorTypes: []string{failure.InvalidArgument}},
 		})
 		futures[i] = workflow.ExecuteActivity(nctx, a.Activate, e.st.Worker.ID)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/virtufin/workmanager/activities"
 	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/failure"
 	"github.com/virtufin/workmanager/internal/lifecycle"
 )
 
@@ -142,7 +143,7 @@ func (s *WorkerWorkflowSuite) TestValidatorsRejectWithoutActivities() {
 
 func (s *WorkerWorkflowSuite) TestFailedCreateEndsWorkflow() {
 	s.env.OnActivity(a.PrepareCode, mock.Anything, mock.Anything).Return(catalog.CodeRef{},
-		temporal.NewNonRetryableApplicationError("SyntaxError: invalid syntax", activities.ErrTypeInvalidArgument, nil))
+		failure.New(failure.InvalidArgument, "SyntaxError: invalid syntax"))
 	var create updater
 	s.env.RegisterDelayedCallback(func() {
 		s.update(UpdateCreate, &create, CreateRequest{Ref: catalog.CodeRef{SHA256: sha1, SourceKind: "content"}})
@@ -150,7 +151,7 @@ func (s *WorkerWorkflowSuite) TestFailedCreateEndsWorkflow() {
 	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: newWorker()}})
 	var appErr *temporal.ApplicationError
 	s.True(errors.As(create.err, &appErr))
-	s.Equal(activities.ErrTypeInvalidArgument, appErr.Type())
+	s.Equal(failure.InvalidArgument, appErr.Type())
 	s.True(s.env.IsWorkflowCompleted())
 	s.ErrorContains(s.env.GetWorkflowError(), "create failed")
 }
@@ -291,6 +292,6 @@ func (s *WorkerWorkflowSuite) TestUpdateQueuedBehindDeleteIsNotFound() {
 	s.NoError(del.err)
 	var appErr *temporal.ApplicationError
 	s.Require().True(errors.As(start.err, &appErr), "got %v / %v", start.err, start.reject)
-	s.Equal(ErrTypeNotFound, appErr.Type())
+	s.Equal(failure.NotFound, appErr.Type())
 	s.True(s.env.IsWorkflowCompleted())
 }

@@ -22,11 +22,11 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
-	"github.com/virtufin/workmanager/engines/builtin"
-	"github.com/virtufin/workmanager/internal/api"
+	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/state"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+	"github.com/virtufin/workmanager/services/api"
 )
 
 func main() {
@@ -51,10 +51,6 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	}
 	defer conn.Close()
 	cat := catalog.New(state.NewDaprStore(dapr.NewClientWithConnection(conn), cfg.StateStore))
-	reg, err := builtin.Registry(builtin.Config{Logger: log})
-	if err != nil {
-		return err
-	}
 	tc, err := client.DialContext(ctx, client.Options{HostPort: cfg.TemporalAddress, Namespace: cfg.TemporalNamespace,
 		Logger: tlog.NewStructuredLogger(log.With("component", "temporal"))})
 	if err != nil {
@@ -63,7 +59,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	defer tc.Close()
 
 	srv := grpc.NewServer()
-	pb.RegisterWorkManagerServiceServer(srv, api.New(log, tc, cat, reg.MIMETypes(),
+	pb.RegisterWorkManagerServiceServer(srv, api.New(log, tc, cat, engines.BuiltinMIMETypes(),
 		api.Options{OperationTimeout: cfg.OperationTimeout, ContinueAsNewAfter: cfg.ContinueAsNewAfter}))
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)

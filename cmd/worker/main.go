@@ -35,8 +35,8 @@ import (
 	"github.com/virtufin/workmanager/internal/lifecycle"
 	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/publish"
-	"github.com/virtufin/workmanager/internal/startup"
 	"github.com/virtufin/workmanager/internal/state"
+	"github.com/virtufin/workmanager/services/reconcile"
 	"github.com/virtufin/workmanager/workflows"
 )
 
@@ -140,14 +140,14 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 
 	if cfg.RecoveryOnStart {
 		go func() {
-			if err := startup.Recover(ctx, log, tc, n, h); err != nil && !errors.Is(err, context.Canceled) {
+			if err := reconcile.Recover(ctx, log, tc, n, h); err != nil && !errors.Is(err, context.Canceled) {
 				log.Error("recovery failed", "err", err)
 			}
 		}()
 	} else {
 		h.Set(health.Recovery, health.Healthy, "recovery on start disabled")
 	}
-	go startup.ReconcileLoop(ctx, log, n, cfg.ReconcileInterval)
+	go reconcile.ReconcileLoop(ctx, log, n, cfg.ReconcileInterval)
 	<-ctx.Done()
 	log.Info("node stopping")
 	return nil

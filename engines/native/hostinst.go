@@ -20,7 +20,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/virtufin/workmanager/engines"
-	"github.com/virtufin/workmanager/internal/procpool"
+	"github.com/virtufin/workmanager/engines/internal/procpool"
 )
 
 // closeGrace is how long Close lets an idle host exit on its own (it sees

@@ -22,7 +22,7 @@ import (
 )
 
 // MIMEType is the worker MIME type this engine serves.
-const MIMEType = "application/x-native-dll"
+const MIMEType = engines.MIMENativeDLL
 
 // Isolation says where a worker library runs.
 type Isolation string

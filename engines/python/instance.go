@@ -10,7 +10,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/virtufin/workmanager/engines"
-	"github.com/virtufin/workmanager/internal/procpool"
+	"github.com/virtufin/workmanager/engines/internal/procpool"
 )
 
 // Instance is one loaded worker: Config.Processes runner subprocesses with the

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
-	"github.com/virtufin/workmanager/internal/procpool"
+	"github.com/virtufin/workmanager/engines/internal/procpool"
 )
 
 // Frame kinds (see README.md).

@@ -14,11 +14,11 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
-	"github.com/virtufin/workmanager/internal/procpool"
+	"github.com/virtufin/workmanager/engines/internal/procpool"
 )
 
 // MIMEType is the worker MIME type this engine serves.
-const MIMEType = "text/x-python"
+const MIMEType = engines.MIMEPython
 
 //go:embed runner.py
 var runnerSource string

@@ -21,10 +21,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/virtufin/workmanager/activities"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/codesource"
-	"github.com/virtufin/workmanager/internal/startup"
+	"github.com/virtufin/workmanager/internal/failure"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	"github.com/virtufin/workmanager/workflows"
 )
@@ -185,7 +184,7 @@ func (s *Server) GetWorkerHistory(ctx context.Context, req *pb.GetWorkerHistoryR
 
 // RecoverWorkers implements pb.WorkManagerServiceServer.
 func (s *Server) RecoverWorkers(ctx context.Context, _ *pb.RecoverWorkersRequest) (*pb.RecoverWorkersResponse, error) {
-	res, err := startup.RunRecovery(ctx, s.temporal)
+	res, err := workflows.RunRecovery(ctx, s.temporal)
 	if err != nil {
 		return nil, s.status(err, "")
 	}
@@ -257,14 +256,13 @@ func (s *Server) state(ctx context.Context, id string) (workflows.WorkerState, e
 
 // status maps Temporal errors to gRPC status codes.
 func (s *Server) status(err error, id string) error {
-	var appErr *temporal.ApplicationError
 	var notFound *serviceerror.NotFound
-	switch {
-	case errors.As(err, &appErr) && appErr.Type() == activities.ErrTypeInvalidArgument:
-		return status.Error(codes.InvalidArgument, appErr.Message())
-	case errors.As(err, &appErr) && appErr.Type() == workflows.ErrTypeNotFound, errors.As(err, &notFound):
+	switch kind := failure.Kind(err); {
+	case kind == failure.InvalidArgument:
+		return status.Error(codes.InvalidArgument, failure.Message(err))
+	case kind == failure.NotFound, errors.As(err, &notFound):
 		return status.Errorf(codes.NotFound, "worker %s not found", id)
-	case errors.As(err, &appErr) && appErr.Type() == workflows.ErrTypeAlreadyExists:
+	case kind == failure.AlreadyExists:
 		return status.Errorf(codes.AlreadyExists, "worker %s already exists", id)
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Errorf(codes.DeadlineExceeded, "worker %s: operation did not finish in time: %v", id, err)

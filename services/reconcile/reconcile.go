@@ -1,8 +1,8 @@
-// Package startup owns what a node does after it comes up and while it runs:
+// Package reconcile owns what a node does after it comes up and while it runs:
 // join (or start) the cluster-wide recovery workflow, reconcile this node
 // against the catalog, report both in the health state, and keep reconciling
 // periodically so that changes made through other nodes reach this one.
-package startup
+package reconcile
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"time"
 
-	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/client"
 
 	"github.com/virtufin/workmanager/internal/health"
@@ -18,32 +17,12 @@ import (
 	"github.com/virtufin/workmanager/workflows"
 )
 
-// RunRecovery executes the recovery workflow under its fixed ID, joining one
-// that is already running (only one recovery runs in the cluster).
-func RunRecovery(ctx context.Context, c client.Client) (workflows.RecoveryResult, error) {
-	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
-		ID:                       workflows.RecoveryWorkflowID,
-		TaskQueue:                workflows.TaskQueue,
-		WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING,
-		WorkflowIDReusePolicy:    enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
-		WorkflowExecutionTimeout: 10 * time.Minute,
-	}, workflows.RecoveryWorkflow, workflows.RecoveryInput{})
-	if err != nil {
-		return workflows.RecoveryResult{}, fmt.Errorf("start recovery: %w", err)
-	}
-	var res workflows.RecoveryResult
-	if err := run.Get(ctx, &res); err != nil {
-		return res, fmt.Errorf("recovery: %w", err)
-	}
-	return res, nil
-}
-
 // Recover runs the recovery workflow and then reconciles this node, keeping
 // the health state's recovery check up to date. Broken workers are counted,
 // not fatal; failing to run recovery at all makes the node Unhealthy.
 func Recover(ctx context.Context, log *slog.Logger, c client.Client, n *node.Node, h *health.State) error {
 	h.Set(health.Recovery, health.Degraded, "recovery running")
-	res, err := RunRecovery(ctx, c)
+	res, err := workflows.RunRecovery(ctx, c)
 	if err != nil {
 		h.Set(health.Recovery, health.Unhealthy, err.Error())
 		return err
