@@ -19,17 +19,17 @@ import (
 	"github.com/virtufin/workmanager/internal/state"
 )
 
-// Node is what activities need of the node they run on (internal/node): the
-// node attaches or detaches a worker and, under the same lock, runs commit
-// (the catalog write), so a worker that cannot be attached is never
-// persisted.
+// Node is what activities need of the node they run on (internal/node),
+// which owns the ordering rule: attach or detach first, then persist, under
+// one lock, so a worker that cannot be attached is never persisted.
 type Node interface {
 	// Check load-checks code for w with its engine without running it.
 	Check(ctx context.Context, w catalog.Worker, code []byte) error
-	// Apply attaches (or detaches, when stopped) w, then runs commit.
-	Apply(ctx context.Context, w catalog.Worker, commit func(context.Context) error) error
-	// Remove detaches the worker id, then runs commit.
-	Remove(ctx context.Context, id string, commit func(context.Context) error) error
+	// Apply attaches (or detaches, when stopped) w, then persists it and
+	// history (when not nil).
+	Apply(ctx context.Context, w catalog.Worker, history *catalog.HistoryEntry) error
+	// Remove detaches the worker id, then deletes its record.
+	Remove(ctx context.Context, id string) error
 	// Sync makes this node match the persisted record of id.
 	Sync(ctx context.Context, id string) error
 }
@@ -105,49 +105,25 @@ type EventSpec struct {
 type ApplyInput struct {
 	Worker  catalog.Worker
 	History *catalog.HistoryEntry
-	Events  []EventSpec
 }
 
 // Apply makes this node serve the worker as described (attach, hot-swap code
-// or detach), then persists the record (and history entry), then publishes the
-// lifecycle events in Events, if any (workflows now pass none and publish with
-// Emit once every node applied the change). The node goes first so that a
-// worker whose code cannot be attached is never persisted.
+// or detach), then persists the record (and history entry). The node goes
+// first so that a worker whose code cannot be attached is never persisted.
+// Its lifecycle events are published by Emit, once every node applied it.
 func (a *Activities) Apply(ctx context.Context, in ApplyInput) error {
-	err := a.Node.Apply(ctx, in.Worker, func(ctx context.Context) error {
-		if err := a.Catalog.SaveWorker(ctx, in.Worker); err != nil {
-			return err
-		}
-		if in.History != nil {
-			return a.Catalog.AppendHistory(ctx, in.Worker.ID, *in.History)
-		}
-		return nil
-	})
-	if err != nil {
-		return classify(err)
-	}
-	return a.emit(ctx, in.Worker, in.Events)
+	return classify(a.Node.Apply(ctx, in.Worker, in.History))
 }
 
 // DeleteInput names the worker to delete.
 type DeleteInput struct {
-	Worker  catalog.Worker
-	EventID string
+	Worker catalog.Worker
 }
 
-// Delete detaches the worker, removes its config and history, and publishes
-// the deleted event when EventID is set (workflows now publish it with Emit,
-// after every node applied the delete).
+// Delete detaches the worker and removes its config and history. Its deleted
+// event is published by Emit, once every node applied the delete.
 func (a *Activities) Delete(ctx context.Context, in DeleteInput) error {
-	if err := a.Node.Remove(ctx, in.Worker.ID, func(ctx context.Context) error {
-		return a.Catalog.DeleteWorker(ctx, in.Worker.ID)
-	}); err != nil {
-		return err
-	}
-	if in.EventID == "" {
-		return nil
-	}
-	return a.emit(ctx, in.Worker, []EventSpec{{ID: in.EventID, Kind: lifecycle.Deleted}})
+	return a.Node.Remove(ctx, in.Worker.ID)
 }
 
 // EmitInput names lifecycle events of a worker.
@@ -160,12 +136,6 @@ type EmitInput struct {
 // publishes duplicates that consumers can drop.
 func (a *Activities) Emit(ctx context.Context, in EmitInput) error {
 	return a.emit(ctx, in.Worker, in.Events)
-}
-
-// ListWorkers returns every persisted worker. Only recovery runs recorded
-// before paged recovery call it; kept so that their histories replay.
-func (a *Activities) ListWorkers(ctx context.Context) ([]catalog.Worker, error) {
-	return a.Catalog.ListWorkers(ctx)
 }
 
 // ListWorkerIDs returns the ids of every persisted worker (recovery).

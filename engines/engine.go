@@ -163,3 +163,19 @@ func (r *Registry) MIMETypes() []string {
 	sort.Strings(out)
 	return out
 }
+
+// ContextError describes a call that ended because ctx did, for every engine
+// alike: a passed deadline (or none left) is ErrTimeout, which the hot path
+// reports as the worker's timeout; a cancellation (a stop, a reload, the
+// node shutting down) is not the worker's fault. what says where the call
+// was ("waiting for a free worker process", "during the call …").
+func ContextError(ctx context.Context, engine, what string) error {
+	err := ctx.Err()
+	if err == nil || errors.Is(err, context.DeadlineExceeded) {
+		if err == nil {
+			err = context.DeadlineExceeded
+		}
+		return fmt.Errorf("%w: %s: %w", ErrTimeout, what, err)
+	}
+	return fmt.Errorf("%s engine: %s: %w", engine, what, err)
+}

@@ -46,10 +46,6 @@ type RecoveryInput struct {
 	Batch, Run int
 }
 
-// pagedRecovery marks the change from one list of every worker record and
-// one fan-out over all of them to batches and continue-as-new.
-const pagedRecovery = "paged-recovery"
-
 // RecoveryWorkflow brings every persisted worker back: it makes sure each
 // worker's entity workflow runs (starting it from the persisted record when
 // Temporal lost it) and that the worker is attached (RUNNING) or detached
@@ -65,9 +61,6 @@ func RecoveryWorkflow(ctx workflow.Context, in RecoveryInput) (RecoveryResult, e
 			InitialInterval: 200 * time.Millisecond, MaximumInterval: 2 * time.Second, MaximumAttempts: 3,
 		},
 	})
-	if workflow.GetVersion(ctx, pagedRecovery, workflow.DefaultVersion, 1) == workflow.DefaultVersion {
-		return recoverAll(ctx, actx)
-	}
 	batch, run := in.Batch, in.Run
 	if batch <= 0 {
 		batch = DefaultRecoveryBatch
@@ -95,18 +88,6 @@ func RecoveryWorkflow(ctx workflow.Context, in RecoveryInput) (RecoveryResult, e
 		handled += n
 	}
 	return in.Done, nil
-}
-
-// recoverAll is recovery as it ran before pagedRecovery, for the histories
-// recorded then: one list of every record, every worker at once.
-func recoverAll(ctx, actx workflow.Context) (RecoveryResult, error) {
-	var ws []catalog.Worker
-	if err := workflow.ExecuteActivity(actx, a.ListWorkers).Get(ctx, &ws); err != nil {
-		return RecoveryResult{}, err
-	}
-	var res RecoveryResult
-	recoverBatch(ctx, actx, ws, &res)
-	return res, nil
 }
 
 // recoverBatch recovers ws concurrently and adds the outcome to res.

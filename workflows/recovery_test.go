@@ -24,7 +24,7 @@ type recoveryEnv struct {
 	batches   [][]string
 	activated []string
 	children  int
-	lists     int   // ListWorkerIDs and ListWorkers calls
+	lists     int   // ListWorkerIDs calls
 	getErr    error // GetWorkers fails with it when set
 }
 
@@ -48,17 +48,6 @@ func newRecoveryEnv(n int, deleted, broken map[string]bool) *recoveryEnv {
 			r.batches = append(r.batches, ids)
 			var ws []catalog.Worker
 			for _, id := range ids {
-				if !deleted[id] {
-					ws = append(ws, catalog.Worker{ID: id, Topic: "in", Status: catalog.StatusRunning})
-				}
-			}
-			return ws, nil
-		})
-	r.env.OnActivity(a.ListWorkers, mock.Anything).Return(
-		func(context.Context) ([]catalog.Worker, error) {
-			r.lists++
-			var ws []catalog.Worker
-			for _, id := range r.ids {
 				if !deleted[id] {
 					ws = append(ws, catalog.Worker{ID: id, Topic: "in", Status: catalog.StatusRunning})
 				}
@@ -141,17 +130,4 @@ func TestRecoveryCapsFailedIDs(t *testing.T) {
 	require.NoError(t, r.env.GetWorkflowResult(&res))
 	require.Equal(t, n, res.Failed)
 	require.Len(t, res.FailedIDs, MaxFailedIDs)
-}
-
-// A recovery recorded before paged recovery replays down its old path.
-func TestRecoveryBeforePagingKeepsItsPath(t *testing.T) {
-	r := newRecoveryEnv(3, map[string]bool{"w2": true}, nil)
-	r.env.OnGetVersion(pagedRecovery, workflow.DefaultVersion, 1).Return(workflow.DefaultVersion)
-	r.env.ExecuteWorkflow(RecoveryWorkflow, RecoveryInput{})
-	require.NoError(t, r.env.GetWorkflowError())
-	var res RecoveryResult
-	require.NoError(t, r.env.GetWorkflowResult(&res))
-	require.Equal(t, RecoveryResult{Recovered: 2}, res)
-	require.Empty(t, r.batches)
-	require.Equal(t, 1, r.lists)
 }

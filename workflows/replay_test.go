@@ -6,15 +6,14 @@ import (
 	"go.temporal.io/sdk/worker"
 )
 
-// TestReplayRecordedHistory replays worker lifecycles (create, stop, start,
+// TestReplayRecordedHistory replays a worker lifecycle (create, stop, start,
 // load_code, delete) recorded on a real Temporal server against the current
-// code: one from before the sync-all-nodes change (it must keep its path
-// through the version marker) and one from the current code. Refresh the
-// current one with `WM_RECORD_HISTORY=1 go test ./test/integration -run
-// TestReplayRealHistory`; an incompatible change is versioned, and the
-// history it replaces is kept here.
+// code. Refresh it with `WM_RECORD_HISTORY=1 go test ./test/integration -run
+// TestReplayRealHistory`. Every change to workflow code from now on is
+// versioned (workflow.GetVersion) and the history it replaces is kept here
+// beside the new one: a deployment may have such workflows running.
 func TestReplayRecordedHistory(t *testing.T) {
-	for _, f := range []string{"testdata/worker_history_unversioned.json", "testdata/worker_history.json"} {
+	for _, f := range []string{"testdata/worker_history.json"} {
 		t.Run(f, func(t *testing.T) {
 			r := worker.NewWorkflowReplayer()
 			r.RegisterWorkflow(WorkerWorkflow)
@@ -25,12 +24,10 @@ func TestReplayRecordedHistory(t *testing.T) {
 	}
 }
 
-// TestReplayRecordedRecovery replays two recoveries recorded on a real
-// server: one from before paged recovery (it must keep taking the old path
-// through the pagedRecovery version marker) and one from the current code
+// TestReplayRecordedRecovery replays a recovery recorded on a real server
 // (refreshed by the same WM_RECORD_HISTORY run as worker_history.json).
 func TestReplayRecordedRecovery(t *testing.T) {
-	for _, f := range []string{"testdata/recovery_history_unversioned.json", "testdata/recovery_history.json"} {
+	for _, f := range []string{"testdata/recovery_history.json"} {
 		t.Run(f, func(t *testing.T) {
 			r := worker.NewWorkflowReplayer()
 			r.RegisterWorkflow(RecoveryWorkflow)

@@ -223,9 +223,8 @@ func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker
 	in := activities.ApplyInput{
 		Worker:  w,
 		History: &catalog.HistoryEntry{Version: 1, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now},
-		Events:  []activities.EventSpec{e.event(ctx, lifecycle.Created), e.event(ctx, lifecycle.Started)},
 	}
-	if applied, err := e.apply(ctx, in); err != nil {
+	if applied, err := e.apply(ctx, in, e.event(ctx, lifecycle.Created), e.event(ctx, lifecycle.Started)); err != nil {
 		if applied {
 			e.undoCreate(ctx, w)
 		}
@@ -260,8 +259,7 @@ func (e *entity) setStatus(ctx workflow.Context, status catalog.Status, kind lif
 	}
 	w := e.st.Worker
 	w.Status, w.UpdatedAt = status, workflow.Now(ctx).UTC()
-	in := activities.ApplyInput{Worker: w, Events: []activities.EventSpec{e.event(ctx, kind)}}
-	if _, err := e.apply(ctx, in); err != nil {
+	if _, err := e.apply(ctx, activities.ApplyInput{Worker: w}, e.event(ctx, kind)); err != nil {
 		return catalog.Worker{}, err
 	}
 	e.st.Worker = w
@@ -294,9 +292,8 @@ func (e *entity) loadCode(ctx workflow.Context, ref catalog.CodeRef) (catalog.Wo
 	in := activities.ApplyInput{
 		Worker:  w,
 		History: &catalog.HistoryEntry{Version: w.CodeVersion, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now},
-		Events:  []activities.EventSpec{e.event(ctx, lifecycle.CodeUpdated)},
 	}
-	if _, err := e.apply(ctx, in); err != nil {
+	if _, err := e.apply(ctx, in, e.event(ctx, lifecycle.CodeUpdated)); err != nil {
 		return catalog.Worker{}, err
 	}
 	e.st.Worker = w
@@ -310,15 +307,7 @@ func (e *entity) delete(ctx workflow.Context) error {
 	}
 	defer unlock()
 	ev := e.event(ctx, lifecycle.Deleted)
-	actx := activityCtx(ctx)
-	if !e.syncsAllNodes(ctx) {
-		if err := workflow.ExecuteActivity(actx, a.Delete, activities.DeleteInput{Worker: e.st.Worker, EventID: ev.ID}).Get(ctx, nil); err != nil {
-			return err
-		}
-		e.st.Deleted = true
-		return nil
-	}
-	if err := workflow.ExecuteActivity(actx, a.Delete, activities.DeleteInput{Worker: e.st.Worker}).Get(ctx, nil); err != nil {
+	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Delete, activities.DeleteInput{Worker: e.st.Worker}).Get(ctx, nil); err != nil {
 		return err
 	}
 	e.syncNodes(ctx)
@@ -330,18 +319,12 @@ func (e *entity) delete(ctx workflow.Context) error {
 }
 
 // apply persists a change and applies it on the node that runs Apply, then
-// (since syncAllNodes) on every other live node, and only then publishes its
-// lifecycle events: a consumer that sees "stopped" can rely on no node
-// running the worker any more. applied tells whether the change was
-// persisted, also when a later step failed.
-func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput) (applied bool, err error) {
-	actx := activityCtx(ctx)
-	if !e.syncsAllNodes(ctx) {
-		return false, workflow.ExecuteActivity(actx, a.Apply, in).Get(ctx, nil)
-	}
-	events := in.Events
-	in.Events = nil
-	if err := workflow.ExecuteActivity(actx, a.Apply, in).Get(ctx, nil); err != nil {
+// on every other live node, and only then publishes its lifecycle events: a
+// consumer that sees "stopped" can rely on no node running the worker any
+// more. applied tells whether the change was persisted, also when a later
+// step failed.
+func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ...activities.EventSpec) (applied bool, err error) {
+	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Apply, in).Get(ctx, nil); err != nil {
 		return false, err
 	}
 	e.syncNodes(ctx)
@@ -360,16 +343,6 @@ func emitCtx(ctx workflow.Context) workflow.Context {
 			MaximumAttempts: 0, // until it succeeds
 		},
 	})
-}
-
-// syncAllNodes is the change that makes every lifecycle change reach every
-// live node before its events are published and its update returns (before
-// it, Apply published the events and other nodes caught up by their periodic
-// reconcile only).
-const syncAllNodes = "sync-all-nodes"
-
-func (e *entity) syncsAllNodes(ctx workflow.Context) bool {
-	return workflow.GetVersion(ctx, syncAllNodes, workflow.DefaultVersion, 1) != workflow.DefaultVersion
 }
 
 // NodeTaskQueue is the task queue that only node nodeID polls: an activity
@@ -408,7 +381,7 @@ func (e *entity) syncNodes(ctx workflow.Context) {
 	}
 	for i, f := range futures {
 		if err := f.Get(ctx, nil); err != nil {
-			log.Warn("node did not apply the change; it catches up by reconcile", "node", nodes[i], "err", err)
+			log.Warn("node did not apply the change; it catches up by reconcile", "node_id", nodes[i], "err", err)
 		}
 	}
 }

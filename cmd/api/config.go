@@ -3,9 +3,9 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"os"
-	"strconv"
 	"time"
+
+	"github.com/virtufin/workmanager/internal/envconfig"
 )
 
 // config is the API's typed configuration, read from the environment.
@@ -22,32 +22,19 @@ type config struct {
 }
 
 func loadConfig() (config, error) {
+	r := envconfig.New()
 	c := config{
-		Addr:              env("WORKMANAGER_API_ADDR", "127.0.0.1:50051"),
-		TemporalAddress:   env("TEMPORAL_ADDRESS", "127.0.0.1:7233"),
-		TemporalNamespace: env("TEMPORAL_NAMESPACE", "default"),
-		DaprGRPCAddress:   env("DAPR_GRPC_ADDRESS", "127.0.0.1:50001"),
-		StateStore:        env("DAPR_STATESTORE", "statestore"),
-		OperationTimeout:  60 * time.Second,
+		Addr:               r.String("WORKMANAGER_API_ADDR", "127.0.0.1:50051"),
+		TemporalAddress:    r.String("TEMPORAL_ADDRESS", "127.0.0.1:7233"),
+		TemporalNamespace:  r.String("TEMPORAL_NAMESPACE", "default"),
+		DaprGRPCAddress:    r.String("DAPR_GRPC_ADDRESS", "127.0.0.1:50001"),
+		StateStore:         r.String("DAPR_STATESTORE", "statestore"),
+		OperationTimeout:   r.Duration("WORKMANAGER_OPERATION_TIMEOUT", 60*time.Second),
+		ContinueAsNewAfter: r.Int("WORKMANAGER_CONTINUE_AS_NEW_AFTER", 0),
+		LogLevel:           r.LogLevel("LOG_LEVEL"),
 	}
-	if v := os.Getenv("WORKMANAGER_OPERATION_TIMEOUT"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return c, fmt.Errorf("WORKMANAGER_OPERATION_TIMEOUT=%q: %w", v, err)
-		}
-		c.OperationTimeout = d
-	}
-	if v := os.Getenv("WORKMANAGER_CONTINUE_AS_NEW_AFTER"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return c, fmt.Errorf("WORKMANAGER_CONTINUE_AS_NEW_AFTER=%q: %w", v, err)
-		}
-		c.ContinueAsNewAfter = n
-	}
-	if v := os.Getenv("LOG_LEVEL"); v != "" {
-		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
-			return c, fmt.Errorf("LOG_LEVEL=%q: %w", v, err)
-		}
+	if err := r.Err(); err != nil {
+		return c, err
 	}
 	return c, c.validate()
 }
@@ -62,11 +49,4 @@ func (c config) validate() error {
 		return fmt.Errorf("WORKMANAGER_OPERATION_TIMEOUT must be positive, got %s", c.OperationTimeout)
 	}
 	return nil
-}
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

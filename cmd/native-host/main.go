@@ -9,14 +9,17 @@
 // path to the engine (native.Config.HostPath):
 //
 //	go build -o bin/native-host ./cmd/native-host
+//
+// The host's logic is engines/native/host (host.Main), which the engine's
+// tests also run, re-executing their own binary as the host.
 package main
 
 import (
 	"os"
 
-	"github.com/virtufin/workmanager/engines/native"
+	"github.com/virtufin/workmanager/engines/native/host"
 )
 
 func main() {
-	os.Exit(native.HostMain(os.Args[1:]))
+	os.Exit(host.Main(os.Args[1:]))
 }

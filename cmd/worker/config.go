@@ -5,8 +5,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
+
+	"github.com/virtufin/workmanager/internal/envconfig"
 )
 
 // config is the node's typed configuration, read from the environment.
@@ -35,42 +36,31 @@ type config struct {
 }
 
 func loadConfig() (config, error) {
+	r := envconfig.New()
 	c := config{
-		HTTPAddr:          env("WORKMANAGER_HTTP_ADDR", "127.0.0.1:8080"),
-		TemporalAddress:   env("TEMPORAL_ADDRESS", "127.0.0.1:7233"),
-		TemporalNamespace: env("TEMPORAL_NAMESPACE", "default"),
-		DaprGRPCAddress:   env("DAPR_GRPC_ADDRESS", "127.0.0.1:50001"),
-		PubSub:            env("DAPR_PUBSUB", "pubsub"),
-		StateStore:        env("DAPR_STATESTORE", "statestore"),
-		NativeIsolation:   env("NATIVE_ISOLATION", ""),
-		NativeHostPath:    env("NATIVE_HOST_PATH", defaultHostPath()),
-		NativeTempDir:     env("NATIVE_TEMP_DIR", ""),
-		NodeID:            env("WORKMANAGER_NODE_ID", defaultNodeID()),
-		NodeHeartbeat:     5 * time.Second,
+		HTTPAddr:          r.String("WORKMANAGER_HTTP_ADDR", "127.0.0.1:8080"),
+		TemporalAddress:   r.String("TEMPORAL_ADDRESS", "127.0.0.1:7233"),
+		TemporalNamespace: r.String("TEMPORAL_NAMESPACE", "default"),
+		DaprGRPCAddress:   r.String("DAPR_GRPC_ADDRESS", "127.0.0.1:50001"),
+		PubSub:            r.String("DAPR_PUBSUB", "pubsub"),
+		StateStore:        r.String("DAPR_STATESTORE", "statestore"),
+		RecoveryOnStart:   r.Bool("WORKER_RECOVERY_ON_START", true),
+		MaxConcurrency:    r.Int("WORKER_MAX_CONCURRENCY", 8),
+		WorkerTimeout:     r.Duration("WORKER_TIMEOUT", 30*time.Second),
+		PythonProcesses:   r.Int("PYTHON_PROCESSES", 1),
+		PythonSpinWait:    r.Duration("PYTHON_SPIN_WAIT", 0),
+		ReconcileInterval: r.Duration("RECONCILE_INTERVAL", 30*time.Second),
+		NodeID:            r.String("WORKMANAGER_NODE_ID", defaultNodeID()),
+		NodeHeartbeat:     r.Duration("NODE_HEARTBEAT", 5*time.Second),
+		GatewayTimeout:    r.Duration("GATEWAY_TIMEOUT", 30*time.Second),
+		NativeIsolation:   r.String("NATIVE_ISOLATION", ""),
+		NativeHostPath:    r.String("NATIVE_HOST_PATH", defaultHostPath()),
+		NativeTempDir:     r.String("NATIVE_TEMP_DIR", ""),
+		BrokerProbe:       r.Duration("BROKER_PROBE_INTERVAL", 2*time.Second),
+		BrokerReadyGrace:  r.Duration("BROKER_READY_GRACE", 15*time.Second),
+		LogLevel:          r.LogLevel("LOG_LEVEL"),
 	}
-	var err error
-	parse := func(name string, f func(string) error) {
-		if v, ok := os.LookupEnv(name); ok && err == nil {
-			if e := f(v); e != nil {
-				err = fmt.Errorf("%s=%q: %w", name, v, e)
-			}
-		}
-	}
-	c.RecoveryOnStart, c.MaxConcurrency, c.WorkerTimeout, c.PythonProcesses, c.ReconcileInterval = true, 8, 30*time.Second, 1, 30*time.Second
-	parse("WORKER_RECOVERY_ON_START", func(v string) (e error) { c.RecoveryOnStart, e = strconv.ParseBool(v); return })
-	parse("WORKER_MAX_CONCURRENCY", func(v string) (e error) { c.MaxConcurrency, e = strconv.Atoi(v); return })
-	parse("WORKER_TIMEOUT", func(v string) (e error) { c.WorkerTimeout, e = time.ParseDuration(v); return })
-	parse("PYTHON_PROCESSES", func(v string) (e error) { c.PythonProcesses, e = strconv.Atoi(v); return })
-	parse("PYTHON_SPIN_WAIT", func(v string) (e error) { c.PythonSpinWait, e = time.ParseDuration(v); return })
-	c.GatewayTimeout = 30 * time.Second
-	parse("GATEWAY_TIMEOUT", func(v string) (e error) { c.GatewayTimeout, e = time.ParseDuration(v); return })
-	parse("RECONCILE_INTERVAL", func(v string) (e error) { c.ReconcileInterval, e = time.ParseDuration(v); return })
-	parse("NODE_HEARTBEAT", func(v string) (e error) { c.NodeHeartbeat, e = time.ParseDuration(v); return })
-	c.BrokerProbe, c.BrokerReadyGrace = 2*time.Second, 15*time.Second
-	parse("BROKER_PROBE_INTERVAL", func(v string) (e error) { c.BrokerProbe, e = time.ParseDuration(v); return })
-	parse("BROKER_READY_GRACE", func(v string) (e error) { c.BrokerReadyGrace, e = time.ParseDuration(v); return })
-	parse("LOG_LEVEL", func(v string) error { return c.LogLevel.UnmarshalText([]byte(v)) })
-	if err != nil {
+	if err := r.Err(); err != nil {
 		return c, err
 	}
 	return c, c.validate()
@@ -102,13 +92,6 @@ func (c config) validate() error {
 		return fmt.Errorf("TEMPORAL_ADDRESS, DAPR_GRPC_ADDRESS and WORKMANAGER_HTTP_ADDR must not be empty")
 	}
 	return nil
-}
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 // defaultNodeID is <hostname>-<pid>: unique among the nodes of one host, and

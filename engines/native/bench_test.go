@@ -11,6 +11,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/enginetest"
+	"github.com/virtufin/workmanager/engines/native/internal/loader"
 )
 
 // The benchmarks use the fixture's BenchProcess/BenchFree pair: a trivial
@@ -28,42 +29,54 @@ var benchManifest = &Manifest{ABIVersion: 1, Library: "fixture", EntryPoint: "Be
 // response into an event.Event, FreeResult), and its parts.
 func BenchmarkCall(b *testing.B) {
 	path := fixtureLib(b)
-	if _, err := nativeRuntime(); err != nil {
+	if _, err := loader.Init(); err != nil {
 		b.Fatal(err)
 	}
 	lib, err := openLibrary(path, benchManifest)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer lib.close()
+	defer lib.Close()
 	ev := enginetest.BenchEvent1KiB(b)
 
 	b.Run("BarePuregoPair", func(b *testing.B) {
-		slots := new(callSlots)
+		// The same two exports, resolved here (dlopen of a loaded path
+		// returns the same handle) and called without the loader.
+		h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer purego.Dlclose(h)
+		process, err1 := purego.Dlsym(h, benchManifest.EntryPoint)
+		freeResult, err2 := purego.Dlsym(h, benchManifest.FreeResult)
+		if err1 != nil || err2 != nil {
+			b.Fatal(err1, err2)
+		}
+		slots := new(loader.CallSlots)
 		in := make([]byte, 1100)
 		b.ReportAllocs()
 		for b.Loop() {
-			purego.SyscallN(lib.process, 0, uintptr(unsafe.Pointer(&in[0])), uintptr(len(in)),
-				uintptr(unsafe.Pointer(&slots.out)), uintptr(unsafe.Pointer(&slots.outLen)))
-			purego.SyscallN(lib.freeResult, slots.out)
+			purego.SyscallN(process, 0, uintptr(unsafe.Pointer(&in[0])), uintptr(len(in)),
+				uintptr(unsafe.Pointer(&slots.Out)), uintptr(unsafe.Pointer(&slots.OutLen)))
+			purego.SyscallN(freeResult, slots.Out)
 		}
 	})
 	b.Run("ABIRoundTrip1KiB", func(b *testing.B) {
 		enc := newEncoder()
-		slots := new(callSlots)
+		slots := new(loader.CallSlots)
 		b.ReportAllocs()
 		for b.Loop() {
 			in, err := enc.encode(ev)
 			if err != nil {
 				b.Fatal(err)
 			}
-			rc := lib.call(0, in, slots)
-			buf, err := outBytes(slots)
+			rc := lib.Call(0, in, slots)
+			buf, err := slots.Bytes()
 			if err != nil || rc != 0 {
 				b.Fatal(rc, err)
 			}
 			out, err := decodeResponse(buf)
-			lib.freeOut(slots.out)
+			lib.FreeOut(slots.Out)
 			if err != nil || len(out) != 1 || len(out[0].Data()) != 1024 {
 				b.Fatal(out, err)
 			}
@@ -79,9 +92,9 @@ func BenchmarkCall(b *testing.B) {
 		}
 	})
 	b.Run("Decode1KiB", func(b *testing.B) {
-		slots := new(callSlots)
-		lib.call(0, []byte{0}, slots)
-		buf, _ := outBytes(slots)
+		slots := new(loader.CallSlots)
+		lib.Call(0, []byte{0}, slots)
+		buf, _ := slots.Bytes()
 		b.ReportAllocs()
 		for b.Loop() {
 			if _, err := decodeResponse(buf); err != nil {
@@ -93,16 +106,16 @@ func BenchmarkCall(b *testing.B) {
 
 type discardSink struct{}
 
-func (discardSink) hostLog(int32, string) {}
-func (discardSink) hostGateway(string, string, []byte) ([]byte, int32) {
-	return nil, gatewayUnavailable
+func (discardSink) HostLog(int32, string) {}
+func (discardSink) HostGateway(string, string, []byte) ([]byte, int32) {
+	return nil, loader.GatewayUnavailable
 }
 
 // BenchmarkLogCallback is one native call that makes one host->log call
 // (a C->Go callback through purego), to price the host functions.
 func BenchmarkLogCallback(b *testing.B) {
 	path := fixtureLib(b)
-	rt, err := nativeRuntime()
+	rt, err := loader.Init()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -110,15 +123,16 @@ func BenchmarkLogCallback(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer lib.close()
-	id := registerSink(discardSink{})
-	defer unregisterSink(id)
-	host := newHostBlock(rt, abis[0], id, "w", "g", "t")
-	defer host.release(rt)
-	slots := new(callSlots)
+	defer lib.Close()
+	id := loader.RegisterSink(discardSink{})
+	defer loader.UnregisterSink(id)
+	abi, _ := loader.LookupABI(loader.CurrentABI)
+	host := rt.NewHost(abi, id, "w", "g", "t")
+	defer host.Release()
+	slots := new(loader.CallSlots)
 	b.ReportAllocs()
 	for b.Loop() {
-		lib.call(host.addr(), []byte{0}, slots)
+		lib.Call(host.Addr(), []byte{0}, slots)
 	}
 }
 

@@ -4,13 +4,17 @@ import (
 	"os"
 	"slices"
 	"sync"
+
+	"github.com/virtufin/workmanager/engines/native/internal/hostproto"
 )
 
-// Identity environment variables set while a worker is loaded in process.
+// Identity environment variables set while a worker is loaded in process
+// (VIRTUFIN_WORKER_ID, VIRTUFIN_WORKER_GROUP, VIRTUFIN_WORKER_TOPIC), and
+// in a native-host process's environment.
 const (
-	EnvWorkerID    = "VIRTUFIN_WORKER_ID"
-	EnvWorkerGroup = "VIRTUFIN_WORKER_GROUP"
-	EnvWorkerTopic = "VIRTUFIN_WORKER_TOPIC"
+	EnvWorkerID    = hostproto.EnvWorkerID
+	EnvWorkerGroup = hostproto.EnvWorkerGroup
+	EnvWorkerTopic = hostproto.EnvWorkerTopic
 )
 
 var envNames = [3]string{EnvWorkerID, EnvWorkerGroup, EnvWorkerTopic}

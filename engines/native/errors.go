@@ -1,7 +1,6 @@
 package native
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
@@ -56,15 +55,4 @@ func withCode(rc int32, out []event.Event, err error) ([]event.Event, error) {
 		we.Message = werr.Message
 	}
 	return nil, we
-}
-
-func ctxError(ctx context.Context, what string) error {
-	err := ctx.Err()
-	if err == nil || errors.Is(err, context.DeadlineExceeded) {
-		if err == nil {
-			err = context.DeadlineExceeded
-		}
-		return fmt.Errorf("%w: deadline passed %s: %w", engines.ErrTimeout, what, err)
-	}
-	return fmt.Errorf("native engine: call cancelled %s: %w", what, err)
 }

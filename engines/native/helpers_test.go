@@ -24,16 +24,18 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/enginetest"
+	"github.com/virtufin/workmanager/engines/native/host"
 )
 
-// hostEnv makes the test binary act as cmd/native-host (see TestMain).
+// hostEnv makes the test binary act as cmd/native-host (host.Main, see
+// TestMain).
 const hostEnv = "NATIVE_ENGINE_TEST_AS_HOST"
 
 var fixtureDir string
 
 func TestMain(m *testing.M) {
 	if os.Getenv(hostEnv) == "1" {
-		os.Exit(HostMain(os.Args[1:]))
+		os.Exit(host.Main(os.Args[1:]))
 	}
 	dir, err := os.MkdirTemp("", "native-engine-fixtures-*")
 	if err != nil {

@@ -3,7 +3,6 @@ package native
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +20,8 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
+	"github.com/virtufin/workmanager/engines/native/internal/hostproto"
+	"github.com/virtufin/workmanager/engines/native/internal/loader"
 )
 
 // closeGrace is how long Close lets an idle host exit on its own (it sees
@@ -32,8 +33,8 @@ type hostProc struct {
 	cmd   *exec.Cmd
 	reqW  *os.File // engine -> host
 	respR *os.File // host -> engine; closed by Retire
-	r     *frameReader
-	w     *frameWriter
+	r     *hostproto.Reader
+	w     *hostproto.Writer
 	enc   *encoder
 
 	done    chan struct{} // closed once the process was reaped
@@ -147,7 +148,7 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 		"-library", libPath, "-entry", m.EntryPoint, "-free", m.FreeResult, "-abi", strconv.Itoa(m.ABIVersion))
 	cmd := exec.Command(e.cfg.HostPath, args...)
 	cmd.Env = append(append(os.Environ(), e.cfg.HostEnv...),
-		EnvWorkerID+"="+spec.WorkerID, EnvWorkerGroup+"="+spec.Group, EnvWorkerTopic+"="+spec.Topic)
+		hostproto.EnvWorkerID+"="+spec.WorkerID, hostproto.EnvWorkerGroup+"="+spec.Group, hostproto.EnvWorkerTopic+"="+spec.Topic)
 	cmd.ExtraFiles = pipes.ChildEnds()
 	cmd.Stdout, cmd.Stderr = outW, outW
 	err = cmd.Start()
@@ -159,13 +160,13 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 		return nil, fmt.Errorf("native engine: starting the native host %s: %w", e.cfg.HostPath, err)
 	}
 	respR := pipes.RespR
-	p := &hostProc{cmd: cmd, reqW: pipes.ReqW, respR: respR, r: newFrameReader(respR), w: newFrameWriter(pipes.ReqW), enc: newEncoder(),
+	p := &hostProc{cmd: cmd, reqW: pipes.ReqW, respR: respR, r: hostproto.NewReader(respR), w: hostproto.NewWriter(pipes.ReqW), enc: newEncoder(),
 		done: make(chan struct{}), tail: &tailLog{}}
 	outDone := make(chan struct{})
 	go func() { // the host's stdout/stderr: the worker's printf and crash reports
 		defer close(outDone)
 		sc := bufio.NewScanner(outR)
-		sc.Buffer(make([]byte, 0, 4096), maxLogLine)
+		sc.Buffer(make([]byte, 0, 4096), loader.MaxLogLine)
 		for sc.Scan() {
 			line := sc.Text()
 			p.tail.add(line)
@@ -191,12 +192,12 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 	lctx, cancel := context.WithTimeout(ctx, e.cfg.LoadTimeout)
 	defer cancel()
 	stop := context.AfterFunc(lctx, p.Kill)
-	kind, payload, err := p.r.read()
+	kind, payload, err := p.r.ReadFrame()
 	timedOut := !stop()
 	switch {
-	case err == nil && kind == frameReady:
+	case err == nil && kind == hostproto.FrameReady:
 		return p, nil
-	case err == nil && kind == frameLoadError && len(payload) >= 1:
+	case err == nil && kind == hostproto.FrameLoadError && len(payload) >= 1:
 		msg := string(payload[1:])
 		p.Retire()
 		if payload[0] == 1 {
@@ -294,7 +295,7 @@ func (in *hostInstance) Process(ctx context.Context, ev *event.Event) ([]event.E
 		return nil, ErrClosed
 	}
 	if err != nil {
-		return nil, ctxError(ctx, "waiting for a free native host")
+		return nil, engines.ContextError(ctx, "native", "waiting for a free native host")
 	}
 	return in.run(ctx, s, ev)
 }
@@ -317,7 +318,7 @@ func (in *hostInstance) run(ctx context.Context, s *procpool.Slot[*hostProc], ev
 	}
 	if wait <= 0 || ctx.Err() != nil {
 		in.pool.Release(s)
-		return nil, ctxError(ctx, "before the call started")
+		return nil, engines.ContextError(ctx, "native", "before the call started")
 	}
 	// At the deadline the host is killed (the native code really stops) and
 	// a gateway call in progress is cancelled, in that order: whatever
@@ -346,7 +347,7 @@ func (in *hostInstance) run(ctx context.Context, s *procpool.Slot[*hostProc], ev
 		cerr = fmt.Errorf("%w after %v (the native host was killed)", engines.ErrTimeout, time.Since(start).Round(time.Millisecond))
 	case p.cancelled.Load() || ctx.Err() != nil:
 		reason = "call cancelled"
-		cerr = ctxError(ctx, "during the call (the native host was killed)")
+		cerr = engines.ContextError(ctx, "native", "during the call (the native host was killed)")
 	case in.pool.Killed():
 		reason = "instance closed"
 		cerr = fmt.Errorf("%w: the call was interrupted", ErrClosed)
@@ -375,23 +376,23 @@ type hostResult struct {
 var errAborted = errors.New("call aborted")
 
 func (in *hostInstance) exchange(ctx context.Context, p *hostProc, input []byte) (hostResult, error) {
-	if err := p.w.write(frameProcess, input); err != nil {
+	if err := p.w.WriteFrame(hostproto.FrameProcess, input); err != nil {
 		return hostResult{}, err
 	}
 	for {
-		kind, payload, err := p.r.read()
+		kind, payload, err := p.r.ReadFrame()
 		if err != nil {
 			return hostResult{}, err
 		}
 		switch kind {
-		case frameLog:
-			if len(payload) >= 4 {
-				in.wlog.Log(context.Background(), slogLevel(int32(binary.LittleEndian.Uint32(payload))), string(payload[4:]))
+		case hostproto.FrameLog:
+			if level, msg, ok := hostproto.ParseInt32Prefixed(payload); ok {
+				in.wlog.Log(context.Background(), slogLevel(level), string(msg))
 			}
-		case frameGateway:
-			service, method, req, err := parseGatewayCall(payload)
+		case hostproto.FrameGatewayCall:
+			service, method, req, err := hostproto.ParseGatewayCall(payload)
 			var resp []byte
-			code := int32(gatewayBadArgs)
+			code := int32(loader.GatewayBadArgs)
 			if err == nil {
 				// Bounded by the gateway timeout, and cancelled at the call's
 				// deadline (ctx) and by Close.
@@ -404,11 +405,11 @@ func (in *hostInstance) exchange(ctx context.Context, p *hostProc, input []byte)
 					return hostResult{}, errAborted
 				}
 			}
-			if err := p.w.write(frameGatewayReply, le32(code), resp); err != nil {
+			if err := p.w.WriteFrame(hostproto.FrameGatewayReply, hostproto.Int32(code), resp); err != nil {
 				return hostResult{}, err
 			}
-		case frameResult:
-			rc, hasOut, outLen, buf, err := parseResult(payload)
+		case hostproto.FrameResult:
+			rc, hasOut, outLen, buf, err := hostproto.ParseResult(payload)
 			if err != nil {
 				return hostResult{}, err
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/native/internal/loader"
 )
 
 // inprocInstance is a worker library loaded into this process.
@@ -24,10 +25,9 @@ type inprocInstance struct {
 	timeout time.Duration
 	log     *slog.Logger // the engine's log for this worker
 	wlog    *slog.Logger // the worker's own log lines (worker_id attached)
-	rt      *runtimeState
-	lib     *library
+	lib     *loader.Library
 	dir     string
-	host    *hostBlock
+	host    *loader.Host
 	sinkID  uintptr
 	env     *envEntry
 
@@ -42,8 +42,8 @@ type inprocInstance struct {
 
 var _ engines.Instance = (*inprocInstance)(nil)
 
-func (e *Engine) loadInProcess(spec engines.Spec, p *pkg, abi abiSpec) (engines.Instance, error) {
-	rt, err := nativeRuntime()
+func (e *Engine) loadInProcess(spec engines.Spec, p *pkg, abi loader.ABI) (engines.Instance, error) {
+	rt, err := loader.Init()
 	if err != nil {
 		return nil, err
 	}
@@ -58,16 +58,15 @@ func (e *Engine) loadInProcess(spec engines.Spec, p *pkg, abi abiSpec) (engines.
 		timeout:  e.timeout(spec),
 		log:      log,
 		wlog:     log.With("worker_id", spec.WorkerID),
-		rt:       rt,
 		dir:      dir,
 		released: make(chan struct{}),
 	}
 	in.ctx, in.cancel = context.WithCancel(context.Background())
-	in.sinkID = registerSink(in)
+	in.sinkID = loader.RegisterSink(in)
 	// The identity variables are set before dlopen so that the library's
 	// initialisers see them.
 	in.env = pushIdentity(spec.WorkerID, spec.Group, spec.Topic)
-	in.host = newHostBlock(rt, abi, in.sinkID, spec.WorkerID, spec.Group, spec.Topic)
+	in.host = rt.NewHost(abi, in.sinkID, spec.WorkerID, spec.Group, spec.Topic)
 	if in.host == nil {
 		in.release()
 		return nil, errors.New("native engine: out of memory allocating the host struct")
@@ -79,13 +78,13 @@ func (e *Engine) loadInProcess(spec engines.Spec, p *pkg, abi abiSpec) (engines.
 	return in, nil
 }
 
-// hostLog implements hostSink.
-func (in *inprocInstance) hostLog(level int32, msg string) {
+// HostLog implements loader.Sink.
+func (in *inprocInstance) HostLog(level int32, msg string) {
 	in.wlog.Log(context.Background(), slogLevel(level), msg)
 }
 
-// hostGateway implements hostSink.
-func (in *inprocInstance) hostGateway(service, method string, req []byte) ([]byte, int32) {
+// HostGateway implements loader.Sink.
+func (in *inprocInstance) HostGateway(service, method string, req []byte) ([]byte, int32) {
 	ctx, cancel := context.WithTimeout(in.ctx, in.e.gatewayTimeout(in.spec))
 	defer cancel()
 	return gatewayCall(ctx, in.e.cfg.Gateway, service, method, req)
@@ -98,7 +97,7 @@ type pcall struct {
 	in     *inprocInstance
 	enc    *encoder
 	input  []byte
-	slots  callSlots
+	slots  loader.CallSlots
 	result []event.Event
 	err    error
 	state  atomic.Int32  // callRunning, callDone or callAbandoned
@@ -181,7 +180,7 @@ func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event
 	if wait <= 0 || ctx.Err() != nil {
 		in.calls.Done()
 		putCall(c)
-		return nil, ctxError(ctx, "before the call started")
+		return nil, engines.ContextError(ctx, "native", "before the call started")
 	}
 	c.in = in
 	c.state.Store(callRunning)
@@ -209,7 +208,7 @@ func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event
 		return nil, fmt.Errorf("%w after %v (the native call cannot be interrupted and keeps running)",
 			engines.ErrTimeout, wait.Round(time.Millisecond))
 	}
-	return nil, ctxError(ctx, "during the call (it keeps running in native code)")
+	return nil, engines.ContextError(ctx, "native", "during the call (it keeps running in native code)")
 }
 
 func finish(c *pcall) ([]event.Event, error) {
@@ -222,18 +221,18 @@ func finish(c *pcall) ([]event.Event, error) {
 // buffer, then hands the result to the caller (or recycles c if the caller
 // has gone).
 func (in *inprocInstance) run(c *pcall) {
-	rc := in.lib.call(in.host.addr(), c.input, &c.slots)
+	rc := in.lib.Call(in.host.Addr(), c.input, &c.slots)
 	var out []event.Event
 	var err error
-	buf, berr := outBytes(&c.slots)
+	buf, berr := c.slots.Bytes()
 	switch {
 	case berr != nil:
 		err = &WorkerError{Code: rc, Message: berr.Error()}
 	case buf != nil:
 		out, err = decodeResponse(buf)
 	}
-	in.lib.freeOut(c.slots.out)
-	c.slots = callSlots{}
+	in.lib.FreeOut(c.slots.Out)
+	c.slots = loader.CallSlots{}
 	in.calls.Done()
 	c.result, c.err = withCode(rc, out, err)
 	if c.state.CompareAndSwap(callRunning, callDone) {
@@ -281,14 +280,14 @@ func (in *inprocInstance) Close(ctx context.Context) error {
 // release unloads everything; it runs once, when no call is in flight.
 func (in *inprocInstance) release() {
 	in.cancel()
-	unregisterSink(in.sinkID)
+	loader.UnregisterSink(in.sinkID)
 	if in.lib != nil {
-		if err := in.lib.close(); err != nil {
+		if err := in.lib.Close(); err != nil {
 			in.log.Warn("native engine: dlclose failed", "worker_id", in.spec.WorkerID, "error", err)
 		}
 	}
 	popIdentity(in.env)
-	in.host.release(in.rt)
+	in.host.Release()
 	if err := os.RemoveAll(in.dir); err != nil {
 		in.log.Warn("native engine: removing the extracted package", "worker_id", in.spec.WorkerID, "error", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+
+	"github.com/virtufin/workmanager/engines/native/internal/loader"
 )
 
 // ManifestName is the name of the manifest at the root of a worker package.
@@ -30,11 +32,16 @@ type Manifest struct {
 	Isolation Isolation
 }
 
-// Default export names.
+// Default export names: "Process" and "FreeResult".
 const (
-	DefaultEntryPoint = "Process"
-	DefaultFreeResult = "FreeResult"
+	DefaultEntryPoint = loader.DefaultEntryPoint
+	DefaultFreeResult = loader.DefaultFreeResult
 )
+
+// CurrentABI is the ABI version new workers should be built for (1). The
+// supported versions and the ABI policy are in internal/loader
+// (abiversions.go).
+const CurrentABI = loader.CurrentABI
 
 // maxManifestSize bounds manifest.json.
 const maxManifestSize = 64 << 10
@@ -63,13 +70,13 @@ func parseManifest(b []byte) (*Manifest, error) {
 	m := &Manifest{EntryPoint: DefaultEntryPoint, FreeResult: DefaultFreeResult}
 
 	if len(raw.ABIVersion) == 0 || string(raw.ABIVersion) == "null" {
-		return nil, invalidf("%s: abi_version is missing (supported: %s)", ManifestName, supportedABIList())
+		return nil, invalidf("%s: abi_version is missing (supported: %s)", ManifestName, loader.SupportedABIs())
 	}
 	if err := json.Unmarshal(raw.ABIVersion, &m.ABIVersion); err != nil {
 		return nil, invalidf("%s: abi_version must be an integer, got %s", ManifestName, raw.ABIVersion)
 	}
-	if err := checkABI(m.ABIVersion); err != nil {
-		return nil, err
+	if err := loader.CheckABI(m.ABIVersion); err != nil {
+		return nil, invalidf("%s", err)
 	}
 
 	switch {
@@ -110,16 +117,7 @@ func parseManifest(b []byte) (*Manifest, error) {
 
 // LibraryFileName is the file name of the library for an operating system
 // (GOOS): lib<name>.so, lib<name>.dylib or <name>.dll.
-func LibraryFileName(library, goos string) string {
-	switch goos {
-	case "windows":
-		return library + ".dll"
-	case "darwin", "ios":
-		return "lib" + library + ".dylib"
-	default:
-		return "lib" + library + ".so"
-	}
-}
+func LibraryFileName(library, goos string) string { return loader.LibraryFileName(library, goos) }
 
 // rids maps GOOS/GOARCH to the NuGet runtime identifier used in
 // runtimes/<rid>/native/.

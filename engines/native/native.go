@@ -13,12 +13,14 @@ package native
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/native/internal/loader"
 )
 
 // MIMEType is the worker MIME type this engine serves.
@@ -152,7 +154,7 @@ func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) erro
 	if err != nil {
 		return err
 	}
-	return lib.close()
+	return lib.Close()
 }
 
 // Load implements engines.Engine.
@@ -161,7 +163,7 @@ func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engi
 	if err != nil {
 		return nil, err
 	}
-	abiSpec, _ := lookupABI(p.manifest.ABIVersion)
+	abiSpec, _ := loader.LookupABI(p.manifest.ABIVersion)
 	if abiSpec.Deprecated {
 		e.logger(spec).Warn("native worker uses a deprecated ABI version; it will be refused by the next release",
 			"worker_id", spec.WorkerID, "abi_version", abiSpec.Version, "current", CurrentABI)
@@ -186,6 +188,17 @@ func (e *Engine) extract(p *pkg) (dir, lib string, err error) {
 		return "", "", err
 	}
 	return dir, lib, nil
+}
+
+// openLibrary loads a package's library into this process. A library that
+// does not load or lacks an export is invalid code.
+func openLibrary(path string, m *Manifest) (*loader.Library, error) {
+	lib, err := loader.Open(path, loader.Exports{Library: m.Library, Process: m.EntryPoint, FreeResult: m.FreeResult, ABIVersion: m.ABIVersion})
+	var le *loader.LibraryError
+	if errors.As(err, &le) {
+		return nil, invalidf("%s", le.Error())
+	}
+	return lib, err
 }
 
 func (e *Engine) timeout(spec engines.Spec) time.Duration {

@@ -16,12 +16,12 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/enginetest"
+	"github.com/virtufin/workmanager/engines/native/internal/loader"
 )
 
 func TestConformance(t *testing.T) {
@@ -280,7 +280,7 @@ func TestIdentity(t *testing.T) {
 		inst := load(t, newTestEngine(t, cfg), testSpec, packageOf(t, flagsEcho, nil))
 		got := enginetest.DataOf(t, mustCall(t, inst, typed("test.identity", nil)))
 		want := map[string]any{"worker_id": "w-native", "group": "group-native", "topic": "topic-native",
-			"env_worker_id": "w-native", "abi": 1.0, "size": float64(hostStructSizeV1)}
+			"env_worker_id": "w-native", "abi": 1.0, "size": float64(hostStructSize(t))}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("identity = %v, want %v", got, want)
 		}
@@ -316,6 +316,16 @@ func TestIdentityEnvStack(t *testing.T) {
 	if v := os.Getenv(EnvWorkerID); v != "prior-id" {
 		t.Fatalf("after both unload the environment says %q, want prior-id", v)
 	}
+}
+
+// hostStructSize is sizeof(VirtufinHost) of the current ABI.
+func hostStructSize(t testing.TB) int {
+	t.Helper()
+	abi, ok := loader.LookupABI(CurrentABI)
+	if !ok {
+		t.Fatalf("ABI %d is not in the table", CurrentABI)
+	}
+	return abi.HostStructSize
 }
 
 func closeNow(t testing.TB, inst engines.Instance) {
@@ -472,7 +482,7 @@ func TestCloseReleasesEverything(t *testing.T) {
 	if _, err := call(t, inst, typed("test.stats", nil)); !errors.Is(err, engines.ErrClosed) {
 		t.Fatalf("Process after Close = %v, want ErrClosed", err)
 	}
-	if lookupSink(inst.(*inprocInstance).sinkID) != nil {
+	if loader.Registered(inst.(*inprocInstance).sinkID) {
 		t.Fatal("the engine_ptr handle is still registered after Close")
 	}
 }
@@ -564,32 +574,6 @@ func TestManifestIsolationOptIn(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "process isolation needs Config.HostPath") {
 		t.Fatalf("Load without HostPath = %v", err)
 	}
-}
-
-// TestHostStructLayout pins the VirtufinHost offsets documented in
-// virtufin_worker_api.h.
-func TestHostStructLayout(t *testing.T) {
-	var h hostStructV1
-	got := []uintptr{unsafe.Offsetof(h.enginePtr), unsafe.Offsetof(h.abiVersion), unsafe.Offsetof(h.structSize),
-		unsafe.Offsetof(h.log), unsafe.Offsetof(h.gatewayCall), unsafe.Offsetof(h.freeResponse),
-		unsafe.Offsetof(h.workerID), unsafe.Offsetof(h.workerGroup), unsafe.Offsetof(h.workerTopic), unsafe.Sizeof(h)}
-	want := []uintptr{0, 8, 12, 16, 24, 32, 40, 48, 56, 64}
-	if !slices.Equal(got, want) {
-		t.Fatalf("offsets = %v, want %v", got, want)
-	}
-}
-
-func TestABIPolicy(t *testing.T) {
-	if err := checkABI(CurrentABI); err != nil {
-		t.Fatal(err)
-	}
-	saved := abis
-	t.Cleanup(func() { abis = saved })
-	// Pretend v2 shipped and v1 was dropped: v1 is "no longer supported".
-	abis = []abiSpec{{Version: 3}, {Version: 2, Deprecated: true}}
-	err := checkABI(1)
-	checkInvalid(t, "checkABI(1)", err, "abi_version 1 is no longer supported (supported: 2, 3); rebuild the worker")
-	checkInvalid(t, "checkABI(9)", checkABI(9), "abi_version 9 is not supported (supported: 2, 3)")
 }
 
 func TestRIDs(t *testing.T) {

@@ -60,7 +60,7 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 		return nil, ErrClosed
 	}
 	if err != nil {
-		return nil, ctxError(ctx, "waiting for a free worker process")
+		return nil, engines.ContextError(ctx, "python", "waiting for a free worker process")
 	}
 	return in.run(ctx, s, ev)
 }
@@ -128,7 +128,7 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 		}
 	case p.cancelled.Load():
 		reason = "call cancelled"
-		cerr = ctxError(ctx, "the call was cancelled")
+		cerr = engines.ContextError(ctx, "python", "the call was cancelled")
 	case in.pool.Killed():
 		reason = "instance closed"
 		cerr = fmt.Errorf("%w: the call was interrupted", ErrClosed)
@@ -159,14 +159,6 @@ func (in *Instance) Close(ctx context.Context) error {
 		return fmt.Errorf("python engine: %w", err)
 	}
 	return err
-}
-
-func ctxError(ctx context.Context, what string) error {
-	err := ctx.Err()
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("%w: %s: %w", engines.ErrTimeout, what, err)
-	}
-	return fmt.Errorf("python engine: %s: %w", what, err)
 }
 
 // decodeOutputs turns an 'R' payload (null, one event object or a list of

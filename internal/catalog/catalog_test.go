@@ -85,7 +85,8 @@ func TestValidateSpec(t *testing.T) {
 		{"text/x-cobol", "t", "", `unknown mime_type "text/x-cobol" (supported: [text/x-python])`},
 		{"text/x-python", "", "", "topic is empty"},
 		{"text/x-python", "has space", "", "topic \"has space\" must match"},
-		{"text/x-python", "workmanager.lifecycle", "", "reserved"},
+		{"text/x-python", "workmanager.lifecycle", "", "reserved for lifecycle events"},
+		{"text/x-python", "workmanager.probe", "", "reserved for the nodes' broker probes"},
 		{"text/x-python", "t", "bad group!", "group \"bad group!\" must match"},
 	} {
 		err := catalog.ValidateSpec(c.mime, c.topic, c.group, mimes)

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+
+	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/publish"
 )
 
 // ErrInvalidSpec: a create request is malformed.
@@ -15,8 +18,12 @@ var (
 	sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )
 
-// LifecycleTopic is reserved for WorkManager's own lifecycle events.
-const LifecycleTopic = "workmanager.lifecycle"
+// reservedTopics carry WorkManager's own events: lifecycle events (a worker
+// subscribed to its own error events could loop) and the nodes' broker probes.
+var reservedTopics = map[string]string{
+	lifecycle.Topic:    "lifecycle events",
+	publish.ProbeTopic: "the nodes' broker probes",
+}
 
 // ValidateSpec checks the parts of a worker spec that need no engine:
 // supported lists the MIME types engines are registered for.
@@ -30,8 +37,8 @@ func ValidateSpec(mimeType, topic, group string, supported []string) error {
 		return fmt.Errorf("%w: topic is empty", ErrInvalidSpec)
 	case !topicRE.MatchString(topic):
 		return fmt.Errorf("%w: topic %q must match %s", ErrInvalidSpec, topic, topicRE)
-	case topic == LifecycleTopic:
-		return fmt.Errorf("%w: topic %q is reserved for lifecycle events", ErrInvalidSpec, topic)
+	case reservedTopics[topic] != "":
+		return fmt.Errorf("%w: topic %q is reserved for %s", ErrInvalidSpec, topic, reservedTopics[topic])
 	case group != "" && !groupRE.MatchString(group):
 		return fmt.Errorf("%w: group %q must match %s", ErrInvalidSpec, group, groupRE)
 	}

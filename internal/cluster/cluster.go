@@ -94,12 +94,12 @@ func (m *Members) Run(ctx context.Context, log *slog.Logger, interval time.Durat
 			lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if err := m.Leave(lctx); err != nil {
-				log.Warn("leave the cluster", "node", m.self, "err", err)
+				log.Warn("leave the cluster", "node_id", m.self, "err", err)
 			}
 			return
 		case <-t.C:
 			if err := m.Beat(ctx); err != nil && ctx.Err() == nil {
-				log.Warn("cluster heartbeat", "node", m.self, "err", err)
+				log.Warn("cluster heartbeat", "node_id", m.self, "err", err)
 			}
 		}
 	}

@@ -34,8 +34,13 @@ func ToolsBin() (string, error) {
 // StartT starts a headless stack for a test in a temporary directory and
 // returns it with a gRPC connection to its daprd; both are stopped when the
 // test ends. Dir and ToolsBin in o are filled in when empty.
+//
+// With -short (make unit) it skips the test: unit runs start no server.
 func StartT(t testing.TB, o Options) (*Stack, *grpc.ClientConn) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts Redis, Temporal and daprd: runs in make test, not with -short")
+	}
 	if o.Dir == "" {
 		o.Dir = t.TempDir()
 	}

@@ -305,7 +305,7 @@ func (m *message) finish(d *Dispatcher, ok bool) {
 		d.processed.Add(1)
 	}
 	if err := m.stream.Ack(m.id, status); err != nil {
-		d.log.Warn("ack failed; the broker will redeliver", "id", m.id, "err", err)
+		d.log.Warn("ack failed; the broker will redeliver", "event_id", m.id, "err", err)
 	}
 	m.failed.Store(false)
 	ext := m.ec.Extensions
@@ -324,7 +324,7 @@ func (d *Dispatcher) dispatch(ctx context.Context, t *topic, st Stream, req *run
 		return
 	}
 	if err := decode(req, &m.ev, &m.ec, &t.sources); err != nil {
-		d.log.Warn("undecodable CloudEvent, asking for redelivery", "topic", t.name, "id", req.GetId(), "err", err)
+		d.log.Warn("undecodable CloudEvent, asking for redelivery", "topic", t.name, "event_id", req.GetId(), "err", err)
 		m.pending.Store(1)
 		m.finish(d, false)
 		return

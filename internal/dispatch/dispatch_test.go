@@ -153,6 +153,55 @@ func TestFailureRetriesAndEmitsWorkerError(t *testing.T) {
 	}
 }
 
+// An output the broker refuses is not lost: the input is answered RETRY, so
+// the broker redelivers it, and once publishing works again it is answered
+// SUCCESS with its output published.
+func TestRefusedOutputRetriesTheInput(t *testing.T) {
+	b, pub := newFakeBroker(), &fakePublisher{}
+	d := newTestDispatcher(t, b, pub, 1)
+	d.Attach(Worker{ID: "w1", Topic: "in"}, &funcInstance{fn: outputs("out")})
+	s := waitStream(t, b, "in")
+	refused := errors.New("redis: connection pool timeout")
+	pub.fail.Store(&refused)
+	s.in <- request("m1", "")
+	if a := waitAck(t, b); a.id != "m1" || a.status != AckRetry {
+		t.Fatalf("ack %+v, want RETRY", a)
+	}
+	pub.fail.Store(nil)
+	s.in <- request("m1", "") // the redelivery
+	if a := waitAck(t, b); a.status != AckSuccess {
+		t.Fatalf("redelivery ack %+v, want SUCCESS", a)
+	}
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	if len(pub.events) != 1 || pub.events[0].topic != "out" || pub.events[0].ev.ID() != "m1/w1/0" {
+		t.Fatalf("published %+v, want the one output of m1", pub.events)
+	}
+}
+
+// A failed ack is logged, not fatal: the broker redelivers that message, and
+// the stream goes on with the next ones.
+func TestFailedAckDoesNotStallTheStream(t *testing.T) {
+	b, pub := newFakeBroker(), &fakePublisher{}
+	d := newTestDispatcher(t, b, pub, 1)
+	d.Attach(Worker{ID: "w1", Topic: "in"}, &funcInstance{fn: outputs("out")})
+	s := waitStream(t, b, "in")
+	lost := errors.New("stream closed by daprd")
+	b.ackErr.Store(&lost)
+	s.in <- request("m1", "")
+	if a := waitAck(t, b); a.id != "m1" {
+		t.Fatalf("ack %+v", a)
+	}
+	b.ackErr.Store(nil)
+	s.in <- request("m2", "")
+	if a := waitAck(t, b); a.id != "m2" || a.status != AckSuccess {
+		t.Fatalf("ack %+v, want m2 SUCCESS", a)
+	}
+	if st := d.Stats(); st.Processed != 2 {
+		t.Fatalf("processed %d, want 2", st.Processed)
+	}
+}
+
 func TestFanOutAcksOnceAfterAllWorkers(t *testing.T) {
 	b, pub := newFakeBroker(), &fakePublisher{}
 	d := newTestDispatcher(t, b, pub, 1)

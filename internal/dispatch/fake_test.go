@@ -21,6 +21,9 @@ type fakeBroker struct {
 	// refuse, while set, is the error every Subscribe returns (a broker
 	// that is down or out of connections).
 	refuse atomic.Pointer[error]
+	// ackErr, while set, is the error every Ack returns (after recording
+	// the ack: the answer was attempted).
+	ackErr atomic.Pointer[error]
 }
 
 type fakeAck struct {
@@ -68,16 +71,21 @@ func (s *fakeStream) Recv() (*runtimev1.TopicEventRequest, error) {
 
 func (s *fakeStream) Ack(id string, status Ack) error {
 	s.b.acks <- fakeAck{id, status}
+	if err := s.b.ackErr.Load(); err != nil {
+		return *err
+	}
 	return nil
 }
 
 func (s *fakeStream) Close() { s.once.Do(func() { close(s.done) }) }
 
-// fakePublisher records published events.
+// fakePublisher records published events; while fail is set, Publish
+// records nothing and returns it (a broker that refuses publishes).
 type fakePublisher struct {
 	mu     sync.Mutex
 	events []published
 	n      atomic.Int64
+	fail   atomic.Pointer[error]
 }
 
 type published struct {
@@ -86,6 +94,9 @@ type published struct {
 }
 
 func (p *fakePublisher) Publish(_ context.Context, topic string, e *event.Event) error {
+	if err := p.fail.Load(); err != nil {
+		return *err
+	}
 	p.n.Add(1)
 	p.mu.Lock()
 	p.events = append(p.events, published{topic, e.Clone()})

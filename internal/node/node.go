@@ -48,19 +48,23 @@ func (n *Node) Check(ctx context.Context, w catalog.Worker, code []byte) error {
 	return e.Check(ctx, n.Spec(w), code)
 }
 
-// Apply makes this node match w: a RUNNING worker is attached with the code
-// w.CodeSHA256 (hot-swapped if other code is attached), a STOPPED one is
-// detached. It is idempotent. commit, when not nil, runs afterwards under the
-// same lock (persisting w), so that a concurrent Reconcile never sees the
-// node and the catalog disagree.
-func (n *Node) Apply(ctx context.Context, w catalog.Worker, commit func(context.Context) error) error {
+// Apply makes this node serve w and then persists it, under one lock so that
+// a concurrent Reconcile never sees the node and the catalog disagree: a
+// RUNNING worker is attached with the code w.CodeSHA256 (hot-swapped if other
+// code is attached), a STOPPED one is detached; then the record (and history,
+// when not nil) is saved. The node goes first so that a worker whose code
+// cannot be attached is never persisted. It is idempotent.
+func (n *Node) Apply(ctx context.Context, w catalog.Worker, history *catalog.HistoryEntry) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.apply(ctx, w); err != nil {
 		return err
 	}
-	if commit != nil {
-		return commit(ctx)
+	if err := n.catalog.SaveWorker(ctx, w); err != nil {
+		return err
+	}
+	if history != nil {
+		return n.catalog.AppendHistory(ctx, w.ID, *history)
 	}
 	return nil
 }
@@ -91,16 +95,13 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 	return nil
 }
 
-// Remove detaches a worker (no-op when it is not attached); commit, when not
-// nil, runs afterwards under the same lock (see Apply).
-func (n *Node) Remove(ctx context.Context, id string, commit func(context.Context) error) error {
+// Remove detaches a worker (no-op when it is not attached) and then deletes
+// its record, under the same lock (see Apply).
+func (n *Node) Remove(ctx context.Context, id string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.remove(ctx, id)
-	if commit != nil {
-		return commit(ctx)
-	}
-	return nil
+	return n.catalog.DeleteWorker(ctx, id)
 }
 
 func (n *Node) remove(ctx context.Context, id string) {

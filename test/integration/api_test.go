@@ -15,6 +15,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
+	"github.com/virtufin/workmanager/internal/catalog"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	"github.com/virtufin/workmanager/workflows"
 )
@@ -183,8 +184,24 @@ func TestConcurrentUpdatesAcrossContinueAsNew(t *testing.T) {
 	if now.GetWorkflowExecutionInfo().GetExecution().GetRunId() == first.GetWorkflowExecutionInfo().GetExecution().GetRunId() {
 		t.Fatal("the workflow never continued as new")
 	}
+	// The node serves the code of the last version loaded, whichever of the
+	// concurrent loads that was.
+	last := h.GetEntries()[len(h.GetEntries())-1]
+	if last.GetSha256() != w.GetCodeSha256() {
+		t.Fatalf("last history entry %v, worker serves sha256 %s", last, w.GetCodeSha256())
+	}
+	want := ""
+	for i := range loads {
+		v := "v" + string(rune('1'+i))
+		if catalog.SHA256(echoWorker(out, v)) == last.GetSha256() {
+			want = v
+		}
+	}
+	if want == "" {
+		t.Fatalf("the last loaded sha256 %s is none of the loaded codes", last.GetSha256())
+	}
 	e.publish(in, "final", map[string]any{"n": 1}, "")
-	if d := decodeOut(t, expectEvent(t, outs, 20*time.Second).Data()); d.Version == "v0" {
-		t.Fatalf("still serving the first code: %+v", d)
+	if d := decodeOut(t, expectEvent(t, outs, 20*time.Second).Data()); d.Version != want {
+		t.Fatalf("serving %q, want %q (version %d, the last loaded)", d.Version, want, last.GetVersion())
 	}
 }

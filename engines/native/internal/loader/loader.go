@@ -1,6 +1,6 @@
 //go:build linux || darwin || freebsd
 
-package native
+package loader
 
 import (
 	"fmt"
@@ -13,46 +13,48 @@ import (
 	"github.com/ebitengine/purego"
 )
 
-// maxGatewayName bounds service and method names read from native memory.
-const maxGatewayName = 4 << 10
-
-// hostSink receives the host calls of one loaded worker: an in-process
+// Sink receives the host calls of one loaded worker: an in-process
 // instance, or the host side of a native-host child process.
-type hostSink interface {
-	hostLog(level int32, msg string)
-	// hostGateway returns the response (or an error message) and a
+type Sink interface {
+	HostLog(level int32, msg string)
+	// HostGateway returns the response (or an error message) and a
 	// VIRTUFIN_GATEWAY_* code.
-	hostGateway(service, method string, req []byte) ([]byte, int32)
+	HostGateway(service, method string, req []byte) ([]byte, int32)
 }
 
 // sinks maps engine_ptr handles to their sink. engine_ptr is never a Go
 // pointer: native code only ever gets this number back to us.
 var (
-	sinks    sync.Map // uintptr -> hostSink
+	sinks    sync.Map // uintptr -> Sink
 	nextSink atomic.Uintptr
 )
 
-func registerSink(s hostSink) uintptr {
+// RegisterSink returns a new engine_ptr handle that routes to s.
+func RegisterSink(s Sink) uintptr {
 	id := nextSink.Add(1)
 	sinks.Store(id, s)
 	return id
 }
 
-func unregisterSink(id uintptr) { sinks.Delete(id) }
+// UnregisterSink drops a handle: host calls made with it are refused.
+func UnregisterSink(id uintptr) { sinks.Delete(id) }
 
-func lookupSink(id uintptr) hostSink {
+// Registered reports whether a handle routes to a sink.
+func Registered(id uintptr) bool { return lookupSink(id) != nil }
+
+func lookupSink(id uintptr) Sink {
 	s, ok := sinks.Load(id)
 	if !ok {
 		return nil
 	}
-	return s.(hostSink)
+	return s.(Sink)
 }
 
-// runtimeState is created once per process: libc's malloc/free and the
-// three host callbacks (purego callbacks cannot be freed and are limited in
+// Runtime is created once per process: libc's malloc/free and the three
+// host callbacks (purego callbacks cannot be freed and are limited in
 // number, so they are shared by every loaded worker and routed through
 // engine_ptr).
-type runtimeState struct {
+type Runtime struct {
 	malloc, free     uintptr
 	logCB, gatewayCB uintptr
 	freeResponseCB   uintptr // libc free: responses are malloc'd
@@ -60,11 +62,13 @@ type runtimeState struct {
 
 var (
 	rtOnce sync.Once
-	rt     *runtimeState
+	rt     *Runtime
 	rtErr  error
 )
 
-func nativeRuntime() (*runtimeState, error) {
+// Init loads the C library and creates the host callbacks, once per
+// process; later calls return the same Runtime (or error).
+func Init() (*Runtime, error) {
 	rtOnce.Do(func() {
 		var libc uintptr
 		var errs []string
@@ -80,7 +84,7 @@ func nativeRuntime() (*runtimeState, error) {
 			rtErr = fmt.Errorf("native engine: cannot load the C library: %s", strings.Join(errs, "; "))
 			return
 		}
-		s := &runtimeState{}
+		s := &Runtime{}
 		var err error
 		if s.malloc, err = purego.Dlsym(libc, "malloc"); err != nil {
 			rtErr = fmt.Errorf("native engine: %w", err)
@@ -109,7 +113,7 @@ func libcNames() []string {
 	}
 }
 
-func (s *runtimeState) cmalloc(n int) unsafe.Pointer {
+func (s *Runtime) cmalloc(n int) unsafe.Pointer {
 	if n <= 0 {
 		n = 1
 	}
@@ -117,7 +121,7 @@ func (s *runtimeState) cmalloc(n int) unsafe.Pointer {
 	return cptr(p)
 }
 
-func (s *runtimeState) cfree(p unsafe.Pointer) {
+func (s *Runtime) cfree(p unsafe.Pointer) {
 	if p != nil {
 		purego.SyscallN(s.free, uintptr(p))
 	}
@@ -146,7 +150,7 @@ func hostLogCallback(enginePtr uintptr, level int32, msg unsafe.Pointer) {
 	if s == nil || msg == nil {
 		return
 	}
-	s.hostLog(level, goStringN(msg, maxLogLine))
+	s.HostLog(level, goStringN(msg, MaxLogLine))
 }
 
 // hostGatewayCallback is VirtufinHost.gateway_call.
@@ -159,21 +163,21 @@ func hostGatewayCallback(enginePtr uintptr, service, method, req unsafe.Pointer,
 		*(*int32)(respLen) = 0
 	}
 	if resp == nil || respLen == nil || service == nil || method == nil || reqLen < 0 || (req == nil && reqLen > 0) {
-		return gatewayBadArgs
+		return GatewayBadArgs
 	}
 	s := lookupSink(enginePtr)
 	if s == nil {
-		return gatewayUnavailable
+		return GatewayUnavailable
 	}
 	var body []byte
 	if reqLen > 0 {
 		body = unsafe.Slice((*byte)(req), reqLen)
 	}
-	out, code := s.hostGateway(goStringN(service, maxGatewayName), goStringN(method, maxGatewayName), body)
+	out, code := s.HostGateway(goStringN(service, maxGatewayName), goStringN(method, maxGatewayName), body)
 	if len(out) > 0 {
 		r := rt.cmalloc(len(out))
 		if r == nil {
-			return gatewayError
+			return GatewayError
 		}
 		copy(unsafe.Slice((*byte)(r), len(out)), out)
 		*(*unsafe.Pointer)(resp) = r
@@ -182,13 +186,16 @@ func hostGatewayCallback(enginePtr uintptr, service, method, req unsafe.Pointer,
 	return code
 }
 
-// hostBlock is one VirtufinHost in C memory (with its identity strings),
-// alive as long as the library is loaded.
-type hostBlock struct {
-	p unsafe.Pointer
+// Host is one VirtufinHost in C memory (with its identity strings), alive
+// as long as the library is loaded.
+type Host struct {
+	rt *Runtime
+	p  unsafe.Pointer
 }
 
-func newHostBlock(s *runtimeState, abi abiSpec, sinkID uintptr, workerID, group, topic string) *hostBlock {
+// NewHost allocates the host struct passed to every call of one loaded
+// worker: its engine_ptr is sinkID. It returns nil when malloc fails.
+func (s *Runtime) NewHost(abi ABI, sinkID uintptr, workerID, group, topic string) *Host {
 	strs := []string{workerID, group, topic}
 	size := hostStructSizeV1
 	for _, v := range strs {
@@ -215,38 +222,41 @@ func newHostBlock(s *runtimeState, abi abiSpec, sinkID uintptr, workerID, group,
 		*ptrs[i] = uintptr(unsafe.Add(p, off))
 		off += len(v) + 1
 	}
-	return &hostBlock{p: p}
+	return &Host{rt: s, p: p}
 }
 
-func (h *hostBlock) addr() uintptr { return uintptr(h.p) }
+// Addr is the host struct's address, the first argument of Process.
+func (h *Host) Addr() uintptr { return uintptr(h.p) }
 
-func (h *hostBlock) release(s *runtimeState) {
+// Release frees the host struct; h may be nil.
+func (h *Host) Release() {
 	if h != nil && h.p != nil {
-		s.cfree(h.p)
+		h.rt.cfree(h.p)
 		h.p = nil
 	}
 }
 
-// library is one dlopen'ed worker library.
-type library struct {
+// Library is one dlopen'ed worker library.
+type Library struct {
 	handle     uintptr
 	process    uintptr
 	freeResult uintptr
 }
 
-// openLibrary loads path and resolves the manifest's exports. Errors are
-// invalid code (with the dynamic loader's message or the missing exports).
-func openLibrary(path string, m *Manifest) (*library, error) {
+// Open loads path and resolves the exports. A library that does not load
+// (the error has the dynamic loader's message) or lacks exports (named) is
+// a *LibraryError.
+func Open(path string, ex Exports) (*Library, error) {
 	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
 	if err != nil {
-		return nil, invalidf("the library %s does not load: %v", LibraryFileName(m.Library, runtime.GOOS), err)
+		return nil, libraryErrorf("the library %s does not load: %v", LibraryFileName(ex.Library, runtime.GOOS), err)
 	}
-	l := &library{handle: h}
+	l := &Library{handle: h}
 	var missing []string
 	for _, sym := range []struct {
 		name string
 		dst  *uintptr
-	}{{m.EntryPoint, &l.process}, {m.FreeResult, &l.freeResult}} {
+	}{{ex.Process, &l.process}, {ex.FreeResult, &l.freeResult}} {
 		p, err := purego.Dlsym(h, sym.name)
 		if err != nil || p == 0 {
 			missing = append(missing, sym.name)
@@ -256,48 +266,50 @@ func openLibrary(path string, m *Manifest) (*library, error) {
 	}
 	if len(missing) > 0 {
 		_ = purego.Dlclose(h)
-		return nil, invalidf("the library %s does not export %s (ABI v%d needs the exports %q and %q, named by entry_point and free_result in %s)",
-			LibraryFileName(m.Library, runtime.GOOS), strings.Join(missing, " and "), m.ABIVersion, m.EntryPoint, m.FreeResult, ManifestName)
+		return nil, libraryErrorf("the library %s does not export %s (ABI v%d needs the exports %q and %q, named by entry_point and free_result in %s)",
+			LibraryFileName(ex.Library, runtime.GOOS), strings.Join(missing, " and "), ex.ABIVersion, ex.Process, ex.FreeResult, manifestName)
 	}
 	return l, nil
 }
 
-// callSlots receives Process' out parameters. It must live in the Go heap
+// CallSlots receives Process' out parameters. It must live in the Go heap
 // (not on a stack, which may move) for the duration of the call.
-type callSlots struct {
-	out    uintptr
-	outLen int32
+type CallSlots struct {
+	Out    uintptr // *out: the worker's response buffer, or 0
+	OutLen int32   // *out_len
 }
 
-// call runs Process(host, in, len(in), &s.out, &s.outLen).
-func (l *library) call(host uintptr, in []byte, s *callSlots) int32 {
-	s.out, s.outLen = 0, 0
+// Call runs Process(host, in, len(in), &s.Out, &s.OutLen).
+func (l *Library) Call(host uintptr, in []byte, s *CallSlots) int32 {
+	s.Out, s.OutLen = 0, 0
 	r1, _, _ := purego.SyscallN(l.process, host, uintptr(unsafe.Pointer(unsafe.SliceData(in))), uintptr(len(in)),
-		uintptr(unsafe.Pointer(&s.out)), uintptr(unsafe.Pointer(&s.outLen)))
+		uintptr(unsafe.Pointer(&s.Out)), uintptr(unsafe.Pointer(&s.OutLen)))
 	runtime.KeepAlive(in)
 	return int32(uint32(r1))
 }
 
-// freeOut calls FreeResult(out).
-func (l *library) freeOut(out uintptr) {
+// FreeOut calls FreeResult(out) for a non-zero out.
+func (l *Library) FreeOut(out uintptr) {
 	if out != 0 {
 		purego.SyscallN(l.freeResult, out)
 	}
 }
 
-// outBytes is the worker's response buffer (native memory, valid until
-// freeOut).
-func outBytes(s *callSlots) ([]byte, error) {
+// Bytes is the worker's response buffer (native memory, valid until
+// FreeOut): nil when there is none, an error when its length is not
+// positive.
+func (s *CallSlots) Bytes() ([]byte, error) {
 	switch {
-	case s.out == 0:
+	case s.Out == 0:
 		return nil, nil
-	case s.outLen <= 0:
-		return nil, fmt.Errorf("the worker returned a response buffer with length %d", s.outLen)
+	case s.OutLen <= 0:
+		return nil, fmt.Errorf("the worker returned a response buffer with length %d", s.OutLen)
 	}
-	return unsafe.Slice((*byte)(cptr(s.out)), s.outLen), nil
+	return unsafe.Slice((*byte)(cptr(s.Out)), s.OutLen), nil
 }
 
-func (l *library) close() error {
+// Close unloads the library (dlclose).
+func (l *Library) Close() error {
 	if l.handle == 0 {
 		return nil
 	}

@@ -1,6 +1,7 @@
-package native
+package loader
 
 import (
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,14 +19,25 @@ import (
 // log) for that release and are refused from the next one with an error
 // that lists the supported versions. Today v1 is the only version.
 //
-// Adding v2: add an abiSpec to abis (its exports and host struct), mark v1
-// Deprecated, and switch on spec.Version where the call or the codec differ.
+// Adding v2: add an ABI to abis (its exports and host struct), mark v1
+// Deprecated, and switch on ABI.Version where the call or the codec differ.
 
 // CurrentABI is the ABI version new workers should be built for.
 const CurrentABI = 1
 
-// abiSpec describes one supported ABI version.
-type abiSpec struct {
+// Default export names (ABI v1).
+const (
+	DefaultEntryPoint = "Process"
+	DefaultFreeResult = "FreeResult"
+)
+
+// manifestName is the worker package's manifest (engines/native
+// ManifestName), which declares abi_version, entry_point and free_result:
+// the messages name it.
+const manifestName = "manifest.json"
+
+// ABI describes one supported ABI version.
+type ABI struct {
 	Version int
 	// Deprecated versions still load but log a warning: they will be
 	// refused by the next release.
@@ -35,34 +47,36 @@ type abiSpec struct {
 }
 
 // abis lists the supported ABI versions, newest first.
-var abis = []abiSpec{
+var abis = []ABI{
 	{Version: 1, HostStructSize: hostStructSizeV1},
 }
 
-// lookupABI returns the spec of a supported version.
-func lookupABI(v int) (abiSpec, bool) {
+// LookupABI returns the description of a supported version.
+func LookupABI(v int) (ABI, bool) {
 	for _, a := range abis {
 		if a.Version == v {
 			return a, true
 		}
 	}
-	return abiSpec{}, false
+	return ABI{}, false
 }
 
-// checkABI returns an invalid-code error for an unsupported version.
-func checkABI(v int) error {
-	if _, ok := lookupABI(v); ok {
+// CheckABI returns nil for a supported version, or an error saying why the
+// manifest's abi_version is refused (callers report it as invalid code).
+func CheckABI(v int) error {
+	if _, ok := LookupABI(v); ok {
 		return nil
 	}
 	oldest := abis[len(abis)-1].Version
 	if v < oldest && v > 0 {
-		return invalidf("%s: abi_version %d is no longer supported (supported: %s); rebuild the worker against the current SDK (ABI %d)",
-			ManifestName, v, supportedABIList(), CurrentABI)
+		return fmt.Errorf("%s: abi_version %d is no longer supported (supported: %s); rebuild the worker against the current SDK (ABI %d)",
+			manifestName, v, SupportedABIs(), CurrentABI)
 	}
-	return invalidf("%s: abi_version %d is not supported (supported: %s)", ManifestName, v, supportedABIList())
+	return fmt.Errorf("%s: abi_version %d is not supported (supported: %s)", manifestName, v, SupportedABIs())
 }
 
-func supportedABIList() string {
+// SupportedABIs lists the supported versions for a message ("1, 2").
+func SupportedABIs() string {
 	vs := make([]int, len(abis))
 	for i, a := range abis {
 		vs[i] = a.Version

@@ -1,4 +1,7 @@
-package native
+// Package hostproto is the protocol between the native engine and a
+// native-host process (process isolation): the pipes and environment the
+// host is started with, and the frames they carry.
+package hostproto
 
 import (
 	"bufio"
@@ -30,13 +33,27 @@ import (
 // One host process serves one call at a time: after a 'P' the engine reads
 // frames until the 'R', answering every 'C' with a 'G'.
 const (
-	frameProcess      = 'P'
-	frameGatewayReply = 'G'
-	frameReady        = 'Y'
-	frameLoadError    = 'X'
-	frameResult       = 'R'
-	frameLog          = 'L'
-	frameGateway      = 'C'
+	FrameProcess      = 'P'
+	FrameGatewayReply = 'G'
+	FrameReady        = 'Y'
+	FrameLoadError    = 'X'
+	FrameResult       = 'R'
+	FrameLog          = 'L'
+	FrameGatewayCall  = 'C'
+)
+
+// The host's pipes.
+const (
+	RequestFD  = 3 // engine -> host
+	ResponseFD = 4 // host -> engine
+)
+
+// The worker's identity in the host's environment (exact there: the
+// process hosts one worker).
+const (
+	EnvWorkerID    = "VIRTUFIN_WORKER_ID"
+	EnvWorkerGroup = "VIRTUFIN_WORKER_GROUP"
+	EnvWorkerTopic = "VIRTUFIN_WORKER_TOPIC"
 )
 
 // maxFrame bounds one frame (an event or a response).
@@ -44,17 +61,20 @@ const maxFrame = 256 << 20
 
 var errFrameTooLarge = errors.New("frame too large")
 
-type frameReader struct {
+// Reader reads frames.
+type Reader struct {
 	r   *bufio.Reader
 	buf []byte
 }
 
-func newFrameReader(r io.Reader) *frameReader {
-	return &frameReader{r: bufio.NewReaderSize(r, 64<<10)}
+// NewReader returns a buffered frame reader.
+func NewReader(r io.Reader) *Reader {
+	return &Reader{r: bufio.NewReaderSize(r, 64<<10)}
 }
 
-// read returns the next frame; the payload is valid until the next read.
-func (f *frameReader) read() (byte, []byte, error) {
+// ReadFrame returns the next frame; the payload is valid until the next
+// read.
+func (f *Reader) ReadFrame() (byte, []byte, error) {
 	var hdr [4]byte
 	if _, err := io.ReadFull(f.r, hdr[:]); err != nil {
 		return 0, nil, err
@@ -79,16 +99,18 @@ func (f *frameReader) read() (byte, []byte, error) {
 	return b[0], b[1:], nil
 }
 
-type frameWriter struct {
+// Writer writes frames.
+type Writer struct {
 	w *bufio.Writer
 }
 
-func newFrameWriter(w io.Writer) *frameWriter {
-	return &frameWriter{w: bufio.NewWriterSize(w, 64<<10)}
+// NewWriter returns a buffered frame writer.
+func NewWriter(w io.Writer) *Writer {
+	return &Writer{w: bufio.NewWriterSize(w, 64<<10)}
 }
 
-// write sends one frame made of parts and flushes it.
-func (f *frameWriter) write(kind byte, parts ...[]byte) error {
+// WriteFrame sends one frame made of parts and flushes it.
+func (f *Writer) WriteFrame(kind byte, parts ...[]byte) error {
 	n := 1
 	for _, p := range parts {
 		n += len(p)
@@ -106,14 +128,23 @@ func (f *frameWriter) write(kind byte, parts ...[]byte) error {
 	return f.w.Flush()
 }
 
-func le32(v int32) []byte {
+// Int32 encodes a payload's int32 field.
+func Int32(v int32) []byte {
 	var b [4]byte
 	binary.LittleEndian.PutUint32(b[:], uint32(v))
 	return b[:]
 }
 
-// parseResult decodes an 'R' payload.
-func parseResult(p []byte) (rc int32, hasOut bool, outLen int32, out []byte, err error) {
+// LenPrefixed encodes a payload's string field (uint32 length, bytes).
+func LenPrefixed(s string) []byte {
+	b := make([]byte, 4+len(s))
+	binary.LittleEndian.PutUint32(b, uint32(len(s)))
+	copy(b[4:], s)
+	return b
+}
+
+// ParseResult decodes an 'R' payload.
+func ParseResult(p []byte) (rc int32, hasOut bool, outLen int32, out []byte, err error) {
 	if len(p) < 9 {
 		return 0, false, 0, nil, fmt.Errorf("short result frame (%d bytes)", len(p))
 	}
@@ -127,8 +158,8 @@ func parseResult(p []byte) (rc int32, hasOut bool, outLen int32, out []byte, err
 	return rc, hasOut, outLen, out, nil
 }
 
-// parseGatewayCall decodes a 'C' payload.
-func parseGatewayCall(p []byte) (service, method string, req []byte, err error) {
+// ParseGatewayCall decodes a 'C' payload.
+func ParseGatewayCall(p []byte) (service, method string, req []byte, err error) {
 	next := func() (string, bool) {
 		if len(p) < 4 {
 			return "", false
@@ -150,9 +181,11 @@ func parseGatewayCall(p []byte) (service, method string, req []byte, err error) 
 	return service, method, p, nil
 }
 
-func lenPrefixed(s string) []byte {
-	b := make([]byte, 4+len(s))
-	binary.LittleEndian.PutUint32(b, uint32(len(s)))
-	copy(b[4:], s)
-	return b
+// ParseInt32Prefixed decodes an 'L' or 'G' payload: an int32 (level or
+// code) and the bytes after it (aliasing p). ok is false when p is short.
+func ParseInt32Prefixed(p []byte) (v int32, rest []byte, ok bool) {
+	if len(p) < 4 {
+		return 0, nil, false
+	}
+	return int32(binary.LittleEndian.Uint32(p)), p[4:], true
 }

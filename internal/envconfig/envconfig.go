@@ -1,0 +1,80 @@
+// Package envconfig reads typed settings from the environment for the
+// commands' config structs: each getter returns the variable's value, or the
+// default when it is unset or empty, and the first bad value is kept as an
+// error that names the variable (`WORKER_TIMEOUT="x": time: invalid
+// duration "x"`). Validation of the values stays with each command's
+// config.validate.
+package envconfig
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+)
+
+// Reader reads variables; Err reports the first that could not be parsed.
+type Reader struct {
+	lookup func(string) (string, bool)
+	err    error
+}
+
+// New reads the process environment.
+func New() *Reader { return &Reader{lookup: os.LookupEnv} }
+
+// FromMap reads m (tests).
+func FromMap(m map[string]string) *Reader {
+	return &Reader{lookup: func(k string) (string, bool) { v, ok := m[k]; return v, ok }}
+}
+
+// Err is the first parse error, or nil.
+func (r *Reader) Err() error { return r.err }
+
+func (r *Reader) raw(name string) (string, bool) {
+	v, ok := r.lookup(name)
+	return v, ok && v != ""
+}
+
+func parse[T any](r *Reader, name string, def T, f func(string) (T, error)) T {
+	v, ok := r.raw(name)
+	if !ok {
+		return def
+	}
+	x, err := f(v)
+	if err != nil {
+		if r.err == nil {
+			r.err = fmt.Errorf("%s=%q: %w", name, v, err)
+		}
+		return def
+	}
+	return x
+}
+
+// String returns the variable, or def.
+func (r *Reader) String(name, def string) string {
+	if v, ok := r.raw(name); ok {
+		return v
+	}
+	return def
+}
+
+// Int returns the variable as an integer, or def.
+func (r *Reader) Int(name string, def int) int { return parse(r, name, def, strconv.Atoi) }
+
+// Bool returns the variable as a boolean (strconv.ParseBool), or def.
+func (r *Reader) Bool(name string, def bool) bool { return parse(r, name, def, strconv.ParseBool) }
+
+// Duration returns the variable as a Go duration ("30s"), or def.
+func (r *Reader) Duration(name string, def time.Duration) time.Duration {
+	return parse(r, name, def, time.ParseDuration)
+}
+
+// LogLevel returns the variable as a slog level ("debug", "warn", …), or
+// info.
+func (r *Reader) LogLevel(name string) slog.Level {
+	return parse(r, name, slog.LevelInfo, func(v string) (slog.Level, error) {
+		var l slog.Level
+		return l, l.UnmarshalText([]byte(v))
+	})
+}

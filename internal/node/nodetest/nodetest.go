@@ -1,0 +1,151 @@
+// Package nodetest builds a real node for tests, without servers: the memory
+// state store, a test engine, and a real dispatcher whose subscriptions never
+// deliver. The node's own tests and the activities' tests use it.
+package nodetest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/node"
+	"github.com/virtufin/workmanager/internal/state"
+)
+
+// MIMEType is served by the test engine.
+const MIMEType = "text/x-test"
+
+// BadCode is the code the test engine refuses.
+const BadCode = "bad"
+
+// Engine accepts any code but BadCode and counts loaded instances.
+type Engine struct {
+	mu    sync.Mutex
+	loads int
+}
+
+// Loads counts the instances loaded so far.
+func (e *Engine) Loads() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.loads
+}
+
+// Info implements engines.Engine.
+func (e *Engine) Info() engines.Info {
+	return engines.Info{Name: "test", MIMETypes: []string{MIMEType}}
+}
+
+// Check implements engines.Engine.
+func (e *Engine) Check(_ context.Context, _ engines.Spec, code []byte) error {
+	if string(code) == BadCode {
+		return fmt.Errorf("%w: line 1: nothing good here", engines.ErrInvalidCode)
+	}
+	return nil
+}
+
+// Load implements engines.Engine.
+func (e *Engine) Load(ctx context.Context, s engines.Spec, code []byte) (engines.Instance, error) {
+	if err := e.Check(ctx, s, code); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	e.loads++
+	e.mu.Unlock()
+	return instance{}, nil
+}
+
+type instance struct{}
+
+func (instance) Process(context.Context, *event.Event) ([]event.Event, error) { return nil, nil }
+func (instance) Close(context.Context) error                                  { return nil }
+
+// idleSubscriber opens streams that never deliver.
+type idleSubscriber struct{}
+
+func (idleSubscriber) Subscribe(ctx context.Context, _, _ string) (dispatch.Stream, error) {
+	sctx, cancel := context.WithCancel(ctx)
+	return idleStream{ctx: sctx, cancel: cancel}, nil
+}
+
+type idleStream struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func (s idleStream) Recv() (*runtimev1.TopicEventRequest, error) { <-s.ctx.Done(); return nil, io.EOF }
+func (s idleStream) Ack(string, dispatch.Ack) error              { return nil }
+func (s idleStream) Close()                                      { s.cancel() }
+
+// Published is one event a Recorder received.
+type Published struct {
+	Topic string
+	Event event.Event
+}
+
+// Recorder is a publisher that keeps what it is given.
+type Recorder struct {
+	mu  sync.Mutex
+	evs []Published
+}
+
+// Publish implements publish.Publisher.
+func (r *Recorder) Publish(_ context.Context, topic string, e *event.Event) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.evs = append(r.evs, Published{topic, e.Clone()})
+	return nil
+}
+
+// All returns what was published so far.
+func (r *Recorder) All() []Published {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Published(nil), r.evs...)
+}
+
+// Fixture is a node and what it is made of.
+type Fixture struct {
+	Node       *node.Node
+	Store      *state.MemoryStore
+	Catalog    *catalog.Catalog
+	Dispatcher *dispatch.Dispatcher
+	Engine     *Engine
+	Published  *Recorder
+	Events     *lifecycle.Emitter
+}
+
+// New builds a Fixture whose node is shut down when the test ends.
+func New(t testing.TB) *Fixture {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	f := &Fixture{Store: state.NewMemoryStore(), Engine: &Engine{}, Published: &Recorder{}}
+	f.Catalog = catalog.New(f.Store)
+	reg := engines.NewRegistry()
+	if err := reg.Register(f.Engine); err != nil {
+		t.Fatal(err)
+	}
+	f.Events = lifecycle.NewEmitter(f.Published)
+	f.Dispatcher = dispatch.New(ctx, log, idleSubscriber{}, f.Published, f.Events, dispatch.Config{PubSub: "pubsub", MaxConcurrency: 1})
+	f.Node = node.New(log, f.Catalog, reg, f.Dispatcher, time.Second)
+	t.Cleanup(func() { f.Node.Shutdown(context.Background()) })
+	return f
+}
+
+// Worker is a worker record of the test engine, id w1 on topic "in".
+func Worker(status catalog.Status, sha string) catalog.Worker {
+	return catalog.Worker{ID: "w1", MIMEType: MIMEType, Topic: "in", Group: "g", Status: status, CodeVersion: 1, CodeSHA256: sha}
+}
