@@ -10,12 +10,9 @@ import (
 
 // config is the API's typed configuration, read from the environment.
 type config struct {
-	Addr              string        // WORKMANAGER_API_ADDR
-	TemporalAddress   string        // TEMPORAL_ADDRESS
-	TemporalNamespace string        // TEMPORAL_NAMESPACE
-	DaprGRPCAddress   string        // DAPR_GRPC_ADDRESS
-	StateStore        string        // DAPR_STATESTORE
-	OperationTimeout  time.Duration // WORKMANAGER_OPERATION_TIMEOUT
+	envconfig.Services
+	Addr             string        // WORKMANAGER_API_ADDR
+	OperationTimeout time.Duration // WORKMANAGER_OPERATION_TIMEOUT
 	// ContinueAsNewAfter: WORKMANAGER_CONTINUE_AS_NEW_AFTER (0: when the server suggests).
 	ContinueAsNewAfter int
 	LogLevel           slog.Level // LOG_LEVEL
@@ -24,11 +21,8 @@ type config struct {
 func loadConfig() (config, error) {
 	r := envconfig.New()
 	c := config{
+		Services:           r.Services(),
 		Addr:               r.String("WORKMANAGER_API_ADDR", "127.0.0.1:50051"),
-		TemporalAddress:    r.String("TEMPORAL_ADDRESS", "127.0.0.1:7233"),
-		TemporalNamespace:  r.String("TEMPORAL_NAMESPACE", "default"),
-		DaprGRPCAddress:    r.String("DAPR_GRPC_ADDRESS", "127.0.0.1:50001"),
-		StateStore:         r.String("DAPR_STATESTORE", "statestore"),
 		OperationTimeout:   r.Duration("WORKMANAGER_OPERATION_TIMEOUT", 60*time.Second),
 		ContinueAsNewAfter: r.Int("WORKMANAGER_CONTINUE_AS_NEW_AFTER", 0),
 		LogLevel:           r.LogLevel("LOG_LEVEL"),

@@ -8,9 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	dapr "github.com/dapr/go-sdk/client"
@@ -24,24 +21,14 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/daemon"
 	"github.com/virtufin/workmanager/internal/state"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	"github.com/virtufin/workmanager/services/api"
 )
 
 func main() {
-	cfg, err := loadConfig()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "workmanager api: bad configuration:", err)
-		os.Exit(2)
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, log, cfg); err != nil {
-		log.Error("api failed", "err", err)
-		os.Exit(1)
-	}
+	daemon.Main("api", loadConfig, func(c config) slog.Level { return c.LogLevel }, run)
 }
 
 func run(ctx context.Context, log *slog.Logger, cfg config) error {

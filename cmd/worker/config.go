@@ -12,12 +12,9 @@ import (
 
 // config is the node's typed configuration, read from the environment.
 type config struct {
+	envconfig.Services
 	HTTPAddr          string        // WORKMANAGER_HTTP_ADDR
-	TemporalAddress   string        // TEMPORAL_ADDRESS
-	TemporalNamespace string        // TEMPORAL_NAMESPACE
-	DaprGRPCAddress   string        // DAPR_GRPC_ADDRESS
 	PubSub            string        // DAPR_PUBSUB
-	StateStore        string        // DAPR_STATESTORE
 	RecoveryOnStart   bool          // WORKER_RECOVERY_ON_START
 	MaxConcurrency    int           // WORKER_MAX_CONCURRENCY
 	WorkerTimeout     time.Duration // WORKER_TIMEOUT
@@ -38,12 +35,9 @@ type config struct {
 func loadConfig() (config, error) {
 	r := envconfig.New()
 	c := config{
+		Services:          r.Services(),
 		HTTPAddr:          r.String("WORKMANAGER_HTTP_ADDR", "127.0.0.1:8080"),
-		TemporalAddress:   r.String("TEMPORAL_ADDRESS", "127.0.0.1:7233"),
-		TemporalNamespace: r.String("TEMPORAL_NAMESPACE", "default"),
-		DaprGRPCAddress:   r.String("DAPR_GRPC_ADDRESS", "127.0.0.1:50001"),
 		PubSub:            r.String("DAPR_PUBSUB", "pubsub"),
-		StateStore:        r.String("DAPR_STATESTORE", "statestore"),
 		RecoveryOnStart:   r.Bool("WORKER_RECOVERY_ON_START", true),
 		MaxConcurrency:    r.Int("WORKER_MAX_CONCURRENCY", 8),
 		WorkerTimeout:     r.Duration("WORKER_TIMEOUT", 30*time.Second),

@@ -10,10 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
@@ -29,6 +26,7 @@ import (
 	"github.com/virtufin/workmanager/engines/native"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/cluster"
+	"github.com/virtufin/workmanager/internal/daemon"
 	"github.com/virtufin/workmanager/internal/dispatch"
 	"github.com/virtufin/workmanager/internal/gateway"
 	"github.com/virtufin/workmanager/internal/health"
@@ -41,18 +39,7 @@ import (
 )
 
 func main() {
-	cfg, err := loadConfig()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "workmanager worker: bad configuration:", err)
-		os.Exit(2)
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, log, cfg); err != nil {
-		log.Error("worker node failed", "err", err)
-		os.Exit(1)
-	}
+	daemon.Main("worker node", loadConfig, func(c config) slog.Level { return c.LogLevel }, run)
 }
 
 func run(ctx context.Context, log *slog.Logger, cfg config) error {

@@ -78,3 +78,21 @@ func (r *Reader) LogLevel(name string) slog.Level {
 		return l, l.UnmarshalText([]byte(v))
 	})
 }
+
+// Services are the servers every command talks to.
+type Services struct {
+	TemporalAddress   string // TEMPORAL_ADDRESS
+	TemporalNamespace string // TEMPORAL_NAMESPACE
+	DaprGRPCAddress   string // DAPR_GRPC_ADDRESS
+	StateStore        string // DAPR_STATESTORE
+}
+
+// Services reads the server addresses, defaulting to make run's.
+func (r *Reader) Services() Services {
+	return Services{
+		TemporalAddress:   r.String("TEMPORAL_ADDRESS", "127.0.0.1:7233"),
+		TemporalNamespace: r.String("TEMPORAL_NAMESPACE", "default"),
+		DaprGRPCAddress:   r.String("DAPR_GRPC_ADDRESS", "127.0.0.1:50001"),
+		StateStore:        r.String("DAPR_STATESTORE", "statestore"),
+	}
+}

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -19,6 +20,28 @@ func (e *env) healthReport(t *testing.T) health.Report {
 		t.Fatalf("/health: %v", err)
 	}
 	return r
+}
+
+// waitBroker waits until the node's broker check has status and its detail
+// contains want, and returns the detail.
+func (e *env) waitBroker(t *testing.T, limit time.Duration, status health.Status, want string) string {
+	t.Helper()
+	var detail string
+	waitFor(t, limit, fmt.Sprintf("broker %s (%q)", status, want), func() bool {
+		c := e.healthReport(t).Checks[health.Broker]
+		detail = c.Detail
+		return c.Status == status && strings.Contains(c.Detail, want)
+	})
+	return detail
+}
+
+// publishIDs publishes one input per id to topic and returns the ids.
+func (e *env) publishIDs(topic string, ids ...string) []string {
+	e.t.Helper()
+	for _, id := range ids {
+		e.publish(topic, id, map[string]any{"n": id}, "")
+	}
+	return ids
 }
 
 // readyz returns /readyz's status code and body.
@@ -44,24 +67,13 @@ func TestHealthTracksBrokerOutage(t *testing.T) {
 	in, out := topicName(t, "in"), topicName(t, "out")
 	e.create(t, in, echoWorker(out, "v1"))
 	o := &outputs{t: t, ch: e.subscribe(out), seen: map[string]bool{}}
-	waitFor(t, 15*time.Second, "broker Healthy", func() bool { return e.healthReport(t).Checks[health.Broker].Status == health.Healthy })
+	e.waitBroker(t, 15*time.Second, health.Healthy, "")
 
 	// Inputs published just before the outage: some are in flight when it
 	// starts, and their outputs cannot be published.
-	var before []string
-	for _, id := range []string{"b1", "b2", "b3", "b4", "b5"} {
-		e.publish(in, id, map[string]any{"n": id}, "")
-		before = append(before, id)
-	}
+	before := e.publishIDs(in, "b1", "b2", "b3", "b4", "b5")
 	e.stack.StopRedis()
-
-	var detail string
-	waitFor(t, 15*time.Second, "broker Degraded", func() bool {
-		c := e.healthReport(t).Checks[health.Broker]
-		detail = c.Detail
-		return c.Status == health.Degraded && strings.Contains(c.Detail, "publish failing")
-	})
-	t.Logf("broker check while Redis is down: %s", detail)
+	t.Logf("broker check while Redis is down: %s", e.waitBroker(t, 15*time.Second, health.Degraded, "publish failing"))
 	if r := e.healthReport(t); r.Status == health.Healthy {
 		t.Fatalf("overall status Healthy while the broker is down: %+v", r)
 	}
@@ -78,15 +90,10 @@ func TestHealthTracksBrokerOutage(t *testing.T) {
 	if err := e.stack.StartRedis(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "broker Healthy again", func() bool {
-		return e.healthReport(t).Checks[health.Broker].Status == health.Healthy
-	})
+	e.waitBroker(t, 30*time.Second, health.Healthy, "")
 	waitFor(t, 10*time.Second, "/readyz passing again", func() bool { code, _ := e.readyz(t); return code == http.StatusOK })
 
-	after := []string{"a1", "a2", "a3"}
-	for _, id := range after {
-		e.publish(in, id, map[string]any{"n": id}, "")
-	}
+	after := e.publishIDs(in, "a1", "a2", "a3")
 	// Every input is answered: those caught by the outage come back through
 	// redelivery (processingTimeout 6s in the tests).
 	o.expect(append(before, after...)...)

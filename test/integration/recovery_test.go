@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -173,35 +172,19 @@ func TestStreamReconnectsAfterDaprdRestart(t *testing.T) {
 	in, out := topicName(t, "in"), topicName(t, "out")
 	e.create(t, in, echoWorker(out, "v1"))
 	e.closeSubs()
-	var before []string
-	for i := range 5 {
-		id := "before-" + strconv.Itoa(i)
-		e.publish(in, id, map[string]any{"n": i}, "")
-		before = append(before, id)
-	}
+	before := e.publishIDs(in, "before-0", "before-1", "before-2", "before-3", "before-4")
 	e.stack.KillDaprd()
-	var detail string
-	waitFor(t, 15*time.Second, "broker Degraded while daprd is gone", func() bool {
-		c := e.healthReport(t).Checks[health.Broker]
-		detail = c.Detail
-		return c.Status == health.Degraded
-	})
-	t.Logf("broker check without daprd: %s", detail)
+	t.Logf("broker check without daprd: %s", e.waitBroker(t, 15*time.Second, health.Degraded, ""))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := e.stack.StartDaprd(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "broker Healthy after daprd is back", func() bool {
-		return e.healthReport(t).Checks[health.Broker].Status == health.Healthy
-	})
+	e.waitBroker(t, 30*time.Second, health.Healthy, "")
 	e.connectDapr()
 	// A new consumer group reads the output stream from its start, so outputs
 	// published before the kill are received too.
 	o := &outputs{t: t, ch: e.subscribe(out), seen: map[string]bool{}}
-	after := []string{"after-0", "after-1", "after-2"}
-	for i, id := range after {
-		e.publish(in, id, map[string]any{"n": i}, "")
-	}
+	after := e.publishIDs(in, "after-0", "after-1", "after-2")
 	o.expect(append(before, after...)...)
 }
