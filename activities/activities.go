@@ -15,7 +15,7 @@ import (
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/codesource"
 	"github.com/virtufin/workmanager/internal/failure"
-	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/state"
 )
 
@@ -43,7 +43,7 @@ type Members interface {
 type Activities struct {
 	Catalog *catalog.Catalog
 	Node    Node
-	Events  *lifecycle.Emitter
+	Events  *lifecycleevents.Emitter
 	Fetcher codesource.Fetcher
 	Members Members
 }
@@ -98,7 +98,7 @@ func (a *Activities) PrepareCode(ctx context.Context, in PrepareCodeInput) (cata
 // retried activity republishes the same event.
 type EventSpec struct {
 	ID   string
-	Kind lifecycle.Kind
+	Kind lifecycleevents.Kind
 }
 
 // ApplyInput is a worker's new state.
@@ -167,7 +167,7 @@ func (a *Activities) Activate(ctx context.Context, id string) error {
 
 func (a *Activities) emit(ctx context.Context, w catalog.Worker, events []EventSpec) error {
 	for _, e := range events {
-		d := lifecycle.Data{WorkerID: w.ID, Group: w.Group, Topic: w.Topic, CodeVersion: w.CodeVersion}
+		d := lifecycleevents.Data{WorkerID: w.ID, Group: w.Group, Topic: w.Topic, CodeVersion: w.CodeVersion}
 		if err := a.Events.Emit(ctx, e.ID, e.Kind, d); err != nil {
 			return err
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/cluster"
 	"github.com/virtufin/workmanager/internal/failure"
-	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/node/nodetest"
 	"github.com/virtufin/workmanager/internal/state"
 )
@@ -179,14 +179,14 @@ func TestDeleteActivateAndEmit(t *testing.T) {
 	if evs := f.Published.All(); len(evs) != 0 {
 		t.Fatalf("Delete published %v", evs)
 	}
-	if err := f.acts.Emit(ctx, EmitInput{Worker: w, Events: []EventSpec{{ID: "e-del", Kind: lifecycle.Deleted}}}); err != nil {
+	if err := f.acts.Emit(ctx, EmitInput{Worker: w, Events: []EventSpec{{ID: "e-del", Kind: lifecycleevents.Deleted}}}); err != nil {
 		t.Fatal(err)
 	}
 	evs := f.Published.All()
-	if len(evs) != 1 || evs[0].Event.ID() != "e-del" || evs[0].Event.Type() != lifecycle.TypePrefix+"deleted" {
+	if len(evs) != 1 || evs[0].Event.ID() != "e-del" || evs[0].Event.Type() != lifecycleevents.TypePrefix+"deleted" {
 		t.Fatalf("deleted event: %+v", evs)
 	}
-	var d lifecycle.Data
+	var d lifecycleevents.Data
 	if err := evs[0].Event.DataAs(&d); err != nil || d.WorkerID != "w1" || d.Topic != "in" || d.Group != "g" {
 		t.Fatalf("event data: %+v %v", d, err)
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/virtufin/workmanager/activities"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/failure"
-	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 )
 
 // Names of the worker workflow's updates and query.
@@ -186,7 +186,7 @@ func activityCtx(ctx workflow.Context) workflow.Context {
 
 var a *activities.Activities // method values name the activities
 
-func (e *entity) event(ctx workflow.Context, kind lifecycle.Kind) activities.EventSpec {
+func (e *entity) event(ctx workflow.Context, kind lifecycleevents.Kind) activities.EventSpec {
 	e.st.Seq++
 	return activities.EventSpec{ID: fmt.Sprintf("%s/%d/%s", workflow.GetInfo(ctx).WorkflowExecution.ID, e.st.Seq, kind), Kind: kind}
 }
@@ -224,7 +224,7 @@ func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker
 		Worker:  w,
 		History: &catalog.HistoryEntry{Version: 1, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now},
 	}
-	if applied, err := e.apply(ctx, in, e.event(ctx, lifecycle.Created), e.event(ctx, lifecycle.Started)); err != nil {
+	if applied, err := e.apply(ctx, in, e.event(ctx, lifecycleevents.Created), e.event(ctx, lifecycleevents.Started)); err != nil {
 		if applied {
 			e.undoCreate(ctx, w)
 		}
@@ -248,7 +248,7 @@ func (e *entity) undoCreate(ctx workflow.Context, w catalog.Worker) {
 	e.syncNodes(ctx)
 }
 
-func (e *entity) setStatus(ctx workflow.Context, status catalog.Status, kind lifecycle.Kind) (catalog.Worker, error) {
+func (e *entity) setStatus(ctx workflow.Context, status catalog.Status, kind lifecycleevents.Kind) (catalog.Worker, error) {
 	unlock, err := e.lock(ctx)
 	if err != nil {
 		return catalog.Worker{}, err
@@ -268,11 +268,11 @@ func (e *entity) setStatus(ctx workflow.Context, status catalog.Status, kind lif
 }
 
 func (e *entity) start(ctx workflow.Context) (catalog.Worker, error) {
-	return e.setStatus(ctx, catalog.StatusRunning, lifecycle.Started)
+	return e.setStatus(ctx, catalog.StatusRunning, lifecycleevents.Started)
 }
 
 func (e *entity) stop(ctx workflow.Context) (catalog.Worker, error) {
-	return e.setStatus(ctx, catalog.StatusStopped, lifecycle.Stopped)
+	return e.setStatus(ctx, catalog.StatusStopped, lifecycleevents.Stopped)
 }
 
 func (e *entity) loadCode(ctx workflow.Context, ref catalog.CodeRef) (catalog.Worker, error) {
@@ -293,7 +293,7 @@ func (e *entity) loadCode(ctx workflow.Context, ref catalog.CodeRef) (catalog.Wo
 		Worker:  w,
 		History: &catalog.HistoryEntry{Version: w.CodeVersion, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now},
 	}
-	if _, err := e.apply(ctx, in, e.event(ctx, lifecycle.CodeUpdated)); err != nil {
+	if _, err := e.apply(ctx, in, e.event(ctx, lifecycleevents.CodeUpdated)); err != nil {
 		return catalog.Worker{}, err
 	}
 	e.st.Worker = w
@@ -306,7 +306,7 @@ func (e *entity) delete(ctx workflow.Context) error {
 		return err
 	}
 	defer unlock()
-	ev := e.event(ctx, lifecycle.Deleted)
+	ev := e.event(ctx, lifecycleevents.Deleted)
 	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Delete, activities.DeleteInput{Worker: e.st.Worker}).Get(ctx, nil); err != nil {
 		return err
 	}

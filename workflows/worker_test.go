@@ -17,14 +17,14 @@ import (
 	"github.com/virtufin/workmanager/activities"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/failure"
-	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 )
 
 type WorkerWorkflowSuite struct {
 	suite.Suite
 	testsuite.WorkflowTestSuite
 	env     *testsuite.TestWorkflowEnvironment
-	emitted [][]lifecycle.Kind // events published by Emit, per call
+	emitted [][]lifecycleevents.Kind // events published by Emit, per call
 }
 
 func TestWorkerWorkflow(t *testing.T) { suite.Run(t, new(WorkerWorkflowSuite)) }
@@ -34,7 +34,7 @@ func (s *WorkerWorkflowSuite) SetupTest() {
 	s.env.RegisterActivity(&activities.Activities{})
 	s.emitted = nil
 	s.env.OnActivity(a.Emit, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.EmitInput) error {
-		var ks []lifecycle.Kind
+		var ks []lifecycleevents.Kind
 		for _, e := range in.Events {
 			ks = append(ks, e.Kind)
 		}
@@ -106,8 +106,8 @@ func (s *WorkerWorkflowSuite) TestFullLifecycle() {
 	// The repeated stop applied nothing: create, stop, start, load. Events
 	// are published after the change reached every node, not by Apply.
 	s.Len(applied, 4)
-	s.Equal([][]lifecycle.Kind{{lifecycle.Created, lifecycle.Started}, {lifecycle.Stopped}, {lifecycle.Started},
-		{lifecycle.CodeUpdated}, {lifecycle.Deleted}}, s.emitted)
+	s.Equal([][]lifecycleevents.Kind{{lifecycleevents.Created, lifecycleevents.Started}, {lifecycleevents.Stopped}, {lifecycleevents.Started},
+		{lifecycleevents.CodeUpdated}, {lifecycleevents.Deleted}}, s.emitted)
 	s.Equal(catalog.StatusStopped, applied[1].Worker.Status)
 	s.Equal(int64(2), applied[3].History.Version)
 	s.Equal("url", applied[3].History.SourceKind)
@@ -254,7 +254,7 @@ func (s *WorkerWorkflowSuite) TestCreateUndoneWhenItsEventsCannotBePublished() {
 	s.Equal("w1", deleted[0].Worker.ID)
 	// Only the refused created/started: nothing was announced, so no "deleted" either.
 	s.Require().Len(emits, 1)
-	s.Equal(lifecycle.Created, emits[0].Events[0].Kind)
+	s.Equal(lifecycleevents.Created, emits[0].Events[0].Kind)
 	s.True(env.IsWorkflowCompleted())
 	s.ErrorContains(env.GetWorkflowError(), "create failed")
 }

@@ -30,7 +30,7 @@ import (
 	"github.com/virtufin/workmanager/internal/dispatch"
 	"github.com/virtufin/workmanager/internal/gateway"
 	"github.com/virtufin/workmanager/internal/health"
-	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/publish"
 	"github.com/virtufin/workmanager/internal/state"
@@ -63,7 +63,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	cat := catalog.New(state.NewDaprStore(daprClient, cfg.StateStore))
 	daprPub := publish.NewDapr(daprClient, cfg.PubSub)
 	pub := publish.Observed(daprPub, broker.Published)
-	events := lifecycle.NewEmitter(pub)
+	events := lifecycleevents.NewEmitter(pub)
 	disp := dispatch.New(ctx, log, dispatch.DaprSubscriber{Client: runtimev1.NewDaprClient(conn)}, pub, events,
 		dispatch.Config{PubSub: cfg.PubSub, MaxConcurrency: cfg.MaxConcurrency, OnSubscription: broker.Subscribed})
 	go broker.Probe(ctx, cfg.BrokerProbe, min(cfg.BrokerProbe, 5*time.Second), func(ctx context.Context) error {

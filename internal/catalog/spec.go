@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"regexp"
 
-	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/publish"
 )
 
@@ -21,8 +21,8 @@ var (
 // reservedTopics carry WorkManager's own events: lifecycle events (a worker
 // subscribed to its own error events could loop) and the nodes' broker probes.
 var reservedTopics = map[string]string{
-	lifecycle.Topic:    "lifecycle events",
-	publish.ProbeTopic: "the nodes' broker probes",
+	lifecycleevents.Topic: "lifecycle events",
+	publish.ProbeTopic:    "the nodes' broker probes",
 }
 
 // ValidateSpec checks the parts of a worker spec that need no engine:

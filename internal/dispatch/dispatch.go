@@ -26,7 +26,7 @@ import (
 	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
 
 	"github.com/virtufin/workmanager/engines"
-	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/publish"
 )
 
@@ -59,7 +59,7 @@ type Dispatcher struct {
 	log    *slog.Logger
 	sub    Subscriber
 	pub    publish.Publisher
-	events *lifecycle.Emitter
+	events *lifecycleevents.Emitter
 	cfg    Config
 	ctx    context.Context
 
@@ -71,7 +71,7 @@ type Dispatcher struct {
 }
 
 // New returns a Dispatcher whose streams live until ctx ends.
-func New(ctx context.Context, log *slog.Logger, sub Subscriber, pub publish.Publisher, events *lifecycle.Emitter, cfg Config) *Dispatcher {
+func New(ctx context.Context, log *slog.Logger, sub Subscriber, pub publish.Publisher, events *lifecycleevents.Emitter, cfg Config) *Dispatcher {
 	if cfg.MaxConcurrency <= 0 {
 		cfg.MaxConcurrency = 1
 	}
@@ -445,8 +445,8 @@ func (d *Dispatcher) workerError(ctx context.Context, w *worker, m *message, err
 	if d.events == nil {
 		return
 	}
-	data := lifecycle.Data{WorkerID: w.ID, Group: w.Group, Topic: w.Topic, ErrorType: kind, ErrorMessage: err.Error()}
-	if err := d.events.Emit(ctx, "", lifecycle.Error, data); err != nil {
+	data := lifecycleevents.Data{WorkerID: w.ID, Group: w.Group, Topic: w.Topic, ErrorType: kind, ErrorMessage: err.Error()}
+	if err := d.events.Emit(ctx, "", lifecycleevents.Error, data); err != nil {
 		d.log.Warn("publishing worker.error failed", "worker_id", w.ID, "err", err)
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/virtufin/workmanager/engines"
-	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 )
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -71,7 +71,7 @@ func waitStream(t *testing.T, b *fakeBroker, topic string) *fakeStream {
 func newTestDispatcher(t *testing.T, b *fakeBroker, pub *fakePublisher, conc int) *Dispatcher {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	return New(ctx, quietLog(), b, pub, lifecycle.NewEmitter(pub), Config{PubSub: "pubsub", MaxConcurrency: conc})
+	return New(ctx, quietLog(), b, pub, lifecycleevents.NewEmitter(pub), Config{PubSub: "pubsub", MaxConcurrency: conc})
 }
 
 func TestOutputsGoToTheirTypeWithCorrelationID(t *testing.T) {
@@ -142,10 +142,10 @@ func TestFailureRetriesAndEmitsWorkerError(t *testing.T) {
 			}
 			pub.mu.Lock()
 			defer pub.mu.Unlock()
-			if len(pub.events) != 1 || pub.events[0].topic != lifecycle.Topic || pub.events[0].ev.Type() != lifecycle.TypePrefix+"error" {
+			if len(pub.events) != 1 || pub.events[0].topic != lifecycleevents.Topic || pub.events[0].ev.Type() != lifecycleevents.TypePrefix+"error" {
 				t.Fatalf("published %v", pub.events)
 			}
-			var data lifecycle.Data
+			var data lifecycleevents.Data
 			if err := pub.events[0].ev.DataAs(&data); err != nil || data.ErrorType != name || data.WorkerID != "w1" || data.Group != "g" {
 				t.Fatalf("error data %+v %v", data, err)
 			}

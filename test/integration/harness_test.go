@@ -27,7 +27,7 @@ import (
 
 	"github.com/virtufin/workmanager/internal/devstack"
 	"github.com/virtufin/workmanager/internal/dispatch"
-	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
 
@@ -54,7 +54,7 @@ type env struct {
 
 type lifecycleEvent struct {
 	Type string
-	Data lifecycle.Data
+	Data lifecycleevents.Data
 }
 
 var (
@@ -210,10 +210,10 @@ func (e *env) connectDapr() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ch := e.subscribe(lifecycle.Topic)
+	ch := e.subscribe(lifecycleevents.Topic)
 	go func() {
 		for ev := range ch {
-			var d lifecycle.Data
+			var d lifecycleevents.Data
 			_ = ev.DataAs(&d)
 			e.mu.Lock()
 			e.lifecycle = append(e.lifecycle, lifecycleEvent{Type: ev.Type(), Data: d})
@@ -300,13 +300,13 @@ func (e *env) httpGet(t testing.TB, path string) string {
 func (e *env) killNode() { e.node.Kill() }
 
 // waitLifecycle waits for a lifecycle event of kind for workerID.
-func (e *env) waitLifecycle(workerID string, kind lifecycle.Kind, timeout time.Duration) lifecycleEvent {
+func (e *env) waitLifecycle(workerID string, kind lifecycleevents.Kind, timeout time.Duration) lifecycleEvent {
 	e.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		e.mu.Lock()
 		for _, ev := range e.lifecycle {
-			if ev.Data.WorkerID == workerID && ev.Type == lifecycle.TypePrefix+string(kind) {
+			if ev.Data.WorkerID == workerID && ev.Type == lifecycleevents.TypePrefix+string(kind) {
 				e.mu.Unlock()
 				return ev
 			}

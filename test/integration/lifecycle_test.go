@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/virtufin/workmanager/internal/catalog"
-	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
 
@@ -79,8 +79,8 @@ func TestCreateProcessesAndPropagatesCorrelationID(t *testing.T) {
 	if w.GetStatus() != pb.WorkerStatus_WORKER_STATUS_RUNNING || w.GetTopic() != in || w.GetCodeVersion() != 1 || w.GetGroup() != "g1" {
 		t.Fatalf("unexpected worker %v", w)
 	}
-	e.waitLifecycle(id, lifecycle.Created, 10*time.Second)
-	e.waitLifecycle(id, lifecycle.Started, 10*time.Second)
+	e.waitLifecycle(id, lifecycleevents.Created, 10*time.Second)
+	e.waitLifecycle(id, lifecycleevents.Started, 10*time.Second)
 
 	e.publish(in, "m1", map[string]any{"n": 1}, "corr-123")
 	ev := expectEvent(t, outs, 20*time.Second)
@@ -121,7 +121,7 @@ func TestStopAndStart(t *testing.T) {
 			t.Fatalf("status %v after stop", w.GetStatus())
 		}
 	}
-	e.waitLifecycle(id, lifecycle.Stopped, 10*time.Second)
+	e.waitLifecycle(id, lifecycleevents.Stopped, 10*time.Second)
 	e.publish(in, "while-stopped", map[string]any{"n": 1}, "c1")
 	expectNoEvent(t, outs, 4*time.Second)
 
@@ -148,9 +148,9 @@ func TestStopAndStart(t *testing.T) {
 	var stopped, started int
 	for _, typ := range e.lifecycleFor(id) {
 		switch typ {
-		case lifecycle.TypePrefix + "stopped":
+		case lifecycleevents.TypePrefix + "stopped":
 			stopped++
-		case lifecycle.TypePrefix + "started":
+		case lifecycleevents.TypePrefix + "started":
 			started++
 		}
 	}
@@ -178,7 +178,7 @@ func TestLoadCodeAndHistory(t *testing.T) {
 	if w.GetCodeVersion() != 2 || w.GetCodeSha256() != catalog.SHA256(v2) || w.GetStatus() != pb.WorkerStatus_WORKER_STATUS_RUNNING {
 		t.Fatalf("after LoadCode: %v", w)
 	}
-	e.waitLifecycle(id, lifecycle.CodeUpdated, 10*time.Second)
+	e.waitLifecycle(id, lifecycleevents.CodeUpdated, 10*time.Second)
 	e.publish(in, "b", map[string]any{"n": 2}, "")
 	if v := decodeOut(t, expectEvent(t, outs, 20*time.Second).Data()).Version; v != "v2" {
 		t.Fatalf("version %q after reload", v)

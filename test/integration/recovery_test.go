@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/virtufin/workmanager/internal/health"
-	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
 
@@ -48,7 +48,7 @@ func setupRecovery(t *testing.T, e *env) recoveryFixture {
 	if _, err := e.client.DeleteWorker(ctxT(t), &pb.DeleteWorkerRequest{WorkerId: f.deleted}); err != nil {
 		t.Fatal(err)
 	}
-	e.waitLifecycle(f.deleted, lifecycle.Deleted, 10*time.Second)
+	e.waitLifecycle(f.deleted, lifecycleevents.Deleted, 10*time.Second)
 	return f
 }
 
@@ -144,7 +144,7 @@ func TestHungWorkerTimesOut(t *testing.T) {
 	outs := e.subscribe(out)
 	id := e.create(t, in, echoWorker(out, "v1"))
 	e.publish(in, "hang", map[string]any{"hang": true}, "")
-	ev := e.waitLifecycle(id, lifecycle.Error, 20*time.Second)
+	ev := e.waitLifecycle(id, lifecycleevents.Error, 20*time.Second)
 	if ev.Data.ErrorType != "timeout" || ev.Data.Topic != in || ev.Data.Group != "g1" {
 		t.Fatalf("error event %+v", ev.Data)
 	}
@@ -157,7 +157,7 @@ func TestHungWorkerTimesOut(t *testing.T) {
 	e.lifecycle = nil
 	e.mu.Unlock()
 	e.publish(in, "fail", map[string]any{"fail": true}, "")
-	ev = e.waitLifecycle(id, lifecycle.Error, 20*time.Second)
+	ev = e.waitLifecycle(id, lifecycleevents.Error, 20*time.Second)
 	if ev.Data.ErrorType != "worker_failed" || !strings.Contains(ev.Data.ErrorMessage, "asked to fail") {
 		t.Fatalf("error event %+v", ev.Data)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
 

@@ -18,7 +18,7 @@ import (
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/dispatch"
-	"github.com/virtufin/workmanager/internal/lifecycle"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/state"
 )
@@ -123,7 +123,7 @@ type Fixture struct {
 	Dispatcher *dispatch.Dispatcher
 	Engine     *Engine
 	Published  *Recorder
-	Events     *lifecycle.Emitter
+	Events     *lifecycleevents.Emitter
 }
 
 // New builds a Fixture whose node is shut down when the test ends.
@@ -138,7 +138,7 @@ func New(t testing.TB) *Fixture {
 	if err := reg.Register(f.Engine); err != nil {
 		t.Fatal(err)
 	}
-	f.Events = lifecycle.NewEmitter(f.Published)
+	f.Events = lifecycleevents.NewEmitter(f.Published)
 	f.Dispatcher = dispatch.New(ctx, log, idleSubscriber{}, f.Published, f.Events, dispatch.Config{PubSub: "pubsub", MaxConcurrency: 1})
 	f.Node = node.New(log, f.Catalog, reg, f.Dispatcher, time.Second)
 	t.Cleanup(func() { f.Node.Shutdown(context.Background()) })

@@ -1,8 +1,9 @@
-// Package lifecycle owns WorkManager's lifecycle events: CloudEvents v1.0 on
+// Package lifecycleevents owns WorkManager's lifecycle events (the
+// lifecycle itself is workflows/): CloudEvents v1.0 on
 // the topic "workmanager.lifecycle" with type
 // "com.virtufin.workmanager.lifecycle.<state>", published for every worker
 // transition and for every worker error on the hot path.
-package lifecycle
+package lifecycleevents
 
 import (
 	"context"
