@@ -21,7 +21,8 @@ limitations under the License.
 //     arrives on that stream, one leaked connection per closed streaming
 //     subscription, until the pool is exhausted and every publish fails
 //     (upstream analysis: components-contrib pull request 4518). Here BLOCK
-//     is bounded (blockTimeout, 2s, when readTimeout is unset), so a
+//     is bounded (blockTimeout, 2s, when readTimeout is unset or not
+//     positive; upstream treats -1 as "forever"), so a
 //     cancelled subscription returns its connection within 2s.
 //  2. A failing read waits a second before the next one instead of spinning
 //     (a stopped Redis made every subscribed topic loop at full speed).
@@ -58,7 +59,7 @@ const (
 	concurrency       = "concurrency"
 	maxLenApprox      = "maxLenApprox"
 
-	// WorkManager: the BLOCK of XREADGROUP when readTimeout is unset.
+	// WorkManager: the BLOCK of XREADGROUP when readTimeout is unset (or not positive).
 	blockTimeout = 2 * time.Second
 	// WorkManager: the pause after a failed XREADGROUP.
 	readErrorBackoff = time.Second
