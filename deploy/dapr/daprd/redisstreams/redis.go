@@ -22,8 +22,8 @@ limitations under the License.
 //     subscription, until the pool is exhausted and every publish fails
 //     (upstream analysis: components-contrib pull request 4518). Here BLOCK
 //     is bounded (blockTimeout, 2s, when readTimeout is unset or not
-//     positive; upstream treats -1 as "forever"), so a
-//     cancelled subscription returns its connection within 2s.
+//     positive), so a cancelled subscription returns its connection
+//     within 2s.
 //  2. A failing read waits a second before the next one instead of spinning
 //     (a stopped Redis made every subscribed topic loop at full speed).
 //  3. Publish honours a per-request "maxLenApprox" metadata value, so that a
