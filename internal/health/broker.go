@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,6 +22,11 @@ const Broker = "broker"
 // It is safe for concurrent use.
 type BrokerWatch struct {
 	state *State
+
+	// publishing is true while the last publish succeeded: a successful
+	// publish then changes nothing and returns without the lock (every
+	// worker output reports here).
+	publishing atomic.Bool
 
 	mu      sync.Mutex
 	probed  bool             // a publish outcome has been seen
@@ -38,16 +44,14 @@ func NewBrokerWatch(s *State) *BrokerWatch {
 // Published records the outcome of one publish. A cancelled publish (node
 // shutting down, caller gone) says nothing about the broker and is ignored.
 func (b *BrokerWatch) Published(err error) {
-	if errors.Is(err, context.Canceled) {
+	if (err == nil && b.publishing.Load()) || errors.Is(err, context.Canceled) {
 		return
 	}
 	b.mu.Lock()
-	changed := !b.probed || (b.pubErr == nil) != (err == nil) || err != nil
 	b.probed, b.pubErr = true, err
+	b.publishing.Store(err == nil)
 	b.mu.Unlock()
-	if changed {
-		b.update()
-	}
+	b.update()
 }
 
 // Subscribed records the state of topic's subscription: err is why it could
