@@ -26,8 +26,12 @@ unit: vet
 integration: deps tools
 	go test -timeout $(TEST_TIMEOUT) -v ./test/integration/
 
-bench: deps
+bench: deps tools
 	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./engines/python/ ./engines/native/
+	# End to end through the real daprd and Redis: bare subscriber vs. workers
+	# with and without a group, in alternating rounds (-benchtime 1x: one full
+	# comparison; WM_BENCH_MESSAGES / WM_BENCH_ROUNDS size it).
+	go test -run '^$$' -bench BenchmarkEndToEnd -benchtime 1x -timeout 20m -v ./test/integration/
 
 # go vet, plus workflowcheck: workflow code must stay deterministic.
 vet: $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp

@@ -279,3 +279,41 @@ func (s *WorkerWorkflowSuite) TestUpdateQueuedBehindDeleteIsNotFound() {
 	s.Equal(failure.NotFound, appErr.Type())
 	s.True(s.env.IsWorkflowCompleted())
 }
+
+// The retry policy given at create (it arrives in the workflow's start
+// input, as topic and group do) reaches the stored record, and stays
+// through later changes and continue-as-new.
+func (s *WorkerWorkflowSuite) TestRetryPolicyReachesTheRecord() {
+	var applied []activities.ApplyInput
+	s.env.OnActivity(a.PrepareCode, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in activities.PrepareCodeInput) (catalog.CodeRef, error) { return in.Ref, nil })
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) error {
+		applied = append(applied, in)
+		return nil
+	})
+	w := newWorker()
+	w.MaxAttempts, w.RetryBackoff = 5, 2*time.Second
+	var create, stop, load updater
+	s.env.RegisterDelayedCallback(func() {
+		s.update(UpdateCreate, &create, CreateRequest{Ref: catalog.CodeRef{SHA256: sha1, SourceKind: "content"}})
+	}, time.Second)
+	s.env.RegisterDelayedCallback(func() { s.update(UpdateStop, &stop) }, 2*time.Second)
+	s.env.RegisterDelayedCallback(func() { s.update(UpdateLoadCode, &load, catalog.CodeRef{SHA256: sha2, SourceKind: "content"}) }, 3*time.Second)
+	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: w}, ContinueAsNewAfter: 3})
+	for _, u := range []*updater{&create, &stop, &load} {
+		s.NoError(u.reject)
+		s.NoError(u.err)
+	}
+	s.Require().Len(applied, 3)
+	for _, in := range applied {
+		s.Equal(5, in.Worker.MaxAttempts)
+		s.Equal(2*time.Second, in.Worker.RetryBackoff)
+	}
+	s.Equal(5, create.result.(catalog.Worker).MaxAttempts)
+	var can *workflow.ContinueAsNewError
+	s.Require().True(errors.As(s.env.GetWorkflowError(), &can), "got %v", s.env.GetWorkflowError())
+	var next WorkerInput
+	s.NoError(converterDecode(can, &next))
+	s.Equal(5, next.State.Worker.MaxAttempts)
+	s.Equal(2*time.Second, next.State.Worker.RetryBackoff)
+}

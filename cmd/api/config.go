@@ -15,7 +15,14 @@ type config struct {
 	OperationTimeout time.Duration // WORKMANAGER_OPERATION_TIMEOUT
 	// ContinueAsNewAfter: WORKMANAGER_CONTINUE_AS_NEW_AFTER (0: when the server suggests).
 	ContinueAsNewAfter int
-	LogLevel           slog.Level // LOG_LEVEL
+	// PubSub is the Dapr pub/sub component replayed dead letters are
+	// published to: DAPR_PUBSUB (the nodes' variable and default).
+	PubSub string
+	// DeliveryRecordTTL is how long delivery records are kept (a replay
+	// resets one, and writes it with this TTL): DELIVERY_RECORD_TTL, the
+	// nodes' variable; set it to the nodes' value.
+	DeliveryRecordTTL time.Duration
+	LogLevel          slog.Level // LOG_LEVEL
 }
 
 func loadConfig() (config, error) {
@@ -25,6 +32,8 @@ func loadConfig() (config, error) {
 		Addr:               r.String("WORKMANAGER_API_ADDR", "127.0.0.1:50051"),
 		OperationTimeout:   r.Duration("WORKMANAGER_OPERATION_TIMEOUT", 60*time.Second),
 		ContinueAsNewAfter: r.Int("WORKMANAGER_CONTINUE_AS_NEW_AFTER", 0),
+		PubSub:             r.String("DAPR_PUBSUB", "pubsub"),
+		DeliveryRecordTTL:  r.Duration("DELIVERY_RECORD_TTL", 24*time.Hour),
 		LogLevel:           r.LogLevel("LOG_LEVEL"),
 	}
 	if err := r.Err(); err != nil {
@@ -41,6 +50,10 @@ func (c config) validate() error {
 		return fmt.Errorf("WORKMANAGER_CONTINUE_AS_NEW_AFTER must not be negative, got %d", c.ContinueAsNewAfter)
 	case c.OperationTimeout <= 0:
 		return fmt.Errorf("WORKMANAGER_OPERATION_TIMEOUT must be positive, got %s", c.OperationTimeout)
+	case c.PubSub == "":
+		return fmt.Errorf("DAPR_PUBSUB must not be empty")
+	case c.DeliveryRecordTTL < time.Minute:
+		return fmt.Errorf("DELIVERY_RECORD_TTL must be at least 1m (as on the nodes), got %s", c.DeliveryRecordTTL)
 	}
 	return nil
 }

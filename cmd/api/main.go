@@ -1,6 +1,6 @@
 // Command api serves the WorkManager control API (gRPC, with server
 // reflection and the standard health service). It only wires packages
-// together: the handlers live in internal/api.
+// together: the handlers live in services/api.
 package main
 
 import (
@@ -14,7 +14,6 @@ import (
 	"go.temporal.io/sdk/client"
 	tlog "go.temporal.io/sdk/log"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -22,6 +21,10 @@ import (
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/daemon"
+	"github.com/virtufin/workmanager/internal/daprconn"
+	"github.com/virtufin/workmanager/internal/deadletter"
+	"github.com/virtufin/workmanager/internal/delivery"
+	"github.com/virtufin/workmanager/internal/publish"
 	"github.com/virtufin/workmanager/internal/state"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	"github.com/virtufin/workmanager/services/api"
@@ -32,12 +35,14 @@ func main() {
 }
 
 func run(ctx context.Context, log *slog.Logger, cfg config) error {
-	conn, err := grpc.NewClient(cfg.DaprGRPCAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := daprconn.Dial(cfg.DaprGRPCAddress, daprconn.Options{Token: cfg.DaprAPIToken})
 	if err != nil {
 		return fmt.Errorf("dapr connection: %w", err)
 	}
 	defer conn.Close()
-	cat := catalog.New(state.NewDaprStore(dapr.NewClientWithConnection(conn), cfg.StateStore))
+	daprClient := dapr.NewClientWithConnection(conn)
+	store := state.NewDaprStore(daprClient, cfg.StateStore)
+	cat := catalog.New(store)
 	tc, err := client.DialContext(ctx, client.Options{HostPort: cfg.TemporalAddress, Namespace: cfg.TemporalNamespace,
 		Logger: tlog.NewStructuredLogger(log.With("component", "temporal"))})
 	if err != nil {
@@ -47,7 +52,12 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 
 	srv := grpc.NewServer()
 	pb.RegisterWorkManagerServiceServer(srv, api.New(log, tc, cat, engines.BuiltinMIMETypes(),
-		api.Options{OperationTimeout: cfg.OperationTimeout, ContinueAsNewAfter: cfg.ContinueAsNewAfter}))
+		api.Options{OperationTimeout: cfg.OperationTimeout, ContinueAsNewAfter: cfg.ContinueAsNewAfter,
+			// The dead-letter TTL is recorded in each index by the nodes
+			// that add them: the API needs none of its own.
+			DeadLetters: deadletter.NewStore(store, 0),
+			Deliveries:  delivery.NewStore(store, cfg.DeliveryRecordTTL),
+			Publisher:   publish.NewDapr(daprClient, cfg.PubSub)}))
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(pb.WorkManagerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

@@ -31,10 +31,12 @@ func main() {
 	flag.StringVar(&apiAddr, "api-addr", "127.0.0.1:50051", "control API address")
 	flag.StringVar(&nodeAddr, "node-addr", "127.0.0.1:8080", "node HTTP (health) address")
 	// Quicker redelivery than the manifest's 45s, for a snappy dev loop: a
-	// message answered RETRY comes back after about 15s. A worker slower than
-	// that is handed out twice here (WORKER_TIMEOUT is 30s).
+	// message answered RETRY comes back after about 15s. The node's
+	// WORKER_TIMEOUT is 10s here, so that a delivery ends before the broker
+	// hands it out again (see docs/architecture.md, delivery guarantees).
 	flag.DurationVar(&o.RedeliverInterval, "redeliver-interval", 2*time.Second, "Redis streams redelivery scan interval")
 	flag.DurationVar(&o.ProcessingTimeout, "processing-timeout", 15*time.Second, "how long a message may stay unacknowledged before it is redelivered")
+	flag.StringVar(&o.DaprAPIToken, "dapr-api-token", os.Getenv("DAPR_API_TOKEN"), "make daprd require this API token (default $DAPR_API_TOKEN; empty: none)")
 	flag.Parse()
 	if err := run(o, bins, apiAddr, nodeAddr); err != nil {
 		fmt.Fprintln(os.Stderr, "devstack:", err)
@@ -57,11 +59,11 @@ func run(o devstack.Options, bins, apiAddr, nodeAddr string) error {
 	defer s.Stop()
 	// A fixed node id: after a crash the restarted node takes over its own
 	// task queue and cluster entry instead of waiting for the old one to expire.
-	node, err := s.StartNode(filepath.Join(bins, "worker"), nodeAddr, "WORKMANAGER_NODE_ID=local")
+	node, err := s.StartNode(filepath.Join(bins, "worker"), nodeAddr, "WORKMANAGER_NODE_ID=local", "WORKER_TIMEOUT=10s")
 	if err != nil {
 		return err
 	}
-	defer node.Stop(10 * time.Second)
+	defer node.Stop(40 * time.Second) // SHUTDOWN_GRACE (30s) to drain
 	api, err := s.StartAPI(filepath.Join(bins, "api"), apiAddr)
 	if err != nil {
 		return err
@@ -80,6 +82,9 @@ WorkManager is running (data and logs in %s):
   Redis                %s
 Press Ctrl-C to stop; 'make run' again resumes with the same workers.
 `, o.Dir, apiAddr, apiAddr, nodeAddr, s.TemporalAddr, s.UIURL, s.DaprGRPCAddr, s.DaprHTTPAddr, s.RedisAddr)
+	if o.DaprAPIToken != "" {
+		fmt.Println("  daprd requires its API token: send header 'dapr-api-token: $DAPR_API_TOKEN' to daprd")
+	}
 	select {
 	case <-ctx.Done():
 	case <-node.Done():

@@ -30,6 +30,19 @@ type config struct {
 	BrokerProbe       time.Duration // BROKER_PROBE_INTERVAL: how often an idle node checks that publishing works
 	BrokerReadyGrace  time.Duration // BROKER_READY_GRACE: how long the broker may fail before /readyz does
 	LogLevel          slog.Level    // LOG_LEVEL
+
+	QueueDepth        int           // WORKER_QUEUE_DEPTH: messages waiting per worker beyond those running
+	QueueWait         time.Duration // WORKER_QUEUE_WAIT: how long a message waits for room in a full queue
+	MaxAttempts       int           // WORKER_MAX_ATTEMPTS: default attempts per (message, worker) before <topic>-dead
+	RetryBackoff      time.Duration // WORKER_RETRY_BACKOFF: default wait before the second attempt (doubling)
+	DeliveryRecordTTL time.Duration // DELIVERY_RECORD_TTL: how long a message's delivery record is kept
+	DeadLetterTTL     time.Duration // DEAD_LETTER_TTL: how long a dead letter stays replayable (0: kept)
+	NotRunnableGrace  time.Duration // NOT_RUNNABLE_GRACE: how long a message waits for a worker no node here can run
+	MaxEventBytes     int           // MAX_EVENT_BYTES: larger events go to <topic>-dead as too_large
+	LockRetryBase     time.Duration // GROUP_LOCK_RETRY_BASE_DELAY_MS
+	LockMaxRetries    int           // GROUP_LOCK_MAX_RETRIES
+	LockMaxAge        time.Duration // GROUP_LOCK_MAX_AGE_MS
+	ShutdownGrace     time.Duration // SHUTDOWN_GRACE: how long SIGTERM waits for in-flight messages
 }
 
 func loadConfig() (config, error) {
@@ -53,6 +66,18 @@ func loadConfig() (config, error) {
 		BrokerProbe:       r.Duration("BROKER_PROBE_INTERVAL", 2*time.Second),
 		BrokerReadyGrace:  r.Duration("BROKER_READY_GRACE", 15*time.Second),
 		LogLevel:          r.LogLevel("LOG_LEVEL"),
+		QueueDepth:        r.Int("WORKER_QUEUE_DEPTH", 64),
+		QueueWait:         r.Duration("WORKER_QUEUE_WAIT", time.Second),
+		MaxAttempts:       r.Int("WORKER_MAX_ATTEMPTS", 3),
+		RetryBackoff:      r.Duration("WORKER_RETRY_BACKOFF", time.Second),
+		DeliveryRecordTTL: r.Duration("DELIVERY_RECORD_TTL", 24*time.Hour),
+		DeadLetterTTL:     r.Duration("DEAD_LETTER_TTL", 7*24*time.Hour),
+		NotRunnableGrace:  r.Duration("NOT_RUNNABLE_GRACE", 10*time.Minute),
+		MaxEventBytes:     r.Int("MAX_EVENT_BYTES", 1<<20),
+		LockRetryBase:     time.Duration(r.Int("GROUP_LOCK_RETRY_BASE_DELAY_MS", 500)) * time.Millisecond,
+		LockMaxRetries:    r.Int("GROUP_LOCK_MAX_RETRIES", 3),
+		LockMaxAge:        time.Duration(r.Int("GROUP_LOCK_MAX_AGE_MS", 30000)) * time.Millisecond,
+		ShutdownGrace:     r.Duration("SHUTDOWN_GRACE", 30*time.Second),
 	}
 	if err := r.Err(); err != nil {
 		return c, err
@@ -82,6 +107,30 @@ func (c config) validate() error {
 		return fmt.Errorf("NODE_HEARTBEAT must be positive, got %s", c.NodeHeartbeat)
 	case !validNodeID(c.NodeID):
 		return fmt.Errorf("WORKMANAGER_NODE_ID must be 1 to 100 letters, digits, '.', '_' or '-', got %q", c.NodeID)
+	case c.QueueDepth < 1:
+		return fmt.Errorf("WORKER_QUEUE_DEPTH must be at least 1, got %d", c.QueueDepth)
+	case c.QueueWait < 0 || c.QueueWait > time.Minute:
+		return fmt.Errorf("WORKER_QUEUE_WAIT must be 0 to 1m, got %s", c.QueueWait)
+	case c.MaxAttempts < 1 || c.MaxAttempts > 100:
+		return fmt.Errorf("WORKER_MAX_ATTEMPTS must be 1 to 100, got %d", c.MaxAttempts)
+	case c.RetryBackoff < 0:
+		return fmt.Errorf("WORKER_RETRY_BACKOFF must not be negative, got %s", c.RetryBackoff)
+	case c.DeliveryRecordTTL < time.Minute:
+		return fmt.Errorf("DELIVERY_RECORD_TTL must be at least 1m (it must outlive redeliveries), got %s", c.DeliveryRecordTTL)
+	case c.DeadLetterTTL < 0:
+		return fmt.Errorf("DEAD_LETTER_TTL must not be negative, got %s", c.DeadLetterTTL)
+	case c.NotRunnableGrace < 0:
+		return fmt.Errorf("NOT_RUNNABLE_GRACE must not be negative, got %s", c.NotRunnableGrace)
+	case c.MaxEventBytes < 1024 || c.MaxEventBytes > 64<<20:
+		return fmt.Errorf("MAX_EVENT_BYTES must be 1024 to 67108864, got %d", c.MaxEventBytes)
+	case c.LockRetryBase <= 0:
+		return fmt.Errorf("GROUP_LOCK_RETRY_BASE_DELAY_MS must be positive, got %d", c.LockRetryBase.Milliseconds())
+	case c.LockMaxRetries < 0 || c.LockMaxRetries > 20:
+		return fmt.Errorf("GROUP_LOCK_MAX_RETRIES must be 0 to 20, got %d", c.LockMaxRetries)
+	case c.LockMaxAge < time.Second:
+		return fmt.Errorf("GROUP_LOCK_MAX_AGE_MS must be at least 1000, got %d", c.LockMaxAge.Milliseconds())
+	case c.ShutdownGrace < 0:
+		return fmt.Errorf("SHUTDOWN_GRACE must not be negative, got %s", c.ShutdownGrace)
 	case c.TemporalAddress == "" || c.DaprGRPCAddress == "" || c.HTTPAddr == "":
 		return fmt.Errorf("TEMPORAL_ADDRESS, DAPR_GRPC_ADDRESS and WORKMANAGER_HTTP_ADDR must not be empty")
 	}

@@ -18,8 +18,6 @@ import (
 	"go.temporal.io/sdk/client"
 	tlog "go.temporal.io/sdk/log"
 	"go.temporal.io/sdk/worker"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/virtufin/workmanager/activities"
 	"github.com/virtufin/workmanager/engines/builtin"
@@ -27,9 +25,14 @@ import (
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/cluster"
 	"github.com/virtufin/workmanager/internal/daemon"
+	"github.com/virtufin/workmanager/internal/daprconn"
+	"github.com/virtufin/workmanager/internal/deadletter"
+	"github.com/virtufin/workmanager/internal/delivery"
 	"github.com/virtufin/workmanager/internal/dispatch"
 	"github.com/virtufin/workmanager/internal/gateway"
+	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/health"
+	"github.com/virtufin/workmanager/internal/infraevents"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/publish"
@@ -43,9 +46,10 @@ func main() {
 }
 
 func run(ctx context.Context, log *slog.Logger, cfg config) error {
-	conn, err := grpc.NewClient(cfg.DaprGRPCAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The stream must take the largest accepted event plus its envelope.
+	conn, err := daprconn.Dial(cfg.DaprGRPCAddress, daprconn.Options{Token: cfg.DaprAPIToken, MaxRecvBytes: cfg.MaxEventBytes + 1<<20})
 	if err != nil {
-		return fmt.Errorf("dapr connection: %w", err)
+		return err
 	}
 	defer conn.Close()
 	daprClient := dapr.NewClientWithConnection(conn)
@@ -64,8 +68,20 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	daprPub := publish.NewDapr(daprClient, cfg.PubSub)
 	pub := publish.Observed(daprPub, broker.Published)
 	events := lifecycleevents.NewEmitter(pub)
-	disp := dispatch.New(ctx, log, dispatch.DaprSubscriber{Client: runtimev1.NewDaprClient(conn)}, pub, events,
-		dispatch.Config{PubSub: cfg.PubSub, MaxConcurrency: cfg.MaxConcurrency, OnSubscription: broker.Subscribed})
+	// The hot path lives on its own context: SIGTERM first drains it (in-flight
+	// messages finish and are acked), and only then is it cut off.
+	hotCtx, cutOff := context.WithCancel(context.WithoutCancel(ctx))
+	defer cutOff()
+	infra := infraevents.NewEmitter(log, pub, cfg.NodeID, 4096)
+	go infra.Run(hotCtx)
+	store := state.NewDaprStore(daprClient, cfg.StateStore)
+	locks := grouplock.New(store, grouplock.Config{RetryBase: cfg.LockRetryBase, MaxRetries: cfg.LockMaxRetries, MaxAge: cfg.LockMaxAge, Node: cfg.NodeID,
+		OnEvent: func(e grouplock.Event) { infra.Emit(infraevents.GroupLockTopic, "grouplock."+e.Kind, e) }})
+	disp := dispatch.New(hotCtx, log, dispatch.Deps{Sub: dispatch.DaprSubscriber{Client: runtimev1.NewDaprClient(conn)}, Pub: pub, Events: events,
+		Records: delivery.NewStore(store, cfg.DeliveryRecordTTL), Locks: locks, DeadLetters: deadletter.NewStore(store, cfg.DeadLetterTTL)},
+		dispatch.Config{PubSub: cfg.PubSub, NodeID: cfg.NodeID, MaxConcurrency: cfg.MaxConcurrency, QueueDepth: cfg.QueueDepth, QueueWait: cfg.QueueWait,
+			MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff, NotRunnableGrace: cfg.NotRunnableGrace,
+			MaxEventBytes: cfg.MaxEventBytes, OnSubscription: broker.Subscribed})
 	go broker.Probe(ctx, cfg.BrokerProbe, min(cfg.BrokerProbe, 5*time.Second), func(ctx context.Context) error {
 		return daprPub.Probe(ctx, cfg.NodeID)
 	})
@@ -108,6 +124,9 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	}
 	defer nw.Stop()
 	members.OnBeat = func(alive []string, err error) {
+		st := disp.Stats()
+		infra.Emit(infraevents.HeartbeatTopic, "heartbeat", heartbeat{Node: cfg.NodeID, Alive: alive, Healthy: err == nil,
+			Workers: st.Workers, Topics: st.Topics, Processed: st.Processed, DeadLettered: st.DeadLettered})
 		if err != nil {
 			h.Set(health.Cluster, health.Degraded, "heartbeat failed: "+err.Error())
 			return
@@ -136,6 +155,25 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	}
 	go reconcile.ReconcileLoop(ctx, log, n, cfg.ReconcileInterval)
 	<-ctx.Done()
-	log.Info("node stopping")
+	log.Info("node stopping: draining in-flight messages", "grace", cfg.ShutdownGrace)
+	dctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	drained := disp.Drain(dctx)
+	cancel()
+	if !drained {
+		log.Warn("shutdown grace over: cutting off the calls still running", "grace", cfg.ShutdownGrace)
+	}
+	cutOff()
+	log.Info("node stopping", "drained", drained)
 	return nil
+}
+
+// heartbeat is the data of a node's heartbeat infrastructure event.
+type heartbeat struct {
+	Node         string   `json:"node"`
+	Alive        []string `json:"alive"`
+	Healthy      bool     `json:"healthy"`
+	Workers      int      `json:"workers"`
+	Topics       int      `json:"topics"`
+	Processed    int64    `json:"processed"`
+	DeadLettered int64    `json:"dead_lettered"`
 }

@@ -37,6 +37,12 @@ type Worker struct {
 	CodeSHA256  string    `json:"code_sha256"`
 	CreatedAt   time.Time `json:"created_at"`
 	UpdatedAt   time.Time `json:"updated_at"`
+	// MaxAttempts is how often the worker runs one message before giving
+	// up on it (dead letter); 0: the cluster default.
+	MaxAttempts int `json:"max_attempts,omitempty"`
+	// RetryBackoff is the wait before the next attempt; 0: the cluster
+	// default.
+	RetryBackoff time.Duration `json:"retry_backoff,omitempty"`
 }
 
 // CodeRef says where a code version came from; the body itself lives in the

@@ -95,3 +95,55 @@ func TestValidateSpec(t *testing.T) {
 		}
 	}
 }
+
+func TestValidateRetryPolicy(t *testing.T) {
+	for _, c := range []struct {
+		attempts  int
+		backoffMS int64
+		want      string
+	}{
+		{0, 0, ""},
+		{1, 1, ""},
+		{100, 3_600_000, ""},
+		{-1, 0, "retry_policy.max_attempts -1 must be 0 (cluster default) or 1..100"},
+		{101, 0, "retry_policy.max_attempts 101"},
+		{3, -1, "retry_policy.backoff_ms -1 must be 0 (cluster default) to 3600000"},
+		{3, 3_600_001, "retry_policy.backoff_ms 3600001"},
+	} {
+		err := catalog.ValidateRetryPolicy(c.attempts, c.backoffMS)
+		if c.want == "" && err != nil || c.want != "" && (!errors.Is(err, catalog.ErrInvalidSpec) || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("ValidateRetryPolicy(%d, %d) = %v, want %q", c.attempts, c.backoffMS, err, c.want)
+		}
+	}
+}
+
+func TestValidateTopic(t *testing.T) {
+	for topic, want := range map[string]string{"orders": "", "orders.v1/eu": "", "": "topic is empty", "a b": `topic "a b" must match`} {
+		err := catalog.ValidateTopic(topic)
+		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
+			t.Errorf("ValidateTopic(%q) = %v, want %q", topic, err, want)
+		}
+	}
+}
+
+// The retry policy is part of the stored record and survives a round trip;
+// a record written before it existed reads as the cluster default.
+func TestRetryPolicyIsStored(t *testing.T) {
+	ctx := context.Background()
+	store := state.NewMemoryStore()
+	c := catalog.New(store)
+	w := catalog.Worker{ID: "r", Topic: "t", Status: catalog.StatusRunning, MaxAttempts: 7, RetryBackoff: 1500 * time.Millisecond}
+	if err := c.SaveWorker(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.GetWorker(ctx, "r")
+	if err != nil || got.MaxAttempts != 7 || got.RetryBackoff != 1500*time.Millisecond {
+		t.Fatalf("read back %+v %v", got, err)
+	}
+	if err := store.Put(ctx, "workmanager/workers/old", []byte(`{"id":"old","topic":"t","status":"RUNNING"}`), state.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if old, err := c.GetWorker(ctx, "old"); err != nil || old.MaxAttempts != 0 || old.RetryBackoff != 0 {
+		t.Fatalf("old record %+v %v", old, err)
+	}
+}

@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
+	"time"
 
+	"github.com/virtufin/workmanager/internal/infraevents"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/publish"
 )
@@ -33,14 +36,44 @@ func ValidateSpec(mimeType, topic, group string, supported []string) error {
 		return fmt.Errorf("%w: mime_type is empty (supported: %v)", ErrInvalidSpec, supported)
 	case !contains(supported, mimeType):
 		return fmt.Errorf("%w: unknown mime_type %q (supported: %v)", ErrInvalidSpec, mimeType, supported)
-	case topic == "":
-		return fmt.Errorf("%w: topic is empty", ErrInvalidSpec)
-	case !topicRE.MatchString(topic):
-		return fmt.Errorf("%w: topic %q must match %s", ErrInvalidSpec, topic, topicRE)
+	case ValidateTopic(topic) != nil:
+		return ValidateTopic(topic)
+	case strings.HasPrefix(topic, infraevents.TopicPrefix):
+		return fmt.Errorf("%w: topic %q is reserved: topics starting with %q carry WorkManager's infrastructure events", ErrInvalidSpec, topic, infraevents.TopicPrefix)
 	case reservedTopics[topic] != "":
 		return fmt.Errorf("%w: topic %q is reserved for %s", ErrInvalidSpec, topic, reservedTopics[topic])
 	case group != "" && !groupRE.MatchString(group):
 		return fmt.Errorf("%w: group %q must match %s", ErrInvalidSpec, group, groupRE)
+	}
+	return nil
+}
+
+// Bounds of a worker's retry policy (Worker.MaxAttempts, RetryBackoff).
+const (
+	MaxRetryAttempts = 100
+	MaxRetryBackoff  = time.Hour
+)
+
+// ValidateRetryPolicy checks a retry policy as the API takes it: attempts
+// 0 (cluster default) or 1..MaxRetryAttempts, backoff in milliseconds 0
+// (cluster default) up to MaxRetryBackoff.
+func ValidateRetryPolicy(maxAttempts int, backoffMS int64) error {
+	switch {
+	case maxAttempts < 0 || maxAttempts > MaxRetryAttempts:
+		return fmt.Errorf("%w: retry_policy.max_attempts %d must be 0 (cluster default) or 1..%d", ErrInvalidSpec, maxAttempts, MaxRetryAttempts)
+	case backoffMS < 0 || backoffMS > MaxRetryBackoff.Milliseconds():
+		return fmt.Errorf("%w: retry_policy.backoff_ms %d must be 0 (cluster default) to %d (%s)", ErrInvalidSpec, backoffMS, MaxRetryBackoff.Milliseconds(), MaxRetryBackoff)
+	}
+	return nil
+}
+
+// ValidateTopic checks a topic name (the same rule as a worker's topic).
+func ValidateTopic(topic string) error {
+	switch {
+	case topic == "":
+		return fmt.Errorf("%w: topic is empty", ErrInvalidSpec)
+	case !topicRE.MatchString(topic):
+		return fmt.Errorf("%w: topic %q must match %s", ErrInvalidSpec, topic, topicRE)
 	}
 	return nil
 }

@@ -51,6 +51,9 @@ type Options struct {
 	// RedeliverInterval and ProcessingTimeout tune Redis stream redelivery
 	// (zero: the manifest's, deploy/dapr/components/pubsub.yaml).
 	RedeliverInterval, ProcessingTimeout time.Duration
+	// DaprAPIToken, when set, makes daprd require it on every API call
+	// (DAPR_API_TOKEN) and is passed to the node and API processes.
+	DaprAPIToken string
 	// PoolSize is daprd's Redis pub/sub connection pool (zero: the
 	// manifest's). It must exceed the topics one node subscribes to.
 	PoolSize int
@@ -187,6 +190,21 @@ func (p *Proc) Stop(grace time.Duration) {
 	select {
 	case <-p.done:
 	case <-time.After(grace):
+		p.Kill()
+	}
+}
+
+// Terminate sends SIGTERM to the process alone (not its children, as an
+// orchestrator stopping a container's main process does) and waits up to
+// limit for it to exit, then kills the group.
+func (p *Proc) Terminate(limit time.Duration) {
+	if p == nil || p.Cmd.Process == nil {
+		return
+	}
+	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(limit):
 		p.Kill()
 	}
 }
@@ -396,7 +414,11 @@ func (s *Stack) startDaprd(ctx context.Context, name string, grpcPort, httpPort 
 	if err != nil {
 		return nil, err
 	}
-	p, err := StartProc(s.Dir, name, s.DaprdEnv, filepath.Join(s.ToolsBin, "daprd"),
+	env := s.DaprdEnv
+	if s.DaprAPIToken != "" {
+		env = append(append([]string(nil), env...), "DAPR_API_TOKEN="+s.DaprAPIToken)
+	}
+	p, err := StartProc(s.Dir, name, env, filepath.Join(s.ToolsBin, "daprd"),
 		"--app-id", AppID, "--dapr-grpc-port", strconv.Itoa(grpcPort), "--dapr-http-port", strconv.Itoa(httpPort),
 		"--dapr-internal-grpc-port", strconv.Itoa(internal), "--metrics-port", strconv.Itoa(metrics),
 		"--dapr-listen-addresses", "127.0.0.1", "--resources-path", res, "--log-level", "warn")
@@ -499,12 +521,16 @@ func waitFor(ctx context.Context, p *Proc, limit time.Duration, check func() err
 
 // Env is the environment that points a node or the API at this stack.
 func (s *Stack) Env() []string {
-	return []string{
+	env := []string{
 		"TEMPORAL_ADDRESS=" + s.TemporalAddr,
 		"DAPR_GRPC_ADDRESS=" + s.DaprGRPCAddr,
 		"DAPR_PUBSUB=" + PubSubName,
 		"DAPR_STATESTORE=" + StateName,
 	}
+	if s.DaprAPIToken != "" {
+		env = append(env, "DAPR_API_TOKEN="+s.DaprAPIToken)
+	}
+	return env
 }
 
 // StartNode starts a WorkManager node binary serving HTTP on httpAddr.

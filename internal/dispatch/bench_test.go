@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"github.com/virtufin/workmanager/internal/state"
 	"testing"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -32,7 +33,9 @@ func benchmarkDispatch(b *testing.B, fn func(*event.Event) ([]event.Event, error
 	pub := &discardPublisher{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	d := New(ctx, quietLog(), broker, pub, nil, Config{PubSub: "pubsub", MaxConcurrency: 1})
+	deps := testDeps(broker, pub, state.NewMemoryStore())
+	deps.Events = nil
+	d := New(ctx, quietLog(), deps, Config{PubSub: "pubsub", MaxConcurrency: 1})
 	d.Attach(Worker{ID: "w", Topic: "in"}, &funcInstance{fn: fn})
 	s := waitStreamB(b, broker.fakeBroker, "in")
 	req := request("m1", "corr-1")

@@ -1,44 +1,65 @@
 // Package dispatch owns the hot path: one Dapr streaming subscription per
-// topic, fan-out of every message to the running workers on that topic,
-// bounded concurrency per worker, publishing of each output CloudEvent to the
-// topic named by its type, and the final ack (SUCCESS, or RETRY so that the
-// broker redelivers when any worker failed). It knows nothing about Temporal:
-// the node attaches and detaches workers.
+// topic, the delivery guarantees of every message (a delivery record per
+// message, per-worker attempts, group locks with fencing tokens, dead
+// letters on "<topic>-dead"), each worker's own bounded queue, publishing of
+// each output CloudEvent to the topic named by its type, and the final ack.
+// It knows nothing about Temporal: the node attaches and detaches workers.
 //
-// The path of one message: topicLoop (Recv) → dispatch (decode, fan-out to
-// each worker's job channel) → serve (engine Process, publish outputs) →
-// message.finish (ack once every worker answered).
+// The path of one message, in three files: stream.go (the Dapr stream),
+// message.go (receive → delivery record → each worker's queue → record →
+// ack) and worker.go (group lock → engine Process → fenced publish of the
+// outputs).
 package dispatch
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"net/url"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/cloudevents/sdk-go/v2/types"
-	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/internal/deadletter"
+	"github.com/virtufin/workmanager/internal/delivery"
+	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/publish"
 )
-
-// CorrelationExtension is copied from each input to its outputs.
-const CorrelationExtension = "correlationid"
 
 // Config tunes the hot path.
 type Config struct {
 	// PubSub is the Dapr pub/sub component name.
 	PubSub string
+	// NodeID names this node in lock holders and dead letters.
+	NodeID string
 	// MaxConcurrency bounds the messages one worker processes at once.
 	MaxConcurrency int
+	// QueueDepth bounds the messages waiting for one worker beyond those it
+	// processes. A message that finds the queue full is not attempted by
+	// that worker on this delivery (it comes back later), so a slow worker
+	// never holds up the others on its topic and memory stays bounded.
+	QueueDepth int
+	// QueueWait is how long a message waits for room in a full queue
+	// before it is given back for that worker. Waiting messages hold one
+	// of daprd's delivery slots (the component's concurrency), so keep it
+	// short.
+	QueueWait time.Duration
+	// MaxAttempts and RetryBackoff are the cluster's default retry policy:
+	// attempts per (message, worker) before "<topic>-dead", and the delay
+	// before the second attempt (doubling after each further one).
+	MaxAttempts  int
+	RetryBackoff time.Duration
+	// NotRunnableGrace is how long a worker that the catalog runs but this
+	// node cannot may keep a message pending before it is dead-lettered as
+	// not_runnable (after MaxAttempts such deliveries). Another node that
+	// runs it normally takes the message first.
+	NotRunnableGrace time.Duration
+	// MaxEventBytes is the largest event data accepted; larger events go
+	// to "<topic>-dead" at once with reason too_large.
+	MaxEventBytes int
 	// ReconnectMin and ReconnectMax bound the backoff between reconnects.
 	ReconnectMin, ReconnectMax time.Duration
 	// OnSubscription, when set, learns the state of each topic's
@@ -47,33 +68,62 @@ type Config struct {
 	OnSubscription func(topic string, err error)
 }
 
+// Deps are the services the hot path uses.
+type Deps struct {
+	Sub         Subscriber
+	Pub         publish.Publisher
+	Events      *lifecycleevents.Emitter // worker errors and dead letters (nil: none)
+	Records     *delivery.Store
+	Locks       *grouplock.Locks
+	DeadLetters *deadletter.Store
+}
+
 // Worker identifies a worker to the hot path.
 type Worker struct {
 	ID    string
 	Topic string
 	Group string
+	// MaxAttempts and RetryBackoff override the cluster defaults when set.
+	MaxAttempts  int
+	RetryBackoff time.Duration
 }
 
 // Dispatcher routes messages from topic streams to attached workers.
 type Dispatcher struct {
-	log    *slog.Logger
-	sub    Subscriber
-	pub    publish.Publisher
-	events *lifecycleevents.Emitter
-	cfg    Config
-	ctx    context.Context
+	log *slog.Logger
+	Deps
+	cfg Config
+	ctx context.Context
 
-	mu      sync.Mutex
-	topics  map[string]*topic
-	workers map[string]*worker
+	mu         sync.Mutex
+	topics     map[string]*topic
+	workers    map[string]*worker
+	unrunnable map[string]Worker // catalog says running, this node cannot run it
 
-	processed, failed atomic.Int64
+	draining atomic.Bool
+	inflight sync.WaitGroup
+	stats    counters
 }
 
-// New returns a Dispatcher whose streams live until ctx ends.
-func New(ctx context.Context, log *slog.Logger, sub Subscriber, pub publish.Publisher, events *lifecycleevents.Emitter, cfg Config) *Dispatcher {
+type counters struct {
+	processed, failed, deadLettered, staleRefused, duplicates, deferred, panics atomic.Int64
+}
+
+// New returns a Dispatcher whose streams and calls live until ctx ends. ctx
+// should outlive the process's shutdown signal: Drain lets in-flight calls
+// finish first, and only cancelling ctx cuts them off.
+func New(ctx context.Context, log *slog.Logger, deps Deps, cfg Config) *Dispatcher {
 	if cfg.MaxConcurrency <= 0 {
 		cfg.MaxConcurrency = 1
+	}
+	if cfg.QueueDepth <= 0 {
+		cfg.QueueDepth = 2 * cfg.MaxConcurrency
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 3
+	}
+	if cfg.MaxEventBytes <= 0 {
+		cfg.MaxEventBytes = 1 << 20
 	}
 	if cfg.ReconnectMin <= 0 {
 		cfg.ReconnectMin = 100 * time.Millisecond
@@ -85,8 +135,8 @@ func New(ctx context.Context, log *slog.Logger, sub Subscriber, pub publish.Publ
 		cfg.OnSubscription = func(string, error) {}
 	}
 	return &Dispatcher{
-		log: log, sub: sub, pub: pub, events: events, cfg: cfg, ctx: ctx,
-		topics: map[string]*topic{}, workers: map[string]*worker{},
+		log: log, Deps: deps, cfg: cfg, ctx: ctx,
+		topics: map[string]*topic{}, workers: map[string]*worker{}, unrunnable: map[string]Worker{},
 	}
 }
 
@@ -94,15 +144,23 @@ type topic struct {
 	name    string
 	sources sourceCache // used only by the topic's stream goroutine
 	workers atomic.Pointer[[]*worker]
-	cancel  context.CancelFunc
-	done    chan struct{}
+	// unrunnable are the workers on this topic that this node cannot run.
+	unrunnable atomic.Pointer[[]Worker]
+	cancel     context.CancelFunc
+	done       chan struct{}
+
+	mu       sync.Mutex
+	inflight map[string]*message // by event id
 }
 
 type worker struct {
 	Worker
-	source  types.URIRef
-	inst    atomic.Pointer[instance]
-	jobs    chan *message
+	source types.URIRef
+	inst   atomic.Pointer[instance]
+	queue  chan job
+
+	mu      sync.RWMutex // closed and sends to queue
+	closed  bool
 	stopped chan struct{}
 	wg      sync.WaitGroup
 }
@@ -137,17 +195,22 @@ func (d *Dispatcher) Attached(id string) bool {
 // finish on the old instance, which is then closed.
 func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 	d.mu.Lock()
+	d.setUnrunnableLocked(w.ID, nil)
 	if cur, ok := d.workers[w.ID]; ok && cur.Topic == w.Topic {
-		cur.Group = w.Group
-		old := cur.inst.Swap(&instance{Instance: inst})
-		d.mu.Unlock()
-		go old.closeWhenIdle(context.WithoutCancel(d.ctx), d.log)
-		return
+		// Policy and group changes need a fresh worker value (messages read
+		// it without locks): swap the instance only when they are equal.
+		if cur.Worker == w {
+			old := cur.inst.Swap(&instance{Instance: inst})
+			d.mu.Unlock()
+			go old.closeWhenIdle(context.WithoutCancel(d.ctx), d.log)
+			return
+		}
 	}
 	d.mu.Unlock()
-	d.Detach(context.Background(), w.ID) // topic changed: start over
+	d.Detach(context.Background(), w.ID) // topic or policy changed: start over
 
-	nw := &worker{Worker: w, source: types.URIRef{URL: url.URL{Path: "workmanager/workers/" + w.ID}}, jobs: make(chan *message), stopped: make(chan struct{})}
+	nw := &worker{Worker: w, source: types.URIRef{URL: url.URL{Path: "workmanager/workers/" + w.ID}},
+		queue: make(chan job, d.cfg.QueueDepth), stopped: make(chan struct{})}
 	nw.inst.Store(&instance{Instance: inst})
 	for range d.cfg.MaxConcurrency {
 		nw.wg.Add(1)
@@ -156,21 +219,91 @@ func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.workers[w.ID] = nw
-	t, ok := d.topics[w.Topic]
-	if !ok {
-		ctx, cancel := context.WithCancel(d.ctx)
-		t = &topic{name: w.Topic, cancel: cancel, done: make(chan struct{})}
-		t.workers.Store(&[]*worker{})
-		d.topics[w.Topic] = t
-		go d.topicLoop(ctx, t)
-	}
+	t := d.topicLocked(w.Topic)
 	list := append(append([]*worker(nil), *t.workers.Load()...), nw)
 	t.workers.Store(&list)
 }
 
+// topicLocked returns the topic, subscribing to it when it is new.
+func (d *Dispatcher) topicLocked(name string) *topic {
+	if t, ok := d.topics[name]; ok {
+		return t
+	}
+	ctx, cancel := context.WithCancel(d.ctx)
+	t := &topic{name: name, cancel: cancel, done: make(chan struct{}), inflight: map[string]*message{}}
+	t.workers.Store(&[]*worker{})
+	d.topics[name] = t
+	d.refreshUnrunnableLocked(name)
+	go d.topicLoop(ctx, t)
+	return t
+}
+
+// SetUnrunnable records that the catalog runs w but this node could not
+// load it: messages on its topic then wait for it (another node runs it) or
+// dead-letter for it as not_runnable, instead of being acked without it.
+func (d *Dispatcher) SetUnrunnable(w Worker) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, attached := d.workers[w.ID]; attached {
+		return
+	}
+	d.setUnrunnableLocked(w.ID, &w)
+}
+
+// ClearUnrunnable forgets SetUnrunnable (the worker stopped or was deleted).
+func (d *Dispatcher) ClearUnrunnable(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.setUnrunnableLocked(id, nil)
+}
+
+// RetainUnrunnable forgets the unrunnable workers not in keep (a reconcile
+// found them gone from the catalog).
+func (d *Dispatcher) RetainUnrunnable(keep map[string]bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for id := range d.unrunnable {
+		if !keep[id] {
+			d.setUnrunnableLocked(id, nil)
+		}
+	}
+}
+
+func (d *Dispatcher) setUnrunnableLocked(id string, w *Worker) {
+	old, had := d.unrunnable[id]
+	if w == nil {
+		if !had {
+			return
+		}
+		delete(d.unrunnable, id)
+		d.refreshUnrunnableLocked(old.Topic)
+		return
+	}
+	d.unrunnable[id] = *w
+	if had && old.Topic != w.Topic {
+		d.refreshUnrunnableLocked(old.Topic)
+	}
+	d.refreshUnrunnableLocked(w.Topic)
+}
+
+func (d *Dispatcher) refreshUnrunnableLocked(name string) {
+	t, ok := d.topics[name]
+	if !ok {
+		return
+	}
+	var list []Worker
+	for _, w := range d.unrunnable {
+		if w.Topic == name {
+			list = append(list, w)
+		}
+	}
+	t.unrunnable.Store(&list)
+}
+
 // Detach stops w: no new message reaches it, its in-flight messages finish,
-// its instance is closed, and the topic's stream is closed when w was the
-// last worker on it. Detaching an unknown worker is a no-op.
+// messages still queued for it are given back, its instance is closed, and
+// the topic's stream is closed when w was the last worker on it. Detaching
+// an unknown worker is a no-op.
 func (d *Dispatcher) Detach(ctx context.Context, id string) {
 	d.mu.Lock()
 	w, ok := d.workers[id]
@@ -193,8 +326,21 @@ func (d *Dispatcher) Detach(ctx context.Context, id string) {
 	}
 	d.mu.Unlock()
 
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
 	close(w.stopped)
 	w.wg.Wait()
+	for {
+		select {
+		case j := <-w.queue: // never started: not an attempt
+			j.r.outcome = outcomeCut
+			j.m.wg.Done()
+			continue
+		default:
+		}
+		break
+	}
 	w.inst.Load().closeWhenIdle(ctx, d.log)
 	if len(list) == 0 {
 		select {
@@ -217,17 +363,50 @@ func (d *Dispatcher) DetachAll(ctx context.Context) {
 	}
 }
 
+// Drain stops taking new messages (each one received from now on is given
+// back at once for another node) and waits until every message in flight
+// was processed and acked, or ctx ends. It reports whether all finished.
+// Streams stay open so that the acks reach the broker; cancelling the
+// dispatcher's context afterwards cuts off what is still running.
+func (d *Dispatcher) Drain(ctx context.Context) bool {
+	d.draining.Store(true)
+	done := make(chan struct{})
+	go func() { d.inflight.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 // Stats are hot-path counters since start.
 type Stats struct {
-	Workers, Topics   int
+	Workers, Topics int
+	// Processed and Failed count messages acked SUCCESS and RETRY.
 	Processed, Failed int64
+	// DeadLettered counts dead letters published.
+	DeadLettered int64
+	// StaleRefused counts outputs refused because the group lock they were
+	// produced under had been taken over (a stale fencing token).
+	StaleRefused int64
+	// Duplicates counts deliveries of an event already in flight here.
+	Duplicates int64
+	// Deferred counts (message, worker) pairs given back because the
+	// worker's queue was full or its retry backoff had not passed.
+	Deferred int64
+	// Panics counts recovered panics on the hot path.
+	Panics int64
 }
 
 // Stats returns the current counters.
 func (d *Dispatcher) Stats() Stats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return Stats{Workers: len(d.workers), Topics: len(d.topics), Processed: d.processed.Load(), Failed: d.failed.Load()}
+	s := &d.stats
+	return Stats{Workers: len(d.workers), Topics: len(d.topics), Processed: s.processed.Load(), Failed: s.failed.Load(),
+		DeadLettered: s.deadLettered.Load(), StaleRefused: s.staleRefused.Load(), Duplicates: s.duplicates.Load(),
+		Deferred: s.deferred.Load(), Panics: s.panics.Load()}
 }
 
 // topicLoop keeps one subscription open until ctx ends, reconnecting with
@@ -238,7 +417,7 @@ func (d *Dispatcher) topicLoop(ctx context.Context, t *topic) {
 	log := d.log.With("topic", t.name)
 	backoff := d.cfg.ReconnectMin
 	for ctx.Err() == nil {
-		st, err := d.sub.Subscribe(ctx, d.cfg.PubSub, t.name)
+		st, err := d.Sub.Subscribe(ctx, d.cfg.PubSub, t.name)
 		if err == nil {
 			log.Debug("subscribed")
 			d.cfg.OnSubscription(t.name, nil)
@@ -251,7 +430,7 @@ func (d *Dispatcher) topicLoop(ctx context.Context, t *topic) {
 					break
 				}
 				got = true
-				d.dispatch(ctx, t, st, req)
+				d.receive(t, st, req)
 			}
 			stopClose()
 			st.Close()
@@ -270,183 +449,5 @@ func (d *Dispatcher) topicLoop(ctx context.Context, t *topic) {
 			return
 		}
 		backoff = min(2*backoff, d.cfg.ReconnectMax)
-	}
-}
-
-// message is one received event on its way through the workers of a topic.
-// Messages are pooled: one is reused once it has been acked.
-type message struct {
-	id      string
-	ev      event.Event
-	ec      event.EventContextV1
-	stream  Stream
-	pending atomic.Int32
-	failed  atomic.Bool
-	// correlation is the input's correlation id (hasCorrelation: present).
-	correlation    any
-	hasCorrelation bool
-}
-
-var messages = sync.Pool{New: func() any { return new(message) }}
-
-// finish records one worker's answer and acks once all have answered.
-func (m *message) finish(d *Dispatcher, ok bool) {
-	if !ok {
-		m.failed.Store(true)
-	}
-	if m.pending.Add(-1) != 0 {
-		return
-	}
-	status := AckSuccess
-	if m.failed.Load() {
-		status = AckRetry
-		d.failed.Add(1)
-	} else {
-		d.processed.Add(1)
-	}
-	if err := m.stream.Ack(m.id, status); err != nil {
-		d.log.Warn("ack failed; the broker will redeliver", "event_id", m.id, "err", err)
-	}
-	m.failed.Store(false)
-	ext := m.ec.Extensions
-	clear(ext)
-	m.ev, m.ec, m.stream, m.correlation, m.hasCorrelation = event.Event{}, event.EventContextV1{Extensions: ext}, nil, nil, false
-	messages.Put(m)
-}
-
-func (d *Dispatcher) dispatch(ctx context.Context, t *topic, st Stream, req *runtimev1.TopicEventRequest) {
-	ws := *t.workers.Load()
-	m := messages.Get().(*message)
-	m.id, m.stream = req.GetId(), st
-	if len(ws) == 0 {
-		m.pending.Store(1)
-		m.finish(d, false)
-		return
-	}
-	if err := decode(req, &m.ev, &m.ec, &t.sources); err != nil {
-		d.log.Warn("undecodable CloudEvent, asking for redelivery", "topic", t.name, "event_id", req.GetId(), "err", err)
-		m.pending.Store(1)
-		m.finish(d, false)
-		return
-	}
-	m.correlation, m.hasCorrelation = m.ev.Context.(*event.EventContextV1).Extensions[CorrelationExtension]
-	m.pending.Store(int32(len(ws)))
-	for _, w := range ws {
-		select {
-		case w.jobs <- m:
-		case <-w.stopped:
-			m.finish(d, false)
-		case <-ctx.Done():
-			m.finish(d, false)
-		}
-	}
-}
-
-// serve is one of a worker's MaxConcurrency goroutines.
-func (d *Dispatcher) serve(w *worker) {
-	defer w.wg.Done()
-	for {
-		select {
-		case m := <-w.jobs:
-			m.finish(d, d.handle(w, m))
-		case <-w.stopped:
-			return
-		}
-	}
-}
-
-// handle runs one message through one worker and publishes its outputs.
-func (d *Dispatcher) handle(w *worker, m *message) bool {
-	ctx := d.ctx
-	outs, err := w.process(ctx, &m.ev)
-	if err != nil {
-		d.workerError(ctx, w, m, err)
-		return false
-	}
-	for i := range outs {
-		o := &outs[i]
-		if err := d.complete(w, m, o, i); err != nil {
-			d.workerError(ctx, w, m, err)
-			return false
-		}
-		if err := d.pub.Publish(ctx, o.Type(), o); err != nil {
-			d.workerError(ctx, w, m, err)
-			return false
-		}
-	}
-	return true
-}
-
-// complete fills an output's defaults (id derived from the input id, so a
-// redelivery yields the same ids; source naming the worker) and its
-// correlation id: the input's, copied when present and absent when absent.
-func (d *Dispatcher) complete(w *worker, m *message, o *event.Event, i int) error {
-	if o.Context == nil {
-		return fmt.Errorf("%w: output %d is empty", engines.ErrWorkerFailed, i)
-	}
-	oc, ok := o.Context.(*event.EventContextV1)
-	if !ok {
-		oc = o.Context.AsV1()
-		o.Context = oc
-	}
-	if oc.Type == "" {
-		return fmt.Errorf("%w: output %d has no type", engines.ErrWorkerFailed, i)
-	}
-	if oc.ID == "" {
-		oc.ID = m.id + "/" + w.ID + "/" + strconv.Itoa(i)
-	}
-	if oc.Source.URL == (url.URL{}) {
-		oc.Source = w.source
-	}
-	if m.hasCorrelation {
-		if oc.Extensions == nil {
-			oc.Extensions = make(map[string]any, 1)
-		}
-		oc.Extensions[CorrelationExtension] = m.correlation
-	} else {
-		delete(oc.Extensions, CorrelationExtension)
-	}
-	return nil
-}
-
-func (w *worker) process(ctx context.Context, in *event.Event) ([]event.Event, error) {
-	for {
-		ref := w.inst.Load()
-		ref.mu.RLock()
-		if ref.closed {
-			ref.mu.RUnlock()
-			if w.inst.Load() == ref {
-				return nil, engines.ErrClosed
-			}
-			continue // swapped by a hot reload: use the new instance
-		}
-		outs, err := ref.Process(ctx, in)
-		ref.mu.RUnlock()
-		return outs, err
-	}
-}
-
-func (d *Dispatcher) workerError(ctx context.Context, w *worker, m *message, err error) {
-	kind := "worker_failed"
-	switch {
-	case errors.Is(err, engines.ErrTimeout):
-		kind = "timeout"
-	case errors.Is(err, engines.ErrClosed):
-		kind = "closed"
-	case errors.Is(err, engines.ErrWorkerFailed):
-	default:
-		kind = "internal"
-	}
-	if kind == "closed" { // stopped or reloaded mid-call: not the worker's fault
-		d.log.Info("call cut off by a stop or reload, message will be redelivered", "worker_id", w.ID, "event_id", m.id)
-		return
-	}
-	d.log.Warn("worker error, message will be redelivered", "worker_id", w.ID, "topic", w.Topic, "event_id", m.id, "error_type", kind, "err", err)
-	if d.events == nil {
-		return
-	}
-	data := lifecycleevents.Data{WorkerID: w.ID, Group: w.Group, Topic: w.Topic, ErrorType: kind, ErrorMessage: err.Error()}
-	if err := d.events.Emit(ctx, "", lifecycleevents.Error, data); err != nil {
-		d.log.Warn("publishing worker.error failed", "worker_id", w.ID, "err", err)
 	}
 }

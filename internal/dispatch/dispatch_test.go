@@ -15,7 +15,12 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/internal/deadletter"
+	"github.com/virtufin/workmanager/internal/delivery"
+	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
+	"github.com/virtufin/workmanager/internal/publish"
+	"github.com/virtufin/workmanager/internal/state"
 )
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -69,9 +74,21 @@ func waitStream(t *testing.T, b *fakeBroker, topic string) *fakeStream {
 }
 
 func newTestDispatcher(t *testing.T, b *fakeBroker, pub *fakePublisher, conc int) *Dispatcher {
+	return newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: conc})
+}
+
+// newTestDispatcherWith uses st for delivery records, group locks and dead
+// letters (a store that can fail, or one shared by two "nodes").
+func newTestDispatcherWith(t *testing.T, b Subscriber, pub publish.Publisher, st state.Store, cfg Config) *Dispatcher {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	return New(ctx, quietLog(), b, pub, lifecycleevents.NewEmitter(pub), Config{PubSub: "pubsub", MaxConcurrency: conc})
+	return New(ctx, quietLog(), testDeps(b, pub, st), cfg)
+}
+
+func testDeps(b Subscriber, pub publish.Publisher, st state.Store) Deps {
+	return Deps{Sub: b, Pub: pub, Events: lifecycleevents.NewEmitter(pub), Records: delivery.NewStore(st, time.Hour),
+		Locks:       grouplock.New(st, grouplock.Config{RetryBase: time.Millisecond, MaxRetries: 3}),
+		DeadLetters: deadletter.NewStore(st, time.Hour)}
 }
 
 func TestOutputsGoToTheirTypeWithCorrelationID(t *testing.T) {
@@ -146,7 +163,8 @@ func TestFailureRetriesAndEmitsWorkerError(t *testing.T) {
 				t.Fatalf("published %v", pub.events)
 			}
 			var data lifecycleevents.Data
-			if err := pub.events[0].ev.DataAs(&data); err != nil || data.ErrorType != name || data.WorkerID != "w1" || data.Group != "g" {
+			if err := pub.events[0].ev.DataAs(&data); err != nil || data.ErrorType != name || data.WorkerID != "w1" || data.Group != "g" ||
+				data.Attempt != 1 || data.MaxAttempts != 3 || data.EventID != "m1" {
 				t.Fatalf("error data %+v %v", data, err)
 			}
 		})
@@ -307,22 +325,24 @@ func TestReconnectsAfterStreamError(t *testing.T) {
 func TestSubscriptionStateIsReported(t *testing.T) {
 	b, pub := newFakeBroker(), &fakePublisher{}
 	var mu sync.Mutex
-	state := map[string]error{}
+	subState := map[string]error{}
 	seen := 0
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	d := New(ctx, quietLog(), b, pub, nil, Config{PubSub: "pubsub", MaxConcurrency: 1,
+	deps := testDeps(b, pub, state.NewMemoryStore())
+	deps.Events = nil
+	d := New(ctx, quietLog(), deps, Config{PubSub: "pubsub", MaxConcurrency: 1,
 		ReconnectMin: time.Millisecond, ReconnectMax: 5 * time.Millisecond,
 		OnSubscription: func(topic string, err error) {
 			mu.Lock()
 			defer mu.Unlock()
-			state[topic] = err
+			subState[topic] = err
 			seen++
 		}})
 	current := func() (error, bool) {
 		mu.Lock()
 		defer mu.Unlock()
-		err, ok := state["in"]
+		err, ok := subState["in"]
 		return err, ok
 	}
 	waitUntil := func(what string, cond func(error, bool) bool) {
@@ -370,17 +390,5 @@ func TestDecodeRejectsInvalidEvent(t *testing.T) {
 	var e event.Event
 	if err := Decode(request("ok", "c"), &e); err != nil || e.ID() != "ok" || e.Extensions()[CorrelationExtension] != "c" {
 		t.Fatalf("valid event: %v %v", err, e)
-	}
-}
-
-// A message whose CloudEvent cannot be decoded is answered RETRY, not lost.
-func TestUndecodableMessageIsRetried(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
-	d := newTestDispatcher(t, b, pub, 1)
-	d.Attach(Worker{ID: "w", Topic: "in"}, &funcInstance{fn: outputs("x")})
-	s := waitStream(t, b, "in")
-	s.in <- &runtimev1.TopicEventRequest{Id: "bad", Type: "t", SpecVersion: "1.0"}
-	if a := waitAck(t, b); a.id != "bad" || a.status != AckRetry {
-		t.Fatalf("ack %+v", a)
 	}
 }

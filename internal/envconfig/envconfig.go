@@ -85,6 +85,7 @@ type Services struct {
 	TemporalNamespace string // TEMPORAL_NAMESPACE
 	DaprGRPCAddress   string // DAPR_GRPC_ADDRESS
 	StateStore        string // DAPR_STATESTORE
+	DaprAPIToken      string // DAPR_API_TOKEN: daprd's API token, sent on every call when set
 }
 
 // Services reads the server addresses, defaulting to make run's.
@@ -94,5 +95,6 @@ func (r *Reader) Services() Services {
 		TemporalNamespace: r.String("TEMPORAL_NAMESPACE", "default"),
 		DaprGRPCAddress:   r.String("DAPR_GRPC_ADDRESS", "127.0.0.1:50001"),
 		StateStore:        r.String("DAPR_STATESTORE", "statestore"),
+		DaprAPIToken:      r.String("DAPR_API_TOKEN", ""),
 	}
 }

@@ -34,6 +34,9 @@ const (
 	Deleted     Kind = "deleted"
 	CodeUpdated Kind = "code_updated"
 	Error       Kind = "error"
+	// DeadLettered: a worker gave up on a message after its attempts; the
+	// message is on "<topic>-dead".
+	DeadLettered Kind = "dead_lettered"
 )
 
 // Data is the payload of a lifecycle event.
@@ -44,6 +47,13 @@ type Data struct {
 	CodeVersion  int64  `json:"code_version,omitempty"`
 	ErrorType    string `json:"error_type,omitempty"`
 	ErrorMessage string `json:"error_message,omitempty"`
+	// EventID, Attempt and MaxAttempts locate a hot-path error or dead
+	// letter: the input event and which attempt of how many it was.
+	EventID     string `json:"event_id,omitempty"`
+	Attempt     int    `json:"attempt,omitempty"`
+	MaxAttempts int    `json:"max_attempts,omitempty"`
+	// Reason is why a message was dead-lettered (dead_lettered events).
+	Reason string `json:"reason,omitempty"`
 }
 
 // Emitter publishes lifecycle events.

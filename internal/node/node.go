@@ -26,11 +26,12 @@ type Node struct {
 	timeout  time.Duration
 	mu       sync.Mutex        // serializes Apply, Remove and Reconcile
 	attached map[string]string // worker id → code sha256 attached
+	policy   map[string]dispatch.Worker
 }
 
 // New returns a Node. timeout bounds one message in a worker (0: engine default).
 func New(log *slog.Logger, cat *catalog.Catalog, reg *engines.Registry, disp *dispatch.Dispatcher, timeout time.Duration) *Node {
-	return &Node{log: log, catalog: cat, engines: reg, disp: disp, timeout: timeout, attached: map[string]string{}}
+	return &Node{log: log, catalog: cat, engines: reg, disp: disp, timeout: timeout, attached: map[string]string{}, policy: map[string]dispatch.Worker{}}
 }
 
 // Spec is the engine spec for a worker.
@@ -69,30 +70,50 @@ func (n *Node) Apply(ctx context.Context, w catalog.Worker, history *catalog.His
 	return nil
 }
 
+// hotPath is how the dispatcher knows w.
+func hotPath(w catalog.Worker) dispatch.Worker {
+	return dispatch.Worker{ID: w.ID, Topic: w.Topic, Group: w.Group, MaxAttempts: w.MaxAttempts, RetryBackoff: w.RetryBackoff}
+}
+
 func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 	if w.Status != catalog.StatusRunning {
 		n.remove(ctx, w.ID)
+		n.disp.ClearUnrunnable(w.ID)
 		return nil
 	}
-	if n.attached[w.ID] == w.CodeSHA256 && n.disp.Attached(w.ID) {
+	if n.attached[w.ID] == w.CodeSHA256 && n.disp.Attached(w.ID) && n.policy[w.ID] == hotPath(w) {
 		return nil
 	}
-	code, err := n.catalog.GetCode(ctx, w.CodeSHA256)
+	inst, err := n.load(ctx, w)
 	if err != nil {
-		return fmt.Errorf("load code %s of worker %s: %w", w.CodeSHA256, w.ID, err)
-	}
-	e, err := n.engines.Lookup(w.MIMEType)
-	if err != nil {
+		// The catalog runs it, this node cannot: its messages must wait for
+		// a node that can (or dead-letter as not_runnable), not be acked
+		// without it.
+		n.remove(ctx, w.ID)
+		n.disp.SetUnrunnable(hotPath(w))
 		return err
 	}
-	inst, err := e.Load(ctx, n.Spec(w), code)
-	if err != nil {
-		return fmt.Errorf("load worker %s: %w", w.ID, err)
-	}
-	n.disp.Attach(dispatch.Worker{ID: w.ID, Topic: w.Topic, Group: w.Group}, inst)
+	n.disp.Attach(hotPath(w), inst)
+	n.policy[w.ID] = hotPath(w)
 	n.attached[w.ID] = w.CodeSHA256
 	n.log.Info("worker attached", "worker_id", w.ID, "topic", w.Topic, "code_sha256", w.CodeSHA256)
 	return nil
+}
+
+func (n *Node) load(ctx context.Context, w catalog.Worker) (engines.Instance, error) {
+	code, err := n.catalog.GetCode(ctx, w.CodeSHA256)
+	if err != nil {
+		return nil, fmt.Errorf("load code %s of worker %s: %w", w.CodeSHA256, w.ID, err)
+	}
+	e, err := n.engines.Lookup(w.MIMEType)
+	if err != nil {
+		return nil, err
+	}
+	inst, err := e.Load(ctx, n.Spec(w), code)
+	if err != nil {
+		return nil, fmt.Errorf("load worker %s: %w", w.ID, err)
+	}
+	return inst, nil
 }
 
 // Remove detaches a worker (no-op when it is not attached) and then deletes
@@ -101,6 +122,7 @@ func (n *Node) Remove(ctx context.Context, id string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.remove(ctx, id)
+	n.disp.ClearUnrunnable(id)
 	return n.catalog.DeleteWorker(ctx, id)
 }
 
@@ -110,6 +132,7 @@ func (n *Node) remove(ctx context.Context, id string) {
 	}
 	n.disp.Detach(ctx, id)
 	delete(n.attached, id)
+	delete(n.policy, id)
 	n.log.Info("worker detached", "worker_id", id)
 }
 
@@ -150,6 +173,7 @@ func (n *Node) Reconcile(ctx context.Context) (ReconcileResult, error) {
 			n.remove(ctx, id)
 		}
 	}
+	n.disp.RetainUnrunnable(known)
 	return res, nil
 }
 
@@ -159,6 +183,7 @@ func (n *Node) Shutdown(ctx context.Context) {
 	defer n.mu.Unlock()
 	n.disp.DetachAll(ctx)
 	clear(n.attached)
+	clear(n.policy)
 }
 
 // Sync makes this node match the catalog's current record of one worker
@@ -169,6 +194,7 @@ func (n *Node) Sync(ctx context.Context, id string) error {
 	w, err := n.catalog.GetWorker(ctx, id)
 	if errors.Is(err, catalog.ErrNotFound) {
 		n.remove(ctx, id)
+		n.disp.ClearUnrunnable(id)
 		return nil
 	}
 	if err != nil {

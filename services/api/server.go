@@ -3,7 +3,9 @@
 // entity workflow (create is Update-With-Start), GetWorker is a Query, and
 // RecoverWorkers runs the recovery workflow. It reads the catalog for lists
 // and history, and stages uploaded code there so that code bodies never enter
-// workflow history. Errors are mapped to gRPC status codes here.
+// workflow history. The dead-letter RPCs read the catalog and the stored dead
+// letters and republish through the broker; they never touch Temporal.
+// Errors are mapped to gRPC status codes here.
 package api
 
 import (
@@ -23,7 +25,10 @@ import (
 
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/codesource"
+	"github.com/virtufin/workmanager/internal/deadletter"
+	"github.com/virtufin/workmanager/internal/delivery"
 	"github.com/virtufin/workmanager/internal/failure"
+	"github.com/virtufin/workmanager/internal/publish"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	"github.com/virtufin/workmanager/workflows"
 )
@@ -46,6 +51,13 @@ type Options struct {
 	// ContinueAsNewAfter makes new worker workflows continue as new after
 	// this many updates per run (0: when the server suggests it).
 	ContinueAsNewAfter int
+	// DeadLetters, Deliveries and Publisher serve ListDeadLetters and
+	// ReplayDeadLetters (the stored dead letters, the delivery records whose
+	// attempts a replay resets, and the broker it republishes to); without
+	// them those RPCs answer UNIMPLEMENTED.
+	DeadLetters *deadletter.Store
+	Deliveries  *delivery.Store
+	Publisher   publish.Publisher
 }
 
 // New returns a Server; mimeTypes are the supported worker MIME types.
@@ -58,6 +70,10 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 	if err := catalog.ValidateSpec(req.GetMimeType(), req.GetTopic(), req.GetGroup(), s.mimeTypes); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	rp := req.GetRetryPolicy()
+	if err := catalog.ValidateRetryPolicy(int(rp.GetMaxAttempts()), rp.GetBackoffMs()); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	ref, err := s.stage(ctx, req.GetCode())
@@ -65,7 +81,8 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 		return nil, err
 	}
 	id := uuid.NewString()
-	w := catalog.Worker{ID: id, MIMEType: req.GetMimeType(), Topic: req.GetTopic(), Group: req.GetGroup(), Status: catalog.StatusStopped}
+	w := catalog.Worker{ID: id, MIMEType: req.GetMimeType(), Topic: req.GetTopic(), Group: req.GetGroup(), Status: catalog.StatusStopped,
+		MaxAttempts: int(rp.GetMaxAttempts()), RetryBackoff: time.Duration(rp.GetBackoffMs()) * time.Millisecond}
 	start := s.temporal.NewWithStartWorkflowOperation(client.StartWorkflowOptions{
 		ID:                       workflows.WorkflowID(id),
 		TaskQueue:                workflows.TaskQueue,
@@ -286,7 +303,11 @@ func toProto(w catalog.Worker) *pb.Worker {
 	if w.Status == catalog.StatusRunning {
 		st = pb.WorkerStatus_WORKER_STATUS_RUNNING
 	}
-	return &pb.Worker{WorkerId: w.ID, MimeType: w.MIMEType, Topic: w.Topic, Group: w.Group, Status: st,
+	out := &pb.Worker{WorkerId: w.ID, MimeType: w.MIMEType, Topic: w.Topic, Group: w.Group, Status: st,
 		CodeVersion: w.CodeVersion, CodeSha256: w.CodeSHA256,
 		CreatedAt: timestamppb.New(w.CreatedAt), UpdatedAt: timestamppb.New(w.UpdatedAt)}
+	if w.MaxAttempts != 0 || w.RetryBackoff != 0 {
+		out.RetryPolicy = &pb.RetryPolicy{MaxAttempts: int32(w.MaxAttempts), BackoffMs: w.RetryBackoff.Milliseconds()}
+	}
+	return out
 }

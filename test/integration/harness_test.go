@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/virtufin/workmanager/internal/daprconn"
 	"github.com/virtufin/workmanager/internal/devstack"
 	"github.com/virtufin/workmanager/internal/dispatch"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
@@ -96,6 +97,7 @@ type envConfig struct {
 	resources               map[string]string // extra Dapr resources
 	poolSize                int               // daprd's Redis pub/sub pool (0: the manifest's)
 	daprdEnv                []string
+	daprAPIToken            string // daprd requires it; the test's own calls send it
 }
 
 // newEnv starts a full stack in dir (a fresh temp dir when empty).
@@ -114,7 +116,7 @@ func newEnvWith(t testing.TB, c envConfig) *env {
 	defer cancel()
 	st, err := devstack.Start(ctx, devstack.Options{Dir: c.dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"), Headless: true, // not StartT: a test may restart the stack on the same dir
 		RedisPort: c.redisPort, TemporalPort: c.temporalPort, RedeliverInterval: time.Second, ProcessingTimeout: 6 * time.Second,
-		ExtraResources: c.resources, PoolSize: c.poolSize, DaprdEnv: c.daprdEnv})
+		ExtraResources: c.resources, PoolSize: c.poolSize, DaprdEnv: c.daprdEnv, DaprAPIToken: c.daprAPIToken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +208,7 @@ func (e *env) startAPI() {
 func (e *env) connectDapr() {
 	e.t.Helper()
 	var err error
-	e.dapr, err = grpc.NewClient(e.stack.DaprGRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	e.dapr, err = daprconn.Dial(e.stack.DaprGRPCAddr, daprconn.Options{Token: e.stack.DaprAPIToken})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -274,7 +276,15 @@ func (e *env) publishEvent(topic string, ce map[string]any) {
 	}
 	body, _ := json.Marshal(ce)
 	url := fmt.Sprintf("http://%s/v1.0/publish/%s/%s", e.stack.DaprHTTPAddr, devstack.PubSubName, topic)
-	resp, err := http.Post(url, "application/cloudevents+json", bytes.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/cloudevents+json")
+	if tok := e.stack.DaprAPIToken; tok != "" {
+		req.Header.Set(daprconn.TokenHeader, tok)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -108,7 +108,7 @@ func TestManyTopicsSurviveStopStartCycles(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		resp, err := e.client.CreateWorker(ctx, &pb.CreateWorkerRequest{Code: &pb.CodeSource{Source: &pb.CodeSource_Content{Content: code}},
-			MimeType: mime, Topic: topics[i%cfg.topics], Group: "scale"})
+			MimeType: mime, Topic: topics[i%cfg.topics]})
 		if err != nil {
 			return fmt.Errorf("CreateWorker %d: %w", i, err)
 		}

@@ -17,7 +17,10 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/deadletter"
+	"github.com/virtufin/workmanager/internal/delivery"
 	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/state"
@@ -139,7 +142,9 @@ func New(t testing.TB) *Fixture {
 		t.Fatal(err)
 	}
 	f.Events = lifecycleevents.NewEmitter(f.Published)
-	f.Dispatcher = dispatch.New(ctx, log, idleSubscriber{}, f.Published, f.Events, dispatch.Config{PubSub: "pubsub", MaxConcurrency: 1})
+	f.Dispatcher = dispatch.New(ctx, log, dispatch.Deps{Sub: idleSubscriber{}, Pub: f.Published, Events: f.Events,
+		Records: delivery.NewStore(f.Store, time.Hour), Locks: grouplock.New(f.Store, grouplock.Config{}),
+		DeadLetters: deadletter.NewStore(f.Store, time.Hour)}, dispatch.Config{PubSub: "pubsub", NodeID: "test", MaxConcurrency: 1})
 	f.Node = node.New(log, f.Catalog, reg, f.Dispatcher, time.Second)
 	t.Cleanup(func() { f.Node.Shutdown(context.Background()) })
 	return f

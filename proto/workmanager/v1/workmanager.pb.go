@@ -223,7 +223,10 @@ type Worker struct {
 	CreatedAt   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	UpdatedAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
 	// Lowercase hex SHA-256 of the current code.
-	CodeSha256    string `protobuf:"bytes,9,opt,name=code_sha256,json=codeSha256,proto3" json:"code_sha256,omitempty"`
+	CodeSha256 string `protobuf:"bytes,9,opt,name=code_sha256,json=codeSha256,proto3" json:"code_sha256,omitempty"`
+	// How the worker retries a message; unset or zero fields: the cluster
+	// default.
+	RetryPolicy   *RetryPolicy `protobuf:"bytes,10,opt,name=retry_policy,json=retryPolicy,proto3" json:"retry_policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -321,19 +324,85 @@ func (x *Worker) GetCodeSha256() string {
 	return ""
 }
 
+func (x *Worker) GetRetryPolicy() *RetryPolicy {
+	if x != nil {
+		return x.RetryPolicy
+	}
+	return nil
+}
+
+// RetryPolicy bounds how often a worker runs one message before giving up
+// on it (dead letter). Zero fields take the cluster default.
+type RetryPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Attempts per message: 0 (cluster default) or 1..100.
+	MaxAttempts int32 `protobuf:"varint,1,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
+	// Wait before the next attempt, in milliseconds: 0 (cluster default) to
+	// 3600000.
+	BackoffMs     int64 `protobuf:"varint,2,opt,name=backoff_ms,json=backoffMs,proto3" json:"backoff_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetryPolicy) Reset() {
+	*x = RetryPolicy{}
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetryPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetryPolicy) ProtoMessage() {}
+
+func (x *RetryPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetryPolicy.ProtoReflect.Descriptor instead.
+func (*RetryPolicy) Descriptor() ([]byte, []int) {
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RetryPolicy) GetMaxAttempts() int32 {
+	if x != nil {
+		return x.MaxAttempts
+	}
+	return 0
+}
+
+func (x *RetryPolicy) GetBackoffMs() int64 {
+	if x != nil {
+		return x.BackoffMs
+	}
+	return 0
+}
+
 type CreateWorkerRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Code          *CodeSource            `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
-	MimeType      string                 `protobuf:"bytes,2,opt,name=mime_type,json=mimeType,proto3" json:"mime_type,omitempty"`
-	Topic         string                 `protobuf:"bytes,3,opt,name=topic,proto3" json:"topic,omitempty"`
-	Group         string                 `protobuf:"bytes,4,opt,name=group,proto3" json:"group,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Code     *CodeSource            `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
+	MimeType string                 `protobuf:"bytes,2,opt,name=mime_type,json=mimeType,proto3" json:"mime_type,omitempty"`
+	Topic    string                 `protobuf:"bytes,3,opt,name=topic,proto3" json:"topic,omitempty"`
+	Group    string                 `protobuf:"bytes,4,opt,name=group,proto3" json:"group,omitempty"`
+	// Optional; unset: the cluster default.
+	RetryPolicy   *RetryPolicy `protobuf:"bytes,5,opt,name=retry_policy,json=retryPolicy,proto3" json:"retry_policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateWorkerRequest) Reset() {
 	*x = CreateWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[3]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -345,7 +414,7 @@ func (x *CreateWorkerRequest) String() string {
 func (*CreateWorkerRequest) ProtoMessage() {}
 
 func (x *CreateWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[3]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -358,7 +427,7 @@ func (x *CreateWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWorkerRequest.ProtoReflect.Descriptor instead.
 func (*CreateWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{3}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CreateWorkerRequest) GetCode() *CodeSource {
@@ -389,6 +458,13 @@ func (x *CreateWorkerRequest) GetGroup() string {
 	return ""
 }
 
+func (x *CreateWorkerRequest) GetRetryPolicy() *RetryPolicy {
+	if x != nil {
+		return x.RetryPolicy
+	}
+	return nil
+}
+
 type CreateWorkerResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
@@ -398,7 +474,7 @@ type CreateWorkerResponse struct {
 
 func (x *CreateWorkerResponse) Reset() {
 	*x = CreateWorkerResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[4]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -410,7 +486,7 @@ func (x *CreateWorkerResponse) String() string {
 func (*CreateWorkerResponse) ProtoMessage() {}
 
 func (x *CreateWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[4]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -423,7 +499,7 @@ func (x *CreateWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWorkerResponse.ProtoReflect.Descriptor instead.
 func (*CreateWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{4}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateWorkerResponse) GetWorkerId() string {
@@ -442,7 +518,7 @@ type StartWorkerRequest struct {
 
 func (x *StartWorkerRequest) Reset() {
 	*x = StartWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[5]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -454,7 +530,7 @@ func (x *StartWorkerRequest) String() string {
 func (*StartWorkerRequest) ProtoMessage() {}
 
 func (x *StartWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[5]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -467,7 +543,7 @@ func (x *StartWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartWorkerRequest.ProtoReflect.Descriptor instead.
 func (*StartWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{5}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StartWorkerRequest) GetWorkerId() string {
@@ -486,7 +562,7 @@ type StopWorkerRequest struct {
 
 func (x *StopWorkerRequest) Reset() {
 	*x = StopWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[6]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -498,7 +574,7 @@ func (x *StopWorkerRequest) String() string {
 func (*StopWorkerRequest) ProtoMessage() {}
 
 func (x *StopWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[6]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -511,7 +587,7 @@ func (x *StopWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopWorkerRequest.ProtoReflect.Descriptor instead.
 func (*StopWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{6}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StopWorkerRequest) GetWorkerId() string {
@@ -530,7 +606,7 @@ type DeleteWorkerRequest struct {
 
 func (x *DeleteWorkerRequest) Reset() {
 	*x = DeleteWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[7]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -542,7 +618,7 @@ func (x *DeleteWorkerRequest) String() string {
 func (*DeleteWorkerRequest) ProtoMessage() {}
 
 func (x *DeleteWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[7]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -555,7 +631,7 @@ func (x *DeleteWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{7}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeleteWorkerRequest) GetWorkerId() string {
@@ -573,7 +649,7 @@ type DeleteWorkerResponse struct {
 
 func (x *DeleteWorkerResponse) Reset() {
 	*x = DeleteWorkerResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[8]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -585,7 +661,7 @@ func (x *DeleteWorkerResponse) String() string {
 func (*DeleteWorkerResponse) ProtoMessage() {}
 
 func (x *DeleteWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[8]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,7 +674,7 @@ func (x *DeleteWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{8}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{9}
 }
 
 type LoadCodeRequest struct {
@@ -611,7 +687,7 @@ type LoadCodeRequest struct {
 
 func (x *LoadCodeRequest) Reset() {
 	*x = LoadCodeRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[9]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -623,7 +699,7 @@ func (x *LoadCodeRequest) String() string {
 func (*LoadCodeRequest) ProtoMessage() {}
 
 func (x *LoadCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[9]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -636,7 +712,7 @@ func (x *LoadCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadCodeRequest.ProtoReflect.Descriptor instead.
 func (*LoadCodeRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{9}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LoadCodeRequest) GetWorkerId() string {
@@ -662,7 +738,7 @@ type GetWorkerRequest struct {
 
 func (x *GetWorkerRequest) Reset() {
 	*x = GetWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[10]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +750,7 @@ func (x *GetWorkerRequest) String() string {
 func (*GetWorkerRequest) ProtoMessage() {}
 
 func (x *GetWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[10]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +763,7 @@ func (x *GetWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{10}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetWorkerRequest) GetWorkerId() string {
@@ -705,7 +781,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +793,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +806,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{11}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{12}
 }
 
 type ListWorkersResponse struct {
@@ -742,7 +818,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -754,7 +830,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -767,7 +843,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{12}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -786,7 +862,7 @@ type GetWorkerHistoryRequest struct {
 
 func (x *GetWorkerHistoryRequest) Reset() {
 	*x = GetWorkerHistoryRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -798,7 +874,7 @@ func (x *GetWorkerHistoryRequest) String() string {
 func (*GetWorkerHistoryRequest) ProtoMessage() {}
 
 func (x *GetWorkerHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -811,7 +887,7 @@ func (x *GetWorkerHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerHistoryRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkerHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{13}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetWorkerHistoryRequest) GetWorkerId() string {
@@ -835,7 +911,7 @@ type HistoryEntry struct {
 
 func (x *HistoryEntry) Reset() {
 	*x = HistoryEntry{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -847,7 +923,7 @@ func (x *HistoryEntry) String() string {
 func (*HistoryEntry) ProtoMessage() {}
 
 func (x *HistoryEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -860,7 +936,7 @@ func (x *HistoryEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryEntry.ProtoReflect.Descriptor instead.
 func (*HistoryEntry) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{14}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HistoryEntry) GetVersion() int64 {
@@ -907,7 +983,7 @@ type GetWorkerHistoryResponse struct {
 
 func (x *GetWorkerHistoryResponse) Reset() {
 	*x = GetWorkerHistoryResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +995,7 @@ func (x *GetWorkerHistoryResponse) String() string {
 func (*GetWorkerHistoryResponse) ProtoMessage() {}
 
 func (x *GetWorkerHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1008,7 @@ func (x *GetWorkerHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerHistoryResponse.ProtoReflect.Descriptor instead.
 func (*GetWorkerHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{15}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetWorkerHistoryResponse) GetEntries() []*HistoryEntry {
@@ -950,7 +1026,7 @@ type RecoverWorkersRequest struct {
 
 func (x *RecoverWorkersRequest) Reset() {
 	*x = RecoverWorkersRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1038,7 @@ func (x *RecoverWorkersRequest) String() string {
 func (*RecoverWorkersRequest) ProtoMessage() {}
 
 func (x *RecoverWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1051,7 @@ func (x *RecoverWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverWorkersRequest.ProtoReflect.Descriptor instead.
 func (*RecoverWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{16}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{17}
 }
 
 type RecoverWorkersResponse struct {
@@ -988,7 +1064,7 @@ type RecoverWorkersResponse struct {
 
 func (x *RecoverWorkersResponse) Reset() {
 	*x = RecoverWorkersResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1000,7 +1076,7 @@ func (x *RecoverWorkersResponse) String() string {
 func (*RecoverWorkersResponse) ProtoMessage() {}
 
 func (x *RecoverWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1013,7 +1089,7 @@ func (x *RecoverWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverWorkersResponse.ProtoReflect.Descriptor instead.
 func (*RecoverWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{17}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RecoverWorkersResponse) GetRecovered() int32 {
@@ -1030,6 +1106,364 @@ func (x *RecoverWorkersResponse) GetFailed() int32 {
 	return 0
 }
 
+type ListDeadLettersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: the worker whose dead letters to list.
+	WorkerId string `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// Only this reason ("worker_failed", "timeout", ...); empty: any.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// At most this many, 1..1000; 0: 100.
+	Limit         int32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDeadLettersRequest) Reset() {
+	*x = ListDeadLettersRequest{}
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDeadLettersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDeadLettersRequest) ProtoMessage() {}
+
+func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
+func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ListDeadLettersRequest) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *ListDeadLettersRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ListDeadLettersRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// DeadLetter is one message a worker gave up on. The event itself is on
+// "<topic>-dead" and is republished by ReplayDeadLetters.
+type DeadLetter struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// The topic the message came from (not the "-dead" one).
+	Topic string `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Why: worker_failed, timeout, lock_contention, not_runnable, panic, ...
+	Reason   string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Attempts int32  `protobuf:"varint,4,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	// The last error, shortened.
+	Error string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// The CloudEvent's id and source.
+	EventId string `protobuf:"bytes,6,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
+	Source  string `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
+	// When the worker gave up on it.
+	At            *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeadLetter) Reset() {
+	*x = DeadLetter{}
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeadLetter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeadLetter) ProtoMessage() {}
+
+func (x *DeadLetter) ProtoReflect() protoreflect.Message {
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
+func (*DeadLetter) Descriptor() ([]byte, []int) {
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *DeadLetter) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetAttempts() int32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *DeadLetter) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetEventId() string {
+	if x != nil {
+		return x.EventId
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+type ListDeadLettersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DeadLetters   []*DeadLetter          `protobuf:"bytes,1,rep,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDeadLettersResponse) Reset() {
+	*x = ListDeadLettersResponse{}
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDeadLettersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDeadLettersResponse) ProtoMessage() {}
+
+func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
+func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
+	if x != nil {
+		return x.DeadLetters
+	}
+	return nil
+}
+
+type ReplayDeadLettersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one of worker_id and topic: one worker, or every worker on the
+	// topic.
+	WorkerId string `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	Topic    string `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Only this reason; empty: any.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Only these CloudEvent ids; empty: any.
+	EventIds []string `protobuf:"bytes,4,rep,name=event_ids,json=eventIds,proto3" json:"event_ids,omitempty"`
+	// At most this many, 1..1000; 0: 100.
+	Limit         int32 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplayDeadLettersRequest) Reset() {
+	*x = ReplayDeadLettersRequest{}
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplayDeadLettersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplayDeadLettersRequest) ProtoMessage() {}
+
+func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplayDeadLettersRequest.ProtoReflect.Descriptor instead.
+func (*ReplayDeadLettersRequest) Descriptor() ([]byte, []int) {
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReplayDeadLettersRequest) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *ReplayDeadLettersRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ReplayDeadLettersRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ReplayDeadLettersRequest) GetEventIds() []string {
+	if x != nil {
+		return x.EventIds
+	}
+	return nil
+}
+
+func (x *ReplayDeadLettersRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ReplayDeadLettersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many were republished (and removed from the store).
+	Replayed int32 `protobuf:"varint,1,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// Their CloudEvent ids, in replay order.
+	EventIds []string `protobuf:"bytes,2,rep,name=event_ids,json=eventIds,proto3" json:"event_ids,omitempty"`
+	// Matching dead letters still stored (beyond the limit).
+	Remaining     int32 `protobuf:"varint,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplayDeadLettersResponse) Reset() {
+	*x = ReplayDeadLettersResponse{}
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplayDeadLettersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplayDeadLettersResponse) ProtoMessage() {}
+
+func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplayDeadLettersResponse.ProtoReflect.Descriptor instead.
+func (*ReplayDeadLettersResponse) Descriptor() ([]byte, []int) {
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ReplayDeadLettersResponse) GetReplayed() int32 {
+	if x != nil {
+		return x.Replayed
+	}
+	return 0
+}
+
+func (x *ReplayDeadLettersResponse) GetEventIds() []string {
+	if x != nil {
+		return x.EventIds
+	}
+	return nil
+}
+
+func (x *ReplayDeadLettersResponse) GetRemaining() int32 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
 var File_workmanager_v1_workmanager_proto protoreflect.FileDescriptor
 
 const file_workmanager_v1_workmanager_proto_rawDesc = "" +
@@ -1042,7 +1476,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x06source\"5\n" +
 	"\tUrlSource\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
-	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\xde\x02\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\x9e\x03\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x14\n" +
@@ -1055,12 +1489,19 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\n" +
 	"updated_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x1f\n" +
 	"\vcode_sha256\x18\t \x01(\tR\n" +
-	"codeSha256\"\x8e\x01\n" +
+	"codeSha256\x12>\n" +
+	"\fretry_policy\x18\n" +
+	" \x01(\v2\x1b.workmanager.v1.RetryPolicyR\vretryPolicy\"O\n" +
+	"\vRetryPolicy\x12!\n" +
+	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12\x1d\n" +
+	"\n" +
+	"backoff_ms\x18\x02 \x01(\x03R\tbackoffMs\"\xce\x01\n" +
 	"\x13CreateWorkerRequest\x12.\n" +
 	"\x04code\x18\x01 \x01(\v2\x1a.workmanager.v1.CodeSourceR\x04code\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x14\n" +
 	"\x05topic\x18\x03 \x01(\tR\x05topic\x12\x14\n" +
-	"\x05group\x18\x04 \x01(\tR\x05group\"3\n" +
+	"\x05group\x18\x04 \x01(\tR\x05group\x12>\n" +
+	"\fretry_policy\x18\x05 \x01(\v2\x1b.workmanager.v1.RetryPolicyR\vretryPolicy\"3\n" +
 	"\x14CreateWorkerResponse\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"1\n" +
 	"\x12StartWorkerRequest\x12\x1b\n" +
@@ -1093,11 +1534,37 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x15RecoverWorkersRequest\"N\n" +
 	"\x16RecoverWorkersResponse\x12\x1c\n" +
 	"\trecovered\x18\x01 \x01(\x05R\trecovered\x12\x16\n" +
-	"\x06failed\x18\x02 \x01(\x05R\x06failed*c\n" +
+	"\x06failed\x18\x02 \x01(\x05R\x06failed\"c\n" +
+	"\x16ListDeadLettersRequest\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\"\xe8\x01\n" +
+	"\n" +
+	"DeadLetter\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1a\n" +
+	"\battempts\x18\x04 \x01(\x05R\battempts\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x12\x19\n" +
+	"\bevent_id\x18\x06 \x01(\tR\aeventId\x12\x16\n" +
+	"\x06source\x18\a \x01(\tR\x06source\x12*\n" +
+	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"X\n" +
+	"\x17ListDeadLettersResponse\x12=\n" +
+	"\fdead_letters\x18\x01 \x03(\v2\x1a.workmanager.v1.DeadLetterR\vdeadLetters\"\x98\x01\n" +
+	"\x18ReplayDeadLettersRequest\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1b\n" +
+	"\tevent_ids\x18\x04 \x03(\tR\beventIds\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\x05R\x05limit\"r\n" +
+	"\x19ReplayDeadLettersResponse\x12\x1a\n" +
+	"\breplayed\x18\x01 \x01(\x05R\breplayed\x12\x1b\n" +
+	"\tevent_ids\x18\x02 \x03(\tR\beventIds\x12\x1c\n" +
+	"\tremaining\x18\x03 \x01(\x05R\tremaining*c\n" +
 	"\fWorkerStatus\x12\x1d\n" +
 	"\x19WORKER_STATUS_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15WORKER_STATUS_STOPPED\x10\x01\x12\x19\n" +
-	"\x15WORKER_STATUS_RUNNING\x10\x022\x8a\x06\n" +
+	"\x15WORKER_STATUS_RUNNING\x10\x022\xd8\a\n" +
 	"\x12WorkManagerService\x12Y\n" +
 	"\fCreateWorker\x12#.workmanager.v1.CreateWorkerRequest\x1a$.workmanager.v1.CreateWorkerResponse\x12I\n" +
 	"\vStartWorker\x12\".workmanager.v1.StartWorkerRequest\x1a\x16.workmanager.v1.Worker\x12G\n" +
@@ -1108,7 +1575,9 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\tGetWorker\x12 .workmanager.v1.GetWorkerRequest\x1a\x16.workmanager.v1.Worker\x12V\n" +
 	"\vListWorkers\x12\".workmanager.v1.ListWorkersRequest\x1a#.workmanager.v1.ListWorkersResponse\x12e\n" +
 	"\x10GetWorkerHistory\x12'.workmanager.v1.GetWorkerHistoryRequest\x1a(.workmanager.v1.GetWorkerHistoryResponse\x12_\n" +
-	"\x0eRecoverWorkers\x12%.workmanager.v1.RecoverWorkersRequest\x1a&.workmanager.v1.RecoverWorkersResponseBDZBgithub.com/virtufin/workmanager/proto/workmanager/v1;workmanagerv1b\x06proto3"
+	"\x0eRecoverWorkers\x12%.workmanager.v1.RecoverWorkersRequest\x1a&.workmanager.v1.RecoverWorkersResponse\x12b\n" +
+	"\x0fListDeadLetters\x12&.workmanager.v1.ListDeadLettersRequest\x1a'.workmanager.v1.ListDeadLettersResponse\x12h\n" +
+	"\x11ReplayDeadLetters\x12(.workmanager.v1.ReplayDeadLettersRequest\x1a).workmanager.v1.ReplayDeadLettersResponseBDZBgithub.com/virtufin/workmanager/proto/workmanager/v1;workmanagerv1b\x06proto3"
 
 var (
 	file_workmanager_v1_workmanager_proto_rawDescOnce sync.Once
@@ -1123,62 +1592,76 @@ func file_workmanager_v1_workmanager_proto_rawDescGZIP() []byte {
 }
 
 var file_workmanager_v1_workmanager_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_workmanager_v1_workmanager_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_workmanager_v1_workmanager_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_workmanager_v1_workmanager_proto_goTypes = []any{
-	(WorkerStatus)(0),                // 0: workmanager.v1.WorkerStatus
-	(*CodeSource)(nil),               // 1: workmanager.v1.CodeSource
-	(*UrlSource)(nil),                // 2: workmanager.v1.UrlSource
-	(*Worker)(nil),                   // 3: workmanager.v1.Worker
-	(*CreateWorkerRequest)(nil),      // 4: workmanager.v1.CreateWorkerRequest
-	(*CreateWorkerResponse)(nil),     // 5: workmanager.v1.CreateWorkerResponse
-	(*StartWorkerRequest)(nil),       // 6: workmanager.v1.StartWorkerRequest
-	(*StopWorkerRequest)(nil),        // 7: workmanager.v1.StopWorkerRequest
-	(*DeleteWorkerRequest)(nil),      // 8: workmanager.v1.DeleteWorkerRequest
-	(*DeleteWorkerResponse)(nil),     // 9: workmanager.v1.DeleteWorkerResponse
-	(*LoadCodeRequest)(nil),          // 10: workmanager.v1.LoadCodeRequest
-	(*GetWorkerRequest)(nil),         // 11: workmanager.v1.GetWorkerRequest
-	(*ListWorkersRequest)(nil),       // 12: workmanager.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),      // 13: workmanager.v1.ListWorkersResponse
-	(*GetWorkerHistoryRequest)(nil),  // 14: workmanager.v1.GetWorkerHistoryRequest
-	(*HistoryEntry)(nil),             // 15: workmanager.v1.HistoryEntry
-	(*GetWorkerHistoryResponse)(nil), // 16: workmanager.v1.GetWorkerHistoryResponse
-	(*RecoverWorkersRequest)(nil),    // 17: workmanager.v1.RecoverWorkersRequest
-	(*RecoverWorkersResponse)(nil),   // 18: workmanager.v1.RecoverWorkersResponse
-	(*timestamppb.Timestamp)(nil),    // 19: google.protobuf.Timestamp
+	(WorkerStatus)(0),                 // 0: workmanager.v1.WorkerStatus
+	(*CodeSource)(nil),                // 1: workmanager.v1.CodeSource
+	(*UrlSource)(nil),                 // 2: workmanager.v1.UrlSource
+	(*Worker)(nil),                    // 3: workmanager.v1.Worker
+	(*RetryPolicy)(nil),               // 4: workmanager.v1.RetryPolicy
+	(*CreateWorkerRequest)(nil),       // 5: workmanager.v1.CreateWorkerRequest
+	(*CreateWorkerResponse)(nil),      // 6: workmanager.v1.CreateWorkerResponse
+	(*StartWorkerRequest)(nil),        // 7: workmanager.v1.StartWorkerRequest
+	(*StopWorkerRequest)(nil),         // 8: workmanager.v1.StopWorkerRequest
+	(*DeleteWorkerRequest)(nil),       // 9: workmanager.v1.DeleteWorkerRequest
+	(*DeleteWorkerResponse)(nil),      // 10: workmanager.v1.DeleteWorkerResponse
+	(*LoadCodeRequest)(nil),           // 11: workmanager.v1.LoadCodeRequest
+	(*GetWorkerRequest)(nil),          // 12: workmanager.v1.GetWorkerRequest
+	(*ListWorkersRequest)(nil),        // 13: workmanager.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 14: workmanager.v1.ListWorkersResponse
+	(*GetWorkerHistoryRequest)(nil),   // 15: workmanager.v1.GetWorkerHistoryRequest
+	(*HistoryEntry)(nil),              // 16: workmanager.v1.HistoryEntry
+	(*GetWorkerHistoryResponse)(nil),  // 17: workmanager.v1.GetWorkerHistoryResponse
+	(*RecoverWorkersRequest)(nil),     // 18: workmanager.v1.RecoverWorkersRequest
+	(*RecoverWorkersResponse)(nil),    // 19: workmanager.v1.RecoverWorkersResponse
+	(*ListDeadLettersRequest)(nil),    // 20: workmanager.v1.ListDeadLettersRequest
+	(*DeadLetter)(nil),                // 21: workmanager.v1.DeadLetter
+	(*ListDeadLettersResponse)(nil),   // 22: workmanager.v1.ListDeadLettersResponse
+	(*ReplayDeadLettersRequest)(nil),  // 23: workmanager.v1.ReplayDeadLettersRequest
+	(*ReplayDeadLettersResponse)(nil), // 24: workmanager.v1.ReplayDeadLettersResponse
+	(*timestamppb.Timestamp)(nil),     // 25: google.protobuf.Timestamp
 }
 var file_workmanager_v1_workmanager_proto_depIdxs = []int32{
 	2,  // 0: workmanager.v1.CodeSource.url:type_name -> workmanager.v1.UrlSource
 	0,  // 1: workmanager.v1.Worker.status:type_name -> workmanager.v1.WorkerStatus
-	19, // 2: workmanager.v1.Worker.created_at:type_name -> google.protobuf.Timestamp
-	19, // 3: workmanager.v1.Worker.updated_at:type_name -> google.protobuf.Timestamp
-	1,  // 4: workmanager.v1.CreateWorkerRequest.code:type_name -> workmanager.v1.CodeSource
-	1,  // 5: workmanager.v1.LoadCodeRequest.code:type_name -> workmanager.v1.CodeSource
-	3,  // 6: workmanager.v1.ListWorkersResponse.workers:type_name -> workmanager.v1.Worker
-	19, // 7: workmanager.v1.HistoryEntry.created_at:type_name -> google.protobuf.Timestamp
-	15, // 8: workmanager.v1.GetWorkerHistoryResponse.entries:type_name -> workmanager.v1.HistoryEntry
-	4,  // 9: workmanager.v1.WorkManagerService.CreateWorker:input_type -> workmanager.v1.CreateWorkerRequest
-	6,  // 10: workmanager.v1.WorkManagerService.StartWorker:input_type -> workmanager.v1.StartWorkerRequest
-	7,  // 11: workmanager.v1.WorkManagerService.StopWorker:input_type -> workmanager.v1.StopWorkerRequest
-	8,  // 12: workmanager.v1.WorkManagerService.DeleteWorker:input_type -> workmanager.v1.DeleteWorkerRequest
-	10, // 13: workmanager.v1.WorkManagerService.LoadCode:input_type -> workmanager.v1.LoadCodeRequest
-	11, // 14: workmanager.v1.WorkManagerService.GetWorker:input_type -> workmanager.v1.GetWorkerRequest
-	12, // 15: workmanager.v1.WorkManagerService.ListWorkers:input_type -> workmanager.v1.ListWorkersRequest
-	14, // 16: workmanager.v1.WorkManagerService.GetWorkerHistory:input_type -> workmanager.v1.GetWorkerHistoryRequest
-	17, // 17: workmanager.v1.WorkManagerService.RecoverWorkers:input_type -> workmanager.v1.RecoverWorkersRequest
-	5,  // 18: workmanager.v1.WorkManagerService.CreateWorker:output_type -> workmanager.v1.CreateWorkerResponse
-	3,  // 19: workmanager.v1.WorkManagerService.StartWorker:output_type -> workmanager.v1.Worker
-	3,  // 20: workmanager.v1.WorkManagerService.StopWorker:output_type -> workmanager.v1.Worker
-	9,  // 21: workmanager.v1.WorkManagerService.DeleteWorker:output_type -> workmanager.v1.DeleteWorkerResponse
-	3,  // 22: workmanager.v1.WorkManagerService.LoadCode:output_type -> workmanager.v1.Worker
-	3,  // 23: workmanager.v1.WorkManagerService.GetWorker:output_type -> workmanager.v1.Worker
-	13, // 24: workmanager.v1.WorkManagerService.ListWorkers:output_type -> workmanager.v1.ListWorkersResponse
-	16, // 25: workmanager.v1.WorkManagerService.GetWorkerHistory:output_type -> workmanager.v1.GetWorkerHistoryResponse
-	18, // 26: workmanager.v1.WorkManagerService.RecoverWorkers:output_type -> workmanager.v1.RecoverWorkersResponse
-	18, // [18:27] is the sub-list for method output_type
-	9,  // [9:18] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	25, // 2: workmanager.v1.Worker.created_at:type_name -> google.protobuf.Timestamp
+	25, // 3: workmanager.v1.Worker.updated_at:type_name -> google.protobuf.Timestamp
+	4,  // 4: workmanager.v1.Worker.retry_policy:type_name -> workmanager.v1.RetryPolicy
+	1,  // 5: workmanager.v1.CreateWorkerRequest.code:type_name -> workmanager.v1.CodeSource
+	4,  // 6: workmanager.v1.CreateWorkerRequest.retry_policy:type_name -> workmanager.v1.RetryPolicy
+	1,  // 7: workmanager.v1.LoadCodeRequest.code:type_name -> workmanager.v1.CodeSource
+	3,  // 8: workmanager.v1.ListWorkersResponse.workers:type_name -> workmanager.v1.Worker
+	25, // 9: workmanager.v1.HistoryEntry.created_at:type_name -> google.protobuf.Timestamp
+	16, // 10: workmanager.v1.GetWorkerHistoryResponse.entries:type_name -> workmanager.v1.HistoryEntry
+	25, // 11: workmanager.v1.DeadLetter.at:type_name -> google.protobuf.Timestamp
+	21, // 12: workmanager.v1.ListDeadLettersResponse.dead_letters:type_name -> workmanager.v1.DeadLetter
+	5,  // 13: workmanager.v1.WorkManagerService.CreateWorker:input_type -> workmanager.v1.CreateWorkerRequest
+	7,  // 14: workmanager.v1.WorkManagerService.StartWorker:input_type -> workmanager.v1.StartWorkerRequest
+	8,  // 15: workmanager.v1.WorkManagerService.StopWorker:input_type -> workmanager.v1.StopWorkerRequest
+	9,  // 16: workmanager.v1.WorkManagerService.DeleteWorker:input_type -> workmanager.v1.DeleteWorkerRequest
+	11, // 17: workmanager.v1.WorkManagerService.LoadCode:input_type -> workmanager.v1.LoadCodeRequest
+	12, // 18: workmanager.v1.WorkManagerService.GetWorker:input_type -> workmanager.v1.GetWorkerRequest
+	13, // 19: workmanager.v1.WorkManagerService.ListWorkers:input_type -> workmanager.v1.ListWorkersRequest
+	15, // 20: workmanager.v1.WorkManagerService.GetWorkerHistory:input_type -> workmanager.v1.GetWorkerHistoryRequest
+	18, // 21: workmanager.v1.WorkManagerService.RecoverWorkers:input_type -> workmanager.v1.RecoverWorkersRequest
+	20, // 22: workmanager.v1.WorkManagerService.ListDeadLetters:input_type -> workmanager.v1.ListDeadLettersRequest
+	23, // 23: workmanager.v1.WorkManagerService.ReplayDeadLetters:input_type -> workmanager.v1.ReplayDeadLettersRequest
+	6,  // 24: workmanager.v1.WorkManagerService.CreateWorker:output_type -> workmanager.v1.CreateWorkerResponse
+	3,  // 25: workmanager.v1.WorkManagerService.StartWorker:output_type -> workmanager.v1.Worker
+	3,  // 26: workmanager.v1.WorkManagerService.StopWorker:output_type -> workmanager.v1.Worker
+	10, // 27: workmanager.v1.WorkManagerService.DeleteWorker:output_type -> workmanager.v1.DeleteWorkerResponse
+	3,  // 28: workmanager.v1.WorkManagerService.LoadCode:output_type -> workmanager.v1.Worker
+	3,  // 29: workmanager.v1.WorkManagerService.GetWorker:output_type -> workmanager.v1.Worker
+	14, // 30: workmanager.v1.WorkManagerService.ListWorkers:output_type -> workmanager.v1.ListWorkersResponse
+	17, // 31: workmanager.v1.WorkManagerService.GetWorkerHistory:output_type -> workmanager.v1.GetWorkerHistoryResponse
+	19, // 32: workmanager.v1.WorkManagerService.RecoverWorkers:output_type -> workmanager.v1.RecoverWorkersResponse
+	22, // 33: workmanager.v1.WorkManagerService.ListDeadLetters:output_type -> workmanager.v1.ListDeadLettersResponse
+	24, // 34: workmanager.v1.WorkManagerService.ReplayDeadLetters:output_type -> workmanager.v1.ReplayDeadLettersResponse
+	24, // [24:35] is the sub-list for method output_type
+	13, // [13:24] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_workmanager_v1_workmanager_proto_init() }
@@ -1196,7 +1679,7 @@ func file_workmanager_v1_workmanager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_workmanager_v1_workmanager_proto_rawDesc), len(file_workmanager_v1_workmanager_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

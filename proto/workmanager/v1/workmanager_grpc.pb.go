@@ -22,15 +22,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	WorkManagerService_CreateWorker_FullMethodName     = "/workmanager.v1.WorkManagerService/CreateWorker"
-	WorkManagerService_StartWorker_FullMethodName      = "/workmanager.v1.WorkManagerService/StartWorker"
-	WorkManagerService_StopWorker_FullMethodName       = "/workmanager.v1.WorkManagerService/StopWorker"
-	WorkManagerService_DeleteWorker_FullMethodName     = "/workmanager.v1.WorkManagerService/DeleteWorker"
-	WorkManagerService_LoadCode_FullMethodName         = "/workmanager.v1.WorkManagerService/LoadCode"
-	WorkManagerService_GetWorker_FullMethodName        = "/workmanager.v1.WorkManagerService/GetWorker"
-	WorkManagerService_ListWorkers_FullMethodName      = "/workmanager.v1.WorkManagerService/ListWorkers"
-	WorkManagerService_GetWorkerHistory_FullMethodName = "/workmanager.v1.WorkManagerService/GetWorkerHistory"
-	WorkManagerService_RecoverWorkers_FullMethodName   = "/workmanager.v1.WorkManagerService/RecoverWorkers"
+	WorkManagerService_CreateWorker_FullMethodName      = "/workmanager.v1.WorkManagerService/CreateWorker"
+	WorkManagerService_StartWorker_FullMethodName       = "/workmanager.v1.WorkManagerService/StartWorker"
+	WorkManagerService_StopWorker_FullMethodName        = "/workmanager.v1.WorkManagerService/StopWorker"
+	WorkManagerService_DeleteWorker_FullMethodName      = "/workmanager.v1.WorkManagerService/DeleteWorker"
+	WorkManagerService_LoadCode_FullMethodName          = "/workmanager.v1.WorkManagerService/LoadCode"
+	WorkManagerService_GetWorker_FullMethodName         = "/workmanager.v1.WorkManagerService/GetWorker"
+	WorkManagerService_ListWorkers_FullMethodName       = "/workmanager.v1.WorkManagerService/ListWorkers"
+	WorkManagerService_GetWorkerHistory_FullMethodName  = "/workmanager.v1.WorkManagerService/GetWorkerHistory"
+	WorkManagerService_RecoverWorkers_FullMethodName    = "/workmanager.v1.WorkManagerService/RecoverWorkers"
+	WorkManagerService_ListDeadLetters_FullMethodName   = "/workmanager.v1.WorkManagerService/ListDeadLetters"
+	WorkManagerService_ReplayDeadLetters_FullMethodName = "/workmanager.v1.WorkManagerService/ReplayDeadLetters"
 )
 
 // WorkManagerServiceClient is the client API for WorkManagerService service.
@@ -56,6 +58,14 @@ type WorkManagerServiceClient interface {
 	GetWorkerHistory(ctx context.Context, in *GetWorkerHistoryRequest, opts ...grpc.CallOption) (*GetWorkerHistoryResponse, error)
 	// RecoverWorkers runs the cluster-wide recovery (one at a time).
 	RecoverWorkers(ctx context.Context, in *RecoverWorkersRequest, opts ...grpc.CallOption) (*RecoverWorkersResponse, error)
+	// ListDeadLetters lists a worker's stored dead letters (messages it gave
+	// up on; also published to "<topic>-dead"), oldest first.
+	ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error)
+	// ReplayDeadLetters republishes stored dead letters to their topic for
+	// the one worker they died for, with fresh attempts, oldest first, and
+	// removes them from the store. At-least-once: an entry whose removal
+	// fails after its publish may be replayed again by a later call.
+	ReplayDeadLetters(ctx context.Context, in *ReplayDeadLettersRequest, opts ...grpc.CallOption) (*ReplayDeadLettersResponse, error)
 }
 
 type workManagerServiceClient struct {
@@ -156,6 +166,26 @@ func (c *workManagerServiceClient) RecoverWorkers(ctx context.Context, in *Recov
 	return out, nil
 }
 
+func (c *workManagerServiceClient) ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListDeadLettersResponse)
+	err := c.cc.Invoke(ctx, WorkManagerService_ListDeadLetters_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workManagerServiceClient) ReplayDeadLetters(ctx context.Context, in *ReplayDeadLettersRequest, opts ...grpc.CallOption) (*ReplayDeadLettersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplayDeadLettersResponse)
+	err := c.cc.Invoke(ctx, WorkManagerService_ReplayDeadLetters_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkManagerServiceServer is the server API for WorkManagerService service.
 // All implementations must embed UnimplementedWorkManagerServiceServer
 // for forward compatibility.
@@ -179,6 +209,14 @@ type WorkManagerServiceServer interface {
 	GetWorkerHistory(context.Context, *GetWorkerHistoryRequest) (*GetWorkerHistoryResponse, error)
 	// RecoverWorkers runs the cluster-wide recovery (one at a time).
 	RecoverWorkers(context.Context, *RecoverWorkersRequest) (*RecoverWorkersResponse, error)
+	// ListDeadLetters lists a worker's stored dead letters (messages it gave
+	// up on; also published to "<topic>-dead"), oldest first.
+	ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error)
+	// ReplayDeadLetters republishes stored dead letters to their topic for
+	// the one worker they died for, with fresh attempts, oldest first, and
+	// removes them from the store. At-least-once: an entry whose removal
+	// fails after its publish may be replayed again by a later call.
+	ReplayDeadLetters(context.Context, *ReplayDeadLettersRequest) (*ReplayDeadLettersResponse, error)
 	mustEmbedUnimplementedWorkManagerServiceServer()
 }
 
@@ -215,6 +253,12 @@ func (UnimplementedWorkManagerServiceServer) GetWorkerHistory(context.Context, *
 }
 func (UnimplementedWorkManagerServiceServer) RecoverWorkers(context.Context, *RecoverWorkersRequest) (*RecoverWorkersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RecoverWorkers not implemented")
+}
+func (UnimplementedWorkManagerServiceServer) ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListDeadLetters not implemented")
+}
+func (UnimplementedWorkManagerServiceServer) ReplayDeadLetters(context.Context, *ReplayDeadLettersRequest) (*ReplayDeadLettersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReplayDeadLetters not implemented")
 }
 func (UnimplementedWorkManagerServiceServer) mustEmbedUnimplementedWorkManagerServiceServer() {}
 func (UnimplementedWorkManagerServiceServer) testEmbeddedByValue()                            {}
@@ -399,6 +443,42 @@ func _WorkManagerService_RecoverWorkers_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkManagerService_ListDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListDeadLettersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkManagerServiceServer).ListDeadLetters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkManagerService_ListDeadLetters_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkManagerServiceServer).ListDeadLetters(ctx, req.(*ListDeadLettersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _WorkManagerService_ReplayDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplayDeadLettersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkManagerServiceServer).ReplayDeadLetters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkManagerService_ReplayDeadLetters_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkManagerServiceServer).ReplayDeadLetters(ctx, req.(*ReplayDeadLettersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkManagerService_ServiceDesc is the grpc.ServiceDesc for WorkManagerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -441,6 +521,14 @@ var WorkManagerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RecoverWorkers",
 			Handler:    _WorkManagerService_RecoverWorkers_Handler,
+		},
+		{
+			MethodName: "ListDeadLetters",
+			Handler:    _WorkManagerService_ListDeadLetters_Handler,
+		},
+		{
+			MethodName: "ReplayDeadLetters",
+			Handler:    _WorkManagerService_ReplayDeadLetters_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,40 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigDefaults(t *testing.T) {
+	t.Setenv("DAPR_PUBSUB", "") // empty: unset
+	t.Setenv("DELIVERY_RECORD_TTL", "")
+	c, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.PubSub != "pubsub" || c.DeliveryRecordTTL != 24*time.Hour {
+		t.Fatalf("defaults: pubsub %q, delivery record TTL %s", c.PubSub, c.DeliveryRecordTTL)
+	}
+	t.Setenv("DAPR_PUBSUB", "events")
+	t.Setenv("DELIVERY_RECORD_TTL", "2h")
+	if c, err = loadConfig(); err != nil || c.PubSub != "events" || c.DeliveryRecordTTL != 2*time.Hour {
+		t.Fatalf("from the environment: %+v %v", c, err)
+	}
+}
+
+func TestConfigRejectsBadValues(t *testing.T) {
+	for env, want := range map[string]string{
+		"DELIVERY_RECORD_TTL=soon": `DELIVERY_RECORD_TTL="soon"`,
+		"DELIVERY_RECORD_TTL=-1h":  "DELIVERY_RECORD_TTL must be at least 1m",
+		"DELIVERY_RECORD_TTL=30s":  "DELIVERY_RECORD_TTL must be at least 1m",
+	} {
+		t.Run(env, func(t *testing.T) {
+			k, v, _ := strings.Cut(env, "=")
+			t.Setenv(k, v)
+			if _, err := loadConfig(); err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("got %v, want %q", err, want)
+			}
+		})
+	}
+}

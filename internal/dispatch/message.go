@@ -1,0 +1,363 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
+
+	"github.com/virtufin/workmanager/internal/deadletter"
+	"github.com/virtufin/workmanager/internal/delivery"
+)
+
+// message is one received event on its way through the workers of a topic.
+type message struct {
+	t      *topic
+	id     string
+	req    *runtimev1.TopicEventRequest
+	stream Stream
+	ev     event.Event
+	ec     event.EventContextV1
+	key    string // delivery record
+	// replayFor, when set, is the only worker this event is for (a replayed
+	// dead letter).
+	replayFor string
+	// correlation is the input's correlation id (hasCorrelation: present).
+	correlation    any
+	hasCorrelation bool
+
+	dups int            // further deliveries of id while in flight (guarded by t.mu)
+	wg   sync.WaitGroup // the workers running it on this delivery
+}
+
+// outcome of one worker's attempt at one message.
+type outcome uint8
+
+const (
+	outcomeNone     outcome = iota // not run on this delivery (skipped)
+	outcomeDone                    // processed, outputs published
+	outcomeFailed                  // a failed attempt
+	outcomeCut                     // stopped or reloaded before or while running: not an attempt
+	outcomeDeferred                // queue full or backoff pending: not an attempt
+)
+
+type result struct {
+	w       *worker
+	outcome outcome
+	reason  string
+	err     error
+	// exhausted: not attempted, its attempts were already used up.
+	exhausted bool
+}
+
+// job hands one message to one worker.
+type job struct {
+	m *message
+	r *result
+}
+
+// receive takes one message off the stream (the topic's stream goroutine):
+// it recognises deliveries of an event already in flight, dead-letters
+// what cannot be processed at all, and hands the rest to run.
+func (d *Dispatcher) receive(t *topic, st Stream, req *runtimev1.TopicEventRequest) {
+	id := req.GetId()
+	if d.draining.Load() {
+		d.ackRaw(st, id, AckRetry) // shutting down: another node takes it
+		return
+	}
+	t.mu.Lock()
+	if m := t.inflight[id]; m != nil {
+		// daprd keys acks by event id: answer this delivery together with
+		// the one in flight instead of running the event twice at once.
+		m.dups++
+		t.mu.Unlock()
+		d.stats.duplicates.Add(1)
+		d.log.Info("event delivered again while in flight; both deliveries are answered together", "topic", t.name, "event_id", id)
+		return
+	}
+	m := &message{t: t, id: id, req: req, stream: st}
+	t.inflight[id] = m
+	t.mu.Unlock()
+	d.inflight.Add(1)
+
+	if n := len(req.GetData()); n > d.cfg.MaxEventBytes {
+		go d.rejectRaw(m, reasonTooLarge, fmt.Errorf("event data is %d bytes, more than MAX_EVENT_BYTES %d", n, d.cfg.MaxEventBytes))
+		return
+	}
+	if err := d.decode(t, m); err != nil {
+		go d.rejectRaw(m, reasonUndecodable, err)
+		return
+	}
+	go d.run(m)
+}
+
+// decode fills m from its request; a panic while decoding is an error.
+func (d *Dispatcher) decode(t *topic, m *message) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			d.stats.panics.Add(1)
+			d.log.Error("panic while decoding an event", "topic", t.name, "event_id", m.id, "panic", p, "stack", string(debug.Stack()))
+			err = fmt.Errorf("decoding panicked: %v", p)
+		}
+	}()
+	if err := decode(m.req, &m.ev, &m.ec, &t.sources); err != nil {
+		return err
+	}
+	ext := m.ec.Extensions
+	m.correlation, m.hasCorrelation = ext[CorrelationExtension]
+	if r, ok := ext[deadletter.ReplayExtension].(string); ok {
+		m.replayFor = r
+		delete(ext, deadletter.ReplayExtension) // workers see the event as first published
+	}
+	m.key = delivery.Key(m.req.GetSource(), m.id)
+	return nil
+}
+
+// run takes one message through the workers that still owe it an answer:
+// read its delivery record, queue it to each of them, wait, write the
+// record back, and ack. Two state round trips on the success path, however
+// many workers the topic has.
+func (d *Dispatcher) run(m *message) {
+	status := AckRetry
+	defer func() {
+		if p := recover(); p != nil {
+			d.stats.panics.Add(1)
+			d.log.Error("panic on the hot path; the message will be redelivered", "topic", m.t.name, "event_id", m.id, "panic", p, "stack", string(debug.Stack()))
+			status = AckRetry
+		}
+		d.ack(m, status)
+	}()
+	ctx := d.ctx
+	rec, err := d.Records.Load(ctx, m.key)
+	if err != nil {
+		d.log.Warn("delivery record unavailable; the message will be redelivered", "topic", m.t.name, "event_id", m.id, "err", err)
+		return
+	}
+	now := time.Now()
+	workers := *m.t.workers.Load()
+	results := make([]result, 0, len(workers))
+	for _, w := range workers {
+		if m.replayFor != "" && w.ID != m.replayFor {
+			continue
+		}
+		s := rec.Get(w.ID)
+		switch {
+		case s.Terminal():
+			continue
+		case s.Attempts >= d.maxAttempts(w.Worker):
+			// Its attempts are used up but the dead letter was not recorded
+			// (the node stopped in between): dead-letter it now.
+			results = append(results, result{w: w, outcome: outcomeFailed, reason: reasonWorkerFailed, err: fmt.Errorf("attempts exhausted"), exhausted: true})
+			continue
+		case s.NextMS > now.UnixMilli():
+			results = append(results, result{w: w, outcome: outcomeDeferred})
+			continue
+		}
+		results = append(results, result{w: w})
+	}
+	var full []*result
+	for i := range results {
+		r := &results[i]
+		if r.outcome == outcomeNone && !r.w.offer(m, r, 0) {
+			full = append(full, r)
+		}
+	}
+	// Full queues: wait for room, each on its own, so that one slow worker
+	// does not delay the offers to the others.
+	var offers sync.WaitGroup
+	for _, r := range full {
+		offers.Add(1)
+		go func() {
+			defer offers.Done()
+			if !r.w.offer(m, r, d.cfg.QueueWait) {
+				r.outcome = outcomeDeferred
+			}
+		}()
+	}
+	offers.Wait()
+	m.wg.Wait()
+
+	updates := map[string]delivery.Worker{}
+	for i := range results {
+		d.settle(ctx, m, rec, &results[i], updates)
+	}
+	d.notRunnable(ctx, m, rec, now, updates)
+	if len(updates) > 0 {
+		rec, err = d.Records.Update(ctx, m.key, rec, func(r *delivery.Record) {
+			for id, u := range updates {
+				cur := r.Get(id)
+				if cur.Terminal() { // another node finished it meanwhile
+					continue
+				}
+				u.Attempts = max(u.Attempts, cur.Attempts)
+				r.Set(id, u)
+			}
+		})
+		if err != nil {
+			d.log.Warn("delivery record not saved; the message will be redelivered", "topic", m.t.name, "event_id", m.id, "err", err)
+			return
+		}
+	}
+	if d.complete(m, rec) {
+		status = AckSuccess
+	}
+}
+
+// complete reports whether every worker the message is for — every worker
+// the catalog runs on its topic, whether this node runs it or not — is done
+// with it or dead-lettered it.
+func (d *Dispatcher) complete(m *message, rec delivery.Record) bool {
+	n := 0
+	for _, w := range *m.t.workers.Load() {
+		if m.replayFor != "" && w.ID != m.replayFor {
+			continue
+		}
+		n++
+		if !rec.Get(w.ID).Terminal() {
+			return false
+		}
+	}
+	if p := m.t.unrunnable.Load(); p != nil {
+		for _, w := range *p {
+			if m.replayFor != "" && w.ID != m.replayFor {
+				continue
+			}
+			n++
+			if !rec.Get(w.ID).Terminal() {
+				return false
+			}
+		}
+	}
+	return n > 0 // no worker at all: being detached, let another node answer
+}
+
+// settle turns one worker's result into its next record state, publishing
+// its dead letter when its attempts are used up.
+func (d *Dispatcher) settle(ctx context.Context, m *message, rec delivery.Record, r *result, updates map[string]delivery.Worker) {
+	switch r.outcome {
+	case outcomeDone:
+		updates[r.w.ID] = delivery.Worker{Outcome: delivery.Done, Attempts: rec.Get(r.w.ID).Attempts + 1}
+		return
+	case outcomeDeferred:
+		d.stats.deferred.Add(1)
+		return
+	case outcomeFailed:
+	default:
+		return
+	}
+	s := rec.Get(r.w.ID)
+	limit := d.maxAttempts(r.w.Worker)
+	if !r.exhausted {
+		s.Attempts++
+		d.workerError(ctx, r.w, m, r, s.Attempts, limit)
+	}
+	if s.Attempts >= limit {
+		if err := d.deadLetter(ctx, m, r.w.Worker, r.reason, s.Attempts, r.err); err != nil {
+			d.log.Warn("dead letter not published; the message will be redelivered", "worker_id", r.w.ID, "event_id", m.id, "err", err)
+			updates[r.w.ID] = s // attempts are used up: the next delivery dead-letters it
+			return
+		}
+		s.Outcome = delivery.Dead
+	} else {
+		s.NextMS = time.Now().Add(d.backoff(r.w.Worker, s.Attempts)).UnixMilli()
+	}
+	updates[r.w.ID] = s
+}
+
+// notRunnable counts a delivery against each worker the catalog runs on
+// the topic but this node cannot, and dead-letters the message for it once
+// it has waited MaxAttempts deliveries and NotRunnableGrace.
+func (d *Dispatcher) notRunnable(ctx context.Context, m *message, rec delivery.Record, now time.Time, updates map[string]delivery.Worker) {
+	p := m.t.unrunnable.Load()
+	if p == nil {
+		return
+	}
+	for _, w := range *p {
+		if m.replayFor != "" && w.ID != m.replayFor {
+			continue
+		}
+		s := rec.Get(w.ID)
+		if s.Terminal() {
+			continue
+		}
+		s.NotRunnable++
+		if s.FirstNotRunnableMS == 0 {
+			s.FirstNotRunnableMS = now.UnixMilli()
+		}
+		if s.NotRunnable >= d.maxAttempts(w) && now.Sub(time.UnixMilli(s.FirstNotRunnableMS)) >= d.cfg.NotRunnableGrace {
+			err := fmt.Errorf("no node could run worker %s for %s (%d deliveries)", w.ID, now.Sub(time.UnixMilli(s.FirstNotRunnableMS)).Round(time.Second), s.NotRunnable)
+			if d.deadLetter(ctx, m, w, reasonNotRunnable, s.NotRunnable, err) == nil {
+				s.Outcome = delivery.Dead
+			}
+		}
+		updates[w.ID] = s
+	}
+}
+
+func (d *Dispatcher) maxAttempts(w Worker) int {
+	if w.MaxAttempts > 0 {
+		return w.MaxAttempts
+	}
+	return d.cfg.MaxAttempts
+}
+
+// backoff is the wait after the attempts-th failed attempt.
+func (d *Dispatcher) backoff(w Worker, attempts int) time.Duration {
+	b := d.cfg.RetryBackoff
+	if w.RetryBackoff > 0 {
+		b = w.RetryBackoff
+	}
+	for i := 1; i < attempts && b < time.Hour; i++ {
+		b *= 2
+	}
+	return b
+}
+
+// ack answers the message (and any delivery of it that arrived while it
+// was in flight) and forgets it.
+func (d *Dispatcher) ack(m *message, status Ack) {
+	t := m.t
+	t.mu.Lock()
+	delete(t.inflight, m.id)
+	n := 1 + m.dups
+	t.mu.Unlock()
+	if status == AckSuccess {
+		d.stats.processed.Add(1)
+	} else {
+		d.stats.failed.Add(1)
+	}
+	for range n {
+		d.ackRaw(m.stream, m.id, status)
+	}
+	d.inflight.Done()
+}
+
+func (d *Dispatcher) ackRaw(st Stream, id string, status Ack) {
+	if err := st.Ack(id, status); err != nil {
+		d.log.Warn("ack failed; the broker will redeliver", "event_id", id, "err", err)
+	}
+}
+
+// rejectRaw dead-letters a message that no worker can take (undecodable or
+// too large) and acks it; when the dead letter cannot be published the
+// message is given back instead.
+func (d *Dispatcher) rejectRaw(m *message, reason string, cause error) {
+	status := AckRetry
+	defer func() {
+		if p := recover(); p != nil {
+			d.stats.panics.Add(1)
+			d.log.Error("panic while dead-lettering", "event_id", m.id, "panic", p, "stack", string(debug.Stack()))
+		}
+		d.ack(m, status)
+	}()
+	d.log.Warn("event cannot be processed; sending it to the dead-letter topic", "topic", m.t.name, "event_id", m.id, "reason", reason, "err", cause)
+	if err := d.deadLetterRaw(d.ctx, m, reason, cause); err != nil {
+		d.log.Warn("dead letter not published; the message will be redelivered", "event_id", m.id, "err", err)
+		return
+	}
+	status = AckSuccess
+}

@@ -1,0 +1,345 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net/url"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/cloudevents/sdk-go/v2/types"
+	"github.com/google/uuid"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/internal/deadletter"
+	"github.com/virtufin/workmanager/internal/grouplock"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
+)
+
+// CloudEvent extensions the hot path reads or writes.
+const (
+	// CorrelationExtension is copied from each input to its outputs.
+	CorrelationExtension = "correlationid"
+	// FencingExtension carries the group lock's fencing token (decimal) on
+	// the input a grouped worker sees and on each of its outputs, so that
+	// downstream services can refuse a stale holder.
+	FencingExtension = "fencingtoken"
+	// Dead-letter extensions, added to the original event on "<topic>-dead".
+	DeadLetterReasonExtension   = "deadletterreason"
+	DeadLetterAttemptsExtension = "deadletterattempts"
+	DeadLetterErrorExtension    = "deadlettererror"
+	DeadLetterWorkerExtension   = "deadletterworker"
+)
+
+// DeadLetterSuffix names a topic's dead-letter topic: "<topic>-dead".
+const DeadLetterSuffix = "-dead"
+
+// Dead-letter reasons (the deadletterreason extension).
+const (
+	reasonWorkerFailed   = "worker_failed"
+	reasonTimeout        = "timeout"
+	reasonLockContention = "lock_contention"
+	reasonLockError      = "lock_error"
+	reasonStaleLock      = "stale_lock"
+	reasonPublishFailed  = "publish_failed"
+	reasonPanic          = "panic"
+	reasonInternal       = "internal"
+	reasonUndecodable    = "undecodable"
+	reasonTooLarge       = "too_large"
+	reasonNotRunnable    = "not_runnable"
+)
+
+// maxErrorText bounds the error text carried by dead letters and events.
+const maxErrorText = 1024
+
+// offer queues m for w, waiting at most wait for room; false when w's
+// queue stayed full (the message comes back later for w).
+func (w *worker) offer(m *message, r *result, wait time.Duration) bool {
+	w.mu.RLock() // held while waiting: Detach waits at most wait for it
+	defer w.mu.RUnlock()
+	if w.closed {
+		r.outcome = outcomeCut
+		return true
+	}
+	m.wg.Add(1)
+	j := job{m: m, r: r}
+	select {
+	case w.queue <- j:
+		return true
+	default:
+	}
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case w.queue <- j:
+			return true
+		case <-t.C:
+		}
+	}
+	m.wg.Done()
+	return false
+}
+
+// serve is one of a worker's MaxConcurrency goroutines.
+func (d *Dispatcher) serve(w *worker) {
+	defer w.wg.Done()
+	for {
+		select {
+		case j := <-w.queue:
+			d.handle(w, j.m, j.r)
+			j.m.wg.Done()
+		case <-w.stopped:
+			return
+		}
+	}
+}
+
+// handle makes one attempt of w at m: take the group lock when w has a
+// group, run the engine, publish the outputs (each checked against the
+// lock's fencing token first), release the lock. A panic anywhere in it is
+// a failed attempt of w.
+func (d *Dispatcher) handle(w *worker, m *message, r *result) {
+	defer func() {
+		if p := recover(); p != nil {
+			d.stats.panics.Add(1)
+			d.log.Error("panic while processing a message", "worker_id", w.ID, "event_id", m.id, "panic", p, "stack", string(debug.Stack()))
+			r.outcome, r.reason, r.err = outcomeFailed, reasonPanic, fmt.Errorf("panic: %v", p)
+		}
+	}()
+	ctx := d.ctx
+	in := &m.ev
+	var lease *grouplock.Lease
+	if w.Group != "" {
+		var err error
+		lease, err = d.Locks.Acquire(ctx, w.Group, d.cfg.NodeID+"/"+w.ID)
+		if err != nil {
+			r.outcome, r.reason, r.err = outcomeFailed, reasonLockError, err
+			if errors.Is(err, grouplock.ErrContended) {
+				r.reason = reasonLockContention
+			}
+			if ctx.Err() != nil {
+				r.outcome = outcomeCut
+			}
+			return
+		}
+		defer func() {
+			if err := lease.Release(context.WithoutCancel(ctx)); err != nil {
+				d.log.Warn("group lock not released; it expires after its max age", "group", w.Group, "worker_id", w.ID, "err", err)
+			}
+		}()
+		in = withExtension(m, FencingExtension, strconv.FormatInt(lease.Token, 10))
+	}
+	outs, err := w.process(ctx, in)
+	if err != nil {
+		d.fail(r, err)
+		return
+	}
+	for i := range outs {
+		o := &outs[i]
+		if err := d.completeOutput(w, m, o, i); err != nil {
+			d.fail(r, err)
+			return
+		}
+		if lease != nil {
+			if err := lease.Check(ctx); err != nil {
+				if errors.Is(err, grouplock.ErrStale) {
+					d.stats.staleRefused.Add(1)
+					r.outcome, r.reason, r.err = outcomeFailed, reasonStaleLock, fmt.Errorf("output %d refused: %w", i, err)
+					return
+				}
+				r.outcome, r.reason, r.err = outcomeFailed, reasonLockError, err
+				return
+			}
+			o.SetExtension(FencingExtension, strconv.FormatInt(lease.Token, 10))
+		}
+		if err := d.Pub.Publish(ctx, o.Type(), o); err != nil {
+			r.outcome, r.reason, r.err = outcomeFailed, reasonPublishFailed, err
+			return
+		}
+	}
+	r.outcome = outcomeDone
+}
+
+// fail classifies an engine error.
+func (d *Dispatcher) fail(r *result, err error) {
+	r.outcome, r.err = outcomeFailed, err
+	switch {
+	case errors.Is(err, engines.ErrClosed) || d.ctx.Err() != nil:
+		// Stopped or reloaded mid-call: not the worker's fault.
+		r.outcome = outcomeCut
+	case errors.Is(err, engines.ErrTimeout):
+		r.reason = reasonTimeout
+	case errors.Is(err, engines.ErrWorkerFailed):
+		r.reason = reasonWorkerFailed
+	default:
+		r.reason = reasonInternal
+	}
+}
+
+// withExtension returns m's event with one more extension, without
+// changing m's (other workers read it concurrently).
+func withExtension(m *message, k string, v any) *event.Event {
+	ec := m.ec
+	ec.Extensions = maps.Clone(m.ec.Extensions)
+	if ec.Extensions == nil {
+		ec.Extensions = map[string]any{}
+	}
+	ec.Extensions[k] = v
+	ev := m.ev
+	ev.Context = &ec
+	return &ev
+}
+
+// completeOutput fills an output's defaults (id derived from the input id,
+// so a redelivery yields the same ids; source naming the worker) and its
+// correlation id: the input's, copied when present and absent when absent.
+func (d *Dispatcher) completeOutput(w *worker, m *message, o *event.Event, i int) error {
+	if o.Context == nil {
+		return fmt.Errorf("%w: output %d is empty", engines.ErrWorkerFailed, i)
+	}
+	oc, ok := o.Context.(*event.EventContextV1)
+	if !ok {
+		oc = o.Context.AsV1()
+		o.Context = oc
+	}
+	if oc.Type == "" {
+		return fmt.Errorf("%w: output %d has no type", engines.ErrWorkerFailed, i)
+	}
+	if oc.ID == "" {
+		oc.ID = m.id + "/" + w.ID + "/" + strconv.Itoa(i)
+	}
+	if oc.Source.URL == (url.URL{}) {
+		oc.Source = w.source
+	}
+	if m.hasCorrelation {
+		if oc.Extensions == nil {
+			oc.Extensions = make(map[string]any, 1)
+		}
+		oc.Extensions[CorrelationExtension] = m.correlation
+	} else {
+		delete(oc.Extensions, CorrelationExtension)
+	}
+	return nil
+}
+
+func (w *worker) process(ctx context.Context, in *event.Event) ([]event.Event, error) {
+	for {
+		ref := w.inst.Load()
+		ref.mu.RLock()
+		if ref.closed {
+			ref.mu.RUnlock()
+			if w.inst.Load() == ref {
+				return nil, engines.ErrClosed
+			}
+			continue // swapped by a hot reload: use the new instance
+		}
+		outs, err := ref.Process(ctx, in)
+		ref.mu.RUnlock()
+		return outs, err
+	}
+}
+
+// workerError logs a failed attempt and publishes one error lifecycle
+// event for it.
+func (d *Dispatcher) workerError(ctx context.Context, w *worker, m *message, r *result, attempt, limit int) {
+	msg := truncate(fmt.Sprint(r.err))
+	d.log.Warn("worker attempt failed", "worker_id", w.ID, "topic", w.Topic, "event_id", m.id, "error_type", r.reason,
+		"attempt", attempt, "max_attempts", limit, "err", msg)
+	if d.Events == nil {
+		return
+	}
+	data := lifecycleevents.Data{WorkerID: w.ID, Group: w.Group, Topic: w.Topic, ErrorType: r.reason, ErrorMessage: msg,
+		EventID: m.id, Attempt: attempt, MaxAttempts: limit}
+	if err := d.Events.Emit(ctx, "", lifecycleevents.Error, data); err != nil {
+		d.log.Warn("publishing worker.error failed", "worker_id", w.ID, "err", err)
+	}
+}
+
+// deadLetter publishes m, intact plus the dead-letter extensions, to
+// "<topic>-dead" for worker w, and stores it for ReplayDeadLetters.
+func (d *Dispatcher) deadLetter(ctx context.Context, m *message, w Worker, reason string, attempts int, cause error) error {
+	original, err := m.ev.MarshalJSON()
+	if err != nil {
+		return fmt.Errorf("encode dead letter: %w", err)
+	}
+	ev := m.ev.Clone()
+	ev.SetExtension(DeadLetterReasonExtension, reason)
+	ev.SetExtension(DeadLetterAttemptsExtension, int32(attempts))
+	ev.SetExtension(DeadLetterErrorExtension, truncate(fmt.Sprint(cause)))
+	ev.SetExtension(DeadLetterWorkerExtension, w.ID)
+	if err := d.Pub.Publish(ctx, m.t.name+DeadLetterSuffix, &ev); err != nil {
+		return err
+	}
+	if err := d.DeadLetters.Add(ctx, deadletter.Entry{Worker: w.ID, Topic: m.t.name, Reason: reason, Attempts: attempts,
+		Error: truncate(fmt.Sprint(cause)), EventID: m.id, Source: m.req.GetSource(), Event: json.RawMessage(original),
+		AtMS: time.Now().UnixMilli()}); err != nil {
+		return err
+	}
+	d.stats.deadLettered.Add(1)
+	d.log.Warn("message dead-lettered", "worker_id", w.ID, "topic", m.t.name, "event_id", m.id, "reason", reason, "attempts", attempts)
+	if d.Events != nil {
+		data := lifecycleevents.Data{WorkerID: w.ID, Group: w.Group, Topic: w.Topic, EventID: m.id, Reason: reason,
+			Attempt: attempts, MaxAttempts: d.maxAttempts(w), ErrorMessage: truncate(fmt.Sprint(cause))}
+		if err := d.Events.Emit(ctx, "", lifecycleevents.DeadLettered, data); err != nil {
+			d.log.Warn("publishing worker.dead_lettered failed", "worker_id", w.ID, "err", err)
+		}
+	}
+	return nil
+}
+
+// deadLetterRaw publishes a message that could not be decoded (or was too
+// large) to "<topic>-dead" with its bytes kept as they came.
+func (d *Dispatcher) deadLetterRaw(ctx context.Context, m *message, reason string, cause error) error {
+	req := m.req
+	ev := event.New(event.CloudEventsVersionV1)
+	ev.SetID(req.GetId())
+	if ev.ID() == "" {
+		ev.SetID("undecodable-" + uuid.NewString())
+	}
+	ev.SetSource("workmanager/nodes/" + d.cfg.NodeID)
+	if src := types.ParseURIRef(req.GetSource()); req.GetSource() != "" && src != nil {
+		ev.SetSource(req.GetSource())
+	}
+	ev.SetType(req.GetType())
+	if ev.Type() == "" {
+		ev.SetType("com.virtufin.workmanager.deadletter.raw")
+	}
+	_ = ev.SetData("application/octet-stream", req.GetData())
+	for k, v := range req.GetExtensions().GetFields() {
+		if s := v.GetStringValue(); s != "" && validExtensionName(k) && !isSpecAttribute(k) {
+			ev.SetExtension(k, s)
+		}
+	}
+	ev.SetExtension(DeadLetterReasonExtension, reason)
+	ev.SetExtension(DeadLetterAttemptsExtension, int32(0))
+	ev.SetExtension(DeadLetterErrorExtension, truncate(cause.Error()))
+	if ct := req.GetDataContentType(); ct != "" {
+		ev.SetExtension("deadlettercontenttype", ct)
+	}
+	if err := d.Pub.Publish(ctx, m.t.name+DeadLetterSuffix, &ev); err != nil {
+		return err
+	}
+	entry := deadletter.Entry{Topic: m.t.name, Reason: reason, Error: truncate(cause.Error()), EventID: ev.ID(),
+		Source: ev.Source(), AtMS: time.Now().UnixMilli()}
+	if reason != reasonTooLarge {
+		entry.Raw = req.GetData()
+	}
+	if err := d.DeadLetters.Add(ctx, entry); err != nil {
+		return err
+	}
+	d.stats.deadLettered.Add(1)
+	return nil
+}
+
+func truncate(s string) string {
+	if len(s) <= maxErrorText {
+		return s
+	}
+	return s[:maxErrorText-3] + "..."
+}

@@ -1,0 +1,517 @@
+// Package grouplock owns the cluster-wide group locks of the hot path: at
+// most one worker of a group processes at a time anywhere in the cluster, and
+// every acquisition hands out a fencing token that only ever increases for
+// the group. A lock is one permanent, never deleted, ETag-guarded key per
+// group in the state store (Dapr's lock API has no tokens); inside one
+// process the contenders of a group queue on a local slot first, so only one
+// of them polls the store.
+//
+// Store round trips: an uncontended Acquire is 1 Get + 1 Put; a contended
+// try is 1 Get, plus 1 Put for the waiter marker when another try follows;
+// the first Check of a lease is 1 Get + 1 Put (recording wrote=true), later
+// Checks need none while the lease is younger than Config.WrittenMaxAge (then
+// 1 Get each); Release is 1 Get + 1 Put. Each ETag conflict with a concurrent
+// writer that leaves the lease current (a waiter marker) costs one more
+// Get + Put. Check and Release cannot write with an ETag remembered from
+// Acquire because state.Store.Put does not return the new ETag; they read it
+// first.
+//
+// Ages (MaxAge, WrittenMaxAge, the waiter marker's) compare one node's clock
+// with the acquired_ms/waiter_ms written by another, so node clocks are
+// assumed to agree to well within RetryBase.
+package grouplock
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/virtufin/workmanager/internal/state"
+)
+
+var (
+	// ErrContended: Acquire gave up after 1+MaxRetries tries.
+	ErrContended = errors.New("grouplock: group is locked")
+	// ErrStale: the lease is no longer the group's current lock (stolen,
+	// released or never recorded); its side effects must not happen.
+	ErrStale = errors.New("grouplock: stale lease")
+)
+
+// Event kinds.
+const (
+	EventAcquired     = "acquired"
+	EventReleased     = "released"
+	EventTheftAborted = "theft_aborted"
+	EventContended    = "contended"
+)
+
+// Event reports what a lock operation did. Holder is always the caller of
+// the operation (the acquirer, the releaser). Token is the lease's token for
+// "acquired" and "released" and 0 otherwise. PrevHolder and PrevToken name
+// the lock found in the store: the robbed holder for a theft ("acquired"
+// with Stolen), the holder whose written lock was not stolen
+// ("theft_aborted"), the holder last seen holding the lock when giving up
+// ("contended"; empty when it was last seen free, e.g. kept for a waiter).
+type Event struct {
+	Kind       string    `json:"kind"`
+	Group      string    `json:"group"`
+	Holder     string    `json:"holder"`
+	Token      int64     `json:"token"`
+	Stolen     bool      `json:"stolen,omitempty"`
+	PrevHolder string    `json:"prev_holder,omitempty"`
+	PrevToken  int64     `json:"prev_token,omitempty"`
+	At         time.Time `json:"at"`
+}
+
+// Config tunes the locks; zero values take the defaults.
+type Config struct {
+	// RetryBase is the first backoff sleep of Acquire (default 500ms); the
+	// sleeps double: base, 2*base, 4*base, ...
+	RetryBase time.Duration
+	// MaxRetries is how many tries follow the first one (default 3 when
+	// zero; negative means none).
+	MaxRetries int
+	// MaxAge is the age after which a lock whose holder made no writes under
+	// its token may be stolen (default 30s). A stolen-from holder that wrote
+	// keeps its lock: the theft is aborted and counts as a failed try.
+	MaxAge time.Duration
+	// WrittenMaxAge is the escape hatch for a dead holder that wrote: a
+	// written lock older than this may be stolen too, so a group cannot be
+	// stuck forever (default 10*MaxAge; never less than MaxAge). A holder
+	// still working by then may lose its lock; its Check then fails.
+	WrittenMaxAge time.Duration
+	// WaiterMaxAge is how long a waiter marker keeps a free lock for its
+	// waiter (default: the longest backoff sleep, RetryBase<<(MaxRetries-1),
+	// plus RetryBase, so that the marker outlives the waiter's sleep until
+	// its next poll, yet expires before a non-waiter spends all its tries).
+	WaiterMaxAge time.Duration
+	// Node names this process in waiter markers (default: the holder). Set
+	// it when one process acquires for several holders, so that a marker
+	// left by one of them lets the next one take the lock.
+	Node string
+	// OnEvent, when set, is called synchronously for each Event; keep it
+	// cheap.
+	OnEvent func(Event)
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// Sleep waits d or until ctx ends, returning ctx.Err() then (default a
+	// timer).
+	Sleep func(ctx context.Context, d time.Duration) error
+}
+
+// Locks hands out the group locks of one process. It is safe for concurrent
+// use.
+type Locks struct {
+	store state.Store
+	cfg   Config
+
+	mu    sync.Mutex
+	slots map[string]*slot
+
+	// localWait, when set (by tests), is called before Acquire blocks on
+	// the local slot of a group.
+	localWait func(group string)
+}
+
+// slot serializes the contenders of one group inside this process; refs
+// counts its holder and waiters so that an unused slot can be dropped.
+type slot struct {
+	ch   chan struct{}
+	refs int
+}
+
+// record is the JSON value of a group's lock key.
+type record struct {
+	Token      int64  `json:"token"`
+	Holder     string `json:"holder"`
+	Held       bool   `json:"held"`
+	AcquiredMs int64  `json:"acquired_ms"`
+	Wrote      bool   `json:"wrote"`
+	Waiter     string `json:"waiter"`
+	WaiterMs   int64  `json:"waiter_ms"`
+}
+
+// Key is the state key of group's lock.
+func Key(group string) string { return state.KeyPrefix + "grouplock/" + group }
+
+// New returns the locks kept in st.
+func New(st state.Store, cfg Config) *Locks {
+	if cfg.RetryBase <= 0 {
+		cfg.RetryBase = 500 * time.Millisecond
+	}
+	if cfg.MaxRetries == 0 {
+		cfg.MaxRetries = 3
+	} else if cfg.MaxRetries < 0 {
+		cfg.MaxRetries = 0
+	}
+	if cfg.MaxAge <= 0 {
+		cfg.MaxAge = 30 * time.Second
+	}
+	if cfg.WrittenMaxAge <= 0 {
+		cfg.WrittenMaxAge = 10 * cfg.MaxAge
+	}
+	cfg.WrittenMaxAge = max(cfg.WrittenMaxAge, cfg.MaxAge)
+	if cfg.WaiterMaxAge <= 0 {
+		cfg.WaiterMaxAge = backoff(cfg.RetryBase, cfg.MaxRetries-1) + cfg.RetryBase
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Sleep == nil {
+		cfg.Sleep = sleep
+	}
+	return &Locks{store: st, cfg: cfg, slots: map[string]*slot{}}
+}
+
+// Acquire takes group's lock for holder (an opaque id, e.g.
+// "<node>/<worker>"). It first waits, as long as ctx allows, for the other
+// callers of this process holding or acquiring the same group, without
+// polling the store and without spending tries. Then it tries the store up
+// to 1+MaxRetries times, sleeping RetryBase, 2*RetryBase, ... in between,
+// and returns an error wrapping ErrContended when every try failed. A try
+// fails when the lock is held (and not stealable), when a stale lock's
+// holder wrote (theft aborted), when a free lock is kept for a fresh waiter
+// of another holder, or when another acquirer won the write. A failing store
+// ends Acquire at once with its error wrapped; ctx ending ends it with
+// ctx.Err(). Locks are not reentrant: a holder id found holding counts as
+// another holder. The lease must be Released.
+func (l *Locks) Acquire(ctx context.Context, group, holder string) (*Lease, error) {
+	if group == "" || holder == "" {
+		return nil, fmt.Errorf("grouplock: empty group %q or holder %q", group, holder)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s, err := l.lockLocal(ctx, group)
+	if err != nil {
+		return nil, err
+	}
+	lease, err := l.acquire(ctx, group, holder)
+	if err != nil {
+		l.unlockLocal(group, s)
+		return nil, err
+	}
+	lease.slot = s
+	return lease, nil
+}
+
+func (l *Locks) acquire(ctx context.Context, group, holder string) (*Lease, error) {
+	for try := 0; ; try++ {
+		more := try < l.cfg.MaxRetries
+		lease, seen, err := l.try(ctx, group, holder, more)
+		if err != nil || lease != nil {
+			return lease, err
+		}
+		if !more {
+			ev := Event{Kind: EventContended, Group: group, Holder: holder}
+			if seen.Held {
+				ev.PrevHolder, ev.PrevToken = seen.Holder, seen.Token
+			}
+			l.emit(ev)
+			return nil, fmt.Errorf("grouplock %s: %d tries: %w", group, try+1, ErrContended)
+		}
+		if err := l.cfg.Sleep(ctx, backoff(l.cfg.RetryBase, try)); err != nil {
+			return nil, err
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// try makes one attempt on the store: it returns the lease when it took the
+// lock, else what it saw (with a nil error for a failed try). more says
+// whether another try follows (only then a waiter marker is worth writing).
+func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Lease, record, error) {
+	key := Key(group)
+	rec, etag, err := l.read(ctx, key)
+	if err != nil {
+		return nil, rec, err
+	}
+	now := l.cfg.Now()
+	age := now.Sub(time.UnixMilli(rec.AcquiredMs))
+	var take bool
+	switch {
+	case !rec.Held:
+		take = true
+	case !rec.Wrote && age >= l.cfg.MaxAge:
+		take = true
+	case rec.Wrote && age >= l.cfg.WrittenMaxAge:
+		take = true
+	case rec.Wrote && age >= l.cfg.MaxAge:
+		l.emit(Event{Kind: EventTheftAborted, Group: group, Holder: holder, PrevHolder: rec.Holder, PrevToken: rec.Token})
+	}
+	// The waiter is a process (Config.Node), not a holder: the local slot
+	// serializes this process's holders, so whichever of them polls next
+	// is the one the marker waits for.
+	me := l.cfg.Node
+	if me == "" {
+		me = holder
+	}
+	waiterFresh := rec.Waiter != "" && now.Sub(time.UnixMilli(rec.WaiterMs)) < l.cfg.WaiterMaxAge
+	if take && waiterFresh && rec.Waiter != me {
+		// Kept for the node that has been waiting; it takes the lock on its
+		// next poll.
+		return nil, rec, nil
+	}
+	if !take {
+		if more && (!waiterFresh || rec.Waiter == me) {
+			mark := rec
+			mark.Waiter, mark.WaiterMs = me, now.UnixMilli()
+			if err := l.put(ctx, key, mark, etag); err != nil && !errors.Is(err, state.ErrConflict) {
+				return nil, rec, err
+			}
+		}
+		return nil, rec, nil
+	}
+	next := record{Token: rec.Token + 1, Holder: holder, Held: true, AcquiredMs: now.UnixMilli()}
+	err = l.put(ctx, key, next, etag)
+	if errors.Is(err, state.ErrConflict) {
+		return nil, rec, nil // another acquirer (or a marker) came first
+	}
+	if err != nil {
+		return nil, rec, err
+	}
+	lease := &Lease{Group: group, Holder: holder, Token: next.Token, locks: l, acquired: time.UnixMilli(next.AcquiredMs)}
+	ev := Event{Kind: EventAcquired, Group: group, Holder: holder, Token: next.Token}
+	if rec.Held {
+		ev.Stolen, ev.PrevHolder, ev.PrevToken = true, rec.Holder, rec.Token
+	}
+	l.emit(ev)
+	return lease, rec, nil
+}
+
+// Lease is a held group lock. Token is its fencing token.
+type Lease struct {
+	Group  string
+	Holder string
+	Token  int64
+
+	locks    *Locks
+	slot     *slot
+	acquired time.Time
+
+	mu        sync.Mutex
+	wrote     bool // wrote=true is recorded under this token
+	stale     bool // a Check found the lock taken by another token
+	ending    bool // Release was called
+	released  bool // the store no longer shows this lease held
+	slotFreed bool
+}
+
+// Check verifies, before each side effect made under the lease, that the
+// lease is still the group's current lock, and returns an error wrapping
+// ErrStale when it is not (stolen, or Released): the side effect must then
+// not happen. The first successful Check records wrote=true under the token
+// with an ETag write, which makes the lock unstealable until WrittenMaxAge;
+// so later Checks of a lease younger than WrittenMaxAge return at once
+// without a store round trip, and older ones only read. Once a Check found
+// the lease stale, every later Check returns ErrStale too. Store errors are
+// returned wrapped (the check did not pass).
+func (ls *Lease) Check(ctx context.Context) error {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	l := ls.locks
+	switch {
+	case ls.ending:
+		return fmt.Errorf("grouplock %s token %d: released: %w", ls.Group, ls.Token, ErrStale)
+	case ls.stale:
+		return ls.staleErr()
+	case ls.wrote && l.cfg.Now().Sub(ls.acquired) < l.cfg.WrittenMaxAge:
+		return nil
+	}
+	key := Key(ls.Group)
+	for {
+		rec, etag, err := l.read(ctx, key)
+		if err != nil {
+			return err
+		}
+		if !ls.current(rec) {
+			ls.stale = true
+			return ls.staleErr()
+		}
+		if rec.Wrote {
+			ls.wrote = true
+			return nil
+		}
+		rec.Wrote = true
+		err = l.put(ctx, key, rec, etag)
+		if errors.Is(err, state.ErrConflict) {
+			// Something changed (e.g. a waiter marker): decide again.
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		ls.wrote = true
+		return nil
+	}
+}
+
+// Release gives the lock up: it records held=false (keeping the token) if
+// the store still shows this lease, and frees the group's local slot for the
+// next caller of this process. A lease that was stolen leaves the new
+// holder's lock alone and is not an error. ctx should not be one the caller
+// has already cancelled (e.g. on shutdown), or the lock stays held in the
+// store until it may be stolen. After a store error the local slot is freed
+// anyway and Release may be called again; later calls after success do
+// nothing.
+func (ls *Lease) Release(ctx context.Context) error {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.ending = true
+	if ls.released {
+		return nil
+	}
+	l := ls.locks
+	defer func() {
+		if !ls.slotFreed {
+			ls.slotFreed = true
+			l.unlockLocal(ls.Group, ls.slot)
+		}
+	}()
+	if ls.stale {
+		ls.released = true
+		return nil
+	}
+	key := Key(ls.Group)
+	for {
+		rec, etag, err := l.read(ctx, key)
+		if err != nil {
+			return err
+		}
+		if !ls.current(rec) {
+			ls.released = true
+			return nil
+		}
+		rec.Held = false
+		err = l.put(ctx, key, rec, etag)
+		if errors.Is(err, state.ErrConflict) {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		ls.released = true
+		l.emit(Event{Kind: EventReleased, Group: ls.Group, Holder: ls.Holder, Token: ls.Token})
+		return nil
+	}
+}
+
+func (ls *Lease) current(rec record) bool {
+	return rec.Held && rec.Token == ls.Token && rec.Holder == ls.Holder
+}
+
+func (ls *Lease) staleErr() error {
+	return fmt.Errorf("grouplock %s token %d of %s: %w", ls.Group, ls.Token, ls.Holder, ErrStale)
+}
+
+// read returns the group's record and ETag; an absent key is the zero record
+// with an empty ETag.
+func (l *Locks) read(ctx context.Context, key string) (record, string, error) {
+	var rec record
+	it, err := l.store.Get(ctx, key)
+	if errors.Is(err, state.ErrNotFound) {
+		return rec, "", nil
+	}
+	if err != nil {
+		return rec, "", fmt.Errorf("grouplock: %w", err)
+	}
+	if err := json.Unmarshal(it.Value, &rec); err != nil {
+		return rec, "", fmt.Errorf("grouplock: decode %s: %w", key, err)
+	}
+	return rec, it.ETag, nil
+}
+
+// put writes rec conditioned on etag, or as first write when the key was
+// absent (etag empty). A conflict is returned wrapping state.ErrConflict.
+func (l *Locks) put(ctx context.Context, key string, rec record, etag string) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if err := l.store.Put(ctx, key, b, state.PutOptions{ETag: etag, IfAbsent: etag == ""}); err != nil {
+		return fmt.Errorf("grouplock: %w", err)
+	}
+	return nil
+}
+
+// lockLocal takes group's local slot, waiting as long as ctx allows.
+func (l *Locks) lockLocal(ctx context.Context, group string) (*slot, error) {
+	l.mu.Lock()
+	s := l.slots[group]
+	if s == nil {
+		s = &slot{ch: make(chan struct{}, 1)}
+		l.slots[group] = s
+	}
+	s.refs++
+	l.mu.Unlock()
+	select {
+	case s.ch <- struct{}{}:
+		return s, nil
+	default:
+	}
+	if l.localWait != nil {
+		l.localWait(group)
+	}
+	select {
+	case s.ch <- struct{}{}:
+		return s, nil
+	case <-ctx.Done():
+		l.drop(group, s)
+		return nil, ctx.Err()
+	}
+}
+
+// unlockLocal frees group's local slot taken by lockLocal.
+func (l *Locks) unlockLocal(group string, s *slot) {
+	<-s.ch
+	l.drop(group, s)
+}
+
+func (l *Locks) drop(group string, s *slot) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s.refs--; s.refs == 0 {
+		delete(l.slots, group)
+	}
+}
+
+func (l *Locks) emit(ev Event) {
+	if l.cfg.OnEvent == nil {
+		return
+	}
+	ev.At = l.cfg.Now()
+	l.cfg.OnEvent(ev)
+}
+
+// backoff is the sleep after try number try (0-based): base<<try, without
+// overflowing.
+func backoff(base time.Duration, try int) time.Duration {
+	d := base
+	for i := 0; i < try && d < time.Duration(1<<62); i++ {
+		d *= 2
+	}
+	return d
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

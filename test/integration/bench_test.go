@@ -1,0 +1,262 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
+	dapr "github.com/dapr/go-sdk/client"
+
+	"github.com/virtufin/workmanager/internal/devstack"
+	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/publish"
+	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+)
+
+// BenchmarkEndToEnd measures, through the real daprd and Redis in one run,
+// messages/s (saturated) and publish→output latency (paced) of
+//   - bare:      a Go subscriber on the same daprd that republishes each
+//     event (8 in flight): the transport's ceiling, the baseline;
+//   - ungrouped: a Python echo worker with the delivery guarantees;
+//   - grouped:   the same worker in a group (uncontended lock);
+//
+// in alternating rounds, and the state-store round trips per message on the
+// success path (Redis commands of the state component, counted by Redis).
+// Run it with `make bench` (-benchtime 1x: each b.N iteration is a full
+// comparison).
+func BenchmarkEndToEnd(b *testing.B) {
+	e := newEnvWith(b, envConfig{})
+	n := envInt("WM_BENCH_MESSAGES", 2000)
+	rounds := envInt("WM_BENCH_ROUNDS", 2)
+	payload := strings.Repeat("x", 1000)
+	type result struct {
+		rate     []float64
+		p50, p99 []time.Duration
+		stateOps []float64
+	}
+	res := map[string]*result{"bare": {}, "ungrouped": {}, "grouped": {}}
+	for range b.N {
+		for r := range rounds {
+			for _, mode := range []string{"bare", "ungrouped", "grouped"} {
+				in, out := fmt.Sprintf("bench-%s-%d-in-%d", mode, r, time.Now().UnixNano()), fmt.Sprintf("bench-%s-%d-out-%d", mode, r, time.Now().UnixNano())
+				stop := e.benchTarget(b, mode, in, out)
+				outs := e.subscribe(out)
+				ops0 := e.redisStateOps(b)
+				rate := e.saturate(b, in, outs, n, payload)
+				ops := float64(e.redisStateOps(b)-ops0) / float64(n)
+				p50, p99 := e.paced(b, in, outs, 300, 100)
+				stop()
+				x := res[mode]
+				x.rate, x.p50, x.p99, x.stateOps = append(x.rate, rate), append(x.p50, p50), append(x.p99, p99), append(x.stateOps, ops)
+				b.Logf("round %d %-9s %7.0f msg/s  p50 %-10s p99 %-10s state ops/msg %.2f", r, mode, rate, p50, p99, ops)
+			}
+		}
+	}
+	mean := func(v []float64) float64 {
+		s := 0.0
+		for _, x := range v {
+			s += x
+		}
+		return s / float64(len(v))
+	}
+	med := func(v []time.Duration) time.Duration {
+		s := append([]time.Duration(nil), v...)
+		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+		return s[len(s)/2]
+	}
+	bare := mean(res["bare"].rate)
+	for _, mode := range []string{"bare", "ungrouped", "grouped"} {
+		x := res[mode]
+		b.ReportMetric(mean(x.rate), mode+"-msg/s")
+		b.ReportMetric(float64(med(x.p50).Microseconds())/1000, mode+"-p50-ms")
+		b.ReportMetric(float64(med(x.p99).Microseconds())/1000, mode+"-p99-ms")
+		b.ReportMetric(mean(x.stateOps), mode+"-stateops/msg")
+		if mode != "bare" {
+			b.ReportMetric(100*mean(x.rate)/bare, mode+"-%-of-bare")
+		}
+	}
+}
+
+// benchTarget sets up what consumes in and answers on out; the returned
+// function tears it down.
+func (e *env) benchTarget(b *testing.B, mode, in, out string) func() {
+	b.Helper()
+	if mode == "bare" {
+		return e.bareRepublisher(b, in, out)
+	}
+	group := ""
+	if mode == "grouped" {
+		group = "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	}
+	code := []byte(fmt.Sprintf("def process(event):\n    return {\"type\": %q, \"data\": event.get(\"data\")}\n", out))
+	resp, err := e.client.CreateWorker(ctxT(b), &pb.CreateWorkerRequest{Code: pyCode(code), MimeType: "text/x-python", Topic: in, Group: group})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		if _, err := e.client.DeleteWorker(ctxT(b), &pb.DeleteWorkerRequest{WorkerId: resp.GetWorkerId()}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// bareRepublisher subscribes to in on the test's daprd and republishes each
+// event to out with 8 messages in flight.
+func (e *env) bareRepublisher(b *testing.B, in, out string) func() {
+	sub := dispatch.DaprSubscriber{Client: runtimev1.NewDaprClient(e.dapr)}
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := sub.Subscribe(ctx, devstack.PubSubName, in)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pub := publish.NewDapr(dapr.NewClientWithConnection(e.dapr), devstack.PubSubName)
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
+	go func() {
+		for {
+			req, err := st.Recv()
+			if err != nil {
+				return
+			}
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				var ev event.Event
+				if err := dispatch.Decode(req, &ev); err != nil {
+					_ = st.Ack(req.GetId(), dispatch.AckRetry)
+					return
+				}
+				o := event.New(event.CloudEventsVersionV1)
+				o.SetID(ev.ID() + "/bare")
+				o.SetSource("bench/bare")
+				o.SetType(out)
+				_ = o.SetData(event.ApplicationJSON, ev.Data())
+				status := dispatch.AckSuccess
+				if pub.Publish(ctx, out, &o) != nil {
+					status = dispatch.AckRetry
+				}
+				_ = st.Ack(req.GetId(), status)
+			}()
+		}
+	}()
+	return func() { wg.Wait(); st.Close(); cancel() }
+}
+
+// saturate publishes n events from 16 publishers as fast as daprd takes
+// them and returns outputs/s until all n outputs arrived.
+func (e *env) saturate(b *testing.B, in string, outs <-chan event.Event, n int, payload string) float64 {
+	b.Helper()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for p := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := p; i < n; i += 16 {
+				e.publishEvent(in, map[string]any{"id": "s" + strconv.Itoa(i), "type": "bench.input", "datacontenttype": "application/json",
+					"data": map[string]any{"p": payload}})
+			}
+		}()
+	}
+	for got := 0; got < n; got++ {
+		select {
+		case <-outs:
+		case <-time.After(time.Minute):
+			b.Fatalf("%d of %d outputs", got, n)
+		}
+	}
+	d := time.Since(start)
+	wg.Wait()
+	return float64(n) / d.Seconds()
+}
+
+// paced publishes n events at rate/s and returns the p50 and p99 from
+// publish to output.
+func (e *env) paced(b *testing.B, in string, outs <-chan event.Event, n, rate int) (time.Duration, time.Duration) {
+	b.Helper()
+	sent := make([]time.Time, n)
+	var mu sync.Mutex
+	done := make(chan []time.Duration)
+	go func() {
+		var ds []time.Duration
+		for len(ds) < n {
+			select {
+			case ev := <-outs:
+				id := strings.SplitN(ev.ID(), "/", 2)[0]
+				if i, err := strconv.Atoi(strings.TrimPrefix(id, "p")); err == nil && strings.HasPrefix(id, "p") {
+					mu.Lock()
+					ds = append(ds, time.Since(sent[i]))
+					mu.Unlock()
+				}
+			case <-time.After(time.Minute):
+				done <- nil
+				return
+			}
+		}
+		done <- ds
+	}()
+	start := time.Now()
+	for i := range n {
+		if d := time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))); d > 0 {
+			time.Sleep(d)
+		}
+		mu.Lock()
+		sent[i] = time.Now()
+		mu.Unlock()
+		e.publishEvent(in, map[string]any{"id": "p" + strconv.Itoa(i), "type": "bench.input", "datacontenttype": "application/json",
+			"data": map[string]any{"n": i}})
+	}
+	ds := <-done
+	if len(ds) < n {
+		b.Fatalf("%d of %d paced outputs", len(ds), n)
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	return ds[len(ds)/2], ds[len(ds)*99/100]
+}
+
+// redisStateOps counts the Redis commands the state component issues so
+// far (HGETALL for a get; EVAL/EVALSHA, the ETag-checked set; DEL).
+func (e *env) redisStateOps(b *testing.B) int64 {
+	b.Helper()
+	c, err := net.DialTimeout("tcp", e.stack.RedisAddr, 2*time.Second)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("INFO commandstats\r\n")); err != nil {
+		b.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	header, err := r.ReadString('\n')
+	if err != nil || !strings.HasPrefix(header, "$") {
+		b.Fatalf("INFO: %q %v", header, err)
+	}
+	size, _ := strconv.Atoi(strings.TrimSpace(header[1:]))
+	buf := make([]byte, size+2)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	for _, line := range strings.Split(string(buf), "\n") {
+		for _, cmd := range []string{"cmdstat_hgetall:", "cmdstat_eval:", "cmdstat_evalsha:", "cmdstat_del:"} {
+			if strings.HasPrefix(line, cmd) {
+				rest := strings.TrimPrefix(line, cmd+"calls=")
+				v, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
+				total += v
+			}
+		}
+	}
+	return total
+}
