@@ -31,53 +31,55 @@ type config struct {
 	BrokerReadyGrace  time.Duration // BROKER_READY_GRACE: how long the broker may fail before /readyz does
 	LogLevel          slog.Level    // LOG_LEVEL
 
-	QueueDepth        int           // WORKER_QUEUE_DEPTH: messages waiting per worker beyond those running
-	QueueWait         time.Duration // WORKER_QUEUE_WAIT: how long a message waits for room in a full queue
-	MaxAttempts       int           // WORKER_MAX_ATTEMPTS: default attempts per (message, worker) before <topic>-dead
-	RetryBackoff      time.Duration // WORKER_RETRY_BACKOFF: default wait before the second attempt (doubling)
-	DeliveryRecordTTL time.Duration // DELIVERY_RECORD_TTL: how long a message's delivery record is kept
-	DeadLetterTTL     time.Duration // DEAD_LETTER_TTL: how long a dead letter stays replayable (0: kept)
-	NotRunnableGrace  time.Duration // NOT_RUNNABLE_GRACE: how long a message waits for a worker no node here can run
-	MaxEventBytes     int           // MAX_EVENT_BYTES: larger events go to <topic>-dead as too_large
-	LockRetryBase     time.Duration // GROUP_LOCK_RETRY_BASE_DELAY_MS
-	LockMaxRetries    int           // GROUP_LOCK_MAX_RETRIES
-	LockMaxAge        time.Duration // GROUP_LOCK_MAX_AGE_MS
-	ShutdownGrace     time.Duration // SHUTDOWN_GRACE: how long SIGTERM waits for in-flight messages
+	QueueDepth         int           // WORKER_QUEUE_DEPTH: messages waiting per worker beyond those running
+	QueueWait          time.Duration // WORKER_QUEUE_WAIT: how long a message waits for room in a full queue
+	MaxAttempts        int           // WORKER_MAX_ATTEMPTS: default attempts per (message, worker) before <topic>-dead
+	RetryBackoff       time.Duration // WORKER_RETRY_BACKOFF: default wait before the second attempt (doubling)
+	DeliveryRecordTTL  time.Duration // DELIVERY_RECORD_TTL: how long a message's delivery record is kept
+	DeadLetterTTL      time.Duration // DEAD_LETTER_TTL: how long a dead letter stays replayable (0: kept)
+	NotRunnableGrace   time.Duration // NOT_RUNNABLE_GRACE: how long a message waits for a worker no node here can run
+	MaxEventBytes      int           // MAX_EVENT_BYTES: larger events go to <topic>-dead as too_large
+	LockRetryBase      time.Duration // GROUP_LOCK_RETRY_BASE_DELAY_MS
+	LockMaxRetries     int           // GROUP_LOCK_MAX_RETRIES
+	LockMaxAge         time.Duration // GROUP_LOCK_MAX_AGE_MS
+	ShutdownGrace      time.Duration // SHUTDOWN_GRACE: how long SIGTERM waits for in-flight messages
+	TestPanicExtension string        // WM_TEST_PANIC_EXTENSION: test hook, a hot-path panic for inputs with this extension (never in production)
 }
 
 func loadConfig() (config, error) {
 	r := envconfig.New()
 	c := config{
-		Services:          r.Services(),
-		HTTPAddr:          r.String("WORKMANAGER_HTTP_ADDR", "127.0.0.1:8080"),
-		PubSub:            r.String("DAPR_PUBSUB", "pubsub"),
-		RecoveryOnStart:   r.Bool("WORKER_RECOVERY_ON_START", true),
-		MaxConcurrency:    r.Int("WORKER_MAX_CONCURRENCY", 8),
-		WorkerTimeout:     r.Duration("WORKER_TIMEOUT", 30*time.Second),
-		PythonProcesses:   r.Int("PYTHON_PROCESSES", 1),
-		PythonSpinWait:    r.Duration("PYTHON_SPIN_WAIT", 0),
-		ReconcileInterval: r.Duration("RECONCILE_INTERVAL", 30*time.Second),
-		NodeID:            r.String("WORKMANAGER_NODE_ID", defaultNodeID()),
-		NodeHeartbeat:     r.Duration("NODE_HEARTBEAT", 5*time.Second),
-		GatewayTimeout:    r.Duration("GATEWAY_TIMEOUT", 30*time.Second),
-		NativeIsolation:   r.String("NATIVE_ISOLATION", ""),
-		NativeHostPath:    r.String("NATIVE_HOST_PATH", defaultHostPath()),
-		NativeTempDir:     r.String("NATIVE_TEMP_DIR", ""),
-		BrokerProbe:       r.Duration("BROKER_PROBE_INTERVAL", 2*time.Second),
-		BrokerReadyGrace:  r.Duration("BROKER_READY_GRACE", 15*time.Second),
-		LogLevel:          r.LogLevel("LOG_LEVEL"),
-		QueueDepth:        r.Int("WORKER_QUEUE_DEPTH", 64),
-		QueueWait:         r.Duration("WORKER_QUEUE_WAIT", time.Second),
-		MaxAttempts:       r.Int("WORKER_MAX_ATTEMPTS", 3),
-		RetryBackoff:      r.Duration("WORKER_RETRY_BACKOFF", time.Second),
-		DeliveryRecordTTL: r.Duration("DELIVERY_RECORD_TTL", 24*time.Hour),
-		DeadLetterTTL:     r.Duration("DEAD_LETTER_TTL", 7*24*time.Hour),
-		NotRunnableGrace:  r.Duration("NOT_RUNNABLE_GRACE", 10*time.Minute),
-		MaxEventBytes:     r.Int("MAX_EVENT_BYTES", 1<<20),
-		LockRetryBase:     time.Duration(r.Int("GROUP_LOCK_RETRY_BASE_DELAY_MS", 500)) * time.Millisecond,
-		LockMaxRetries:    r.Int("GROUP_LOCK_MAX_RETRIES", 3),
-		LockMaxAge:        time.Duration(r.Int("GROUP_LOCK_MAX_AGE_MS", 30000)) * time.Millisecond,
-		ShutdownGrace:     r.Duration("SHUTDOWN_GRACE", 30*time.Second),
+		Services:           r.Services(),
+		HTTPAddr:           r.String("WORKMANAGER_HTTP_ADDR", "127.0.0.1:8080"),
+		PubSub:             r.String("DAPR_PUBSUB", "pubsub"),
+		RecoveryOnStart:    r.Bool("WORKER_RECOVERY_ON_START", true),
+		MaxConcurrency:     r.Int("WORKER_MAX_CONCURRENCY", 8),
+		WorkerTimeout:      r.Duration("WORKER_TIMEOUT", 30*time.Second),
+		PythonProcesses:    r.Int("PYTHON_PROCESSES", 1),
+		PythonSpinWait:     r.Duration("PYTHON_SPIN_WAIT", 0),
+		ReconcileInterval:  r.Duration("RECONCILE_INTERVAL", 30*time.Second),
+		NodeID:             r.String("WORKMANAGER_NODE_ID", defaultNodeID()),
+		NodeHeartbeat:      r.Duration("NODE_HEARTBEAT", 5*time.Second),
+		GatewayTimeout:     r.Duration("GATEWAY_TIMEOUT", 30*time.Second),
+		NativeIsolation:    r.String("NATIVE_ISOLATION", ""),
+		NativeHostPath:     r.String("NATIVE_HOST_PATH", defaultHostPath()),
+		NativeTempDir:      r.String("NATIVE_TEMP_DIR", ""),
+		BrokerProbe:        r.Duration("BROKER_PROBE_INTERVAL", 2*time.Second),
+		BrokerReadyGrace:   r.Duration("BROKER_READY_GRACE", 15*time.Second),
+		LogLevel:           r.LogLevel("LOG_LEVEL"),
+		QueueDepth:         r.Int("WORKER_QUEUE_DEPTH", 64),
+		QueueWait:          r.Duration("WORKER_QUEUE_WAIT", time.Second),
+		MaxAttempts:        r.Int("WORKER_MAX_ATTEMPTS", 3),
+		RetryBackoff:       r.Duration("WORKER_RETRY_BACKOFF", time.Second),
+		DeliveryRecordTTL:  r.Duration("DELIVERY_RECORD_TTL", 24*time.Hour),
+		DeadLetterTTL:      r.Duration("DEAD_LETTER_TTL", 7*24*time.Hour),
+		NotRunnableGrace:   r.Duration("NOT_RUNNABLE_GRACE", 10*time.Minute),
+		MaxEventBytes:      r.Int("MAX_EVENT_BYTES", 1<<20),
+		LockRetryBase:      time.Duration(r.Int("GROUP_LOCK_RETRY_BASE_DELAY_MS", 500)) * time.Millisecond,
+		LockMaxRetries:     r.Int("GROUP_LOCK_MAX_RETRIES", 3),
+		LockMaxAge:         time.Duration(r.Int("GROUP_LOCK_MAX_AGE_MS", 30000)) * time.Millisecond,
+		ShutdownGrace:      r.Duration("SHUTDOWN_GRACE", 30*time.Second),
+		TestPanicExtension: r.String("WM_TEST_PANIC_EXTENSION", ""),
 	}
 	if err := r.Err(); err != nil {
 		return c, err

@@ -72,16 +72,18 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	// messages finish and are acked), and only then is it cut off.
 	hotCtx, cutOff := context.WithCancel(context.WithoutCancel(ctx))
 	defer cutOff()
-	infra := infraevents.NewEmitter(log, pub, cfg.NodeID, 4096)
+	infra := infraevents.NewEmitter(log, publish.Observed(daprPub.Capped(infraevents.MaxLen), broker.Published), cfg.NodeID, 4096)
 	go infra.Run(hotCtx)
 	store := state.NewDaprStore(daprClient, cfg.StateStore)
+	members := cluster.New(store, cfg.NodeID, 3*cfg.NodeHeartbeat)
 	locks := grouplock.New(store, grouplock.Config{RetryBase: cfg.LockRetryBase, MaxRetries: cfg.LockMaxRetries, MaxAge: cfg.LockMaxAge, Node: cfg.NodeID,
-		OnEvent: func(e grouplock.Event) { infra.Emit(infraevents.GroupLockTopic, "grouplock."+e.Kind, e) }})
+		HolderAlive: func(holder string) bool { node, _, _ := strings.Cut(holder, "/"); return members.SeenAlive(node) },
+		OnEvent:     func(e grouplock.Event) { infra.Emit(infraevents.GroupLockTopic, "grouplock."+e.Kind, e) }})
 	disp := dispatch.New(hotCtx, log, dispatch.Deps{Sub: dispatch.DaprSubscriber{Client: runtimev1.NewDaprClient(conn)}, Pub: pub, Events: events,
 		Records: delivery.NewStore(store, cfg.DeliveryRecordTTL), Locks: locks, DeadLetters: deadletter.NewStore(store, cfg.DeadLetterTTL)},
 		dispatch.Config{PubSub: cfg.PubSub, NodeID: cfg.NodeID, MaxConcurrency: cfg.MaxConcurrency, QueueDepth: cfg.QueueDepth, QueueWait: cfg.QueueWait,
 			MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff, NotRunnableGrace: cfg.NotRunnableGrace,
-			MaxEventBytes: cfg.MaxEventBytes, OnSubscription: broker.Subscribed})
+			MaxEventBytes: cfg.MaxEventBytes, PanicOn: cfg.TestPanicExtension, OnSubscription: broker.Subscribed})
 	go broker.Probe(ctx, cfg.BrokerProbe, min(cfg.BrokerProbe, 5*time.Second), func(ctx context.Context) error {
 		return daprPub.Probe(ctx, cfg.NodeID)
 	})
@@ -106,7 +108,6 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		return fmt.Errorf("temporal: %w", err)
 	}
 	defer tc.Close()
-	members := cluster.New(state.NewDaprStore(daprClient, cfg.StateStore), cfg.NodeID, 3*cfg.NodeHeartbeat)
 	acts := &activities.Activities{Catalog: cat, Node: n, Events: events, Members: members}
 	w := worker.New(tc, workflows.TaskQueue, worker.Options{})
 	w.RegisterWorkflow(workflows.WorkerWorkflow)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/virtufin/workmanager/internal/state"
@@ -28,6 +29,7 @@ type Members struct {
 	self  string
 	ttl   time.Duration
 	now   func() time.Time
+	seen  atomic.Pointer[map[string]bool] // live nodes at the last successful beat
 }
 
 // New returns the membership as seen by node self; entries older than ttl
@@ -54,10 +56,25 @@ func (m *Members) Beat(ctx context.Context) error {
 	if err == nil {
 		alive, err = m.Alive(ctx)
 	}
+	if err == nil {
+		set := make(map[string]bool, len(alive))
+		for _, id := range alive {
+			set[id] = true
+		}
+		m.seen.Store(&set)
+	}
 	if m.OnBeat != nil && ctx.Err() == nil {
 		m.OnBeat(alive, err)
 	}
 	return err
+}
+
+// SeenAlive reports whether node was alive at this node's last successful
+// heartbeat; before the first one every node counts as alive (unknown is
+// not gone).
+func (m *Members) SeenAlive(node string) bool {
+	set := m.seen.Load()
+	return set == nil || (*set)[node]
 }
 
 // Leave removes this node (on a clean shutdown), so that nobody waits for it.

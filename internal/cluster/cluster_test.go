@@ -146,3 +146,32 @@ func TestBeatReportsToOnBeat(t *testing.T) {
 		t.Fatalf("a failed heartbeat must be returned and reported: %v %v", err, gotErr)
 	}
 }
+
+// SeenAlive answers from the last successful heartbeat; before the first
+// one every node counts as alive.
+func TestSeenAlive(t *testing.T) {
+	st := state.NewMemoryStore()
+	a := New(st, "a", time.Minute)
+	if !a.SeenAlive("anyone") {
+		t.Fatal("before any beat, a node must count as alive")
+	}
+	b := New(st, "b", time.Minute)
+	if err := b.Beat(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Beat(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !a.SeenAlive("b") || !a.SeenAlive("a") || a.SeenAlive("c") {
+		t.Fatal("SeenAlive does not match the members")
+	}
+	if err := b.Leave(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Beat(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if a.SeenAlive("b") {
+		t.Fatal("a node that left still counts as alive")
+	}
+}

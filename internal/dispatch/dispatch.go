@@ -60,6 +60,10 @@ type Config struct {
 	// MaxEventBytes is the largest event data accepted; larger events go
 	// to "<topic>-dead" at once with reason too_large.
 	MaxEventBytes int
+	// PanicOn is a test hook (never set in production): a Go panic is
+	// raised on the hot path, inside a worker's attempt, for each input that
+	// carries this CloudEvent extension.
+	PanicOn string
 	// ReconnectMin and ReconnectMax bound the backoff between reconnects.
 	ReconnectMin, ReconnectMax time.Duration
 	// OnSubscription, when set, learns the state of each topic's
@@ -101,7 +105,7 @@ type Dispatcher struct {
 	unrunnable map[string]Worker // catalog says running, this node cannot run it
 
 	draining atomic.Bool
-	inflight sync.WaitGroup
+	inflight atomic.Int64 // messages received and not yet acked
 	stats    counters
 }
 
@@ -370,14 +374,16 @@ func (d *Dispatcher) DetachAll(ctx context.Context) {
 // dispatcher's context afterwards cuts off what is still running.
 func (d *Dispatcher) Drain(ctx context.Context) bool {
 	d.draining.Store(true)
-	done := make(chan struct{})
-	go func() { d.inflight.Wait(); close(done) }()
-	select {
-	case <-done:
-		return true
-	case <-ctx.Done():
-		return false
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for d.inflight.Load() > 0 {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return false
+		}
 	}
+	return true
 }
 
 // Stats are hot-path counters since start.

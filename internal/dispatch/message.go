@@ -65,7 +65,11 @@ type job struct {
 // what cannot be processed at all, and hands the rest to run.
 func (d *Dispatcher) receive(t *topic, st Stream, req *runtimev1.TopicEventRequest) {
 	id := req.GetId()
+	// Counted before draining is checked, and Drain sets draining before it
+	// reads the count: a message is either given back or waited for.
+	d.inflight.Add(1)
 	if d.draining.Load() {
+		d.inflight.Add(-1)
 		d.ackRaw(st, id, AckRetry) // shutting down: another node takes it
 		return
 	}
@@ -75,6 +79,7 @@ func (d *Dispatcher) receive(t *topic, st Stream, req *runtimev1.TopicEventReque
 		// the one in flight instead of running the event twice at once.
 		m.dups++
 		t.mu.Unlock()
+		d.inflight.Add(-1)
 		d.stats.duplicates.Add(1)
 		d.log.Info("event delivered again while in flight; both deliveries are answered together", "topic", t.name, "event_id", id)
 		return
@@ -82,7 +87,6 @@ func (d *Dispatcher) receive(t *topic, st Stream, req *runtimev1.TopicEventReque
 	m := &message{t: t, id: id, req: req, stream: st}
 	t.inflight[id] = m
 	t.mu.Unlock()
-	d.inflight.Add(1)
 
 	if n := len(req.GetData()); n > d.cfg.MaxEventBytes {
 		go d.rejectRaw(m, reasonTooLarge, fmt.Errorf("event data is %d bytes, more than MAX_EVENT_BYTES %d", n, d.cfg.MaxEventBytes))
@@ -333,7 +337,7 @@ func (d *Dispatcher) ack(m *message, status Ack) {
 	for range n {
 		d.ackRaw(m.stream, m.id, status)
 	}
-	d.inflight.Done()
+	d.inflight.Add(-1)
 }
 
 func (d *Dispatcher) ackRaw(st Stream, id string, status Ack) {

@@ -135,6 +135,11 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result) {
 		}()
 		in = withExtension(m, FencingExtension, strconv.FormatInt(lease.Token, 10))
 	}
+	if d.cfg.PanicOn != "" {
+		if _, ok := m.ec.Extensions[d.cfg.PanicOn]; ok {
+			panic("injected by the " + d.cfg.PanicOn + " test hook")
+		}
+	}
 	outs, err := w.process(ctx, in)
 	if err != nil {
 		d.fail(r, err)

@@ -88,6 +88,10 @@ type Config struct {
 	// plus RetryBase, so that the marker outlives the waiter's sleep until
 	// its next poll, yet expires before a non-waiter spends all its tries).
 	WaiterMaxAge time.Duration
+	// HolderAlive, when set, tells whether a holder's process is still
+	// alive (cluster membership); a lock whose holder is gone may be taken
+	// at once, written or not. Nil: every holder counts as alive.
+	HolderAlive func(holder string) bool
 	// Node names this process in waiter markers (default: the holder). Set
 	// it when one process acquires for several holders, so that a marker
 	// left by one of them lets the next one take the lock.
@@ -237,6 +241,11 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 	switch {
 	case !rec.Held:
 		take = true
+	case l.cfg.HolderAlive != nil && !l.cfg.HolderAlive(rec.Holder):
+		// Its holder's process is gone: nothing can still write under its
+		// token, whatever it wrote before, so waiting for the max age (or
+		// the written max age) would only stall the group.
+		take = true
 	case !rec.Wrote && age >= l.cfg.MaxAge:
 		take = true
 	case rec.Wrote && age >= l.cfg.WrittenMaxAge:
@@ -323,34 +332,50 @@ func (ls *Lease) Check(ctx context.Context) error {
 	case ls.wrote && l.cfg.Now().Sub(ls.acquired) < l.cfg.WrittenMaxAge:
 		return nil
 	}
+	current, err := ls.update(ctx, func(rec *record) bool {
+		if rec.Wrote {
+			return false
+		}
+		rec.Wrote = true
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	if !current {
+		ls.stale = true
+		return ls.staleErr()
+	}
+	ls.wrote = true
+	return nil
+}
+
+// update re-reads the lock and, while it still shows this lease, applies
+// change and writes the record back guarded by its ETag, reading again after
+// a conflict (e.g. a waiter marker written meanwhile); change returning false
+// skips the write. It reports whether the lease was still current.
+func (ls *Lease) update(ctx context.Context, change func(*record) bool) (bool, error) {
+	l := ls.locks
 	key := Key(ls.Group)
 	for {
 		rec, etag, err := l.read(ctx, key)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if !ls.current(rec) {
-			ls.stale = true
-			return ls.staleErr()
+			return false, nil
 		}
-		if rec.Wrote {
-			ls.wrote = true
-			return nil
+		if !change(&rec) {
+			return true, nil
 		}
-		rec.Wrote = true
 		err = l.put(ctx, key, rec, etag)
 		if errors.Is(err, state.ErrConflict) {
-			// Something changed (e.g. a waiter marker): decide again.
 			if err := ctx.Err(); err != nil {
-				return err
+				return false, err
 			}
 			continue
 		}
-		if err != nil {
-			return err
-		}
-		ls.wrote = true
-		return nil
+		return err == nil, err
 	}
 }
 
@@ -380,31 +405,15 @@ func (ls *Lease) Release(ctx context.Context) error {
 		ls.released = true
 		return nil
 	}
-	key := Key(ls.Group)
-	for {
-		rec, etag, err := l.read(ctx, key)
-		if err != nil {
-			return err
-		}
-		if !ls.current(rec) {
-			ls.released = true
-			return nil
-		}
-		rec.Held = false
-		err = l.put(ctx, key, rec, etag)
-		if errors.Is(err, state.ErrConflict) {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		ls.released = true
-		l.emit(Event{Kind: EventReleased, Group: ls.Group, Holder: ls.Holder, Token: ls.Token})
-		return nil
+	current, err := ls.update(ctx, func(rec *record) bool { rec.Held = false; return true })
+	if err != nil {
+		return err
 	}
+	ls.released = true
+	if current {
+		l.emit(Event{Kind: EventReleased, Group: ls.Group, Holder: ls.Holder, Token: ls.Token})
+	}
+	return nil
 }
 
 func (ls *Lease) current(rec record) bool {

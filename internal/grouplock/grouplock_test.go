@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -805,5 +806,30 @@ func TestDefaults(t *testing.T) {
 	}
 	if got := backoff(time.Second, 100); got <= 0 {
 		t.Fatalf("backoff overflow %v", got)
+	}
+}
+
+// A lock whose holder's process is gone (HolderAlive says so) is taken at
+// once, even young and written: a dead holder cannot write under its token
+// any more, and waiting would stall the group for the written max age.
+func TestDeadHolderLockTakenAtOnce(t *testing.T) {
+	w := newWorld(t)
+	a := w.node(nil, nil)
+	ctx := context.Background()
+	old := mustAcquire(t, a, "g", "a/1")
+	if err := old.Check(ctx); err != nil { // wrote
+		t.Fatal(err)
+	}
+	alive := map[string]bool{"a": true, "b": true}
+	b := w.node(nil, func(c *Config) {
+		c.HolderAlive = func(holder string) bool { node, _, _ := strings.Cut(holder, "/"); return alive[node] }
+	})
+	if _, err := b.Acquire(ctx, "g", "b/1"); !errors.Is(err, ErrContended) {
+		t.Fatalf("Acquire while the holder is alive: %v, want ErrContended", err)
+	}
+	alive["a"] = false // node a left the membership
+	ls := mustAcquire(t, b, "g", "b/1")
+	if ev := b.ev.last(); !ev.Stolen || ev.PrevHolder != "a/1" || ls.Token != 2 {
+		t.Fatalf("event %+v, token %d", ev, ls.Token)
 	}
 }

@@ -29,6 +29,10 @@ const (
 	HeartbeatTopic = TopicPrefix + "heartbeat"
 )
 
+// MaxLen caps each infrastructure topic's stream (about this many events
+// are kept): they are read live, and nothing may grow without bound.
+const MaxLen = 10000
+
 // TypePrefix prefixes every infrastructure event type.
 const TypePrefix = "com.virtufin.workmanager.infra."
 

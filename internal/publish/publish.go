@@ -45,6 +45,29 @@ func (p *Dapr) Publish(ctx context.Context, topic string, e *event.Event) error 
 	return nil
 }
 
+// Capped returns a Publisher through the same component whose publishes
+// keep each topic's stream at about maxLen entries (the per-request
+// "maxLenApprox" metadata that WorkManager's daprd honours): for topics that
+// are read live or not at all, such as infrastructure events.
+func (p *Dapr) Capped(maxLen int) Publisher { return capped{p, strconv.Itoa(maxLen)} }
+
+type capped struct {
+	*Dapr
+	maxLen string
+}
+
+func (c capped) Publish(ctx context.Context, topic string, e *event.Event) error {
+	body, err := e.MarshalJSON()
+	if err != nil {
+		return fmt.Errorf("encode CloudEvent %s: %w", e.ID(), err)
+	}
+	if err := c.client.PublishEvent(ctx, c.pubsub, topic, body, dapr.PublishEventWithContentType(ContentType),
+		dapr.PublishEventWithMetadata(map[string]string{"maxLenApprox": c.maxLen})); err != nil {
+		return fmt.Errorf("publish %s to %s/%s: %w", e.ID(), c.pubsub, topic, err)
+	}
+	return nil
+}
+
 // ProbeTopic receives the nodes' broker probes: small CloudEvents published
 // only to learn whether the broker takes publishes. Nobody subscribes; the
 // stream is capped at about ProbeMaxLen entries through the per-request

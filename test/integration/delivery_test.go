@@ -255,15 +255,17 @@ func TestUndecodableAndOversizedEventsDeadLetter(t *testing.T) {
 // ends in <topic>-dead with lock_contention after its attempts.
 func TestLockContentionDeadLetters(t *testing.T) {
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"GROUP_LOCK_RETRY_BASE_DELAY_MS=50", "GROUP_LOCK_MAX_RETRIES=2",
-		"WORKER_MAX_ATTEMPTS=2", "WORKER_RETRY_BACKOFF=100ms", "GROUP_LOCK_MAX_AGE_MS=5000"}})
+		"WORKER_MAX_ATTEMPTS=2", "WORKER_RETRY_BACKOFF=100ms", "GROUP_LOCK_MAX_AGE_MS=5000", "WORKMANAGER_NODE_ID=node-a"}})
 	dir := t.TempDir()
 	in, out := topicName(t, "in"), topicName(t, "out")
 	dead := collectFrom(e.subscribe(in + dispatch.DeadLetterSuffix))
 	infra := collectFrom(e.subscribe(infraevents.GroupLockTopic))
 	group := "busy-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	// Held past the max age (5 s) by a holder that wrote under its token:
-	// every theft is aborted (until 10 × the max age, 50 s).
-	e.putState(t, "workmanager/grouplock/"+group, map[string]any{"token": 41, "holder": "elsewhere/w", "held": true,
+	// Held past the max age (5 s) by a holder that wrote under its token
+	// and whose node is alive (a lock of a node gone from the membership
+	// would be taken at once): every theft is aborted (until 10 × the max
+	// age, 50 s).
+	e.putState(t, "workmanager/grouplock/"+group, map[string]any{"token": 41, "holder": "node-a/another-worker", "held": true,
 		"acquired_ms": time.Now().Add(-6 * time.Second).UnixMilli(), "wrote": true})
 	log := filepath.Join(dir, "w.log")
 	id := e.createWith(t, &pb.CreateWorkerRequest{Code: pyCode(loggingWorker("w", log, out, false)), Topic: in, Group: group})
@@ -753,5 +755,31 @@ func TestDaprAPITokenIsSent(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("daprd took a call without its token: HTTP %d", resp.StatusCode)
+	}
+}
+
+// A Go panic on the hot path (injected by the node's test hook for inputs
+// carrying the extension wmtestpanic) is a failed attempt of the worker:
+// after its attempts the input is on <topic>-dead with reason panic, and the
+// node keeps serving the other inputs.
+func TestHotPathPanicIsAFailedAttempt(t *testing.T) {
+	e := newEnvWith(t, envConfig{nodeEnv: []string{"WM_TEST_PANIC_EXTENSION=wmtestpanic", "WORKER_MAX_ATTEMPTS=2", "WORKER_RETRY_BACKOFF=100ms"}})
+	in, out := topicName(t, "in"), topicName(t, "out")
+	dead := collectFrom(e.subscribe(in + dispatch.DeadLetterSuffix))
+	o := &outputs{t: t, ch: e.subscribe(out), seen: map[string]bool{}}
+	id := e.create(t, in, echoWorker(out, "v1"))
+	e.publish(in, "before", map[string]any{"n": 1}, "")
+	e.publishEvent(in, map[string]any{"id": "boom", "type": "test.input", "wmtestpanic": "1", "data": map[string]any{"n": 2}})
+	e.publish(in, "after", map[string]any{"n": 3}, "")
+	o.expect("before", "after")
+	waitFor(t, 60*time.Second, "the panicking input on the dead-letter topic", func() bool { return dead.count() >= 1 })
+	evs := dead.get("boom")
+	if len(evs) != 1 || evs[0].Extensions()["deadletterreason"] != "panic" || fmt.Sprint(evs[0].Extensions()["deadletterattempts"]) != "2" ||
+		evs[0].Extensions()["deadletterworker"] != id {
+		t.Fatalf("dead letter %v", evs)
+	}
+	o.expect(e.publishIDs(in, "later")...) // still serving
+	if !strings.Contains(e.node.Output(), "panic while processing a message") {
+		t.Fatal("the panic was not logged with its stack")
 	}
 }

@@ -367,7 +367,7 @@ func (e *env) stopAll() {
 
 func (e *env) close() {
 	if e.t.Failed() {
-		for _, p := range []string{"node", "api", "daprd", "temporal"} {
+		for _, p := range []string{"node", "node-b", "api", "daprd", "daprd-b", "temporal"} {
 			b, _ := os.ReadFile(filepath.Join(e.dir, p+".log"))
 			if len(b) > 6000 {
 				b = b[len(b)-6000:]

@@ -12,7 +12,7 @@ limitations under the License.
 */
 
 // Package redisstreams is components-contrib v1.14.0's pubsub/redis (Redis
-// streams), copied whole, with three changes for WorkManager, each marked
+// streams), copied whole, with four changes for WorkManager, each marked
 // "WorkManager:" below:
 //
 //  1. XREADGROUP never blocks forever. Upstream passes readTimeout as BLOCK,
@@ -28,6 +28,10 @@ limitations under the License.
 //     (a stopped Redis made every subscribed topic loop at full speed).
 //  3. Publish honours a per-request "maxLenApprox" metadata value, so that a
 //     probe topic can be capped without capping every topic.
+//  4. A bounded BLOCK that ends without messages (redis.Nil) is recognised
+//     as such: upstream's errors.Is check never matches it, so each idle
+//     read was logged as an error and paused by change 2, delaying a message
+//     that arrived during the pause by up to a second.
 //
 // main.go registers it as "pubsub.redis" in place of the upstream one.
 package redisstreams
@@ -309,7 +313,12 @@ func (r *redisStreams) pollNewMessagesLoop(ctx context.Context, stream string, h
 		// Read messages
 		streams, err := r.client.XReadGroupResult(ctx, r.clientSettings.ConsumerID, r.clientSettings.ConsumerID, []string{stream, ">"}, int64(r.clientSettings.QueueDepth), block)
 		if err != nil {
-			if !errors.Is(err, r.client.GetNilValueError()) && err != context.Canceled {
+			// WorkManager: a BLOCK that ends without messages returns redis.Nil,
+			// whose type differs from GetNilValueError's (errors.Is never
+			// matched: upstream only ever blocked forever, so it never saw it).
+			// Compare the text, so that an idle stream is neither logged as
+			// an error nor paused by readErrorBackoff.
+			if err.Error() != r.client.GetNilValueError().Error() && !errors.Is(err, r.client.GetNilValueError()) && err != context.Canceled {
 				if strings.Contains(err.Error(), "NOGROUP") {
 					r.logger.Warnf("redis streams: consumer group %s does not exist for stream %s. This could mean the server experienced data loss, or the group/stream was deleted.", r.clientSettings.ConsumerID, stream)
 					r.logger.Warnf("redis streams: recreating group %s for stream %s", r.clientSettings.ConsumerID, stream)
