@@ -393,13 +393,50 @@ func expectEvent(t testing.TB, ch <-chan event.Event, timeout time.Duration) eve
 	return event.Event{}
 }
 
-// expectNoEvent asserts that nothing arrives on ch for d.
-func expectNoEvent(t testing.TB, ch <-chan event.Event, d time.Duration) {
+// waitUnsubscribed waits until the daprd at httpAddr holds no subscription
+// to topic: from then on nothing behind that daprd can receive the topic's
+// messages. This proves a worker idle without waiting for something not to
+// happen.
+func (e *env) waitUnsubscribed(t testing.TB, httpAddr, topic string) {
 	t.Helper()
-	select {
-	case ev := <-ch:
-		t.Fatalf("unexpected event %s (%s): %s", ev.ID(), ev.Type(), ev.Data())
-	case <-time.After(d):
+	waitForTB(t, 30*time.Second, "no subscription to "+topic+" on daprd "+httpAddr, func() bool {
+		req, err := http.NewRequest(http.MethodGet, "http://"+httpAddr+"/v1.0/metadata", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tok := e.stack.DaprAPIToken; tok != "" {
+			req.Header.Set(daprconn.TokenHeader, tok)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var md struct {
+			Subscriptions []struct {
+				Topic string `json:"topic"`
+			} `json:"subscriptions"`
+		}
+		if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&md) != nil {
+			return false
+		}
+		for _, s := range md.Subscriptions {
+			if s.Topic == topic {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func waitForTB(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
