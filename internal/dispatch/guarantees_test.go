@@ -130,6 +130,33 @@ func TestReplayedEventRunsOnlyForItsWorker(t *testing.T) {
 	}
 }
 
+// A replay for a worker that is not running (stopped or deleted since the
+// replay) goes back to the dead letters instead of bouncing forever.
+func TestReplayForStoppedWorkerDeadLettersAgain(t *testing.T) {
+	b, pub := newFakeBroker(), &fakePublisher{}
+	d := newTestDispatcher(t, b, pub, 1)
+	c := &counting{}
+	d.Attach(Worker{ID: "a", Topic: "in"}, c.instance("a.out"))
+	s := waitStream(t, b, "in")
+	req := request("r1", "")
+	req.Extensions, _ = structpb.NewStruct(map[string]any{deadletter.ReplayExtension: "gone"})
+	s.in <- req
+	if ack := waitAck(t, b); ack.status != AckSuccess {
+		t.Fatalf("ack %+v", ack)
+	}
+	dead := pub.on("in-dead")
+	if len(dead) != 1 || dead[0].Extensions()[DeadLetterReasonExtension] != "not_running" || dead[0].Extensions()[DeadLetterWorkerExtension] != "gone" {
+		t.Fatalf("dead letters %v", dead)
+	}
+	if c.n("r1") != 0 {
+		t.Fatal("another worker ran a replay that was not for it")
+	}
+	entries, err := d.DeadLetters.List(context.Background(), "gone", deadletter.Filter{}, 10)
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("stored again: %+v %v", entries, err)
+	}
+}
+
 // A redelivery of a message every worker finished runs nobody again.
 func TestRedeliveryOfDoneMessageRunsNobody(t *testing.T) {
 	b, pub := newFakeBroker(), &fakePublisher{}

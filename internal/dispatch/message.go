@@ -141,6 +141,15 @@ func (d *Dispatcher) run(m *message) {
 		d.log.Warn("delivery record unavailable; the message will be redelivered", "topic", m.t.name, "event_id", m.id, "err", err)
 		return
 	}
+	if m.replayFor != "" && !m.t.runs(m.replayFor) {
+		// A replay for a worker no longer running (stopped or deleted since):
+		// back to the dead letters rather than bouncing forever.
+		err := fmt.Errorf("replayed for worker %s, which is not running on topic %s", m.replayFor, m.t.name)
+		if d.deadLetter(ctx, m, Worker{ID: m.replayFor, Topic: m.t.name}, reasonNotRunning, 0, err) == nil {
+			status = AckSuccess
+		}
+		return
+	}
 	now := time.Now()
 	workers := *m.t.workers.Load()
 	results := make([]result, 0, len(workers))
@@ -209,6 +218,24 @@ func (d *Dispatcher) run(m *message) {
 	if d.complete(m, rec) {
 		status = AckSuccess
 	}
+}
+
+// runs reports whether worker id is one the catalog runs on the topic, here
+// or on another node.
+func (t *topic) runs(id string) bool {
+	for _, w := range *t.workers.Load() {
+		if w.ID == id {
+			return true
+		}
+	}
+	if p := t.unrunnable.Load(); p != nil {
+		for _, w := range *p {
+			if w.ID == id {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // complete reports whether every worker the message is for — every worker

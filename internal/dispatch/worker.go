@@ -52,6 +52,7 @@ const (
 	reasonUndecodable    = "undecodable"
 	reasonTooLarge       = "too_large"
 	reasonNotRunnable    = "not_runnable"
+	reasonNotRunning     = "not_running" // a replay for a worker stopped or deleted since
 )
 
 // maxErrorText bounds the error text carried by dead letters and events.
