@@ -34,6 +34,10 @@ type message struct {
 	wg   sync.WaitGroup // the workers running it on this delivery
 }
 
+// isFor reports whether the message is for worker id (every worker, unless
+// it is a replay for one).
+func (m *message) isFor(id string) bool { return m.replayFor == "" || m.replayFor == id }
+
 // outcome of one worker's attempt at one message.
 type outcome uint8
 
@@ -154,7 +158,7 @@ func (d *Dispatcher) run(m *message) {
 	workers := *m.t.workers.Load()
 	results := make([]result, 0, len(workers))
 	for _, w := range workers {
-		if m.replayFor != "" && w.ID != m.replayFor {
+		if !m.isFor(w.ID) {
 			continue
 		}
 		s := rec.Get(w.ID)
@@ -244,7 +248,7 @@ func (t *topic) runs(id string) bool {
 func (d *Dispatcher) complete(m *message, rec delivery.Record) bool {
 	n := 0
 	for _, w := range *m.t.workers.Load() {
-		if m.replayFor != "" && w.ID != m.replayFor {
+		if !m.isFor(w.ID) {
 			continue
 		}
 		n++
@@ -254,7 +258,7 @@ func (d *Dispatcher) complete(m *message, rec delivery.Record) bool {
 	}
 	if p := m.t.unrunnable.Load(); p != nil {
 		for _, w := range *p {
-			if m.replayFor != "" && w.ID != m.replayFor {
+			if !m.isFor(w.ID) {
 				continue
 			}
 			n++
@@ -308,7 +312,7 @@ func (d *Dispatcher) notRunnable(ctx context.Context, m *message, rec delivery.R
 		return
 	}
 	for _, w := range *p {
-		if m.replayFor != "" && w.ID != m.replayFor {
+		if !m.isFor(w.ID) {
 			continue
 		}
 		s := rec.Get(w.ID)

@@ -35,37 +35,42 @@ func NewDapr(client dapr.Client, pubsub string) *Dapr {
 
 // Publish implements Publisher.
 func (p *Dapr) Publish(ctx context.Context, topic string, e *event.Event) error {
+	return p.send(ctx, topic, e, nil)
+}
+
+// send publishes e as a structured CloudEvent, with per-request metadata
+// when meta is not nil.
+func (p *Dapr) send(ctx context.Context, topic string, e *event.Event, meta map[string]string) error {
 	body, err := e.MarshalJSON()
 	if err != nil {
 		return fmt.Errorf("encode CloudEvent %s: %w", e.ID(), err)
 	}
-	if err := p.client.PublishEvent(ctx, p.pubsub, topic, body, dapr.PublishEventWithContentType(ContentType)); err != nil {
+	opts := []dapr.PublishEventOption{dapr.PublishEventWithContentType(ContentType)}
+	if meta != nil {
+		opts = append(opts, dapr.PublishEventWithMetadata(meta))
+	}
+	if err := p.client.PublishEvent(ctx, p.pubsub, topic, body, opts...); err != nil {
 		return fmt.Errorf("publish %s to %s/%s: %w", e.ID(), p.pubsub, topic, err)
 	}
 	return nil
 }
 
+// maxLen is the per-request metadata that caps a topic's stream at about n
+// entries ("maxLenApprox", honoured by WorkManager's daprd).
+func maxLen(n int) map[string]string { return map[string]string{"maxLenApprox": strconv.Itoa(n)} }
+
 // Capped returns a Publisher through the same component whose publishes
-// keep each topic's stream at about maxLen entries (the per-request
-// "maxLenApprox" metadata that WorkManager's daprd honours): for topics that
-// are read live or not at all, such as infrastructure events.
-func (p *Dapr) Capped(maxLen int) Publisher { return capped{p, strconv.Itoa(maxLen)} }
+// keep each topic's stream at about n entries: for topics that are read
+// live or not at all, such as infrastructure events.
+func (p *Dapr) Capped(n int) Publisher { return capped{p, maxLen(n)} }
 
 type capped struct {
 	*Dapr
-	maxLen string
+	meta map[string]string
 }
 
 func (c capped) Publish(ctx context.Context, topic string, e *event.Event) error {
-	body, err := e.MarshalJSON()
-	if err != nil {
-		return fmt.Errorf("encode CloudEvent %s: %w", e.ID(), err)
-	}
-	if err := c.client.PublishEvent(ctx, c.pubsub, topic, body, dapr.PublishEventWithContentType(ContentType),
-		dapr.PublishEventWithMetadata(map[string]string{"maxLenApprox": c.maxLen})); err != nil {
-		return fmt.Errorf("publish %s to %s/%s: %w", e.ID(), c.pubsub, topic, err)
-	}
-	return nil
+	return c.send(ctx, topic, e, c.meta)
 }
 
 // ProbeTopic receives the nodes' broker probes: small CloudEvents published
@@ -83,13 +88,8 @@ func (p *Dapr) Probe(ctx context.Context, node string) error {
 	e.SetID(node + "/" + strconv.FormatInt(time.Now().UnixNano(), 10))
 	e.SetSource("workmanager/nodes/" + node)
 	e.SetType("com.virtufin.workmanager.probe")
-	body, err := e.MarshalJSON()
-	if err != nil {
-		return err
-	}
-	if err := p.client.PublishEvent(ctx, p.pubsub, ProbeTopic, body, dapr.PublishEventWithContentType(ContentType),
-		dapr.PublishEventWithMetadata(map[string]string{"maxLenApprox": strconv.Itoa(ProbeMaxLen)})); err != nil {
-		return fmt.Errorf("probe publish to %s/%s: %w", p.pubsub, ProbeTopic, err)
+	if err := p.send(ctx, ProbeTopic, &e, maxLen(ProbeMaxLen)); err != nil {
+		return fmt.Errorf("probe: %w", err)
 	}
 	return nil
 }

@@ -1,11 +1,8 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"sort"
 	"strconv"
 	"strings"
@@ -229,30 +226,10 @@ func (e *env) paced(b *testing.B, in string, outs <-chan event.Event, n, rate in
 // far (HGETALL for a get; EVAL/EVALSHA, the ETag-checked set; DEL).
 func (e *env) redisStateOps(b *testing.B) int64 {
 	b.Helper()
-	c, err := net.DialTimeout("tcp", e.stack.RedisAddr, 2*time.Second)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Write([]byte("INFO commandstats\r\n")); err != nil {
-		b.Fatal(err)
-	}
-	r := bufio.NewReader(c)
-	header, err := r.ReadString('\n')
-	if err != nil || !strings.HasPrefix(header, "$") {
-		b.Fatalf("INFO: %q %v", header, err)
-	}
-	size, _ := strconv.Atoi(strings.TrimSpace(header[1:]))
-	buf := make([]byte, size+2)
-	if _, err := io.ReadFull(r, buf); err != nil {
-		b.Fatal(err)
-	}
 	var total int64
-	for _, line := range strings.Split(string(buf), "\n") {
+	for _, line := range strings.Split(e.redisCLI(b, "INFO", "commandstats"), "\n") {
 		for _, cmd := range []string{"cmdstat_hgetall:", "cmdstat_eval:", "cmdstat_evalsha:", "cmdstat_del:"} {
-			if strings.HasPrefix(line, cmd) {
-				rest := strings.TrimPrefix(line, cmd+"calls=")
+			if rest, ok := strings.CutPrefix(line, cmd+"calls="); ok {
 				v, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
 				total += v
 			}

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -399,7 +400,7 @@ func expectEvent(t testing.TB, ch <-chan event.Event, timeout time.Duration) eve
 // happen.
 func (e *env) waitUnsubscribed(t testing.TB, httpAddr, topic string) {
 	t.Helper()
-	waitForTB(t, 30*time.Second, "no subscription to "+topic+" on daprd "+httpAddr, func() bool {
+	waitFor(t, 30*time.Second, "no subscription to "+topic+" on daprd "+httpAddr, func() bool {
 		req, err := http.NewRequest(http.MethodGet, "http://"+httpAddr+"/v1.0/metadata", nil)
 		if err != nil {
 			t.Fatal(err)
@@ -429,17 +430,16 @@ func (e *env) waitUnsubscribed(t testing.TB, httpAddr, topic string) {
 	})
 }
 
-func waitForTB(t testing.TB, d time.Duration, what string, cond func() bool) {
+// redisCLI runs redis-cli against the stack's Redis and returns its output.
+func (e *env) redisCLI(t testing.TB, args ...string) string {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
+	port := e.stack.RedisAddr[strings.LastIndex(e.stack.RedisAddr, ":")+1:]
+	out, err := exec.Command("redis-cli", append([]string{"-h", "127.0.0.1", "-p", port}, args...)...).Output()
+	if err != nil {
+		t.Fatalf("redis-cli %v: %v", args, err)
 	}
+	return string(out)
 }
-
 func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)

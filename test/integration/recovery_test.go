@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -18,12 +17,7 @@ import (
 // redisKeys lists the WorkManager keys in the real Redis.
 func (e *env) redisKeys(t *testing.T) []string {
 	t.Helper()
-	port := e.stack.RedisAddr[strings.LastIndex(e.stack.RedisAddr, ":")+1:]
-	out, err := exec.Command("redis-cli", "-h", "127.0.0.1", "-p", port, "--scan", "--pattern", "workmanager/*").Output()
-	if err != nil {
-		t.Fatalf("redis-cli: %v", err)
-	}
-	return strings.Fields(string(out))
+	return strings.Fields(e.redisCLI(t, "--scan", "--pattern", "workmanager/*"))
 }
 
 type recoveryFixture struct {
@@ -119,10 +113,7 @@ func TestRecoveryCountsBrokenWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := e.stack.RedisAddr[strings.LastIndex(e.stack.RedisAddr, ":")+1:]
-	if out, err := exec.Command("redis-cli", "-p", port, "DEL", "workmanager/code/"+w.GetCodeSha256()).CombinedOutput(); err != nil {
-		t.Fatalf("%v %s", err, out)
-	}
+	e.redisCLI(t, "DEL", "workmanager/code/"+w.GetCodeSha256())
 	e.killNode()
 	e.startNode()
 	r, err := e.client.RecoverWorkers(ctxT(t), &pb.RecoverWorkersRequest{})

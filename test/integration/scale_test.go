@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -53,12 +52,7 @@ func scaleFromEnv(t *testing.T) scaleConfig {
 // those blocked in (or last used for) XREADGROUP, i.e. topic readers.
 func (e *env) redisClients(t *testing.T) (total, readers int) {
 	t.Helper()
-	port := e.stack.RedisAddr[strings.LastIndex(e.stack.RedisAddr, ":")+1:]
-	out, err := exec.Command("redis-cli", "-h", "127.0.0.1", "-p", port, "CLIENT", "LIST").Output()
-	if err != nil {
-		t.Fatalf("redis-cli CLIENT LIST: %v", err)
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(e.redisCLI(t, "CLIENT", "LIST")), "\n") {
 		if strings.Contains(line, "cmd=client|list") {
 			continue // this redis-cli
 		}
