@@ -86,6 +86,28 @@ type Spec struct {
 	Logger *slog.Logger
 }
 
+// WithDefaults returns the spec with a zero Timeout and a nil Logger
+// replaced by an engine's defaults. Engines call it once where a spec comes
+// in (Check, Load) and use the fields directly after.
+func (s Spec) WithDefaults(timeout time.Duration, logger *slog.Logger) Spec {
+	if s.Timeout <= 0 {
+		s.Timeout = timeout
+	}
+	if s.Logger == nil {
+		s.Logger = logger
+	}
+	return s
+}
+
+// OutputError says what is wrong with output i of a call (i < 0: with the
+// outputs as a whole), for the engines' worker-failure errors.
+func OutputError(i int, err error) string {
+	if i < 0 {
+		return "decoding the outputs: " + err.Error()
+	}
+	return fmt.Sprintf("output %d: %v", i, err)
+}
+
 // Gateway lets worker code call backend services. The node's implementation
 // uses Dapr service invocation; service is a Dapr app id or HTTPEndpoint
 // name, method the path, request and response opaque bytes (JSON by

@@ -211,29 +211,38 @@ func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker
 		return catalog.Worker{}, err
 	}
 	defer unlock()
-	actx := activityCtx(ctx)
-	w := e.st.Worker
-	var ref catalog.CodeRef
-	if err := workflow.ExecuteActivity(actx, a.PrepareCode, activities.PrepareCodeInput{Worker: w, Ref: req.Ref}).Get(ctx, &ref); err != nil {
+	in, err := e.withCode(ctx, req.Ref, 1)
+	if err != nil {
 		e.failed = err
 		return catalog.Worker{}, err
 	}
-	now := workflow.Now(ctx).UTC()
-	w.Status, w.CodeVersion, w.CodeSHA256, w.CreatedAt, w.UpdatedAt = catalog.StatusRunning, 1, ref.SHA256, now, now
-	in := activities.ApplyInput{
-		Worker:  w,
-		History: &catalog.HistoryEntry{Version: 1, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now},
-	}
+	in.Worker.Status, in.Worker.CreatedAt = catalog.StatusRunning, in.Worker.UpdatedAt
 	if applied, err := e.apply(ctx, in, e.event(ctx, lifecycleevents.Created), e.event(ctx, lifecycleevents.Started)); err != nil {
 		if applied {
-			e.undoCreate(ctx, w)
+			e.undoCreate(ctx, in.Worker)
 		}
 		e.failed = err
 		return catalog.Worker{}, err
 	}
-	e.st.Worker, e.st.Created = w, true
+	e.st.Worker, e.st.Created = in.Worker, true
 	e.upsertSearchAttributes(ctx)
-	return w, nil
+	return in.Worker, nil
+}
+
+// withCode stores the code ref names (PrepareCode) and returns the change
+// that makes it the worker's code version: the record and its history entry.
+func (e *entity) withCode(ctx workflow.Context, ref catalog.CodeRef, version int64) (activities.ApplyInput, error) {
+	err := workflow.ExecuteActivity(activityCtx(ctx), a.PrepareCode, activities.PrepareCodeInput{Worker: e.st.Worker, Ref: ref}).Get(ctx, &ref)
+	if err != nil {
+		return activities.ApplyInput{}, err
+	}
+	now := workflow.Now(ctx).UTC()
+	w := e.st.Worker
+	w.CodeVersion, w.CodeSHA256, w.UpdatedAt = version, ref.SHA256, now
+	return activities.ApplyInput{
+		Worker:  w,
+		History: &catalog.HistoryEntry{Version: version, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now},
+	}, nil
 }
 
 // undoCreate removes a worker whose create failed after Apply persisted and
@@ -281,23 +290,15 @@ func (e *entity) loadCode(ctx workflow.Context, ref catalog.CodeRef) (catalog.Wo
 		return catalog.Worker{}, err
 	}
 	defer unlock()
-	actx := activityCtx(ctx)
-	w := e.st.Worker
-	if err := workflow.ExecuteActivity(actx, a.PrepareCode, activities.PrepareCodeInput{Worker: w, Ref: ref}).Get(ctx, &ref); err != nil {
+	in, err := e.withCode(ctx, ref, e.st.Worker.CodeVersion+1)
+	if err != nil {
 		return catalog.Worker{}, err
-	}
-	now := workflow.Now(ctx).UTC()
-	w.CodeVersion++
-	w.CodeSHA256, w.UpdatedAt = ref.SHA256, now
-	in := activities.ApplyInput{
-		Worker:  w,
-		History: &catalog.HistoryEntry{Version: w.CodeVersion, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now},
 	}
 	if _, err := e.apply(ctx, in, e.event(ctx, lifecycleevents.CodeUpdated)); err != nil {
 		return catalog.Worker{}, err
 	}
-	e.st.Worker = w
-	return w, nil
+	e.st.Worker = in.Worker
+	return in.Worker, nil
 }
 
 func (e *entity) delete(ctx workflow.Context) error {

@@ -3,6 +3,7 @@ package workflows
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,7 +24,10 @@ import (
 type WorkerWorkflowSuite struct {
 	suite.Suite
 	testsuite.WorkflowTestSuite
-	env     *testsuite.TestWorkflowEnvironment
+	env *testsuite.TestWorkflowEnvironment
+	// mu guards what fake activities record: the test environment runs
+	// activities on goroutines of their own, concurrently.
+	mu      sync.Mutex
 	emitted [][]lifecycleevents.Kind // events published by Emit, per call
 }
 
@@ -38,9 +42,30 @@ func (s *WorkerWorkflowSuite) SetupTest() {
 		for _, e := range in.Events {
 			ks = append(ks, e.Kind)
 		}
+		s.mu.Lock()
 		s.emitted = append(s.emitted, ks)
+		s.mu.Unlock()
 		return nil
 	})
+}
+
+// prepareAnyCode answers PrepareCode with the reference it is given.
+func (s *WorkerWorkflowSuite) prepareAnyCode(env *testsuite.TestWorkflowEnvironment) {
+	env.OnActivity(a.PrepareCode, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in activities.PrepareCodeInput) (catalog.CodeRef, error) { return in.Ref, nil })
+}
+
+// recordApplies prepares any code and records every Apply, in order.
+func (s *WorkerWorkflowSuite) recordApplies() *[]activities.ApplyInput {
+	var applied []activities.ApplyInput
+	s.prepareAnyCode(s.env)
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) error {
+		s.mu.Lock()
+		applied = append(applied, in)
+		s.mu.Unlock()
+		return nil
+	})
+	return &applied
 }
 
 const sha1 = "1111111111111111111111111111111111111111111111111111111111111111"
@@ -68,13 +93,7 @@ func (s *WorkerWorkflowSuite) update(name string, u *updater, args ...any) {
 }
 
 func (s *WorkerWorkflowSuite) TestFullLifecycle() {
-	var applied []activities.ApplyInput
-	s.env.OnActivity(a.PrepareCode, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, in activities.PrepareCodeInput) (catalog.CodeRef, error) { return in.Ref, nil })
-	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) error {
-		applied = append(applied, in)
-		return nil
-	})
+	applied := s.recordApplies()
 	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
 
 	var create, stop, stopAgain, start, load, del updater
@@ -105,12 +124,12 @@ func (s *WorkerWorkflowSuite) TestFullLifecycle() {
 
 	// The repeated stop applied nothing: create, stop, start, load. Events
 	// are published after the change reached every node, not by Apply.
-	s.Len(applied, 4)
+	s.Len(*applied, 4)
 	s.Equal([][]lifecycleevents.Kind{{lifecycleevents.Created, lifecycleevents.Started}, {lifecycleevents.Stopped}, {lifecycleevents.Started},
 		{lifecycleevents.CodeUpdated}, {lifecycleevents.Deleted}}, s.emitted)
-	s.Equal(catalog.StatusStopped, applied[1].Worker.Status)
-	s.Equal(int64(2), applied[3].History.Version)
-	s.Equal("url", applied[3].History.SourceKind)
+	s.Equal(catalog.StatusStopped, (*applied)[1].Worker.Status)
+	s.Equal(int64(2), (*applied)[3].History.Version)
+	s.Equal("url", (*applied)[3].History.SourceKind)
 
 	var st WorkerState
 	s.NoError(s.env.GetWorkflowResult(&st))
@@ -118,8 +137,7 @@ func (s *WorkerWorkflowSuite) TestFullLifecycle() {
 }
 
 func (s *WorkerWorkflowSuite) TestValidatorsRejectWithoutActivities() {
-	s.env.OnActivity(a.PrepareCode, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, in activities.PrepareCodeInput) (catalog.CodeRef, error) { return in.Ref, nil })
+	s.prepareAnyCode(s.env)
 	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
 	var early, create, again, badSHA updater
 	s.env.RegisterDelayedCallback(func() { s.update(UpdateStart, &early) }, time.Second)
@@ -183,8 +201,7 @@ func (s *WorkerWorkflowSuite) TestContinueAsNewCarriesState() {
 // Every change is applied on every live node, on that node's own task
 // queue; a node that fails does not fail the update.
 func (s *WorkerWorkflowSuite) TestChangesReachEveryNode() {
-	s.env.OnActivity(a.PrepareCode, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, in activities.PrepareCodeInput) (catalog.CodeRef, error) { return in.Ref, nil })
+	s.prepareAnyCode(s.env)
 	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
 	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
 	s.env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1", "n2"}, nil)
@@ -192,8 +209,10 @@ func (s *WorkerWorkflowSuite) TestChangesReachEveryNode() {
 	var emittedBefore []int // how many changes had published their events when a node applied one
 	s.env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(func(ctx context.Context, id string) error {
 		tq := activity.GetInfo(ctx).TaskQueue
+		s.mu.Lock()
 		synced = append(synced, tq+":"+id)
 		emittedBefore = append(emittedBefore, len(s.emitted))
+		s.mu.Unlock()
 		if tq == NodeTaskQueue("n2") {
 			return errors.New("node n2 is gone")
 		}
@@ -228,8 +247,7 @@ func (s *WorkerWorkflowSuite) TestChangesReachEveryNode() {
 func (s *WorkerWorkflowSuite) TestCreateUndoneWhenItsEventsCannotBePublished() {
 	env := s.NewTestWorkflowEnvironment() // without the suite's Emit mock
 	env.RegisterActivity(&activities.Activities{})
-	env.OnActivity(a.PrepareCode, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, in activities.PrepareCodeInput) (catalog.CodeRef, error) { return in.Ref, nil })
+	s.prepareAnyCode(env)
 	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
 	var emits []activities.EmitInput
 	env.OnActivity(a.Emit, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.EmitInput) error {
@@ -284,13 +302,7 @@ func (s *WorkerWorkflowSuite) TestUpdateQueuedBehindDeleteIsNotFound() {
 // input, as topic and group do) reaches the stored record, and stays
 // through later changes and continue-as-new.
 func (s *WorkerWorkflowSuite) TestRetryPolicyReachesTheRecord() {
-	var applied []activities.ApplyInput
-	s.env.OnActivity(a.PrepareCode, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, in activities.PrepareCodeInput) (catalog.CodeRef, error) { return in.Ref, nil })
-	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) error {
-		applied = append(applied, in)
-		return nil
-	})
+	applied := s.recordApplies()
 	w := newWorker()
 	w.MaxAttempts, w.RetryBackoff = 5, 2*time.Second
 	var create, stop, load updater
@@ -304,8 +316,8 @@ func (s *WorkerWorkflowSuite) TestRetryPolicyReachesTheRecord() {
 		s.NoError(u.reject)
 		s.NoError(u.err)
 	}
-	s.Require().Len(applied, 3)
-	for _, in := range applied {
+	s.Require().Len(*applied, 3)
+	for _, in := range *applied {
 		s.Equal(5, in.Worker.MaxAttempts)
 		s.Equal(2*time.Second, in.Worker.RetryBackoff)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/types"
 	flatbuffers "github.com/google/flatbuffers/go"
 
+	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/native/abi"
 )
 
@@ -200,7 +201,7 @@ func decodeResponse(buf []byte) (out []event.Event, err error) {
 }
 
 func outputError(i int, err error) error {
-	return &WorkerError{Message: fmt.Sprintf("output %d: %v", i, err)}
+	return &WorkerError{Message: engines.OutputError(i, err)}
 }
 
 // v1Box holds an output's context and the strings its pointer fields point

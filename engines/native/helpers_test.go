@@ -126,16 +126,31 @@ type entry struct {
 
 func zipOf(t testing.TB, entries ...entry) []byte {
 	t.Helper()
+	return buildZip(t, entries, nil)
+}
+
+// buildZip writes entries as regular files and link, if any, as a symbolic
+// link whose target is its data.
+func buildZip(t testing.TB, entries []entry, link *entry) []byte {
+	t.Helper()
 	var buf bytes.Buffer
 	zw := zip.NewWriter(&buf)
-	for _, e := range entries {
-		w, err := zw.Create(e.name)
+	add := func(e entry, h *zip.FileHeader) {
+		w, err := zw.CreateHeader(h)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if _, err := w.Write(e.data); err != nil {
 			t.Fatal(err)
 		}
+	}
+	for _, e := range entries {
+		add(e, &zip.FileHeader{Name: e.name, Method: zip.Deflate})
+	}
+	if link != nil {
+		h := &zip.FileHeader{Name: link.name, Method: zip.Store}
+		h.SetMode(fs.ModeSymlink | 0o777)
+		add(*link, h)
 	}
 	if err := zw.Close(); err != nil {
 		t.Fatal(err)
@@ -287,23 +302,7 @@ func (r *recorder) lines() []string {
 // zipWithSymlink is zipOf plus a symbolic link entry.
 func zipWithSymlink(t testing.TB, entries ...entry) []byte {
 	t.Helper()
-	var buf bytes.Buffer
-	zw := zip.NewWriter(&buf)
-	for _, e := range entries {
-		w, _ := zw.Create(e.name)
-		w.Write(e.data)
-	}
-	h := &zip.FileHeader{Name: "runtimes/" + hostRID + "/native/link.so", Method: zip.Store}
-	h.SetMode(fs.ModeSymlink | 0o777)
-	w, err := zw.CreateHeader(h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Write([]byte("../../../../etc/passwd"))
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
+	return buildZip(t, entries, &entry{"runtimes/" + hostRID + "/native/link.so", []byte("../../../../etc/passwd")})
 }
 
 // zipWithLyingSize is zipOf plus an entry "big.bin" whose header declares

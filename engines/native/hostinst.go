@@ -221,7 +221,7 @@ func (e *Engine) checkInHost(ctx context.Context, spec engines.Spec, pk *pkg) er
 		return err
 	}
 	defer os.RemoveAll(dir)
-	p, err := e.startHost(ctx, spec, libPath, pk.manifest, e.logger(spec).With("worker_id", spec.WorkerID))
+	p, err := e.startHost(ctx, spec, libPath, pk.manifest, spec.Logger.With("worker_id", spec.WorkerID))
 	if err != nil {
 		return err
 	}
@@ -247,10 +247,10 @@ func (e *Engine) loadInHost(ctx context.Context, spec engines.Spec, pk *pkg) (en
 	if err != nil {
 		return nil, err
 	}
-	log := e.logger(spec)
+	log := spec.Logger
 	in := &hostInstance{
 		e: e, spec: spec, m: pk.manifest, libPath: libPath,
-		timeout: e.timeout(spec), wlog: log.With("worker_id", spec.WorkerID),
+		timeout: spec.Timeout, wlog: log.With("worker_id", spec.WorkerID),
 	}
 	in.pool = procpool.New(procpool.Config[*hostProc]{
 		Size:             e.cfg.HostProcesses,

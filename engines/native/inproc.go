@@ -51,11 +51,11 @@ func (e *Engine) loadInProcess(spec engines.Spec, p *pkg, abi loader.ABI) (engin
 	if err != nil {
 		return nil, err
 	}
-	log := e.logger(spec)
+	log := spec.Logger
 	in := &inprocInstance{
 		e:        e,
 		spec:     spec,
-		timeout:  e.timeout(spec),
+		timeout:  spec.Timeout,
 		log:      log,
 		wlog:     log.With("worker_id", spec.WorkerID),
 		dir:      dir,

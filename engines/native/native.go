@@ -136,6 +136,7 @@ func (e *Engine) isolation(m *Manifest) Isolation {
 // and has the ABI's exports, then unloads it. Loading runs the library's
 // initialisers.
 func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) error {
+	spec = spec.WithDefaults(e.cfg.DefaultTimeout, e.cfg.Logger)
 	p, err := openPackage(code, hostRID)
 	if err != nil {
 		return err
@@ -159,13 +160,14 @@ func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) erro
 
 // Load implements engines.Engine.
 func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engines.Instance, error) {
+	spec = spec.WithDefaults(e.cfg.DefaultTimeout, e.cfg.Logger)
 	p, err := openPackage(code, hostRID)
 	if err != nil {
 		return nil, err
 	}
 	abiSpec, _ := loader.LookupABI(p.manifest.ABIVersion)
 	if abiSpec.Deprecated {
-		e.logger(spec).Warn("native worker uses a deprecated ABI version; it will be refused by the next release",
+		spec.Logger.Warn("native worker uses a deprecated ABI version; it will be refused by the next release",
 			"worker_id", spec.WorkerID, "abi_version", abiSpec.Version, "current", CurrentABI)
 	}
 	if e.isolation(p.manifest) == IsolationProcess {
@@ -201,23 +203,9 @@ func openLibrary(path string, m *Manifest) (*loader.Library, error) {
 	return lib, err
 }
 
-func (e *Engine) timeout(spec engines.Spec) time.Duration {
-	if spec.Timeout > 0 {
-		return spec.Timeout
-	}
-	return e.cfg.DefaultTimeout
-}
-
 func (e *Engine) gatewayTimeout(spec engines.Spec) time.Duration {
 	if e.cfg.GatewayTimeout > 0 {
 		return e.cfg.GatewayTimeout
 	}
-	return e.timeout(spec)
-}
-
-func (e *Engine) logger(spec engines.Spec) *slog.Logger {
-	if spec.Logger != nil {
-		return spec.Logger
-	}
-	return e.cfg.Logger
+	return spec.Timeout
 }

@@ -46,15 +46,22 @@ func BenchmarkPythonRoundTrip1KiBNoSpin(b *testing.B) {
 	benchRoundTrip(b, python.Config{SpinWait: -1})
 }
 
-func benchRoundTrip(b *testing.B, cfg python.Config) {
+// loadBenchEcho loads the echo worker (closed when the benchmark ends) and
+// returns it with a 1 KiB event.
+func loadBenchEcho(b *testing.B, cfg python.Config) (engines.Instance, *event.Event) {
 	e := newEngine(b, cfg)
 	ctx := context.Background()
 	inst, err := e.Load(ctx, engines.Spec{WorkerID: "bench", MIMEType: python.MIMEType}, []byte(benchEcho))
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer inst.Close(ctx)
-	in := enginetest.BenchEvent1KiB(b)
+	b.Cleanup(func() { inst.Close(ctx) })
+	return inst, enginetest.BenchEvent1KiB(b)
+}
+
+func benchRoundTrip(b *testing.B, cfg python.Config) {
+	ctx := context.Background()
+	inst, in := loadBenchEcho(b, cfg)
 	for range 1000 { // warm up
 		if _, err := inst.Process(ctx, in); err != nil {
 			b.Fatal(err)
@@ -155,14 +162,8 @@ func BenchmarkBarePipeEcho1KiB(b *testing.B) {
 // BenchmarkPythonParallel1KiB measures throughput with two processes serving
 // calls from several goroutines.
 func BenchmarkPythonParallel1KiB(b *testing.B) {
-	e := newEngine(b, python.Config{Processes: 2})
 	ctx := context.Background()
-	inst, err := e.Load(ctx, engines.Spec{WorkerID: "bench", MIMEType: python.MIMEType}, []byte(benchEcho))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer inst.Close(ctx)
-	in := enginetest.BenchEvent1KiB(b)
+	inst, in := loadBenchEcho(b, python.Config{Processes: 2})
 	b.ReportAllocs()
 	b.SetParallelism(2)
 	b.RunParallel(func(pb *testing.PB) {

@@ -32,7 +32,7 @@ func newInstance(e *Engine, spec engines.Spec, interp string, code []byte) *Inst
 		spec:    spec,
 		interp:  interp,
 		code:    append([]byte(nil), code...),
-		timeout: e.timeout(spec),
+		timeout: spec.Timeout,
 	}
 	in.pool = procpool.New(procpool.Config[*proc]{
 		Size: e.cfg.Processes,
@@ -40,7 +40,7 @@ func newInstance(e *Engine, spec engines.Spec, interp string, code []byte) *Inst
 			return e.startLoaded(ctx, spec, interp, in.code, in.pool)
 		},
 		Grace:    closeGrace,
-		Logger:   e.logger(spec),
+		Logger:   spec.Logger,
 		Name:     "python worker process",
 		LogAttrs: []any{"worker_id", spec.WorkerID},
 	})
@@ -212,11 +212,5 @@ func decodeOutput(ev *event.Event, b []byte) error {
 }
 
 func outputError(i int, err error) error {
-	msg := err.Error()
-	if i >= 0 {
-		msg = fmt.Sprintf("output %d: %s", i, msg)
-	} else {
-		msg = "decoding the outputs: " + msg
-	}
-	return &Error{Kind: engines.ErrWorkerFailed, Message: msg}
+	return &Error{Kind: engines.ErrWorkerFailed, Message: engines.OutputError(i, err)}
 }

@@ -183,7 +183,7 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("python engine: %w", err)
 	}
-	log := e.logger(spec)
+	log := spec.Logger
 	p := &proc{
 		reqW:   pipes.ReqW,
 		respR:  pipes.RespR,

@@ -112,6 +112,7 @@ func (e *Engine) Info() engines.Info {
 // Check implements engines.Engine: it starts one runner, loads the code into
 // it and kills it.
 func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) error {
+	spec = spec.WithDefaults(e.cfg.DefaultTimeout, e.cfg.Logger)
 	interp, err := e.interpreter(ctx)
 	if err != nil {
 		return err
@@ -127,6 +128,7 @@ func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) erro
 // Load implements engines.Engine: it starts Config.Processes runners with the
 // code loaded and keeps them running until the Instance is closed.
 func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engines.Instance, error) {
+	spec = spec.WithDefaults(e.cfg.DefaultTimeout, e.cfg.Logger)
 	interp, err := e.interpreter(ctx)
 	if err != nil {
 		return nil, err
@@ -138,20 +140,6 @@ func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engi
 		return nil, err
 	}
 	return in, nil
-}
-
-func (e *Engine) timeout(spec engines.Spec) time.Duration {
-	if spec.Timeout > 0 {
-		return spec.Timeout
-	}
-	return e.cfg.DefaultTimeout
-}
-
-func (e *Engine) logger(spec engines.Spec) *slog.Logger {
-	if spec.Logger != nil {
-		return spec.Logger
-	}
-	return e.cfg.Logger
 }
 
 // interpreter returns the python executable, resolving the default once.

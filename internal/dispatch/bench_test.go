@@ -1,12 +1,16 @@
-package dispatch
+package dispatch_test
 
 import (
 	"context"
-	"github.com/virtufin/workmanager/internal/state"
 	"testing"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
+
+	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/dispatch/dispatchtest"
+	"github.com/virtufin/workmanager/internal/publish/publishtest"
+	"github.com/virtufin/workmanager/internal/state"
 )
 
 // BenchmarkDispatchOneOutput measures the in-process hot path per message:
@@ -30,32 +34,32 @@ func BenchmarkDispatchNoopEngine(b *testing.B) {
 
 func benchmarkDispatch(b *testing.B, fn func(*event.Event) ([]event.Event, error)) {
 	broker := newFakeBrokerBench()
-	pub := &discardPublisher{}
+	pub := &publishtest.Discard{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	deps := testDeps(broker, pub, state.NewMemoryStore())
 	deps.Events = nil
-	d := New(ctx, quietLog(), deps, Config{PubSub: "pubsub", MaxConcurrency: 1})
-	d.Attach(Worker{ID: "w", Topic: "in"}, &funcInstance{fn: fn})
-	s := waitStreamB(b, broker.fakeBroker, "in")
+	d := dispatch.New(ctx, quietLog(), deps, dispatch.Config{PubSub: "pubsub", MaxConcurrency: 1})
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, &dispatchtest.FuncInstance{Fn: fn})
+	s := waitStreamB(b, broker.Broker, "in")
 	req := request("m1", "corr-1")
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		s.in <- req
-		<-broker.acks
+		s.In <- req
+		<-broker.Acks
 	}
 	b.StopTimer()
 	_ = pub
 }
 
-// BenchmarkDecode measures Decode alone.
+// BenchmarkDecode measures dispatch.Decode alone.
 func BenchmarkDecode(b *testing.B) {
 	req := request("m1", "corr-1")
 	var e event.Event
 	b.ReportAllocs()
 	for range b.N {
-		if err := Decode(req, &e); err != nil {
+		if err := dispatch.Decode(req, &e); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -66,7 +70,7 @@ func BenchmarkDecode(b *testing.B) {
 func BenchmarkBaselineChannelHandoff(b *testing.B) {
 	in := make(chan *runtimev1.TopicEventRequest, 1024)
 	jobs := make(chan *runtimev1.TopicEventRequest)
-	acks := make(chan fakeAck, 1024)
+	acks := make(chan dispatchtest.Acked, 1024)
 	go func() {
 		for m := range in {
 			jobs <- m
@@ -75,7 +79,7 @@ func BenchmarkBaselineChannelHandoff(b *testing.B) {
 	}()
 	go func() {
 		for m := range jobs {
-			acks <- fakeAck{id: m.Id}
+			acks <- dispatchtest.Acked{ID: m.Id}
 		}
 	}()
 	req := request("m1", "corr-1")
@@ -88,17 +92,17 @@ func BenchmarkBaselineChannelHandoff(b *testing.B) {
 	close(in)
 }
 
-type benchBroker struct{ *fakeBroker }
+type benchBroker struct{ *dispatchtest.Broker }
 
-func newFakeBrokerBench() benchBroker { return benchBroker{newFakeBroker()} }
+func newFakeBrokerBench() benchBroker { return benchBroker{dispatchtest.NewBroker()} }
 
-func (b benchBroker) Subscribe(ctx context.Context, p, t string) (Stream, error) {
-	return b.fakeBroker.Subscribe(ctx, p, t)
+func (b benchBroker) Subscribe(ctx context.Context, p, t string) (dispatch.Stream, error) {
+	return b.Broker.Subscribe(ctx, p, t)
 }
 
-func waitStreamB(b *testing.B, br *fakeBroker, topic string) *fakeStream {
+func waitStreamB(b *testing.B, br *dispatchtest.Broker, topic string) *dispatchtest.Stream {
 	for {
-		if s := br.stream(topic); s != nil {
+		if s := br.Stream(topic); s != nil {
 			return s
 		}
 	}

@@ -1,4 +1,4 @@
-package dispatch
+package dispatch_test
 
 import (
 	"context"
@@ -17,9 +17,12 @@ import (
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/delivery"
+	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/dispatch/dispatchtest"
 	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/publish"
+	"github.com/virtufin/workmanager/internal/publish/publishtest"
 	"github.com/virtufin/workmanager/internal/state"
 )
 
@@ -49,22 +52,22 @@ func outputs(types ...string) func(*event.Event) ([]event.Event, error) {
 	}
 }
 
-func waitAck(t *testing.T, b *fakeBroker) fakeAck {
+func waitAck(t *testing.T, b *dispatchtest.Broker) dispatchtest.Acked {
 	t.Helper()
 	select {
-	case a := <-b.acks:
+	case a := <-b.Acks:
 		return a
 	case <-time.After(5 * time.Second):
 		t.Fatal("no ack")
 	}
-	return fakeAck{}
+	return dispatchtest.Acked{}
 }
 
-func waitStream(t *testing.T, b *fakeBroker, topic string) *fakeStream {
+func waitStream(t *testing.T, b *dispatchtest.Broker, topic string) *dispatchtest.Stream {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		if s := b.stream(topic); s != nil {
+		if s := b.Stream(topic); s != nil {
 			return s
 		}
 		time.Sleep(time.Millisecond)
@@ -73,50 +76,53 @@ func waitStream(t *testing.T, b *fakeBroker, topic string) *fakeStream {
 	return nil
 }
 
-func newTestDispatcher(t *testing.T, b *fakeBroker, pub *fakePublisher, conc int) *Dispatcher {
-	return newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: conc})
+// oneWorker is a dispatcher with worker w1 on topic "in" running fn, its
+// broker, its publisher and the stream w1 subscribed.
+func oneWorker(t *testing.T, conc int, fn func(*event.Event) ([]event.Event, error)) (*dispatch.Dispatcher, *dispatchtest.Broker, *publishtest.Recorder, *dispatchtest.Stream) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	d := newTestDispatcher(t, b, pub, conc)
+	d.Attach(dispatch.Worker{ID: "w1", Topic: "in"}, &dispatchtest.FuncInstance{Fn: fn})
+	return d, b, pub, waitStream(t, b, "in")
+}
+
+func newTestDispatcher(t *testing.T, b *dispatchtest.Broker, pub *publishtest.Recorder, conc int) *dispatch.Dispatcher {
+	return newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: conc})
 }
 
 // newTestDispatcherWith uses st for delivery records, group locks and dead
 // letters (a store that can fail, or one shared by two "nodes").
-func newTestDispatcherWith(t *testing.T, b Subscriber, pub publish.Publisher, st state.Store, cfg Config) *Dispatcher {
+func newTestDispatcherWith(t *testing.T, b dispatch.Subscriber, pub publish.Publisher, st state.Store, cfg dispatch.Config) *dispatch.Dispatcher {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	return New(ctx, quietLog(), testDeps(b, pub, st), cfg)
+	return dispatch.New(ctx, quietLog(), testDeps(b, pub, st), cfg)
 }
 
-func testDeps(b Subscriber, pub publish.Publisher, st state.Store) Deps {
-	return Deps{Sub: b, Pub: pub, Events: lifecycleevents.NewEmitter(pub), Records: delivery.NewStore(st, time.Hour),
+func testDeps(b dispatch.Subscriber, pub publish.Publisher, st state.Store) dispatch.Deps {
+	return dispatch.Deps{Sub: b, Pub: pub, Events: lifecycleevents.NewEmitter(pub), Records: delivery.NewStore(st, time.Hour),
 		Locks:       grouplock.New(st, grouplock.Config{RetryBase: time.Millisecond, MaxRetries: 3}),
 		DeadLetters: deadletter.NewStore(st, time.Hour)}
 }
 
 func TestOutputsGoToTheirTypeWithCorrelationID(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
-	d := newTestDispatcher(t, b, pub, 2)
-	d.Attach(Worker{ID: "w1", Topic: "in"}, &funcInstance{fn: outputs("out.a", "out.b")})
-	s := waitStream(t, b, "in")
+	_, b, pub, s := oneWorker(t, 2, outputs("out.a", "out.b"))
 
-	s.in <- request("m1", "corr-1")
-	if a := waitAck(t, b); a.id != "m1" || a.status != AckSuccess {
+	s.In <- request("m1", "corr-1")
+	if a := waitAck(t, b); a.ID != "m1" || a.Status != dispatch.AckSuccess {
 		t.Fatalf("ack %+v", a)
 	}
-	s.in <- request("m2", "")
+	s.In <- request("m2", "")
 	waitAck(t, b)
-
-	pub.mu.Lock()
-	defer pub.mu.Unlock()
-	if len(pub.events) != 4 {
-		t.Fatalf("published %d events", len(pub.events))
+	if len(pub.All()) != 4 {
+		t.Fatalf("published %d events", len(pub.All()))
 	}
-	for i, p := range pub.events {
-		if p.topic != p.ev.Type() {
-			t.Errorf("event %d published to %q, type %q", i, p.topic, p.ev.Type())
+	for i, p := range pub.All() {
+		if p.Topic != p.Event.Type() {
+			t.Errorf("event %d published to %q, type %q", i, p.Topic, p.Event.Type())
 		}
-		if p.ev.ID() == "" || p.ev.Source() != "workmanager/workers/w1" || p.ev.SpecVersion() != "1.0" {
-			t.Errorf("event %d defaults: %v", i, p.ev)
+		if p.Event.ID() == "" || p.Event.Source() != "workmanager/workers/w1" || p.Event.SpecVersion() != "1.0" {
+			t.Errorf("event %d defaults: %v", i, p.Event)
 		}
-		cid, ok := p.ev.Extensions()[CorrelationExtension]
+		cid, ok := p.Event.Extensions()[dispatch.CorrelationExtension]
 		if i < 2 && cid != "corr-1" {
 			t.Errorf("event %d correlationid %v", i, cid)
 		}
@@ -127,18 +133,18 @@ func TestOutputsGoToTheirTypeWithCorrelationID(t *testing.T) {
 }
 
 func TestWorkerCannotForgeCorrelationID(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 	d := newTestDispatcher(t, b, pub, 1)
-	d.Attach(Worker{ID: "w1", Topic: "in"}, &funcInstance{fn: func(*event.Event) ([]event.Event, error) {
+	d.Attach(dispatch.Worker{ID: "w1", Topic: "in"}, &dispatchtest.FuncInstance{Fn: func(*event.Event) ([]event.Event, error) {
 		e := event.New()
 		e.SetType("out")
-		e.SetExtension(CorrelationExtension, "forged")
+		e.SetExtension(dispatch.CorrelationExtension, "forged")
 		return []event.Event{e}, nil
 	}})
 	s := waitStream(t, b, "in")
-	s.in <- request("m1", "")
+	s.In <- request("m1", "")
 	waitAck(t, b)
-	if _, ok := pub.events[0].ev.Extensions()[CorrelationExtension]; ok {
+	if _, ok := pub.All()[0].Event.Extensions()[dispatch.CorrelationExtension]; ok {
 		t.Fatal("a correlation id appeared although the input had none")
 	}
 }
@@ -149,21 +155,19 @@ func TestFailureRetriesAndEmitsWorkerError(t *testing.T) {
 		"timeout":       fmt.Errorf("%w after 1s", engines.ErrTimeout),
 	} {
 		t.Run(name, func(t *testing.T) {
-			b, pub := newFakeBroker(), &fakePublisher{}
+			b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 			d := newTestDispatcher(t, b, pub, 1)
-			d.Attach(Worker{ID: "w1", Topic: "in", Group: "g"}, &funcInstance{fn: func(*event.Event) ([]event.Event, error) { return nil, err }})
+			d.Attach(dispatch.Worker{ID: "w1", Topic: "in", Group: "g"}, &dispatchtest.FuncInstance{Fn: func(*event.Event) ([]event.Event, error) { return nil, err }})
 			s := waitStream(t, b, "in")
-			s.in <- request("m1", "")
-			if a := waitAck(t, b); a.status != AckRetry {
+			s.In <- request("m1", "")
+			if a := waitAck(t, b); a.Status != dispatch.AckRetry {
 				t.Fatalf("ack %+v, want RETRY", a)
 			}
-			pub.mu.Lock()
-			defer pub.mu.Unlock()
-			if len(pub.events) != 1 || pub.events[0].topic != lifecycleevents.Topic || pub.events[0].ev.Type() != lifecycleevents.TypePrefix+"error" {
-				t.Fatalf("published %v", pub.events)
+			if len(pub.All()) != 1 || pub.All()[0].Topic != lifecycleevents.Topic || pub.All()[0].Event.Type() != lifecycleevents.TypePrefix+"error" {
+				t.Fatalf("published %v", pub.All())
 			}
 			var data lifecycleevents.Data
-			if err := pub.events[0].ev.DataAs(&data); err != nil || data.ErrorType != name || data.WorkerID != "w1" || data.Group != "g" ||
+			if err := pub.All()[0].Event.DataAs(&data); err != nil || data.ErrorType != name || data.WorkerID != "w1" || data.Group != "g" ||
 				data.Attempt != 1 || data.MaxAttempts != 3 || data.EventID != "m1" {
 				t.Fatalf("error data %+v %v", data, err)
 			}
@@ -175,44 +179,36 @@ func TestFailureRetriesAndEmitsWorkerError(t *testing.T) {
 // the broker redelivers it, and once publishing works again it is answered
 // SUCCESS with its output published.
 func TestRefusedOutputRetriesTheInput(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
-	d := newTestDispatcher(t, b, pub, 1)
-	d.Attach(Worker{ID: "w1", Topic: "in"}, &funcInstance{fn: outputs("out")})
-	s := waitStream(t, b, "in")
+	_, b, pub, s := oneWorker(t, 1, outputs("out"))
 	refused := errors.New("redis: connection pool timeout")
-	pub.fail.Store(&refused)
-	s.in <- request("m1", "")
-	if a := waitAck(t, b); a.id != "m1" || a.status != AckRetry {
+	pub.Fail(refused)
+	s.In <- request("m1", "")
+	if a := waitAck(t, b); a.ID != "m1" || a.Status != dispatch.AckRetry {
 		t.Fatalf("ack %+v, want RETRY", a)
 	}
-	pub.fail.Store(nil)
-	s.in <- request("m1", "") // the redelivery
-	if a := waitAck(t, b); a.status != AckSuccess {
+	pub.Fail(nil)
+	s.In <- request("m1", "") // the redelivery
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
 		t.Fatalf("redelivery ack %+v, want SUCCESS", a)
 	}
-	pub.mu.Lock()
-	defer pub.mu.Unlock()
-	if len(pub.events) != 1 || pub.events[0].topic != "out" || pub.events[0].ev.ID() != "m1/w1/0" {
-		t.Fatalf("published %+v, want the one output of m1", pub.events)
+	if len(pub.All()) != 1 || pub.All()[0].Topic != "out" || pub.All()[0].Event.ID() != "m1/w1/0" {
+		t.Fatalf("published %+v, want the one output of m1", pub.All())
 	}
 }
 
 // A failed ack is logged, not fatal: the broker redelivers that message, and
 // the stream goes on with the next ones.
 func TestFailedAckDoesNotStallTheStream(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
-	d := newTestDispatcher(t, b, pub, 1)
-	d.Attach(Worker{ID: "w1", Topic: "in"}, &funcInstance{fn: outputs("out")})
-	s := waitStream(t, b, "in")
+	d, b, _, s := oneWorker(t, 1, outputs("out"))
 	lost := errors.New("stream closed by daprd")
-	b.ackErr.Store(&lost)
-	s.in <- request("m1", "")
-	if a := waitAck(t, b); a.id != "m1" {
+	b.FailAcks(lost)
+	s.In <- request("m1", "")
+	if a := waitAck(t, b); a.ID != "m1" {
 		t.Fatalf("ack %+v", a)
 	}
-	b.ackErr.Store(nil)
-	s.in <- request("m2", "")
-	if a := waitAck(t, b); a.id != "m2" || a.status != AckSuccess {
+	b.FailAcks(nil)
+	s.In <- request("m2", "")
+	if a := waitAck(t, b); a.ID != "m2" || a.Status != dispatch.AckSuccess {
 		t.Fatalf("ack %+v, want m2 SUCCESS", a)
 	}
 	if st := d.Stats(); st.Processed != 2 {
@@ -221,78 +217,78 @@ func TestFailedAckDoesNotStallTheStream(t *testing.T) {
 }
 
 func TestFanOutAcksOnceAfterAllWorkers(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 	d := newTestDispatcher(t, b, pub, 1)
 	release := make(chan struct{})
-	d.Attach(Worker{ID: "slow", Topic: "in"}, &funcInstance{fn: func(in *event.Event) ([]event.Event, error) {
+	d.Attach(dispatch.Worker{ID: "slow", Topic: "in"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
 		<-release
 		return outputs("a")(in)
 	}})
-	d.Attach(Worker{ID: "fast", Topic: "in"}, &funcInstance{fn: outputs("b")})
+	d.Attach(dispatch.Worker{ID: "fast", Topic: "in"}, &dispatchtest.FuncInstance{Fn: outputs("b")})
 	s := waitStream(t, b, "in")
-	s.in <- request("m1", "")
+	s.In <- request("m1", "")
 	select {
-	case a := <-b.acks:
+	case a := <-b.Acks:
 		t.Fatalf("acked %+v before the slow worker finished", a)
 	case <-time.After(100 * time.Millisecond):
 	}
 	close(release)
-	if a := waitAck(t, b); a.status != AckSuccess {
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
 		t.Fatalf("ack %+v", a)
 	}
-	if b.subs.Load() != 1 {
-		t.Fatalf("%d subscriptions for one topic", b.subs.Load())
+	if b.Subscriptions() != 1 {
+		t.Fatalf("%d subscriptions for one topic", b.Subscriptions())
 	}
 }
 
 func TestHotSwapDrainsOldInstance(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 	d := newTestDispatcher(t, b, pub, 4)
 	entered, release := make(chan struct{}), make(chan struct{})
-	old := &funcInstance{fn: func(in *event.Event) ([]event.Event, error) {
+	old := &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
 		close(entered)
 		<-release
 		return outputs("old")(in)
 	}}
-	d.Attach(Worker{ID: "w", Topic: "in"}, old)
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, old)
 	s := waitStream(t, b, "in")
-	s.in <- request("m1", "")
+	s.In <- request("m1", "")
 	<-entered
-	d.Attach(Worker{ID: "w", Topic: "in"}, &funcInstance{fn: outputs("new")})
-	s.in <- request("m2", "")
-	if a := waitAck(t, b); a.id != "m2" {
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, &dispatchtest.FuncInstance{Fn: outputs("new")})
+	s.In <- request("m2", "")
+	if a := waitAck(t, b); a.ID != "m2" {
 		t.Fatalf("first ack %+v, want m2 (served by the new code while m1 is in flight)", a)
 	}
-	if old.closed.Load() {
+	if old.Closed() {
 		t.Fatal("old instance closed while a call was in flight")
 	}
 	close(release)
-	if a := waitAck(t, b); a.id != "m1" || a.status != AckSuccess {
+	if a := waitAck(t, b); a.ID != "m1" || a.Status != dispatch.AckSuccess {
 		t.Fatalf("ack %+v", a)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for !old.closed.Load() && time.Now().Before(deadline) {
+	for !old.Closed() && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	if !old.closed.Load() {
+	if !old.Closed() {
 		t.Fatal("old instance not closed after draining")
 	}
 }
 
 func TestDetachClosesStreamAndInstance(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 	d := newTestDispatcher(t, b, pub, 1)
-	inst := &funcInstance{fn: outputs("x")}
-	d.Attach(Worker{ID: "w", Topic: "in"}, inst)
+	inst := &dispatchtest.FuncInstance{Fn: outputs("x")}
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, inst)
 	s := waitStream(t, b, "in")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	d.Detach(ctx, "w")
-	if !inst.closed.Load() {
+	if !inst.Closed() {
 		t.Fatal("instance not closed")
 	}
 	select {
-	case <-s.done:
+	case <-s.Done():
 	default:
 		t.Fatal("stream not closed after the last worker left")
 	}
@@ -303,27 +299,27 @@ func TestDetachClosesStreamAndInstance(t *testing.T) {
 }
 
 func TestReconnectsAfterStreamError(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 	d := newTestDispatcher(t, b, pub, 1)
-	d.Attach(Worker{ID: "w", Topic: "in"}, &funcInstance{fn: outputs("x")})
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, &dispatchtest.FuncInstance{Fn: outputs("x")})
 	first := waitStream(t, b, "in")
 	first.Close() // daprd went away
 	deadline := time.Now().Add(5 * time.Second)
-	for b.subs.Load() < 2 && time.Now().Before(deadline) {
+	for b.Subscriptions() < 2 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	second := b.stream("in")
+	second := b.Stream("in")
 	if second == first || second == nil {
 		t.Fatal("did not resubscribe")
 	}
-	second.in <- request("m1", "")
-	if a := waitAck(t, b); a.status != AckSuccess {
+	second.In <- request("m1", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
 		t.Fatalf("ack %+v", a)
 	}
 }
 
 func TestSubscriptionStateIsReported(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 	var mu sync.Mutex
 	subState := map[string]error{}
 	seen := 0
@@ -331,7 +327,7 @@ func TestSubscriptionStateIsReported(t *testing.T) {
 	defer cancel()
 	deps := testDeps(b, pub, state.NewMemoryStore())
 	deps.Events = nil
-	d := New(ctx, quietLog(), deps, Config{PubSub: "pubsub", MaxConcurrency: 1,
+	d := dispatch.New(ctx, quietLog(), deps, dispatch.Config{PubSub: "pubsub", MaxConcurrency: 1,
 		ReconnectMin: time.Millisecond, ReconnectMax: 5 * time.Millisecond,
 		OnSubscription: func(topic string, err error) {
 			mu.Lock()
@@ -360,14 +356,14 @@ func TestSubscriptionStateIsReported(t *testing.T) {
 		}
 	}
 	refused := errors.New("redis: connection pool timeout")
-	b.refuse.Store(&refused)
-	d.Attach(Worker{ID: "w", Topic: "in"}, &funcInstance{fn: outputs("x")})
+	b.Refuse(refused)
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, &dispatchtest.FuncInstance{Fn: outputs("x")})
 	waitUntil("refused subscription", func(err error, ok bool) bool { return errors.Is(err, refused) })
-	b.refuse.Store(nil)
+	b.Refuse(nil)
 	waitUntil("subscription open", func(err error, ok bool) bool { return ok && err == nil })
-	b.stream("in").Close() // stream lost: reported, then reopened
-	waitUntil("reopened", func(err error, ok bool) bool { return ok && err == nil && b.subs.Load() >= 2 })
-	b.refuse.Store(&refused)
+	b.Stream("in").Close() // stream lost: reported, then reopened
+	waitUntil("reopened", func(err error, ok bool) bool { return ok && err == nil && b.Subscriptions() >= 2 })
+	b.Refuse(refused)
 	d.Detach(context.Background(), "w")
 	if err, ok := current(); !ok || err != nil {
 		t.Fatalf("a detached topic must be reported as no longer failing: %v", err)
@@ -383,12 +379,12 @@ func TestDecodeRejectsInvalidEvent(t *testing.T) {
 		"spec version 2": {Id: "1", Source: "s", Type: "t", SpecVersion: "2.0"},
 	} {
 		var e event.Event
-		if err := Decode(req, &e); err == nil {
+		if err := dispatch.Decode(req, &e); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
 	var e event.Event
-	if err := Decode(request("ok", "c"), &e); err != nil || e.ID() != "ok" || e.Extensions()[CorrelationExtension] != "c" {
+	if err := dispatch.Decode(request("ok", "c"), &e); err != nil || e.ID() != "ok" || e.Extensions()[dispatch.CorrelationExtension] != "c" {
 		t.Fatalf("valid event: %v %v", err, e)
 	}
 }

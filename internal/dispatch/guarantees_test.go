@@ -1,4 +1,4 @@
-package dispatch
+package dispatch_test
 
 import (
 	"context"
@@ -16,21 +16,12 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/deadletter"
+	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/dispatch/dispatchtest"
 	"github.com/virtufin/workmanager/internal/grouplock"
+	"github.com/virtufin/workmanager/internal/publish/publishtest"
 	"github.com/virtufin/workmanager/internal/state"
 )
-
-func (p *fakePublisher) on(topic string) []event.Event {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var out []event.Event
-	for _, e := range p.events {
-		if e.topic == topic {
-			out = append(out, e.ev)
-		}
-	}
-	return out
-}
 
 // counting counts calls per event id and fails the ids in fail.
 type counting struct {
@@ -39,8 +30,8 @@ type counting struct {
 	fail  map[string]bool
 }
 
-func (c *counting) instance(out string) *funcInstance {
-	return &funcInstance{fn: func(in *event.Event) ([]event.Event, error) {
+func (c *counting) instance(out string) *dispatchtest.FuncInstance {
+	return &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
 		c.mu.Lock()
 		if c.calls == nil {
 			c.calls = map[string]int{}
@@ -65,64 +56,64 @@ func (c *counting) n(id string) int {
 // by it, then lands on <topic>-dead intact with the dead-letter extensions
 // and is acked; the other worker on the topic ran it exactly once.
 func TestPoisonMessageDeadLettersAfterMaxAttempts(t *testing.T) {
-	b, pub, st := newFakeBroker(), &fakePublisher{}, state.NewMemoryStore()
-	d := newTestDispatcherWith(t, b, pub, st, Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 2, MaxAttempts: 3})
+	b, pub, st := dispatchtest.NewBroker(), &publishtest.Recorder{}, state.NewMemoryStore()
+	d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 2, MaxAttempts: 3})
 	poison, good := &counting{fail: map[string]bool{"bad": true}}, &counting{}
-	d.Attach(Worker{ID: "poison", Topic: "in"}, poison.instance("p.out"))
-	d.Attach(Worker{ID: "good", Topic: "in"}, good.instance("g.out"))
+	d.Attach(dispatch.Worker{ID: "poison", Topic: "in"}, poison.instance("p.out"))
+	d.Attach(dispatch.Worker{ID: "good", Topic: "in"}, good.instance("g.out"))
 	s := waitStream(t, b, "in")
 	for i := 1; i <= 3; i++ {
-		s.in <- request("bad", "corr")
-		want := AckRetry
+		s.In <- request("bad", "corr")
+		want := dispatch.AckRetry
 		if i == 3 {
-			want = AckSuccess
+			want = dispatch.AckSuccess
 		}
-		if a := waitAck(t, b); a.id != "bad" || a.status != want {
+		if a := waitAck(t, b); a.ID != "bad" || a.Status != want {
 			t.Fatalf("delivery %d: ack %+v, want %v", i, a, want)
 		}
 	}
-	s.in <- request("bad", "corr") // a stray redelivery changes nothing
-	if a := waitAck(t, b); a.status != AckSuccess {
+	s.In <- request("bad", "corr") // a stray redelivery changes nothing
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
 		t.Fatalf("ack after dead letter %+v", a)
 	}
 	if poison.n("bad") != 3 || good.n("bad") != 1 {
 		t.Fatalf("calls: poison %d (want 3), good %d (want 1)", poison.n("bad"), good.n("bad"))
 	}
-	dead := pub.on("in-dead")
+	dead := pub.On("in-dead")
 	if len(dead) != 1 {
 		t.Fatalf("%d dead letters", len(dead))
 	}
 	ext := dead[0].Extensions()
 	if dead[0].ID() != "bad" || dead[0].Source() != "test" || dead[0].Type() != "in" || string(dead[0].Data()) != `{"n":1}` ||
-		ext["correlationid"] != "corr" || ext["traceparent"] != "00-abc-def-01" || ext[DeadLetterReasonExtension] != "worker_failed" ||
-		ext[DeadLetterWorkerExtension] != "poison" || fmt.Sprint(ext[DeadLetterAttemptsExtension]) != "3" {
+		ext["correlationid"] != "corr" || ext["traceparent"] != "00-abc-def-01" || ext[dispatch.DeadLetterReasonExtension] != "worker_failed" ||
+		ext[dispatch.DeadLetterWorkerExtension] != "poison" || fmt.Sprint(ext[dispatch.DeadLetterAttemptsExtension]) != "3" {
 		t.Fatalf("dead letter %v", dead[0])
 	}
-	if e, _ := ext[DeadLetterErrorExtension].(string); e == "" {
+	if e, _ := ext[dispatch.DeadLetterErrorExtension].(string); e == "" {
 		t.Fatal("no error text on the dead letter")
 	}
 	entries, err := d.DeadLetters.List(context.Background(), "poison", deadletter.Filter{}, 10)
 	if err != nil || len(entries) != 1 || entries[0].EventID != "bad" || entries[0].Attempts != 3 {
 		t.Fatalf("stored dead letters %+v %v", entries, err)
 	}
-	if n := len(pub.on("workmanager.lifecycle")); n != 3+1 { // one error per attempt, one dead_lettered
+	if n := len(pub.On("workmanager.lifecycle")); n != 3+1 { // one error per attempt, one dead_lettered
 		t.Fatalf("%d lifecycle events, want 4", n)
 	}
 }
 
 // A replayed dead letter runs only for the worker it names.
 func TestReplayedEventRunsOnlyForItsWorker(t *testing.T) {
-	b, pub, st := newFakeBroker(), &fakePublisher{}, state.NewMemoryStore()
-	d := newTestDispatcherWith(t, b, pub, st, Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1})
+	b, pub, st := dispatchtest.NewBroker(), &publishtest.Recorder{}, state.NewMemoryStore()
+	d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1})
 	a, c := &counting{}, &counting{}
-	d.Attach(Worker{ID: "a", Topic: "in"}, a.instance("a.out"))
-	d.Attach(Worker{ID: "c", Topic: "in"}, c.instance("c.out"))
+	d.Attach(dispatch.Worker{ID: "a", Topic: "in"}, a.instance("a.out"))
+	d.Attach(dispatch.Worker{ID: "c", Topic: "in"}, c.instance("c.out"))
 	s := waitStream(t, b, "in")
 	req := request("r1", "")
 	req.Extensions = nil
 	req.Extensions, _ = structpb.NewStruct(map[string]any{deadletter.ReplayExtension: "a"})
-	s.in <- req
-	if ack := waitAck(t, b); ack.status != AckSuccess {
+	s.In <- req
+	if ack := waitAck(t, b); ack.Status != dispatch.AckSuccess {
 		t.Fatalf("ack %+v", ack)
 	}
 	if a.n("r1") != 1 || c.n("r1") != 0 {
@@ -133,19 +124,19 @@ func TestReplayedEventRunsOnlyForItsWorker(t *testing.T) {
 // A replay for a worker that is not running (stopped or deleted since the
 // replay) goes back to the dead letters instead of bouncing forever.
 func TestReplayForStoppedWorkerDeadLettersAgain(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 	d := newTestDispatcher(t, b, pub, 1)
 	c := &counting{}
-	d.Attach(Worker{ID: "a", Topic: "in"}, c.instance("a.out"))
+	d.Attach(dispatch.Worker{ID: "a", Topic: "in"}, c.instance("a.out"))
 	s := waitStream(t, b, "in")
 	req := request("r1", "")
 	req.Extensions, _ = structpb.NewStruct(map[string]any{deadletter.ReplayExtension: "gone"})
-	s.in <- req
-	if ack := waitAck(t, b); ack.status != AckSuccess {
+	s.In <- req
+	if ack := waitAck(t, b); ack.Status != dispatch.AckSuccess {
 		t.Fatalf("ack %+v", ack)
 	}
-	dead := pub.on("in-dead")
-	if len(dead) != 1 || dead[0].Extensions()[DeadLetterReasonExtension] != "not_running" || dead[0].Extensions()[DeadLetterWorkerExtension] != "gone" {
+	dead := pub.On("in-dead")
+	if len(dead) != 1 || dead[0].Extensions()[dispatch.DeadLetterReasonExtension] != "not_running" || dead[0].Extensions()[dispatch.DeadLetterWorkerExtension] != "gone" {
 		t.Fatalf("dead letters %v", dead)
 	}
 	if c.n("r1") != 0 {
@@ -159,44 +150,44 @@ func TestReplayForStoppedWorkerDeadLettersAgain(t *testing.T) {
 
 // A redelivery of a message every worker finished runs nobody again.
 func TestRedeliveryOfDoneMessageRunsNobody(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 	d := newTestDispatcher(t, b, pub, 1)
 	c := &counting{}
-	d.Attach(Worker{ID: "w", Topic: "in"}, c.instance("out"))
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, c.instance("out"))
 	s := waitStream(t, b, "in")
 	for range 3 {
-		s.in <- request("m", "")
-		if a := waitAck(t, b); a.status != AckSuccess {
+		s.In <- request("m", "")
+		if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
 			t.Fatalf("ack %+v", a)
 		}
 	}
-	if c.n("m") != 1 || len(pub.on("out")) != 1 {
-		t.Fatalf("ran %d times, %d outputs", c.n("m"), len(pub.on("out")))
+	if c.n("m") != 1 || len(pub.On("out")) != 1 {
+		t.Fatalf("ran %d times, %d outputs", c.n("m"), len(pub.On("out")))
 	}
 }
 
 // A panic in an engine is a failed attempt (error_type panic) and the
 // dispatcher keeps serving.
 func TestPanicIsAFailedAttempt(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
-	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, MaxAttempts: 1})
-	d.Attach(Worker{ID: "w", Topic: "in"}, &funcInstance{fn: func(in *event.Event) ([]event.Event, error) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, MaxAttempts: 1})
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
 		if in.ID() == "boom" {
 			panic("engine bug")
 		}
 		return outputs("out")(in)
 	}})
 	s := waitStream(t, b, "in")
-	s.in <- request("boom", "")
-	if a := waitAck(t, b); a.status != AckSuccess { // one attempt allowed: dead-lettered at once
+	s.In <- request("boom", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess { // one attempt allowed: dead-lettered at once
 		t.Fatalf("ack %+v", a)
 	}
-	dead := pub.on("in-dead")
-	if len(dead) != 1 || dead[0].Extensions()[DeadLetterReasonExtension] != "panic" {
+	dead := pub.On("in-dead")
+	if len(dead) != 1 || dead[0].Extensions()[dispatch.DeadLetterReasonExtension] != "panic" {
 		t.Fatalf("dead letters %v", dead)
 	}
-	s.in <- request("ok", "")
-	if a := waitAck(t, b); a.id != "ok" || a.status != AckSuccess {
+	s.In <- request("ok", "")
+	if a := waitAck(t, b); a.ID != "ok" || a.Status != dispatch.AckSuccess {
 		t.Fatalf("after the panic: ack %+v", a)
 	}
 	if st := d.Stats(); st.Panics != 1 {
@@ -207,27 +198,27 @@ func TestPanicIsAFailedAttempt(t *testing.T) {
 // Undecodable and oversized events go to <topic>-dead at once, with their
 // bytes, and never reach a worker.
 func TestUndecodableAndOversizedEventsDeadLetterAtOnce(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
-	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, MaxEventBytes: 1024})
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, MaxEventBytes: 1024})
 	c := &counting{}
-	d.Attach(Worker{ID: "w", Topic: "in"}, c.instance("out"))
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, c.instance("out"))
 	s := waitStream(t, b, "in")
-	s.in <- &runtimev1.TopicEventRequest{Id: "bad", Type: "t", SpecVersion: "1.0", Data: []byte("\x00raw")}
+	s.In <- &runtimev1.TopicEventRequest{Id: "bad", Type: "t", SpecVersion: "1.0", Data: []byte("\x00raw")}
 	big := request("big", "")
 	big.Data = make([]byte, 2048)
-	s.in <- big
-	s.in <- request("fine", "")
-	got := map[string]Ack{}
+	s.In <- big
+	s.In <- request("fine", "")
+	got := map[string]dispatch.Ack{}
 	for range 3 {
 		a := waitAck(t, b)
-		got[a.id] = a.status
+		got[a.ID] = a.Status
 	}
-	if got["bad"] != AckSuccess || got["big"] != AckSuccess || got["fine"] != AckSuccess {
+	if got["bad"] != dispatch.AckSuccess || got["big"] != dispatch.AckSuccess || got["fine"] != dispatch.AckSuccess {
 		t.Fatalf("acks %v", got)
 	}
 	reasons := map[string]string{}
-	for _, e := range pub.on("in-dead") {
-		reasons[e.ID()] = fmt.Sprint(e.Extensions()[DeadLetterReasonExtension])
+	for _, e := range pub.On("in-dead") {
+		reasons[e.ID()] = fmt.Sprint(e.Extensions()[dispatch.DeadLetterReasonExtension])
 		if e.ID() == "bad" && string(e.Data()) != "\x00raw" {
 			t.Errorf("raw bytes not kept: %q", e.Data())
 		}
@@ -243,22 +234,22 @@ func TestUndecodableAndOversizedEventsDeadLetterAtOnce(t *testing.T) {
 // A worker whose queue is full does not hold up the others: they process
 // the message and it comes back later for the slow one only.
 func TestSlowWorkerDoesNotHoldUpOthers(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
-	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, QueueDepth: 1})
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, QueueDepth: 1})
 	entered, release := make(chan struct{}, 5), make(chan struct{})
-	d.Attach(Worker{ID: "slow", Topic: "in"}, &funcInstance{fn: func(in *event.Event) ([]event.Event, error) {
+	d.Attach(dispatch.Worker{ID: "slow", Topic: "in"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
 		entered <- struct{}{}
 		<-release
 		return outputs("slow.out")(in)
 	}})
 	fast := &counting{}
-	d.Attach(Worker{ID: "fast", Topic: "in"}, fast.instance("fast.out"))
+	d.Attach(dispatch.Worker{ID: "fast", Topic: "in"}, fast.instance("fast.out"))
 	s := waitStream(t, b, "in")
-	s.in <- request("m0", "")
+	s.In <- request("m0", "")
 	<-entered
 	for i := 1; i < 5; i++ { // one at a time, so that fast's own queue never fills
 		id := "m" + strconv.Itoa(i)
-		s.in <- request(id, "")
+		s.In <- request(id, "")
 		deadline := time.Now().Add(5 * time.Second)
 		for fast.n(id) == 0 && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
@@ -268,17 +259,17 @@ func TestSlowWorkerDoesNotHoldUpOthers(t *testing.T) {
 	retried := map[string]bool{}
 	for range 3 {
 		a := waitAck(t, b)
-		if a.status != AckRetry {
+		if a.Status != dispatch.AckRetry {
 			t.Fatalf("ack %+v, want RETRY while slow is busy", a)
 		}
-		retried[a.id] = true
+		retried[a.ID] = true
 	}
 	if len(retried) != 3 || retried["m0"] || retried["m1"] {
 		t.Fatalf("retried %v, want m2..m4 (m1 is queued)", retried)
 	}
 	close(release)
 	for range 2 {
-		if a := waitAck(t, b); a.status != AckSuccess {
+		if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
 			t.Fatalf("ack %+v", a)
 		}
 	}
@@ -291,8 +282,8 @@ func TestSlowWorkerDoesNotHoldUpOthers(t *testing.T) {
 	for id := range retried {
 		again = id
 	}
-	s.in <- request(again, "") // the redelivery: only slow runs it
-	if a := waitAck(t, b); a.status != AckSuccess || fast.n(again) != 1 {
+	s.In <- request(again, "") // the redelivery: only slow runs it
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess || fast.n(again) != 1 {
 		t.Fatalf("redelivery ack %+v, fast ran %s %d times", a, again, fast.n(again))
 	}
 }
@@ -300,27 +291,27 @@ func TestSlowWorkerDoesNotHoldUpOthers(t *testing.T) {
 // A delivery of an event that is still in flight is answered together with
 // it; the event runs once.
 func TestDuplicateDeliveryInFlightRunsOnce(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 	d := newTestDispatcher(t, b, pub, 2)
 	entered, release := make(chan struct{}, 2), make(chan struct{})
 	var calls atomic.Int32
-	d.Attach(Worker{ID: "w", Topic: "in"}, &funcInstance{fn: func(in *event.Event) ([]event.Event, error) {
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
 		calls.Add(1)
 		entered <- struct{}{}
 		<-release
 		return outputs("out")(in)
 	}})
 	s := waitStream(t, b, "in")
-	s.in <- request("m", "")
+	s.In <- request("m", "")
 	<-entered
-	s.in <- request("m", "")
+	s.In <- request("m", "")
 	deadline := time.Now().Add(5 * time.Second)
 	for d.Stats().Duplicates == 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 	close(release)
 	for range 2 {
-		if a := waitAck(t, b); a.id != "m" || a.status != AckSuccess {
+		if a := waitAck(t, b); a.ID != "m" || a.Status != dispatch.AckSuccess {
 			t.Fatalf("ack %+v", a)
 		}
 	}
@@ -333,30 +324,30 @@ func TestDuplicateDeliveryInFlightRunsOnce(t *testing.T) {
 // unacknowledged (another node runs it), then dead-letters it as
 // not_runnable after its attempts and the grace period.
 func TestUnrunnableWorkerKeepsMessagePending(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
-	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, MaxAttempts: 2})
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, MaxAttempts: 2})
 	c := &counting{}
-	d.Attach(Worker{ID: "here", Topic: "in"}, c.instance("out"))
-	d.SetUnrunnable(Worker{ID: "elsewhere", Topic: "in"})
+	d.Attach(dispatch.Worker{ID: "here", Topic: "in"}, c.instance("out"))
+	d.SetUnrunnable(dispatch.Worker{ID: "elsewhere", Topic: "in"})
 	s := waitStream(t, b, "in")
-	s.in <- request("m", "")
-	if a := waitAck(t, b); a.status != AckRetry {
+	s.In <- request("m", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckRetry {
 		t.Fatalf("ack %+v, want RETRY: worker elsewhere has not seen it", a)
 	}
-	s.in <- request("m", "")
-	if a := waitAck(t, b); a.status != AckSuccess {
+	s.In <- request("m", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
 		t.Fatalf("ack %+v, want SUCCESS after not_runnable dead letter", a)
 	}
-	dead := pub.on("in-dead")
-	if len(dead) != 1 || dead[0].Extensions()[DeadLetterReasonExtension] != "not_runnable" || dead[0].Extensions()[DeadLetterWorkerExtension] != "elsewhere" {
+	dead := pub.On("in-dead")
+	if len(dead) != 1 || dead[0].Extensions()[dispatch.DeadLetterReasonExtension] != "not_runnable" || dead[0].Extensions()[dispatch.DeadLetterWorkerExtension] != "elsewhere" {
 		t.Fatalf("dead letters %v", dead)
 	}
 	if c.n("m") != 1 {
 		t.Fatalf("here ran m %d times", c.n("m"))
 	}
 	d.ClearUnrunnable("elsewhere")
-	s.in <- request("m2", "")
-	if a := waitAck(t, b); a.status != AckSuccess {
+	s.In <- request("m2", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
 		t.Fatalf("ack %+v after ClearUnrunnable", a)
 	}
 }
@@ -364,16 +355,16 @@ func TestUnrunnableWorkerKeepsMessagePending(t *testing.T) {
 // Drain lets the message in flight finish and be acked SUCCESS, and gives
 // any message received meanwhile back at once.
 func TestDrainFinishesInFlightAndGivesBackNew(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 	d := newTestDispatcher(t, b, pub, 1)
 	entered, release := make(chan struct{}, 1), make(chan struct{})
-	d.Attach(Worker{ID: "w", Topic: "in"}, &funcInstance{fn: func(in *event.Event) ([]event.Event, error) {
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
 		entered <- struct{}{}
 		<-release
 		return outputs("out")(in)
 	}})
 	s := waitStream(t, b, "in")
-	s.in <- request("inflight", "")
+	s.In <- request("inflight", "")
 	<-entered
 	drained := make(chan bool)
 	go func() {
@@ -382,15 +373,15 @@ func TestDrainFinishesInFlightAndGivesBackNew(t *testing.T) {
 		drained <- d.Drain(ctx)
 	}()
 	deadline := time.Now().Add(5 * time.Second)
-	for !d.draining.Load() && time.Now().Before(deadline) {
+	for !d.Draining() && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	s.in <- request("late", "")
-	if a := waitAck(t, b); a.id != "late" || a.status != AckRetry {
+	s.In <- request("late", "")
+	if a := waitAck(t, b); a.ID != "late" || a.Status != dispatch.AckRetry {
 		t.Fatalf("ack %+v, want late given back", a)
 	}
 	close(release)
-	if a := waitAck(t, b); a.id != "inflight" || a.status != AckSuccess {
+	if a := waitAck(t, b); a.ID != "inflight" || a.Status != dispatch.AckSuccess {
 		t.Fatalf("ack %+v", a)
 	}
 	if !<-drained {
@@ -401,8 +392,8 @@ func TestDrainFinishesInFlightAndGivesBackNew(t *testing.T) {
 // Two workers of one group never run at the same time; each sees the
 // fencing token on its input and carries it on its outputs, and tokens grow.
 func TestGroupWorkersAreMutuallyExclusive(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
-	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 4, QueueDepth: 64})
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 4, QueueDepth: 64})
 	var inside, overlaps atomic.Int32
 	var tokenMu sync.Mutex
 	tokens := map[string]bool{}
@@ -412,21 +403,21 @@ func TestGroupWorkersAreMutuallyExclusive(t *testing.T) {
 		}
 		time.Sleep(100 * time.Microsecond)
 		inside.Add(-1)
-		tok, _ := in.Extensions()[FencingExtension].(string)
+		tok, _ := in.Extensions()[dispatch.FencingExtension].(string)
 		tokenMu.Lock()
 		tokens[tok] = true
 		tokenMu.Unlock()
 		return outputs("out")(in)
 	}
-	d.Attach(Worker{ID: "a", Topic: "in", Group: "g"}, &funcInstance{fn: body})
-	d.Attach(Worker{ID: "b", Topic: "in", Group: "g"}, &funcInstance{fn: body})
+	d.Attach(dispatch.Worker{ID: "a", Topic: "in", Group: "g"}, &dispatchtest.FuncInstance{Fn: body})
+	d.Attach(dispatch.Worker{ID: "b", Topic: "in", Group: "g"}, &dispatchtest.FuncInstance{Fn: body})
 	s := waitStream(t, b, "in")
 	const n = 40
 	for i := range n {
-		s.in <- request("m"+strconv.Itoa(i), "")
+		s.In <- request("m"+strconv.Itoa(i), "")
 	}
 	for range n {
-		if a := waitAck(t, b); a.status != AckSuccess {
+		if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
 			t.Fatalf("ack %+v", a)
 		}
 	}
@@ -436,8 +427,8 @@ func TestGroupWorkersAreMutuallyExclusive(t *testing.T) {
 	if len(tokens) != 2*n || tokens[""] {
 		t.Fatalf("%d distinct tokens for %d executions (%v)", len(tokens), 2*n, tokens[""])
 	}
-	for _, o := range pub.on("out") {
-		if o.Extensions()[FencingExtension] == nil {
+	for _, o := range pub.On("out") {
+		if o.Extensions()[dispatch.FencingExtension] == nil {
 			t.Fatalf("output %s without fencing token", o.ID())
 		}
 	}
@@ -446,16 +437,16 @@ func TestGroupWorkersAreMutuallyExclusive(t *testing.T) {
 // An output produced under a lock that another holder took over meanwhile
 // is refused (a stale fencing token) and counted; the attempt fails.
 func TestStaleHolderOutputIsRefused(t *testing.T) {
-	b, pub, st := newFakeBroker(), &fakePublisher{}, state.NewMemoryStore()
-	d := newTestDispatcherWith(t, b, pub, st, Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1})
+	b, pub, st := dispatchtest.NewBroker(), &publishtest.Recorder{}, state.NewMemoryStore()
+	d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1})
 	entered, release := make(chan struct{}), make(chan struct{})
-	d.Attach(Worker{ID: "w", Topic: "in", Group: "g"}, &funcInstance{fn: func(in *event.Event) ([]event.Event, error) {
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in", Group: "g"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
 		close(entered)
 		<-release
 		return outputs("out")(in)
 	}})
 	s := waitStream(t, b, "in")
-	s.in <- request("m", "")
+	s.In <- request("m", "")
 	<-entered
 	// Another node steals the lock (as after the max age): a newer token.
 	it, err := st.Get(context.Background(), grouplock.Key("g"))
@@ -466,31 +457,31 @@ func TestStaleHolderOutputIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(release)
-	if a := waitAck(t, b); a.status != AckRetry {
+	if a := waitAck(t, b); a.Status != dispatch.AckRetry {
 		t.Fatalf("ack %+v, want RETRY", a)
 	}
-	if len(pub.on("out")) != 0 || d.Stats().StaleRefused != 1 {
-		t.Fatalf("outputs %d, stale refused %d", len(pub.on("out")), d.Stats().StaleRefused)
+	if len(pub.On("out")) != 0 || d.Stats().StaleRefused != 1 {
+		t.Fatalf("outputs %d, stale refused %d", len(pub.On("out")), d.Stats().StaleRefused)
 	}
 }
 
 // A state store that fails makes the message come back, never lost or
 // half-recorded.
 func TestStateStoreFailureGivesMessageBack(t *testing.T) {
-	b, pub := newFakeBroker(), &fakePublisher{}
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 	st := &failingStore{Store: state.NewMemoryStore()}
-	d := newTestDispatcherWith(t, b, pub, st, Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1})
+	d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1})
 	c := &counting{}
-	d.Attach(Worker{ID: "w", Topic: "in"}, c.instance("out"))
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, c.instance("out"))
 	s := waitStream(t, b, "in")
 	st.fail.Store(true)
-	s.in <- request("m", "")
-	if a := waitAck(t, b); a.status != AckRetry || c.n("m") != 0 {
+	s.In <- request("m", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckRetry || c.n("m") != 0 {
 		t.Fatalf("ack %+v, calls %d", a, c.n("m"))
 	}
 	st.fail.Store(false)
-	s.in <- request("m", "")
-	if a := waitAck(t, b); a.status != AckSuccess || c.n("m") != 1 {
+	s.In <- request("m", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess || c.n("m") != 1 {
 		t.Fatalf("ack %+v, calls %d", a, c.n("m"))
 	}
 }

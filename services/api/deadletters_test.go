@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/delivery"
+	"github.com/virtufin/workmanager/internal/publish/publishtest"
 	"github.com/virtufin/workmanager/internal/state"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	"github.com/virtufin/workmanager/workflows"
@@ -33,31 +33,6 @@ const (
 	w2 = "22222222-2222-4222-8222-222222222222"
 	w3 = "33333333-3333-4333-8333-333333333333"
 )
-
-type published struct {
-	topic string
-	ev    event.Event
-}
-
-// fakePublisher records what is published; fail, when set, decides per
-// event whether the publish fails.
-type fakePublisher struct {
-	mu   sync.Mutex
-	got  []published
-	fail func(*event.Event) error
-}
-
-func (p *fakePublisher) Publish(_ context.Context, topic string, e *event.Event) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.fail != nil {
-		if err := p.fail(e); err != nil {
-			return err
-		}
-	}
-	p.got = append(p.got, published{topic, e.Clone()})
-	return nil
-}
 
 // failingStore fails the operations fail picks.
 type failingStore struct {
@@ -90,7 +65,7 @@ type dlEnv struct {
 	cat   *catalog.Catalog
 	dl    *deadletter.Store
 	deliv *delivery.Store
-	pub   *fakePublisher
+	pub   *publishtest.Recorder
 }
 
 // newDLServer serves the dead-letter RPCs over one MemoryStore, with
@@ -100,7 +75,7 @@ func newDLServer(t *testing.T) *dlEnv {
 	t.Helper()
 	mem := state.NewMemoryStore()
 	st := &failingStore{Store: mem}
-	e := &dlEnv{mem: mem, st: st, cat: catalog.New(st), dl: deadletter.NewStore(st, 0), deliv: delivery.NewStore(st, time.Hour), pub: &fakePublisher{}}
+	e := &dlEnv{mem: mem, st: st, cat: catalog.New(st), dl: deadletter.NewStore(st, 0), deliv: delivery.NewStore(st, time.Hour), pub: &publishtest.Recorder{}}
 	e.s = New(slog.New(slog.NewTextHandler(io.Discard, nil)), mocks.NewClient(t), e.cat, engines.BuiltinMIMETypes(),
 		Options{OperationTimeout: 5 * time.Second, DeadLetters: e.dl, Deliveries: e.deliv, Publisher: e.pub})
 	for _, w := range [][2]string{{w1, "orders"}, {w2, "orders"}, {w3, "payments"}} { // creation order
@@ -158,12 +133,19 @@ func wantCode(t *testing.T, err error, code codes.Code, msg string) {
 	}
 }
 
-func TestListDeadLetters(t *testing.T) {
+// newDLServerWithFour has dead letters a (worker_failed), b (timeout) and c
+// (worker_failed) of w1 and z (timeout) of w2, all on "orders", oldest first.
+func newDLServerWithFour(t *testing.T) *dlEnv {
 	e := newDLServer(t)
 	e.dead(t, w1, "orders", "a", "worker_failed", 1000)
 	e.dead(t, w1, "orders", "b", "timeout", 2000)
 	e.dead(t, w1, "orders", "c", "worker_failed", 3000)
 	e.dead(t, w2, "orders", "z", "timeout", 4000)
+	return e
+}
+
+func TestListDeadLetters(t *testing.T) {
+	e := newDLServerWithFour(t)
 	ctx := context.Background()
 
 	res, err := e.s.ListDeadLetters(ctx, &pb.ListDeadLettersRequest{WorkerId: w1})
@@ -209,11 +191,7 @@ func TestListDeadLetters(t *testing.T) {
 // the original event to its topic marked for that worker only, and removes
 // the dead letter; oldest first, up to the limit.
 func TestReplayDeadLettersOfAWorker(t *testing.T) {
-	e := newDLServer(t)
-	e.dead(t, w1, "orders", "a", "worker_failed", 1000)
-	e.dead(t, w1, "orders", "b", "timeout", 2000)
-	e.dead(t, w1, "orders", "c", "worker_failed", 3000)
-	e.dead(t, w2, "orders", "z", "worker_failed", 4000)
+	e := newDLServerWithFour(t)
 	ctx := context.Background()
 
 	res, err := e.s.ReplayDeadLetters(ctx, &pb.ReplayDeadLettersRequest{WorkerId: w1, Reason: "worker_failed", Limit: 1})
@@ -223,13 +201,13 @@ func TestReplayDeadLettersOfAWorker(t *testing.T) {
 	if res.Replayed != 1 || strings.Join(res.EventIds, ",") != "a" || res.Remaining != 1 {
 		t.Fatalf("got %v", res)
 	}
-	if len(e.pub.got) != 1 {
-		t.Fatalf("published %v", e.pub.got)
+	if len(e.pub.All()) != 1 {
+		t.Fatalf("published %v", e.pub.All())
 	}
-	p := e.pub.got[0]
-	if p.topic != "orders" || p.ev.ID() != "a" || p.ev.Source() != "shop" || p.ev.Type() != "order.placed" ||
-		p.ev.Extensions()["correlationid"] != "c-1" || p.ev.Extensions()[deadletter.ReplayExtension] != w1 || string(p.ev.Data()) != `{"n":1}` {
-		t.Fatalf("republished %s to %s", p.ev, p.topic)
+	p := e.pub.All()[0]
+	if p.Topic != "orders" || p.Event.ID() != "a" || p.Event.Source() != "shop" || p.Event.Type() != "order.placed" ||
+		p.Event.Extensions()["correlationid"] != "c-1" || p.Event.Extensions()[deadletter.ReplayExtension] != w1 || string(p.Event.Data()) != `{"n":1}` {
+		t.Fatalf("republished %s to %s", p.Event, p.Topic)
 	}
 	r, err := e.deliv.Load(ctx, delivery.Key("shop", "a"))
 	if err != nil {
@@ -286,13 +264,13 @@ func TestReplayDeadLettersOfATopic(t *testing.T) {
 	if res.Replayed != 1 || strings.Join(res.EventIds, ",") != "z" || res.Remaining != 0 {
 		t.Fatalf("second page: %v", res)
 	}
-	for _, p := range e.pub.got {
+	for _, p := range e.pub.All() {
 		want := w1
-		if p.ev.ID() == "z" {
+		if p.Event.ID() == "z" {
 			want = w2
 		}
-		if p.topic != "orders" || p.ev.Extensions()[deadletter.ReplayExtension] != want {
-			t.Fatalf("republished %s to %s", p.ev, p.topic)
+		if p.Topic != "orders" || p.Event.Extensions()[deadletter.ReplayExtension] != want {
+			t.Fatalf("republished %s to %s", p.Event, p.Topic)
 		}
 	}
 	if got := e.stored(t, w2); strings.Join(got, ",") != "raw" {
@@ -328,8 +306,8 @@ func TestReplayDeadLettersBadRequests(t *testing.T) {
 			wantCode(t, err, c.code, c.msg)
 		})
 	}
-	if len(e.pub.got) != 0 || len(e.stored(t, w1)) != 1 {
-		t.Fatalf("a bad request replayed something: %v", e.pub.got)
+	if len(e.pub.All()) != 0 || len(e.stored(t, w1)) != 1 {
+		t.Fatalf("a bad request replayed something: %v", e.pub.All())
 	}
 }
 
@@ -340,19 +318,19 @@ func TestReplayPublishFailureKeepsTheEntry(t *testing.T) {
 	e.dead(t, w1, "orders", "a", "timeout", 1000)
 	e.dead(t, w1, "orders", "b", "timeout", 2000)
 	e.dead(t, w1, "orders", "c", "timeout", 3000)
-	e.pub.fail = func(ev *event.Event) error {
+	e.pub.FailWhen(func(_ string, ev *event.Event) error {
 		if ev.ID() == "b" {
 			return errors.New("broker down")
 		}
 		return nil
-	}
+	})
 	_, err := e.s.ReplayDeadLetters(context.Background(), &pb.ReplayDeadLettersRequest{WorkerId: w1})
 	wantCode(t, err, codes.Unavailable, "broker down")
 	wantCode(t, err, codes.Unavailable, "1 dead letters were replayed before")
 	if got := strings.Join(e.stored(t, w1), ","); got != "b,c" {
 		t.Fatalf("stored after the failure: %s", got)
 	}
-	e.pub.fail = nil
+	e.pub.FailWhen(nil)
 	res, err := e.s.ReplayDeadLetters(context.Background(), &pb.ReplayDeadLettersRequest{WorkerId: w1})
 	if err != nil || strings.Join(res.EventIds, ",") != "b,c" {
 		t.Fatalf("after the broker came back: %v %v", res, err)
@@ -372,13 +350,13 @@ func TestReplayRemoveFailureReplaysAgain(t *testing.T) {
 	}
 	_, err := e.s.ReplayDeadLetters(context.Background(), &pb.ReplayDeadLettersRequest{WorkerId: w1})
 	wantCode(t, err, codes.Unavailable, "removing its dead letter failed")
-	if len(e.pub.got) != 1 || len(e.stored(t, w1)) != 1 {
-		t.Fatalf("published %d, stored %v", len(e.pub.got), e.stored(t, w1))
+	if len(e.pub.All()) != 1 || len(e.stored(t, w1)) != 1 {
+		t.Fatalf("published %d, stored %v", len(e.pub.All()), e.stored(t, w1))
 	}
 	e.st.fail = nil
 	res, err := e.s.ReplayDeadLetters(context.Background(), &pb.ReplayDeadLettersRequest{WorkerId: w1})
-	if err != nil || res.Replayed != 1 || len(e.pub.got) != 2 || len(e.stored(t, w1)) != 0 {
-		t.Fatalf("second replay: %v %v, published %d", res, err, len(e.pub.got))
+	if err != nil || res.Replayed != 1 || len(e.pub.All()) != 2 || len(e.stored(t, w1)) != 0 {
+		t.Fatalf("second replay: %v %v, published %d", res, err, len(e.pub.All()))
 	}
 }
 
@@ -395,8 +373,8 @@ func TestReplayResetFailurePublishesNothing(t *testing.T) {
 	}
 	_, err := e.s.ReplayDeadLetters(context.Background(), &pb.ReplayDeadLettersRequest{WorkerId: w1})
 	wantCode(t, err, codes.Unavailable, "reset delivery record of event a")
-	if len(e.pub.got) != 0 || len(e.stored(t, w1)) != 1 {
-		t.Fatalf("published %v, stored %v", e.pub.got, e.stored(t, w1))
+	if len(e.pub.All()) != 0 || len(e.stored(t, w1)) != 1 {
+		t.Fatalf("published %v, stored %v", e.pub.All(), e.stored(t, w1))
 	}
 }
 

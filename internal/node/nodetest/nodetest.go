@@ -1,6 +1,6 @@
 // Package nodetest builds a real node for tests, without servers: the memory
-// state store, a test engine, and a real dispatcher whose subscriptions never
-// deliver. The node's own tests and the activities' tests use it.
+// state store, a test engine, and a real dispatcher on a broker that never
+// delivers. The node's own tests and the activities' tests use it.
 package nodetest
 
 import (
@@ -13,16 +13,17 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
-	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/delivery"
 	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/dispatch/dispatchtest"
 	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/node"
+	"github.com/virtufin/workmanager/internal/publish/publishtest"
 	"github.com/virtufin/workmanager/internal/state"
 )
 
@@ -74,50 +75,6 @@ type instance struct{}
 func (instance) Process(context.Context, *event.Event) ([]event.Event, error) { return nil, nil }
 func (instance) Close(context.Context) error                                  { return nil }
 
-// idleSubscriber opens streams that never deliver.
-type idleSubscriber struct{}
-
-func (idleSubscriber) Subscribe(ctx context.Context, _, _ string) (dispatch.Stream, error) {
-	sctx, cancel := context.WithCancel(ctx)
-	return idleStream{ctx: sctx, cancel: cancel}, nil
-}
-
-type idleStream struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-}
-
-func (s idleStream) Recv() (*runtimev1.TopicEventRequest, error) { <-s.ctx.Done(); return nil, io.EOF }
-func (s idleStream) Ack(string, dispatch.Ack) error              { return nil }
-func (s idleStream) Close()                                      { s.cancel() }
-
-// Published is one event a Recorder received.
-type Published struct {
-	Topic string
-	Event event.Event
-}
-
-// Recorder is a publisher that keeps what it is given.
-type Recorder struct {
-	mu  sync.Mutex
-	evs []Published
-}
-
-// Publish implements publish.Publisher.
-func (r *Recorder) Publish(_ context.Context, topic string, e *event.Event) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.evs = append(r.evs, Published{topic, e.Clone()})
-	return nil
-}
-
-// All returns what was published so far.
-func (r *Recorder) All() []Published {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]Published(nil), r.evs...)
-}
-
 // Fixture is a node and what it is made of.
 type Fixture struct {
 	Node       *node.Node
@@ -125,7 +82,7 @@ type Fixture struct {
 	Catalog    *catalog.Catalog
 	Dispatcher *dispatch.Dispatcher
 	Engine     *Engine
-	Published  *Recorder
+	Published  *publishtest.Recorder
 	Events     *lifecycleevents.Emitter
 }
 
@@ -135,14 +92,14 @@ func New(t testing.TB) *Fixture {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	f := &Fixture{Store: state.NewMemoryStore(), Engine: &Engine{}, Published: &Recorder{}}
+	f := &Fixture{Store: state.NewMemoryStore(), Engine: &Engine{}, Published: &publishtest.Recorder{}}
 	f.Catalog = catalog.New(f.Store)
 	reg := engines.NewRegistry()
 	if err := reg.Register(f.Engine); err != nil {
 		t.Fatal(err)
 	}
 	f.Events = lifecycleevents.NewEmitter(f.Published)
-	f.Dispatcher = dispatch.New(ctx, log, dispatch.Deps{Sub: idleSubscriber{}, Pub: f.Published, Events: f.Events,
+	f.Dispatcher = dispatch.New(ctx, log, dispatch.Deps{Sub: dispatchtest.NewBroker(), Pub: f.Published, Events: f.Events,
 		Records: delivery.NewStore(f.Store, time.Hour), Locks: grouplock.New(f.Store, grouplock.Config{}),
 		DeadLetters: deadletter.NewStore(f.Store, time.Hour)}, dispatch.Config{PubSub: "pubsub", NodeID: "test", MaxConcurrency: 1})
 	f.Node = node.New(log, f.Catalog, reg, f.Dispatcher, time.Second)

@@ -1,0 +1,93 @@
+// Package publishtest owns the in-memory publisher fakes every test shares:
+// a Recorder that keeps what it is given and can be told to refuse, and a
+// Discard that only counts (benchmarks).
+package publishtest
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/virtufin/workmanager/internal/publish"
+)
+
+// Published is one event a Recorder kept.
+type Published struct {
+	Topic string
+	Event event.Event
+}
+
+// Recorder records what it is given. While a failure is set (Fail,
+// FailWhen) a refused publish records nothing and returns the error (a
+// broker that refuses publishes).
+type Recorder struct {
+	mu     sync.Mutex
+	events []Published
+	fail   func(topic string, e *event.Event) error
+}
+
+var _ publish.Publisher = (*Recorder)(nil)
+
+// Publish implements publish.Publisher.
+func (p *Recorder) Publish(_ context.Context, topic string, e *event.Event) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.fail != nil {
+		if err := p.fail(topic, e); err != nil {
+			return err
+		}
+	}
+	p.events = append(p.events, Published{topic, e.Clone()})
+	return nil
+}
+
+// Fail makes every Publish return err until Fail(nil).
+func (p *Recorder) Fail(err error) {
+	if err == nil {
+		p.FailWhen(nil)
+		return
+	}
+	p.FailWhen(func(string, *event.Event) error { return err })
+}
+
+// FailWhen makes Publish return what fn returns for each event (nil: the
+// event is kept) until FailWhen(nil).
+func (p *Recorder) FailWhen(fn func(topic string, e *event.Event) error) {
+	p.mu.Lock()
+	p.fail = fn
+	p.mu.Unlock()
+}
+
+// All returns what was published so far.
+func (p *Recorder) All() []Published {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Published(nil), p.events...)
+}
+
+// On returns the events published to topic so far.
+func (p *Recorder) On(topic string) []event.Event {
+	var out []event.Event
+	for _, e := range p.All() {
+		if e.Topic == topic {
+			out = append(out, e.Event)
+		}
+	}
+	return out
+}
+
+// Discard counts publishes and keeps nothing.
+type Discard struct{ n atomic.Int64 }
+
+var _ publish.Publisher = (*Discard)(nil)
+
+// Publish implements publish.Publisher.
+func (p *Discard) Publish(context.Context, string, *event.Event) error {
+	p.n.Add(1)
+	return nil
+}
+
+// Count is how many events were published.
+func (p *Discard) Count() int64 { return p.n.Load() }
