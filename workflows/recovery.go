@@ -114,12 +114,15 @@ func recoverOne(ctx, actx workflow.Context, w catalog.Worker) workflow.Future {
 	f, set := workflow.NewFuture(ctx)
 	workflow.Go(ctx, func(ctx workflow.Context) {
 		cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
-			WorkflowID:            WorkflowID(w.ID),
-			TaskQueue:             TaskQueue,
-			ParentClosePolicy:     enumspb.PARENT_CLOSE_POLICY_ABANDON,
-			WorkflowIDReusePolicy: enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
+			WorkflowID:        WorkflowID(w.ID),
+			TaskQueue:         TaskQueue,
+			ParentClosePolicy: enumspb.PARENT_CLOSE_POLICY_ABANDON,
+			// A run that completed is a deleted worker: never start it
+			// again. One that failed, was terminated or timed out is
+			// started again from the record.
+			WorkflowIDReusePolicy: enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE_FAILED_ONLY,
 		})
-		child := workflow.ExecuteChildWorkflow(cctx, WorkerWorkflow, WorkerInput{State: WorkerState{Worker: w, Created: true}})
+		child := workflow.ExecuteChildWorkflow(cctx, WorkerWorkflow, WorkerInput{State: WorkerState{Worker: w, Created: true}, Recovered: true})
 		if err := child.GetChildWorkflowExecution().Get(ctx, nil); err != nil && !temporal.IsWorkflowExecutionAlreadyStartedError(err) {
 			set.Set(nil, err)
 			return

@@ -24,6 +24,7 @@ type recoveryEnv struct {
 	batches   [][]string
 	activated []string
 	children  int
+	fromStale int   // children not told to re-read the record (WorkerInput.Recovered unset)
 	lists     int   // ListWorkerIDs calls
 	getErr    error // GetWorkers fails with it when set
 }
@@ -55,7 +56,13 @@ func newRecoveryEnv(n int, deleted, broken map[string]bool) *recoveryEnv {
 			return ws, nil
 		})
 	r.env.OnWorkflow(WorkerWorkflow, mock.Anything, mock.Anything).Return(
-		func(workflow.Context, WorkerInput) (WorkerState, error) { r.children++; return WorkerState{}, nil })
+		func(_ workflow.Context, in WorkerInput) (WorkerState, error) {
+			r.children++
+			if !in.Recovered {
+				r.fromStale++
+			}
+			return WorkerState{}, nil
+		})
 	r.env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(func(_ context.Context, id string) error {
 		if broken[id] {
 			return failure.New(failure.InvalidArgument, "engine refused the code")
@@ -81,6 +88,7 @@ func TestRecoveryPagesAndContinuesAsNew(t *testing.T) {
 	require.Equal(t, RecoveryInput{Listed: true, Pending: []string{"w4", "w5", "w6"}, Done: RecoveryResult{Recovered: 3}, Batch: 2, Run: 4}, next)
 	require.Equal(t, [][]string{{"w0", "w1"}, {"w2", "w3"}}, r.batches)
 	require.Equal(t, 3, r.children)
+	require.Zero(t, r.fromStale, "every run recovery starts re-reads the catalog first")
 
 	// The next run finishes the list without listing again.
 	r2 := newRecoveryEnv(7, deleted, broken)

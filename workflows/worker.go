@@ -53,6 +53,12 @@ type WorkerInput struct {
 	// CreateTimeout ends a workflow that was started but never created (the
 	// caller went away); 0 means 5 minutes.
 	CreateTimeout time.Duration
+	// Recovered marks a run that recovery started from a catalog record it
+	// read before the start. The run re-reads the record first, holding
+	// every update back meanwhile, and ends at once as deleted when the
+	// record is gone: a delete that completed between recovery's read and
+	// the start never brings the worker back.
+	Recovered bool
 }
 
 // WorkerState is what the workflow knows and carries across continue-as-new.
@@ -60,7 +66,9 @@ type WorkerState struct {
 	Worker  catalog.Worker
 	Created bool
 	Deleted bool
-	// Seq numbers lifecycle events so their ids are deterministic.
+	// Seq numbers lifecycle events within a run (continue-as-new carries
+	// it on; a run that recovery starts begins at 0 again, which is why
+	// event ids also hold the run id).
 	Seq int64
 }
 
@@ -82,13 +90,28 @@ type entity struct {
 // WorkerWorkflow is the entity workflow of one worker.
 func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
 	e := &entity{st: in.State, mu: workflow.NewMutex(ctx)}
+	reread := in.Recovered && workflow.GetVersion(ctx, "recovered-rereads-catalog", workflow.DefaultVersion, 1) == 1
+	if reread {
+		// Held before the update handlers exist, so that no update (not
+		// even one delivered with the first task) acts on the stale record.
+		if err := e.mu.Lock(ctx); err != nil {
+			return e.st, err
+		}
+	}
 	if err := workflow.SetQueryHandler(ctx, QueryState, func() (WorkerState, error) { return e.st, nil }); err != nil {
 		return e.st, err
 	}
 	if err := e.registerUpdates(ctx); err != nil {
 		return e.st, err
 	}
-	if e.st.Created {
+	if reread {
+		err := e.reread(ctx)
+		e.mu.Unlock()
+		if err != nil {
+			return e.st, err
+		}
+	}
+	if e.st.Created && !e.st.Deleted {
 		e.upsertSearchAttributes(ctx)
 	}
 	if !e.st.Created {
@@ -186,9 +209,34 @@ func activityCtx(ctx workflow.Context) workflow.Context {
 
 var a *activities.Activities // method values name the activities
 
+// eventID is a lifecycle event's id: unique for ever (the run id differs
+// between every run, including one recovery starts after the worker's
+// workflow was lost), and the same when an activity retries its emit.
+func eventID(workflowID, runID string, seq int64, kind lifecycleevents.Kind) string {
+	return fmt.Sprintf("%s/%s/%d/%s", workflowID, runID, seq, kind)
+}
+
+// event numbers the next lifecycle event of this run.
 func (e *entity) event(ctx workflow.Context, kind lifecycleevents.Kind) activities.EventSpec {
 	e.st.Seq++
-	return activities.EventSpec{ID: fmt.Sprintf("%s/%d/%s", workflow.GetInfo(ctx).WorkflowExecution.ID, e.st.Seq, kind), Kind: kind}
+	x := workflow.GetInfo(ctx).WorkflowExecution
+	return activities.EventSpec{ID: eventID(x.ID, x.RunID, e.st.Seq, kind), Kind: kind}
+}
+
+// reread replaces the state's worker with the catalog's record, or marks
+// the worker deleted when the catalog has none. The caller holds e.mu.
+func (e *entity) reread(ctx workflow.Context) error {
+	var ws []catalog.Worker
+	if err := workflow.ExecuteActivity(activityCtx(ctx), a.GetWorkers, []string{e.st.Worker.ID}).Get(ctx, &ws); err != nil {
+		return err
+	}
+	if len(ws) == 0 {
+		workflow.GetLogger(ctx).Info("recovered worker was deleted meanwhile; not bringing it back", "worker_id", e.st.Worker.ID)
+		e.st.Deleted = true
+		return nil
+	}
+	e.st.Worker = ws[0]
+	return nil
 }
 
 // lock serializes handlers. A handler that waited for the lock while the

@@ -27,8 +27,9 @@ type WorkerWorkflowSuite struct {
 	env *testsuite.TestWorkflowEnvironment
 	// mu guards what fake activities record: the test environment runs
 	// activities on goroutines of their own, concurrently.
-	mu      sync.Mutex
-	emitted [][]lifecycleevents.Kind // events published by Emit, per call
+	mu         sync.Mutex
+	emitted    [][]lifecycleevents.Kind // events published by Emit, per call
+	emittedIDs []string                 // their ids, in order
 }
 
 func TestWorkerWorkflow(t *testing.T) { suite.Run(t, new(WorkerWorkflowSuite)) }
@@ -36,13 +37,14 @@ func TestWorkerWorkflow(t *testing.T) { suite.Run(t, new(WorkerWorkflowSuite)) }
 func (s *WorkerWorkflowSuite) SetupTest() {
 	s.env = s.NewTestWorkflowEnvironment()
 	s.env.RegisterActivity(&activities.Activities{})
-	s.emitted = nil
+	s.emitted, s.emittedIDs = nil, nil
 	s.env.OnActivity(a.Emit, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.EmitInput) error {
 		var ks []lifecycleevents.Kind
+		s.mu.Lock()
 		for _, e := range in.Events {
 			ks = append(ks, e.Kind)
+			s.emittedIDs = append(s.emittedIDs, e.ID)
 		}
-		s.mu.Lock()
 		s.emitted = append(s.emitted, ks)
 		s.mu.Unlock()
 		return nil

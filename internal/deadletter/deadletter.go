@@ -22,7 +22,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -316,11 +315,8 @@ func (s *Store) update(ctx context.Context, owner string, create bool, change fu
 		if !errors.Is(err, state.ErrConflict) {
 			return fmt.Errorf("dead letter index %s: %w", owner, err)
 		}
-		pause := rand.N(time.Duration(1<<min(i, 4)) * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(pause):
+		if err := state.ConflictBackoff(ctx, i+1); err != nil {
+			return err
 		}
 	}
 	return fmt.Errorf("dead letter index %s: still changing after %d tries: %w", owner, maxConflicts, state.ErrConflict)

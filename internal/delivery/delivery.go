@@ -106,7 +106,10 @@ const maxConflicts = 8
 // its ETag; when another node wrote the record meanwhile it re-reads it and
 // applies change again. It returns the record as saved.
 func (s *Store) Update(ctx context.Context, key string, r Record, change func(*Record)) (Record, error) {
-	for range maxConflicts {
+	for conflicts := range maxConflicts {
+		if err := state.ConflictBackoff(ctx, conflicts); err != nil {
+			return r, fmt.Errorf("delivery record: %w", err)
+		}
 		change(&r)
 		b, err := json.Marshal(&r)
 		if err != nil {

@@ -357,7 +357,10 @@ func (ls *Lease) Check(ctx context.Context) error {
 func (ls *Lease) update(ctx context.Context, change func(*record) bool) (bool, error) {
 	l := ls.locks
 	key := Key(ls.Group)
-	for {
+	for conflicts := 0; ; conflicts++ {
+		if err := state.ConflictBackoff(ctx, conflicts); err != nil {
+			return false, err
+		}
 		rec, etag, err := l.read(ctx, key)
 		if err != nil {
 			return false, err
@@ -370,9 +373,6 @@ func (ls *Lease) update(ctx context.Context, change func(*record) bool) (bool, e
 		}
 		err = l.put(ctx, key, rec, etag)
 		if errors.Is(err, state.ErrConflict) {
-			if err := ctx.Err(); err != nil {
-				return false, err
-			}
 			continue
 		}
 		return err == nil, err

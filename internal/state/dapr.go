@@ -2,7 +2,6 @@ package state
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -48,7 +47,7 @@ func (s *DaprStore) Put(ctx context.Context, key string, value []byte, opts PutO
 		so = append(so, dapr.WithConcurrency(dapr.StateConcurrencyFirstWrite))
 	}
 	if err := s.client.SaveStateWithETag(ctx, s.storeName, key, value, etag, meta, so...); err != nil {
-		if isConflict(err) {
+		if isConflict(err, opts.IfAbsent || etag != "") {
 			return fmt.Errorf("state put %q: %w", key, ErrConflict)
 		}
 		return fmt.Errorf("state put %q: %w", key, err)
@@ -65,7 +64,7 @@ func (s *DaprStore) Delete(ctx context.Context, key, etag string) error {
 		err = s.client.DeleteStateWithETag(ctx, s.storeName, key, &dapr.ETag{Value: etag}, nil, nil)
 	}
 	if err != nil {
-		if isConflict(err) {
+		if isConflict(err, etag != "") {
 			return fmt.Errorf("state delete %q: %w", key, ErrConflict)
 		}
 		return fmt.Errorf("state delete %q: %w", key, err)
@@ -73,16 +72,27 @@ func (s *DaprStore) Delete(ctx context.Context, key, etag string) error {
 	return nil
 }
 
-// isConflict recognises Dapr's concurrency failures: gRPC Aborted or an
-// "etag mismatch" message, and state.redis's "failed to set key" (its Lua
-// script's answer when a first-write or ETag condition does not hold).
-func isConflict(err error) bool {
-	if err == nil {
+// isConflict tells whether err, from a conditional write or delete, is its
+// precondition failing. daprd answers an ETag mismatch with gRPC Aborted. A
+// first-write (no ETag yet) that finds the key present fails inside
+// state.redis's Lua script ("failed to set key <key>"), which the component
+// returns as a plain error and daprd as Internal: that one message, and only
+// for a conditional write, is a conflict too. Anything else (an invalid
+// ETag, a failed TTL, an unreachable store) is an error, not a conflict.
+func isConflict(err error, conditional bool) bool {
+	if err == nil || !conditional {
 		return false
 	}
-	if st, ok := status.FromError(errors.Unwrap(err)); ok && st.Code() == codes.Aborted {
-		return true
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
 	}
-	msg := strings.ToLower(err.Error())
-	return strings.Contains(msg, "etag") || strings.Contains(msg, "failed to set key")
+	switch st.Code() {
+	case codes.Aborted:
+		return true
+	case codes.Internal:
+		msg := st.Message()
+		return strings.Contains(msg, "failed to set key") && !strings.Contains(msg, " ttl")
+	}
+	return false
 }
