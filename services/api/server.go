@@ -15,10 +15,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/client"
-	"go.temporal.io/sdk/temporal"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -74,37 +72,26 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 	if err := catalog.ValidateRetryPolicy(int(rp.GetMaxAttempts()), rp.GetBackoffMs()); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	rid := req.GetRequestId()
+	if err := validRequestID(rid); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	ref, err := s.stage(ctx, req.GetCode())
 	if err != nil {
 		return nil, err
 	}
-	id := uuid.NewString()
-	w := catalog.Worker{ID: id, MIMEType: req.GetMimeType(), Topic: req.GetTopic(), Group: req.GetGroup(), Status: catalog.StatusStopped,
+	w := catalog.Worker{ID: uuid.NewString(), MIMEType: req.GetMimeType(), Topic: req.GetTopic(), Group: req.GetGroup(), Status: catalog.StatusStopped,
 		MaxAttempts: int(rp.GetMaxAttempts()), RetryBackoff: time.Duration(rp.GetBackoffMs()) * time.Millisecond}
-	start := s.temporal.NewWithStartWorkflowOperation(client.StartWorkflowOptions{
-		ID:                       workflows.WorkflowID(id),
-		TaskQueue:                workflows.TaskQueue,
-		WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_FAIL,
-		TypedSearchAttributes: temporal.NewSearchAttributes(workflows.SAWorkerID.ValueSet(id),
-			workflows.SAWorkerTopic.ValueSet(w.Topic), workflows.SAWorkerGroup.ValueSet(w.Group)),
-	}, workflows.WorkerWorkflow, workflows.WorkerInput{State: workflows.WorkerState{Worker: w}, ContinueAsNewAfter: s.opts.ContinueAsNewAfter})
-	h, err := s.temporal.UpdateWithStartWorkflow(ctx, client.UpdateWithStartWorkflowOptions{
-		StartWorkflowOperation: start,
-		UpdateOptions: client.UpdateWorkflowOptions{
-			WorkflowID: workflows.WorkflowID(id), UpdateName: workflows.UpdateCreate,
-			Args: []any{workflows.CreateRequest{Ref: ref}}, WaitForStage: client.WorkflowUpdateStageCompleted,
-		},
-	})
-	if err != nil {
-		return nil, s.status(err, id)
+	if rid == "" {
+		if _, err := s.create(ctx, w, ref, "", 0); err != nil {
+			return nil, s.status(err, w.ID)
+		}
+		return &pb.CreateWorkerResponse{WorkerId: w.ID}, nil
 	}
-	var created catalog.Worker
-	if err := h.Get(ctx, &created); err != nil {
-		return nil, s.status(err, id)
-	}
-	return &pb.CreateWorkerResponse{WorkerId: id}, nil
+	w.ID = RequestWorkerID(rid)
+	return s.createOnce(ctx, w, ref, rid)
 }
 
 // StartWorker implements pb.WorkManagerServiceServer.

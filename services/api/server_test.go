@@ -41,11 +41,13 @@ func TestBadCreateRequestsTouchNothing(t *testing.T) {
 		req  *pb.CreateWorkerRequest
 		want string
 	}{
-		"no topic":       {&pb.CreateWorkerRequest{Code: code, MimeType: engines.MIMEPython}, "topic is empty"},
-		"reserved topic": {&pb.CreateWorkerRequest{Code: code, MimeType: engines.MIMEPython, Topic: "workmanager.probe"}, "reserved"},
-		"unknown mime":   {&pb.CreateWorkerRequest{Code: code, MimeType: "text/x-cobol", Topic: "t"}, `unknown mime_type "text/x-cobol"`},
-		"no code":        {&pb.CreateWorkerRequest{MimeType: engines.MIMEPython, Topic: "t"}, "code is required"},
-		"empty code":     {&pb.CreateWorkerRequest{Code: &pb.CodeSource{Source: &pb.CodeSource_Content{}}, MimeType: engines.MIMEPython, Topic: "t"}, "code.content is empty"},
+		"no topic":                {&pb.CreateWorkerRequest{Code: code, MimeType: engines.MIMEPython}, "topic is empty"},
+		"reserved topic":          {&pb.CreateWorkerRequest{Code: code, MimeType: engines.MIMEPython, Topic: "workmanager.probe"}, "reserved"},
+		"unknown mime":            {&pb.CreateWorkerRequest{Code: code, MimeType: "text/x-cobol", Topic: "t"}, `unknown mime_type "text/x-cobol"`},
+		"no code":                 {&pb.CreateWorkerRequest{MimeType: engines.MIMEPython, Topic: "t"}, "code is required"},
+		"empty code":              {&pb.CreateWorkerRequest{Code: &pb.CodeSource{Source: &pb.CodeSource_Content{}}, MimeType: engines.MIMEPython, Topic: "t"}, "code.content is empty"},
+		"request id with a space": {&pb.CreateWorkerRequest{Code: code, MimeType: engines.MIMEPython, Topic: "t", RequestId: "order 1"}, `request_id has ' ' at position 5`},
+		"request id too long":     {&pb.CreateWorkerRequest{Code: code, MimeType: engines.MIMEPython, Topic: "t", RequestId: strings.Repeat("r", 129)}, "request_id is 129 characters long"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := s.CreateWorker(context.Background(), c.req)

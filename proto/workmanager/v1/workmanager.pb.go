@@ -395,7 +395,13 @@ type CreateWorkerRequest struct {
 	Topic    string                 `protobuf:"bytes,3,opt,name=topic,proto3" json:"topic,omitempty"`
 	Group    string                 `protobuf:"bytes,4,opt,name=group,proto3" json:"group,omitempty"`
 	// Optional; unset: the cluster default.
-	RetryPolicy   *RetryPolicy `protobuf:"bytes,5,opt,name=retry_policy,json=retryPolicy,proto3" json:"retry_policy,omitempty"`
+	RetryPolicy *RetryPolicy `protobuf:"bytes,5,opt,name=retry_policy,json=retryPolicy,proto3" json:"retry_policy,omitempty"`
+	// Optional idempotency key (1..128 of A-Z a-z 0-9 . _ : -). Calls with
+	// the same request_id create one worker: a retry (after a timeout, or
+	// concurrently) answers the first call's worker_id. Reusing it for
+	// different parameters, or after that worker was deleted, is
+	// ALREADY_EXISTS; after a create that failed it may be used again.
+	RequestId     string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -463,6 +469,13 @@ func (x *CreateWorkerRequest) GetRetryPolicy() *RetryPolicy {
 		return x.RetryPolicy
 	}
 	return nil
+}
+
+func (x *CreateWorkerRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 type CreateWorkerResponse struct {
@@ -1495,13 +1508,15 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12\x1d\n" +
 	"\n" +
-	"backoff_ms\x18\x02 \x01(\x03R\tbackoffMs\"\xce\x01\n" +
+	"backoff_ms\x18\x02 \x01(\x03R\tbackoffMs\"\xed\x01\n" +
 	"\x13CreateWorkerRequest\x12.\n" +
 	"\x04code\x18\x01 \x01(\v2\x1a.workmanager.v1.CodeSourceR\x04code\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x14\n" +
 	"\x05topic\x18\x03 \x01(\tR\x05topic\x12\x14\n" +
 	"\x05group\x18\x04 \x01(\tR\x05group\x12>\n" +
-	"\fretry_policy\x18\x05 \x01(\v2\x1b.workmanager.v1.RetryPolicyR\vretryPolicy\"3\n" +
+	"\fretry_policy\x18\x05 \x01(\v2\x1b.workmanager.v1.RetryPolicyR\vretryPolicy\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\"3\n" +
 	"\x14CreateWorkerResponse\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"1\n" +
 	"\x12StartWorkerRequest\x12\x1b\n" +

@@ -1,0 +1,120 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/serviceerror"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/google/uuid"
+	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/failure"
+	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+	"github.com/virtufin/workmanager/workflows"
+)
+
+// create starts worker w's entity workflow and sends it the create update,
+// waiting for its outcome. Without a request id (rid "") the workflow id is
+// new and must not exist. With one, a running workflow of the same id is
+// joined (USE_EXISTING) and the update's id is create/<rid>/<attempt>, so
+// Temporal answers a retried or concurrent twin with the first call's
+// outcome (also from a run that has closed: hence the attempt number, which
+// lets a request try again in a new run after a failed create); a completed
+// workflow (a deleted worker) is never started again.
+func (s *Server) create(ctx context.Context, w catalog.Worker, ref catalog.CodeRef, rid string, attempt int) (catalog.Worker, error) {
+	conflict, reuse, updateID := enumspb.WORKFLOW_ID_CONFLICT_POLICY_FAIL, enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE, ""
+	if rid != "" {
+		conflict, reuse, updateID = enumspb.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING, enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE_FAILED_ONLY, fmt.Sprintf("create/%s/%d", rid, attempt)
+	}
+	start := s.temporal.NewWithStartWorkflowOperation(client.StartWorkflowOptions{
+		ID:                       workflows.WorkflowID(w.ID),
+		TaskQueue:                workflows.TaskQueue,
+		WorkflowIDConflictPolicy: conflict,
+		WorkflowIDReusePolicy:    reuse,
+		TypedSearchAttributes: temporal.NewSearchAttributes(workflows.SAWorkerID.ValueSet(w.ID),
+			workflows.SAWorkerTopic.ValueSet(w.Topic), workflows.SAWorkerGroup.ValueSet(w.Group)),
+	}, workflows.WorkerWorkflow, workflows.WorkerInput{State: workflows.WorkerState{Worker: w}, ContinueAsNewAfter: s.opts.ContinueAsNewAfter})
+	h, err := s.temporal.UpdateWithStartWorkflow(ctx, client.UpdateWithStartWorkflowOptions{
+		StartWorkflowOperation: start,
+		UpdateOptions: client.UpdateWorkflowOptions{
+			WorkflowID: workflows.WorkflowID(w.ID), UpdateID: updateID, UpdateName: workflows.UpdateCreate,
+			Args: []any{workflows.CreateRequest{Ref: ref}}, WaitForStage: client.WorkflowUpdateStageCompleted,
+		},
+	})
+	if err != nil {
+		return catalog.Worker{}, err
+	}
+	var created catalog.Worker
+	return created, h.Get(ctx, &created)
+}
+
+// createOnce is CreateWorker with request id rid; w.ID derives from rid.
+// The answer of create may be an earlier call's (Temporal's remembered
+// outcome of the same update, or AlreadyExists once the workflow continued
+// as new), so the worker as it is now decides:
+//   - created with the same topic, MIME type and group: this request's
+//     worker, answered again;
+//   - created with other parameters, or deleted: ALREADY_EXISTS;
+//   - an earlier create with this id failed: once its run has closed, the
+//     request is tried again in a new run (so a corrected request succeeds
+//     and a repeated bad one fails with its own error).
+func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.CodeRef, rid string) (*pb.CreateWorkerResponse, error) {
+	for attempt := 1; ; attempt++ {
+		_, err := s.create(ctx, w, ref, rid, attempt)
+		var started *serviceerror.WorkflowExecutionAlreadyStarted
+		if errors.As(err, &started) {
+			return nil, status.Errorf(codes.AlreadyExists, "request_id %q was used by worker %s, which has been deleted", rid, w.ID)
+		}
+		if failure.Kind(err) == failure.InvalidArgument && attempt == 1 {
+			// Possibly the remembered failure of an earlier request with
+			// this id: wait until that run has closed, then try once more.
+			_ = s.temporal.GetWorkflow(ctx, workflows.WorkflowID(w.ID), "").Get(ctx, nil)
+			continue
+		}
+		if err != nil && failure.Kind(err) != failure.AlreadyExists {
+			return nil, s.status(err, w.ID)
+		}
+		st, err := s.state(ctx, w.ID)
+		if status.Code(err) == codes.NotFound {
+			return nil, status.Errorf(codes.AlreadyExists, "request_id %q was used by worker %s, which has been deleted", rid, w.ID)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if c := st.Worker; c.Topic != w.Topic || c.MIMEType != w.MIMEType || c.Group != w.Group {
+			return nil, status.Errorf(codes.AlreadyExists, "request_id %q was used for worker %s with other parameters (topic %q, mime_type %q, group %q)",
+				rid, w.ID, c.Topic, c.MIMEType, c.Group)
+		}
+		return &pb.CreateWorkerResponse{WorkerId: w.ID}, nil
+	}
+}
+
+// requestIDSpace namespaces the worker ids derived from request ids.
+var requestIDSpace = uuid.MustParse("6f0c3e55-7d8e-4b7a-9a55-3b1f0f7f2a10")
+
+// RequestWorkerID is the id of the worker that CreateWorker with request id
+// rid creates (a name-based UUID, so every API instance derives the same).
+func RequestWorkerID(rid string) string {
+	return uuid.NewSHA1(requestIDSpace, []byte("request:"+rid)).String()
+}
+
+// validRequestID accepts "" (no idempotency key) or 1..128 of A-Z a-z 0-9
+// . _ : -.
+func validRequestID(rid string) error {
+	if len(rid) > 128 {
+		return status.Errorf(codes.InvalidArgument, "request_id is %d characters long; at most 128", len(rid))
+	}
+	for i, c := range rid {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("._:-", c)) {
+			return status.Errorf(codes.InvalidArgument, "request_id has %q at position %d; allowed: A-Z a-z 0-9 . _ : -", c, i)
+		}
+	}
+	return nil
+}
