@@ -1,11 +1,14 @@
 package workflows
 
 import (
+	"context"
 	"strings"
 	"time"
 
 	"github.com/stretchr/testify/mock"
+	"go.temporal.io/sdk/temporal"
 
+	"github.com/virtufin/workmanager/activities"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/failure"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
@@ -88,4 +91,84 @@ func (s *WorkerWorkflowSuite) TestEventIDsAreUniqueAcrossRuns() {
 	}
 	// The same sequence number in another run is another id.
 	s.NotEqual(eventID(WorkflowID("w1"), "run-a", 1, lifecycleevents.Created), eventID(WorkflowID("w1"), "run-b", 1, lifecycleevents.Created))
+}
+
+// A LoadCode whose Apply failed may have written its history entry: the
+// next LoadCode takes a new version number, never the same one again.
+func (s *WorkerWorkflowSuite) TestLoadCodeNeverReusesAVersion() {
+	s.prepareAnyCode(s.env)
+	var applied []activities.ApplyInput
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		applied = append(applied, in)
+		if in.History != nil && in.History.SHA256 == sha1 {
+			return temporal.NewNonRetryableApplicationError("redis: connection reset", "Unavailable", nil)
+		}
+		return nil
+	})
+	s.env.OnActivity(a.GetWorkers, mock.Anything, []string{"w1"}).Return(func(context.Context, []string) ([]catalog.Worker, error) {
+		w := newWorker() // the record as it was: version 1
+		w.CodeVersion, w.Status = 1, catalog.StatusRunning
+		return []catalog.Worker{w}, nil
+	})
+	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
+	var failed, ok, del updater
+	s.env.RegisterDelayedCallback(func() { s.update(UpdateLoadCode, &failed, catalog.CodeRef{SHA256: sha1, SourceKind: "content"}) }, time.Second)
+	s.env.RegisterDelayedCallback(func() { s.update(UpdateLoadCode, &ok, catalog.CodeRef{SHA256: sha2, SourceKind: "content"}) }, 2*time.Second)
+	s.env.RegisterDelayedCallback(func() { s.update(UpdateDelete, &del) }, 3*time.Second)
+	w := newWorker()
+	w.CodeVersion, w.Status = 1, catalog.StatusRunning
+	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: w, Created: true}})
+
+	s.Error(failed.err)
+	s.Require().NoError(ok.err)
+	s.Equal(int64(3), ok.result.(catalog.Worker).CodeVersion)
+	s.Require().Len(applied, 2)
+	s.Equal(int64(2), applied[0].History.Version)
+	s.Equal(int64(3), applied[1].History.Version)
+	s.Equal([][]lifecycleevents.Kind{{lifecycleevents.CodeUpdated}, {lifecycleevents.Deleted}}, s.emitted, "the failed load published nothing")
+}
+
+// An Apply that saved the record but whose answer was lost (the activity
+// failed) is a change made: LoadCode succeeds, every node gets it and its
+// event is published, instead of an error while the cluster runs the code.
+func (s *WorkerWorkflowSuite) TestApplyFailureAfterTheRecordWasSavedIsSuccess() {
+	s.prepareAnyCode(s.env)
+	var saved catalog.Worker
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if in.History == nil {
+			return nil
+		}
+		saved = in.Worker
+		return temporal.NewNonRetryableApplicationError("context deadline exceeded", "Timeout", nil)
+	})
+	s.env.OnActivity(a.GetWorkers, mock.Anything, []string{"w1"}).Return(func(context.Context, []string) ([]catalog.Worker, error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return []catalog.Worker{saved}, nil
+	})
+	s.env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1"}, nil)
+	var activated int
+	s.env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(func(context.Context, string) error {
+		s.mu.Lock()
+		activated++
+		s.mu.Unlock()
+		return nil
+	})
+	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
+	var load, del updater
+	s.env.RegisterDelayedCallback(func() { s.update(UpdateLoadCode, &load, catalog.CodeRef{SHA256: sha2, SourceKind: "content"}) }, time.Second)
+	s.env.RegisterDelayedCallback(func() { s.update(UpdateDelete, &del) }, 2*time.Second)
+	w := newWorker()
+	w.CodeVersion, w.Status = 1, catalog.StatusRunning
+	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: w, Created: true}})
+
+	s.Require().NoError(load.err)
+	s.Equal(int64(2), load.result.(catalog.Worker).CodeVersion)
+	s.Equal(sha2, load.result.(catalog.Worker).CodeSHA256)
+	s.Equal([][]lifecycleevents.Kind{{lifecycleevents.CodeUpdated}, {lifecycleevents.Deleted}}, s.emitted)
+	s.Equal(2, activated, "the load and the delete reached the node")
 }

@@ -70,6 +70,10 @@ type WorkerState struct {
 	// it on; a run that recovery starts begins at 0 again, which is why
 	// event ids also hold the run id).
 	Seq int64
+	// LastVersion is the highest code version number handed out, also by a
+	// LoadCode that failed (its history entry may have been written): the
+	// next LoadCode never uses a number twice.
+	LastVersion int64
 }
 
 // CreateRequest is the argument of the create update.
@@ -338,10 +342,12 @@ func (e *entity) loadCode(ctx workflow.Context, ref catalog.CodeRef) (catalog.Wo
 		return catalog.Worker{}, err
 	}
 	defer unlock()
-	in, err := e.withCode(ctx, ref, e.st.Worker.CodeVersion+1)
+	version := max(e.st.Worker.CodeVersion, e.st.LastVersion) + 1
+	in, err := e.withCode(ctx, ref, version)
 	if err != nil {
 		return catalog.Worker{}, err
 	}
+	e.st.LastVersion = version
 	if _, err := e.apply(ctx, in, e.event(ctx, lifecycleevents.CodeUpdated)); err != nil {
 		return catalog.Worker{}, err
 	}
@@ -374,10 +380,26 @@ func (e *entity) delete(ctx workflow.Context) error {
 // step failed.
 func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ...activities.EventSpec) (applied bool, err error) {
 	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Apply, in).Get(ctx, nil); err != nil {
-		return false, err
+		if workflow.GetVersion(ctx, "apply-failure-reads-record", workflow.DefaultVersion, 1) == workflow.DefaultVersion || !e.persisted(ctx, in.Worker) {
+			return false, err
+		}
+		// The record was saved, only the answer was lost: the change is
+		// made, and is finished (nodes, events) like any other.
+		workflow.GetLogger(ctx).Warn("Apply failed after the record was saved; finishing the change", "worker_id", in.Worker.ID, "err", err)
 	}
 	e.syncNodes(ctx)
 	return true, workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: in.Worker, Events: events}).Get(ctx, nil)
+}
+
+// persisted reports whether the catalog holds exactly w (the change Apply
+// was asked to save). An unreadable catalog counts as not persisted.
+func (e *entity) persisted(ctx workflow.Context, w catalog.Worker) bool {
+	var ws []catalog.Worker
+	if err := workflow.ExecuteActivity(activityCtx(ctx), a.GetWorkers, []string{w.ID}).Get(ctx, &ws); err != nil || len(ws) != 1 {
+		return false
+	}
+	got := ws[0]
+	return got.Status == w.Status && got.CodeVersion == w.CodeVersion && got.CodeSHA256 == w.CodeSHA256 && got.UpdatedAt.Equal(w.UpdatedAt)
 }
 
 // emitCtx retries publishing until the broker takes the events: the change

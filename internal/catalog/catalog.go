@@ -6,6 +6,7 @@
 package catalog
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -176,16 +177,27 @@ func (c *Catalog) GetWorkers(ctx context.Context, ids []string) ([]Worker, error
 	return out, nil
 }
 
-// AppendHistory records a code load; appending the same version twice is a
-// no-op, so activities may retry it.
+// AppendHistory records a code load. The entry of a version is the last
+// one written for it: a retry writes the same entry again, and a version
+// number that an interrupted change used before is corrected, never left
+// showing another SHA-256. Entries stay ordered by version.
 func (c *Catalog) AppendHistory(ctx context.Context, id string, e HistoryEntry) error {
 	return state.UpdateJSON(ctx, c.store, historyKey(id), func(entries *[]HistoryEntry) bool {
-		if slices.ContainsFunc(*entries, func(x HistoryEntry) bool { return x.Version == e.Version }) {
+		i, found := slices.BinarySearchFunc(*entries, e.Version, func(x HistoryEntry, v int64) int { return cmp.Compare(x.Version, v) })
+		switch {
+		case found && sameEntry((*entries)[i], e):
 			return false
+		case found:
+			(*entries)[i] = e
+		default:
+			*entries = slices.Insert(*entries, i, e)
 		}
-		*entries = append(*entries, e)
 		return true
 	})
+}
+
+func sameEntry(a, b HistoryEntry) bool {
+	return a.Version == b.Version && a.SHA256 == b.SHA256 && a.SourceKind == b.SourceKind && a.URL == b.URL && a.CreatedAt.Equal(b.CreatedAt)
 }
 
 // History returns the code loads of a worker, oldest first.

@@ -3,6 +3,7 @@ package catalog_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -42,6 +43,22 @@ func TestWorkersIndexAndHistory(t *testing.T) {
 	}
 	if h, _ := c.History(ctx, "a"); len(h) != 2 || h[1].Version != 2 {
 		t.Fatalf("history %v", h)
+	}
+	// A version written again with other code (a change that was cut off
+	// before its record was saved, then the number used again) shows the
+	// code written last, never the stale one; entries stay in order.
+	for _, e := range []catalog.HistoryEntry{{Version: 2, SHA256: "y", SourceKind: "url", CreatedAt: now}, {Version: 4, SHA256: "w"}, {Version: 3, SHA256: "z"}} {
+		if err := c.AppendHistory(ctx, "a", e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, _ := c.History(ctx, "a")
+	var got []string
+	for _, e := range h {
+		got = append(got, fmt.Sprintf("%d=%s", e.Version, e.SHA256))
+	}
+	if strings.Join(got, ",") != "1=x,2=y,3=z,4=w" {
+		t.Fatalf("history %v", got)
 	}
 	if err := c.DeleteWorker(ctx, "a"); err != nil {
 		t.Fatal(err)

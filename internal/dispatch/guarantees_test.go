@@ -497,3 +497,40 @@ func (f *failingStore) Get(ctx context.Context, key string) (state.Item, error) 
 	}
 	return f.Store.Get(ctx, key)
 }
+
+// Detaching a worker with a full queue of slow calls waits for the call in
+// progress only: queued messages are given back, never started (issue 9:
+// a stop must not wait for every queued call). Repeated because the serve
+// loop's choice between its queue and the stop is random when both are
+// ready.
+func TestDetachDoesNotRunTheQueue(t *testing.T) {
+	for round := range 10 {
+		b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+		d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, QueueDepth: 8})
+		var calls atomic.Int32
+		entered, release := make(chan struct{}, 8), make(chan struct{})
+		d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
+			calls.Add(1)
+			entered <- struct{}{}
+			<-release
+			return nil, nil
+		}})
+		s := waitStream(t, b, "in")
+		for i := range 5 {
+			s.In <- request(fmt.Sprintf("m%d", i), "")
+		}
+		<-entered
+		for d.Queued("w") < 4 {
+			time.Sleep(time.Millisecond)
+		}
+		stopped := d.Stopped("w")
+		detached := make(chan struct{})
+		go func() { d.Detach(context.Background(), "w"); close(detached) }()
+		<-stopped
+		close(release)
+		<-detached
+		if n := calls.Load(); n != 1 {
+			t.Fatalf("round %d: %d calls ran, want only the one in progress at the stop", round, n)
+		}
+	}
+}

@@ -93,6 +93,16 @@ func (d *Dispatcher) serve(w *worker) {
 	for {
 		select {
 		case j := <-w.queue:
+			// select picks at random among ready cases: a detached
+			// worker must not go on taking its queue (Detach would wait
+			// for every queued call), so stopped is checked again.
+			select {
+			case <-w.stopped:
+				j.r.outcome = outcomeCut
+				j.m.wg.Done()
+				return
+			default:
+			}
 			d.handle(w, j.m, j.r)
 			j.m.wg.Done()
 		case <-w.stopped:

@@ -357,10 +357,9 @@ func (ls *Lease) Check(ctx context.Context) error {
 func (ls *Lease) update(ctx context.Context, change func(*record) bool) (bool, error) {
 	l := ls.locks
 	key := Key(ls.Group)
-	for conflicts := 0; ; conflicts++ {
-		if err := state.ConflictBackoff(ctx, conflicts); err != nil {
-			return false, err
-		}
+	// Conflicts here come from waiter markers changing the ETag; the
+	// holder retries at once (no backoff): its lock is on the hot path.
+	for {
 		rec, etag, err := l.read(ctx, key)
 		if err != nil {
 			return false, err
@@ -373,6 +372,9 @@ func (ls *Lease) update(ctx context.Context, change func(*record) bool) (bool, e
 		}
 		err = l.put(ctx, key, rec, etag)
 		if errors.Is(err, state.ErrConflict) {
+			if err := ctx.Err(); err != nil {
+				return false, err
+			}
 			continue
 		}
 		return err == nil, err

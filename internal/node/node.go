@@ -18,20 +18,74 @@ import (
 )
 
 // Node runs workers on this process.
+//
+// Operations on one worker (Apply, Remove, Sync, its step of Reconcile) are
+// serialized by that worker's lock, and each re-reads or writes the
+// worker's record under it, so the node and the catalog never disagree for
+// long. Operations on different workers run concurrently: an engine load or
+// a detach that takes long holds up only its own worker. mu guards the maps
+// and is never held across a load, a detach or a store call.
 type Node struct {
 	log      *slog.Logger
 	catalog  *catalog.Catalog
 	engines  *engines.Registry
 	disp     *dispatch.Dispatcher
 	timeout  time.Duration
-	mu       sync.Mutex        // serializes Apply, Remove and Reconcile
+	now      func() time.Time
+	mu       sync.Mutex
+	locks    map[string]*workerLock
 	attached map[string]string // worker id → code sha256 attached
 	policy   map[string]dispatch.Worker
+	broken   map[string]brokenWorker
 }
+
+type workerLock struct {
+	mu    sync.Mutex
+	users int
+}
+
+// brokenWorker remembers a record that failed to attach, so that Reconcile
+// retries it with backoff instead of re-running its load (user code) on
+// every pass.
+type brokenWorker struct {
+	record   catalog.Worker
+	err      error
+	failures int
+	next     time.Time
+}
+
+// Reconcile's retry of a broken worker: after ReconcileBackoffBase, doubling
+// to ReconcileBackoffMax. Apply and Sync (lifecycle operations) always try.
+const (
+	ReconcileBackoffBase = 30 * time.Second
+	ReconcileBackoffMax  = 15 * time.Minute
+)
 
 // New returns a Node. timeout bounds one message in a worker (0: engine default).
 func New(log *slog.Logger, cat *catalog.Catalog, reg *engines.Registry, disp *dispatch.Dispatcher, timeout time.Duration) *Node {
-	return &Node{log: log, catalog: cat, engines: reg, disp: disp, timeout: timeout, attached: map[string]string{}, policy: map[string]dispatch.Worker{}}
+	return &Node{log: log, catalog: cat, engines: reg, disp: disp, timeout: timeout, now: time.Now,
+		locks: map[string]*workerLock{}, attached: map[string]string{}, policy: map[string]dispatch.Worker{}, broken: map[string]brokenWorker{}}
+}
+
+// lockWorker takes worker id's lock; the returned function gives it back.
+func (n *Node) lockWorker(id string) func() {
+	n.mu.Lock()
+	l := n.locks[id]
+	if l == nil {
+		l = &workerLock{}
+		n.locks[id] = l
+	}
+	l.users++
+	n.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		n.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(n.locks, id)
+		}
+		n.mu.Unlock()
+	}
 }
 
 // Spec is the engine spec for a worker.
@@ -52,22 +106,25 @@ func (n *Node) Check(ctx context.Context, w catalog.Worker, code []byte) error {
 // Apply makes this node serve w and then persists it, under one lock so that
 // a concurrent Reconcile never sees the node and the catalog disagree: a
 // RUNNING worker is attached with the code w.CodeSHA256 (hot-swapped if other
-// code is attached), a STOPPED one is detached; then the record (and history,
-// when not nil) is saved. The node goes first so that a worker whose code
-// cannot be attached is never persisted. It is idempotent.
+// code is attached), a STOPPED one is detached; then the history entry (when
+// not nil) and the record are saved. The node goes first so that a worker
+// whose code cannot be attached is never persisted. It is idempotent.
 func (n *Node) Apply(ctx context.Context, w catalog.Worker, history *catalog.HistoryEntry) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	defer n.lockWorker(w.ID)()
 	if err := n.apply(ctx, w); err != nil {
 		return err
 	}
-	if err := n.catalog.SaveWorker(ctx, w); err != nil {
-		return err
-	}
+	// The history entry first, then the record: the record is the commit
+	// point (reconcile and every node follow it), so a change cut off
+	// between the two leaves an entry for a version the record never
+	// reached (corrected by the next write of that version), never a record
+	// whose version the history lacks.
 	if history != nil {
-		return n.catalog.AppendHistory(ctx, w.ID, *history)
+		if err := n.catalog.AppendHistory(ctx, w.ID, *history); err != nil {
+			return err
+		}
 	}
-	return nil
+	return n.catalog.SaveWorker(ctx, w)
 }
 
 // hotPath is how the dispatcher knows w.
@@ -75,13 +132,17 @@ func hotPath(w catalog.Worker) dispatch.Worker {
 	return dispatch.Worker{ID: w.ID, Topic: w.Topic, Group: w.Group, MaxAttempts: w.MaxAttempts, RetryBackoff: w.RetryBackoff}
 }
 
+// apply makes the node serve w; the caller holds w's lock.
 func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 	if w.Status != catalog.StatusRunning {
 		n.remove(ctx, w.ID)
 		n.disp.ClearUnrunnable(w.ID)
 		return nil
 	}
-	if n.attached[w.ID] == w.CodeSHA256 && n.disp.Attached(w.ID) && n.policy[w.ID] == hotPath(w) {
+	n.mu.Lock()
+	same := n.attached[w.ID] == w.CodeSHA256 && n.policy[w.ID] == hotPath(w)
+	n.mu.Unlock()
+	if same && n.disp.Attached(w.ID) {
 		return nil
 	}
 	inst, err := n.load(ctx, w)
@@ -94,8 +155,11 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 		return err
 	}
 	n.disp.Attach(hotPath(w), inst)
+	n.mu.Lock()
 	n.policy[w.ID] = hotPath(w)
 	n.attached[w.ID] = w.CodeSHA256
+	delete(n.broken, w.ID)
+	n.mu.Unlock()
 	n.log.Info("worker attached", "worker_id", w.ID, "topic", w.Topic, "code_sha256", w.CodeSHA256)
 	return nil
 }
@@ -119,20 +183,26 @@ func (n *Node) load(ctx context.Context, w catalog.Worker) (engines.Instance, er
 // Remove detaches a worker (no-op when it is not attached) and then deletes
 // its record, under the same lock (see Apply).
 func (n *Node) Remove(ctx context.Context, id string) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	defer n.lockWorker(id)()
 	n.remove(ctx, id)
 	n.disp.ClearUnrunnable(id)
 	return n.catalog.DeleteWorker(ctx, id)
 }
 
+// remove detaches worker id; the caller holds its lock.
 func (n *Node) remove(ctx context.Context, id string) {
-	if _, ok := n.attached[id]; !ok {
+	n.mu.Lock()
+	_, ok := n.attached[id]
+	delete(n.broken, id)
+	n.mu.Unlock()
+	if !ok {
 		return
 	}
 	n.disp.Detach(ctx, id)
+	n.mu.Lock()
 	delete(n.attached, id)
 	delete(n.policy, id)
+	n.mu.Unlock()
 	n.log.Info("worker detached", "worker_id", id)
 }
 
@@ -143,54 +213,95 @@ type ReconcileResult struct {
 }
 
 // Reconcile makes the node match the catalog: RUNNING workers attached with
-// their current code, everything else detached. One broken worker does not
-// stop the others; it is counted and its error returned in the result.
+// their current code, everything else detached. It takes one worker at a
+// time, each under its own lock and from its record as read under that
+// lock, so lifecycle operations on other workers go on meanwhile. One broken
+// worker does not stop the others: it is counted and its error returned in
+// the result, and its load is retried with backoff (ReconcileBackoffBase
+// doubling to ReconcileBackoffMax) while its record stays the same.
 func (n *Node) Reconcile(ctx context.Context) (ReconcileResult, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	ws, err := n.catalog.ListWorkers(ctx)
+	ids, err := n.catalog.WorkerIDs(ctx)
 	if err != nil {
 		return ReconcileResult{}, fmt.Errorf("list workers: %w", err)
 	}
 	var res ReconcileResult
 	known := map[string]bool{}
-	for _, w := range ws {
-		known[w.ID] = true
-		if err := n.apply(ctx, w); err != nil {
+	for _, id := range ids {
+		known[id] = true
+		status, err := n.reconcileOne(ctx, id)
+		switch {
+		case err != nil:
 			res.Failed++
 			res.Errors = append(res.Errors, err)
-			n.log.Error("worker could not be recovered", "worker_id", w.ID, "err", err)
-			continue
-		}
-		if w.Status == catalog.StatusRunning {
+		case status == catalog.StatusRunning:
 			res.Running++
-		} else {
+		case status == catalog.StatusStopped:
 			res.Stopped++
 		}
 	}
+	n.mu.Lock()
+	var stale []string
 	for id := range n.attached {
 		if !known[id] {
-			n.remove(ctx, id)
+			stale = append(stale, id)
+		}
+	}
+	n.mu.Unlock()
+	for _, id := range stale {
+		if err := n.Sync(ctx, id); err != nil {
+			n.log.Error("worker not in the catalog list could not be synced", "worker_id", id, "err", err)
 		}
 	}
 	n.disp.RetainUnrunnable(known)
 	return res, nil
 }
 
+// reconcileOne syncs worker id unless its unchanged record failed recently;
+// it returns the status it applied ("" when the worker is gone).
+func (n *Node) reconcileOne(ctx context.Context, id string) (catalog.Status, error) {
+	defer n.lockWorker(id)()
+	w, err := n.catalog.GetWorker(ctx, id)
+	if errors.Is(err, catalog.ErrNotFound) {
+		n.remove(ctx, id)
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	n.mu.Lock()
+	b, wasBroken := n.broken[id]
+	n.mu.Unlock()
+	if wasBroken && b.record == w && n.now().Before(b.next) {
+		return w.Status, b.err
+	}
+	if err := n.apply(ctx, w); err != nil {
+		if !wasBroken || b.record != w {
+			b = brokenWorker{record: w}
+		}
+		b.err, b.failures = err, b.failures+1
+		b.next = n.now().Add(min(ReconcileBackoffBase<<min(b.failures-1, 10), ReconcileBackoffMax))
+		n.mu.Lock()
+		n.broken[id] = b
+		n.mu.Unlock()
+		n.log.Error("worker could not be recovered", "worker_id", id, "err", err, "retry_after", b.next.Sub(n.now()).Round(time.Second))
+		return w.Status, err
+	}
+	return w.Status, nil
+}
+
 // Shutdown detaches every worker.
 func (n *Node) Shutdown(ctx context.Context) {
+	n.disp.DetachAll(ctx)
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.disp.DetachAll(ctx)
 	clear(n.attached)
 	clear(n.policy)
 }
 
 // Sync makes this node match the catalog's current record of one worker
-// (detached when it is gone), reading the record under the node's lock.
+// (detached when it is gone), reading the record under the worker's lock.
 func (n *Node) Sync(ctx context.Context, id string) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	defer n.lockWorker(id)()
 	w, err := n.catalog.GetWorker(ctx, id)
 	if errors.Is(err, catalog.ErrNotFound) {
 		n.remove(ctx, id)

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/node/nodetest"
 )
 
@@ -91,5 +93,103 @@ func TestReconcileMatchesTheCatalog(t *testing.T) {
 	}
 	if loads := f.Engine.Loads(); loads != 2 {
 		t.Fatalf("%d engine loads, want 2 (run, then stop once started)", loads)
+	}
+}
+
+// A reconcile stuck in one worker's load (slow user code) holds up only
+// that worker: a lifecycle operation on another worker (Sync, as Activate
+// runs it) completes meanwhile.
+func TestReconcileDoesNotHoldUpOtherWorkers(t *testing.T) {
+	f, ctx := nodetest.New(t), context.Background()
+	slow, _ := f.Catalog.PutCode(ctx, []byte(nodetest.SlowCode))
+	good, _ := f.Catalog.PutCode(ctx, []byte("good"))
+	a := nodetest.Worker(catalog.StatusRunning, slow)
+	a.ID = "a-slow"
+	b := nodetest.Worker(catalog.StatusRunning, good)
+	b.ID = "b"
+	for _, w := range []catalog.Worker{a, b} {
+		if err := f.Catalog.SaveWorker(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan error, 1)
+	go func() { _, err := f.Node.Reconcile(ctx); done <- err }()
+	waitUntil(t, func() bool { return f.Engine.Attempts() >= 1 }) // the reconcile is in a-slow's load
+	synced := make(chan error, 1)
+	go func() { synced <- f.Node.Sync(ctx, "b") }()
+	select {
+	case err := <-synced:
+		if err != nil || !f.Dispatcher.Attached("b") {
+			t.Fatalf("Sync(b): %v, attached %v", err, f.Dispatcher.Attached("b"))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Sync of another worker waited for the reconcile's slow load")
+	}
+	f.Engine.Release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !f.Dispatcher.Attached("a-slow") {
+		t.Fatal("the slow worker was not attached once its load finished")
+	}
+}
+
+// Reconcile retries a broken worker with backoff while its record stays
+// the same (its load runs user code), and at once when the record changes;
+// Sync, a lifecycle operation, always tries.
+func TestReconcileBacksOffBrokenWorkers(t *testing.T) {
+	f, ctx := nodetest.New(t), context.Background()
+	now := time.Unix(1_800_000_000, 0)
+	node.SetClock(f.Node, func() time.Time { return now })
+	bad, _ := f.Catalog.PutCode(ctx, []byte(nodetest.BadCode))
+	w := nodetest.Worker(catalog.StatusRunning, bad)
+	if err := f.Catalog.SaveWorker(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	reconcile := func() node.ReconcileResult {
+		t.Helper()
+		res, err := f.Node.Reconcile(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	if res := reconcile(); res.Failed != 1 || f.Engine.Attempts() != 1 {
+		t.Fatalf("first pass: %+v, %d loads", res, f.Engine.Attempts())
+	}
+	if res := reconcile(); res.Failed != 1 || len(res.Errors) != 1 || f.Engine.Attempts() != 1 {
+		t.Fatalf("second pass within the backoff: %+v, %d loads (want the remembered error, no load)", res, f.Engine.Attempts())
+	}
+	now = now.Add(node.ReconcileBackoffBase)
+	reconcile()
+	if f.Engine.Attempts() != 2 {
+		t.Fatalf("after the backoff: %d loads, want 2", f.Engine.Attempts())
+	}
+	now = now.Add(node.ReconcileBackoffBase) // the backoff doubled: not yet
+	reconcile()
+	if f.Engine.Attempts() != 2 {
+		t.Fatalf("within the doubled backoff: %d loads, want 2", f.Engine.Attempts())
+	}
+	if err := f.Node.Sync(ctx, w.ID); err == nil || f.Engine.Attempts() != 3 {
+		t.Fatalf("Sync: %v, %d loads (a lifecycle operation always tries)", err, f.Engine.Attempts())
+	}
+	good, _ := f.Catalog.PutCode(ctx, []byte("good"))
+	w.CodeSHA256, w.CodeVersion = good, 2
+	if err := f.Catalog.SaveWorker(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	if res := reconcile(); res.Failed != 0 || res.Running != 1 || !f.Dispatcher.Attached(w.ID) {
+		t.Fatalf("a changed record is tried at once: %+v", res)
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 10s")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -33,11 +33,32 @@ const MIMEType = "text/x-test"
 // BadCode is the code the test engine refuses.
 const BadCode = "bad"
 
+// SlowCode is code whose Load waits until Engine.Release (or ctx ends).
+const SlowCode = "slow"
+
 // Engine accepts any code but BadCode and counts loaded instances.
 type Engine struct {
-	mu    sync.Mutex
-	loads int
+	mu       sync.Mutex
+	loads    int
+	attempts int
+	slow     chan struct{}
+	slowOnce sync.Once
 }
+
+// Attempts counts Load calls, failed ones included.
+func (e *Engine) Attempts() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.attempts
+}
+
+func (e *Engine) gate() chan struct{} {
+	e.slowOnce.Do(func() { e.slow = make(chan struct{}) })
+	return e.slow
+}
+
+// Release lets every Load of SlowCode finish.
+func (e *Engine) Release() { close(e.gate()) }
 
 // Loads counts the instances loaded so far.
 func (e *Engine) Loads() int {
@@ -61,6 +82,16 @@ func (e *Engine) Check(_ context.Context, _ engines.Spec, code []byte) error {
 
 // Load implements engines.Engine.
 func (e *Engine) Load(ctx context.Context, s engines.Spec, code []byte) (engines.Instance, error) {
+	e.mu.Lock()
+	e.attempts++
+	e.mu.Unlock()
+	if string(code) == SlowCode {
+		select {
+		case <-e.gate():
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	if err := e.Check(ctx, s, code); err != nil {
 		return nil, err
 	}
