@@ -13,23 +13,24 @@ import (
 // config is the node's typed configuration, read from the environment.
 type config struct {
 	envconfig.Services
-	HTTPAddr          string        // WORKMANAGER_HTTP_ADDR
-	PubSub            string        // DAPR_PUBSUB
-	RecoveryOnStart   bool          // WORKER_RECOVERY_ON_START
-	MaxConcurrency    int           // WORKER_MAX_CONCURRENCY
-	WorkerTimeout     time.Duration // WORKER_TIMEOUT
-	PythonProcesses   int           // PYTHON_PROCESSES
-	PythonSpinWait    time.Duration // PYTHON_SPIN_WAIT (negative: never spin)
-	ReconcileInterval time.Duration // RECONCILE_INTERVAL (0 disables)
-	NodeID            string        // WORKMANAGER_NODE_ID (default: <hostname>-<pid>)
-	NodeHeartbeat     time.Duration // NODE_HEARTBEAT; a node silent for 3 heartbeats counts as gone
-	GatewayTimeout    time.Duration // GATEWAY_TIMEOUT
-	NativeIsolation   string        // NATIVE_ISOLATION: "in-process" (default) or "process"
-	NativeHostPath    string        // NATIVE_HOST_PATH (default: native-host next to this binary)
-	NativeTempDir     string        // NATIVE_TEMP_DIR
-	BrokerProbe       time.Duration // BROKER_PROBE_INTERVAL: how often an idle node checks that publishing works
-	BrokerReadyGrace  time.Duration // BROKER_READY_GRACE: how long the broker may fail before /readyz does
-	LogLevel          slog.Level    // LOG_LEVEL
+	HTTPAddr           string        // WORKMANAGER_HTTP_ADDR
+	PubSub             string        // DAPR_PUBSUB
+	RecoveryOnStart    bool          // WORKER_RECOVERY_ON_START
+	MaxConcurrency     int           // WORKER_MAX_CONCURRENCY
+	WorkerTimeout      time.Duration // WORKER_TIMEOUT
+	PythonProcesses    int           // PYTHON_PROCESSES
+	PythonSpinWait     time.Duration // PYTHON_SPIN_WAIT (negative: never spin)
+	ReconcileInterval  time.Duration // RECONCILE_INTERVAL (0 disables)
+	NodeID             string        // WORKMANAGER_NODE_ID (default: <hostname>-<pid>)
+	NodeHeartbeat      time.Duration // NODE_HEARTBEAT; a node silent for 3 heartbeats counts as gone
+	GatewayTimeout     time.Duration // GATEWAY_TIMEOUT
+	NativeIsolation    string        // NATIVE_ISOLATION: "in-process" (default) or "process"
+	NativeHostPath     string        // NATIVE_HOST_PATH (default: native-host next to this binary)
+	NativeTempDir      string        // NATIVE_TEMP_DIR
+	NativeMaxAbandoned int           // NATIVE_MAX_ABANDONED_CALLS
+	BrokerProbe        time.Duration // BROKER_PROBE_INTERVAL: how often an idle node checks that publishing works
+	BrokerReadyGrace   time.Duration // BROKER_READY_GRACE: how long the broker may fail before /readyz does
+	LogLevel           slog.Level    // LOG_LEVEL
 
 	QueueDepth         int           // WORKER_QUEUE_DEPTH: messages waiting per worker beyond those running
 	QueueWait          time.Duration // WORKER_QUEUE_WAIT: how long a message waits for room in a full queue
@@ -64,6 +65,7 @@ func loadConfig() (config, error) {
 		NativeIsolation:    r.String("NATIVE_ISOLATION", ""),
 		NativeHostPath:     r.String("NATIVE_HOST_PATH", defaultHostPath()),
 		NativeTempDir:      r.String("NATIVE_TEMP_DIR", ""),
+		NativeMaxAbandoned: r.Int("NATIVE_MAX_ABANDONED_CALLS", 4),
 		BrokerProbe:        r.Duration("BROKER_PROBE_INTERVAL", 2*time.Second),
 		BrokerReadyGrace:   r.Duration("BROKER_READY_GRACE", 15*time.Second),
 		LogLevel:           r.LogLevel("LOG_LEVEL"),
@@ -89,6 +91,8 @@ func loadConfig() (config, error) {
 
 func (c config) validate() error {
 	switch {
+	case c.NativeMaxAbandoned < 1:
+		return fmt.Errorf("NATIVE_MAX_ABANDONED_CALLS must be at least 1, got %d", c.NativeMaxAbandoned)
 	case c.MaxConcurrency < 1:
 		return fmt.Errorf("WORKER_MAX_CONCURRENCY must be at least 1, got %d", c.MaxConcurrency)
 	case c.WorkerTimeout <= 0:

@@ -57,7 +57,8 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	reg, err := builtin.Registry(builtin.Config{Logger: log, PythonProcesses: cfg.PythonProcesses,
 		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait,
 		Gateway:         gateway.NewDapr(daprClient, cfg.GatewayTimeout),
-		NativeIsolation: native.Isolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir})
+		NativeIsolation: native.Isolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir,
+		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned})
 	if err != nil {
 		return err
 	}

@@ -29,6 +29,9 @@ type Config struct {
 	NativeHostPath string
 	// NativeTempDir is where native packages are extracted ("" = os.TempDir()).
 	NativeTempDir string
+	// NativeMaxAbandonedCalls bounds timed-out in-process native calls still
+	// running, per worker (0 = native.DefaultMaxAbandonedCalls).
+	NativeMaxAbandonedCalls int
 }
 
 // Registry returns a registry with every built-in engine. Constructing an
@@ -39,7 +42,8 @@ func Registry(cfg Config) (*engines.Registry, error) {
 		python.New(python.Config{Processes: cfg.PythonProcesses, DefaultTimeout: cfg.DefaultTimeout,
 			SpinWait: cfg.PythonSpinWait, Logger: cfg.Logger}),
 		native.New(native.Config{DefaultTimeout: cfg.DefaultTimeout, Gateway: cfg.Gateway, Logger: cfg.Logger,
-			Isolation: cfg.NativeIsolation, HostPath: cfg.NativeHostPath, TempDir: cfg.NativeTempDir}),
+			Isolation: cfg.NativeIsolation, HostPath: cfg.NativeHostPath, TempDir: cfg.NativeTempDir,
+			MaxAbandonedCalls: cfg.NativeMaxAbandonedCalls}),
 	} {
 		if err := reg.Register(e); err != nil {
 			return nil, err

@@ -34,10 +34,11 @@ type inprocInstance struct {
 	ctx    context.Context // cancelled by Close: aborts gateway calls
 	cancel context.CancelFunc
 
-	mu       sync.Mutex
-	closing  bool
-	calls    sync.WaitGroup // native calls in flight
-	released chan struct{}  // closed once the library is unloaded
+	mu        sync.Mutex
+	closing   bool
+	calls     sync.WaitGroup // native calls in flight
+	abandoned atomic.Int32   // calls that timed out and still run in native code
+	released  chan struct{}  // closed once the library is unloaded
 }
 
 var _ engines.Instance = (*inprocInstance)(nil)
@@ -161,6 +162,11 @@ func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event
 	if ev == nil {
 		return nil, errors.New("native engine: nil event")
 	}
+	if n := int(in.abandoned.Load()); n >= in.e.cfg.MaxAbandonedCalls {
+		return nil, &WorkerError{Message: fmt.Sprintf("%d earlier calls of this worker timed out and are still running in native code "+
+			"(each holds a thread; the limit is %d): no new call until one of them returns; "+
+			"code that can hang belongs in process isolation (\"isolation\": \"process\")", n, in.e.cfg.MaxAbandonedCalls)}
+	}
 	if !in.enter() {
 		return nil, ErrClosed
 	}
@@ -202,6 +208,7 @@ func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event
 		return finish(c)
 	}
 	// c belongs to the native goroutine now.
+	in.abandoned.Add(1)
 	in.log.Warn("native worker call abandoned; the call keeps running in native code",
 		"worker_id", in.spec.WorkerID, "reason", why, "after", wait)
 	if why == "timeout" {
@@ -239,6 +246,7 @@ func (in *inprocInstance) run(c *pcall) {
 		c.done <- struct{}{}
 		return
 	}
+	in.abandoned.Add(-1) // the caller had given up on it
 	putCall(c)
 }
 

@@ -41,6 +41,8 @@ const (
 	DefaultTimeout       = 30 * time.Second
 	DefaultLoadTimeout   = 30 * time.Second
 	DefaultHostProcesses = 1
+	// DefaultMaxAbandonedCalls is Config.MaxAbandonedCalls's default.
+	DefaultMaxAbandonedCalls = 4
 )
 
 // Config configures the engine. The zero value is usable (in-process, no
@@ -65,6 +67,14 @@ type Config struct {
 	// or IsolationProcess. A worker can also ask for IsolationProcess in its
 	// manifest ("isolation": "process"); that needs HostPath.
 	Isolation Isolation
+	// MaxAbandonedCalls bounds, per loaded in-process worker, the calls that
+	// timed out and are still running in native code (each keeps an OS
+	// thread until it returns). Past it the worker's calls fail at once with
+	// a worker-failed error that says so, instead of leaking threads until
+	// the node dies; they work again when an abandoned call returns.
+	// Default 4. Process isolation has no such limit (a timed-out host
+	// process is killed).
+	MaxAbandonedCalls int
 	// HostPath is the native-host executable (cmd/native-host) used for
 	// process isolation.
 	HostPath string
@@ -102,6 +112,9 @@ func New(cfg Config) *Engine {
 	}
 	if cfg.HostProcesses <= 0 {
 		cfg.HostProcesses = DefaultHostProcesses
+	}
+	if cfg.MaxAbandonedCalls <= 0 {
+		cfg.MaxAbandonedCalls = DefaultMaxAbandonedCalls
 	}
 	if cfg.Isolation == "" {
 		cfg.Isolation = IsolationInProcess

@@ -648,3 +648,34 @@ func TestCloseCancelsGatewayCalls(t *testing.T) {
 		t.Fatalf("the call in flight = %v, want the worker's failure after the cancelled gateway call", err)
 	}
 }
+
+// In process, a timed-out call keeps running (and holds a thread) in
+// native code. Past MaxAbandonedCalls such calls the worker's calls fail at
+// once with an error that says why, instead of leaking a thread per
+// message; once an abandoned call returns, calls work again.
+func TestAbandonedNativeCallsAreBounded(t *testing.T) {
+	e := newTestEngine(t, Config{MaxAbandonedCalls: 2})
+	spec := testSpec
+	spec.Timeout = 50 * time.Millisecond
+	inst := load(t, e, spec, packageOf(t, flagsEcho, nil))
+	for i := range 2 {
+		if _, err := call(t, inst, typed("test.sleep", 600)); !errors.Is(err, engines.ErrTimeout) {
+			t.Fatalf("hanging call %d: %v, want a timeout", i, err)
+		}
+	}
+	_, err := call(t, inst, typed("test.echo", "x"))
+	if !errors.Is(err, engines.ErrWorkerFailed) || !strings.Contains(err.Error(), "2 earlier calls of this worker timed out and are still running in native code") {
+		t.Fatalf("call past the limit: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := call(t, inst, typed("test.echo", "x"))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("calls still refused after the abandoned ones returned: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -98,5 +100,66 @@ func TestCreateWithRequestIDMakesOneWorker(t *testing.T) {
 	}
 	if got := onTopic(); len(got) != 2 {
 		t.Fatalf("workers on the topic %v, want order-2's and order-3's (%s)", got, fixed.GetWorkerId())
+	}
+}
+
+// StopWorker of a worker with a full queue of slow calls returns within
+// the documented bound (the calls already running finish; queued messages
+// are given back, not run), other lifecycle calls on the node go on
+// meanwhile, and no message is lost: after StartWorker every one is
+// processed.
+func TestStopOfASlowWorkerIsBounded(t *testing.T) {
+	const timeout = 5 * time.Second
+	e := newEnvWith(t, envConfig{nodeEnv: []string{"WORKER_TIMEOUT=" + timeout.String(), "WORKER_MAX_CONCURRENCY=2", "WORKER_QUEUE_DEPTH=64"}})
+	in, out := topicName(t, "in"), topicName(t, "out")
+	outs := collectFrom(e.subscribe(out))
+	logPath := filepath.Join(t.TempDir(), "slow.log")
+	id := e.createWith(t, &pb.CreateWorkerRequest{Code: pyCode(loggingWorker("slow", logPath, out, false)), Topic: in})
+	const n = 12 // 3 s each, 2 at a time: 18 s of work
+	for i := range n {
+		e.publish(in, fmt.Sprintf("s%d", i), map[string]any{"sleep_ms": 3000}, "")
+	}
+	waitFor(t, time.Minute, "the first calls", func() bool { return len(calls(t, logPath)) >= 2 })
+
+	stopped := make(chan time.Duration, 1)
+	go func() {
+		start := time.Now()
+		if _, err := e.client.StopWorker(ctxT(t), &pb.StopWorkerRequest{WorkerId: id}); err != nil {
+			t.Errorf("StopWorker: %v", err)
+		}
+		stopped <- time.Since(start)
+	}()
+	// Another worker's whole lifecycle while the stop is under way.
+	start := time.Now()
+	other := e.createWith(t, &pb.CreateWorkerRequest{Code: pyCode(echoWorker(out, "other")), Topic: topicName(t, "other")})
+	if _, err := e.client.DeleteWorker(ctxT(t), &pb.DeleteWorkerRequest{WorkerId: other}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("create+delete of another worker during the stop: %v", time.Since(start))
+	select {
+	case took := <-stopped:
+		t.Fatalf("the stop (%v) returned before another worker's create and delete: they waited for it", took)
+	default:
+	}
+	took := <-stopped
+	t.Logf("stop took %v with %d calls done of %d", took, len(calls(t, logPath)), n)
+	// The bound: the calls in progress (at most WORKER_TIMEOUT) plus the
+	// fan-out; running the queue would take about 15 s more.
+	if took > timeout+5*time.Second {
+		t.Fatalf("StopWorker took %v, more than WORKER_TIMEOUT %v plus the fan-out", took, timeout)
+	}
+	if done := len(calls(t, logPath)); done >= n {
+		t.Fatalf("all %d messages ran before the stop returned: the queue was not given back", done)
+	}
+
+	if _, err := e.client.StartWorker(ctxT(t), &pb.StartWorkerRequest{WorkerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 3*time.Minute, fmt.Sprintf("%d distinct outputs", n), func() bool { return outs.distinct() >= n })
+	byID := countByID(calls(t, logPath))
+	for i := range n {
+		if byID[fmt.Sprintf("s%d", i)] < 1 {
+			t.Errorf("s%d was never processed", i)
+		}
 	}
 }
