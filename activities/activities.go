@@ -138,7 +138,14 @@ func (a *Activities) Emit(ctx context.Context, in EmitInput) error {
 	return a.emit(ctx, in.Worker, in.Events)
 }
 
-// ListWorkerIDs returns the ids of every persisted worker (recovery).
+// ListWorkerIDsPage returns the ids on one page of the worker index
+// (recovery takes the pages one by one).
+func (a *Activities) ListWorkerIDsPage(ctx context.Context, page int) ([]string, error) {
+	return a.Catalog.WorkerIDsPage(ctx, page)
+}
+
+// ListWorkerIDs returns the ids of every persisted worker (the recovery of
+// histories recorded before the paged index replays it).
 func (a *Activities) ListWorkerIDs(ctx context.Context) ([]string, error) {
 	return a.Catalog.WorkerIDs(ctx)
 }

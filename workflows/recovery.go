@@ -37,9 +37,15 @@ const (
 // RecoveryInput carries a recovery across continue-as-new. The zero value
 // starts one.
 type RecoveryInput struct {
-	// Listed tells that Pending holds what is left of the worker list.
+	// Listed tells that Pending holds what is left of the worker list
+	// (histories from before the paged index: the whole list).
 	Listed  bool
 	Pending []string
+	// Paged tells that the index is taken a page at a time: NextPage is the
+	// next page to list once Pending is done. Pending then holds at most
+	// one page, whatever the number of workers.
+	Paged    bool
+	NextPage int
 	Done    RecoveryResult
 	// Batch and Run override DefaultRecoveryBatch and DefaultRecoveryRun
 	// (tests).
@@ -68,13 +74,27 @@ func RecoveryWorkflow(ctx workflow.Context, in RecoveryInput) (RecoveryResult, e
 	if run <= 0 {
 		run = DefaultRecoveryRun
 	}
-	if !in.Listed {
-		if err := workflow.ExecuteActivity(actx, a.ListWorkerIDs).Get(ctx, &in.Pending); err != nil {
-			return in.Done, err
+	if !in.Listed && !in.Paged {
+		if workflow.GetVersion(ctx, "paged-index", workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+			if err := workflow.ExecuteActivity(actx, a.ListWorkerIDs).Get(ctx, &in.Pending); err != nil {
+				return in.Done, err
+			}
+			in.Listed = true
+		} else {
+			in.Paged = true
 		}
-		in.Listed = true
 	}
-	for handled := 0; len(in.Pending) > 0; {
+	for handled := 0; ; {
+		if in.Paged && len(in.Pending) == 0 && in.NextPage < catalog.IndexPages {
+			if err := workflow.ExecuteActivity(actx, a.ListWorkerIDsPage, in.NextPage).Get(ctx, &in.Pending); err != nil {
+				return in.Done, err
+			}
+			in.NextPage++
+			continue
+		}
+		if len(in.Pending) == 0 {
+			break
+		}
 		if handled >= run || workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
 			return RecoveryResult{}, workflow.NewContinueAsNewError(ctx, RecoveryWorkflow, in)
 		}

@@ -25,7 +25,8 @@ type recoveryEnv struct {
 	activated []string
 	children  int
 	fromStale int   // children not told to re-read the record (WorkerInput.Recovered unset)
-	lists     int   // ListWorkerIDs calls
+	pages     []int // index pages listed, in order
+	onPage    func(id string) int
 	getErr    error // GetWorkers fails with it when set
 }
 
@@ -37,9 +38,16 @@ func newRecoveryEnv(n int, deleted, broken map[string]bool) *recoveryEnv {
 	for i := range n {
 		r.ids = append(r.ids, fmt.Sprintf("w%d", i))
 	}
-	r.env.OnActivity(a.ListWorkerIDs, mock.Anything).Return(func(context.Context) ([]string, error) {
-		r.lists++
-		return r.ids, nil
+	r.onPage = func(string) int { return 0 } // every id on page 0 unless a test spreads them
+	r.env.OnActivity(a.ListWorkerIDsPage, mock.Anything, mock.Anything).Return(func(_ context.Context, page int) ([]string, error) {
+		r.pages = append(r.pages, page)
+		var ids []string
+		for _, id := range r.ids {
+			if r.onPage(id) == page {
+				ids = append(ids, id)
+			}
+		}
+		return ids, nil
 	})
 	r.env.OnActivity(a.GetWorkers, mock.Anything, mock.Anything).Return(
 		func(_ context.Context, ids []string) ([]catalog.Worker, error) {
@@ -85,7 +93,7 @@ func TestRecoveryPagesAndContinuesAsNew(t *testing.T) {
 	require.True(t, errors.As(r.env.GetWorkflowError(), &can), "want continue-as-new, got %v", r.env.GetWorkflowError())
 	var next RecoveryInput
 	require.NoError(t, converterDecode(can, &next))
-	require.Equal(t, RecoveryInput{Listed: true, Pending: []string{"w4", "w5", "w6"}, Done: RecoveryResult{Recovered: 3}, Batch: 2, Run: 4}, next)
+	require.Equal(t, RecoveryInput{Paged: true, NextPage: 1, Pending: []string{"w4", "w5", "w6"}, Done: RecoveryResult{Recovered: 3}, Batch: 2, Run: 4}, next)
 	require.Equal(t, [][]string{{"w0", "w1"}, {"w2", "w3"}}, r.batches)
 	require.Equal(t, 3, r.children)
 	require.Zero(t, r.fromStale, "every run recovery starts re-reads the catalog first")
@@ -100,7 +108,41 @@ func TestRecoveryPagesAndContinuesAsNew(t *testing.T) {
 	require.Equal(t, RecoveryResult{Recovered: 5, Failed: 1, FailedIDs: []string{"w5"}}, res)
 	require.Equal(t, [][]string{{"w4", "w5"}, {"w6"}}, r2.batches)
 	require.Equal(t, []string{"w4", "w6"}, r2.activated)
-	require.Equal(t, 0, r2.lists)
+	require.Equal(t, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, r2.pages, "the next run goes on with the next page")
+}
+
+// Recovery takes the index a page at a time: what it carries through
+// continue-as-new is at most one page of ids and the next page number,
+// whatever the number of workers, and every worker on every page is
+// recovered once.
+func TestRecoveryTakesTheIndexAPageAtATime(t *testing.T) {
+	const n = 40
+	r := newRecoveryEnv(n, nil, nil)
+	r.onPage = func(id string) int { // w0..w39 over pages 0, 5 and 15
+		var i int
+		fmt.Sscanf(id, "w%d", &i)
+		return []int{0, 5, 15}[i%3]
+	}
+	in := RecoveryInput{Batch: 4, Run: 8}
+	var activated []string
+	for runs := 0; ; runs++ {
+		require.Less(t, runs, 20, "recovery never finished")
+		r.activated = nil
+		r.env.ExecuteWorkflow(RecoveryWorkflow, in)
+		require.True(t, r.env.IsWorkflowCompleted())
+		activated = append(activated, r.activated...)
+		var can *workflow.ContinueAsNewError
+		if !errors.As(r.env.GetWorkflowError(), &can) {
+			require.NoError(t, r.env.GetWorkflowError())
+			break
+		}
+		require.NoError(t, converterDecode(can, &in))
+		require.LessOrEqual(t, len(in.Pending), 14, "carried more than one page: %v", in.Pending)
+		next := newRecoveryEnv(n, nil, nil)
+		next.onPage = r.onPage
+		r = next
+	}
+	require.ElementsMatch(t, r.ids, activated)
 }
 
 func TestRecoveryOfNoWorkers(t *testing.T) {

@@ -13,7 +13,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/virtufin/workmanager/internal/state"
@@ -72,10 +74,27 @@ const StagingTTL = 15 * time.Minute
 
 const (
 	workersPrefix = state.KeyPrefix + "workers/"
-	indexKey      = state.KeyPrefix + "index"
+	indexPrefix   = state.KeyPrefix + "index/"
+	legacyIndex   = state.KeyPrefix + "index" // one key for every id, before the pages
 	codePrefix    = state.KeyPrefix + "code/"
 	stagingPrefix = state.KeyPrefix + "staging/"
 )
+
+// IndexPages is the number of keys the worker index is spread over (by a
+// hash of the id): each key, and each page recovery carries, holds about
+// 1/IndexPages of the ids, so neither a state value nor a workflow payload
+// grows past a few hundred KiB below a million workers, while a full list
+// stays IndexPages reads.
+const IndexPages = 16
+
+func indexKey(page int) string { return indexPrefix + strconv.Itoa(page) }
+
+// indexPage is the page that holds id.
+func indexPage(id string) int {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	return int(h.Sum32() % IndexPages)
+}
 
 // Catalog reads and writes workers, history and code.
 type Catalog struct {
@@ -103,7 +122,7 @@ func (c *Catalog) SaveWorker(ctx context.Context, w Worker) error {
 	if err := c.store.Put(ctx, workerKey(w.ID), b, state.PutOptions{}); err != nil {
 		return err
 	}
-	return c.updateIndex(ctx, func(ids []string) ([]string, bool) {
+	return c.updateIndex(ctx, indexPage(w.ID), func(ids []string) ([]string, bool) {
 		if slices.Contains(ids, w.ID) {
 			return ids, false
 		}
@@ -130,7 +149,7 @@ func (c *Catalog) GetWorker(ctx context.Context, id string) (Worker, error) {
 // DeleteWorker removes the record, its history and its index entry. Code
 // blobs are content-addressed and may be shared, so they stay.
 func (c *Catalog) DeleteWorker(ctx context.Context, id string) error {
-	if err := c.updateIndex(ctx, func(ids []string) ([]string, bool) {
+	if err := c.updateIndex(ctx, indexPage(id), func(ids []string) ([]string, bool) {
 		i := slices.Index(ids, id)
 		if i < 0 {
 			return ids, false
@@ -145,19 +164,71 @@ func (c *Catalog) DeleteWorker(ctx context.Context, id string) error {
 	return c.store.Delete(ctx, workerKey(id), "")
 }
 
-// ListWorkers returns every worker in the index, in creation order.
+// ListWorkers returns every worker in the index, oldest first.
 func (c *Catalog) ListWorkers(ctx context.Context) ([]Worker, error) {
 	ids, err := c.WorkerIDs(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return c.GetWorkers(ctx, ids)
+	ws, err := c.GetWorkers(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(ws, func(a, b Worker) int {
+		return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.ID, b.ID))
+	})
+	return ws, nil
 }
 
-// WorkerIDs returns the ids in the index, in creation order.
+// WorkerIDs returns the ids of every page of the index.
 func (c *Catalog) WorkerIDs(ctx context.Context) ([]string, error) {
-	ids, _, err := state.GetJSON[[]string](ctx, c.store, indexKey)
+	var all []string
+	for page := range IndexPages {
+		ids, err := c.WorkerIDsPage(ctx, page)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, ids...)
+	}
+	return all, nil
+}
+
+// WorkerIDsPage returns the ids on one page (0..IndexPages-1) of the index.
+func (c *Catalog) WorkerIDsPage(ctx context.Context, page int) ([]string, error) {
+	if page < 0 || page >= IndexPages {
+		return nil, fmt.Errorf("index page %d out of range 0..%d", page, IndexPages-1)
+	}
+	if page == 0 {
+		if err := c.migrateLegacyIndex(ctx); err != nil {
+			return nil, err
+		}
+	}
+	ids, _, err := state.GetJSON[[]string](ctx, c.store, indexKey(page))
 	return ids, err
+}
+
+// migrateLegacyIndex moves the ids of the one-key index of earlier
+// versions onto the pages and deletes it (a no-op once done). Every full
+// listing and recovery read page 0 first, so no id is missed.
+func (c *Catalog) migrateLegacyIndex(ctx context.Context) error {
+	legacy, etag, err := state.GetJSON[[]string](ctx, c.store, legacyIndex)
+	if err != nil || etag == "" {
+		return err
+	}
+	for _, id := range legacy {
+		if err := c.updateIndex(ctx, indexPage(id), func(ids []string) ([]string, bool) {
+			if slices.Contains(ids, id) {
+				return ids, false
+			}
+			return append(ids, id), true
+		}); err != nil {
+			return err
+		}
+	}
+	if err := c.store.Delete(ctx, legacyIndex, etag); err != nil && !errors.Is(err, state.ErrConflict) {
+		return err // a conflict: another node migrated it meanwhile
+	}
+	return nil
 }
 
 // GetWorkers returns the records of ids, in order, leaving out the ones that
@@ -206,9 +277,10 @@ func (c *Catalog) History(ctx context.Context, id string) ([]HistoryEntry, error
 	return entries, err
 }
 
-// updateIndex applies change to the index with optimistic concurrency.
-func (c *Catalog) updateIndex(ctx context.Context, change func([]string) ([]string, bool)) error {
-	return state.UpdateJSON(ctx, c.store, indexKey, func(ids *[]string) bool {
+// updateIndex applies change to one page of the index with optimistic
+// concurrency.
+func (c *Catalog) updateIndex(ctx context.Context, page int, change func([]string) ([]string, bool)) error {
+	return state.UpdateJSON(ctx, c.store, indexKey(page), func(ids *[]string) bool {
 		next, changed := change(*ids)
 		*ids = next
 		return changed

@@ -2,6 +2,7 @@ package catalog_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -162,5 +163,55 @@ func TestRetryPolicyIsStored(t *testing.T) {
 	}
 	if old, err := c.GetWorker(ctx, "old"); err != nil || old.MaxAttempts != 0 || old.RetryBackoff != 0 {
 		t.Fatalf("old record %+v %v", old, err)
+	}
+}
+
+// The index is spread over IndexPages keys; every id is on exactly one
+// page, a full list is their union, and the one-key index of earlier
+// versions is moved onto the pages on first read.
+func TestIndexPagesAndLegacyMigration(t *testing.T) {
+	ctx := context.Background()
+	store := state.NewMemoryStore()
+	c := catalog.New(store)
+	legacy := []string{"old-1", "old-2"}
+	b, _ := json.Marshal(legacy)
+	if err := store.Put(ctx, state.KeyPrefix+"index", b, state.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for i := range 200 {
+		id := fmt.Sprintf("w-%03d", i)
+		want = append(want, id)
+		if err := c.SaveWorker(ctx, catalog.Worker{ID: id, Topic: "t", Status: catalog.StatusRunning}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want = append(want, legacy...)
+	seen, used := map[string]int{}, 0
+	for page := range catalog.IndexPages {
+		ids, err := c.WorkerIDsPage(ctx, page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ids) > 0 {
+			used++
+		}
+		for _, id := range ids {
+			seen[id]++
+		}
+	}
+	for _, id := range want {
+		if seen[id] != 1 {
+			t.Errorf("%s is on %d pages, want 1", id, seen[id])
+		}
+	}
+	if len(seen) != len(want) || used < catalog.IndexPages/2 {
+		t.Fatalf("%d ids on %d pages, want %d spread over most of %d", len(seen), used, len(want), catalog.IndexPages)
+	}
+	if _, err := store.Get(ctx, state.KeyPrefix+"index"); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("the legacy index is still there: %v", err)
+	}
+	if _, err := c.WorkerIDsPage(ctx, catalog.IndexPages); err == nil {
+		t.Fatal("a page out of range must be an error")
 	}
 }
