@@ -21,6 +21,7 @@ type config struct {
 	PythonProcesses    int           // PYTHON_PROCESSES
 	PythonSpinWait     time.Duration // PYTHON_SPIN_WAIT (negative: never spin)
 	ReconcileInterval  time.Duration // RECONCILE_INTERVAL (0 disables)
+	TemporalLease      time.Duration // TEMPORAL_LEASE (0 disables)
 	NodeID             string        // WORKMANAGER_NODE_ID (default: <hostname>-<pid>)
 	NodeHeartbeat      time.Duration // NODE_HEARTBEAT; a node silent for 3 heartbeats counts as gone
 	GatewayTimeout     time.Duration // GATEWAY_TIMEOUT
@@ -59,6 +60,7 @@ func loadConfig() (config, error) {
 		PythonProcesses:    r.Int("PYTHON_PROCESSES", 1),
 		PythonSpinWait:     r.Duration("PYTHON_SPIN_WAIT", 0),
 		ReconcileInterval:  r.Duration("RECONCILE_INTERVAL", 30*time.Second),
+		TemporalLease:      r.Duration("TEMPORAL_LEASE", 30*time.Second),
 		NodeID:             r.String("WORKMANAGER_NODE_ID", defaultNodeID()),
 		NodeHeartbeat:      r.Duration("NODE_HEARTBEAT", 5*time.Second),
 		GatewayTimeout:     r.Duration("GATEWAY_TIMEOUT", 30*time.Second),
@@ -99,6 +101,8 @@ func (c config) validate() error {
 		return fmt.Errorf("WORKER_TIMEOUT must be positive, got %s", c.WorkerTimeout)
 	case c.PythonProcesses < 1:
 		return fmt.Errorf("PYTHON_PROCESSES must be at least 1, got %d", c.PythonProcesses)
+	case c.TemporalLease < 0 || (c.TemporalLease > 0 && c.TemporalLease < time.Second):
+		return fmt.Errorf("TEMPORAL_LEASE must be 0 (off) or at least 1s, got %s", c.TemporalLease)
 	case c.ReconcileInterval < 0:
 		return fmt.Errorf("RECONCILE_INTERVAL must not be negative, got %s", c.ReconcileInterval)
 	case c.NativeIsolation != "" && c.NativeIsolation != "in-process" && c.NativeIsolation != "process":

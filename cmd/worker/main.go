@@ -156,6 +156,11 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		h.Set(health.Recovery, health.Healthy, "recovery on start disabled")
 	}
 	go reconcile.ReconcileLoop(ctx, log, n, cfg.ReconcileInterval)
+	h.GateReadiness(reconcile.Temporal, cfg.TemporalLease)
+	go reconcile.LeaseLoop(ctx, log, func(ctx context.Context) error {
+		_, err := tc.CheckHealth(ctx, &client.CheckHealthRequest{})
+		return err
+	}, n, h, cfg.TemporalLease)
 	<-ctx.Done()
 	log.Info("node stopping: draining in-flight messages", "grace", cfg.ShutdownGrace)
 	dctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
@@ -37,6 +38,7 @@ type Node struct {
 	attached map[string]string // worker id → code sha256 attached
 	policy   map[string]dispatch.Worker
 	broken   map[string]brokenWorker
+	fenced   atomic.Bool
 }
 
 type workerLock struct {
@@ -132,9 +134,10 @@ func hotPath(w catalog.Worker) dispatch.Worker {
 	return dispatch.Worker{ID: w.ID, Topic: w.Topic, Group: w.Group, MaxAttempts: w.MaxAttempts, RetryBackoff: w.RetryBackoff}
 }
 
-// apply makes the node serve w; the caller holds w's lock.
+// apply makes the node serve w; the caller holds w's lock. A fenced node
+// serves nothing.
 func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
-	if w.Status != catalog.StatusRunning {
+	if w.Status != catalog.StatusRunning || n.fenced.Load() {
 		n.remove(ctx, w.ID)
 		n.disp.ClearUnrunnable(w.ID)
 		return nil
@@ -288,6 +291,33 @@ func (n *Node) reconcileOne(ctx context.Context, id string) (catalog.Status, err
 	}
 	return w.Status, nil
 }
+
+// Fence stops this node serving any worker until Unfence: every attached
+// worker is detached (its subscription closed, so its messages go to the
+// other nodes), and Apply, Sync and Reconcile attach nothing meanwhile. A
+// node that can no longer confirm its assignments (cut off from Temporal)
+// fences itself.
+func (n *Node) Fence(ctx context.Context) {
+	n.fenced.Store(true)
+	n.mu.Lock()
+	ids := make([]string, 0, len(n.attached))
+	for id := range n.attached {
+		ids = append(ids, id)
+	}
+	n.mu.Unlock()
+	for _, id := range ids {
+		unlock := n.lockWorker(id)
+		n.remove(ctx, id)
+		unlock()
+	}
+}
+
+// Unfence lets the node serve again; the caller reconciles it against the
+// catalog next.
+func (n *Node) Unfence() { n.fenced.Store(false) }
+
+// Fenced reports whether the node is fenced.
+func (n *Node) Fenced() bool { return n.fenced.Load() }
 
 // Shutdown detaches every worker.
 func (n *Node) Shutdown(ctx context.Context) {

@@ -64,3 +64,58 @@ func ReconcileLoop(ctx context.Context, log *slog.Logger, n *node.Node, interval
 		}
 	}
 }
+
+// Temporal is the name of the health check of this node's lease: whether it
+// can confirm its assignments with Temporal, where every lifecycle change is
+// made.
+const Temporal = "temporal"
+
+// LeaseLoop keeps this node's lease on its workers. Every lease/4 it asks
+// Temporal whether it answers (check). A node that has not had an answer for
+// longer than lease fences itself (node.Fence: it detaches every worker and
+// attaches none), because a stop or delete made meanwhile could not reach
+// it; reconcile alone would bring those through the state store, but not
+// when it is off, and not when the catalog is what cannot be read. When
+// Temporal answers again the node unfences and reconciles against the
+// catalog. So a node cut off from Temporal serves a worker that was
+// stopped meanwhile for at most lease + lease/4. lease ≤ 0 disables it.
+func LeaseLoop(ctx context.Context, log *slog.Logger, check func(context.Context) error, n *node.Node, h *health.State, lease time.Duration) {
+	if lease <= 0 {
+		return
+	}
+	every := lease / 4
+	t := time.NewTicker(every)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, every)
+		err := check(cctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil:
+			last = time.Now()
+			if n.Fenced() {
+				n.Unfence()
+				res, rerr := n.Reconcile(ctx)
+				log.Info("Temporal answers again: node unfenced and reconciled", "running", res.Running, "err", rerr)
+			}
+			h.Set(Temporal, health.Healthy, fmt.Sprintf("lease confirmed (every %s, lease %s)", every, lease))
+		case time.Since(last) > lease:
+			if !n.Fenced() {
+				log.Error("no answer from Temporal for longer than the lease: fencing this node (serving no worker)", "lease", lease, "err", err)
+				n.Fence(ctx)
+			}
+			h.Set(Temporal, health.Unhealthy, fmt.Sprintf("no answer from Temporal since %s (lease %s): serving no worker: %v",
+				last.UTC().Format(time.RFC3339), lease, err))
+		default:
+			h.Set(Temporal, health.Degraded, fmt.Sprintf("no answer from Temporal since %s (lease %s): %v", last.UTC().Format(time.RFC3339), lease, err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -399,6 +399,13 @@ func overlaps(cs []call) int {
 // Temporal, and returns it once it is ready.
 func (e *env) startNodeB(t *testing.T, env ...string) *devstack.Proc {
 	t.Helper()
+	p, _ := e.startNodeBWithSidecar(t, env...)
+	return p
+}
+
+// startNodeBWithSidecar is startNodeB that also returns node B's daprd.
+func (e *env) startNodeBWithSidecar(t *testing.T, env ...string) (*devstack.Proc, devstack.Sidecar) {
+	t.Helper()
 	ctx := ctxT(t)
 	sc, err := e.stack.StartSidecar(ctx, "daprd-b")
 	if err != nil {
@@ -415,7 +422,7 @@ func (e *env) startNodeB(t *testing.T, env ...string) *devstack.Proc {
 		return p, devstack.WaitHTTP(ctx, p, "http://"+addr+"/readyz", 90*time.Second)
 	})
 	t.Cleanup(p.Kill)
-	return p
+	return p, sc
 }
 
 // envInt reads a test size from the environment.

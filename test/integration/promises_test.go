@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -162,4 +164,88 @@ func TestStopOfASlowWorkerIsBounded(t *testing.T) {
 			t.Errorf("s%d was never processed", i)
 		}
 	}
+}
+
+// tcpProxy forwards a loopback port to target until cut: then it closes
+// every connection and refuses new ones (a network partition).
+type tcpProxy struct {
+	addr  string
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func startProxy(t *testing.T, target string) *tcpProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &tcpProxy{addr: ln.Addr().String(), ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(u, c); u.Close() }()
+			go func() { _, _ = io.Copy(c, u); c.Close() }()
+		}
+	}()
+	t.Cleanup(p.cut)
+	return p
+}
+
+func (p *tcpProxy) cut() {
+	p.ln.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// A node cut off from Temporal but still reaching Dapr (reconcile off, so
+// nothing else would tell it) stops serving a worker that was stopped
+// meanwhile within its lease: it fences itself, and its daprd no longer
+// holds the worker's subscription.
+func TestPartitionedNodeStopsServingWithinItsLease(t *testing.T) {
+	e := newEnv(t, "")
+	proxy := startProxy(t, e.stack.TemporalAddr)
+	_, scB := e.startNodeBWithSidecar(t, "TEMPORAL_ADDRESS="+proxy.addr, "RECONCILE_INTERVAL=0", "TEMPORAL_LEASE=4s")
+	in, out := topicName(t, "in"), topicName(t, "out")
+	logPath := filepath.Join(t.TempDir(), "w.log")
+	id := e.createWith(t, &pb.CreateWorkerRequest{Code: pyCode(loggingWorker("w", logPath, out, false)), Topic: in})
+	onB := func() bool {
+		for _, c := range calls(t, logPath) {
+			if c.Node == "node-b" {
+				return true
+			}
+		}
+		return false
+	}
+	for i := 0; !onB(); i++ {
+		if i >= 600 {
+			t.Fatal("node B never processed a message of the worker")
+		}
+		e.publish(in, fmt.Sprintf("before-%d", i), map[string]any{"n": i}, "")
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	proxy.cut()
+	if _, err := e.client.StopWorker(ctxT(t), &pb.StopWorkerRequest{WorkerId: id}); err != nil {
+		t.Fatalf("StopWorker with node B cut off: %v", err)
+	}
+	// Node B missed the stop; within its lease (4 s, checked every 1 s) it
+	// fences itself and closes the worker's subscription on its daprd.
+	e.waitUnsubscribed(t, scB.HTTPAddr, in)
 }
