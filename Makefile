@@ -33,8 +33,10 @@ bench: deps tools
 	# comparison; WM_BENCH_MESSAGES / WM_BENCH_ROUNDS size it).
 	go test -run '^$$' -bench BenchmarkEndToEnd -benchtime 1x -timeout 20m -v ./test/integration/
 
-# go vet, plus workflowcheck: workflow code must stay deterministic.
+# gofmt and go vet, plus workflowcheck: workflow code must stay deterministic.
 vet: $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.tools/*')); \
+		if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	go vet ./...
 	$(TOOLS)/workflowcheck ./workflows/...
 

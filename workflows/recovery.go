@@ -46,7 +46,7 @@ type RecoveryInput struct {
 	// one page, whatever the number of workers.
 	Paged    bool
 	NextPage int
-	Done    RecoveryResult
+	Done     RecoveryResult
 	// Batch and Run override DefaultRecoveryBatch and DefaultRecoveryRun
 	// (tests).
 	Batch, Run int
