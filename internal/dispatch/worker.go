@@ -141,7 +141,7 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result) {
 		}
 		defer func() {
 			if err := lease.Release(context.WithoutCancel(ctx)); err != nil {
-				d.log.Warn("group lock not released; it expires after its max age", "group", w.Group, "worker_id", w.ID, "err", err)
+				d.log.Warn("group lock not released; this node takes it back on its next message of the group, other nodes after its max age", "group", w.Group, "worker_id", w.ID, "err", err)
 			}
 		}()
 		in = withExtension(m, FencingExtension, strconv.FormatInt(lease.Token, 10))

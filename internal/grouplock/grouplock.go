@@ -94,7 +94,9 @@ type Config struct {
 	HolderAlive func(holder string) bool
 	// Node names this process in waiter markers (default: the holder). Set
 	// it when one process acquires for several holders, so that a marker
-	// left by one of them lets the next one take the lock.
+	// left by one of them lets the next one take the lock. It must be unique
+	// to the process: a lock recorded as taken by this Node that no local
+	// lease holds (its Release failed) is taken over at once.
 	Node string
 	// OnEvent, when set, is called synchronously for each Event; keep it
 	// cheap.
@@ -136,6 +138,9 @@ type record struct {
 	Wrote      bool   `json:"wrote"`
 	Waiter     string `json:"waiter"`
 	WaiterMs   int64  `json:"waiter_ms"`
+	// Node is the process (Config.Node) that acquired the lock; empty when
+	// Config.Node was not set.
+	Node string `json:"node,omitempty"`
 }
 
 // Key is the state key of group's lock.
@@ -241,6 +246,13 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 	switch {
 	case !rec.Held:
 		take = true
+	case l.cfg.Node != "" && rec.Node == l.cfg.Node:
+		// Taken by this process, whose holders of the group queue on the
+		// local slot we now hold: no lease of ours is live, so this one
+		// was ended by a Release that could not reach the store (e.g. an
+		// outage). Without this the process would lock itself out of its
+		// own group until WrittenMaxAge.
+		take = true
 	case l.cfg.HolderAlive != nil && !l.cfg.HolderAlive(rec.Holder):
 		// Its holder's process is gone: nothing can still write under its
 		// token, whatever it wrote before, so waiting for the max age (or
@@ -263,7 +275,16 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 	waiterFresh := rec.Waiter != "" && now.Sub(time.UnixMilli(rec.WaiterMs)) < l.cfg.WaiterMaxAge
 	if take && waiterFresh && rec.Waiter != me {
 		// Kept for the node that has been waiting; it takes the lock on its
-		// next poll.
+		// next poll. Our own unreleased lock is released for it first.
+		if rec.Held && rec.Node == l.cfg.Node {
+			freed := rec
+			freed.Held = false
+			if err := l.put(ctx, key, freed, etag); err != nil && !errors.Is(err, state.ErrConflict) {
+				return nil, rec, err
+			} else if err == nil {
+				l.emit(Event{Kind: EventReleased, Group: group, Holder: rec.Holder, Token: rec.Token})
+			}
+		}
 		return nil, rec, nil
 	}
 	if !take {
@@ -276,7 +297,7 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 		}
 		return nil, rec, nil
 	}
-	next := record{Token: rec.Token + 1, Holder: holder, Held: true, AcquiredMs: now.UnixMilli()}
+	next := record{Token: rec.Token + 1, Holder: holder, Held: true, AcquiredMs: now.UnixMilli(), Node: l.cfg.Node}
 	err = l.put(ctx, key, next, etag)
 	if errors.Is(err, state.ErrConflict) {
 		return nil, rec, nil // another acquirer (or a marker) came first

@@ -833,3 +833,71 @@ func TestDeadHolderLockTakenAtOnce(t *testing.T) {
 		t.Fatalf("event %+v, token %d", ev, ls.Token)
 	}
 }
+
+// A lease whose Release could not reach the store (a broker outage) leaves
+// the lock held and written; its own process takes it back at once, another
+// process still waits for the written max age.
+func TestOwnUnreleasedLockTakenBack(t *testing.T) {
+	w := newWorld(t)
+	st := &countStore{MemoryStore: w.mem}
+	a := w.node(st, func(c *Config) { c.Node = "a" })
+	b := w.node(nil, func(c *Config) { c.Node = "b"; c.MaxRetries = -1 })
+	ctx := context.Background()
+	old := unreleased(t, w, st, a, "a/1")
+	w.clk.Advance(time.Minute) // past MaxAge, not WrittenMaxAge
+	if _, err := b.Acquire(ctx, "g", "b/1"); !errors.Is(err, ErrContended) {
+		t.Fatalf("another node took a written lock before WrittenMaxAge: %v", err)
+	}
+	ls := mustAcquire(t, a, "g", "a/2")
+	if ev := a.ev.last(); ev.Kind != EventAcquired || !ev.Stolen || ev.PrevHolder != "a/1" || ls.Token != 2 {
+		t.Fatalf("event %+v, token %d", ev, ls.Token)
+	}
+	if err := old.Check(ctx); !errors.Is(err, ErrStale) {
+		t.Fatalf("old lease Check: %v", err)
+	}
+	mustRelease(t, ls)
+}
+
+// When another node is waiting for the group, the process that finds its own
+// unreleased lock frees it for that waiter instead of taking it.
+func TestOwnUnreleasedLockFreedForWaiter(t *testing.T) {
+	w := newWorld(t)
+	st := &countStore{MemoryStore: w.mem}
+	a := w.node(st, func(c *Config) { c.Node = "a"; c.MaxRetries = -1 })
+	b := w.node(nil, func(c *Config) { c.Node = "b" })
+	ctx := context.Background()
+	unreleased(t, w, st, a, "a/1")
+	var errA error
+	b.sl.hook = func(i int) {
+		if i == 0 { // b has marked itself as the waiter
+			_, errA = a.Acquire(ctx, "g", "a/2")
+		}
+	}
+	ls := mustAcquire(t, b, "g", "b/1")
+	if !errors.Is(errA, ErrContended) {
+		t.Fatalf("a's Acquire while b waits: %v, want ErrContended", errA)
+	}
+	if slices.Index(a.ev.kinds(), EventReleased) < 0 || ls.Token != 2 || len(b.sl.Slept()) != 1 {
+		t.Fatalf("a's events %v, b's token %d after %d sleeps", a.ev.kinds(), ls.Token, len(b.sl.Slept()))
+	}
+}
+
+// unreleased leaves group g held and written by holder of node n, as a
+// Release during a store outage does.
+func unreleased(t *testing.T, w *world, st *countStore, n *node, holder string) *Lease {
+	t.Helper()
+	ctx := context.Background()
+	ls := mustAcquire(t, n, "g", holder)
+	if err := ls.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st.set(errors.New("store down"), nil)
+	if err := ls.Release(ctx); err == nil {
+		t.Fatal("Release with a failing store succeeded")
+	}
+	st.set(nil, nil)
+	if r := w.record("g"); !r.Held || !r.Wrote || r.Node != n.cfg.Node {
+		t.Fatalf("record after the failed Release %+v", r)
+	}
+	return ls
+}
