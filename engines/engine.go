@@ -112,8 +112,37 @@ func OutputError(i int, err error) string {
 // uses Dapr service invocation; service is a Dapr app id or HTTPEndpoint
 // name, method the path, request and response opaque bytes (JSON by
 // convention).
+//
+// A call made while the worker holds its group's lock carries the lock's
+// Fence in ctx (FenceFrom): the Gateway checks it before calling and sends
+// the token along, so that a stale holder reaches no backend. Engines pass
+// the ctx of the Process call (or, when their host calls cannot tell which
+// call they belong to, the Fence of the worker's latest call: a grouped
+// worker runs one call at a time) to Call.
 type Gateway interface {
 	Call(ctx context.Context, service, method string, request []byte) ([]byte, error)
+}
+
+// Fence is the group lock a call runs under: its group, its fencing token
+// (increasing with every acquisition of the group) and Check, which fails
+// (wrapping the lock's stale error) once the lock is no longer held.
+type Fence struct {
+	Group string
+	Token int64
+	Check func(ctx context.Context) error
+}
+
+type fenceKey struct{}
+
+// WithFence returns ctx carrying f.
+func WithFence(ctx context.Context, f *Fence) context.Context {
+	return context.WithValue(ctx, fenceKey{}, f)
+}
+
+// FenceFrom returns the Fence ctx carries, or nil outside a group lock.
+func FenceFrom(ctx context.Context) *Fence {
+	f, _ := ctx.Value(fenceKey{}).(*Fence)
+	return f
 }
 
 // Errors engines wrap so that callers can classify failures without knowing

@@ -33,6 +33,11 @@ type inprocInstance struct {
 
 	ctx    context.Context // cancelled by Close: aborts gateway calls
 	cancel context.CancelFunc
+	// fence is the group lock of the latest call (nil for a worker without
+	// a group). Host calls cannot tell which call they come from, and a
+	// grouped worker runs one call at a time; a call abandoned at its
+	// timeout keeps seeing its own, released, lock until the next call.
+	fence atomic.Pointer[engines.Fence]
 
 	mu        sync.Mutex
 	closing   bool
@@ -86,7 +91,11 @@ func (in *inprocInstance) HostLog(level int32, msg string) {
 
 // HostGateway implements loader.Sink.
 func (in *inprocInstance) HostGateway(service, method string, req []byte) ([]byte, int32) {
-	ctx, cancel := context.WithTimeout(in.ctx, in.e.gatewayTimeout(in.spec))
+	ctx := in.ctx
+	if f := in.fence.Load(); f != nil {
+		ctx = engines.WithFence(ctx, f)
+	}
+	ctx, cancel := context.WithTimeout(ctx, in.e.gatewayTimeout(in.spec))
 	defer cancel()
 	return gatewayCall(ctx, in.e.cfg.Gateway, service, method, req)
 }
@@ -169,6 +178,9 @@ func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event
 	}
 	if !in.enter() {
 		return nil, ErrClosed
+	}
+	if f := engines.FenceFrom(ctx); f != nil {
+		in.fence.Store(f)
 	}
 	c := callPool.Get().(*pcall)
 	var err error

@@ -192,14 +192,16 @@ func modes(t *testing.T, f func(t *testing.T, cfg Config)) {
 }
 
 type fakeGateway struct {
-	mu    sync.Mutex
-	calls []string
-	fail  error
+	mu     sync.Mutex
+	calls  []string
+	fences []*engines.Fence // the group lock each call was made under
+	fail   error
 }
 
 func (g *fakeGateway) Call(ctx context.Context, service, method string, req []byte) ([]byte, error) {
 	g.mu.Lock()
 	g.calls = append(g.calls, service+" "+method+" "+string(req))
+	g.fences = append(g.fences, engines.FenceFrom(ctx))
 	g.mu.Unlock()
 	if _, ok := ctx.Deadline(); !ok {
 		return nil, errors.New("gateway call without a deadline")
@@ -252,6 +254,20 @@ func TestGatewayCallback(t *testing.T) {
 		}
 		if want := []string{`svc v1/things {"q":"x"}`}; !slices.Equal(gw.calls, want) {
 			t.Fatalf("gateway calls = %q, want %q", gw.calls, want)
+		}
+		if gw.fences[0] != nil {
+			t.Fatal("a call outside a group lock carried a fence")
+		}
+
+		// Under a group lock the gateway gets the call's fence.
+		fence := &engines.Fence{Group: "g", Token: 9, Check: func(context.Context) error { return nil }}
+		ctx, cancel := context.WithTimeout(engines.WithFence(context.Background(), fence), 30*time.Second)
+		defer cancel()
+		if _, err := inst.Process(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+		if got := gw.fences[1]; got == nil || got.Token != 9 || got.Group != "g" {
+			t.Fatalf("fence seen by the gateway %+v, want g/9", got)
 		}
 
 		// A failing gateway: the worker sees code 1 and the message.

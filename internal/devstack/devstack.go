@@ -452,6 +452,13 @@ func (s *Stack) StopRedis() { s.redis.Stop(10 * time.Second) }
 // StartRedis restarts Redis after StopRedis.
 func (s *Stack) StartRedis(ctx context.Context) error { return s.startRedis(ctx) }
 
+// DaprdPID is the process id of the stack's daprd (for CPU accounting in
+// benchmarks).
+func (s *Stack) DaprdPID() int { return s.daprd.Cmd.Process.Pid }
+
+// RedisPID is the process id of the stack's Redis.
+func (s *Stack) RedisPID() int { return s.redis.Cmd.Process.Pid }
+
 // KillDaprd kills daprd (to test reconnection).
 func (s *Stack) KillDaprd() { s.daprd.Kill() }
 

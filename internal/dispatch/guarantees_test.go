@@ -440,11 +440,14 @@ func TestStaleHolderOutputIsRefused(t *testing.T) {
 	b, pub, st := dispatchtest.NewBroker(), &publishtest.Recorder{}, state.NewMemoryStore()
 	d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1})
 	entered, release := make(chan struct{}), make(chan struct{})
-	d.Attach(dispatch.Worker{ID: "w", Topic: "in", Group: "g"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
-		close(entered)
-		<-release
-		return outputs("out")(in)
-	}})
+	var fence *engines.Fence // what a gateway call of the worker would check
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in", Group: "g"}, &dispatchtest.FuncInstance{
+		Ctx: func(ctx context.Context) { fence = engines.FenceFrom(ctx) },
+		Fn: func(in *event.Event) ([]event.Event, error) {
+			close(entered)
+			<-release
+			return outputs("out")(in)
+		}})
 	s := waitStream(t, b, "in")
 	s.In <- request("m", "")
 	<-entered
@@ -455,6 +458,12 @@ func TestStaleHolderOutputIsRefused(t *testing.T) {
 	}
 	if err := st.Put(context.Background(), grouplock.Key("g"), []byte(`{"token":99,"holder":"other/x","held":true,"acquired_ms":1}`), state.PutOptions{ETag: it.ETag}); err != nil {
 		t.Fatal(err)
+	}
+	if fence == nil || fence.Group != "g" || fence.Token != 1 {
+		t.Fatalf("the call's fence %+v, want group g token 1", fence)
+	}
+	if err := fence.Check(context.Background()); !errors.Is(err, grouplock.ErrStale) {
+		t.Fatalf("fence check after the theft: %v, want ErrStale (a gateway call is refused)", err)
 	}
 	close(release)
 	if a := waitAck(t, b); a.Status != dispatch.AckRetry {

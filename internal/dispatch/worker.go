@@ -145,6 +145,7 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result) {
 			}
 		}()
 		in = withExtension(m, FencingExtension, strconv.FormatInt(lease.Token, 10))
+		ctx = engines.WithFence(ctx, &engines.Fence{Group: w.Group, Token: lease.Token, Check: lease.Check})
 	}
 	if d.cfg.PanicOn != "" {
 		if _, ok := m.ec.Extensions[d.cfg.PanicOn]; ok {

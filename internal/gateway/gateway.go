@@ -1,16 +1,34 @@
 // Package gateway owns how worker code reaches backend services: an
 // engines.Gateway that calls them through Dapr service invocation (a Dapr app
-// id or an HTTPEndpoint resource name), POSTing the request as JSON.
+// id or an HTTPEndpoint resource name), POSTing the request as JSON. A call
+// made under a group lock is checked against the lock first and carries its
+// fencing token to the backend.
 package gateway
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	dapr "github.com/dapr/go-sdk/client"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/virtufin/workmanager/engines"
 )
+
+// Metadata (HTTP headers at the backend) of a call made under a group lock:
+// the lock's fencing token (decimal) and group. A backend that remembers the
+// highest token it saw per group can refuse a stale holder's late call.
+const (
+	FencingTokenHeader = "fencingtoken"
+	FencingGroupHeader = "fencinggroup"
+)
+
+// ErrFence: the call was refused because the group lock it was made under
+// could not be confirmed (it is no longer held, or the store could not tell).
+var ErrFence = errors.New("call refused: its group lock could not be confirmed")
 
 // Dapr is an engines.Gateway over Dapr service invocation.
 type Dapr struct {
@@ -31,6 +49,12 @@ func NewDapr(client dapr.Client, timeout time.Duration) *Dapr {
 func (d *Dapr) Call(ctx context.Context, service, method string, request []byte) ([]byte, error) {
 	if service == "" || method == "" {
 		return nil, errors.New("gateway: service and method are required")
+	}
+	if f := engines.FenceFrom(ctx); f != nil {
+		if err := f.Check(ctx); err != nil {
+			return nil, fmt.Errorf("gateway: %s/%s under group %s token %d: %w: %w", service, method, f.Group, f.Token, ErrFence, err)
+		}
+		ctx = metadata.AppendToOutgoingContext(ctx, FencingTokenHeader, strconv.FormatInt(f.Token, 10), FencingGroupHeader, f.Group)
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()

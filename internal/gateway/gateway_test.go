@@ -2,15 +2,18 @@ package gateway_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	dapr "github.com/dapr/go-sdk/client"
 
+	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/devstack"
 	"github.com/virtufin/workmanager/internal/gateway"
 )
@@ -18,7 +21,11 @@ import (
 // TestCallThroughRealDapr invokes an HTTP backend through daprd's service
 // invocation (an HTTPEndpoint resource), as native workers' gateway_call does.
 func TestCallThroughRealDapr(t *testing.T) {
+	var calls atomic.Int32
+	var fence atomic.Value // "<group>/<token>" seen by the backend
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		fence.Store(r.Header.Get(gateway.FencingGroupHeader) + "/" + r.Header.Get(gateway.FencingTokenHeader))
 		body, _ := io.ReadAll(r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"method":"` + r.Method + `","path":"` + r.URL.Path + `","got":` + string(body) + `}`))
@@ -36,6 +43,28 @@ func TestCallThroughRealDapr(t *testing.T) {
 	if want := `{"method":"POST","path":"/quote","got":{"sku":"a"}}`; string(resp) != want {
 		t.Fatalf("response %s, want %s", resp, want)
 	}
+	if calls.Load() != 1 || fence.Load() != "/" {
+		t.Fatalf("calls %d, fence %v: an unfenced call carries no token", calls.Load(), fence.Load())
+	}
+
+	// Under a group lock: checked first, the token reaches the backend.
+	checks := 0
+	held := &engines.Fence{Group: "g1", Token: 7, Check: func(context.Context) error { checks++; return nil }}
+	if _, err := g.Call(engines.WithFence(ctx, held), "pricing", "quote", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if checks != 1 || calls.Load() != 2 || fence.Load() != "g1/7" {
+		t.Fatalf("checks %d, calls %d, fence seen %v; want 1, 2, g1/7", checks, calls.Load(), fence.Load())
+	}
+	stale := errors.New("grouplock g1 token 7: stale lease")
+	lost := &engines.Fence{Group: "g1", Token: 7, Check: func(context.Context) error { return stale }}
+	if _, err := g.Call(engines.WithFence(ctx, lost), "pricing", "quote", []byte(`{}`)); !errors.Is(err, gateway.ErrFence) || !errors.Is(err, stale) {
+		t.Fatalf("call under a lost lock: %v", err)
+	}
+	if calls.Load() != 2 {
+		t.Fatal("a call under a lost lock reached the backend")
+	}
+
 	if _, err := g.Call(ctx, "no-such-service", "x", nil); err == nil || !strings.Contains(err.Error(), "no-such-service") {
 		t.Fatalf("unknown service: %v", err)
 	}

@@ -113,16 +113,22 @@ func (s *Stream) Done() <-chan struct{} { return s.done }
 // FuncInstance is an engines.Instance made of a function; calling it after
 // Close fails.
 type FuncInstance struct {
-	Fn     func(*event.Event) ([]event.Event, error)
+	Fn func(*event.Event) ([]event.Event, error)
+	// Ctx, when set, sees each call's context before Fn runs (e.g. for the
+	// group lock's engines.Fence).
+	Ctx    func(context.Context)
 	closed atomic.Bool
 }
 
 var _ engines.Instance = (*FuncInstance)(nil)
 
 // Process implements engines.Instance.
-func (f *FuncInstance) Process(_ context.Context, in *event.Event) ([]event.Event, error) {
+func (f *FuncInstance) Process(ctx context.Context, in *event.Event) ([]event.Event, error) {
 	if f.closed.Load() {
 		return nil, errors.New("closed instance called")
+	}
+	if f.Ctx != nil {
+		f.Ctx(ctx)
 	}
 	return f.Fn(in)
 }
