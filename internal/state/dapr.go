@@ -34,18 +34,75 @@ func (s *DaprStore) Get(ctx context.Context, key string) (Item, error) {
 	return Item{Value: it.Value, ETag: it.Etag}, nil
 }
 
-// Put implements Store.
-func (s *DaprStore) Put(ctx context.Context, key string, value []byte, opts PutOptions) error {
+// GetMany implements Bulk with one GetBulkState call (daprd reads the keys
+// in parallel).
+func (s *DaprStore) GetMany(ctx context.Context, keys []string) ([]Result, error) {
+	items, err := s.client.GetBulkState(ctx, s.storeName, keys, nil, int32(len(keys)))
+	if err != nil {
+		return nil, fmt.Errorf("state bulk get of %d keys: %w", len(keys), err)
+	}
+	byKey := make(map[string]*dapr.BulkStateItem, len(items))
+	for _, it := range items {
+		byKey[it.Key] = it
+	}
+	out := make([]Result, len(keys))
+	for i, k := range keys {
+		it := byKey[k]
+		switch {
+		case it == nil:
+			out[i].Err = fmt.Errorf("state get %q: missing from the bulk answer", k)
+		case it.Error != "":
+			out[i].Err = fmt.Errorf("state get %q: %s", k, it.Error)
+		case len(it.Value) == 0 && it.Etag == "":
+			out[i].Err = fmt.Errorf("state get %q: %w", k, ErrNotFound)
+		default:
+			out[i].Item = Item{Value: it.Value, ETag: it.Etag}
+		}
+	}
+	return out, nil
+}
+
+// PutMany implements Bulk with one ExecuteStateTransaction (state.redis:
+// one MULTI/EXEC, without rollback). Caveat of state.redis: a key created
+// by a transaction is not marked first-write, so a later create-if-absent
+// of the same key (IfAbsent without an ETag) overwrites it instead of
+// failing; writes with an ETag are checked as usual.
+func (s *DaprStore) PutMany(ctx context.Context, writes []Write) error {
+	ops := make([]*dapr.StateOperation, len(writes))
+	for i, w := range writes {
+		meta, etag, so := putArgs(w.Opts)
+		item := &dapr.SetStateItem{Key: w.Key, Value: w.Value, Metadata: meta}
+		if etag != "" {
+			item.Etag = &dapr.ETag{Value: etag}
+		}
+		if so != nil {
+			item.Options = &dapr.StateOptions{Concurrency: dapr.StateConcurrencyFirstWrite}
+		}
+		ops[i] = &dapr.StateOperation{Type: dapr.StateOperationTypeUpsert, Item: item}
+	}
+	if err := s.client.ExecuteStateTransaction(ctx, s.storeName, nil, ops); err != nil {
+		return fmt.Errorf("state transaction of %d writes: %w", len(writes), err)
+	}
+	return nil
+}
+
+// putArgs turns PutOptions into the Dapr call's metadata, ETag and options.
+func putArgs(opts PutOptions) (map[string]string, string, []dapr.StateOption) {
 	var meta map[string]string
 	if opts.TTL > 0 {
 		meta = map[string]string{"ttlInSeconds": strconv.Itoa(int(opts.TTL.Seconds() + 0.999))}
 	}
-	etag := opts.ETag
 	var so []dapr.StateOption
-	if opts.IfAbsent || etag != "" {
+	if opts.IfAbsent || opts.ETag != "" {
 		// first-write with an empty ETag creates the key only if it is absent.
 		so = append(so, dapr.WithConcurrency(dapr.StateConcurrencyFirstWrite))
 	}
+	return meta, opts.ETag, so
+}
+
+// Put implements Store.
+func (s *DaprStore) Put(ctx context.Context, key string, value []byte, opts PutOptions) error {
+	meta, etag, so := putArgs(opts)
 	if err := s.client.SaveStateWithETag(ctx, s.storeName, key, value, etag, meta, so...); err != nil {
 		if isConflict(err, opts.IfAbsent || etag != "") {
 			return fmt.Errorf("state put %q: %w", key, ErrConflict)

@@ -65,3 +65,26 @@ func (m *MemoryStore) Keys() []string {
 	}
 	return out
 }
+
+// GetMany implements Bulk.
+func (m *MemoryStore) GetMany(ctx context.Context, keys []string) ([]Result, error) {
+	out := make([]Result, len(keys))
+	for i, k := range keys {
+		it, err := m.Get(ctx, k)
+		out[i] = Result{Item: it, Err: err}
+	}
+	return out, nil
+}
+
+// PutMany implements Bulk like state.redis's transactions: every write is
+// tried, a failed one does not undo the others, and the first error is
+// returned.
+func (m *MemoryStore) PutMany(ctx context.Context, writes []Write) error {
+	var first error
+	for _, w := range writes {
+		if err := m.Put(ctx, w.Key, w.Value, w.Opts); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}

@@ -3,6 +3,8 @@ package state_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -57,7 +59,80 @@ func runConformance(t *testing.T, s state.Store) {
 	}
 }
 
-func TestMemoryStore(t *testing.T) { runConformance(t, state.NewMemoryStore()) }
+// runBulkConformance checks the Bulk contract, and the Store contract
+// through a Batching on s.
+func runBulkConformance(t *testing.T, s state.Bulk) {
+	runConformance(t, state.NewBatching(s, 0))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key := state.KeyPrefix + "test/" + t.Name() + "/bulk/"
+	if err := s.Put(ctx, key+"a", []byte("a1"), state.PutOptions{IfAbsent: true}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.GetMany(ctx, []string{key + "a", key + "none", key + "a"})
+	if err != nil || len(res) != 3 || string(res[0].Value) != "a1" || res[0].ETag == "" || res[0].Err != nil ||
+		!errors.Is(res[1].Err, state.ErrNotFound) || string(res[2].Value) != "a1" {
+		t.Fatalf("GetMany = %+v, %v", res, err)
+	}
+	etag := res[0].ETag
+	if err := s.PutMany(ctx, []state.Write{
+		{Key: key + "a", Value: []byte("a2"), Opts: state.PutOptions{ETag: etag}},
+		{Key: key + "b", Value: []byte("b1"), Opts: state.PutOptions{IfAbsent: true, TTL: time.Hour}},
+	}); err != nil {
+		t.Fatalf("PutMany: %v", err)
+	}
+	res, err = s.GetMany(ctx, []string{key + "a", key + "b"})
+	if err != nil || string(res[0].Value) != "a2" || res[0].ETag == etag || string(res[1].Value) != "b1" {
+		t.Fatalf("after PutMany: %+v, %v", res, err)
+	}
+	// A stale ETag fails the call (the other writes may or may not apply).
+	if err := s.PutMany(ctx, []state.Write{
+		{Key: key + "a", Value: []byte("a3"), Opts: state.PutOptions{ETag: etag}},
+		{Key: key + "c", Value: []byte("c1")},
+	}); err == nil {
+		t.Fatal("PutMany with a stale ETag succeeded")
+	}
+	if it, _ := s.Get(ctx, key+"a"); string(it.Value) != "a2" {
+		t.Fatalf("a stale write in a batch was applied: %q", it.Value)
+	}
+
+	// Through Batching, concurrent writers each get their own answer: the
+	// creates of fresh keys succeed, the create of an existing key fails.
+	b := state.NewBatching(s, 0)
+	errs := make([]error, 40)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k := fmt.Sprint(key, "n", i)
+			if i%10 == 9 {
+				k = key + "a"
+			}
+			errs[i] = b.Put(ctx, k, []byte(fmt.Sprint("v", i)), state.PutOptions{IfAbsent: i%10 == 9})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		want := error(nil)
+		if i%10 == 9 {
+			want = state.ErrConflict
+		}
+		if !errors.Is(err, want) && !(want == nil && err == nil) {
+			t.Fatalf("batched put %d: %v, want %v", i, err, want)
+		}
+		if i%10 != 9 {
+			if it, err := b.Get(ctx, fmt.Sprint(key, "n", i)); err != nil || string(it.Value) != fmt.Sprint("v", i) {
+				t.Fatalf("n%d = %q, %v", i, it.Value, err)
+			}
+		}
+	}
+}
+
+func TestMemoryStore(t *testing.T) {
+	runConformance(t, state.NewMemoryStore())
+	runBulkConformance(t, state.NewMemoryStore())
+}
 
 // TestDaprStore runs the same contract on real daprd with state.redis.
 func TestDaprStore(t *testing.T) {
@@ -66,6 +141,7 @@ func TestDaprStore(t *testing.T) {
 	defer cancel()
 	s := state.NewDaprStore(dapr.NewClientWithConnection(conn), devstack.StateName)
 	runConformance(t, s)
+	runBulkConformance(t, s)
 
 	// TTL: a staged key expires.
 	key := state.KeyPrefix + "test/ttl"

@@ -3,10 +3,12 @@ package integration
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,7 +34,9 @@ import (
 // Run it with `make bench` (-benchtime 1x: each b.N iteration is a full
 // comparison).
 func BenchmarkEndToEnd(b *testing.B) {
-	e := newEnvWith(b, envConfig{})
+	// WM_BENCH_NODE_ENV adds settings to the node (space-separated
+	// KEY=VALUE), e.g. to compare PYTHON_SPIN_WAIT values.
+	e := newEnvWith(b, envConfig{nodeEnv: strings.Fields(os.Getenv("WM_BENCH_NODE_ENV"))})
 	n := envInt("WM_BENCH_MESSAGES", 2000)
 	rounds := envInt("WM_BENCH_ROUNDS", 2)
 	payload := strings.Repeat("x", 1000)
@@ -40,6 +44,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 		rate     []float64
 		p50, p99 []time.Duration
 		stateOps []float64
+		cpu      []map[string]float64 // µs of CPU per message, by process
 	}
 	res := map[string]*result{"bare": {}, "ungrouped": {}, "grouped": {}}
 	for range b.N {
@@ -48,14 +53,20 @@ func BenchmarkEndToEnd(b *testing.B) {
 				in, out := fmt.Sprintf("bench-%s-%d-in-%d", mode, r, time.Now().UnixNano()), fmt.Sprintf("bench-%s-%d-out-%d", mode, r, time.Now().UnixNano())
 				stop := e.benchTarget(b, mode, in, out)
 				outs := e.subscribe(out)
-				ops0 := e.redisStateOps(b)
+				ops0, cpu0 := e.redisStateOps(b), e.cpuByProcess(b)
 				rate := e.saturate(b, in, outs, n, payload)
-				ops := float64(e.redisStateOps(b)-ops0) / float64(n)
+				ops, cpu := float64(e.redisStateOps(b)-ops0)/float64(n), e.cpuByProcess(b)
+				perMsg := map[string]float64{}
+				for k, v := range cpu {
+					perMsg[k] = float64((v - cpu0[k]).Microseconds()) / float64(n)
+				}
 				p50, p99 := e.paced(b, in, outs, 300, 100)
 				stop()
 				x := res[mode]
 				x.rate, x.p50, x.p99, x.stateOps = append(x.rate, rate), append(x.p50, p50), append(x.p99, p99), append(x.stateOps, ops)
-				b.Logf("round %d %-9s %7.0f msg/s  p50 %-10s p99 %-10s state ops/msg %.2f", r, mode, rate, p50, p99, ops)
+				x.cpu = append(x.cpu, perMsg)
+				b.Logf("round %d %-9s %7.0f msg/s  p50 %-10s p99 %-10s state ops/msg %.2f  CPU µs/msg: daprd %.0f, node %.0f, redis %.0f, test %.0f",
+					r, mode, rate, p50, p99, ops, perMsg["daprd"], perMsg["node"], perMsg["redis"], perMsg["test"])
 			}
 		}
 	}
@@ -78,6 +89,13 @@ func BenchmarkEndToEnd(b *testing.B) {
 		b.ReportMetric(float64(med(x.p50).Microseconds())/1000, mode+"-p50-ms")
 		b.ReportMetric(float64(med(x.p99).Microseconds())/1000, mode+"-p99-ms")
 		b.ReportMetric(mean(x.stateOps), mode+"-stateops/msg")
+		for _, p := range []string{"daprd", "node"} {
+			var v []float64
+			for _, c := range x.cpu {
+				v = append(v, c[p])
+			}
+			b.ReportMetric(mean(v), mode+"-"+p+"-cpu-µs/msg")
+		}
 		if mode != "bare" {
 			b.ReportMetric(100*mean(x.rate)/bare, mode+"-%-of-bare")
 		}
@@ -220,6 +238,53 @@ func (e *env) paced(b *testing.B, in string, outs <-chan event.Event, n, rate in
 	}
 	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 	return ds[len(ds)/2], ds[len(ds)*99/100]
+}
+
+// cpuByProcess is the CPU time used so far by daprd, the node (with its
+// worker processes), Redis and this test process (publishers, the bare
+// subscriber, the output subscriber).
+func (e *env) cpuByProcess(b *testing.B) map[string]time.Duration {
+	b.Helper()
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return map[string]time.Duration{
+		"daprd": procTreeCPU(e.stack.DaprdPID()),
+		"node":  procTreeCPU(e.node.Cmd.Process.Pid),
+		"redis": procTreeCPU(e.stack.RedisPID()),
+		"test":  time.Duration(ru.Utime.Nano() + ru.Stime.Nano()),
+	}
+}
+
+// procTreeCPU is the CPU time of process pid and of its children (live ones
+// read from /proc, finished ones as the kernel accounted them to pid).
+func procTreeCPU(pid int) time.Duration {
+	stat := func(p string) (ppid int, self, children int64) {
+		raw, err := os.ReadFile("/proc/" + p + "/stat")
+		if err != nil {
+			return -1, 0, 0
+		}
+		s := string(raw)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+		ppid, _ = strconv.Atoi(f[1])
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		cut, _ := strconv.ParseInt(f[13], 10, 64)
+		cst, _ := strconv.ParseInt(f[14], 10, 64)
+		return ppid, ut + st, cut + cst
+	}
+	_, self, dead := stat(strconv.Itoa(pid))
+	ticks := self + dead
+	if ents, err := os.ReadDir("/proc"); err == nil {
+		for _, d := range ents {
+			if d.Name()[0] < '0' || d.Name()[0] > '9' {
+				continue
+			}
+			if ppid, t, _ := stat(d.Name()); ppid == pid {
+				ticks += t
+			}
+		}
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100
 }
 
 // redisStateOps counts the Redis commands the state component issues so
