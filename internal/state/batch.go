@@ -5,8 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
+
+	"github.com/virtufin/workmanager/internal/batch"
 )
 
 // Bulk is implemented by stores that read or write several keys in one
@@ -50,8 +51,8 @@ type Write struct {
 type Batching struct {
 	st      Bulk
 	timeout time.Duration
-	gets    coalescer[getReq]
-	puts    coalescer[putReq]
+	gets    batch.Coalescer[getReq]
+	puts    batch.Coalescer[putReq]
 }
 
 // MaxBatch bounds the keys of one batch.
@@ -64,7 +65,8 @@ func NewBatching(st Bulk, timeout time.Duration) *Batching {
 		timeout = 30 * time.Second
 	}
 	b := &Batching{st: st, timeout: timeout}
-	b.gets.run, b.puts.run = b.getBatch, b.putBatch
+	b.gets = batch.Coalescer[getReq]{Run: b.getBatch, Max: MaxBatch}
+	b.puts = batch.Coalescer[putReq]{Run: b.putBatch, Max: MaxBatch}
 	return b
 }
 
@@ -85,7 +87,7 @@ var errRetryAlone = errors.New("state: batch write not applied")
 // Get implements Store.
 func (b *Batching) Get(ctx context.Context, key string) (Item, error) {
 	r := &getReq{key: key, done: make(chan struct{})}
-	b.gets.add(r)
+	b.gets.Add(r)
 	select {
 	case <-r.done:
 		return r.res.Item, r.res.Err
@@ -97,7 +99,7 @@ func (b *Batching) Get(ctx context.Context, key string) (Item, error) {
 // Put implements Store.
 func (b *Batching) Put(ctx context.Context, key string, value []byte, opts PutOptions) error {
 	r := &putReq{w: Write{Key: key, Value: value, Opts: opts}, done: make(chan struct{})}
-	b.puts.add(r)
+	b.puts.Add(r)
 	select {
 	case <-r.done:
 	case <-ctx.Done():
@@ -114,22 +116,22 @@ func (b *Batching) Delete(ctx context.Context, key, etag string) error {
 	return b.st.Delete(ctx, key, etag)
 }
 
-func (b *Batching) getBatch(batch []*getReq) {
+func (b *Batching) getBatch(reqs []*getReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
 	defer func() {
-		for _, r := range batch {
+		for _, r := range reqs {
 			close(r.done)
 		}
 	}()
-	if len(batch) == 1 {
-		it, err := b.st.Get(ctx, batch[0].key)
-		batch[0].res = Result{Item: it, Err: err}
+	if len(reqs) == 1 {
+		it, err := b.st.Get(ctx, reqs[0].key)
+		reqs[0].res = Result{Item: it, Err: err}
 		return
 	}
-	keys, index := distinct(batch, func(r *getReq) string { return r.key })
+	keys, index := distinct(reqs, func(r *getReq) string { return r.key })
 	res, err := b.st.GetMany(ctx, keys)
-	for _, r := range batch {
+	for _, r := range reqs {
 		if err != nil {
 			r.res.Err = err
 			continue
@@ -138,29 +140,29 @@ func (b *Batching) getBatch(batch []*getReq) {
 	}
 }
 
-func (b *Batching) putBatch(batch []*putReq) {
+func (b *Batching) putBatch(reqs []*putReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
 	defer func() {
-		for _, r := range batch {
+		for _, r := range reqs {
 			close(r.done)
 		}
 	}()
-	if len(batch) == 1 {
-		batch[0].err = b.st.Put(ctx, batch[0].w.Key, batch[0].w.Value, batch[0].w.Opts)
+	if len(reqs) == 1 {
+		reqs[0].err = b.st.Put(ctx, reqs[0].w.Key, reqs[0].w.Value, reqs[0].w.Opts)
 		return
 	}
-	writes := make([]Write, len(batch))
-	for i, r := range batch {
+	writes := make([]Write, len(reqs))
+	for i, r := range reqs {
 		writes[i] = r.w
 	}
 	if err := b.st.PutMany(ctx, writes); err == nil {
 		return
 	}
 	// Which writes were applied? Read them back.
-	keys, index := distinct(batch, func(r *putReq) string { return r.w.Key })
+	keys, index := distinct(reqs, func(r *putReq) string { return r.w.Key })
 	res, err := b.st.GetMany(ctx, keys)
-	for _, r := range batch {
+	for _, r := range reqs {
 		switch {
 		case err != nil:
 			r.err = err
@@ -172,11 +174,11 @@ func (b *Batching) putBatch(batch []*putReq) {
 	}
 }
 
-// distinct lists the keys of batch once each, with each key's position.
-func distinct[T any](batch []*T, key func(*T) string) ([]string, map[string]int) {
-	keys := make([]string, 0, len(batch))
-	index := make(map[string]int, len(batch))
-	for _, r := range batch {
+// distinct lists the keys of reqs once each, with each key's position.
+func distinct[T any](reqs []*T, key func(*T) string) ([]string, map[string]int) {
+	keys := make([]string, 0, len(reqs))
+	index := make(map[string]int, len(reqs))
+	for _, r := range reqs {
 		k := key(r)
 		if _, ok := index[k]; !ok {
 			index[k] = len(keys)
@@ -184,47 +186,4 @@ func distinct[T any](batch []*T, key func(*T) string) ([]string, map[string]int)
 		}
 	}
 	return keys, index
-}
-
-// coalescer runs the requests added while a batch is in flight as the next
-// batch. The caller that finds it idle runs the first batch itself; a batch
-// that leaves requests queued hands the next one to a new goroutine, so no
-// caller serves others for long.
-type coalescer[T any] struct {
-	mu      sync.Mutex
-	pending []*T
-	busy    bool
-	run     func([]*T)
-}
-
-func (c *coalescer[T]) add(r *T) {
-	c.mu.Lock()
-	c.pending = append(c.pending, r)
-	if c.busy {
-		c.mu.Unlock()
-		return
-	}
-	c.busy = true
-	c.mu.Unlock()
-	c.flush()
-}
-
-func (c *coalescer[T]) flush() {
-	c.mu.Lock()
-	n := min(len(c.pending), MaxBatch)
-	batch := make([]*T, n)
-	copy(batch, c.pending)
-	rest := copy(c.pending, c.pending[n:])
-	clear(c.pending[rest:])
-	c.pending = c.pending[:rest]
-	c.mu.Unlock()
-	c.run(batch)
-	c.mu.Lock()
-	if len(c.pending) == 0 {
-		c.busy = false
-		c.mu.Unlock()
-		return
-	}
-	c.mu.Unlock()
-	go c.flush()
 }

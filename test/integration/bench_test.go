@@ -27,6 +27,7 @@ import (
 //   - bare:      a Go subscriber on the same daprd that republishes each
 //     event (8 in flight): the transport's ceiling, the baseline;
 //   - ungrouped: a Python echo worker with the delivery guarantees;
+//   - native:    a native (C, in process) echo worker, no group;
 //   - grouped:   the same worker in a group (uncontended lock);
 //
 // in alternating rounds, and the state-store round trips per message on the
@@ -46,10 +47,14 @@ func BenchmarkEndToEnd(b *testing.B) {
 		stateOps []float64
 		cpu      []map[string]float64 // µs of CPU per message, by process
 	}
-	res := map[string]*result{"bare": {}, "ungrouped": {}, "grouped": {}}
+	modes := []string{"bare", "ungrouped", "native", "grouped"}
+	res := map[string]*result{}
+	for _, m := range modes {
+		res[m] = &result{}
+	}
 	for range b.N {
 		for r := range rounds {
-			for _, mode := range []string{"bare", "ungrouped", "grouped"} {
+			for _, mode := range modes {
 				in, out := fmt.Sprintf("bench-%s-%d-in-%d", mode, r, time.Now().UnixNano()), fmt.Sprintf("bench-%s-%d-out-%d", mode, r, time.Now().UnixNano())
 				stop := e.benchTarget(b, mode, in, out)
 				outs := e.subscribe(out)
@@ -83,7 +88,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 		return s[len(s)/2]
 	}
 	bare := mean(res["bare"].rate)
-	for _, mode := range []string{"bare", "ungrouped", "grouped"} {
+	for _, mode := range modes {
 		x := res[mode]
 		b.ReportMetric(mean(x.rate), mode+"-msg/s")
 		b.ReportMetric(float64(med(x.p50).Microseconds())/1000, mode+"-p50-ms")
@@ -113,8 +118,15 @@ func (e *env) benchTarget(b *testing.B, mode, in, out string) func() {
 	if mode == "grouped" {
 		group = "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	}
-	code := []byte(fmt.Sprintf("def process(event):\n    return {\"type\": %q, \"data\": event.get(\"data\")}\n", out))
-	resp, err := e.client.CreateWorker(ctxT(b), &pb.CreateWorkerRequest{Code: pyCode(code), MimeType: "text/x-python", Topic: in, Group: group})
+	req := &pb.CreateWorkerRequest{Topic: in, Group: group}
+	if mode == "native" {
+		req.MimeType = "application/x-native-dll"
+		req.Code = &pb.CodeSource{Source: &pb.CodeSource_Content{Content: nativePackageOf(b, "bench_echo.c", fmt.Sprintf(`-DOUT_TYPE="%s"`, out))}}
+	} else {
+		req.MimeType = "text/x-python"
+		req.Code = pyCode([]byte(fmt.Sprintf("def process(event):\n    return {\"type\": %q, \"data\": event.get(\"data\")}\n", out)))
+	}
+	resp, err := e.client.CreateWorker(ctxT(b), req)
 	if err != nil {
 		b.Fatal(err)
 	}

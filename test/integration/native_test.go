@@ -23,12 +23,19 @@ import (
 
 // nativePackage compiles testdata/native_worker.c with gcc and zips it with
 // its manifest, as a worker author would ship it.
-func nativePackage(t *testing.T, version string) []byte {
+func nativePackage(t testing.TB, version string) []byte {
+	t.Helper()
+	return nativePackageOf(t, "native_worker.c", fmt.Sprintf(`-DVERSION="%s"`, version))
+}
+
+// nativePackageOf compiles testdata/source with gcc (and the extra flags)
+// into a native worker package.
+func nativePackageOf(t testing.TB, source string, flags ...string) []byte {
 	t.Helper()
 	dir := t.TempDir()
 	so := filepath.Join(dir, "libnativeworker.so")
-	out, err := exec.Command("gcc", "-O2", "-shared", "-fPIC", "-I", filepath.Join(repoRoot(), "sdk", "native"),
-		fmt.Sprintf(`-DVERSION="%s"`, version), "-o", so, filepath.Join("testdata", "native_worker.c")).CombinedOutput()
+	args := append([]string{"-O2", "-shared", "-fPIC", "-I", filepath.Join(repoRoot(), "sdk", "native")}, flags...)
+	out, err := exec.Command("gcc", append(args, "-o", so, filepath.Join("testdata", source))...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
