@@ -5,6 +5,7 @@
 package integration
 
 import (
+	"cmp"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -99,6 +100,10 @@ type envConfig struct {
 	poolSize                int               // daprd's Redis pub/sub pool (0: the manifest's)
 	daprdEnv                []string
 	daprAPIToken            string // daprd requires it; the test's own calls send it
+	// processingTimeout is how long Redis leaves a delivered message to its
+	// consumer before redelivering it (0: 6s, short so that tests of
+	// redelivery run fast).
+	processingTimeout time.Duration
 }
 
 // newEnv starts a full stack in dir (a fresh temp dir when empty).
@@ -116,7 +121,7 @@ func newEnvWith(t testing.TB, c envConfig) *env {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	st, err := devstack.Start(ctx, devstack.Options{Dir: c.dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"), Headless: true, // not StartT: a test may restart the stack on the same dir
-		RedisPort: c.redisPort, TemporalPort: c.temporalPort, RedeliverInterval: time.Second, ProcessingTimeout: 6 * time.Second,
+		RedisPort: c.redisPort, TemporalPort: c.temporalPort, RedeliverInterval: time.Second, ProcessingTimeout: cmp.Or(c.processingTimeout, 6*time.Second),
 		ExtraResources: c.resources, PoolSize: c.poolSize, DaprdEnv: c.daprdEnv, DaprAPIToken: c.daprAPIToken})
 	if err != nil {
 		t.Fatal(err)
