@@ -46,6 +46,10 @@ type Worker struct {
 	// RetryBackoff is the wait before the next attempt; 0: the cluster
 	// default.
 	RetryBackoff time.Duration `json:"retry_backoff,omitempty"`
+	// Name is the worker's unique name ("" when created without one).
+	Name string `json:"name,omitempty"`
+	// RequestID is the CreateWorker request id that created the worker.
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // CodeRef says where a code version came from; the body itself lives in the

@@ -28,8 +28,15 @@ import (
 // outcome (also from a run that has closed: hence the attempt number, which
 // lets a request try again in a new run after a failed create); a completed
 // workflow (a deleted worker) is never started again.
+//
+// A named worker without a request id (w.Name set, rid "") must not exist
+// and never have existed (names are not reused), unless its create failed.
 func (s *Server) create(ctx context.Context, w catalog.Worker, ref catalog.CodeRef, rid string, attempt int) (catalog.Worker, error) {
 	conflict, reuse, updateID := enumspb.WORKFLOW_ID_CONFLICT_POLICY_FAIL, enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE, ""
+	if w.Name != "" {
+		// Only a create that failed frees its name again.
+		reuse = enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE_FAILED_ONLY
+	}
 	if rid != "" {
 		conflict, reuse, updateID = enumspb.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING, enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE_FAILED_ONLY, fmt.Sprintf("create/%s/%d", rid, attempt)
 	}
@@ -40,6 +47,7 @@ func (s *Server) create(ctx context.Context, w catalog.Worker, ref catalog.CodeR
 		WorkflowIDReusePolicy:    reuse,
 		TypedSearchAttributes: temporal.NewSearchAttributes(workflows.SAWorkerID.ValueSet(w.ID),
 			workflows.SAWorkerTopic.ValueSet(w.Topic), workflows.SAWorkerGroup.ValueSet(w.Group)),
+		Memo: memo(w),
 	}, workflows.WorkerWorkflow, workflows.WorkerInput{State: workflows.WorkerState{Worker: w}, ContinueAsNewAfter: s.opts.ContinueAsNewAfter})
 	h, err := s.temporal.UpdateWithStartWorkflow(ctx, client.UpdateWithStartWorkflowOptions{
 		StartWorkflowOperation: start,
@@ -55,7 +63,17 @@ func (s *Server) create(ctx context.Context, w catalog.Worker, ref catalog.CodeR
 	return created, h.Get(ctx, &created)
 }
 
-// createOnce is CreateWorker with request id rid; w.ID derives from rid.
+// memo is what the Temporal Web UI shows of a worker's workflow besides
+// its id: the worker's name, when it has one.
+func memo(w catalog.Worker) map[string]any {
+	if w.Name == "" {
+		return nil
+	}
+	return map[string]any{"name": w.Name}
+}
+
+// createOnce is CreateWorker with request id rid; w.ID derives from w.Name,
+// or from rid when unnamed.
 // The answer of create may be an earlier call's (Temporal's remembered
 // outcome of the same update, or AlreadyExists once the workflow continued
 // as new), so the worker as it is now decides:
@@ -70,7 +88,7 @@ func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.C
 		_, err := s.create(ctx, w, ref, rid, attempt)
 		var started *serviceerror.WorkflowExecutionAlreadyStarted
 		if errors.As(err, &started) {
-			return nil, status.Errorf(codes.AlreadyExists, "request_id %q was used by worker %s, which has been deleted", rid, w.ID)
+			return nil, gone(w, rid)
 		}
 		if failure.Kind(err) == failure.InvalidArgument && attempt == 1 {
 			// Possibly the remembered failure of an earlier request with
@@ -83,10 +101,13 @@ func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.C
 		}
 		st, err := s.state(ctx, w.ID)
 		if status.Code(err) == codes.NotFound {
-			return nil, status.Errorf(codes.AlreadyExists, "request_id %q was used by worker %s, which has been deleted", rid, w.ID)
+			return nil, gone(w, rid)
 		}
 		if err != nil {
 			return nil, err
+		}
+		if c := st.Worker; w.Name != "" && c.RequestID != rid {
+			return nil, status.Errorf(codes.AlreadyExists, "name %q is taken by worker %s (created by another request)", w.Name, w.ID)
 		}
 		if c := st.Worker; c.Topic != w.Topic || c.MIMEType != w.MIMEType || c.Group != w.Group {
 			return nil, status.Errorf(codes.AlreadyExists, "request_id %q was used for worker %s with other parameters (topic %q, mime_type %q, group %q)",
@@ -94,6 +115,37 @@ func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.C
 		}
 		return &pb.CreateWorkerResponse{WorkerId: w.ID}, nil
 	}
+}
+
+// createNamed is CreateWorker of a named worker without a request id. A
+// name whose earlier create failed is free again once that run has closed:
+// when the name's workflow answers no worker, wait for it to close and try
+// once more.
+func (s *Server) createNamed(ctx context.Context, w catalog.Worker, ref catalog.CodeRef) (*pb.CreateWorkerResponse, error) {
+	for try := 0; ; try++ {
+		_, err := s.create(ctx, w, ref, "", 0)
+		if err == nil {
+			return &pb.CreateWorkerResponse{WorkerId: w.ID}, nil
+		}
+		var started *serviceerror.WorkflowExecutionAlreadyStarted
+		if !errors.As(err, &started) && failure.Kind(err) != failure.AlreadyExists {
+			return nil, s.status(err, w.ID)
+		}
+		if _, serr := s.state(ctx, w.ID); try == 0 && status.Code(serr) == codes.NotFound {
+			_ = s.temporal.GetWorkflow(ctx, workflows.WorkflowID(w.ID), "").Get(ctx, nil)
+			continue
+		}
+		return nil, status.Errorf(codes.AlreadyExists, "name %q is taken by worker %s (names are unique and never reused)", w.Name, w.ID)
+	}
+}
+
+// gone is the answer to a create whose worker id belongs to a deleted
+// worker.
+func gone(w catalog.Worker, rid string) error {
+	if w.Name != "" {
+		return status.Errorf(codes.AlreadyExists, "name %q was used by worker %s, which has been deleted (names are not reused)", w.Name, w.ID)
+	}
+	return status.Errorf(codes.AlreadyExists, "request_id %q was used by worker %s, which has been deleted", rid, w.ID)
 }
 
 // requestIDSpace namespaces the worker ids derived from request ids.

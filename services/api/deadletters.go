@@ -30,7 +30,8 @@ func (s *Server) ListDeadLetters(ctx context.Context, req *pb.ListDeadLettersReq
 	if err := s.deadLettersConfigured(); err != nil {
 		return nil, err
 	}
-	if err := validDeadLetterWorkerID(req.GetWorkerId()); err != nil {
+	id, err := deadLetterWorkerID(req.GetWorkerId())
+	if err != nil {
 		return nil, err
 	}
 	limit, err := deadLetterLimit(req.GetLimit())
@@ -39,10 +40,10 @@ func (s *Server) ListDeadLetters(ctx context.Context, req *pb.ListDeadLettersReq
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	if _, err := s.catalogWorker(ctx, req.GetWorkerId()); err != nil {
+	if _, err := s.catalogWorker(ctx, id); err != nil {
 		return nil, err
 	}
-	es, err := s.opts.DeadLetters.List(ctx, req.GetWorkerId(), deadletter.Filter{Reason: req.GetReason()}, limit)
+	es, err := s.opts.DeadLetters.List(ctx, id, deadletter.Filter{Reason: req.GetReason()}, limit)
 	if err != nil {
 		return nil, storeStatus(err, "list dead letters")
 	}
@@ -76,7 +77,8 @@ func (s *Server) ReplayDeadLetters(ctx context.Context, req *pb.ReplayDeadLetter
 	case id == "" && topic == "":
 		return nil, status.Error(codes.InvalidArgument, "set exactly one of worker_id and topic (one worker, or every worker on the topic)")
 	case id != "":
-		if err := validDeadLetterWorkerID(id); err != nil {
+		var err error
+		if id, err = deadLetterWorkerID(id); err != nil {
 			return nil, err
 		}
 	default:
@@ -210,14 +212,19 @@ func (s *Server) catalogWorker(ctx context.Context, id string) (catalog.Worker, 
 
 // validDeadLetterWorkerID: unlike the lifecycle RPCs (where a malformed id
 // is simply not found), a malformed id here is a wrong request.
-func validDeadLetterWorkerID(id string) error {
-	if id == "" {
-		return status.Error(codes.InvalidArgument, "worker_id is empty")
+// deadLetterWorkerID resolves the worker_id of a dead-letter request: a
+// worker id (UUID) or a worker name.
+func deadLetterWorkerID(ref string) (string, error) {
+	if ref == "" {
+		return "", status.Error(codes.InvalidArgument, "worker_id is empty")
 	}
-	if _, err := uuid.Parse(id); err != nil {
-		return status.Errorf(codes.InvalidArgument, "worker_id %q is not a worker id (a UUID)", id)
+	if _, err := uuid.Parse(ref); err == nil {
+		return ref, nil
 	}
-	return nil
+	if validName(ref) == nil {
+		return NameWorkerID(ref), nil
+	}
+	return "", status.Errorf(codes.InvalidArgument, "worker_id %q is neither a worker id (a UUID) nor a worker name", ref)
 }
 
 func deadLetterLimit(limit int32) (int, error) {

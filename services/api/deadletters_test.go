@@ -175,7 +175,7 @@ func TestListDeadLetters(t *testing.T) {
 		msg  string
 	}{
 		"no worker":      {&pb.ListDeadLettersRequest{}, codes.InvalidArgument, "worker_id is empty"},
-		"malformed":      {&pb.ListDeadLettersRequest{WorkerId: "w-1"}, codes.InvalidArgument, `worker_id "w-1" is not a worker id`},
+		"malformed":      {&pb.ListDeadLettersRequest{WorkerId: "W_1"}, codes.InvalidArgument, `worker_id "W_1" is neither a worker id (a UUID) nor a worker name`},
 		"unknown worker": {&pb.ListDeadLettersRequest{WorkerId: "44444444-4444-4444-8444-444444444444"}, codes.NotFound, "not found"},
 		"negative limit": {&pb.ListDeadLettersRequest{WorkerId: w1, Limit: -1}, codes.InvalidArgument, "limit -1 must be 0 (default 100) or 1..1000"},
 		"limit too big":  {&pb.ListDeadLettersRequest{WorkerId: w1, Limit: 1001}, codes.InvalidArgument, "limit 1001"},
@@ -292,7 +292,7 @@ func TestReplayDeadLettersBadRequests(t *testing.T) {
 	}{
 		"both":            {&pb.ReplayDeadLettersRequest{WorkerId: w1, Topic: "orders"}, codes.InvalidArgument, "exactly one of worker_id and topic, not both"},
 		"neither":         {&pb.ReplayDeadLettersRequest{Reason: "timeout"}, codes.InvalidArgument, "exactly one of worker_id and topic"},
-		"malformed id":    {&pb.ReplayDeadLettersRequest{WorkerId: "nope"}, codes.InvalidArgument, `worker_id "nope" is not a worker id`},
+		"malformed id":    {&pb.ReplayDeadLettersRequest{WorkerId: "no pe"}, codes.InvalidArgument, `worker_id "no pe" is neither a worker id (a UUID) nor a worker name`},
 		"malformed topic": {&pb.ReplayDeadLettersRequest{Topic: "has space"}, codes.InvalidArgument, `topic "has space" must match`},
 		"unknown worker":  {&pb.ReplayDeadLettersRequest{WorkerId: "44444444-4444-4444-8444-444444444444"}, codes.NotFound, "worker 44444444-4444-4444-8444-444444444444 not found"},
 		"no worker on topic": {&pb.ReplayDeadLettersRequest{Topic: "nobody-listens"}, codes.NotFound,

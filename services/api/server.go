@@ -72,9 +72,14 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 	if err := catalog.ValidateRetryPolicy(int(rp.GetMaxAttempts()), rp.GetBackoffMs()); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	rid := req.GetRequestId()
+	rid, name := req.GetRequestId(), req.GetName()
 	if err := validRequestID(rid); err != nil {
 		return nil, err
+	}
+	if name != "" {
+		if err := validName(name); err != nil {
+			return nil, err
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -83,15 +88,24 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 		return nil, err
 	}
 	w := catalog.Worker{ID: uuid.NewString(), MIMEType: req.GetMimeType(), Topic: req.GetTopic(), Group: req.GetGroup(), Status: catalog.StatusStopped,
-		MaxAttempts: int(rp.GetMaxAttempts()), RetryBackoff: time.Duration(rp.GetBackoffMs()) * time.Millisecond}
-	if rid == "" {
-		if _, err := s.create(ctx, w, ref, "", 0); err != nil {
-			return nil, s.status(err, w.ID)
-		}
-		return &pb.CreateWorkerResponse{WorkerId: w.ID}, nil
+		MaxAttempts: int(rp.GetMaxAttempts()), RetryBackoff: time.Duration(rp.GetBackoffMs()) * time.Millisecond,
+		Name: name, RequestID: rid}
+	switch {
+	case name != "":
+		w.ID = NameWorkerID(name)
+	case rid != "":
+		w.ID = RequestWorkerID(rid)
 	}
-	w.ID = RequestWorkerID(rid)
-	return s.createOnce(ctx, w, ref, rid)
+	if rid != "" {
+		return s.createOnce(ctx, w, ref, rid)
+	}
+	if name != "" {
+		return s.createNamed(ctx, w, ref)
+	}
+	if _, err := s.create(ctx, w, ref, "", 0); err != nil {
+		return nil, s.status(err, w.ID)
+	}
+	return &pb.CreateWorkerResponse{WorkerId: w.ID}, nil
 }
 
 // StartWorker implements pb.WorkManagerServiceServer.
@@ -106,10 +120,11 @@ func (s *Server) StopWorker(ctx context.Context, req *pb.StopWorkerRequest) (*pb
 
 // LoadCode implements pb.WorkManagerServiceServer.
 func (s *Server) LoadCode(ctx context.Context, req *pb.LoadCodeRequest) (*pb.Worker, error) {
-	if err := validID(req.GetWorkerId()); err != nil {
+	id, _, err := resolve(req.GetWorkerId())
+	if err != nil {
 		return nil, err
 	}
-	if _, err := s.state(ctx, req.GetWorkerId()); err != nil {
+	if _, err := s.state(ctx, id); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
@@ -118,35 +133,37 @@ func (s *Server) LoadCode(ctx context.Context, req *pb.LoadCodeRequest) (*pb.Wor
 	if err != nil {
 		return nil, err
 	}
-	return s.update(ctx, req.GetWorkerId(), workflows.UpdateLoadCode, ref)
+	return s.update(ctx, id, workflows.UpdateLoadCode, ref)
 }
 
 // DeleteWorker implements pb.WorkManagerServiceServer.
 func (s *Server) DeleteWorker(ctx context.Context, req *pb.DeleteWorkerRequest) (*pb.DeleteWorkerResponse, error) {
-	if err := validID(req.GetWorkerId()); err != nil {
+	id, display, err := resolve(req.GetWorkerId())
+	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	h, err := s.temporal.UpdateWorkflow(ctx, client.UpdateWorkflowOptions{
-		WorkflowID: workflows.WorkflowID(req.GetWorkerId()), UpdateName: workflows.UpdateDelete,
+		WorkflowID: workflows.WorkflowID(id), UpdateName: workflows.UpdateDelete,
 		WaitForStage: client.WorkflowUpdateStageCompleted,
 	})
 	if err == nil {
 		err = h.Get(ctx, nil)
 	}
 	if err != nil {
-		return nil, s.status(err, req.GetWorkerId())
+		return nil, s.status(err, display)
 	}
 	return &pb.DeleteWorkerResponse{}, nil
 }
 
 // GetWorker implements pb.WorkManagerServiceServer.
 func (s *Server) GetWorker(ctx context.Context, req *pb.GetWorkerRequest) (*pb.Worker, error) {
-	if err := validID(req.GetWorkerId()); err != nil {
+	id, _, err := resolve(req.GetWorkerId())
+	if err != nil {
 		return nil, err
 	}
-	st, err := s.state(ctx, req.GetWorkerId())
+	st, err := s.state(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -168,13 +185,14 @@ func (s *Server) ListWorkers(ctx context.Context, _ *pb.ListWorkersRequest) (*pb
 
 // GetWorkerHistory implements pb.WorkManagerServiceServer.
 func (s *Server) GetWorkerHistory(ctx context.Context, req *pb.GetWorkerHistoryRequest) (*pb.GetWorkerHistoryResponse, error) {
-	if err := validID(req.GetWorkerId()); err != nil {
+	id, _, err := resolve(req.GetWorkerId())
+	if err != nil {
 		return nil, err
 	}
-	if _, err := s.state(ctx, req.GetWorkerId()); err != nil {
+	if _, err := s.state(ctx, id); err != nil {
 		return nil, err
 	}
-	entries, err := s.catalog.History(ctx, req.GetWorkerId())
+	entries, err := s.catalog.History(ctx, id)
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "history: %v", err)
 	}
@@ -221,8 +239,11 @@ func (s *Server) stage(ctx context.Context, src *pb.CodeSource) (catalog.CodeRef
 	}
 }
 
-func (s *Server) update(ctx context.Context, id, name string, args ...any) (*pb.Worker, error) {
-	if err := validID(id); err != nil {
+// update sends the update name to the workflow of the worker ref (an id or
+// a name) and answers the worker as it left it.
+func (s *Server) update(ctx context.Context, ref, name string, args ...any) (*pb.Worker, error) {
+	id, display, err := resolve(ref)
+	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
@@ -232,11 +253,11 @@ func (s *Server) update(ctx context.Context, id, name string, args ...any) (*pb.
 		WaitForStage: client.WorkflowUpdateStageCompleted,
 	})
 	if err != nil {
-		return nil, s.status(err, id)
+		return nil, s.status(err, display)
 	}
 	var w catalog.Worker
 	if err := h.Get(ctx, &w); err != nil {
-		return nil, s.status(err, id)
+		return nil, s.status(err, display)
 	}
 	return toProto(w), nil
 }
@@ -275,22 +296,12 @@ func (s *Server) status(err error, id string) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-func validID(id string) error {
-	if id == "" {
-		return status.Error(codes.InvalidArgument, "worker_id is empty")
-	}
-	if _, err := uuid.Parse(id); err != nil {
-		return status.Errorf(codes.NotFound, "worker %s not found", id)
-	}
-	return nil
-}
-
 func toProto(w catalog.Worker) *pb.Worker {
 	st := pb.WorkerStatus_WORKER_STATUS_STOPPED
 	if w.Status == catalog.StatusRunning {
 		st = pb.WorkerStatus_WORKER_STATUS_RUNNING
 	}
-	out := &pb.Worker{WorkerId: w.ID, MimeType: w.MIMEType, Topic: w.Topic, Group: w.Group, Status: st,
+	out := &pb.Worker{WorkerId: w.ID, Name: w.Name, MimeType: w.MIMEType, Topic: w.Topic, Group: w.Group, Status: st,
 		CodeVersion: w.CodeVersion, CodeSha256: w.CodeSHA256,
 		CreatedAt: timestamppb.New(w.CreatedAt), UpdatedAt: timestamppb.New(w.UpdatedAt)}
 	if w.MaxAttempts != 0 || w.RetryBackoff != 0 {

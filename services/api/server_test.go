@@ -22,6 +22,7 @@ import (
 	"github.com/virtufin/workmanager/internal/failure"
 	"github.com/virtufin/workmanager/internal/state"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+	"github.com/virtufin/workmanager/workflows"
 )
 
 func newServer(t *testing.T, tc client.Client) (*Server, *state.MemoryStore) {
@@ -67,8 +68,42 @@ func TestMalformedWorkerIDs(t *testing.T) {
 	if _, err := s.StopWorker(context.Background(), &pb.StopWorkerRequest{}); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("empty id: %v", err)
 	}
-	if _, err := s.StopWorker(context.Background(), &pb.StopWorkerRequest{WorkerId: "not-a-uuid"}); status.Code(err) != codes.NotFound {
+	if _, err := s.StopWorker(context.Background(), &pb.StopWorkerRequest{WorkerId: "Not_A_UUID"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("malformed id: %v", err)
+	}
+}
+
+// A worker name stands for the worker id derived from it, in every RPC.
+func TestNamesResolveToTheirWorkerID(t *testing.T) {
+	tc := mocks.NewClient(t)
+	want := NameWorkerID("orders-enricher")
+	tc.On("UpdateWorkflow", mock.Anything, mock.MatchedBy(func(o client.UpdateWorkflowOptions) bool {
+		return o.WorkflowID == workflows.WorkflowID(want)
+	})).Return(nil, failure.New(failure.NotFound, "worker is deleted")).Once()
+	s, _ := newServer(t, tc)
+	if _, err := s.StopWorker(context.Background(), &pb.StopWorkerRequest{WorkerId: "orders-enricher"}); status.Code(err) != codes.NotFound ||
+		!strings.Contains(err.Error(), `"orders-enricher"`) {
+		t.Fatalf("stop by name: %v", err)
+	}
+}
+
+func TestBadNamesAreRefused(t *testing.T) {
+	s, store := newServer(t, mocks.NewClient(t))
+	code := &pb.CodeSource{Source: &pb.CodeSource_Content{Content: []byte("def process(e): pass")}}
+	for name, want := range map[string]string{
+		"Upper":                                "has 'U'",
+		"9lives":                               "must start with a letter",
+		"trailing-":                            "must not end with",
+		"a" + strings.Repeat("b", 63):          "1 to 63 characters",
+		"abcdef01-2345-6789-abcd-ef0123456789": "shaped like a worker id",
+	} {
+		_, err := s.CreateWorker(context.Background(), &pb.CreateWorkerRequest{Code: code, MimeType: engines.MIMEPython, Topic: "t", Name: name})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), want) {
+			t.Fatalf("name %q: got %v, want INVALID_ARGUMENT containing %q", name, err, want)
+		}
+	}
+	if keys := store.Keys(); len(keys) != 0 {
+		t.Fatalf("something was stored: %v", keys)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -248,4 +249,97 @@ func TestPartitionedNodeStopsServingWithinItsLease(t *testing.T) {
 	// Node B missed the stop; within its lease (4 s, checked every 1 s) it
 	// fences itself and closes the worker's subscription on its daprd.
 	e.waitUnsubscribed(t, scB.HTTPAddr, in)
+}
+
+// Issue 9, item 4 (names): a worker created with a unique name is reachable
+// by that name in every RPC; the name is never given to a second worker
+// (also not concurrently, nor after a delete); a create that failed leaves
+// the name free.
+func TestWorkerNames(t *testing.T) {
+	e := newEnv(t, "")
+	topic, out := topicName(t, "in"), topicName(t, "out")
+	create := func(name, rid string, code []byte) (*pb.CreateWorkerResponse, error) {
+		return e.client.CreateWorker(ctxT(t), &pb.CreateWorkerRequest{Code: pyCode(code), MimeType: "text/x-python", Topic: topic, Name: name, RequestId: rid})
+	}
+	if _, err := create("Orders", "", echoWorker(out, "v1")); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("bad name: %v", err)
+	}
+	// A failed create does not take the name.
+	if _, err := create("orders-enricher", "", []byte("def process(event:\n")); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("create with bad code: %v", err)
+	}
+	first, err := create("orders-enricher", "", echoWorker(out, "v1"))
+	if err != nil {
+		t.Fatalf("create after a failed create of the same name: %v", err)
+	}
+	id := first.GetWorkerId()
+	if _, err := create("orders-enricher", "", echoWorker(out, "v1")); status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), "orders-enricher") {
+		t.Fatalf("second create of the name: %v", err)
+	}
+	w, err := e.client.GetWorker(ctxT(t), &pb.GetWorkerRequest{WorkerId: "orders-enricher"})
+	if err != nil || w.GetWorkerId() != id || w.GetName() != "orders-enricher" {
+		t.Fatalf("GetWorker by name: %v %v", w, err)
+	}
+	if w, err := e.client.StartWorker(ctxT(t), &pb.StartWorkerRequest{WorkerId: "orders-enricher"}); err != nil || w.GetStatus() != pb.WorkerStatus_WORKER_STATUS_RUNNING {
+		t.Fatalf("StartWorker by name: %v %v", w, err)
+	}
+	outs := e.subscribe(out)
+	e.publish(topic, "n1", map[string]any{"x": 1}, "")
+	expectEvent(t, outs, 20*time.Second)
+	if w, err := e.client.LoadCode(ctxT(t), &pb.LoadCodeRequest{WorkerId: "orders-enricher", Code: pyCode(echoWorker(out, "v2"))}); err != nil || w.GetCodeVersion() != 2 {
+		t.Fatalf("LoadCode by name: %v %v", w, err)
+	}
+	if h, err := e.client.GetWorkerHistory(ctxT(t), &pb.GetWorkerHistoryRequest{WorkerId: "orders-enricher"}); err != nil || len(h.GetEntries()) != 2 {
+		t.Fatalf("history by name: %v %v", h, err)
+	}
+	if _, err := e.client.ListDeadLetters(ctxT(t), &pb.ListDeadLettersRequest{WorkerId: "orders-enricher"}); err != nil {
+		t.Fatalf("dead letters by name: %v", err)
+	}
+	l, err := e.client.ListWorkers(ctxT(t), &pb.ListWorkersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := 0
+	for _, w := range l.GetWorkers() {
+		if w.GetName() == "orders-enricher" {
+			named++
+		}
+	}
+	if named != 1 {
+		t.Fatalf("%d workers named orders-enricher in the list", named)
+	}
+
+	// Two concurrent creates of one new name with one request id: one worker.
+	ids := make([]string, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := create("billing", "billing-1", echoWorker(out, "v1"))
+			ids[i], errs[i] = r.GetWorkerId(), err
+		}()
+	}
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil || ids[0] != ids[1] {
+		t.Fatalf("concurrent named creates with one request id: %v %v, ids %v", errs[0], errs[1], ids)
+	}
+	if _, err := create("billing", "billing-2", echoWorker(out, "v1")); status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("the name with another request id: %v", err)
+	}
+
+	// Deleted: gone by name, and the name stays taken.
+	if _, err := e.client.DeleteWorker(ctxT(t), &pb.DeleteWorkerRequest{WorkerId: "orders-enricher"}); err != nil {
+		t.Fatalf("DeleteWorker by name: %v", err)
+	}
+	if _, err := e.client.GetWorker(ctxT(t), &pb.GetWorkerRequest{WorkerId: "orders-enricher"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("GetWorker of the deleted name: %v", err)
+	}
+	if _, err := create("orders-enricher", "", echoWorker(out, "v1")); status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), "orders-enricher") {
+		t.Fatalf("create of a deleted worker's name: %v", err)
+	}
+	if _, err := e.client.GetWorker(ctxT(t), &pb.GetWorkerRequest{WorkerId: "no-such-worker"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("unknown name: %v", err)
+	}
 }

@@ -226,7 +226,9 @@ type Worker struct {
 	CodeSha256 string `protobuf:"bytes,9,opt,name=code_sha256,json=codeSha256,proto3" json:"code_sha256,omitempty"`
 	// How the worker retries a message; unset or zero fields: the cluster
 	// default.
-	RetryPolicy   *RetryPolicy `protobuf:"bytes,10,opt,name=retry_policy,json=retryPolicy,proto3" json:"retry_policy,omitempty"`
+	RetryPolicy *RetryPolicy `protobuf:"bytes,10,opt,name=retry_policy,json=retryPolicy,proto3" json:"retry_policy,omitempty"`
+	// The worker's unique name, when it was created with one.
+	Name          string `protobuf:"bytes,11,opt,name=name,proto3" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -331,6 +333,13 @@ func (x *Worker) GetRetryPolicy() *RetryPolicy {
 	return nil
 }
 
+func (x *Worker) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 // RetryPolicy bounds how often a worker runs one message before giving up
 // on it (dead letter). Zero fields take the cluster default.
 type RetryPolicy struct {
@@ -401,7 +410,13 @@ type CreateWorkerRequest struct {
 	// concurrently) answers the first call's worker_id. Reusing it for
 	// different parameters, or after that worker was deleted, is
 	// ALREADY_EXISTS; after a create that failed it may be used again.
-	RequestId     string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Optional unique, human-friendly name (1..63 of a-z 0-9 -, starting with
+	// a letter, not shaped like a UUID). Every RPC that takes a worker_id
+	// accepts the name instead. A name is never given to a second worker,
+	// not even after the first was deleted: creating it again is
+	// ALREADY_EXISTS (with a request_id: the first call's worker, as above).
+	Name          string `protobuf:"bytes,7,opt,name=name,proto3" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -474,6 +489,13 @@ func (x *CreateWorkerRequest) GetRetryPolicy() *RetryPolicy {
 func (x *CreateWorkerRequest) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
+	}
+	return ""
+}
+
+func (x *CreateWorkerRequest) GetName() string {
+	if x != nil {
+		return x.Name
 	}
 	return ""
 }
@@ -1489,7 +1511,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x06source\"5\n" +
 	"\tUrlSource\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
-	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\x9e\x03\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\xb2\x03\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x14\n" +
@@ -1504,11 +1526,12 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\vcode_sha256\x18\t \x01(\tR\n" +
 	"codeSha256\x12>\n" +
 	"\fretry_policy\x18\n" +
-	" \x01(\v2\x1b.workmanager.v1.RetryPolicyR\vretryPolicy\"O\n" +
+	" \x01(\v2\x1b.workmanager.v1.RetryPolicyR\vretryPolicy\x12\x12\n" +
+	"\x04name\x18\v \x01(\tR\x04name\"O\n" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12\x1d\n" +
 	"\n" +
-	"backoff_ms\x18\x02 \x01(\x03R\tbackoffMs\"\xed\x01\n" +
+	"backoff_ms\x18\x02 \x01(\x03R\tbackoffMs\"\x81\x02\n" +
 	"\x13CreateWorkerRequest\x12.\n" +
 	"\x04code\x18\x01 \x01(\v2\x1a.workmanager.v1.CodeSourceR\x04code\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x14\n" +
@@ -1516,7 +1539,8 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x05group\x18\x04 \x01(\tR\x05group\x12>\n" +
 	"\fretry_policy\x18\x05 \x01(\v2\x1b.workmanager.v1.RetryPolicyR\vretryPolicy\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x06 \x01(\tR\trequestId\"3\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\x12\x12\n" +
+	"\x04name\x18\a \x01(\tR\x04name\"3\n" +
 	"\x14CreateWorkerResponse\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"1\n" +
 	"\x12StartWorkerRequest\x12\x1b\n" +
