@@ -172,3 +172,36 @@ func (s *WorkerWorkflowSuite) TestApplyFailureAfterTheRecordWasSavedIsSuccess() 
 	s.Equal([][]lifecycleevents.Kind{{lifecycleevents.CodeUpdated}, {lifecycleevents.Deleted}}, s.emitted)
 	s.Equal(2, activated, "the load and the delete reached the node")
 }
+
+// An Apply that failed before the record was saved (e.g. its history write
+// failed after the node attached the new code) is no change: LoadCode fails,
+// and every node is brought back to the record, so no node keeps running
+// the code the API reported as not loaded.
+func (s *WorkerWorkflowSuite) TestApplyFailureBeforeTheRecordResyncsNodes() {
+	s.prepareAnyCode(s.env)
+	current := newWorker()
+	current.CodeVersion, current.Status = 1, catalog.StatusRunning
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) error {
+		if in.History != nil {
+			return temporal.NewNonRetryableApplicationError("state put history: connection refused", "Unavailable", nil)
+		}
+		return nil
+	})
+	s.env.OnActivity(a.GetWorkers, mock.Anything, []string{"w1"}).Return([]catalog.Worker{current}, nil)
+	s.env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1", "n2"}, nil)
+	var activated int
+	s.env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(func(context.Context, string) error {
+		s.mu.Lock()
+		activated++
+		s.mu.Unlock()
+		return nil
+	})
+	var load updater
+	s.env.RegisterDelayedCallback(func() { s.update(UpdateLoadCode, &load, catalog.CodeRef{SHA256: sha2, SourceKind: "content"}) }, time.Second)
+	s.env.RegisterDelayedCallback(func() { s.env.CancelWorkflow() }, 2*time.Second)
+	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: current, Created: true}})
+
+	s.Error(load.err)
+	s.Equal(2, activated, "both nodes were brought back to the record")
+	s.Empty(s.emitted, "the failed load published nothing")
+}

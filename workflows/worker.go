@@ -380,7 +380,17 @@ func (e *entity) delete(ctx workflow.Context) error {
 // step failed.
 func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ...activities.EventSpec) (applied bool, err error) {
 	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Apply, in).Get(ctx, nil); err != nil {
-		if workflow.GetVersion(ctx, "apply-failure-reads-record", workflow.DefaultVersion, 1) == workflow.DefaultVersion || !e.persisted(ctx, in.Worker) {
+		if workflow.GetVersion(ctx, "apply-failure-reads-record", workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+			return false, err
+		}
+		if !e.persisted(ctx, in.Worker) {
+			// Not made. Apply may have changed its node before failing (it
+			// attaches the new code before it writes the history and the
+			// record): every node goes back to the record, so that no node
+			// runs a change the API reported as failed.
+			if workflow.GetVersion(ctx, "apply-failure-resyncs-nodes", workflow.DefaultVersion, 1) == 1 {
+				e.syncNodes(ctx)
+			}
 			return false, err
 		}
 		// The record was saved, only the answer was lost: the change is

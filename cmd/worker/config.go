@@ -46,6 +46,7 @@ type config struct {
 	LockMaxAge         time.Duration // GROUP_LOCK_MAX_AGE_MS
 	ShutdownGrace      time.Duration // SHUTDOWN_GRACE: how long SIGTERM waits for in-flight messages
 	TestPanicExtension string        // WM_TEST_PANIC_EXTENSION: test hook, a hot-path panic for inputs with this extension (never in production)
+	TestStateFaultFile string        // WM_TEST_STATE_FAULT_FILE: test hook, catalog writes to keys with a prefix listed in this file fail (never in production)
 }
 
 func loadConfig() (config, error) {
@@ -84,6 +85,7 @@ func loadConfig() (config, error) {
 		LockMaxAge:         time.Duration(r.Int("GROUP_LOCK_MAX_AGE_MS", 30000)) * time.Millisecond,
 		ShutdownGrace:      r.Duration("SHUTDOWN_GRACE", 30*time.Second),
 		TestPanicExtension: r.String("WM_TEST_PANIC_EXTENSION", ""),
+		TestStateFaultFile: r.String("WM_TEST_STATE_FAULT_FILE", ""),
 	}
 	if err := r.Err(); err != nil {
 		return c, err

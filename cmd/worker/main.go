@@ -65,7 +65,11 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	h := health.New()
 	broker := health.NewBrokerWatch(h)
 	h.GateReadiness(health.Broker, cfg.BrokerReadyGrace)
-	cat := catalog.New(state.NewDaprStore(daprClient, cfg.StateStore))
+	var catStore state.Store = state.NewDaprStore(daprClient, cfg.StateStore)
+	if cfg.TestStateFaultFile != "" {
+		catStore = state.WithFaultFile(catStore, cfg.TestStateFaultFile)
+	}
+	cat := catalog.New(catStore)
 	daprPub := publish.NewDapr(daprClient, cfg.PubSub)
 	pub := publish.Observed(daprPub, broker.Published)
 	events := lifecycleevents.NewEmitter(pub)

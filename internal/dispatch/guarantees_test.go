@@ -247,13 +247,21 @@ func TestSlowWorkerDoesNotHoldUpOthers(t *testing.T) {
 	s := waitStream(t, b, "in")
 	s.In <- request("m0", "")
 	<-entered
-	for i := 1; i < 5; i++ { // one at a time, so that fast's own queue never fills
-		id := "m" + strconv.Itoa(i)
-		s.In <- request(id, "")
+	// One at a time, each after fast ran the one before (m0 included), so
+	// that fast's own queue (depth 1) never fills: a busy machine can leave
+	// m0 in fast's queue when m1 arrives, and m1 would then be given back
+	// for fast too.
+	waitFast := func(id string) {
 		deadline := time.Now().Add(5 * time.Second)
 		for fast.n(id) == 0 && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
+	}
+	waitFast("m0")
+	for i := 1; i < 5; i++ {
+		id := "m" + strconv.Itoa(i)
+		s.In <- request(id, "")
+		waitFast(id)
 	}
 	// slow holds m0 running and m1 queued; m2..m4 find its queue full.
 	retried := map[string]bool{}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -157,5 +159,26 @@ func TestDaprStore(t *testing.T) {
 			t.Fatal("key with a 1s TTL still there after 10s")
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func TestFaultFile(t *testing.T) {
+	path := t.TempDir() + "/faults"
+	s := state.WithFaultFile(state.NewMemoryStore(), path)
+	ctx := context.Background()
+	if err := s.Put(ctx, "workmanager/workers/a/history", []byte("x"), state.PutOptions{}); err != nil {
+		t.Fatalf("no fault file: %v", err)
+	}
+	if err := os.WriteFile(path, []byte("workmanager/workers/a/history\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(ctx, "workmanager/workers/a/history", []byte("y"), state.PutOptions{}); err == nil || !strings.Contains(err.Error(), "injected fault") {
+		t.Fatalf("listed key: %v", err)
+	}
+	if err := s.Put(ctx, "workmanager/workers/a", []byte("y"), state.PutOptions{}); err != nil {
+		t.Fatalf("unlisted key: %v", err)
+	}
+	if it, _ := s.Get(ctx, "workmanager/workers/a/history"); string(it.Value) != "x" {
+		t.Fatalf("the failed put was applied: %q", it.Value)
 	}
 }

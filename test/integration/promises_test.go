@@ -2,9 +2,13 @@ package integration
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -342,4 +346,75 @@ func TestWorkerNames(t *testing.T) {
 	if _, err := e.client.GetWorker(ctxT(t), &pb.GetWorkerRequest{WorkerId: "no-such-worker"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("unknown name: %v", err)
 	}
+}
+
+// Issue 9, item 3 (half-applied change), on the real stack: the node's
+// catalog writes of one worker's history fail (an injected store fault)
+// while LoadCode runs. LoadCode reports the failure, and the worker as the
+// API, the catalog and the node see it is the old code; once the store
+// works again, the next LoadCode gets a version number never handed out
+// before (3: the failed load used up 2), and the history names the code
+// each version really ran.
+func TestHalfAppliedChangeLeavesOneTruth(t *testing.T) {
+	faults := filepath.Join(t.TempDir(), "faults")
+	e := newEnvWith(t, envConfig{nodeEnv: []string{"WM_TEST_STATE_FAULT_FILE=" + faults}})
+	in, out := topicName(t, "in"), topicName(t, "out")
+	v1, v2, v3 := echoWorker(out, "v1"), echoWorker(out, "v2"), echoWorker(out, "v3")
+	id := e.createWith(t, &pb.CreateWorkerRequest{Code: pyCode(v1), Topic: in})
+	outs := e.subscribe(out)
+	version := func(eventID string) string {
+		t.Helper()
+		e.publish(in, eventID, map[string]any{"n": eventID}, "")
+		var d outData
+		if err := json.Unmarshal(expectEvent(t, outs, 30*time.Second).Data(), &d); err != nil {
+			t.Fatal(err)
+		}
+		return d.Version
+	}
+	if v := version("before"); v != "v1" {
+		t.Fatalf("served %s, want v1", v)
+	}
+
+	if err := os.WriteFile(faults, []byte("workmanager/workers/"+id+"/history\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.LoadCode(ctxT(t), &pb.LoadCodeRequest{WorkerId: id, Code: pyCode(v2)}); err == nil {
+		t.Fatal("LoadCode succeeded while the history could not be written")
+	} else {
+		t.Logf("LoadCode while the history cannot be written: %v", err)
+	}
+	w, err := e.client.GetWorker(ctxT(t), &pb.GetWorkerRequest{WorkerId: id})
+	if err != nil || w.GetCodeVersion() != 1 || w.GetCodeSha256() != sha256Hex(v1) {
+		t.Fatalf("after the failed LoadCode: %v %v; want version 1 with v1's SHA-256", w, err)
+	}
+	if v := version("after-failed-load"); v != "v1" {
+		t.Fatalf("after the failed LoadCode the node serves %s, want v1", v)
+	}
+
+	if err := os.Remove(faults); err != nil {
+		t.Fatal(err)
+	}
+	w, err = e.client.LoadCode(ctxT(t), &pb.LoadCodeRequest{WorkerId: id, Code: pyCode(v3)})
+	if err != nil || w.GetCodeVersion() != 3 || w.GetCodeSha256() != sha256Hex(v3) {
+		t.Fatalf("LoadCode once the store works: %v %v; want version 3 with v3's SHA-256", w, err)
+	}
+	h, err := e.client.GetWorkerHistory(ctxT(t), &pb.GetWorkerHistoryRequest{WorkerId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, en := range h.GetEntries() {
+		got = append(got, fmt.Sprintf("%d:%s", en.GetVersion(), en.GetSha256()))
+	}
+	if want := []string{"1:" + sha256Hex(v1), "3:" + sha256Hex(v3)}; strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("history %v, want %v", got, want)
+	}
+	if v := version("after-load"); v != "v3" {
+		t.Fatalf("served %s, want v3", v)
+	}
+}
+
+func sha256Hex(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
 }
