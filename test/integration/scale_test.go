@@ -227,12 +227,23 @@ func scaleAnswer(ev event.Event) string {
 
 // waitReaders waits (up to 30s) until Redis has at most want topic readers,
 // then returns the connection counts.
+//
+// A few readers more than want are tolerated (readerSlack): a reader that
+// is being replaced at the moment of the count (a subscription closing
+// while another opens) was once seen to stay counted for the whole wait,
+// one reader over. The leak this guards against is one reader per
+// stop/start cycle, hundreds here.
 func (e *env) waitReaders(t *testing.T, want int) (total, readers int) {
 	t.Helper()
+	const readerSlack = 4
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		total, readers = e.redisClients(t)
 		if readers <= want {
+			return total, readers
+		}
+		if time.Now().After(deadline) && readers <= want+readerSlack {
+			t.Logf("%d XREADGROUP connections for %d subscribed topics after 30s: within the slack of %d", readers, want, readerSlack)
 			return total, readers
 		}
 		if time.Now().After(deadline) {
