@@ -120,12 +120,12 @@ func (s *Server) StopWorker(ctx context.Context, req *pb.StopWorkerRequest) (*pb
 
 // LoadCode implements pb.WorkManagerServiceServer.
 func (s *Server) LoadCode(ctx context.Context, req *pb.LoadCodeRequest) (*pb.Worker, error) {
-	id, _, err := resolve(req.GetWorkerId())
+	id, display, err := resolve(req.GetWorkerId())
 	if err != nil {
 		return nil, err
 	}
 	if _, err := s.state(ctx, id); err != nil {
-		return nil, err
+		return nil, named(err, display)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -159,13 +159,13 @@ func (s *Server) DeleteWorker(ctx context.Context, req *pb.DeleteWorkerRequest) 
 
 // GetWorker implements pb.WorkManagerServiceServer.
 func (s *Server) GetWorker(ctx context.Context, req *pb.GetWorkerRequest) (*pb.Worker, error) {
-	id, _, err := resolve(req.GetWorkerId())
+	id, display, err := resolve(req.GetWorkerId())
 	if err != nil {
 		return nil, err
 	}
 	st, err := s.state(ctx, id)
 	if err != nil {
-		return nil, err
+		return nil, named(err, display)
 	}
 	return toProto(st.Worker), nil
 }
@@ -185,12 +185,12 @@ func (s *Server) ListWorkers(ctx context.Context, _ *pb.ListWorkersRequest) (*pb
 
 // GetWorkerHistory implements pb.WorkManagerServiceServer.
 func (s *Server) GetWorkerHistory(ctx context.Context, req *pb.GetWorkerHistoryRequest) (*pb.GetWorkerHistoryResponse, error) {
-	id, _, err := resolve(req.GetWorkerId())
+	id, display, err := resolve(req.GetWorkerId())
 	if err != nil {
 		return nil, err
 	}
 	if _, err := s.state(ctx, id); err != nil {
-		return nil, err
+		return nil, named(err, display)
 	}
 	entries, err := s.catalog.History(ctx, id)
 	if err != nil {
@@ -277,6 +277,15 @@ func (s *Server) state(ctx context.Context, id string) (workflows.WorkerState, e
 		return st, status.Errorf(codes.NotFound, "worker %s not found", id)
 	}
 	return st, nil
+}
+
+// named restates a NOT_FOUND from state for the worker as the request named
+// it (its name, when it gave one).
+func named(err error, display string) error {
+	if status.Code(err) == codes.NotFound {
+		return status.Errorf(codes.NotFound, "worker %s not found", display)
+	}
+	return err
 }
 
 // status maps Temporal errors to gRPC status codes.
