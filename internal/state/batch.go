@@ -119,11 +119,7 @@ func (b *Batching) Delete(ctx context.Context, key, etag string) error {
 func (b *Batching) getBatch(reqs []*getReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
-	defer func() {
-		for _, r := range reqs {
-			close(r.done)
-		}
-	}()
+	defer settled(reqs, func(r *getReq) chan struct{} { return r.done })
 	if len(reqs) == 1 {
 		it, err := b.st.Get(ctx, reqs[0].key)
 		reqs[0].res = Result{Item: it, Err: err}
@@ -143,11 +139,7 @@ func (b *Batching) getBatch(reqs []*getReq) {
 func (b *Batching) putBatch(reqs []*putReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
-	defer func() {
-		for _, r := range reqs {
-			close(r.done)
-		}
-	}()
+	defer settled(reqs, func(r *putReq) chan struct{} { return r.done })
 	if len(reqs) == 1 {
 		reqs[0].err = b.st.Put(ctx, reqs[0].w.Key, reqs[0].w.Value, reqs[0].w.Opts)
 		return
@@ -171,6 +163,13 @@ func (b *Batching) putBatch(reqs []*putReq) {
 		default:
 			r.err = errRetryAlone
 		}
+	}
+}
+
+// settled tells every caller of a batch that its request is answered.
+func settled[T any](reqs []*T, done func(*T) chan struct{}) {
+	for _, r := range reqs {
+		close(done(r))
 	}
 }
 

@@ -3,11 +3,7 @@ package state_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -15,24 +11,6 @@ import (
 
 	"github.com/virtufin/workmanager/internal/devstack"
 )
-
-// procCPU is the user+system CPU time of process pid so far.
-func procCPU(tb testing.TB, pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	s, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(u+s) * 10 * time.Millisecond // USER_HZ 100
-}
-
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // BenchmarkDaprStateCost measures what one delivery-record read or write
 // costs through the real daprd and Redis: CPU of daprd, Redis and this
@@ -47,7 +25,7 @@ func BenchmarkDaprStateCost(b *testing.B) {
 		for i := range keys {
 			keys[i] = fmt.Sprintf("workmanager/bench/%s/%d/%d", name, time.Now().UnixNano(), i)
 		}
-		d0, r0, s0, t0 := procCPU(b, st.DaprdPID()), procCPU(b, st.RedisPID()), selfCPU(), time.Now()
+		d0, r0, s0, t0 := devstack.ProcessCPU(st.DaprdPID()), devstack.ProcessCPU(st.RedisPID()), devstack.SelfCPU(), time.Now()
 		var wg sync.WaitGroup
 		for g := range par {
 			wg.Add(1)
@@ -63,7 +41,7 @@ func BenchmarkDaprStateCost(b *testing.B) {
 		}
 		wg.Wait()
 		el := time.Since(t0)
-		d, r, s := procCPU(b, st.DaprdPID())-d0, procCPU(b, st.RedisPID())-r0, selfCPU()-s0
+		d, r, s := devstack.ProcessCPU(st.DaprdPID())-d0, devstack.ProcessCPU(st.RedisPID())-r0, devstack.SelfCPU()-s0
 		b.Logf("%-12s %6.0f keys/s  CPU per key: daprd %5.1f µs  redis %4.1f µs  client %5.1f µs", name, n/el.Seconds(),
 			float64(d.Microseconds())/n, float64(r.Microseconds())/n, float64(s.Microseconds())/n)
 	}

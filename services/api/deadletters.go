@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
-	"github.com/google/uuid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -212,19 +211,14 @@ func (s *Server) catalogWorker(ctx context.Context, id string) (catalog.Worker, 
 
 // validDeadLetterWorkerID: unlike the lifecycle RPCs (where a malformed id
 // is simply not found), a malformed id here is a wrong request.
-// deadLetterWorkerID resolves the worker_id of a dead-letter request: a
-// worker id (UUID) or a worker name.
+// deadLetterWorkerID resolves the worker_id of a dead-letter request (a
+// worker id or a worker name); what is neither is INVALID_ARGUMENT here.
 func deadLetterWorkerID(ref string) (string, error) {
-	if ref == "" {
-		return "", status.Error(codes.InvalidArgument, "worker_id is empty")
+	id, _, err := resolve(ref)
+	if status.Code(err) == codes.NotFound {
+		return "", status.Errorf(codes.InvalidArgument, "worker_id %q is neither a worker id (a UUID) nor a worker name", ref)
 	}
-	if _, err := uuid.Parse(ref); err == nil {
-		return ref, nil
-	}
-	if validName(ref) == nil {
-		return NameWorkerID(ref), nil
-	}
-	return "", status.Errorf(codes.InvalidArgument, "worker_id %q is neither a worker id (a UUID) nor a worker name", ref)
+	return id, err
 }
 
 func deadLetterLimit(limit int32) (int, error) {

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -257,46 +256,12 @@ func (e *env) paced(b *testing.B, in string, outs <-chan event.Event, n, rate in
 // subscriber, the output subscriber).
 func (e *env) cpuByProcess(b *testing.B) map[string]time.Duration {
 	b.Helper()
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return map[string]time.Duration{
-		"daprd": procTreeCPU(e.stack.DaprdPID()),
-		"node":  procTreeCPU(e.node.Cmd.Process.Pid),
-		"redis": procTreeCPU(e.stack.RedisPID()),
-		"test":  time.Duration(ru.Utime.Nano() + ru.Stime.Nano()),
+		"daprd": devstack.ProcessCPU(e.stack.DaprdPID()),
+		"node":  devstack.ProcessCPU(e.node.Cmd.Process.Pid),
+		"redis": devstack.ProcessCPU(e.stack.RedisPID()),
+		"test":  devstack.SelfCPU(),
 	}
-}
-
-// procTreeCPU is the CPU time of process pid and of its children (live ones
-// read from /proc, finished ones as the kernel accounted them to pid).
-func procTreeCPU(pid int) time.Duration {
-	stat := func(p string) (ppid int, self, children int64) {
-		raw, err := os.ReadFile("/proc/" + p + "/stat")
-		if err != nil {
-			return -1, 0, 0
-		}
-		s := string(raw)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-		ppid, _ = strconv.Atoi(f[1])
-		ut, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		cut, _ := strconv.ParseInt(f[13], 10, 64)
-		cst, _ := strconv.ParseInt(f[14], 10, 64)
-		return ppid, ut + st, cut + cst
-	}
-	_, self, dead := stat(strconv.Itoa(pid))
-	ticks := self + dead
-	if ents, err := os.ReadDir("/proc"); err == nil {
-		for _, d := range ents {
-			if d.Name()[0] < '0' || d.Name()[0] > '9' {
-				continue
-			}
-			if ppid, t, _ := stat(d.Name()); ppid == pid {
-				ticks += t
-			}
-		}
-	}
-	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100
 }
 
 // redisStateOps counts the Redis commands the state component issues so
