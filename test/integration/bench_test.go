@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -12,19 +13,19 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
-	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
-	dapr "github.com/dapr/go-sdk/client"
 
 	"github.com/virtufin/workmanager/internal/devstack"
-	"github.com/virtufin/workmanager/internal/dispatch"
-	"github.com/virtufin/workmanager/internal/publish"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
 
 // BenchmarkEndToEnd measures, through the real daprd and Redis in one run,
 // messages/s (saturated) and publish→output latency (paced) of
 //   - bare:      a Go subscriber on the same daprd that republishes each
-//     event (8 in flight): the transport's ceiling, the baseline;
+//     event (8 in flight), a process of its own like the node: the
+//     transport's ceiling, the baseline;
+//   - bare-inproc: the same subscriber inside the benchmark process (off by
+//     default: it shares the load generator's busy runtime, which hides the
+//     cost of waking an idle process);
 //   - ungrouped: a Python echo worker with the delivery guarantees;
 //   - native:    a native (C, in process) echo worker, no group;
 //   - grouped:   the same worker in a group (uncontended lock);
@@ -47,6 +48,14 @@ func BenchmarkEndToEnd(b *testing.B) {
 		cpu      []map[string]float64 // µs of CPU per message, by process
 	}
 	modes := []string{"bare", "ungrouped", "native", "grouped"}
+	if m := os.Getenv("WM_BENCH_MODES"); m != "" { // e.g. "bare,native"
+		modes = strings.Split(m, ",")
+		for _, mode := range modes {
+			if !slices.Contains([]string{"bare", "bare-inproc", "ungrouped", "native", "grouped"}, mode) {
+				b.Fatalf("WM_BENCH_MODES: unknown mode %q (bare, bare-inproc, ungrouped, native, grouped)", mode)
+			}
+		}
+	}
 	res := map[string]*result{}
 	for _, m := range modes {
 		res[m] = &result{}
@@ -55,11 +64,11 @@ func BenchmarkEndToEnd(b *testing.B) {
 		for r := range rounds {
 			for _, mode := range modes {
 				in, out := fmt.Sprintf("bench-%s-%d-in-%d", mode, r, time.Now().UnixNano()), fmt.Sprintf("bench-%s-%d-out-%d", mode, r, time.Now().UnixNano())
-				stop := e.benchTarget(b, mode, in, out)
+				consumer, stop := e.benchTarget(b, mode, in, out)
 				outs := e.subscribe(out)
-				ops0, cpu0 := e.redisStateOps(b), e.cpuByProcess(b)
+				ops0, cpu0 := e.redisStateOps(b), e.cpuByProcess(b, consumer)
 				rate := e.saturate(b, in, outs, n, payload)
-				ops, cpu := float64(e.redisStateOps(b)-ops0)/float64(n), e.cpuByProcess(b)
+				ops, cpu := float64(e.redisStateOps(b)-ops0)/float64(n), e.cpuByProcess(b, consumer)
 				perMsg := map[string]float64{}
 				for k, v := range cpu {
 					perMsg[k] = float64((v - cpu0[k]).Microseconds()) / float64(n)
@@ -69,8 +78,8 @@ func BenchmarkEndToEnd(b *testing.B) {
 				x := res[mode]
 				x.rate, x.p50, x.p99, x.stateOps = append(x.rate, rate), append(x.p50, p50), append(x.p99, p99), append(x.stateOps, ops)
 				x.cpu = append(x.cpu, perMsg)
-				b.Logf("round %d %-9s %7.0f msg/s  p50 %-10s p99 %-10s state ops/msg %.2f  CPU µs/msg: daprd %.0f, node %.0f, redis %.0f, test %.0f",
-					r, mode, rate, p50, p99, ops, perMsg["daprd"], perMsg["node"], perMsg["redis"], perMsg["test"])
+				b.Logf("round %d %-11s %7.0f msg/s  p50 %-10s p99 %-10s state ops/msg %.2f  CPU µs/msg: daprd %.0f, consumer %.0f, redis %.0f, test %.0f",
+					r, mode, rate, p50, p99, ops, perMsg["daprd"], perMsg["consumer"], perMsg["redis"], perMsg["test"])
 			}
 		}
 	}
@@ -86,32 +95,43 @@ func BenchmarkEndToEnd(b *testing.B) {
 		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 		return s[len(s)/2]
 	}
-	bare := mean(res["bare"].rate)
+	bare := 0.0
+	if x := res["bare"]; x != nil {
+		bare = mean(x.rate)
+	}
 	for _, mode := range modes {
+
 		x := res[mode]
 		b.ReportMetric(mean(x.rate), mode+"-msg/s")
 		b.ReportMetric(float64(med(x.p50).Microseconds())/1000, mode+"-p50-ms")
 		b.ReportMetric(float64(med(x.p99).Microseconds())/1000, mode+"-p99-ms")
 		b.ReportMetric(mean(x.stateOps), mode+"-stateops/msg")
-		for _, p := range []string{"daprd", "node"} {
+		for _, p := range []string{"daprd", "consumer"} {
 			var v []float64
 			for _, c := range x.cpu {
 				v = append(v, c[p])
 			}
 			b.ReportMetric(mean(v), mode+"-"+p+"-cpu-µs/msg")
 		}
-		if mode != "bare" {
+		if mode != "bare" && bare > 0 {
 			b.ReportMetric(100*mean(x.rate)/bare, mode+"-%-of-bare")
 		}
 	}
 }
 
-// benchTarget sets up what consumes in and answers on out; the returned
-// function tears it down.
-func (e *env) benchTarget(b *testing.B, mode, in, out string) func() {
+// benchTarget sets up what consumes in and answers on out: it returns the
+// pid of the consuming process (0: this one) and how to tear it down.
+func (e *env) benchTarget(b *testing.B, mode, in, out string) (int, func()) {
 	b.Helper()
-	if mode == "bare" {
-		return e.bareRepublisher(b, in, out)
+	switch mode {
+	case "bare":
+		return e.bareProcess(b, in, out)
+	case "bare-inproc":
+		wait, err := republish(context.Background(), e.dapr, in, out)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return 0, wait
 	}
 	group := ""
 	if mode == "grouped" {
@@ -129,54 +149,11 @@ func (e *env) benchTarget(b *testing.B, mode, in, out string) func() {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return func() {
+	return e.node.Cmd.Process.Pid, func() {
 		if _, err := e.client.DeleteWorker(ctxT(b), &pb.DeleteWorkerRequest{WorkerId: resp.GetWorkerId()}); err != nil {
 			b.Fatal(err)
 		}
 	}
-}
-
-// bareRepublisher subscribes to in on the test's daprd and republishes each
-// event to out with 8 messages in flight.
-func (e *env) bareRepublisher(b *testing.B, in, out string) func() {
-	sub := dispatch.DaprSubscriber{Client: runtimev1.NewDaprClient(e.dapr)}
-	ctx, cancel := context.WithCancel(context.Background())
-	st, err := sub.Subscribe(ctx, devstack.PubSubName, in)
-	if err != nil {
-		b.Fatal(err)
-	}
-	pub := publish.NewDapr(dapr.NewClientWithConnection(e.dapr), devstack.PubSubName)
-	sem := make(chan struct{}, 8)
-	var wg sync.WaitGroup
-	go func() {
-		for {
-			req, err := st.Recv()
-			if err != nil {
-				return
-			}
-			sem <- struct{}{}
-			wg.Add(1)
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				var ev event.Event
-				if err := dispatch.Decode(req, &ev); err != nil {
-					_ = st.Ack(req.GetId(), dispatch.AckRetry)
-					return
-				}
-				o := event.New(event.CloudEventsVersionV1)
-				o.SetID(ev.ID() + "/bare")
-				o.SetSource("bench/bare")
-				o.SetType(out)
-				_ = o.SetData(event.ApplicationJSON, ev.Data())
-				status := dispatch.AckSuccess
-				if pub.Publish(ctx, out, &o) != nil {
-					status = dispatch.AckRetry
-				}
-				_ = st.Ack(req.GetId(), status)
-			}()
-		}
-	}()
-	return func() { wg.Wait(); st.Close(); cancel() }
 }
 
 // saturate publishes n events from 16 publishers as fast as daprd takes
@@ -251,16 +228,21 @@ func (e *env) paced(b *testing.B, in string, outs <-chan event.Event, n, rate in
 	return ds[len(ds)/2], ds[len(ds)*99/100]
 }
 
-// cpuByProcess is the CPU time used so far by daprd, the node (with its
-// worker processes), Redis and this test process (publishers, the bare
-// subscriber, the output subscriber).
-func (e *env) cpuByProcess(b *testing.B) map[string]time.Duration {
+// cpuByProcess is the CPU time used so far by daprd, the consumer (the
+// node with its worker processes, or the bare subscriber's process), Redis
+// and this test process (publishers, the output subscriber, and the
+// bare-inproc subscriber).
+func (e *env) cpuByProcess(b *testing.B, consumer int) map[string]time.Duration {
 	b.Helper()
+	var c time.Duration
+	if consumer != 0 {
+		c = devstack.ProcessCPU(consumer)
+	}
 	return map[string]time.Duration{
-		"daprd": devstack.ProcessCPU(e.stack.DaprdPID()),
-		"node":  devstack.ProcessCPU(e.node.Cmd.Process.Pid),
-		"redis": devstack.ProcessCPU(e.stack.RedisPID()),
-		"test":  devstack.SelfCPU(),
+		"daprd":    devstack.ProcessCPU(e.stack.DaprdPID()),
+		"consumer": c,
+		"redis":    devstack.ProcessCPU(e.stack.RedisPID()),
+		"test":     devstack.SelfCPU(),
 	}
 }
 
