@@ -5,9 +5,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/virtufin/workmanager/engines/python"
 	"github.com/virtufin/workmanager/internal/envconfig"
+	"github.com/virtufin/workmanager/internal/sandbox"
 )
 
 // config is the node's typed configuration, read from the environment.
@@ -32,6 +35,11 @@ type config struct {
 	BrokerProbe        time.Duration // BROKER_PROBE_INTERVAL: how often an idle node checks that publishing works
 	BrokerReadyGrace   time.Duration // BROKER_READY_GRACE: how long the broker may fail before /readyz does
 	LogLevel           slog.Level    // LOG_LEVEL
+	Sandbox            string        // SANDBOX: strict, standard (default) or off
+	SandboxLimits      sandbox.Limits
+	SandboxWritable    []string // SANDBOX_WRITABLE_PATHS: host paths bound read-write into every worker sandbox
+	PythonAllowed      []string // PYTHON_ALLOWED_PACKAGES
+	WorkerEnv          []string // WORKER_ENV: space-separated KEY=VALUE given to every worker process
 
 	QueueDepth         int           // WORKER_QUEUE_DEPTH: messages waiting per worker beyond those running
 	QueueWait          time.Duration // WORKER_QUEUE_WAIT: how long a message waits for room in a full queue
@@ -72,6 +80,17 @@ func loadConfig() (config, error) {
 		BrokerProbe:        r.Duration("BROKER_PROBE_INTERVAL", 2*time.Second),
 		BrokerReadyGrace:   r.Duration("BROKER_READY_GRACE", 15*time.Second),
 		LogLevel:           r.LogLevel("LOG_LEVEL"),
+		Sandbox:            r.String("SANDBOX", "standard"),
+		SandboxLimits: sandbox.Limits{
+			AddressSpace: uint64(r.Int("SANDBOX_MEMORY_BYTES", int(sandbox.DefaultLimits.AddressSpace))),
+			FileSize:     uint64(r.Int("SANDBOX_FILE_BYTES", int(sandbox.DefaultLimits.FileSize))),
+			OpenFiles:    uint64(r.Int("SANDBOX_OPEN_FILES", int(sandbox.DefaultLimits.OpenFiles))),
+			Processes:    uint64(r.Int("SANDBOX_PROCESSES", int(sandbox.DefaultLimits.Processes))),
+			CPUSeconds:   uint64(r.Int("SANDBOX_CPU_SECONDS", 0)),
+		},
+		SandboxWritable:    splitList(r.String("SANDBOX_WRITABLE_PATHS", ""), ","),
+		PythonAllowed:      splitList(r.String("PYTHON_ALLOWED_PACKAGES", ""), ","),
+		WorkerEnv:          strings.Fields(r.String("WORKER_ENV", "")),
 		QueueDepth:         r.Int("WORKER_QUEUE_DEPTH", 64),
 		QueueWait:          r.Duration("WORKER_QUEUE_WAIT", time.Second),
 		MaxAttempts:        r.Int("WORKER_MAX_ATTEMPTS", 3),
@@ -93,7 +112,39 @@ func loadConfig() (config, error) {
 	return c, c.validate()
 }
 
+// splitList splits a sep-separated setting, dropping blanks.
+func splitList(s, sep string) []string {
+	var out []string
+	for _, p := range strings.Split(s, sep) {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 func (c config) validate() error {
+	if _, err := sandbox.ParseMode(c.Sandbox); err != nil {
+		return err
+	}
+	if err := python.ValidatePackages(c.PythonAllowed); err != nil {
+		return fmt.Errorf("PYTHON_ALLOWED_PACKAGES: %w", err)
+	}
+	for _, kv := range c.WorkerEnv {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return fmt.Errorf("WORKER_ENV: %q is not KEY=VALUE", kv)
+		}
+	}
+	for _, p := range c.SandboxWritable {
+		if !filepath.IsAbs(p) {
+			return fmt.Errorf("SANDBOX_WRITABLE_PATHS: %q is not an absolute path", p)
+		}
+	}
+	l := c.SandboxLimits
+	if l.AddressSpace < 64<<20 || l.OpenFiles < 16 || l.Processes < 1 || l.FileSize < 1 {
+		return fmt.Errorf("sandbox limits too small to run a worker: SANDBOX_MEMORY_BYTES at least 67108864, SANDBOX_OPEN_FILES at least 16, SANDBOX_PROCESSES and SANDBOX_FILE_BYTES at least 1 (got %d, %d, %d, %d)",
+			l.AddressSpace, l.OpenFiles, l.Processes, l.FileSize)
+	}
 	switch {
 	case c.NativeMaxAbandoned < 1:
 		return fmt.Errorf("NATIVE_MAX_ABANDONED_CALLS must be at least 1, got %d", c.NativeMaxAbandoned)

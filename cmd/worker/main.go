@@ -36,6 +36,7 @@ import (
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/publish"
+	"github.com/virtufin/workmanager/internal/sandbox"
 	"github.com/virtufin/workmanager/internal/state"
 	"github.com/virtufin/workmanager/services/reconcile"
 	"github.com/virtufin/workmanager/workflows"
@@ -54,7 +55,13 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	defer conn.Close()
 	daprClient := dapr.NewClientWithConnection(conn)
 
+	mode, _ := sandbox.ParseMode(cfg.Sandbox) // validated
+	sb, err := sandbox.New(ctx, sandbox.Config{Mode: mode, Limits: cfg.SandboxLimits, Writable: cfg.SandboxWritable, Log: log})
+	if err != nil {
+		return err
+	}
 	reg, err := builtin.Registry(builtin.Config{Logger: log, PythonProcesses: cfg.PythonProcesses,
+		Sandbox: sb, PythonAllowedPackages: cfg.PythonAllowed, WorkerEnv: cfg.WorkerEnv,
 		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait,
 		Gateway:         gateway.NewDapr(daprClient, cfg.GatewayTimeout),
 		NativeIsolation: native.Isolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir,
@@ -63,6 +70,11 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		return err
 	}
 	h := health.New()
+	if sb.Complete() {
+		h.Set("sandbox", health.Healthy, sb.Summary())
+	} else {
+		h.Set("sandbox", health.Degraded, sb.Summary())
+	}
 	broker := health.NewBrokerWatch(h)
 	h.GateReadiness(health.Broker, cfg.BrokerReadyGrace)
 	var catStore state.Store = state.NewDaprStore(daprClient, cfg.StateStore)

@@ -9,6 +9,7 @@ import (
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/native"
 	"github.com/virtufin/workmanager/engines/python"
+	"github.com/virtufin/workmanager/internal/sandbox"
 )
 
 // Config carries the settings of the built-in engines.
@@ -32,6 +33,14 @@ type Config struct {
 	// NativeMaxAbandonedCalls bounds timed-out in-process native calls still
 	// running, per worker (0 = native.DefaultMaxAbandonedCalls).
 	NativeMaxAbandonedCalls int
+	// Sandbox wraps worker processes in the OS layers (nil: none).
+	Sandbox *sandbox.Sandbox
+	// PythonAllowedPackages are importable beyond the safe standard library
+	// subset (PYTHON_ALLOWED_PACKAGES).
+	PythonAllowedPackages []string
+	// WorkerEnv are KEY=VALUE entries every worker process gets
+	// (WORKER_ENV); nothing else of the node's environment reaches it.
+	WorkerEnv []string
 }
 
 // Registry returns a registry with every built-in engine. Constructing an
@@ -40,7 +49,8 @@ func Registry(cfg Config) (*engines.Registry, error) {
 	reg := engines.NewRegistry()
 	for _, e := range []engines.Engine{
 		python.New(python.Config{Processes: cfg.PythonProcesses, DefaultTimeout: cfg.DefaultTimeout,
-			SpinWait: cfg.PythonSpinWait, Logger: cfg.Logger}),
+			SpinWait: cfg.PythonSpinWait, Logger: cfg.Logger, Sandbox: cfg.Sandbox,
+			AllowedPackages: cfg.PythonAllowedPackages, Env: cfg.WorkerEnv}),
 		native.New(native.Config{DefaultTimeout: cfg.DefaultTimeout, Gateway: cfg.Gateway, Logger: cfg.Logger,
 			Isolation: cfg.NativeIsolation, HostPath: cfg.NativeHostPath, TempDir: cfg.NativeTempDir,
 			MaxAbandonedCalls: cfg.NativeMaxAbandonedCalls}),

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"os/exec"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/engines/python"
+	"github.com/virtufin/workmanager/internal/sandbox"
 )
 
 // reportLatencies reports p50/p99 of the per-iteration durations.
@@ -44,6 +46,39 @@ func BenchmarkPythonRoundTrip1KiB(b *testing.B) {
 // reply and request wakes a sleeping thread.
 func BenchmarkPythonRoundTrip1KiBNoSpin(b *testing.B) {
 	benchRoundTrip(b, python.Config{SpinWait: -1})
+}
+
+// BenchmarkPythonRoundTrip1KiBSandboxed is the same call inside every OS
+// layer (SANDBOX=strict): the sandbox must add nothing per message.
+func BenchmarkPythonRoundTrip1KiBSandboxed(b *testing.B) {
+	benchRoundTrip(b, python.Config{Sandbox: benchSandbox(b)})
+}
+
+// BenchmarkPythonStartup is one Check: start a runner, load the code, stop;
+// the Sandboxed variant adds the OS layers (bwrap, prlimit, setpriv).
+func BenchmarkPythonStartup(b *testing.B) { benchStartup(b, python.Config{}) }
+
+func BenchmarkPythonStartupSandboxed(b *testing.B) {
+	benchStartup(b, python.Config{Sandbox: benchSandbox(b)})
+}
+
+func benchStartup(b *testing.B, cfg python.Config) {
+	e := newEngine(b, cfg)
+	ctx := context.Background()
+	for b.Loop() {
+		if err := e.Check(ctx, engines.Spec{WorkerID: "bench", MIMEType: python.MIMEType}, []byte(benchEcho)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func benchSandbox(b *testing.B) *sandbox.Sandbox {
+	s, err := sandbox.New(context.Background(), sandbox.Config{Mode: sandbox.Strict, ScratchRoot: b.TempDir(),
+		Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Skip(err)
+	}
+	return s
 }
 
 // loadBenchEcho loads the echo worker (closed when the benchmark ends) and

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
+	"github.com/virtufin/workmanager/internal/sandbox"
 )
 
 // Frame kinds (see README.md).
@@ -49,6 +51,11 @@ var errProcessGone = errors.New("worker process is gone")
 // proc is one runner subprocess. At any time it is used by at most one
 // goroutine (the owner of its slot); Kill may be called from anywhere.
 type proc struct {
+	// release frees what the sandbox made for the process (its scratch
+	// directory), once it has exited; nil without a sandbox.
+	release     func()
+	releaseDone sync.Once
+
 	cmd *exec.Cmd
 	pid int
 
@@ -191,17 +198,42 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 		stdout: &lineLogger{log: log, level: slog.LevelInfo, stream: "stdout", workerID: spec.WorkerID},
 		stderr: &lineLogger{log: log, level: slog.LevelInfo, stream: "stderr", workerID: spec.WorkerID, keepTail: true},
 	}
-	cmd := exec.Command(interp, "-I", "-u", "-c", runnerSource, strconv.Itoa(e.runnerSpinMicros()))
-	cmd.ExtraFiles = pipes.ChildEnds() // fd 3, fd 4
+	// -I: isolated (no user site, no current directory on sys.path, PYTHON*
+	// variables ignored); -B: no bytecode written; -u: unbuffered output.
+	args := []string{"-I", "-B", "-u", "-c", runnerSource, strconv.Itoa(e.runnerSpinMicros()), strings.Join(e.cfg.AllowedPackages, ",")}
+	var cmd *exec.Cmd
+	if e.cfg.Sandbox != nil {
+		ro, err := e.readOnly(context.Background(), interp)
+		if err != nil {
+			pipes.CloseChildEnds()
+			pipes.CloseParentEnds()
+			return nil, err
+		}
+		cmd, p.release, err = e.cfg.Sandbox.Command(sandbox.Spec{
+			Owner: spec.WorkerID, Path: interp, Args: args, Env: e.workerEnv(spec), ReadOnly: ro, ExtraFiles: pipes.ChildEnds(),
+		})
+		if err != nil {
+			pipes.CloseChildEnds()
+			pipes.CloseParentEnds()
+			return nil, fmt.Errorf("python engine: %w", err)
+		}
+	} else {
+		// -I: isolated (no user site, no current directory on sys.path,
+		// PYTHON* variables ignored); -B: no bytecode written; -u:
+		// unbuffered output.
+		cmd = exec.Command(interp, args...)
+		cmd.ExtraFiles = pipes.ChildEnds() // fd 3, fd 4
+		cmd.Env = append(os.Environ(), e.workerEnv(spec)...)
+	}
 	cmd.Stdout = p.stdout
 	cmd.Stderr = p.stderr
-	cmd.Env = e.env(spec)
 	cmd.WaitDelay = time.Second
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	p.cmd = cmd
 	err = cmd.Start()
 	pipes.CloseChildEnds()
 	if err != nil {
+		p.releaseOnce()
 		pipes.CloseParentEnds()
 		return nil, fmt.Errorf("python engine: starting %s: %w", interp, err)
 	}
@@ -217,10 +249,11 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 	return p, nil
 }
 
-func (e *Engine) env(spec engines.Spec) []string {
-	env := os.Environ()
-	env = append(env, e.cfg.Env...)
-	// exec.Cmd keeps the last value of a duplicated key.
+// workerEnv is what the worker gets of the environment: Config.Env and the
+// documented VIRTUFIN_WORKER_* variables (exec.Cmd keeps the last value of
+// a duplicated key).
+func (e *Engine) workerEnv(spec engines.Spec) []string {
+	env := append([]string{"LANG=C.UTF-8", "PATH=/usr/local/bin:/usr/bin:/bin"}, e.cfg.Env...)
 	return append(env,
 		"VIRTUFIN_WORKER_ID="+spec.WorkerID,
 		"VIRTUFIN_WORKER_GROUP="+spec.Group,
@@ -248,6 +281,7 @@ func (p *proc) wait() {
 	}
 	p.stdout.flush()
 	p.stderr.flush()
+	p.releaseOnce()
 	close(p.done)
 }
 
@@ -487,3 +521,9 @@ func decodeError(kind error, payload []byte) error {
 }
 
 var _ io.Writer = (*frameBuf)(nil)
+
+func (p *proc) releaseOnce() {
+	if p.release != nil {
+		p.releaseDone.Do(p.release)
+	}
+}

@@ -9,12 +9,15 @@ import (
 	"fmt"
 	"log/slog"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
+	"github.com/virtufin/workmanager/internal/sandbox"
 )
 
 // MIMEType is the worker MIME type this engine serves.
@@ -58,6 +61,18 @@ type Config struct {
 	// and by at most NumCPU/2 calls at a time. Default 50µs; negative
 	// disables it.
 	SpinWait time.Duration
+	// AllowedPackages are top-level packages (or dotted modules) a worker may
+	// import beyond the safe standard library subset (PYTHON_ALLOWED_PACKAGES;
+	// see runner.py's SAFE_STDLIB and docs/security.md). Allowing
+	// "subprocess", "socket" or "ctypes" also lifts the audit hook's refusal
+	// of processes and signals, sockets, or native code.
+	AllowedPackages []string
+	// Sandbox, when set, wraps every runner process in the OS layers
+	// (internal/sandbox); the process then gets only Env and the
+	// VIRTUFIN_WORKER_* variables, not the node's environment. Nil: the
+	// runner runs as the node, with the node's environment (tests, SANDBOX
+	// unset in embedders).
+	Sandbox *sandbox.Sandbox
 	// Env holds extra KEY=VALUE entries for every worker process, on top of
 	// the WorkManager's own environment (and below VIRTUFIN_WORKER_*).
 	Env []string
@@ -72,6 +87,10 @@ type Engine struct {
 
 	interpMu sync.Mutex
 	interp   string
+
+	roOnce sync.Once
+	ro     []string // what a sandboxed runner must read: the interpreter's prefixes
+	roErr  error
 }
 
 var _ engines.Engine = (*Engine)(nil)
@@ -160,6 +179,36 @@ func (e *Engine) interpreter(ctx context.Context) (string, error) {
 	return p, nil
 }
 
+// readOnly returns the host paths a sandboxed interp needs: its
+// sys.prefix and sys.base_prefix (a virtualenv and its base) and the
+// directory of the real executable, once per Engine.
+func (e *Engine) readOnly(ctx context.Context, interp string) ([]string, error) {
+	e.roOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, interp, "-I", "-c", "import sys; print(sys.prefix); print(sys.base_prefix)").Output()
+		if err != nil {
+			e.roErr = fmt.Errorf("python engine: asking %s for its prefix: %w", interp, err)
+			return
+		}
+		seen := map[string]bool{}
+		add := func(p string) {
+			if p = filepath.Clean(p); p != "/" && p != "." && !seen[p] {
+				seen[p] = true
+				e.ro = append(e.ro, p)
+			}
+		}
+		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			add(l)
+		}
+		add(filepath.Dir(interp))
+		if real, err := filepath.EvalSymlinks(interp); err == nil {
+			add(filepath.Dir(real))
+		}
+	})
+	return e.ro, e.roErr
+}
+
 // The default interpreter is resolved once per process (not per Engine): the
 // pyenv shim lookup costs ~100 ms.
 var defaultInterp struct {
@@ -190,3 +239,16 @@ func resolveDefaultInterpreter(ctx context.Context) (string, error) {
 	defaultInterp.path = p
 	return p, nil
 }
+
+// ValidatePackages checks PYTHON_ALLOWED_PACKAGES entries: dotted Python
+// identifiers such as "numpy" or "xml.etree".
+func ValidatePackages(names []string) error {
+	for _, n := range names {
+		if !packageName.MatchString(n) {
+			return fmt.Errorf("%q is not a Python module name (letters, digits and _ separated by dots, not starting with a digit)", n)
+		}
+	}
+	return nil
+}
+
+var packageName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)

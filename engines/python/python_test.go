@@ -67,8 +67,16 @@ def process(event)
 `),
 }
 
+// testAllowed are the modules the engine's own tests import beyond the
+// safe subset (to exit, kill, fork and read the environment on purpose);
+// the guard's tests (sandbox_test.go) set AllowedPackages themselves.
+var testAllowed = []string{"os", "sys", "subprocess", "signal", "threading", "no_such_module_xyz"}
+
 func newEngine(t testing.TB, cfg python.Config) *python.Engine {
 	t.Helper()
+	if cfg.AllowedPackages == nil {
+		cfg.AllowedPackages = testAllowed
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}

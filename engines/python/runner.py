@@ -252,6 +252,139 @@ def _exc_message(exc):
         return "<unprintable %s>" % type(exc).__name__
 
 
+# ---------------------------------------------------------------- guard
+#
+# The interpreter layer of the sandbox (see docs/security.md): the worker's
+# code gets its own builtins whose __import__ admits only the safe standard
+# library subset below and the top-level packages of PYTHON_ALLOWED_PACKAGES,
+# and an audit hook (which cannot be removed once added) refuses process
+# creation, signals, sockets and ctypes unless the matching module is allowed.
+# This is not a security boundary on its own (CPython says so): the OS layers
+# around the process are.
+
+# The safe subset of the standard library: no files beyond open(), no
+# processes, no network, no native code. An entry admits the module and its
+# submodules; "urllib.parse" admits that module only, not urllib.request.
+SAFE_STDLIB = frozenset(
+    """__future__ abc array asyncio base64 binascii bisect calendar cmath codecs
+    collections colorsys contextlib contextvars copy csv dataclasses datetime
+    decimal difflib enum fractions functools graphlib hashlib heapq hmac html
+    ipaddress itertools json keyword logging math numbers operator pprint random
+    re reprlib secrets statistics string struct textwrap time types typing
+    unicodedata urllib.parse uuid warnings weakref zlib zoneinfo
+    _strptime encodings""".split()
+)
+
+# Audit events refused unless a module is allowed, by capability.
+_CAPABILITIES = (
+    (
+        "subprocess",
+        "starting processes or sending signals",
+        frozenset(
+            """os.system os.exec os.posix_spawn os.spawn os.fork os.forkpty
+            subprocess.Popen os.kill os.killpg signal.pthread_kill pty.spawn
+            os.startfile""".split()
+        ),
+    ),
+    (
+        "socket",
+        "network access",
+        frozenset(
+            """socket.__new__ socket.bind socket.connect socket.getaddrinfo
+            socket.gethostbyname socket.gethostbyaddr socket.getnameinfo
+            socket.sendto socket.sendmsg""".split()
+        ),
+    ),
+    (
+        "ctypes",
+        "loading native code",
+        frozenset(
+            """ctypes.dlopen ctypes.dlsym ctypes.dlsym/handle ctypes.cdata
+            ctypes.cdata/buffer ctypes.call_function ctypes.addressof
+            ctypes.create_string_buffer ctypes.string_at ctypes.wstring_at
+            ctypes.set_errno ctypes.PyObj_FromPtr""".split()
+        ),
+    ),
+)
+
+# Introspection that reaches the runner's frames and code: refused when the
+# worker's own code does it (the runner formats tracebacks with it).
+_FRAME_EVENTS = frozenset(("object.__getattr__", "sys._getframe", "sys._current_frames", "object.__setattr__"))
+_FRAME_ATTRS = frozenset(("tb_frame", "__code__", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_globals", "f_builtins"))
+
+
+class _Guard:
+    __slots__ = ("allowed", "denied_events", "busy")
+
+    def __init__(self, allowed_packages):
+        self.allowed = SAFE_STDLIB | frozenset(allowed_packages)
+        self.denied_events = {}
+        for module, what, events in _CAPABILITIES:
+            if not self._allows(module):
+                for e in events:
+                    self.denied_events[e] = (module, what)
+        self.busy = False
+
+    def _allows(self, name):
+        allowed = self.allowed
+        while True:
+            if name in allowed:
+                return True
+            i = name.rfind(".")
+            if i < 0:
+                return False
+            name = name[:i]
+
+    def importer(self, real_import):
+        allows = self._allows
+
+        def __import__(name, globals=None, locals=None, fromlist=(), level=0):
+            if level == 0 and not allows(name):
+                if not (fromlist and all(allows(name + "." + f) for f in fromlist if f != "*")):
+                    raise ImportError(
+                        "import of %r is not allowed: it is not in the safe standard library subset "
+                        "and its top-level package %r is not in PYTHON_ALLOWED_PACKAGES"
+                        % (name, name.partition(".")[0]),
+                        name=name,
+                    )
+            return real_import(name, globals, locals, fromlist, level)
+
+        return __import__
+
+    def hook(self, event, args):
+        d = self.denied_events.get(event)
+        if d is not None:
+            raise PermissionError(
+                "%s is not allowed in a worker (audit event %s; allowed only when %r is in PYTHON_ALLOWED_PACKAGES)"
+                % (d[1], event, d[0])
+            )
+        if event in _FRAME_EVENTS and not self.busy:
+            if event.startswith("object.") and (len(args) < 2 or args[1] not in _FRAME_ATTRS):
+                return
+            self.busy = True  # _getframe raises an audit event itself
+            try:
+                f = sys._getframe(1)
+            finally:
+                self.busy = False
+            if f is not None and f.f_code.co_filename == FILENAME:
+                raise PermissionError(
+                    "introspecting frames and code (%s %s) is not allowed in a worker"
+                    % (event, args[1] if event.startswith("object.") and len(args) > 1 else "")
+                )
+
+
+def _restricted_builtins(guard):
+    import builtins
+
+    b = dict(builtins.__dict__)
+    for name in ("__loader__", "__spec__", "breakpoint", "help", "input", "exit", "quit", "copyright", "credits", "license"):
+        b.pop(name, None)
+    b["__import__"] = guard.importer(builtins.__import__)
+    return b
+
+
+_guard = None
+
 # ---------------------------------------------------------------- loading
 
 _process = None
@@ -275,7 +408,12 @@ def _load(source):
 
     mod = types.ModuleType(MODULE)
     mod.__file__ = FILENAME
+    mod.__dict__["__builtins__"] = _restricted_builtins(_guard)
     sys.modules[MODULE] = mod
+    # The event loop (a socketpair inside) exists before the audit hook.
+    _loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(_loop)
+    sys.addaudithook(_guard.hook)
     try:
         exec(code, mod.__dict__)
     except BaseException as e:
@@ -305,8 +443,6 @@ def _load(source):
     _is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)
     )
-    _loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(_loop)
     # Everything loaded so far lives as long as the process: keep it out of
     # the garbage collector's way.
     gc.collect()
@@ -421,10 +557,13 @@ def _handle_event(payload):
 
 
 def main():
+    global _guard
     # The protocol pipes must not leak into processes the worker starts.
     os.set_inheritable(REQ_FD, False)
     os.set_inheritable(RESP_FD, False)
     spin_us = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    allowed = sys.argv[2] if len(sys.argv) > 2 else ""
+    _guard = _Guard(p.strip() for p in allowed.split(",") if p.strip())
     reader = _Reader(REQ_FD, spin_us / 1e6)
     _send(K_HELLO, sys.version.encode())
     while True:

@@ -152,7 +152,7 @@ func (c *collect) get(id string) []event.Event {
 // letters back and each is processed once, by that worker only.
 func TestPoisonMessagesDeadLetterAndReplay(t *testing.T) {
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"WORKER_MAX_ATTEMPTS=3", "WORKER_RETRY_BACKOFF=200ms"}})
-	dir := t.TempDir()
+	dir := workerDir(t)
 	in, out := topicName(t, "in"), topicName(t, "out")
 	dead := collectFrom(e.subscribe(in + dispatch.DeadLetterSuffix))
 	outs := collectFrom(e.subscribe(out))
@@ -264,7 +264,7 @@ func TestUndecodableAndOversizedEventsDeadLetter(t *testing.T) {
 func TestLockContentionDeadLetters(t *testing.T) {
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"GROUP_LOCK_RETRY_BASE_DELAY_MS=50", "GROUP_LOCK_MAX_RETRIES=2",
 		"WORKER_MAX_ATTEMPTS=2", "WORKER_RETRY_BACKOFF=100ms", "GROUP_LOCK_MAX_AGE_MS=5000", "WORKMANAGER_NODE_ID=node-a"}})
-	dir := t.TempDir()
+	dir := workerDir(t)
 	in, out := topicName(t, "in"), topicName(t, "out")
 	dead := collectFrom(e.subscribe(in + dispatch.DeadLetterSuffix))
 	infra := collectFrom(e.subscribe(infraevents.GroupLockTopic))
@@ -317,7 +317,7 @@ func TestStaleLockHolderOutputIsRefused(t *testing.T) {
 		"WORKER_TIMEOUT=10s", "WORKER_RETRY_BACKOFF=100ms"}
 	e := newEnvWith(t, envConfig{nodeEnv: lockEnv})
 	e.startNodeB(t)
-	dir := t.TempDir()
+	dir := workerDir(t)
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := collectFrom(e.subscribe(out))
 	infra := collectFrom(e.subscribe(infraevents.GroupLockTopic))
@@ -412,9 +412,9 @@ func (e *env) startNodeBWithSidecar(t *testing.T, env ...string) (*devstack.Proc
 		t.Fatal(err)
 	}
 	p, _ := e.onFreePort(func(addr string) (*devstack.Proc, error) {
-		p, err := devstack.StartProc(e.dir, "node-b", append(append(e.stack.Env(), "DAPR_GRPC_ADDRESS="+sc.GRPCAddr,
+		p, err := devstack.StartProc(e.dir, "node-b", e.withSandbox(append(append(e.stack.Env(), "DAPR_GRPC_ADDRESS="+sc.GRPCAddr,
 			"WORKMANAGER_HTTP_ADDR="+addr, "WORKER_TIMEOUT=2s", "LOG_LEVEL=debug", "WORKMANAGER_NODE_ID=node-b", "NODE_HEARTBEAT=1s",
-			"RECONCILE_INTERVAL=5s"), append(e.nodeEnv, env...)...),
+			"RECONCILE_INTERVAL=5s"), append(e.nodeEnv, env...)...)),
 			filepath.Join(e.bins, "worker"))
 		if err != nil {
 			return nil, err
@@ -448,7 +448,7 @@ func TestGroupMutualExclusionAcrossNodes(t *testing.T) {
 	// WORKER_TIMEOUT).
 	e := newEnvWith(t, envConfig{nodeEnv: lockEnv, processingTimeout: 30 * time.Second})
 	e.startNodeB(t)
-	dir := t.TempDir()
+	dir := workerDir(t)
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := collectFrom(e.subscribe(out))
 	group := "g-" + strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -522,7 +522,7 @@ func (e *env) publishPaced(topic, prefix string, n, rate int, data map[string]an
 func TestSIGTERMDrainsInFlightMessages(t *testing.T) {
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"SHUTDOWN_GRACE=20s"}})
 	e.startNodeB(t)
-	dir := t.TempDir()
+	dir := workerDir(t)
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := collectFrom(e.subscribe(out))
 	log := filepath.Join(dir, "w.log")
@@ -567,7 +567,7 @@ func refusing(code []byte) []byte {
 // each message exactly once.
 func TestWorkerUnrunnableOnOneNodeLosesNothing(t *testing.T) {
 	e := newEnvWith(t, envConfig{})
-	dir := t.TempDir()
+	dir := workerDir(t)
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := collectFrom(e.subscribe(out))
 	picky, everywhere := filepath.Join(dir, "picky.log"), filepath.Join(dir, "everywhere.log")
@@ -604,7 +604,7 @@ func TestWorkerUnrunnableOnOneNodeLosesNothing(t *testing.T) {
 func TestKillNodeLosesNothing(t *testing.T) {
 	e := newEnvWith(t, envConfig{})
 	e.startNodeB(t)
-	dir := t.TempDir()
+	dir := workerDir(t)
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := collectFrom(e.subscribe(out))
 	logs := []string{filepath.Join(dir, "a.log"), filepath.Join(dir, "b.log")}
@@ -680,7 +680,7 @@ func TestDaprdAndRedisRestartsLoseNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
+	dir := workerDir(t)
 	in, out := topicName(t, "in"), topicName(t, "out")
 	log := filepath.Join(dir, "w.log")
 	e.createWith(t, &pb.CreateWorkerRequest{Code: pyCode(loggingWorker("w", log, out, false)), Topic: in})

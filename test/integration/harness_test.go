@@ -53,6 +53,10 @@ type env struct {
 	subs      []dispatch.Stream
 	apiEnv    []string
 	nodeEnv   []string
+	// shared is the test's temp root, bound read-write into every worker
+	// sandbox (SANDBOX_WRITABLE_PATHS): workerDir makes directories under
+	// it that workers may write to.
+	shared string
 }
 
 type lifecycleEvent struct {
@@ -117,7 +121,7 @@ func newEnvWith(t testing.TB, c envConfig) *env {
 	if c.dir == "" {
 		c.dir = t.TempDir()
 	}
-	e := &env{t: t, dir: c.dir, bins: buildBinaries(t), apiEnv: c.apiEnv, nodeEnv: c.nodeEnv}
+	e := &env{t: t, dir: c.dir, bins: buildBinaries(t), apiEnv: c.apiEnv, nodeEnv: c.nodeEnv, shared: sharedRoot(t)}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	st, err := devstack.Start(ctx, devstack.Options{Dir: c.dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"), Headless: true, // not StartT: a test may restart the stack on the same dir
@@ -163,13 +167,55 @@ func (e *env) onFreePort(start func(addr string) (*devstack.Proc, error)) (*devs
 	}
 }
 
+// withSandbox puts the nodes' worker processes in the strict sandbox
+// (make test runs as root with bubblewrap: every layer is there), lets the
+// test workers import os and write under e.shared, and gives them the
+// node's id and the WM_TEST_REFUSE_LOAD hook through WORKER_ENV. Entries
+// in env win over these defaults.
+func (e *env) withSandbox(env []string) []string {
+	mode := "strict"
+	if os.Geteuid() != 0 {
+		mode = "standard" // no user ids of their own without root
+	}
+	out := append([]string{"SANDBOX=" + mode, "PYTHON_ALLOWED_PACKAGES=os", "SANDBOX_WRITABLE_PATHS=" + e.shared}, env...)
+	var workerEnv []string
+	for _, kv := range out {
+		if strings.HasPrefix(kv, "WORKMANAGER_NODE_ID=") || strings.HasPrefix(kv, "WM_TEST_REFUSE_LOAD=") {
+			workerEnv = append(workerEnv, kv)
+		}
+	}
+	if len(workerEnv) > 0 {
+		out = append(out, "WORKER_ENV="+strings.Join(workerEnv, " "))
+	}
+	return out
+}
+
+// sharedRoot is the directory that holds every t.TempDir() of t, made
+// traversable for the sandboxes' user ids.
+func sharedRoot(t testing.TB) string {
+	root := filepath.Dir(t.TempDir())
+	if err := os.Chmod(root, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// workerDir is a fresh directory that sandboxed workers may write to.
+func workerDir(t testing.TB) string {
+	d := t.TempDir()
+	if err := os.Chmod(d, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // startNode starts the worker node and waits for /readyz.
 func (e *env) startNode() {
 	e.t.Helper()
 	var addr string
 	e.node, addr = e.onFreePort(func(addr string) (*devstack.Proc, error) {
 		p, err := e.stack.StartNode(filepath.Join(e.bins, "worker"), addr,
-			append([]string{"WORKER_TIMEOUT=2s", "RECONCILE_INTERVAL=5s", "NODE_HEARTBEAT=1s", "LOG_LEVEL=debug"}, e.nodeEnv...)...)
+			e.withSandbox(append([]string{"WORKER_TIMEOUT=2s", "RECONCILE_INTERVAL=5s", "NODE_HEARTBEAT=1s", "LOG_LEVEL=debug"}, e.nodeEnv...))...)
 		if err != nil {
 			return nil, err
 		}

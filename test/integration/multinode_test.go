@@ -34,8 +34,8 @@ func TestSecondNodeTakesOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	nodeB, _ := e.onFreePort(func(addr string) (*devstack.Proc, error) {
-		p, err := devstack.StartProc(e.dir, "node-b", append(append(e.stack.Env(), "DAPR_GRPC_ADDRESS="+sc.GRPCAddr,
-			"WORKMANAGER_HTTP_ADDR="+addr, "WORKER_TIMEOUT=2s", "LOG_LEVEL=debug", "WORKMANAGER_NODE_ID=node-b", "NODE_HEARTBEAT=1s"), noReconcile...),
+		p, err := devstack.StartProc(e.dir, "node-b", e.withSandbox(append(append(e.stack.Env(), "DAPR_GRPC_ADDRESS="+sc.GRPCAddr,
+			"WORKMANAGER_HTTP_ADDR="+addr, "WORKER_TIMEOUT=2s", "LOG_LEVEL=debug", "WORKMANAGER_NODE_ID=node-b", "NODE_HEARTBEAT=1s"), noReconcile...)),
 			filepath.Join(e.bins, "worker"))
 		if err != nil {
 			return nil, err

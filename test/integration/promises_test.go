@@ -120,7 +120,7 @@ func TestStopOfASlowWorkerIsBounded(t *testing.T) {
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"WORKER_TIMEOUT=" + timeout.String(), "WORKER_MAX_CONCURRENCY=2", "WORKER_QUEUE_DEPTH=64"}})
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := collectFrom(e.subscribe(out))
-	logPath := filepath.Join(t.TempDir(), "slow.log")
+	logPath := filepath.Join(workerDir(t), "slow.log")
 	id := e.createWith(t, &pb.CreateWorkerRequest{Code: pyCode(loggingWorker("slow", logPath, out, false)), Topic: in})
 	const n = 12 // 3 s each, 2 at a time: 18 s of work
 	for i := range n {
@@ -228,7 +228,7 @@ func TestPartitionedNodeStopsServingWithinItsLease(t *testing.T) {
 	proxy := startProxy(t, e.stack.TemporalAddr)
 	_, scB := e.startNodeBWithSidecar(t, "TEMPORAL_ADDRESS="+proxy.addr, "RECONCILE_INTERVAL=0", "TEMPORAL_LEASE=4s")
 	in, out := topicName(t, "in"), topicName(t, "out")
-	logPath := filepath.Join(t.TempDir(), "w.log")
+	logPath := filepath.Join(workerDir(t), "w.log")
 	id := e.createWith(t, &pb.CreateWorkerRequest{Code: pyCode(loggingWorker("w", logPath, out, false)), Topic: in})
 	onB := func() bool {
 		for _, c := range calls(t, logPath) {

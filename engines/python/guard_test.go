@@ -1,0 +1,131 @@
+package python_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/python"
+)
+
+// The interpreter layer (runner.py's guard): the import allowlist and the
+// audit hook. The OS layers are tested in internal/sandbox and end to end.
+
+func TestGuardModuleLevelImportIsInvalidCode(t *testing.T) {
+	e := newEngine(t, python.Config{AllowedPackages: []string{}})
+	for _, c := range []struct{ code, module string }{
+		{"import os\n", "os"},
+		{"import subprocess\n", "subprocess"},
+		{"from os import path\n", "os"},
+		{"import urllib.request\n", "urllib.request"},
+		{"import importlib\n", "importlib"},
+		{"import ctypes\n", "ctypes"},
+		{"socket = __import__('socket')\n", "socket"},
+		{"import sys\n", "sys"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := e.Check(ctx, testSpec, []byte(c.code+"def process(event):\n    return None\n"))
+		cancel()
+		if !errors.Is(err, engines.ErrInvalidCode) {
+			t.Errorf("%q: Check = %v, want ErrInvalidCode", c.code, err)
+			continue
+		}
+		for _, w := range []string{"ImportError: import of '" + c.module + "' is not allowed", "PYTHON_ALLOWED_PACKAGES", "(line 1)"} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%q: Check = %q, want it to contain %q", c.code, err, w)
+			}
+		}
+	}
+}
+
+func TestGuardAllowsTheSafeSubsetAndTheSetting(t *testing.T) {
+	e := newEngine(t, python.Config{AllowedPackages: []string{"xml"}})
+	inst := load(t, e, testSpec, `
+import json, math, re, datetime, hashlib, base64, collections, logging, asyncio
+import urllib.parse
+from urllib.parse import quote
+import xml.etree.ElementTree as ET
+
+async def process(event):
+    await asyncio.sleep(0)
+    d = datetime.datetime.strptime("2026-11-23", "%Y-%m-%d")  # imports _strptime lazily
+    root = ET.fromstring("<a>1</a>")
+    return {"type": "ok", "data": {"day": d.day, "xml": root.text, "q": quote("a b"),
+            "h": hashlib.sha256(b"x").hexdigest()[:4], "sqrt": math.isqrt(16)}}
+`)
+	out := mustCall(t, inst, jsonEvent("t", nil))
+	if len(out) != 1 || !strings.Contains(string(out[0].Data()), `"day":23`) || !strings.Contains(string(out[0].Data()), `"xml":"1"`) {
+		t.Fatalf("outputs = %v", out)
+	}
+}
+
+// Each attempt runs inside process(); the guard turns it into a worker
+// error (ErrWorkerFailed) that names what was refused, and the process
+// keeps serving.
+func TestGuardRefusesInsideProcess(t *testing.T) {
+	e := newEngine(t, python.Config{AllowedPackages: []string{"os"}})
+	inst := load(t, e, testSpec, `
+import json, os
+
+def process(event):
+    kind = event["data"]["kind"]
+    if kind == "import":
+        import socket
+    if kind == "dunder-import":
+        __import__("subprocess")
+    if kind == "builtins-of-another-module":
+        real = json.__dict__["__builtins__"]["__import__"]   # the real __import__
+        real("subprocess").run(["true"])
+    if kind == "system":
+        os.system("true")
+    if kind == "kill-parent":
+        os.kill(os.getppid(), 9)
+    if kind == "fork":
+        os.fork()
+    if kind == "subclasses":
+        for c in ().__class__.__base__.__subclasses__():
+            if c.__name__ == "_wrap_close":
+                c.__init__.__globals__["system"]("true")
+    if kind == "frames":
+        try:
+            1 / 0
+        except ZeroDivisionError as e:
+            e.__traceback__.tb_frame.f_back.f_globals["os"].system("true")
+    if kind == "code":
+        return {"type": "x", "data": str(process.__code__)}
+    return {"type": "ok"}
+`)
+	for kind, want := range map[string]string{
+		"import":                     "import of 'socket' is not allowed",
+		"dunder-import":              "import of 'subprocess' is not allowed",
+		"builtins-of-another-module": "starting processes or sending signals is not allowed",
+		"system":                     "audit event os.system",
+		"kill-parent":                "audit event os.kill",
+		"fork":                       "audit event os.fork",
+		"subclasses":                 "audit event os.system",
+		"frames":                     "introspecting frames",
+		"code":                       "introspecting frames",
+	} {
+		_, err := call(t, inst, jsonEvent("t", map[string]any{"kind": kind}))
+		if !errors.Is(err, engines.ErrWorkerFailed) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: err = %v, want ErrWorkerFailed containing %q", kind, err, want)
+		}
+	}
+	if out := mustCall(t, inst, jsonEvent("t", map[string]any{"kind": "none"})); len(out) != 1 || out[0].Type() != "ok" {
+		t.Fatalf("after the attempts: outputs = %v", out)
+	}
+}
+
+func TestValidatePackages(t *testing.T) {
+	if err := python.ValidatePackages([]string{"numpy", "xml.etree", "_private"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", "1abc", "a-b", "a..b", "os; rm"} {
+		if err := python.ValidatePackages([]string{bad}); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}

@@ -1,0 +1,241 @@
+package python_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/enginetest"
+	"github.com/virtufin/workmanager/engines/python"
+	"github.com/virtufin/workmanager/internal/sandbox"
+)
+
+// strictSandbox returns the OS layers in strict mode; the test is skipped
+// only where they cannot exist (not Linux root with bubblewrap: `make
+// test` installs it and runs as root on the dev machines).
+func strictSandbox(t *testing.T) *sandbox.Sandbox {
+	t.Helper()
+	s, err := sandbox.New(context.Background(), sandbox.Config{Mode: sandbox.Strict, ScratchRoot: t.TempDir()})
+	if err != nil {
+		if os.Getenv("WM_REQUIRE_SANDBOX") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	return s
+}
+
+// TestSandboxContainsEscapes runs the escape corpus with the interpreter
+// layer opened up (os, socket, subprocess allowed), so that each attempt
+// reaches the OS layers: each must be blocked or contained, and the
+// instance must keep serving.
+func TestSandboxContainsEscapes(t *testing.T) {
+	sb := strictSandbox(t)
+	t.Setenv("WM_NODE_SECRET", "hunter2")
+	secretFile := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secretFile, []byte("node secret"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	unixPath := filepath.Join(t.TempDir(), "node.sock")
+	ux, err := net.Listen("unix", unixPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ux.Close()
+
+	e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"os", "socket", "subprocess", "sys", "signal", "resource"}, DefaultTimeout: 20 * time.Second})
+	inst := load(t, e, testSpec, `
+import os, socket, subprocess, sys, time
+
+def attempt(kind, arg):
+    if kind == "env":
+        return dict(os.environ)
+    if kind == "proc-environ":
+        return open("/proc/%d/environ" % arg).read()
+    if kind == "parent-environ":
+        return open("/proc/%d/environ" % os.getppid()).read()
+    if kind == "read-file":
+        return open(arg).read()
+    if kind == "write-outside":
+        with open("/usr/escaped", "w") as f:
+            f.write("x")
+        return "written"
+    if kind == "write-scratch":
+        with open("scratch.txt", "w") as f:
+            f.write("ok")
+        return open("scratch.txt").read() + " uid=%d" % os.getuid()
+    if kind == "tcp":
+        socket.create_connection(("127.0.0.1", arg), timeout=2).close()
+        return "connected"
+    if kind == "unix":
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(arg)
+        return "connected"
+    if kind == "kill-node":
+        os.kill(arg, 9)
+        return "killed"
+    if kind == "escape-session":
+        # setsid + double fork: the grandchild must still die with the sandbox
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(3600)
+            os._exit(0)
+        return "forked"
+    if kind == "fork-bomb":
+        n = 0
+        try:
+            while True:
+                if os.fork() == 0:
+                    time.sleep(3600)
+                n += 1
+        except OSError as e:
+            return "stopped after %d: %s" % (n, e)
+    if kind == "memory":
+        b = bytearray(10 << 30)
+        return "allocated"
+    if kind == "big-file":
+        with open("big", "wb") as f:
+            chunk = b"x" * (1 << 20)
+            for _ in range(10 << 10):
+                f.write(chunk)
+        return "written"
+    if kind == "mount":
+        import ctypes
+    if kind == "subprocess":
+        return subprocess.run(["id"], capture_output=True, text=True).stdout
+    return "?"
+
+def process(event):
+    d = event["data"]
+    try:
+        return {"type": "r", "data": {"ok": repr(attempt(d["kind"], d.get("arg")))}}
+    except BaseException as e:
+        return {"type": "r", "data": {"err": "%s: %s" % (type(e).__name__, e)}}
+`)
+	try := func(kind string, arg any) map[string]any {
+		t.Helper()
+		out, err := call(t, inst, jsonEvent("t", map[string]any{"kind": kind, "arg": arg}))
+		if err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+		return enginetest.DataOf(t, out)
+	}
+	blocked := func(kind string, arg any, want ...string) {
+		t.Helper()
+		m := try(kind, arg)
+		e, _ := m["err"].(string)
+		if e == "" {
+			t.Errorf("%s: not blocked: %v", kind, m)
+			return
+		}
+		for _, w := range want {
+			if !strings.Contains(e, w) {
+				t.Errorf("%s: error %q, want it to contain %q", kind, e, w)
+			}
+		}
+	}
+
+	env := try("env", nil)["ok"].(string)
+	if strings.Contains(env, "hunter2") || strings.Contains(env, "WM_NODE_SECRET") || !strings.Contains(env, "VIRTUFIN_WORKER_ID") {
+		t.Errorf("worker environment = %s; want only the worker variables", env)
+	}
+	blocked("proc-environ", os.Getpid(), "FileNotFoundError")         // the node is not in its PID namespace
+	blocked("read-file", secretFile, "FileNotFoundError")             // not in its mount namespace
+	blocked("read-file", "/root/.bashrc", "Error")                    // nor is /root
+	blocked("write-outside", nil, "OSError", "Read-only file system") // the runtime is read-only
+	if m := try("write-scratch", nil); !strings.Contains(fmt.Sprint(m["ok"]), "ok uid=2") {
+		t.Errorf("scratch directory: %v; want writable, as an unprivileged uid of its own", m)
+	}
+	blocked("tcp", tcp.Addr().(*net.TCPAddr).Port, "ConnectionRefusedError") // own network namespace
+	blocked("unix", unixPath, "FileNotFoundError")
+	blocked("kill-node", os.Getpid(), "ProcessLookupError")
+	blocked("memory", nil, "MemoryError")
+	blocked("big-file", nil, "File too large")
+	if m := try("escape-session", nil); m["ok"] != "'forked'" {
+		t.Errorf("escape-session: %v", m)
+	}
+	if m := try("subprocess", nil); !strings.Contains(fmt.Sprint(m["ok"]), "uid=2") {
+		t.Errorf("a subprocess runs inside the sandbox as its uid: %v", m)
+	}
+	if m := try("fork-bomb", nil); !strings.Contains(fmt.Sprint(m["ok"]), "stopped after") {
+		t.Errorf("fork bomb: %v; want stopped by the process limit", m)
+	}
+	// Still serving after all of that.
+	if m := try("env", nil); m["ok"] == nil {
+		t.Fatalf("instance stopped serving: %v", m)
+	}
+
+	// Closing the instance takes every process of the sandbox with it: the
+	// fork bomb's children and the setsid'd grandchild included.
+	pids := sandboxProcesses(t)
+	if len(pids) < 3 {
+		t.Fatalf("sandbox processes before Close: %v; want the runner, the bomb's children and the escaped grandchild", pids)
+	}
+	if err := inst.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(sandboxProcesses(t)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if left := sandboxProcesses(t); len(left) > 0 {
+		t.Fatalf("processes left after Close: %v", left)
+	}
+}
+
+// sandboxProcesses lists the pids running as a sandbox user id.
+func sandboxProcesses(t *testing.T) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 1 && f[0] == "Uid:" {
+				if uid, _ := strconv.Atoi(f[1]); uid >= 200000 && uid < 250000 {
+					pids = append(pids, pid)
+				}
+			}
+		}
+	}
+	return pids
+}
+
+// A module-level import the allowlist refuses is invalid code under the
+// sandbox too, and an allowed package imports.
+func TestSandboxAllowlistAtCheck(t *testing.T) {
+	e := newEngine(t, python.Config{Sandbox: strictSandbox(t), AllowedPackages: []string{"xml"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := e.Check(ctx, testSpec, []byte("import socket\ndef process(event):\n    return None\n"))
+	if !errors.Is(err, engines.ErrInvalidCode) || !strings.Contains(err.Error(), "import of 'socket' is not allowed") {
+		t.Fatalf("Check = %v", err)
+	}
+	if err := e.Check(ctx, testSpec, []byte("import xml.dom.minidom\ndef process(event):\n    return None\n")); err != nil {
+		t.Fatalf("allowed package: %v", err)
+	}
+}

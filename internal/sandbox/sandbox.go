@@ -1,0 +1,482 @@
+// Package sandbox owns the operating-system layers around every worker
+// process (Python runners, the isolated native host, later engines' child
+// processes): its own network, PID, mount, IPC and UTS namespaces and a
+// read-only view of what the runtime needs plus a private scratch directory
+// (bubblewrap), an unprivileged user id of its own per worker (setpriv),
+// a seccomp filter, resource limits (prlimit), an empty environment except
+// the documented worker variables, and death with the node. It detects at
+// start which layers this machine allows; SANDBOX=strict refuses to start
+// without all of them, standard uses what there is, off uses none (loudly).
+// docs/security.md states what each layer blocks and what it does not.
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	seccomp "github.com/elastic/go-seccomp-bpf"
+	"golang.org/x/net/bpf"
+)
+
+// Mode is the SANDBOX setting.
+type Mode string
+
+const (
+	// Strict refuses to start unless every layer is available.
+	Strict Mode = "strict"
+	// Standard uses the layers this machine allows and logs the others.
+	Standard Mode = "standard"
+	// Off runs worker code as the node, unconfined.
+	Off Mode = "off"
+)
+
+// ParseMode reads a SANDBOX value.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(strings.ToLower(strings.TrimSpace(s))); m {
+	case Strict, Standard, Off:
+		return m, nil
+	}
+	return "", fmt.Errorf(`SANDBOX must be "strict", "standard" or "off", got %q`, s)
+}
+
+// Limits are the resource limits of one worker process (0: no limit).
+type Limits struct {
+	AddressSpace uint64 // bytes of virtual memory (RLIMIT_AS)
+	FileSize     uint64 // bytes of the largest file it may write (RLIMIT_FSIZE)
+	OpenFiles    uint64 // open file descriptors (RLIMIT_NOFILE)
+	Processes    uint64 // processes and threads of its user id (RLIMIT_NPROC)
+	CPUSeconds   uint64 // CPU seconds over the process's life (RLIMIT_CPU)
+}
+
+// DefaultLimits are the limits when the configuration leaves them at zero.
+var DefaultLimits = Limits{AddressSpace: 2 << 30, FileSize: 100 << 20, OpenFiles: 256, Processes: 64}
+
+// Config configures the layers.
+type Config struct {
+	Mode Mode
+	// Bwrap, Setpriv and Prlimit are the tools' paths (default: looked up
+	// on PATH).
+	Bwrap, Setpriv, Prlimit string
+	// UIDBase and UIDs: each worker's processes run as a user id of that
+	// worker, derived from its id within [UIDBase, UIDBase+UIDs) (default
+	// 200000 and 50000), so that RLIMIT_NPROC holds per worker, workers
+	// cannot signal or read each other's files, and a worker's restarted or
+	// reloaded processes (on any node) still own the files it wrote to a
+	// shared writable path.
+	UIDBase, UIDs int
+	Limits        Limits
+	// ScratchRoot holds the private scratch directory of every process
+	// (default: <temp dir>/workmanager-sandbox).
+	ScratchRoot string
+	// Writable are host paths bound read-write at the same place in every
+	// sandbox (SANDBOX_WRITABLE_PATHS): a volume the operator shares with
+	// workers on purpose. Empty by default.
+	Writable []string
+	Log      *slog.Logger
+}
+
+// Layer is one layer and whether this node uses it.
+type Layer struct {
+	Name   string `json:"name"`
+	On     bool   `json:"on"`
+	Detail string `json:"detail"`
+}
+
+// Sandbox wraps worker processes in the layers. Safe for concurrent use.
+type Sandbox struct {
+	cfg    Config
+	layers []Layer
+	// what is on
+	namespaces, setuid, filter, rlimits bool
+	program                             []byte // the seccomp filter as sock_filter[]
+	next                                atomic.Uint64
+}
+
+// Layer names.
+const (
+	LayerNamespaces = "namespaces"
+	LayerUser       = "user"
+	LayerSeccomp    = "seccomp"
+	LayerLimits     = "limits"
+	LayerEnv        = "environment"
+)
+
+// New detects the layers this machine allows and checks them against the
+// mode: in strict mode a missing layer is an error that names it.
+func New(ctx context.Context, cfg Config) (*Sandbox, error) {
+	if cfg.Mode == "" {
+		cfg.Mode = Standard
+	}
+	if cfg.UIDBase == 0 {
+		cfg.UIDBase = 200000
+	}
+	if cfg.UIDs == 0 {
+		cfg.UIDs = 50000
+	}
+	if cfg.Limits == (Limits{}) {
+		cfg.Limits = DefaultLimits
+	}
+	if cfg.ScratchRoot == "" {
+		cfg.ScratchRoot = filepath.Join(os.TempDir(), "workmanager-sandbox")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	s := &Sandbox{cfg: cfg}
+	if cfg.Mode == Off {
+		s.layers = []Layer{{Name: "all", Detail: "SANDBOX=off: worker code runs as the node, with its environment, network, files and no limits"}}
+		cfg.Log.Warn("SANDBOX=off: WORKER CODE RUNS UNCONFINED, AS THIS NODE (its user, environment, network and files). Use only for code you trust.")
+		return s, nil
+	}
+	if err := os.MkdirAll(cfg.ScratchRoot, 0o711); err != nil {
+		return nil, fmt.Errorf("sandbox: scratch root: %w", err)
+	}
+	_ = os.Chmod(cfg.ScratchRoot, 0o711)
+	s.detect(ctx)
+	var missing []string
+	for _, l := range s.layers {
+		if !l.On {
+			missing = append(missing, l.Name+" ("+l.Detail+")")
+		}
+	}
+	if len(missing) > 0 {
+		if cfg.Mode == Strict {
+			return nil, fmt.Errorf("sandbox: SANDBOX=strict, but these layers are not available here: %s", strings.Join(missing, "; "))
+		}
+		cfg.Log.Warn("sandbox: some layers are not available; worker processes run without them", "missing", strings.Join(missing, "; "))
+	}
+	for _, l := range s.layers {
+		cfg.Log.Info("sandbox layer", "layer", l.Name, "on", l.On, "detail", l.Detail)
+	}
+	return s, nil
+}
+
+// detect fills s.layers.
+func (s *Sandbox) detect(ctx context.Context) {
+	look := func(p *string, name string) error {
+		if *p == "" {
+			*p = name
+		}
+		full, err := exec.LookPath(*p)
+		if err != nil {
+			return err
+		}
+		*p = full
+		return nil
+	}
+	c := &s.cfg
+	// Seccomp program first: the namespace probe runs with it.
+	prog, perr := program()
+	if perr == nil {
+		s.program = prog
+	}
+	if err := look(&c.Bwrap, "bwrap"); err != nil {
+		s.layers = append(s.layers, Layer{Name: LayerNamespaces, Detail: "bubblewrap (bwrap) not found: " + err.Error()})
+	} else if out, err := s.probe(ctx); err != nil {
+		s.layers = append(s.layers, Layer{Name: LayerNamespaces, Detail: fmt.Sprintf("bwrap cannot create the namespaces here: %v %s", err, strings.TrimSpace(out))})
+	} else {
+		s.namespaces = true
+		s.layers = append(s.layers, Layer{Name: LayerNamespaces, On: true, Detail: "network (none), pid, mount (read-only runtime, private scratch), ipc, uts; dies with the node"})
+	}
+	switch {
+	case !s.namespaces:
+		s.layers = append(s.layers, Layer{Name: LayerUser, Detail: "needs the namespaces layer"})
+	case os.Geteuid() != 0:
+		s.layers = append(s.layers, Layer{Name: LayerUser, Detail: "the node is not root: worker processes keep the node's user id"})
+	case look(&c.Setpriv, "setpriv") != nil:
+		s.layers = append(s.layers, Layer{Name: LayerUser, Detail: "setpriv (util-linux) not found"})
+	default:
+		s.setuid = true
+		s.layers = append(s.layers, Layer{Name: LayerUser, On: true, Detail: fmt.Sprintf("a user id of its own per worker from %d..%d, no groups, no capabilities, no_new_privs", c.UIDBase, c.UIDBase+c.UIDs-1)})
+	}
+	switch {
+	case perr != nil:
+		s.layers = append(s.layers, Layer{Name: LayerSeccomp, Detail: "assembling the filter: " + perr.Error()})
+	case !s.namespaces:
+		s.layers = append(s.layers, Layer{Name: LayerSeccomp, Detail: "installed by bwrap: needs the namespaces layer"})
+	default:
+		s.filter = true
+		s.layers = append(s.layers, Layer{Name: LayerSeccomp, On: true, Detail: "refuses " + strings.Join(deniedSyscalls[:8], ", ") + " and " + strconv.Itoa(len(deniedSyscalls)-8) + " more with EPERM"})
+	}
+	if err := look(&c.Prlimit, "prlimit"); err != nil {
+		s.layers = append(s.layers, Layer{Name: LayerLimits, Detail: "prlimit (util-linux) not found"})
+	} else {
+		s.rlimits = true
+		s.layers = append(s.layers, Layer{Name: LayerLimits, On: true, Detail: c.Limits.String()})
+	}
+	s.layers = append(s.layers, Layer{Name: LayerEnv, On: true, Detail: "empty except the documented worker variables"})
+}
+
+func (l Limits) String() string {
+	f := func(v uint64, unit string) string {
+		if v == 0 {
+			return "unlimited"
+		}
+		return strconv.FormatUint(v, 10) + unit
+	}
+	return fmt.Sprintf("address space %s, file size %s, open files %s, processes %s, CPU %s",
+		f(l.AddressSpace, " B"), f(l.FileSize, " B"), f(l.OpenFiles, ""), f(l.Processes, ""), f(l.CPUSeconds, " s"))
+}
+
+// probe runs `true` under the namespaces and the filter.
+func (s *Sandbox) probe(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	args, files, err := s.bwrapArgs("", nil, 0)
+	if err != nil {
+		return "", err
+	}
+	defer closeAll(files)
+	cmd := exec.CommandContext(ctx, s.cfg.Bwrap, append(args, "--", "/bin/true")...)
+	cmd.ExtraFiles = files
+	cmd.Env = []string{}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// Layers reports the layers and whether each is on.
+func (s *Sandbox) Layers() []Layer { return append([]Layer(nil), s.layers...) }
+
+// Mode is the configured mode.
+func (s *Sandbox) Mode() Mode { return s.cfg.Mode }
+
+// Summary is one line for /health and logs.
+func (s *Sandbox) Summary() string {
+	if s.cfg.Mode == Off {
+		return s.layers[0].Detail
+	}
+	var on, off []string
+	for _, l := range s.layers {
+		if l.On {
+			on = append(on, l.Name)
+		} else {
+			off = append(off, l.Name)
+		}
+	}
+	out := fmt.Sprintf("SANDBOX=%s; layers on: %s", s.cfg.Mode, strings.Join(on, ", "))
+	if len(off) > 0 {
+		out += "; MISSING: " + strings.Join(off, ", ")
+	}
+	return out
+}
+
+// Complete reports whether every layer is on.
+func (s *Sandbox) Complete() bool {
+	if s.cfg.Mode == Off {
+		return false
+	}
+	for _, l := range s.layers {
+		if !l.On {
+			return false
+		}
+	}
+	return true
+}
+
+// Spec is one worker process to start.
+type Spec struct {
+	// Owner is the worker the process runs for: it picks the user id.
+	Owner string
+	Path  string
+	Args  []string
+	// Env is the process's whole environment (the documented worker
+	// variables); nothing of the node's is added.
+	Env []string
+	// ReadOnly are host paths the process needs to read (its interpreter's
+	// prefix, its binary's directory, its code), bound at the same place.
+	ReadOnly []string
+	// ExtraFiles become fds 3, 4, ... as with exec.Cmd.
+	ExtraFiles []*os.File
+}
+
+// Command returns the command that runs spec inside the layers, and a
+// function that releases what the sandbox made for it (its scratch
+// directory); call it once the process has exited. The caller may set
+// Stdout, Stderr, SysProcAttr (keep Setpgid) and WaitDelay.
+func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
+	if s.cfg.Mode == Off || !s.namespaces {
+		path, args := spec.Path, spec.Args
+		if s.rlimits && s.cfg.Mode != Off {
+			path, args = s.cfg.Prlimit, append(s.prlimitArgs(), append([]string{"--", spec.Path}, spec.Args...)...)
+		}
+		cmd := exec.Command(path, args...)
+		cmd.Env = spec.Env
+		if s.cfg.Mode == Off {
+			cmd.Env = append(os.Environ(), spec.Env...)
+		}
+		cmd.ExtraFiles = spec.ExtraFiles
+		return cmd, func() {}, nil
+	}
+	uid := s.uid(spec.Owner)
+	scratch, err := os.MkdirTemp(s.cfg.ScratchRoot, "w-")
+	if err != nil {
+		return nil, nil, fmt.Errorf("sandbox: scratch directory: %w", err)
+	}
+	cleanup := func() { _ = os.RemoveAll(scratch) }
+	if s.setuid {
+		if err := os.Chown(scratch, uid, uid); err != nil {
+			cleanup()
+			return nil, nil, fmt.Errorf("sandbox: scratch directory: %w", err)
+		}
+	}
+	args, files, err := s.bwrapArgs(scratch, spec.ReadOnly, len(spec.ExtraFiles))
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	args = append(args, "--")
+	if s.rlimits {
+		args = append(args, s.cfg.Prlimit)
+		args = append(args, s.prlimitArgs()...)
+		args = append(args, "--")
+	}
+	if s.setuid {
+		args = append(args, s.cfg.Setpriv, "--reuid="+strconv.Itoa(uid), "--regid="+strconv.Itoa(uid), "--clear-groups",
+			"--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--")
+	}
+	args = append(args, spec.Path)
+	args = append(args, spec.Args...)
+	cmd := exec.Command(s.cfg.Bwrap, args...)
+	cmd.Env = spec.Env
+	cmd.ExtraFiles = append(append([]*os.File(nil), spec.ExtraFiles...), files...)
+	return cmd, func() { closeAll(files); cleanup() }, nil
+}
+
+// uid is owner's user id (round-robin for processes of no worker).
+func (s *Sandbox) uid(owner string) int {
+	n := s.next.Add(1)
+	if owner != "" {
+		h := fnv.New64a()
+		h.Write([]byte(owner))
+		n = h.Sum64()
+	}
+	return s.cfg.UIDBase + int(n%uint64(s.cfg.UIDs))
+}
+
+func (s *Sandbox) prlimitArgs() []string {
+	l := s.cfg.Limits
+	var a []string
+	add := func(flag string, v uint64) {
+		if v > 0 {
+			a = append(a, fmt.Sprintf("--%s=%d", flag, v))
+		}
+	}
+	add("as", l.AddressSpace)
+	add("fsize", l.FileSize)
+	add("nofile", l.OpenFiles)
+	add("nproc", l.Processes)
+	add("cpu", l.CPUSeconds)
+	return a
+}
+
+// bwrapArgs builds bwrap's options; the seccomp program goes in as the fd
+// after the caller's extra files (returned to be passed on and closed).
+func (s *Sandbox) bwrapArgs(scratch string, readOnly []string, extra int) ([]string, []*os.File, error) {
+	a := []string{
+		"--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+		"--die-with-parent", "--new-session",
+		"--ro-bind", "/usr", "/usr",
+		"--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
+		"--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
+		"--ro-bind-try", "/etc/localtime", "/etc/localtime",
+		"--ro-bind-try", "/usr/share/zoneinfo", "/usr/share/zoneinfo",
+		"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+		"--hostname", "worker",
+	}
+	if os.Geteuid() != 0 {
+		a = append(a, "--unshare-user", "--uid", "65534", "--gid", "65534")
+	} else if s.setuid || s.cfg.Setpriv != "" {
+		// setpriv needs these to change to the process's own user id; it
+		// drops every capability before it runs the worker.
+		a = append(a, "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP")
+	}
+	for _, p := range readOnly {
+		if p == "" || strings.HasPrefix(p, "/usr/") || p == "/usr" {
+			continue
+		}
+		a = append(a, "--ro-bind", p, p)
+	}
+	for _, p := range s.cfg.Writable {
+		a = append(a, "--bind", p, p)
+	}
+	if scratch != "" {
+		a = append(a, "--bind", scratch, "/scratch", "--chdir", "/scratch", "--setenv", "HOME", "/scratch", "--setenv", "TMPDIR", "/tmp")
+	}
+	var files []*os.File
+	if s.program != nil {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, nil, fmt.Errorf("sandbox: %w", err)
+		}
+		// The program is a few hundred bytes: it fits the pipe's buffer.
+		if _, err := w.Write(s.program); err != nil {
+			r.Close()
+			w.Close()
+			return nil, nil, fmt.Errorf("sandbox: seccomp program: %w", err)
+		}
+		w.Close()
+		files = append(files, r)
+		a = append(a, "--seccomp", strconv.Itoa(3+extra))
+	}
+	return a, files, nil
+}
+
+func closeAll(fs []*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
+}
+
+// deniedSyscalls are refused with EPERM inside the sandbox: kernel
+// interfaces a worker has no use for and that widen the attack surface
+// (namespaces and mounts, tracing other processes, kernel keyrings, BPF,
+// perf, io_uring, modules, clocks, reboot).
+var deniedSyscalls = []string{
+	"ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "unshare", "setns", "bpf",
+	"pivot_root", "chroot", "keyctl", "add_key", "request_key", "perf_event_open", "userfaultfd",
+	"kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot",
+	"swapon", "swapoff", "acct", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+	"io_uring_setup", "io_uring_enter", "io_uring_register", "open_by_handle_at", "name_to_handle_at",
+	"lookup_dcookie", "syslog", "quotactl", "fanotify_init", "iopl", "ioperm", "vhangup",
+	"move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+	"pidfd_getfd", "personality",
+}
+
+// program assembles the filter as struct sock_filter[] for bwrap --seccomp.
+func program() ([]byte, error) {
+	p := seccomp.Policy{
+		DefaultAction: seccomp.ActionAllow,
+		Syscalls:      []seccomp.SyscallGroup{{Action: seccomp.ActionErrno, Names: deniedSyscalls}},
+	}
+	insts, err := p.Assemble()
+	if err != nil {
+		return nil, err
+	}
+	raw, err := bpf.Assemble(insts)
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	for _, r := range raw {
+		_ = binary.Write(&b, binary.LittleEndian, r.Op)
+		b.WriteByte(r.Jt)
+		b.WriteByte(r.Jf)
+		_ = binary.Write(&b, binary.LittleEndian, r.K)
+	}
+	if b.Len() > 60000 {
+		return nil, errors.New("seccomp program too large for a pipe")
+	}
+	return b.Bytes(), nil
+}
