@@ -84,6 +84,9 @@ type Spec struct {
 	Timeout time.Duration
 	// Logger receives the worker's own log output.
 	Logger *slog.Logger
+	// GatewayTargets are the "service/method" patterns the worker's gateway
+	// calls may reach (engines/workerpolicy); empty: any.
+	GatewayTargets []string
 }
 
 // WithDefaults returns the spec with a zero Timeout and a nil Logger

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines/python"
+	"github.com/virtufin/workmanager/engines/sandbox"
 	"github.com/virtufin/workmanager/internal/envconfig"
-	"github.com/virtufin/workmanager/internal/sandbox"
 )
 
 // config is the node's typed configuration, read from the environment.
@@ -32,6 +32,7 @@ type config struct {
 	NativeHostPath     string        // NATIVE_HOST_PATH (default: native-host next to this binary)
 	NativeTempDir      string        // NATIVE_TEMP_DIR
 	NativeMaxAbandoned int           // NATIVE_MAX_ABANDONED_CALLS
+	NativeMaxExtracted int           // NATIVE_MAX_EXTRACTED_BYTES: disk all extracted native packages may use
 	BrokerProbe        time.Duration // BROKER_PROBE_INTERVAL: how often an idle node checks that publishing works
 	BrokerReadyGrace   time.Duration // BROKER_READY_GRACE: how long the broker may fail before /readyz does
 	LogLevel           slog.Level    // LOG_LEVEL
@@ -49,6 +50,9 @@ type config struct {
 	DeadLetterTTL      time.Duration // DEAD_LETTER_TTL: how long a dead letter stays replayable (0: kept)
 	NotRunnableGrace   time.Duration // NOT_RUNNABLE_GRACE: how long a message waits for a worker no node here can run
 	MaxEventBytes      int           // MAX_EVENT_BYTES: larger events go to <topic>-dead as too_large
+	MaxOutputs         int           // MAX_OUTPUTS_PER_MESSAGE: more outputs from one call fail it (output_limit)
+	LogLinesPerSecond  int           // WORKER_LOG_LINES_PER_SECOND: a worker's log lines beyond it are dropped and counted
+	MaxOutputBytes     int           // MAX_OUTPUT_BYTES: an output with more data fails its call (output_limit)
 	LockRetryBase      time.Duration // GROUP_LOCK_RETRY_BASE_DELAY_MS
 	LockMaxRetries     int           // GROUP_LOCK_MAX_RETRIES
 	LockMaxAge         time.Duration // GROUP_LOCK_MAX_AGE_MS
@@ -77,6 +81,7 @@ func loadConfig() (config, error) {
 		NativeHostPath:     r.String("NATIVE_HOST_PATH", defaultHostPath()),
 		NativeTempDir:      r.String("NATIVE_TEMP_DIR", ""),
 		NativeMaxAbandoned: r.Int("NATIVE_MAX_ABANDONED_CALLS", 4),
+		NativeMaxExtracted: r.Int("NATIVE_MAX_EXTRACTED_BYTES", 1<<30),
 		BrokerProbe:        r.Duration("BROKER_PROBE_INTERVAL", 2*time.Second),
 		BrokerReadyGrace:   r.Duration("BROKER_READY_GRACE", 15*time.Second),
 		LogLevel:           r.LogLevel("LOG_LEVEL"),
@@ -99,6 +104,9 @@ func loadConfig() (config, error) {
 		DeadLetterTTL:      r.Duration("DEAD_LETTER_TTL", 7*24*time.Hour),
 		NotRunnableGrace:   r.Duration("NOT_RUNNABLE_GRACE", 10*time.Minute),
 		MaxEventBytes:      r.Int("MAX_EVENT_BYTES", 1<<20),
+		MaxOutputs:         r.Int("MAX_OUTPUTS_PER_MESSAGE", 100),
+		LogLinesPerSecond:  r.Int("WORKER_LOG_LINES_PER_SECOND", 100),
+		MaxOutputBytes:     r.Int("MAX_OUTPUT_BYTES", 1<<20),
 		LockRetryBase:      time.Duration(r.Int("GROUP_LOCK_RETRY_BASE_DELAY_MS", 500)) * time.Millisecond,
 		LockMaxRetries:     r.Int("GROUP_LOCK_MAX_RETRIES", 3),
 		LockMaxAge:         time.Duration(r.Int("GROUP_LOCK_MAX_AGE_MS", 30000)) * time.Millisecond,
@@ -110,6 +118,24 @@ func loadConfig() (config, error) {
 		return c, err
 	}
 	return c, c.validate()
+}
+
+// secretValues are the values of the environment's variables whose names
+// say they hold a secret (…TOKEN, …SECRET, …PASSWORD, …KEY, …CREDENTIALS):
+// the hot path redacts them from every error text it publishes.
+func secretValues(environ []string) []string {
+	var out []string
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		u := strings.ToUpper(k)
+		for _, word := range []string{"TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL"} {
+			if strings.Contains(u, word) && len(v) >= 6 {
+				out = append(out, v)
+				break
+			}
+		}
+	}
+	return out
 }
 
 // splitList splits a sep-separated setting, dropping blanks.
@@ -158,8 +184,8 @@ func (c config) validate() error {
 		return fmt.Errorf("TEMPORAL_LEASE must be 0 (off) or at least 1s, got %s", c.TemporalLease)
 	case c.ReconcileInterval < 0:
 		return fmt.Errorf("RECONCILE_INTERVAL must not be negative, got %s", c.ReconcileInterval)
-	case c.NativeIsolation != "" && c.NativeIsolation != "in-process" && c.NativeIsolation != "process":
-		return fmt.Errorf(`NATIVE_ISOLATION must be "in-process" or "process", got %q`, c.NativeIsolation)
+	case c.NativeIsolation != "" && c.NativeIsolation != "in-process" && c.NativeIsolation != "process" && c.NativeIsolation != "always":
+		return fmt.Errorf(`NATIVE_ISOLATION must be "in-process", "process" or "always" (the same as "process": every native worker in a sandboxed host), got %q`, c.NativeIsolation)
 	case c.GatewayTimeout <= 0:
 		return fmt.Errorf("GATEWAY_TIMEOUT must be positive, got %s", c.GatewayTimeout)
 	case c.BrokerProbe <= 0:
@@ -186,6 +212,14 @@ func (c config) validate() error {
 		return fmt.Errorf("NOT_RUNNABLE_GRACE must not be negative, got %s", c.NotRunnableGrace)
 	case c.MaxEventBytes < 1024 || c.MaxEventBytes > 64<<20:
 		return fmt.Errorf("MAX_EVENT_BYTES must be 1024 to 67108864, got %d", c.MaxEventBytes)
+	case c.NativeMaxExtracted < 0:
+		return fmt.Errorf("NATIVE_MAX_EXTRACTED_BYTES must be 0 (unbounded) or more, got %d", c.NativeMaxExtracted)
+	case c.LogLinesPerSecond < 0:
+		return fmt.Errorf("WORKER_LOG_LINES_PER_SECOND must be 0 (unlimited) or more, got %d", c.LogLinesPerSecond)
+	case c.MaxOutputs < 1 || c.MaxOutputs > 10000:
+		return fmt.Errorf("MAX_OUTPUTS_PER_MESSAGE must be 1 to 10000, got %d", c.MaxOutputs)
+	case c.MaxOutputBytes < 1024 || c.MaxOutputBytes > 64<<20:
+		return fmt.Errorf("MAX_OUTPUT_BYTES must be 1024 to 67108864, got %d", c.MaxOutputBytes)
 	case c.LockRetryBase <= 0:
 		return fmt.Errorf("GROUP_LOCK_RETRY_BASE_DELAY_MS must be positive, got %d", c.LockRetryBase.Milliseconds())
 	case c.LockMaxRetries < 0 || c.LockMaxRetries > 20:

@@ -28,3 +28,10 @@ func TestConfigDefaultsAndBadValues(t *testing.T) {
 		})
 	}
 }
+
+func TestSecretValues(t *testing.T) {
+	got := secretValues([]string{"DAPR_API_TOKEN=tok-123456", "DB_PASSWORD=hunter22", "AWS_SECRET_ACCESS_KEY=abcdefgh", "SHORT_KEY=abc", "HOME=/root", "PATH=/usr/bin"})
+	if strings.Join(got, ",") != "tok-123456,hunter22,abcdefgh" {
+		t.Fatalf("secretValues = %v", got)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/virtufin/workmanager/activities"
 	"github.com/virtufin/workmanager/engines/builtin"
 	"github.com/virtufin/workmanager/engines/native"
+	"github.com/virtufin/workmanager/engines/sandbox"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/cluster"
 	"github.com/virtufin/workmanager/internal/daemon"
@@ -36,7 +38,6 @@ import (
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/publish"
-	"github.com/virtufin/workmanager/internal/sandbox"
 	"github.com/virtufin/workmanager/internal/state"
 	"github.com/virtufin/workmanager/services/reconcile"
 	"github.com/virtufin/workmanager/workflows"
@@ -61,10 +62,10 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		return err
 	}
 	reg, err := builtin.Registry(builtin.Config{Logger: log, PythonProcesses: cfg.PythonProcesses,
-		Sandbox: sb, PythonAllowedPackages: cfg.PythonAllowed, WorkerEnv: cfg.WorkerEnv,
+		Sandbox: sb, PythonAllowedPackages: cfg.PythonAllowed, WorkerEnv: cfg.WorkerEnv, NativeMaxExtractedBytes: int64(cfg.NativeMaxExtracted),
 		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait,
 		Gateway:         gateway.NewDapr(daprClient, cfg.GatewayTimeout),
-		NativeIsolation: native.Isolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir,
+		NativeIsolation: nativeIsolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir,
 		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned})
 	if err != nil {
 		return err
@@ -100,11 +101,12 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		Records: delivery.NewStore(state.NewBatching(store, 0), cfg.DeliveryRecordTTL), Locks: locks, DeadLetters: deadletter.NewStore(store, cfg.DeadLetterTTL)},
 		dispatch.Config{PubSub: cfg.PubSub, NodeID: cfg.NodeID, MaxConcurrency: cfg.MaxConcurrency, QueueDepth: cfg.QueueDepth, QueueWait: cfg.QueueWait,
 			MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff, NotRunnableGrace: cfg.NotRunnableGrace,
-			MaxEventBytes: cfg.MaxEventBytes, PanicOn: cfg.TestPanicExtension, OnSubscription: broker.Subscribed})
+			MaxEventBytes: cfg.MaxEventBytes, MaxOutputs: cfg.MaxOutputs, MaxOutputBytes: cfg.MaxOutputBytes, Secrets: secretValues(os.Environ()), PanicOn: cfg.TestPanicExtension, OnSubscription: broker.Subscribed})
 	go broker.Probe(ctx, cfg.BrokerProbe, min(cfg.BrokerProbe, 5*time.Second), func(ctx context.Context) error {
 		return daprPub.Probe(ctx, cfg.NodeID)
 	})
 	n := node.New(log, cat, reg, disp, cfg.WorkerTimeout)
+	n.SetLogBudget(cfg.LogLinesPerSecond)
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -199,4 +201,12 @@ type heartbeat struct {
 	Topics       int      `json:"topics"`
 	Processed    int64    `json:"processed"`
 	DeadLettered int64    `json:"dead_lettered"`
+}
+
+// nativeIsolation maps NATIVE_ISOLATION ("always" is "process").
+func nativeIsolation(s string) native.Isolation {
+	if s == "always" {
+		return native.IsolationProcess
+	}
+	return native.Isolation(s)
 }

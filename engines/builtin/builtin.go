@@ -9,7 +9,7 @@ import (
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/native"
 	"github.com/virtufin/workmanager/engines/python"
-	"github.com/virtufin/workmanager/internal/sandbox"
+	"github.com/virtufin/workmanager/engines/sandbox"
 )
 
 // Config carries the settings of the built-in engines.
@@ -22,7 +22,8 @@ type Config struct {
 	// PythonSpinWait is how long a Python call busy-polls for its reply
 	// (0: engine default, negative: never).
 	PythonSpinWait time.Duration
-	// Gateway serves native workers' gateway_call (nil: unavailable).
+	// Gateway serves native workers' gateway_call and Python workers'
+	// virtufin_host.call_gateway (nil: unavailable).
 	Gateway engines.Gateway
 	// NativeIsolation is the native engine's default mode ("" = in process).
 	NativeIsolation native.Isolation
@@ -38,6 +39,9 @@ type Config struct {
 	// PythonAllowedPackages are importable beyond the safe standard library
 	// subset (PYTHON_ALLOWED_PACKAGES).
 	PythonAllowedPackages []string
+	// NativeMaxExtractedBytes bounds the disk of extracted native packages
+	// (0: unbounded).
+	NativeMaxExtractedBytes int64
 	// WorkerEnv are KEY=VALUE entries every worker process gets
 	// (WORKER_ENV); nothing else of the node's environment reaches it.
 	WorkerEnv []string
@@ -50,10 +54,11 @@ func Registry(cfg Config) (*engines.Registry, error) {
 	for _, e := range []engines.Engine{
 		python.New(python.Config{Processes: cfg.PythonProcesses, DefaultTimeout: cfg.DefaultTimeout,
 			SpinWait: cfg.PythonSpinWait, Logger: cfg.Logger, Sandbox: cfg.Sandbox,
-			AllowedPackages: cfg.PythonAllowedPackages, Env: cfg.WorkerEnv}),
+			AllowedPackages: cfg.PythonAllowedPackages, Env: cfg.WorkerEnv, Gateway: cfg.Gateway}),
 		native.New(native.Config{DefaultTimeout: cfg.DefaultTimeout, Gateway: cfg.Gateway, Logger: cfg.Logger,
 			Isolation: cfg.NativeIsolation, HostPath: cfg.NativeHostPath, TempDir: cfg.NativeTempDir,
-			MaxAbandonedCalls: cfg.NativeMaxAbandonedCalls}),
+			MaxAbandonedCalls: cfg.NativeMaxAbandonedCalls, Sandbox: cfg.Sandbox, HostEnv: cfg.WorkerEnv,
+			MaxExtractedBytes: cfg.NativeMaxExtractedBytes}),
 	} {
 		if err := reg.Register(e); err != nil {
 			return nil, err

@@ -189,7 +189,7 @@ func readEntry(f *zip.File, limit int64) ([]byte, error) {
 
 // extract writes every file of runtimes/<rid>/native/ into dir (a fresh
 // directory) and returns the library's path.
-func (p *pkg) extract(dir string) (string, error) {
+func (p *pkg) extract(dir string) (string, int64, error) {
 	prefix := "runtimes/" + p.rid + "/native/"
 	var total int64
 	for _, f := range p.zr.File {
@@ -199,18 +199,18 @@ func (p *pkg) extract(dir string) (string, error) {
 		}
 		dst := filepath.Join(dir, filepath.FromSlash(path.Clean(rel)))
 		if r, err := filepath.Rel(dir, dst); err != nil || !filepath.IsLocal(r) {
-			return "", invalidf("zip entry %q escapes the extraction directory", f.Name)
+			return "", 0, invalidf("zip entry %q escapes the extraction directory", f.Name)
 		}
 		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-			return "", fmt.Errorf("native engine: extracting the package: %w", err)
+			return "", 0, fmt.Errorf("native engine: extracting the package: %w", err)
 		}
 		n, err := extractFile(f, dst, MaxUncompressedSize-total)
-		if err != nil {
-			return "", err
-		}
 		total += n
+		if err != nil {
+			return "", total, err
+		}
 	}
-	return filepath.Join(dir, filepath.FromSlash(strings.TrimPrefix(p.lib.Name, prefix))), nil
+	return filepath.Join(dir, filepath.FromSlash(strings.TrimPrefix(p.lib.Name, prefix))), total, nil
 }
 
 func extractFile(f *zip.File, dst string, limit int64) (int64, error) {

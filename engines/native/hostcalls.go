@@ -4,7 +4,9 @@ import (
 	"context"
 	"log/slog"
 
+	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/native/internal/loader"
+	"github.com/virtufin/workmanager/engines/workerpolicy"
 )
 
 // The engine's side of the worker's host functions, for in-process and
@@ -26,13 +28,17 @@ func slogLevel(level int32) slog.Level {
 	}
 }
 
-// gatewayCall runs one gateway call for a worker: ctx bounds it. It returns
-// the response (or an error message) and a VIRTUFIN_GATEWAY_* code.
+// gatewayCall runs one gateway call for a worker (its spec holds the
+// allowed targets): ctx bounds it. It returns the response (or an error
+// message) and a VIRTUFIN_GATEWAY_* code.
 func gatewayCall(ctx context.Context, gw interface {
 	Call(ctx context.Context, service, method string, request []byte) ([]byte, error)
-}, service, method string, req []byte) ([]byte, int32) {
+}, spec engines.Spec, service, method string, req []byte) ([]byte, int32) {
 	if gw == nil {
 		return []byte("no gateway is configured on this node"), loader.GatewayUnavailable
+	}
+	if err := workerpolicy.CheckGateway(spec.GatewayTargets, service, method); err != nil {
+		return []byte(err.Error()), loader.GatewayError
 	}
 	resp, err := gw.Call(ctx, service, method, req)
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +24,7 @@ import (
 	"github.com/virtufin/workmanager/engines/internal/procpool"
 	"github.com/virtufin/workmanager/engines/native/internal/hostproto"
 	"github.com/virtufin/workmanager/engines/native/internal/loader"
+	"github.com/virtufin/workmanager/engines/sandbox"
 )
 
 // closeGrace is how long Close lets an idle host exit on its own (it sees
@@ -146,15 +149,38 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 	}
 	args := append(append([]string(nil), e.cfg.HostArgs...),
 		"-library", libPath, "-entry", m.EntryPoint, "-free", m.FreeResult, "-abi", strconv.Itoa(m.ABIVersion))
-	cmd := exec.Command(e.cfg.HostPath, args...)
-	cmd.Env = append(append(os.Environ(), e.cfg.HostEnv...),
+	workerEnv := append(append([]string(nil), e.cfg.HostEnv...),
 		hostproto.EnvWorkerID+"="+spec.WorkerID, hostproto.EnvWorkerGroup+"="+spec.Group, hostproto.EnvWorkerTopic+"="+spec.Topic)
-	cmd.ExtraFiles = pipes.ChildEnds()
+	var cmd *exec.Cmd
+	release := func() {}
+	if sb := e.cfg.Sandbox; sb != nil {
+		// The library's directory (given to the worker's uid by extract)
+		// and the host binary are all it sees of the node's files.
+		root := extractRoot(libPath)
+		rel, _ := filepath.Rel(root, libPath)
+		inside := append(append([]string(nil), e.cfg.HostArgs...),
+			"-library", path.Join(sandboxPackageDir, filepath.ToSlash(rel)), "-entry", m.EntryPoint, "-free", m.FreeResult, "-abi", strconv.Itoa(m.ABIVersion))
+		cmd, release, err = sb.Command(sandbox.Spec{Owner: spec.WorkerID, Path: sandboxHostPath, Args: inside,
+			Env:   append([]string{"LANG=C.UTF-8", "PATH=/usr/bin:/bin"}, workerEnv...),
+			Binds: []sandbox.Bind{{Src: e.cfg.HostPath, Dst: sandboxHostPath}, {Src: root, Dst: sandboxPackageDir}}, ExtraFiles: pipes.ChildEnds()})
+		if err != nil {
+			pipes.CloseChildEnds()
+			pipes.CloseParentEnds()
+			outR.Close()
+			outW.Close()
+			return nil, fmt.Errorf("native engine: %w", err)
+		}
+	} else {
+		cmd = exec.Command(e.cfg.HostPath, args...)
+		cmd.Env = append(os.Environ(), workerEnv...)
+		cmd.ExtraFiles = pipes.ChildEnds()
+	}
 	cmd.Stdout, cmd.Stderr = outW, outW
 	err = cmd.Start()
 	pipes.CloseChildEnds()
 	outW.Close()
 	if err != nil {
+		release()
 		pipes.CloseParentEnds()
 		outR.Close()
 		return nil, fmt.Errorf("native engine: starting the native host %s: %w", e.cfg.HostPath, err)
@@ -177,6 +203,7 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 	}()
 	go func() {
 		p.waitErr = cmd.Wait()
+		release()
 		// Output written just before the exit (a crash report) is part of
 		// the error message: give the reader a moment to take it in. The
 		// response pipe stays open (reads get EOF after the frames the host
@@ -215,12 +242,29 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 	}
 }
 
+// Where a sandboxed host sees its binary and its package.
+const (
+	sandboxHostPath   = "/opt/workmanager/native-host"
+	sandboxPackageDir = "/opt/workmanager/package"
+)
+
+// extractRoot is the extraction directory holding libPath (the
+// "virtufin-native-*" directory extract made).
+func extractRoot(libPath string) string {
+	for d := filepath.Dir(libPath); d != "/" && d != "."; d = filepath.Dir(d) {
+		if strings.HasPrefix(filepath.Base(d), "virtufin-native-") {
+			return d
+		}
+	}
+	return filepath.Dir(libPath)
+}
+
 func (e *Engine) checkInHost(ctx context.Context, spec engines.Spec, pk *pkg) error {
-	dir, libPath, err := e.extract(pk)
+	dir, libPath, err := e.extract(pk, spec.WorkerID)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer e.removeExtracted(dir)
 	p, err := e.startHost(ctx, spec, libPath, pk.manifest, spec.Logger.With("worker_id", spec.WorkerID))
 	if err != nil {
 		return err
@@ -243,7 +287,7 @@ type hostInstance struct {
 var _ engines.Instance = (*hostInstance)(nil)
 
 func (e *Engine) loadInHost(ctx context.Context, spec engines.Spec, pk *pkg) (engines.Instance, error) {
-	dir, libPath, err := e.extract(pk)
+	dir, libPath, err := e.extract(pk, spec.WorkerID)
 	if err != nil {
 		return nil, err
 	}
@@ -257,14 +301,14 @@ func (e *Engine) loadInHost(ctx context.Context, spec engines.Spec, pk *pkg) (en
 		Start:            in.start,
 		Grace:            closeGrace,
 		GraceOutlastsCtx: true, // idle hosts get the whole grace period to exit on EOF
-		Cleanup:          func() { os.RemoveAll(dir) },
+		Cleanup:          func() { e.removeExtracted(dir) },
 		Logger:           log,
 		Name:             "native host",
 		LogAttrs:         []any{"worker_id", spec.WorkerID},
 	})
 	// An invalid-code error says what is wrong: it is preferred.
 	if err := procpool.FirstError(in.pool.Fill(ctx), engines.ErrInvalidCode); err != nil {
-		os.RemoveAll(dir)
+		e.removeExtracted(dir)
 		return nil, err
 	}
 	return in, nil
@@ -398,7 +442,7 @@ func (in *hostInstance) exchange(ctx context.Context, p *hostProc, input []byte)
 				// deadline (ctx) and by Close.
 				gctx, cancel := context.WithTimeout(ctx, in.e.gatewayTimeout(in.spec))
 				stop := context.AfterFunc(in.pool.Context(), cancel)
-				resp, code = gatewayCall(gctx, in.e.cfg.Gateway, service, method, req)
+				resp, code = gatewayCall(gctx, in.e.cfg.Gateway, in.spec, service, method, req)
 				stop()
 				cancel()
 				if p.killed.Load() || ctx.Err() != nil {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,7 +52,7 @@ func (e *Engine) loadInProcess(spec engines.Spec, p *pkg, abi loader.ABI) (engin
 	if err != nil {
 		return nil, err
 	}
-	dir, libPath, err := e.extract(p)
+	dir, libPath, err := e.extract(p, "")
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +96,7 @@ func (in *inprocInstance) HostGateway(service, method string, req []byte) ([]byt
 	}
 	ctx, cancel := context.WithTimeout(ctx, in.e.gatewayTimeout(in.spec))
 	defer cancel()
-	return gatewayCall(ctx, in.e.cfg.Gateway, service, method, req)
+	return gatewayCall(ctx, in.e.cfg.Gateway, in.spec, service, method, req)
 }
 
 // pcall is one Process call; calls are pooled. The native call runs on its
@@ -308,7 +307,7 @@ func (in *inprocInstance) release() {
 	}
 	popIdentity(in.env)
 	in.host.Release()
-	if err := os.RemoveAll(in.dir); err != nil {
+	if err := in.e.removeExtracted(in.dir); err != nil {
 		in.log.Warn("native engine: removing the extracted package", "worker_id", in.spec.WorkerID, "error", err)
 	}
 	close(in.released)

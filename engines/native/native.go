@@ -17,10 +17,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/native/internal/loader"
+	"github.com/virtufin/workmanager/engines/sandbox"
 )
 
 // MIMEType is the worker MIME type this engine serves.
@@ -81,9 +83,19 @@ type Config struct {
 	// HostArgs are extra arguments put before the host's own (for a
 	// HostPath that is a wrapper, e.g. "prlimit" or "nice").
 	HostArgs []string
+	// MaxExtractedBytes bounds the disk all extracted packages of this
+	// engine use at a time (NATIVE_MAX_EXTRACTED_BYTES; 0: unbounded): a
+	// Check or Load past it fails and says so.
+	MaxExtractedBytes int64
 	// HostEnv holds extra KEY=VALUE entries for host processes, on top of
 	// the WorkManager's environment (and below VIRTUFIN_WORKER_*).
 	HostEnv []string
+	// Sandbox, when set, runs every host process (the load check of every
+	// package, and isolated workers) inside the OS layers
+	// (engines/sandbox), with only HostEnv and VIRTUFIN_WORKER_* for
+	// environment. The load check then always runs in a sandboxed host,
+	// never by dlopen in this process.
+	Sandbox *sandbox.Sandbox
 	// HostProcesses is the number of host processes per loaded worker in
 	// process isolation, i.e. the calls it runs in parallel. Default 1.
 	HostProcesses int
@@ -98,6 +110,10 @@ type Config struct {
 // Engine is the native engine. It is safe for concurrent use.
 type Engine struct {
 	cfg Config
+
+	diskMu    sync.Mutex
+	diskUsed  int64
+	diskByDir map[string]int64
 }
 
 var _ engines.Engine = (*Engine)(nil)
@@ -154,14 +170,16 @@ func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) erro
 	if err != nil {
 		return err
 	}
-	if e.isolation(p.manifest) == IsolationProcess {
+	if e.isolation(p.manifest) == IsolationProcess || e.cfg.Sandbox != nil {
+		// An uploaded library's constructors must not run in the node
+		// before the package is known to load.
 		return e.checkInHost(ctx, spec, p)
 	}
-	dir, libPath, err := e.extract(p)
+	dir, libPath, err := e.extract(p, "")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer e.removeExtracted(dir)
 	env := pushIdentity(spec.WorkerID, spec.Group, spec.Topic)
 	defer popIdentity(env)
 	lib, err := openLibrary(libPath, p.manifest)
@@ -192,17 +210,52 @@ func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engi
 // extract writes the library for this platform into a fresh directory.
 // Each load gets its own directory: dlopen returns the existing handle for
 // a path that is already loaded, so reusing a path would not load new code.
-func (e *Engine) extract(p *pkg) (dir, lib string, err error) {
+// extract unpacks p into a fresh directory; owner, when set, is the worker
+// whose sandboxed host will read it (it gets the files).
+func (e *Engine) extract(p *pkg, owner string) (dir, lib string, err error) {
 	dir, err = os.MkdirTemp(e.cfg.TempDir, "virtufin-native-*")
 	if err != nil {
 		return "", "", fmt.Errorf("native engine: creating the extraction directory: %w", err)
 	}
-	lib, err = p.extract(dir)
+	lib, size, err := p.extract(dir)
+	if err == nil {
+		err = e.reserveDisk(dir, size)
+	}
+	if err == nil && owner != "" && e.cfg.Sandbox != nil {
+		err = e.cfg.Sandbox.Own(dir, owner)
+	}
 	if err != nil {
-		os.RemoveAll(dir)
+		e.removeExtracted(dir)
 		return "", "", err
 	}
 	return dir, lib, nil
+}
+
+// reserveDisk counts size bytes extracted into dir against
+// Config.MaxExtractedBytes.
+func (e *Engine) reserveDisk(dir string, size int64) error {
+	e.diskMu.Lock()
+	defer e.diskMu.Unlock()
+	if max := e.cfg.MaxExtractedBytes; max > 0 && e.diskUsed+size > max {
+		return fmt.Errorf("native engine: the package needs %d bytes on disk, and the packages loaded on this node already use %d of NATIVE_MAX_EXTRACTED_BYTES (%d)",
+			size, e.diskUsed, max)
+	}
+	if e.diskByDir == nil {
+		e.diskByDir = map[string]int64{}
+	}
+	e.diskByDir[dir] = size
+	e.diskUsed += size
+	return nil
+}
+
+// removeExtracted deletes an extraction directory and gives its bytes back.
+func (e *Engine) removeExtracted(dir string) error {
+	err := os.RemoveAll(dir)
+	e.diskMu.Lock()
+	e.diskUsed -= e.diskByDir[dir]
+	delete(e.diskByDir, dir)
+	e.diskMu.Unlock()
+	return err
 }
 
 // openLibrary loads a package's library into this process. A library that

@@ -17,7 +17,7 @@ import (
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/engines/python"
-	"github.com/virtufin/workmanager/internal/sandbox"
+	"github.com/virtufin/workmanager/engines/sandbox"
 )
 
 // reportLatencies reports p50/p99 of the per-iteration durations.

@@ -12,7 +12,7 @@ import (
 )
 
 // The interpreter layer (runner.py's guard): the import allowlist and the
-// audit hook. The OS layers are tested in internal/sandbox and end to end.
+// audit hook. The OS layers are tested in engines/sandbox and end to end.
 
 func TestGuardModuleLevelImportIsInvalidCode(t *testing.T) {
 	e := newEngine(t, python.Config{AllowedPackages: []string{}})

@@ -1,6 +1,7 @@
 package python
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
+	"github.com/virtufin/workmanager/engines/workerpolicy"
 )
 
 // Instance is one loaded worker: Config.Processes runner subprocesses with the
@@ -94,6 +96,15 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 	var payload []byte
 	if err == nil {
 		kind, payload, err = p.readFrame()
+	}
+	for err == nil && kind == kindGateway && !p.pending() {
+		// The worker calls a backend through the node; the call's
+		// deadline (the armed timer) still bounds the whole event.
+		p.wbuf.reset(kindGatewayReply)
+		p.wbuf.Write(in.gateway(ctx, payload))
+		if err = p.writeFrame(); err == nil {
+			kind, payload, err = p.readFrame()
+		}
 	}
 	p.endSpin(spun)
 	p.disarm()
@@ -213,4 +224,28 @@ func decodeOutput(ev *event.Event, b []byte) error {
 
 func outputError(i int, err error) error {
 	return &Error{Kind: engines.ErrWorkerFailed, Message: engines.OutputError(i, err)}
+}
+
+// gateway serves one gateway call of the worker's code: payload is
+// `{"service","method"}\n<body>`; the answer is 0 and the response body,
+// or 1 and an error message for the worker.
+func (in *Instance) gateway(ctx context.Context, payload []byte) []byte {
+	fail := func(format string, args ...any) []byte { return append([]byte{1}, fmt.Sprintf(format, args...)...) }
+	head, body, ok := bytes.Cut(payload, []byte("\n"))
+	var target struct{ Service, Method string }
+	if !ok || json.Unmarshal(head, &target) != nil || target.Service == "" || target.Method == "" {
+		return fail("malformed gateway call")
+	}
+	gw := in.e.cfg.Gateway
+	if gw == nil {
+		return fail("no gateway is configured on this node")
+	}
+	if err := workerpolicy.CheckGateway(in.spec.GatewayTargets, target.Service, target.Method); err != nil {
+		return fail("%v", err)
+	}
+	resp, err := gw.Call(ctx, target.Service, target.Method, body)
+	if err != nil {
+		return fail("%v", err)
+	}
+	return append([]byte{0}, resp...)
 }

@@ -20,7 +20,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
-	"github.com/virtufin/workmanager/internal/sandbox"
+	"github.com/virtufin/workmanager/engines/sandbox"
 )
 
 // Frame kinds (see README.md).
@@ -31,6 +31,9 @@ const (
 	kindOK     = 'K' // Python -> Go: code loaded
 	kindResult = 'R' // Python -> Go: JSON null, one event object or a list
 	kindError  = 'X' // Python -> Go: JSON {"type", "message", "traceback"}
+	// During an event: the worker calls a backend through the node.
+	kindGateway      = 'G' // Python -> Go: JSON {"service", "method"}, '\n', body
+	kindGatewayReply = 'g' // Go -> Python: 0 and the response, or 1 and an error
 )
 
 const (

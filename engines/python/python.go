@@ -17,7 +17,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
-	"github.com/virtufin/workmanager/internal/sandbox"
+	"github.com/virtufin/workmanager/engines/sandbox"
 )
 
 // MIMEType is the worker MIME type this engine serves.
@@ -67,8 +67,12 @@ type Config struct {
 	// "subprocess", "socket" or "ctypes" also lifts the audit hook's refusal
 	// of processes and signals, sockets, or native code.
 	AllowedPackages []string
+	// Gateway serves the workers' virtufin_host.call_gateway (nil: calls
+	// fail with "no gateway is configured"); calls are held to
+	// Spec.GatewayTargets and carry the call's fence (engines.FenceFrom).
+	Gateway engines.Gateway
 	// Sandbox, when set, wraps every runner process in the OS layers
-	// (internal/sandbox); the process then gets only Env and the
+	// (engines/sandbox); the process then gets only Env and the
 	// VIRTUFIN_WORKER_* variables, not the node's environment. Nil: the
 	// runner runs as the node, with the node's environment (tests, SANDBOX
 	// unset in embedders).

@@ -43,6 +43,8 @@ K_EVENT = ord("E")
 K_OK = ord("K")
 K_RESULT = ord("R")
 K_ERROR = ord("X")
+K_GATEWAY = ord("G")  # Python -> Go during an event: a gateway call
+K_GATEWAY_REPLY = ord("g")  # Go -> Python: its answer
 
 
 def _not_serializable(o):
@@ -272,7 +274,7 @@ SAFE_STDLIB = frozenset(
     ipaddress itertools json keyword logging math numbers operator pprint random
     re reprlib secrets statistics string struct textwrap time types typing
     unicodedata urllib.parse uuid warnings weakref zlib zoneinfo
-    _strptime encodings""".split()
+    _strptime encodings virtufin_host""".split()
 )
 
 # Audit events refused unless a module is allowed, by capability.
@@ -384,6 +386,54 @@ def _restricted_builtins(guard):
 
 
 _guard = None
+
+# ---------------------------------------------------------------- host module
+#
+# `import virtufin_host` gives worker code what the node does for it. The
+# process has no network: call_gateway asks the node, which calls the
+# backend through Dapr service invocation under the worker's gateway policy
+# (allowed_gateway_targets) and, in a group, its fencing token.
+
+_reader = None
+
+
+class GatewayError(Exception):
+    """A gateway call failed (refused by the policy, unreachable, or the
+    backend answered an error); the message says which."""
+
+
+def call_gateway(service, method, data=None):
+    """Calls method of service (a Dapr app id) through the node, POSTing
+    data (bytes, str, or a JSON value; None sends nothing) and returns the
+    response body (bytes). Raises GatewayError."""
+    if not isinstance(service, str) or not service or not isinstance(method, str) or not method:
+        raise GatewayError("service and method must be non-empty strings")
+    if data is None:
+        body = b""
+    elif isinstance(data, (bytes, bytearray, memoryview)):
+        body = bytes(data)
+    elif isinstance(data, str):
+        body = data.encode("utf-8")
+    else:
+        body = _dumps(data).encode()
+    if _reader is None or not _in_event:
+        raise GatewayError("call_gateway works only while the worker handles an event")
+    _send(K_GATEWAY, _dumps({"service": service, "method": method}).encode() + b"\n" + body)
+    kind, payload = _reader.read()
+    if kind != K_GATEWAY_REPLY:
+        # The node answers nothing else mid-event; anything else is fatal.
+        os._exit(70)
+    if payload[:1] != b"\x00":
+        raise GatewayError(payload[1:].decode("utf-8", "replace"))
+    return payload[1:]
+
+
+_in_event = False
+_host = types.ModuleType("virtufin_host")
+_host.call_gateway = call_gateway
+_host.GatewayError = GatewayError
+_host.__doc__ = "What the WorkManager node does for worker code (see engines/python/README.md)."
+sys.modules["virtufin_host"] = _host
 
 # ---------------------------------------------------------------- loading
 
@@ -533,6 +583,8 @@ def _handle_event(payload):
     except Exception as e:
         _send_error("", "decoding the input event: %s: %s" % (type(e).__name__, e))
         return
+    global _in_event
+    _in_event = True
     try:
         result = _process(ev)
         if _is_async or (
@@ -543,8 +595,10 @@ def _handle_event(payload):
         ):
             result = _loop.run_until_complete(result)
     except BaseException as e:  # SystemExit too: the runner keeps serving
+        _in_event = False
         _send_error(type(e).__name__, _exc_message(e), _format_tb(e))
         return
+    _in_event = False
     try:
         out = _encode_result(result)
     except _OutputError as e:
@@ -564,7 +618,8 @@ def main():
     spin_us = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     allowed = sys.argv[2] if len(sys.argv) > 2 else ""
     _guard = _Guard(p.strip() for p in allowed.split(",") if p.strip())
-    reader = _Reader(REQ_FD, spin_us / 1e6)
+    global _reader
+    reader = _reader = _Reader(REQ_FD, spin_us / 1e6)
     _send(K_HELLO, sys.version.encode())
     while True:
         kind, payload = reader.read()

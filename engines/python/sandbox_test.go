@@ -15,7 +15,7 @@ import (
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/engines/python"
-	"github.com/virtufin/workmanager/internal/sandbox"
+	"github.com/virtufin/workmanager/engines/sandbox"
 )
 
 // strictSandbox returns the OS layers in strict mode; the test is skipped

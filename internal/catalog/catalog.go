@@ -50,6 +50,10 @@ type Worker struct {
 	Name string `json:"name,omitempty"`
 	// RequestID is the CreateWorker request id that created the worker.
 	RequestID string `json:"request_id,omitempty"`
+	// AllowedOutputs and GatewayTargets are the worker's policy
+	// (engines/workerpolicy); empty: the defaults.
+	AllowedOutputs []string `json:"allowed_outputs,omitempty"`
+	GatewayTargets []string `json:"gateway_targets,omitempty"`
 }
 
 // CodeRef says where a code version came from; the body itself lives in the

@@ -15,6 +15,7 @@ import (
 	"context"
 	"log/slog"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,6 +61,13 @@ type Config struct {
 	// MaxEventBytes is the largest event data accepted; larger events go
 	// to "<topic>-dead" at once with reason too_large.
 	MaxEventBytes int
+	// MaxOutputs bounds the outputs of one call (default 100) and
+	// MaxOutputBytes the data of one output (default MaxEventBytes): a call
+	// beyond them fails, reason output_limit.
+	MaxOutputs, MaxOutputBytes int
+	// Secrets are values that must never leave the node in an error text
+	// (the node's tokens and passwords): they are redacted.
+	Secrets []string
 	// PanicOn is a test hook (never set in production): a Go panic is
 	// raised on the hot path, inside a worker's attempt, for each input that
 	// carries this CloudEvent extension.
@@ -90,6 +98,15 @@ type Worker struct {
 	// MaxAttempts and RetryBackoff override the cluster defaults when set.
 	MaxAttempts  int
 	RetryBackoff time.Duration
+	// AllowedOutputs are the topics its outputs may go to
+	// (engines/workerpolicy); empty: any but the reserved ones and Topic.
+	AllowedOutputs []string
+}
+
+// Equal reports whether w and o are the same worker with the same settings.
+func (w Worker) Equal(o Worker) bool {
+	return w.ID == o.ID && w.Topic == o.Topic && w.Group == o.Group && w.MaxAttempts == o.MaxAttempts &&
+		w.RetryBackoff == o.RetryBackoff && slices.Equal(w.AllowedOutputs, o.AllowedOutputs)
 }
 
 // Dispatcher routes messages from topic streams to attached workers.
@@ -128,6 +145,12 @@ func New(ctx context.Context, log *slog.Logger, deps Deps, cfg Config) *Dispatch
 	}
 	if cfg.MaxEventBytes <= 0 {
 		cfg.MaxEventBytes = 1 << 20
+	}
+	if cfg.MaxOutputs <= 0 {
+		cfg.MaxOutputs = 100
+	}
+	if cfg.MaxOutputBytes <= 0 {
+		cfg.MaxOutputBytes = cfg.MaxEventBytes
 	}
 	if cfg.ReconnectMin <= 0 {
 		cfg.ReconnectMin = 100 * time.Millisecond
@@ -203,7 +226,7 @@ func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 	if cur, ok := d.workers[w.ID]; ok && cur.Topic == w.Topic {
 		// Policy and group changes need a fresh worker value (messages read
 		// it without locks): swap the instance only when they are equal.
-		if cur.Worker == w {
+		if cur.Worker.Equal(w) {
 			old := cur.inst.Swap(&instance{Instance: inst})
 			d.mu.Unlock()
 			go old.closeWhenIdle(context.WithoutCancel(d.ctx), d.log)

@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/workerpolicy"
 	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
@@ -53,6 +54,8 @@ const (
 	reasonTooLarge       = "too_large"
 	reasonNotRunnable    = "not_runnable"
 	reasonNotRunning     = "not_running" // a replay for a worker stopped or deleted since
+	reasonOutputPolicy   = "output_policy"
+	reasonOutputLimit    = "output_limit"
 )
 
 // maxErrorText bounds the error text carried by dead letters and events.
@@ -157,12 +160,14 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result) {
 		d.fail(r, err)
 		return
 	}
+	// Every output is checked before any is published: a call is
+	// published whole or not at all.
+	if reason, err := d.checkOutputs(w, m, outs); err != nil {
+		r.outcome, r.reason, r.err = outcomeFailed, reason, err
+		return
+	}
 	for i := range outs {
 		o := &outs[i]
-		if err := d.completeOutput(w, m, o, i); err != nil {
-			d.fail(r, err)
-			return
-		}
 		if lease != nil {
 			if err := lease.Check(ctx); err != nil {
 				if errors.Is(err, grouplock.ErrStale) {
@@ -216,6 +221,28 @@ func withExtension(m *message, k string, v any) *event.Event {
 // completeOutput fills an output's defaults (id derived from the input id,
 // so a redelivery yields the same ids; source naming the worker) and its
 // correlation id: the input's, copied when present and absent when absent.
+// checkOutputs completes every output (id, source, correlation id) and
+// holds them to the worker's output policy and the node's output limits;
+// a refusal is the worker's failure, with the rule's name in the error.
+func (d *Dispatcher) checkOutputs(w *worker, m *message, outs []event.Event) (string, error) {
+	if n := len(outs); n > d.cfg.MaxOutputs {
+		return reasonOutputLimit, fmt.Errorf("%w: %d outputs, more than MAX_OUTPUTS_PER_MESSAGE %d", engines.ErrWorkerFailed, n, d.cfg.MaxOutputs)
+	}
+	for i := range outs {
+		o := &outs[i]
+		if err := d.completeOutput(w, m, o, i); err != nil {
+			return reasonWorkerFailed, err
+		}
+		if err := workerpolicy.CheckOutput(w.AllowedOutputs, w.Topic, o.Type()); err != nil {
+			return reasonOutputPolicy, fmt.Errorf("%w: output %d: %w", engines.ErrWorkerFailed, i, err)
+		}
+		if n := len(o.DataEncoded); n > d.cfg.MaxOutputBytes {
+			return reasonOutputLimit, fmt.Errorf("%w: output %d: %d bytes of data, more than MAX_OUTPUT_BYTES %d", engines.ErrWorkerFailed, i, n, d.cfg.MaxOutputBytes)
+		}
+	}
+	return "", nil
+}
+
 func (d *Dispatcher) completeOutput(w *worker, m *message, o *event.Event, i int) error {
 	if o.Context == nil {
 		return fmt.Errorf("%w: output %d is empty", engines.ErrWorkerFailed, i)
@@ -265,7 +292,7 @@ func (w *worker) process(ctx context.Context, in *event.Event) ([]event.Event, e
 // workerError logs a failed attempt and publishes one error lifecycle
 // event for it.
 func (d *Dispatcher) workerError(ctx context.Context, w *worker, m *message, r *result, attempt, limit int) {
-	msg := truncate(fmt.Sprint(r.err))
+	msg := d.publicText(fmt.Sprint(r.err))
 	d.log.Warn("worker attempt failed", "worker_id", w.ID, "topic", w.Topic, "event_id", m.id, "error_type", r.reason,
 		"attempt", attempt, "max_attempts", limit, "err", msg)
 	if d.Events == nil {
@@ -288,13 +315,13 @@ func (d *Dispatcher) deadLetter(ctx context.Context, m *message, w Worker, reaso
 	ev := m.ev.Clone()
 	ev.SetExtension(DeadLetterReasonExtension, reason)
 	ev.SetExtension(DeadLetterAttemptsExtension, int32(attempts))
-	ev.SetExtension(DeadLetterErrorExtension, truncate(fmt.Sprint(cause)))
+	ev.SetExtension(DeadLetterErrorExtension, d.publicText(fmt.Sprint(cause)))
 	ev.SetExtension(DeadLetterWorkerExtension, w.ID)
 	if err := d.Pub.Publish(ctx, m.t.name+DeadLetterSuffix, &ev); err != nil {
 		return err
 	}
 	if err := d.DeadLetters.Add(ctx, deadletter.Entry{Worker: w.ID, Topic: m.t.name, Reason: reason, Attempts: attempts,
-		Error: truncate(fmt.Sprint(cause)), EventID: m.id, Source: m.req.GetSource(), Event: json.RawMessage(original),
+		Error: d.publicText(fmt.Sprint(cause)), EventID: m.id, Source: m.req.GetSource(), Event: json.RawMessage(original),
 		AtMS: time.Now().UnixMilli()}); err != nil {
 		return err
 	}
@@ -302,7 +329,7 @@ func (d *Dispatcher) deadLetter(ctx context.Context, m *message, w Worker, reaso
 	d.log.Warn("message dead-lettered", "worker_id", w.ID, "topic", m.t.name, "event_id", m.id, "reason", reason, "attempts", attempts)
 	if d.Events != nil {
 		data := lifecycleevents.Data{WorkerID: w.ID, Group: w.Group, Topic: w.Topic, EventID: m.id, Reason: reason,
-			Attempt: attempts, MaxAttempts: d.maxAttempts(w), ErrorMessage: truncate(fmt.Sprint(cause))}
+			Attempt: attempts, MaxAttempts: d.maxAttempts(w), ErrorMessage: d.publicText(fmt.Sprint(cause))}
 		if err := d.Events.Emit(ctx, "", lifecycleevents.DeadLettered, data); err != nil {
 			d.log.Warn("publishing worker.dead_lettered failed", "worker_id", w.ID, "err", err)
 		}
@@ -335,14 +362,14 @@ func (d *Dispatcher) deadLetterRaw(ctx context.Context, m *message, reason strin
 	}
 	ev.SetExtension(DeadLetterReasonExtension, reason)
 	ev.SetExtension(DeadLetterAttemptsExtension, int32(0))
-	ev.SetExtension(DeadLetterErrorExtension, truncate(cause.Error()))
+	ev.SetExtension(DeadLetterErrorExtension, d.publicText(cause.Error()))
 	if ct := req.GetDataContentType(); ct != "" {
 		ev.SetExtension("deadlettercontenttype", ct)
 	}
 	if err := d.Pub.Publish(ctx, m.t.name+DeadLetterSuffix, &ev); err != nil {
 		return err
 	}
-	entry := deadletter.Entry{Topic: m.t.name, Reason: reason, Error: truncate(cause.Error()), EventID: ev.ID(),
+	entry := deadletter.Entry{Topic: m.t.name, Reason: reason, Error: d.publicText(cause.Error()), EventID: ev.ID(),
 		Source: ev.Source(), AtMS: time.Now().UnixMilli()}
 	if reason != reasonTooLarge {
 		entry.Raw = req.GetData()
@@ -352,11 +379,4 @@ func (d *Dispatcher) deadLetterRaw(ctx context.Context, m *message, reason strin
 	}
 	d.stats.deadLettered.Add(1)
 	return nil
-}
-
-func truncate(s string) string {
-	if len(s) <= maxErrorText {
-		return s
-	}
-	return s[:maxErrorText-3] + "..."
 }

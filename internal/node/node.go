@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/logbudget"
 )
 
 // Node runs workers on this process.
@@ -39,6 +41,29 @@ type Node struct {
 	policy   map[string]dispatch.Worker
 	broken   map[string]brokenWorker
 	fenced   atomic.Bool
+	// logLines is each worker's log budget per second (0: unlimited);
+	// budgets holds the budget of each worker, shared by its reloads.
+	logLines int
+	budgets  map[string]*logbudget.Budget
+}
+
+// SetLogBudget bounds what each worker's code may log, in lines per second
+// (WORKER_LOG_LINES_PER_SECOND; 0: unlimited). Call it before serving.
+func (n *Node) SetLogBudget(perSecond int) { n.logLines = perSecond }
+
+// workerLog is the logger worker w's code logs to, under its budget.
+func (n *Node) workerLog(id string) *slog.Logger {
+	n.mu.Lock()
+	b := n.budgets[id]
+	if b == nil {
+		if n.budgets == nil {
+			n.budgets = map[string]*logbudget.Budget{}
+		}
+		b = logbudget.New(n.logLines)
+		n.budgets[id] = b
+	}
+	n.mu.Unlock()
+	return slog.New(b.Handler(n.log.Handler())).With("worker_id", id)
 }
 
 type workerLock struct {
@@ -92,8 +117,8 @@ func (n *Node) lockWorker(id string) func() {
 
 // Spec is the engine spec for a worker.
 func (n *Node) Spec(w catalog.Worker) engines.Spec {
-	return engines.Spec{WorkerID: w.ID, MIMEType: w.MIMEType, Topic: w.Topic, Group: w.Group, Timeout: n.timeout,
-		Logger: n.log.With("worker_id", w.ID)}
+	return engines.Spec{WorkerID: w.ID, MIMEType: w.MIMEType, Topic: w.Topic, Group: w.Group, Timeout: n.timeout, GatewayTargets: w.GatewayTargets,
+		Logger: n.workerLog(w.ID)}
 }
 
 // Check load-checks code for w with its engine without running it.
@@ -131,7 +156,8 @@ func (n *Node) Apply(ctx context.Context, w catalog.Worker, history *catalog.His
 
 // hotPath is how the dispatcher knows w.
 func hotPath(w catalog.Worker) dispatch.Worker {
-	return dispatch.Worker{ID: w.ID, Topic: w.Topic, Group: w.Group, MaxAttempts: w.MaxAttempts, RetryBackoff: w.RetryBackoff}
+	return dispatch.Worker{ID: w.ID, Topic: w.Topic, Group: w.Group, MaxAttempts: w.MaxAttempts, RetryBackoff: w.RetryBackoff,
+		AllowedOutputs: w.AllowedOutputs}
 }
 
 // apply makes the node serve w; the caller holds w's lock. A fenced node
@@ -143,7 +169,7 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 		return nil
 	}
 	n.mu.Lock()
-	same := n.attached[w.ID] == w.CodeSHA256 && n.policy[w.ID] == hotPath(w)
+	same := n.attached[w.ID] == w.CodeSHA256 && n.policy[w.ID].Equal(hotPath(w))
 	n.mu.Unlock()
 	if same && n.disp.Attached(w.ID) {
 		return nil
@@ -205,6 +231,7 @@ func (n *Node) remove(ctx context.Context, id string) {
 	n.mu.Lock()
 	delete(n.attached, id)
 	delete(n.policy, id)
+	delete(n.budgets, id)
 	n.mu.Unlock()
 	n.log.Info("worker detached", "worker_id", id)
 }
@@ -274,11 +301,11 @@ func (n *Node) reconcileOne(ctx context.Context, id string) (catalog.Status, err
 	n.mu.Lock()
 	b, wasBroken := n.broken[id]
 	n.mu.Unlock()
-	if wasBroken && b.record == w && n.now().Before(b.next) {
+	if wasBroken && reflect.DeepEqual(b.record, w) && n.now().Before(b.next) {
 		return w.Status, b.err
 	}
 	if err := n.apply(ctx, w); err != nil {
-		if !wasBroken || b.record != w {
+		if !wasBroken || !reflect.DeepEqual(b.record, w) {
 			b = brokenWorker{record: w}
 		}
 		b.err, b.failures = err, b.failures+1

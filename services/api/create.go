@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	enumspb "go.temporal.io/api/enums/v1"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/google/uuid"
+
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/failure"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
@@ -109,9 +111,10 @@ func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.C
 		if c := st.Worker; w.Name != "" && c.RequestID != rid {
 			return nil, status.Errorf(codes.AlreadyExists, "name %q is taken by worker %s (created by another request)", w.Name, w.ID)
 		}
-		if c := st.Worker; c.Topic != w.Topic || c.MIMEType != w.MIMEType || c.Group != w.Group {
-			return nil, status.Errorf(codes.AlreadyExists, "request_id %q was used for worker %s with other parameters (topic %q, mime_type %q, group %q)",
-				rid, w.ID, c.Topic, c.MIMEType, c.Group)
+		if c := st.Worker; c.Topic != w.Topic || c.MIMEType != w.MIMEType || c.Group != w.Group ||
+			!slices.Equal(c.AllowedOutputs, w.AllowedOutputs) || !slices.Equal(c.GatewayTargets, w.GatewayTargets) {
+			return nil, status.Errorf(codes.AlreadyExists, "request_id %q was used for worker %s with other parameters (topic %q, mime_type %q, group %q, allowed_output_topics %q, allowed_gateway_targets %q)",
+				rid, w.ID, c.Topic, c.MIMEType, c.Group, c.AllowedOutputs, c.GatewayTargets)
 		}
 		return &pb.CreateWorkerResponse{WorkerId: w.ID}, nil
 	}

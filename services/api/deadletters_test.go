@@ -436,3 +436,47 @@ func TestCreateWorkerRetryPolicy(t *testing.T) {
 		t.Fatalf("a worker with the cluster default returns %v", p)
 	}
 }
+
+// The output and gateway policy is validated at create, goes into the
+// record the workflow starts with, and workers return it.
+func TestCreateWorkerPolicy(t *testing.T) {
+	code := &pb.CodeSource{Source: &pb.CodeSource_Content{Content: []byte("def process(e): pass")}}
+	for name, c := range map[string]struct {
+		outputs, targets []string
+		want             string
+	}{
+		"reserved output": {[]string{"workmanager.lifecycle"}, nil, "allowed_output_topics: \"workmanager.lifecycle\" is a reserved topic"},
+		"bad pattern":     {[]string{"a["}, nil, "allowed_output_topics: pattern \"a[\": syntax error in pattern"},
+		"bad target":      {nil, []string{"billing"}, "allowed_gateway_targets: \"billing\" must be \"service/method\""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, store := newServer(t, mocks.NewClient(t))
+			_, err := s.CreateWorker(context.Background(), &pb.CreateWorkerRequest{Code: code, MimeType: engines.MIMEPython, Topic: "t",
+				AllowedOutputTopics: c.outputs, AllowedGatewayTargets: c.targets})
+			wantCode(t, err, codes.InvalidArgument, c.want)
+			if keys := store.Keys(); len(keys) != 0 {
+				t.Fatalf("something was stored: %v", keys)
+			}
+		})
+	}
+
+	tc := mocks.NewClient(t)
+	var input workflows.WorkerInput
+	tc.On("NewWithStartWorkflowOperation", mock.Anything, mock.Anything, mock.Anything).Run(func(args mock.Arguments) {
+		input = args.Get(2).(workflows.WorkerInput)
+	}).Return(nil).Once()
+	h := mocks.NewWorkflowUpdateHandle(t)
+	h.On("Get", mock.Anything, mock.Anything).Return(nil).Once()
+	tc.On("UpdateWithStartWorkflow", mock.Anything, mock.Anything).Return(func(context.Context, client.UpdateWithStartWorkflowOptions) (client.WorkflowUpdateHandle, error) {
+		return h, nil
+	}).Once()
+	s, _ := newServer(t, tc)
+	if _, err := s.CreateWorker(context.Background(), &pb.CreateWorkerRequest{Code: code, MimeType: engines.MIMEPython, Topic: "t",
+		AllowedOutputTopics: []string{"billing.*"}, AllowedGatewayTargets: []string{"billing/*"}}); err != nil {
+		t.Fatal(err)
+	}
+	w := toProto(input.State.Worker)
+	if fmt.Sprint(w.GetAllowedOutputTopics(), w.GetAllowedGatewayTargets()) != "[billing.*] [billing/*]" {
+		t.Fatalf("worker %v", w)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/virtufin/workmanager/engines/workerpolicy"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/codesource"
 	"github.com/virtufin/workmanager/internal/deadletter"
@@ -72,6 +73,9 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 	if err := catalog.ValidateRetryPolicy(int(rp.GetMaxAttempts()), rp.GetBackoffMs()); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if err := workerpolicy.Validate(req.GetAllowedOutputTopics(), req.GetAllowedGatewayTargets()); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
 	rid, name := req.GetRequestId(), req.GetName()
 	if err := validRequestID(rid); err != nil {
 		return nil, err
@@ -89,7 +93,7 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 	}
 	w := catalog.Worker{ID: uuid.NewString(), MIMEType: req.GetMimeType(), Topic: req.GetTopic(), Group: req.GetGroup(), Status: catalog.StatusStopped,
 		MaxAttempts: int(rp.GetMaxAttempts()), RetryBackoff: time.Duration(rp.GetBackoffMs()) * time.Millisecond,
-		Name: name, RequestID: rid}
+		Name: name, RequestID: rid, AllowedOutputs: req.GetAllowedOutputTopics(), GatewayTargets: req.GetAllowedGatewayTargets()}
 	switch {
 	case name != "":
 		w.ID = NameWorkerID(name)
@@ -312,7 +316,8 @@ func toProto(w catalog.Worker) *pb.Worker {
 	}
 	out := &pb.Worker{WorkerId: w.ID, Name: w.Name, MimeType: w.MIMEType, Topic: w.Topic, Group: w.Group, Status: st,
 		CodeVersion: w.CodeVersion, CodeSha256: w.CodeSHA256,
-		CreatedAt: timestamppb.New(w.CreatedAt), UpdatedAt: timestamppb.New(w.UpdatedAt)}
+		CreatedAt: timestamppb.New(w.CreatedAt), UpdatedAt: timestamppb.New(w.UpdatedAt),
+		AllowedOutputTopics: w.AllowedOutputs, AllowedGatewayTargets: w.GatewayTargets}
 	if w.MaxAttempts != 0 || w.RetryBackoff != 0 {
 		out.RetryPolicy = &pb.RetryPolicy{MaxAttempts: int32(w.MaxAttempts), BackoffMs: w.RetryBackoff.Milliseconds()}
 	}

@@ -10,6 +10,8 @@
  *   -DMODE_HANG     sleeps HANG_MS (1.2 s) on "conformance.hang", else Echo
  *   -DNO_FREE       does not export FreeResult (invalid library)
  *   -DPROCESS_NAME=x / -DFREE_NAME=y   other export names
+ *   -DCTOR_WRITE='"path"'   a constructor that writes "ran" to path at load
+ *   -DCTOR_KILL     a constructor that SIGKILLs its parent, then itself
  *
  * Every variant also reacts to the "test.*" event types below.
  */
@@ -35,6 +37,23 @@
 #endif
 
 static int64_t n_allocs, n_frees; /* responses handed out / freed */
+
+#if defined(CTOR_WRITE)
+__attribute__((constructor)) static void ctor_write(void) {
+    FILE *f = fopen(CTOR_WRITE, "w");
+    if (f) {
+        fputs("ran", f);
+        fclose(f);
+    }
+}
+#endif
+#if defined(CTOR_KILL)
+#include <unistd.h>
+__attribute__((constructor)) static void ctor_kill(void) {
+    kill(getppid(), SIGKILL);
+    kill(getpid(), SIGKILL);
+}
+#endif
 
 /* ---- a growable string ---------------------------------------------- */
 typedef struct {

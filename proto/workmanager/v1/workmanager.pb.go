@@ -228,9 +228,15 @@ type Worker struct {
 	// default.
 	RetryPolicy *RetryPolicy `protobuf:"bytes,10,opt,name=retry_policy,json=retryPolicy,proto3" json:"retry_policy,omitempty"`
 	// The worker's unique name, when it was created with one.
-	Name          string `protobuf:"bytes,11,opt,name=name,proto3" json:"name,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Name string `protobuf:"bytes,11,opt,name=name,proto3" json:"name,omitempty"`
+	// Output topics the worker may publish to (patterns); empty: any topic
+	// but the reserved ones and its own input topic.
+	AllowedOutputTopics []string `protobuf:"bytes,12,rep,name=allowed_output_topics,json=allowedOutputTopics,proto3" json:"allowed_output_topics,omitempty"`
+	// Gateway targets ("service/method" patterns) the worker may call;
+	// empty: any.
+	AllowedGatewayTargets []string `protobuf:"bytes,13,rep,name=allowed_gateway_targets,json=allowedGatewayTargets,proto3" json:"allowed_gateway_targets,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
@@ -340,6 +346,20 @@ func (x *Worker) GetName() string {
 	return ""
 }
 
+func (x *Worker) GetAllowedOutputTopics() []string {
+	if x != nil {
+		return x.AllowedOutputTopics
+	}
+	return nil
+}
+
+func (x *Worker) GetAllowedGatewayTargets() []string {
+	if x != nil {
+		return x.AllowedGatewayTargets
+	}
+	return nil
+}
+
 // RetryPolicy bounds how often a worker runs one message before giving up
 // on it (dead letter). Zero fields take the cluster default.
 type RetryPolicy struct {
@@ -416,9 +436,21 @@ type CreateWorkerRequest struct {
 	// accepts the name instead. A name is never given to a second worker,
 	// not even after the first was deleted: creating it again is
 	// ALREADY_EXISTS (with a request_id: the first call's worker, as above).
-	Name          string `protobuf:"bytes,7,opt,name=name,proto3" json:"name,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Name string `protobuf:"bytes,7,opt,name=name,proto3" json:"name,omitempty"`
+	// Optional output policy: the topics the worker may publish to, as
+	// patterns where * matches any run of characters except '/' and ? one
+	// character (at most 64, each at most 256 characters). Empty: any topic
+	// except the reserved ones (workmanager.* and *-dead) and the worker's own
+	// input topic. A listed pattern that matches the input topic allows it;
+	// reserved topics are never allowed. An output outside the policy fails
+	// the call (a failed attempt) before any output is published.
+	AllowedOutputTopics []string `protobuf:"bytes,8,rep,name=allowed_output_topics,json=allowedOutputTopics,proto3" json:"allowed_output_topics,omitempty"`
+	// Optional gateway policy: the "service/method" targets the worker's
+	// gateway calls may reach, as patterns (e.g. "billing/*"). Empty: any.
+	// A call outside them fails with a worker-visible error.
+	AllowedGatewayTargets []string `protobuf:"bytes,9,rep,name=allowed_gateway_targets,json=allowedGatewayTargets,proto3" json:"allowed_gateway_targets,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *CreateWorkerRequest) Reset() {
@@ -498,6 +530,20 @@ func (x *CreateWorkerRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *CreateWorkerRequest) GetAllowedOutputTopics() []string {
+	if x != nil {
+		return x.AllowedOutputTopics
+	}
+	return nil
+}
+
+func (x *CreateWorkerRequest) GetAllowedGatewayTargets() []string {
+	if x != nil {
+		return x.AllowedGatewayTargets
+	}
+	return nil
 }
 
 type CreateWorkerResponse struct {
@@ -1511,7 +1557,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x06source\"5\n" +
 	"\tUrlSource\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
-	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\xb2\x03\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\x9e\x04\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x14\n" +
@@ -1527,11 +1573,13 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"codeSha256\x12>\n" +
 	"\fretry_policy\x18\n" +
 	" \x01(\v2\x1b.workmanager.v1.RetryPolicyR\vretryPolicy\x12\x12\n" +
-	"\x04name\x18\v \x01(\tR\x04name\"O\n" +
+	"\x04name\x18\v \x01(\tR\x04name\x122\n" +
+	"\x15allowed_output_topics\x18\f \x03(\tR\x13allowedOutputTopics\x126\n" +
+	"\x17allowed_gateway_targets\x18\r \x03(\tR\x15allowedGatewayTargets\"O\n" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12\x1d\n" +
 	"\n" +
-	"backoff_ms\x18\x02 \x01(\x03R\tbackoffMs\"\x81\x02\n" +
+	"backoff_ms\x18\x02 \x01(\x03R\tbackoffMs\"\xed\x02\n" +
 	"\x13CreateWorkerRequest\x12.\n" +
 	"\x04code\x18\x01 \x01(\v2\x1a.workmanager.v1.CodeSourceR\x04code\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x14\n" +
@@ -1540,7 +1588,9 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\fretry_policy\x18\x05 \x01(\v2\x1b.workmanager.v1.RetryPolicyR\vretryPolicy\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x06 \x01(\tR\trequestId\x12\x12\n" +
-	"\x04name\x18\a \x01(\tR\x04name\"3\n" +
+	"\x04name\x18\a \x01(\tR\x04name\x122\n" +
+	"\x15allowed_output_topics\x18\b \x03(\tR\x13allowedOutputTopics\x126\n" +
+	"\x17allowed_gateway_targets\x18\t \x03(\tR\x15allowedGatewayTargets\"3\n" +
 	"\x14CreateWorkerResponse\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"1\n" +
 	"\x12StartWorkerRequest\x12\x1b\n" +

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/virtufin/workmanager/internal/sandbox"
+	"github.com/virtufin/workmanager/engines/sandbox"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -297,9 +297,17 @@ type Spec struct {
 	// ReadOnly are host paths the process needs to read (its interpreter's
 	// prefix, its binary's directory, its code), bound at the same place.
 	ReadOnly []string
+	// Binds are host paths bound read-only at another place inside, under
+	// parents any user may traverse (a same-place bind keeps the host
+	// parents' modes, which a 0700 directory on the way would make
+	// unreachable for the process's user).
+	Binds []Bind
 	// ExtraFiles become fds 3, 4, ... as with exec.Cmd.
 	ExtraFiles []*os.File
 }
+
+// Bind is a read-only bind mount of Src at Dst.
+type Bind struct{ Src, Dst string }
 
 // Command returns the command that runs spec inside the layers, and a
 // function that releases what the sandbox made for it (its scratch
@@ -332,6 +340,19 @@ func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
 		}
 	}
 	args, files, err := s.bwrapArgs(scratch, spec.ReadOnly, len(spec.ExtraFiles))
+	made := map[string]bool{}
+	for _, b := range spec.Binds {
+		// bwrap would make missing parents 0700 (root's): make them 0755.
+		var parents []string
+		for d := filepath.Dir(b.Dst); d != "/" && d != "." && !made[d]; d = filepath.Dir(d) {
+			parents = append(parents, d)
+			made[d] = true
+		}
+		for i := len(parents) - 1; i >= 0; i-- {
+			args = append(args, "--perms", "0755", "--dir", parents[i])
+		}
+		args = append(args, "--ro-bind", b.Src, b.Dst)
+	}
 	if err != nil {
 		cleanup()
 		return nil, nil, err
@@ -363,6 +384,23 @@ func (s *Sandbox) uid(owner string) int {
 		n = h.Sum64()
 	}
 	return s.cfg.UIDBase + int(n%uint64(s.cfg.UIDs))
+}
+
+// Own gives path (recursively) to owner's user id, so that owner's
+// sandboxed processes can read what the node prepared for them (an
+// extracted package) and no other worker can. Without the user layer it
+// does nothing.
+func (s *Sandbox) Own(path, owner string) error {
+	if !s.setuid || s.cfg.Mode == Off {
+		return nil
+	}
+	uid := s.uid(owner)
+	return filepath.WalkDir(path, func(p string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, uid)
+	})
 }
 
 func (s *Sandbox) prlimitArgs() []string {

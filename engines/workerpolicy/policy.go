@@ -1,0 +1,96 @@
+// Package workerpolicy owns what a worker may reach beyond its own process:
+// the topics its outputs may be published to (never the reserved ones:
+// WorkManager's own workmanager.* topics and the dead-letter topics; not
+// its own input topic unless listed) and the gateway targets its calls may
+// reach. Patterns use path.Match: * matches any run of characters except
+// '/', ? one character.
+package workerpolicy
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+)
+
+const (
+	// ReservedPrefix starts every topic WorkManager itself publishes to
+	// (lifecycle and infra events).
+	ReservedPrefix = "workmanager."
+	// DeadSuffix ends every dead-letter topic.
+	DeadSuffix = "-dead"
+	// MaxPatterns and MaxPatternLen bound a policy.
+	MaxPatterns   = 64
+	MaxPatternLen = 256
+)
+
+// ErrDenied is wrapped by every refusal.
+var ErrDenied = errors.New("not allowed by the worker's policy")
+
+// Reserved reports whether no worker may publish to topic.
+func Reserved(topic string) bool {
+	return strings.HasPrefix(topic, ReservedPrefix) || strings.HasSuffix(topic, DeadSuffix)
+}
+
+// Validate checks a policy as CreateWorker takes it.
+func Validate(outputs, targets []string) error {
+	for _, l := range []struct {
+		field    string
+		patterns []string
+	}{{"allowed_output_topics", outputs}, {"allowed_gateway_targets", targets}} {
+		if len(l.patterns) > MaxPatterns {
+			return fmt.Errorf("%s: %d patterns, at most %d", l.field, len(l.patterns), MaxPatterns)
+		}
+		for _, p := range l.patterns {
+			if p == "" || len(p) > MaxPatternLen {
+				return fmt.Errorf("%s: pattern %q must be 1 to %d characters", l.field, p, MaxPatternLen)
+			}
+			if _, err := path.Match(p, ""); err != nil {
+				return fmt.Errorf("%s: pattern %q: %v", l.field, p, err)
+			}
+		}
+	}
+	for _, p := range outputs {
+		if !strings.ContainsAny(p, "*?") && Reserved(p) {
+			return fmt.Errorf("allowed_output_topics: %q is a reserved topic (%s* and *%s are never allowed)", p, ReservedPrefix, DeadSuffix)
+		}
+	}
+	for _, p := range targets {
+		if !strings.Contains(p, "/") {
+			return fmt.Errorf("allowed_gateway_targets: %q must be \"service/method\" (either may be a pattern, e.g. \"billing/*\")", p)
+		}
+	}
+	return nil
+}
+
+func matchAny(patterns []string, s string) bool {
+	for _, p := range patterns {
+		if ok, _ := path.Match(p, s); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckOutput says whether a worker reading input may publish to topic
+// under allowed (its allowed_output_topics).
+func CheckOutput(allowed []string, input, topic string) error {
+	switch {
+	case Reserved(topic):
+		return fmt.Errorf("topic %q is reserved (%s* and *%s): %w", topic, ReservedPrefix, DeadSuffix, ErrDenied)
+	case len(allowed) > 0 && !matchAny(allowed, topic):
+		return fmt.Errorf("topic %q is not in allowed_output_topics %q: %w", topic, allowed, ErrDenied)
+	case len(allowed) == 0 && topic == input:
+		return fmt.Errorf("topic %q is the worker's own input topic (a loop; list it in allowed_output_topics to allow it): %w", topic, ErrDenied)
+	}
+	return nil
+}
+
+// CheckGateway says whether a worker may call service/method under allowed
+// (its allowed_gateway_targets; empty: any).
+func CheckGateway(allowed []string, service, method string) error {
+	if len(allowed) == 0 || matchAny(allowed, service+"/"+method) {
+		return nil
+	}
+	return fmt.Errorf("gateway target %q is not in allowed_gateway_targets %q: %w", service+"/"+method, allowed, ErrDenied)
+}

@@ -1,0 +1,78 @@
+package dispatch_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/dispatch/dispatchtest"
+	"github.com/virtufin/workmanager/internal/publish/publishtest"
+	"github.com/virtufin/workmanager/internal/state"
+)
+
+// A call whose outputs break the worker's output policy or the node's
+// output limits is a failed attempt that publishes none of its outputs
+// (not even the allowed ones), ends in <topic>-dead with the rule named,
+// and leaves the other workers on the topic alone.
+func TestOutputPolicyAndLimits(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		worker  dispatch.Worker
+		outs    []string
+		reason  string
+		errText string
+	}{
+		{"forged lifecycle event", dispatch.Worker{ID: "w", Topic: "in"}, []string{"ok.out", "workmanager.lifecycle"}, "output_policy", `output 1: topic "workmanager.lifecycle" is reserved`},
+		{"forged dead letter", dispatch.Worker{ID: "w", Topic: "in"}, []string{"other-dead"}, "output_policy", "is reserved"},
+		{"own input topic", dispatch.Worker{ID: "w", Topic: "in"}, []string{"in"}, "output_policy", "own input topic"},
+		{"outside the allowed list", dispatch.Worker{ID: "w", Topic: "in", AllowedOutputs: []string{"billing.*"}}, []string{"billing.a", "shipping.b"}, "output_policy", "not in allowed_output_topics"},
+		{"too many outputs", dispatch.Worker{ID: "w", Topic: "in"}, []string{"a", "b", "c", "d"}, "output_limit", "4 outputs, more than MAX_OUTPUTS_PER_MESSAGE 3"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, pub, st := dispatchtest.NewBroker(), &publishtest.Recorder{}, state.NewMemoryStore()
+			d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, MaxAttempts: 1, MaxOutputs: 3})
+			d.Attach(c.worker, &dispatchtest.FuncInstance{Fn: outputs(c.outs...)})
+			other := &counting{}
+			d.Attach(dispatch.Worker{ID: "other", Topic: "in"}, other.instance("other.out"))
+			s := waitStream(t, b, "in")
+			s.In <- request("m1", "")
+			if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+				t.Fatalf("ack %+v", a)
+			}
+			for _, o := range c.outs {
+				for _, ev := range pub.On(o) { // the node's own lifecycle events have other types
+					if ev.Type() == o {
+						t.Errorf("the worker's output was published to %s: %v", o, ev)
+					}
+				}
+			}
+			dead := pub.On("in-dead")
+			if len(dead) != 1 {
+				t.Fatalf("%d dead letters", len(dead))
+			}
+			ext := dead[0].Extensions()
+			if ext[dispatch.DeadLetterReasonExtension] != c.reason || !strings.Contains(fmt.Sprint(ext[dispatch.DeadLetterErrorExtension]), c.errText) {
+				t.Fatalf("dead letter reason %v error %v; want %s, %q", ext[dispatch.DeadLetterReasonExtension], ext[dispatch.DeadLetterErrorExtension], c.reason, c.errText)
+			}
+			if other.n("m1") != 1 || len(pub.On("other.out")) != 1 {
+				t.Fatalf("the other worker: %d calls, %d outputs", other.n("m1"), len(pub.On("other.out")))
+			}
+		})
+	}
+}
+
+// A worker whose allowed list names its input topic may publish to it.
+func TestOutputPolicyAllowsListedInputTopic(t *testing.T) {
+	b, pub, st := dispatchtest.NewBroker(), &publishtest.Recorder{}, state.NewMemoryStore()
+	d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, MaxAttempts: 1})
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in", AllowedOutputs: []string{"in"}}, &dispatchtest.FuncInstance{Fn: outputs("in")})
+	s := waitStream(t, b, "in")
+	s.In <- request("m1", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+		t.Fatalf("ack %+v", a)
+	}
+	if len(pub.On("in")) != 1 || len(pub.On("in-dead")) != 0 {
+		t.Fatalf("published %d to in, %d dead", len(pub.On("in")), len(pub.On("in-dead")))
+	}
+}
