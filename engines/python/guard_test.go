@@ -79,6 +79,12 @@ def process(event):
     if kind == "builtins-of-another-module":
         real = json.__dict__["__builtins__"]["__import__"]   # the real __import__
         real("subprocess").run(["true"])
+    if kind == "sys-modules":
+        real = json.__dict__["__builtins__"]["__import__"]
+        real("sys").modules["os"].system("true")
+    if kind == "importlib":
+        real = json.__dict__["__builtins__"]["__import__"]
+        real("importlib").import_module("subprocess").Popen(["true"])
     if kind == "system":
         os.system("true")
     if kind == "kill-parent":
@@ -103,6 +109,8 @@ def process(event):
 		"dunder-import":              "import of 'subprocess' is not allowed",
 		"builtins-of-another-module": "starting processes or sending signals is not allowed",
 		"system":                     "audit event os.system",
+		"sys-modules":                "audit event os.system",
+		"importlib":                  "audit event subprocess.Popen",
 		"kill-parent":                "audit event os.kill",
 		"fork":                       "audit event os.fork",
 		"subclasses":                 "audit event os.system",

@@ -49,6 +49,11 @@ func TestSandboxContainsEscapes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tcp.Close()
+	udp, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer udp.Close()
 	unixPath := filepath.Join(t.TempDir(), "node.sock")
 	ux, err := net.Listen("unix", unixPath)
 	if err != nil {
@@ -80,6 +85,10 @@ def attempt(kind, arg):
     if kind == "tcp":
         socket.create_connection(("127.0.0.1", arg), timeout=2).close()
         return "connected"
+    if kind == "udp":
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.sendto(b"escaped", ("127.0.0.1", arg))
+        return "sent"
     if kind == "unix":
         s = socket.socket(socket.AF_UNIX)
         s.connect(arg)
@@ -162,6 +171,13 @@ def process(event):
 	}
 	blocked("tcp", tcp.Addr().(*net.TCPAddr).Port, "ConnectionRefusedError") // own network namespace
 	blocked("unix", unixPath, "FileNotFoundError")
+	// UDP to the node's loopback: the datagram stays in the sandbox's own
+	// network namespace (sendto may succeed there; nothing arrives here).
+	try("udp", udp.LocalAddr().(*net.UDPAddr).Port)
+	_ = udp.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	if n, _, err := udp.ReadFrom(make([]byte, 64)); err == nil {
+		t.Errorf("a datagram of %d bytes reached the node's loopback", n)
+	}
 	blocked("kill-node", os.Getpid(), "ProcessLookupError")
 	blocked("memory", nil, "MemoryError")
 	blocked("big-file", nil, "File too large")

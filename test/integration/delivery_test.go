@@ -139,6 +139,17 @@ func (c *collect) distinct() int {
 	return len(c.evs)
 }
 
+// all returns every event seen so far.
+func (c *collect) all() []event.Event {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []event.Event
+	for _, evs := range c.evs {
+		out = append(out, evs...)
+	}
+	return out
+}
+
 func (c *collect) get(id string) []event.Event {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -253,26 +253,47 @@ func (e *env) waitReaders(t *testing.T, want int) (total, readers int) {
 	}
 }
 
-// nodeMemory describes the node's resident memory and its children's.
+// nodeMemory describes the node's resident memory and its worker
+// processes': each child of the node (a sandbox) with all its descendants
+// (the sandbox's init and the runner).
 func (e *env) nodeMemory(t *testing.T) string {
 	pid := e.node.Cmd.Process.Pid
 	rss := procKiB(pid, "status", "VmRSS:")
-	var kids, kidsPSS int
-	// Children are listed per thread: Go starts them from any thread.
+	kids := childrenOf(pid)
+	kidsPSS := 0
+	for _, c := range kids {
+		for _, p := range append([]int{c}, descendants(c)...) {
+			kidsPSS += procKiB(p, "smaps_rollup", "Pss:")
+		}
+	}
+	s := fmt.Sprintf("RSS %d MiB", rss/1024)
+	if len(kids) > 0 {
+		s += fmt.Sprintf("; %d worker processes, PSS %d MiB (%.1f MiB each, with their sandboxes)", len(kids), kidsPSS/1024, float64(kidsPSS)/1024/float64(len(kids)))
+	}
+	return s
+}
+
+// childrenOf lists pid's children (per thread: Go starts them from any).
+func childrenOf(pid int) []int {
+	var out []int
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 	for _, task := range tasks {
 		b, _ := os.ReadFile(task)
 		for _, f := range strings.Fields(string(b)) {
-			c, _ := strconv.Atoi(f)
-			kids++
-			kidsPSS += procKiB(c, "smaps_rollup", "Pss:")
+			if c, err := strconv.Atoi(f); err == nil {
+				out = append(out, c)
+			}
 		}
 	}
-	s := fmt.Sprintf("RSS %d MiB", rss/1024)
-	if kids > 0 {
-		s += fmt.Sprintf("; %d child processes, PSS %d MiB (%.1f MiB each)", kids, kidsPSS/1024, float64(kidsPSS)/1024/float64(kids))
+	return out
+}
+
+func descendants(pid int) []int {
+	var out []int
+	for _, c := range childrenOf(pid) {
+		out = append(append(out, c), descendants(c)...)
 	}
-	return s
+	return out
 }
 
 func procKiB(pid int, file, key string) int {
