@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path"
 	"sort"
 	"sync"
 	"time"
@@ -85,7 +86,7 @@ type Spec struct {
 	// Logger receives the worker's own log output.
 	Logger *slog.Logger
 	// GatewayTargets are the "service/method" patterns the worker's gateway
-	// calls may reach (engines/workerpolicy); empty: any.
+	// calls may reach (CheckGatewayTarget); empty: any.
 	GatewayTargets []string
 }
 
@@ -232,4 +233,24 @@ func ContextError(ctx context.Context, engine, what string) error {
 		return fmt.Errorf("%w: %s: %w", ErrTimeout, what, err)
 	}
 	return fmt.Errorf("%s engine: %s: %w", engine, what, err)
+}
+
+// ErrGatewayDenied is wrapped by a gateway call outside the worker's
+// allowed targets.
+var ErrGatewayDenied = errors.New("not allowed by the worker's policy")
+
+// CheckGatewayTarget says whether a worker whose Spec.GatewayTargets is
+// allowed may call service/method: allowed holds path.Match patterns of
+// "service/method"; empty allows any target.
+func CheckGatewayTarget(allowed []string, service, method string) error {
+	target := service + "/" + method
+	for _, p := range allowed {
+		if ok, _ := path.Match(p, target); ok {
+			return nil
+		}
+	}
+	if len(allowed) == 0 {
+		return nil
+	}
+	return fmt.Errorf("gateway target %q is not in allowed_gateway_targets %q: %w", target, allowed, ErrGatewayDenied)
 }

@@ -3,8 +3,10 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
+	"github.com/virtufin/workmanager/internal/auth"
 	"github.com/virtufin/workmanager/internal/envconfig"
 )
 
@@ -23,6 +25,11 @@ type config struct {
 	// nodes' variable; set it to the nodes' value.
 	DeliveryRecordTTL time.Duration
 	LogLevel          slog.Level // LOG_LEVEL
+
+	// Auth is who may call (internal/auth; README "Authentication"):
+	// API_AUTH, API_TOKENS_FILE, API_JWT_*, API_TLS_*, API_CLIENT_CA_FILE,
+	// API_PUBLIC_HEALTH.
+	Auth auth.Settings
 }
 
 func loadConfig() (config, error) {
@@ -35,6 +42,22 @@ func loadConfig() (config, error) {
 		PubSub:             r.String("DAPR_PUBSUB", "pubsub"),
 		DeliveryRecordTTL:  r.Duration("DELIVERY_RECORD_TTL", 24*time.Hour),
 		LogLevel:           r.LogLevel("LOG_LEVEL"),
+		Auth: auth.Settings{
+			TokensFile: r.String("API_TOKENS_FILE", ""),
+			JWT: auth.JWTConfig{JWKSURL: r.String("API_JWT_JWKS_URL", ""), PublicKeyFile: r.String("API_JWT_PUBLIC_KEY_FILE", ""),
+				Issuer: r.String("API_JWT_ISSUER", ""), Audience: r.String("API_JWT_AUDIENCE", "")},
+			TLSCertFile:  r.String("API_TLS_CERT_FILE", ""),
+			TLSKeyFile:   r.String("API_TLS_KEY_FILE", ""),
+			ClientCAFile: r.String("API_CLIENT_CA_FILE", ""),
+			PublicHealth: r.Bool("API_PUBLIC_HEALTH", false),
+		},
+	}
+	switch mode := strings.ToLower(r.String("API_AUTH", "on")); mode {
+	case "on":
+	case "off":
+		c.Auth.Off = true
+	default:
+		return c, fmt.Errorf(`API_AUTH must be "on" or "off", got %q`, mode)
 	}
 	if err := r.Err(); err != nil {
 		return c, err
@@ -55,5 +78,5 @@ func (c config) validate() error {
 	case c.DeliveryRecordTTL < time.Minute:
 		return fmt.Errorf("DELIVERY_RECORD_TTL must be at least 1m (as on the nodes), got %s", c.DeliveryRecordTTL)
 	}
-	return nil
+	return c.Auth.Validate()
 }

@@ -7,13 +7,14 @@ import (
 )
 
 func TestConfigDefaults(t *testing.T) {
+	t.Setenv("API_TOKENS_FILE", "/etc/workmanager/api-tokens")
 	t.Setenv("DAPR_PUBSUB", "") // empty: unset
 	t.Setenv("DELIVERY_RECORD_TTL", "")
 	c, err := loadConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.PubSub != "pubsub" || c.DeliveryRecordTTL != 24*time.Hour {
+	if c.PubSub != "pubsub" || c.DeliveryRecordTTL != 24*time.Hour || c.Auth.Off || c.Auth.PublicHealth {
 		t.Fatalf("defaults: pubsub %q, delivery record TTL %s", c.PubSub, c.DeliveryRecordTTL)
 	}
 	t.Setenv("DAPR_PUBSUB", "events")
@@ -24,10 +25,15 @@ func TestConfigDefaults(t *testing.T) {
 }
 
 func TestConfigRejectsBadValues(t *testing.T) {
+	t.Setenv("API_TOKENS_FILE", "/etc/workmanager/api-tokens")
 	for env, want := range map[string]string{
-		"DELIVERY_RECORD_TTL=soon": `DELIVERY_RECORD_TTL="soon"`,
-		"DELIVERY_RECORD_TTL=-1h":  "DELIVERY_RECORD_TTL must be at least 1m",
-		"DELIVERY_RECORD_TTL=30s":  "DELIVERY_RECORD_TTL must be at least 1m",
+		"API_AUTH=maybe":                  `API_AUTH must be "on" or "off"`,
+		"API_TLS_CERT_FILE=/tls/cert.pem": "API_TLS_CERT_FILE and API_TLS_KEY_FILE go together",
+		"API_CLIENT_CA_FILE=/tls/ca.pem":  "API_CLIENT_CA_FILE (client certificates) needs server TLS",
+		"API_TOKENS_FILE=":                "authentication is on (API_AUTH) but no method is configured",
+		"DELIVERY_RECORD_TTL=soon":        `DELIVERY_RECORD_TTL="soon"`,
+		"DELIVERY_RECORD_TTL=-1h":         "DELIVERY_RECORD_TTL must be at least 1m",
+		"DELIVERY_RECORD_TTL=30s":         "DELIVERY_RECORD_TTL must be at least 1m",
 	} {
 		t.Run(env, func(t *testing.T) {
 			k, v, _ := strings.Cut(env, "=")

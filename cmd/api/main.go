@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/internal/auth"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/daemon"
 	"github.com/virtufin/workmanager/internal/daprconn"
@@ -50,7 +51,16 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	}
 	defer tc.Close()
 
-	srv := grpc.NewServer()
+	opts, authn, err := auth.ServerOptions(ctx, cfg.Auth, log)
+	if err != nil {
+		return err
+	}
+	if cfg.Auth.Off {
+		log.Warn("API_AUTH=off: THE CONTROL API ACCEPTS EVERY CALL WITHOUT CREDENTIALS, AS AN ADMIN. Never in production.")
+	} else {
+		log.Info("api authentication", "methods", authn.Methods(), "tls", cfg.Auth.TLSCertFile != "", "public_health", cfg.Auth.PublicHealth)
+	}
+	srv := grpc.NewServer(opts...)
 	pb.RegisterWorkManagerServiceServer(srv, api.New(log, tc, cat, engines.BuiltinMIMETypes(),
 		api.Options{OperationTimeout: cfg.OperationTimeout, ContinueAsNewAfter: cfg.ContinueAsNewAfter,
 			// The dead-letter TTL is recorded in each index by the nodes

@@ -72,16 +72,21 @@ func run(o devstack.Options, bins, apiAddr, nodeAddr string) error {
 	if err := devstack.WaitHTTP(ctx, node, "http://"+nodeAddr+"/readyz", 2*time.Minute); err != nil {
 		return err
 	}
+	_, _, err = devstack.DevToken(o.Dir) // StartAPI made it; make sure it is there
+	if err != nil {
+		return err
+	}
 	fmt.Printf(`
 WorkManager is running (data and logs in %s):
-  control API (gRPC)   %s        grpcurl -plaintext %s list
+  control API (gRPC)   %s        needs a bearer token: the dev token (admin, default tenant) is in %s
+                       .tools/bin/grpcurl -plaintext -H "authorization: Bearer $(cat %s)" %s list
   node health          http://%s/health   (/healthz, /readyz)
   Temporal frontend    %s
   Temporal Web UI      %s
   daprd gRPC / HTTP    %s / %s
   Redis                %s
 Press Ctrl-C to stop; 'make run' again resumes with the same workers.
-`, o.Dir, apiAddr, apiAddr, nodeAddr, s.TemporalAddr, s.UIURL, s.DaprGRPCAddr, s.DaprHTTPAddr, s.RedisAddr)
+`, o.Dir, apiAddr, filepath.Join(o.Dir, "dev-token"), relOrAbs(filepath.Join(o.Dir, "dev-token")), apiAddr, nodeAddr, s.TemporalAddr, s.UIURL, s.DaprGRPCAddr, s.DaprHTTPAddr, s.RedisAddr)
 	if o.DaprAPIToken != "" {
 		fmt.Println("  daprd requires its API token: send header 'dapr-api-token: $DAPR_API_TOKEN' to daprd")
 	}
@@ -94,4 +99,16 @@ Press Ctrl-C to stop; 'make run' again resumes with the same workers.
 	}
 	fmt.Println("stopping...")
 	return nil
+}
+
+// relOrAbs is path relative to the working directory when it is below it.
+func relOrAbs(path string) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return path
+	}
+	if rel, err := filepath.Rel(wd, path); err == nil && filepath.IsLocal(rel) {
+		return rel
+	}
+	return path
 }

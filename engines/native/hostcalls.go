@@ -6,7 +6,6 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/native/internal/loader"
-	"github.com/virtufin/workmanager/engines/workerpolicy"
 )
 
 // The engine's side of the worker's host functions, for in-process and
@@ -37,7 +36,7 @@ func gatewayCall(ctx context.Context, gw interface {
 	if gw == nil {
 		return []byte("no gateway is configured on this node"), loader.GatewayUnavailable
 	}
-	if err := workerpolicy.CheckGateway(spec.GatewayTargets, service, method); err != nil {
+	if err := engines.CheckGatewayTarget(spec.GatewayTargets, service, method); err != nil {
 		return []byte(err.Error()), loader.GatewayError
 	}
 	resp, err := gw.Call(ctx, service, method, req)

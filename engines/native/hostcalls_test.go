@@ -4,6 +4,7 @@ package native
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -32,5 +33,17 @@ func TestGatewayCallHonoursAllowedTargets(t *testing.T) {
 	}
 	if strings.Join(g.calls, ",") != "billing/charge" {
 		t.Fatalf("gateway saw %v", g.calls)
+	}
+}
+
+func TestCheckGatewayTarget(t *testing.T) {
+	if err := engines.CheckGatewayTarget(nil, "any", "thing"); err != nil {
+		t.Fatal(err)
+	}
+	if err := engines.CheckGatewayTarget([]string{"billing/*"}, "billing", "charge"); err != nil {
+		t.Fatal(err)
+	}
+	if err := engines.CheckGatewayTarget([]string{"billing/*"}, "users", "delete"); !errors.Is(err, engines.ErrGatewayDenied) {
+		t.Fatalf("err = %v", err)
 	}
 }

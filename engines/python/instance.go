@@ -12,7 +12,6 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
-	"github.com/virtufin/workmanager/engines/workerpolicy"
 )
 
 // Instance is one loaded worker: Config.Processes runner subprocesses with the
@@ -240,7 +239,7 @@ func (in *Instance) gateway(ctx context.Context, payload []byte) []byte {
 	if gw == nil {
 		return fail("no gateway is configured on this node")
 	}
-	if err := workerpolicy.CheckGateway(in.spec.GatewayTargets, target.Service, target.Method); err != nil {
+	if err := engines.CheckGatewayTarget(in.spec.GatewayTargets, target.Service, target.Method); err != nil {
 		return fail("%v", err)
 	}
 	resp, err := gw.Call(ctx, target.Service, target.Method, body)

@@ -197,7 +197,11 @@ def process(event):
 
 	// Closing the instance takes every process of the sandbox with it: the
 	// fork bomb's children and the setsid'd grandchild included.
-	pids := sandboxProcesses(t)
+	uid, ok := sb.UID(testSpec.WorkerID)
+	if !ok {
+		t.Fatal("no user id for the worker in strict mode")
+	}
+	pids := sandboxProcesses(t, uid)
 	if len(pids) < 3 {
 		t.Fatalf("sandbox processes before Close: %v; want the runner, the bomb's children and the escaped grandchild", pids)
 	}
@@ -205,16 +209,17 @@ def process(event):
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for len(sandboxProcesses(t)) > 0 && time.Now().Before(deadline) {
+	for len(sandboxProcesses(t, uid)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if left := sandboxProcesses(t); len(left) > 0 {
+	if left := sandboxProcesses(t, uid); len(left) > 0 {
 		t.Fatalf("processes left after Close: %v", left)
 	}
 }
 
-// sandboxProcesses lists the pids running as a sandbox user id.
-func sandboxProcesses(t *testing.T) []int {
+// sandboxProcesses lists the pids running as uid (the worker's: other
+// packages' sandboxes may run at the same time).
+func sandboxProcesses(t *testing.T, uid int) []int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -232,7 +237,7 @@ func sandboxProcesses(t *testing.T) []int {
 		}
 		for _, l := range strings.Split(string(b), "\n") {
 			if f := strings.Fields(l); len(f) > 1 && f[0] == "Uid:" {
-				if uid, _ := strconv.Atoi(f[1]); uid >= 200000 && uid < 250000 {
+				if u, _ := strconv.Atoi(f[1]); u == uid {
 					pids = append(pids, pid)
 				}
 			}

@@ -375,6 +375,14 @@ func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
 	return cmd, func() { closeAll(files); cleanup() }, nil
 }
 
+// UID is the user id owner's processes run as, when the user layer is on.
+func (s *Sandbox) UID(owner string) (int, bool) {
+	if !s.setuid || s.cfg.Mode == Off || owner == "" {
+		return 0, false
+	}
+	return s.uid(owner), true
+}
+
 // uid is owner's user id (round-robin for processes of no worker).
 func (s *Sandbox) uid(owner string) int {
 	n := s.next.Add(1)

@@ -51,7 +51,7 @@ type Worker struct {
 	// RequestID is the CreateWorker request id that created the worker.
 	RequestID string `json:"request_id,omitempty"`
 	// AllowedOutputs and GatewayTargets are the worker's policy
-	// (engines/workerpolicy); empty: the defaults.
+	// (internal/workerpolicy); empty: the defaults.
 	AllowedOutputs []string `json:"allowed_outputs,omitempty"`
 	GatewayTargets []string `json:"gateway_targets,omitempty"`
 }

@@ -7,6 +7,9 @@ package devstack
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -546,8 +549,57 @@ func (s *Stack) StartNode(bin, httpAddr string, env ...string) (*Proc, error) {
 }
 
 // StartAPI starts the WorkManager API binary listening on addr.
+//
+// Authentication is on: unless env configures it (API_TOKENS_FILE,
+// API_AUTH, ...), the API accepts the stack's dev token (DevToken), an
+// admin of the default tenant.
 func (s *Stack) StartAPI(bin, addr string, env ...string) (*Proc, error) {
-	return StartProc(s.Dir, "api", append(append(s.Env(), "WORKMANAGER_API_ADDR="+addr), env...), bin)
+	base := append(s.Env(), "WORKMANAGER_API_ADDR="+addr)
+	if !hasAuthSetting(env) {
+		_, file, err := DevToken(s.Dir)
+		if err != nil {
+			return nil, err
+		}
+		base = append(base, "API_TOKENS_FILE="+file)
+	}
+	return StartProc(s.Dir, "api", append(base, env...), bin)
+}
+
+func hasAuthSetting(env []string) bool {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "API_TOKENS_FILE=") || strings.HasPrefix(kv, "API_AUTH=") ||
+			strings.HasPrefix(kv, "API_JWT_") || strings.HasPrefix(kv, "API_CLIENT_CA_FILE=") {
+			return true
+		}
+	}
+	return false
+}
+
+// DevToken returns the dev bearer token of the stack in dir and its
+// tokens file, making them on first use: dir/dev-token holds the token
+// (mode 0600; `make run` prints how to send it), dir/api-tokens its
+// SHA-256 as an admin of the default tenant (subject "dev"). Later calls,
+// and restarts on the same dir, keep the token.
+func DevToken(dir string) (token, tokensFile string, err error) {
+	tokenFile, tokensFile := filepath.Join(dir, "dev-token"), filepath.Join(dir, "api-tokens")
+	if b, err := os.ReadFile(tokenFile); err == nil && len(strings.TrimSpace(string(b))) >= 32 {
+		token = strings.TrimSpace(string(b))
+	} else {
+		raw := make([]byte, 32)
+		if _, err := rand.Read(raw); err != nil {
+			return "", "", err
+		}
+		token = "wm_dev_" + hex.EncodeToString(raw)
+		if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+			return "", "", err
+		}
+	}
+	sum := sha256.Sum256([]byte(token))
+	line := "# written by devstack: the dev token of " + tokenFile + " (an admin of the default tenant)\nsha256:" + hex.EncodeToString(sum[:]) + " admin default dev\n"
+	if err := os.WriteFile(tokensFile, []byte(line), 0o600); err != nil {
+		return "", "", err
+	}
+	return token, tokensFile, nil
 }
 
 // WaitHTTP polls url until it answers 200, the process exits, or limit passes.
@@ -564,3 +616,15 @@ func WaitHTTP(ctx context.Context, p *Proc, url string, limit time.Duration) err
 		return nil
 	})
 }
+
+// Bearer is gRPC per-call credentials that send a bearer token, also
+// without TLS (the dev stack is on loopback).
+type Bearer string
+
+// GetRequestMetadata implements credentials.PerRPCCredentials.
+func (b Bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+// RequireTransportSecurity implements credentials.PerRPCCredentials.
+func (Bearer) RequireTransportSecurity() bool { return false }

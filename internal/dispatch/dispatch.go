@@ -99,7 +99,7 @@ type Worker struct {
 	MaxAttempts  int
 	RetryBackoff time.Duration
 	// AllowedOutputs are the topics its outputs may go to
-	// (engines/workerpolicy); empty: any but the reserved ones and Topic.
+	// (internal/workerpolicy); empty: any but the reserved ones and Topic.
 	AllowedOutputs []string
 }
 

@@ -16,10 +16,10 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/virtufin/workmanager/engines"
-	"github.com/virtufin/workmanager/engines/workerpolicy"
 	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
+	"github.com/virtufin/workmanager/internal/workerpolicy"
 )
 
 // CloudEvent extensions the hot path reads or writes.

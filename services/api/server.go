@@ -21,13 +21,13 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/virtufin/workmanager/engines/workerpolicy"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/codesource"
 	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/delivery"
 	"github.com/virtufin/workmanager/internal/failure"
 	"github.com/virtufin/workmanager/internal/publish"
+	"github.com/virtufin/workmanager/internal/workerpolicy"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	"github.com/virtufin/workmanager/workflows"
 )

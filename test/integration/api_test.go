@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,10 +13,16 @@ import (
 	"time"
 
 	"go.temporal.io/sdk/client"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
 
+	"github.com/virtufin/workmanager/internal/auth"
 	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/devstack"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	"github.com/virtufin/workmanager/workflows"
 )
@@ -204,4 +211,57 @@ func TestConcurrentUpdatesAcrossContinueAsNew(t *testing.T) {
 	if d := decodeOut(t, expectEvent(t, outs, 20*time.Second).Data()); d.Version != want {
 		t.Fatalf("serving %q, want %q (version %d, the last loaded)", d.Version, want, last.GetVersion())
 	}
+}
+
+// Issue 11: the control API authenticates every call and authorizes it by
+// role, on the real stack: no credentials and a wrong token are
+// UNAUTHENTICATED (the health service too, unless API_PUBLIC_HEALTH), a
+// reader reads but cannot create, and a refused create leaves nothing.
+func TestAPIAuthentication(t *testing.T) {
+	dir := t.TempDir()
+	dev, _, err := devstack.DevToken(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte(fmt.Sprintf("sha256:%s admin default dev\nsha256:%s reader default viewer\n",
+		auth.HashToken(dev), auth.HashToken("reader-token-0123456789"))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnvWith(t, envConfig{dir: dir, apiEnv: []string{"API_TOKENS_FILE=" + tokens}})
+	dial := func(creds ...grpc.DialOption) *grpc.ClientConn {
+		conn, err := grpc.NewClient(e.apiAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, creds...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	anon, wrong, reader := dial(), dial(grpc.WithPerRPCCredentials(devstack.Bearer("not-a-token"))),
+		dial(grpc.WithPerRPCCredentials(devstack.Bearer("reader-token-0123456789")))
+	ctx := ctxT(t)
+	if _, err := pb.NewWorkManagerServiceClient(anon).ListWorkers(ctx, &pb.ListWorkersRequest{}); status.Code(err) != codes.Unauthenticated ||
+		!strings.Contains(err.Error(), "no credentials") {
+		t.Fatalf("no credentials: %v", err)
+	}
+	if _, err := healthpb.NewHealthClient(anon).Check(ctx, &healthpb.HealthCheckRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("health without credentials (API_PUBLIC_HEALTH unset): %v", err)
+	}
+	if _, err := pb.NewWorkManagerServiceClient(wrong).ListWorkers(ctx, &pb.ListWorkersRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("wrong token: %v", err)
+	}
+	rc := pb.NewWorkManagerServiceClient(reader)
+	if _, err := rc.ListWorkers(ctx, &pb.ListWorkersRequest{}); err != nil {
+		t.Fatalf("reader lists: %v", err)
+	}
+	_, err = rc.CreateWorker(ctx, &pb.CreateWorkerRequest{MimeType: "text/x-python", Topic: topicName(t, "in"), Name: "by-a-reader",
+		Code: pyCode([]byte("def process(event):\n    return None\n"))})
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "needs the operator role") {
+		t.Fatalf("reader creates: %v", err)
+	}
+	if _, err := e.client.GetWorker(ctx, &pb.GetWorkerRequest{WorkerId: "by-a-reader"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("the refused worker exists: %v", err)
+	}
+	// The admin (the harness's dev token) creates.
+	e.create(t, topicName(t, "in"), echoWorker(topicName(t, "out"), "v1"))
 }

@@ -231,7 +231,12 @@ func (e *env) startAPI() {
 		if err != nil {
 			return nil, err
 		}
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		token, _, err := devstack.DevToken(e.stack.Dir)
+		if err != nil {
+			return p, err
+		}
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithPerRPCCredentials(devstack.Bearer(token)))
 		if err != nil {
 			return p, err
 		}

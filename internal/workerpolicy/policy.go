@@ -1,9 +1,10 @@
-// Package workerpolicy owns what a worker may reach beyond its own process:
-// the topics its outputs may be published to (never the reserved ones:
-// WorkManager's own workmanager.* topics and the dead-letter topics; not
-// its own input topic unless listed) and the gateway targets its calls may
-// reach. Patterns use path.Match: * matches any run of characters except
-// '/', ? one character.
+// Package workerpolicy owns the rules of a worker's policy: the topics its
+// outputs may be published to (never the reserved ones: WorkManager's own
+// workmanager.* topics and the dead-letter topics; not its own input topic
+// unless listed), and the shape of both pattern lists as CreateWorker takes
+// them. The engines hold gateway calls to the targets themselves
+// (engines.CheckGatewayTarget). Patterns use path.Match: * matches any run
+// of characters except '/', ? one character.
 package workerpolicy
 
 import (
@@ -84,13 +85,4 @@ func CheckOutput(allowed []string, input, topic string) error {
 		return fmt.Errorf("topic %q is the worker's own input topic (a loop; list it in allowed_output_topics to allow it): %w", topic, ErrDenied)
 	}
 	return nil
-}
-
-// CheckGateway says whether a worker may call service/method under allowed
-// (its allowed_gateway_targets; empty: any).
-func CheckGateway(allowed []string, service, method string) error {
-	if len(allowed) == 0 || matchAny(allowed, service+"/"+method) {
-		return nil
-	}
-	return fmt.Errorf("gateway target %q is not in allowed_gateway_targets %q: %w", service+"/"+method, allowed, ErrDenied)
 }

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/virtufin/workmanager/engines/workerpolicy"
+	"github.com/virtufin/workmanager/internal/workerpolicy"
 )
 
 func TestCheckOutput(t *testing.T) {
@@ -30,18 +30,6 @@ func TestCheckOutput(t *testing.T) {
 		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, workerpolicy.ErrDenied)):
 			t.Errorf("%v %s→%s: %v, want %q", c.allowed, c.input, c.topic, err, c.want)
 		}
-	}
-}
-
-func TestCheckGateway(t *testing.T) {
-	if err := workerpolicy.CheckGateway(nil, "any", "thing"); err != nil {
-		t.Fatal(err)
-	}
-	if err := workerpolicy.CheckGateway([]string{"billing/*"}, "billing", "charge"); err != nil {
-		t.Fatal(err)
-	}
-	if err := workerpolicy.CheckGateway([]string{"billing/*"}, "users", "delete"); !errors.Is(err, workerpolicy.ErrDenied) || !strings.Contains(err.Error(), `"users/delete"`) {
-		t.Fatalf("err = %v", err)
 	}
 }
 

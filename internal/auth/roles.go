@@ -1,0 +1,35 @@
+package auth
+
+// MethodRoles is the least role of every RPC of the control API. A method
+// missing here is refused to everybody; TestEveryRPCHasARole fails for
+// any RPC of the service without an entry.
+var MethodRoles = map[string]Role{
+	"/workmanager.v1.WorkManagerService/GetWorker":         RoleReader,
+	"/workmanager.v1.WorkManagerService/ListWorkers":       RoleReader,
+	"/workmanager.v1.WorkManagerService/GetWorkerHistory":  RoleReader,
+	"/workmanager.v1.WorkManagerService/ListDeadLetters":   RoleReader,
+	"/workmanager.v1.WorkManagerService/CreateWorker":      RoleOperator,
+	"/workmanager.v1.WorkManagerService/LoadCode":          RoleOperator,
+	"/workmanager.v1.WorkManagerService/StartWorker":       RoleOperator,
+	"/workmanager.v1.WorkManagerService/StopWorker":        RoleOperator,
+	"/workmanager.v1.WorkManagerService/DeleteWorker":      RoleOperator,
+	"/workmanager.v1.WorkManagerService/ReplayDeadLetters": RoleOperator,
+	"/workmanager.v1.WorkManagerService/RecoverWorkers":    RoleAdmin,
+
+	// Health and reflection: readers, unless API_PUBLIC_HEALTH makes them
+	// public (Config.PublicMethods).
+	"/grpc.health.v1.Health/Check":                                   RoleReader,
+	"/grpc.health.v1.Health/Watch":                                   RoleReader,
+	"/grpc.health.v1.Health/List":                                    RoleReader,
+	"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":      RoleReader,
+	"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": RoleReader,
+}
+
+// HealthAndReflection are the methods API_PUBLIC_HEALTH opens.
+var HealthAndReflection = []string{
+	"/grpc.health.v1.Health/Check",
+	"/grpc.health.v1.Health/Watch",
+	"/grpc.health.v1.Health/List",
+	"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+	"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+}
