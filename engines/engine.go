@@ -243,14 +243,14 @@ var ErrGatewayDenied = errors.New("not allowed by the worker's policy")
 // allowed may call service/method: allowed holds path.Match patterns of
 // "service/method"; empty allows any target.
 func CheckGatewayTarget(allowed []string, service, method string) error {
+	if len(allowed) == 0 {
+		return nil
+	}
 	target := service + "/" + method
 	for _, p := range allowed {
 		if ok, _ := path.Match(p, target); ok {
 			return nil
 		}
-	}
-	if len(allowed) == 0 {
-		return nil
 	}
 	return fmt.Errorf("gateway target %q is not in allowed_gateway_targets %q: %w", target, allowed, ErrGatewayDenied)
 }

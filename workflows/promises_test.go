@@ -151,13 +151,7 @@ func (s *WorkerWorkflowSuite) TestApplyFailureAfterTheRecordWasSavedIsSuccess() 
 		return []catalog.Worker{saved}, nil
 	})
 	s.env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1"}, nil)
-	var activated int
-	s.env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(func(context.Context, string) error {
-		s.mu.Lock()
-		activated++
-		s.mu.Unlock()
-		return nil
-	})
+	activated := s.countActivations()
 	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
 	var load, del updater
 	s.env.RegisterDelayedCallback(func() { s.update(UpdateLoadCode, &load, catalog.CodeRef{SHA256: sha2, SourceKind: "content"}) }, time.Second)
@@ -170,7 +164,7 @@ func (s *WorkerWorkflowSuite) TestApplyFailureAfterTheRecordWasSavedIsSuccess() 
 	s.Equal(int64(2), load.result.(catalog.Worker).CodeVersion)
 	s.Equal(sha2, load.result.(catalog.Worker).CodeSHA256)
 	s.Equal([][]lifecycleevents.Kind{{lifecycleevents.CodeUpdated}, {lifecycleevents.Deleted}}, s.emitted)
-	s.Equal(2, activated, "the load and the delete reached the node")
+	s.Equal(2, activated(), "the load and the delete reached the node")
 }
 
 // An Apply that failed before the record was saved (e.g. its history write
@@ -189,19 +183,29 @@ func (s *WorkerWorkflowSuite) TestApplyFailureBeforeTheRecordResyncsNodes() {
 	})
 	s.env.OnActivity(a.GetWorkers, mock.Anything, []string{"w1"}).Return([]catalog.Worker{current}, nil)
 	s.env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1", "n2"}, nil)
-	var activated int
-	s.env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(func(context.Context, string) error {
-		s.mu.Lock()
-		activated++
-		s.mu.Unlock()
-		return nil
-	})
+	activated := s.countActivations()
 	var load updater
 	s.env.RegisterDelayedCallback(func() { s.update(UpdateLoadCode, &load, catalog.CodeRef{SHA256: sha2, SourceKind: "content"}) }, time.Second)
 	s.env.RegisterDelayedCallback(func() { s.env.CancelWorkflow() }, 2*time.Second)
 	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: current, Created: true}})
 
 	s.Error(load.err)
-	s.Equal(2, activated, "both nodes were brought back to the record")
+	s.Equal(2, activated(), "both nodes were brought back to the record")
 	s.Empty(s.emitted, "the failed load published nothing")
+}
+
+// countActivations mocks Activate and returns how many times it ran so far.
+func (s *WorkerWorkflowSuite) countActivations() func() int {
+	var n int
+	s.env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(func(context.Context, string) error {
+		s.mu.Lock()
+		n++
+		s.mu.Unlock()
+		return nil
+	})
+	return func() int {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return n
+	}
 }

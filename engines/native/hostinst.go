@@ -147,22 +147,26 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 		pipes.CloseParentEnds()
 		return nil, fmt.Errorf("native engine: %w", err)
 	}
+	sb := e.cfg.Sandbox
+	library := libPath
+	if sb != nil {
+		// Inside, the package is bound at sandboxPackageDir.
+		rel, _ := filepath.Rel(extractRoot(libPath), libPath)
+		library = path.Join(sandboxPackageDir, filepath.ToSlash(rel))
+	}
 	args := append(append([]string(nil), e.cfg.HostArgs...),
-		"-library", libPath, "-entry", m.EntryPoint, "-free", m.FreeResult, "-abi", strconv.Itoa(m.ABIVersion))
+		"-library", library, "-entry", m.EntryPoint, "-free", m.FreeResult, "-abi", strconv.Itoa(m.ABIVersion))
 	workerEnv := append(append([]string(nil), e.cfg.HostEnv...),
 		hostproto.EnvWorkerID+"="+spec.WorkerID, hostproto.EnvWorkerGroup+"="+spec.Group, hostproto.EnvWorkerTopic+"="+spec.Topic)
 	var cmd *exec.Cmd
 	release := func() {}
-	if sb := e.cfg.Sandbox; sb != nil {
+	if sb != nil {
 		// The library's directory (given to the worker's uid by extract)
 		// and the host binary are all it sees of the node's files.
-		root := extractRoot(libPath)
-		rel, _ := filepath.Rel(root, libPath)
-		inside := append(append([]string(nil), e.cfg.HostArgs...),
-			"-library", path.Join(sandboxPackageDir, filepath.ToSlash(rel)), "-entry", m.EntryPoint, "-free", m.FreeResult, "-abi", strconv.Itoa(m.ABIVersion))
-		cmd, release, err = sb.Command(sandbox.Spec{Owner: spec.WorkerID, Path: sandboxHostPath, Args: inside,
-			Env:   append([]string{"LANG=C.UTF-8", "PATH=/usr/bin:/bin"}, workerEnv...),
-			Binds: []sandbox.Bind{{Src: e.cfg.HostPath, Dst: sandboxHostPath}, {Src: root, Dst: sandboxPackageDir}}, ExtraFiles: pipes.ChildEnds()})
+		cmd, release, err = sb.Command(sandbox.Spec{Owner: spec.WorkerID, Path: sandboxHostPath, Args: args,
+			Env:        append([]string{"LANG=C.UTF-8", "PATH=/usr/bin:/bin"}, workerEnv...),
+			Binds:      []sandbox.Bind{{Src: e.cfg.HostPath, Dst: sandboxHostPath}, {Src: extractRoot(libPath), Dst: sandboxPackageDir}},
+			ExtraFiles: pipes.ChildEnds()})
 		if err != nil {
 			pipes.CloseChildEnds()
 			pipes.CloseParentEnds()

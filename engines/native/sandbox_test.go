@@ -5,7 +5,6 @@ package native
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,27 +12,15 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
-	"github.com/virtufin/workmanager/engines/sandbox"
+	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
 )
-
-func strictSandbox(t *testing.T) *sandbox.Sandbox {
-	t.Helper()
-	s, err := sandbox.New(context.Background(), sandbox.Config{Mode: sandbox.Strict, ScratchRoot: t.TempDir(), Log: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		if os.Getenv("WM_REQUIRE_SANDBOX") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-	return s
-}
 
 // With a sandbox, the load check of an uploaded package runs in a
 // sandboxed host, never in this process: a constructor that writes a file
 // writes nothing the node can see, one that kills its parent kills only
 // the sandbox, and the package is refused with a clear error.
 func TestCheckRunsConstructorsOutsideTheNode(t *testing.T) {
-	sb := strictSandbox(t)
+	sb := sandboxtest.Strict(t)
 	mark := filepath.Join(t.TempDir(), "ctor-ran")
 	e := newTestEngine(t, hostConfig(Config{Sandbox: sb}))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

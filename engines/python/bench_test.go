@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"os/exec"
 	"slices"
 	"strings"
@@ -17,7 +16,7 @@ import (
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/engines/python"
-	"github.com/virtufin/workmanager/engines/sandbox"
+	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
 )
 
 // reportLatencies reports p50/p99 of the per-iteration durations.
@@ -51,7 +50,7 @@ func BenchmarkPythonRoundTrip1KiBNoSpin(b *testing.B) {
 // BenchmarkPythonRoundTrip1KiBSandboxed is the same call inside every OS
 // layer (SANDBOX=strict): the sandbox must add nothing per message.
 func BenchmarkPythonRoundTrip1KiBSandboxed(b *testing.B) {
-	benchRoundTrip(b, python.Config{Sandbox: benchSandbox(b)})
+	benchRoundTrip(b, python.Config{Sandbox: sandboxtest.Strict(b)})
 }
 
 // BenchmarkPythonStartup is one Check: start a runner, load the code, stop;
@@ -59,7 +58,7 @@ func BenchmarkPythonRoundTrip1KiBSandboxed(b *testing.B) {
 func BenchmarkPythonStartup(b *testing.B) { benchStartup(b, python.Config{}) }
 
 func BenchmarkPythonStartupSandboxed(b *testing.B) {
-	benchStartup(b, python.Config{Sandbox: benchSandbox(b)})
+	benchStartup(b, python.Config{Sandbox: sandboxtest.Strict(b)})
 }
 
 func benchStartup(b *testing.B, cfg python.Config) {
@@ -70,15 +69,6 @@ func benchStartup(b *testing.B, cfg python.Config) {
 			b.Fatal(err)
 		}
 	}
-}
-
-func benchSandbox(b *testing.B) *sandbox.Sandbox {
-	s, err := sandbox.New(context.Background(), sandbox.Config{Mode: sandbox.Strict, ScratchRoot: b.TempDir(),
-		Log: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		b.Skip(err)
-	}
-	return s
 }
 
 // loadBenchEcho loads the echo worker (closed when the benchmark ends) and

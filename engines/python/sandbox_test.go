@@ -15,30 +15,15 @@ import (
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/engines/python"
-	"github.com/virtufin/workmanager/engines/sandbox"
+	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
 )
-
-// strictSandbox returns the OS layers in strict mode; the test is skipped
-// only where they cannot exist (not Linux root with bubblewrap: `make
-// test` installs it and runs as root on the dev machines).
-func strictSandbox(t *testing.T) *sandbox.Sandbox {
-	t.Helper()
-	s, err := sandbox.New(context.Background(), sandbox.Config{Mode: sandbox.Strict, ScratchRoot: t.TempDir()})
-	if err != nil {
-		if os.Getenv("WM_REQUIRE_SANDBOX") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-	return s
-}
 
 // TestSandboxContainsEscapes runs the escape corpus with the interpreter
 // layer opened up (os, socket, subprocess allowed), so that each attempt
 // reaches the OS layers: each must be blocked or contained, and the
 // instance must keep serving.
 func TestSandboxContainsEscapes(t *testing.T) {
-	sb := strictSandbox(t)
+	sb := sandboxtest.Strict(t)
 	t.Setenv("WM_NODE_SECRET", "hunter2")
 	secretFile := filepath.Join(t.TempDir(), "secret")
 	if err := os.WriteFile(secretFile, []byte("node secret"), 0o644); err != nil {
@@ -249,7 +234,7 @@ func sandboxProcesses(t *testing.T, uid int) []int {
 // A module-level import the allowlist refuses is invalid code under the
 // sandbox too, and an allowed package imports.
 func TestSandboxAllowlistAtCheck(t *testing.T) {
-	e := newEngine(t, python.Config{Sandbox: strictSandbox(t), AllowedPackages: []string{"xml"}})
+	e := newEngine(t, python.Config{Sandbox: sandboxtest.Strict(t), AllowedPackages: []string{"xml"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := e.Check(ctx, testSpec, []byte("import socket\ndef process(event):\n    return None\n"))

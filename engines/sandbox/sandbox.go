@@ -443,7 +443,7 @@ func (s *Sandbox) bwrapArgs(scratch string, readOnly []string, extra int) ([]str
 	}
 	if os.Geteuid() != 0 {
 		a = append(a, "--unshare-user", "--uid", "65534", "--gid", "65534")
-	} else if s.setuid || s.cfg.Setpriv != "" {
+	} else if s.setuid {
 		// setpriv needs these to change to the process's own user id; it
 		// drops every capability before it runs the worker.
 		a = append(a, "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP")

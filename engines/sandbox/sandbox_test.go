@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/virtufin/workmanager/engines/sandbox"
+	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
@@ -52,7 +53,7 @@ func TestStrictHasEveryLayerOrRefuses(t *testing.T) {
 		if !strings.Contains(err.Error(), "SANDBOX=strict") {
 			t.Fatalf("refusal does not say why: %v", err)
 		}
-		if os.Getenv("WM_REQUIRE_SANDBOX") != "" {
+		if os.Getenv(sandboxtest.RequireEnv) != "" {
 			t.Fatal(err)
 		}
 		t.Skip(err)

@@ -409,27 +409,17 @@ func TestCreateWorkerRetryPolicy(t *testing.T) {
 		})
 	}
 
-	tc := mocks.NewClient(t)
-	var input workflows.WorkerInput
-	tc.On("NewWithStartWorkflowOperation", mock.Anything, mock.Anything, mock.Anything).Run(func(args mock.Arguments) {
-		input = args.Get(2).(workflows.WorkerInput)
-	}).Return(nil).Once()
-	h := mocks.NewWorkflowUpdateHandle(t)
-	h.On("Get", mock.Anything, mock.Anything).Return(nil).Once()
-	tc.On("UpdateWithStartWorkflow", mock.Anything, mock.Anything).Return(func(context.Context, client.UpdateWithStartWorkflowOptions) (client.WorkflowUpdateHandle, error) {
-		return h, nil
-	}).Once()
-	s, _ := newServer(t, tc)
+	s, input := serverCapturingCreate(t)
 	res, err := s.CreateWorker(context.Background(), &pb.CreateWorkerRequest{Code: code, MimeType: engines.MIMEPython, Topic: "t",
 		RetryPolicy: &pb.RetryPolicy{MaxAttempts: 7, BackoffMs: 1500}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w := input.State.Worker; w.ID != res.WorkerId || w.MaxAttempts != 7 || w.RetryBackoff != 1500*time.Millisecond {
+	if w := input().State.Worker; w.ID != res.WorkerId || w.MaxAttempts != 7 || w.RetryBackoff != 1500*time.Millisecond {
 		t.Fatalf("workflow starts with %+v", w)
 	}
 
-	if p := toProto(input.State.Worker).RetryPolicy; p.GetMaxAttempts() != 7 || p.GetBackoffMs() != 1500 {
+	if p := toProto(input().State.Worker).RetryPolicy; p.GetMaxAttempts() != 7 || p.GetBackoffMs() != 1500 {
 		t.Fatalf("returned retry policy %v", p)
 	}
 	if p := toProto(catalog.Worker{ID: "x"}).RetryPolicy; p != nil {
@@ -460,6 +450,22 @@ func TestCreateWorkerPolicy(t *testing.T) {
 		})
 	}
 
+	s, input := serverCapturingCreate(t)
+	if _, err := s.CreateWorker(context.Background(), &pb.CreateWorkerRequest{Code: code, MimeType: engines.MIMEPython, Topic: "t",
+		AllowedOutputTopics: []string{"billing.*"}, AllowedGatewayTargets: []string{"billing/*"}}); err != nil {
+		t.Fatal(err)
+	}
+	w := toProto(input().State.Worker)
+	if fmt.Sprint(w.GetAllowedOutputTopics(), w.GetAllowedGatewayTargets()) != "[billing.*] [billing/*]" {
+		t.Fatalf("worker %v", w)
+	}
+}
+
+// serverCapturingCreate returns a Server whose Temporal client accepts one
+// create (Update-With-Start) and a function returning the workflow input it
+// was given.
+func serverCapturingCreate(t *testing.T) (*Server, func() workflows.WorkerInput) {
+	t.Helper()
 	tc := mocks.NewClient(t)
 	var input workflows.WorkerInput
 	tc.On("NewWithStartWorkflowOperation", mock.Anything, mock.Anything, mock.Anything).Run(func(args mock.Arguments) {
@@ -471,12 +477,5 @@ func TestCreateWorkerPolicy(t *testing.T) {
 		return h, nil
 	}).Once()
 	s, _ := newServer(t, tc)
-	if _, err := s.CreateWorker(context.Background(), &pb.CreateWorkerRequest{Code: code, MimeType: engines.MIMEPython, Topic: "t",
-		AllowedOutputTopics: []string{"billing.*"}, AllowedGatewayTargets: []string{"billing/*"}}); err != nil {
-		t.Fatal(err)
-	}
-	w := toProto(input.State.Worker)
-	if fmt.Sprint(w.GetAllowedOutputTopics(), w.GetAllowedGatewayTargets()) != "[billing.*] [billing/*]" {
-		t.Fatalf("worker %v", w)
-	}
+	return s, func() workflows.WorkerInput { return input }
 }

@@ -69,7 +69,7 @@ def process(event):
         r = "%%s: %%s" %% (type(e).__name__, e)
     return {"type": %q, "data": {"kind": kind, "result": r}}
 `, nodePID, e.bins, nodePID, out, out)))})
-	echo := e.createWith(t, &pb.CreateWorkerRequest{Topic: in, Code: pyCode([]byte(fmt.Sprintf(
+	e.createWith(t, &pb.CreateWorkerRequest{Topic: in, Code: pyCode([]byte(fmt.Sprintf(
 		"def process(event):\n    return {\"type\": %q, \"data\": {\"kind\": \"echo\", \"id\": event[\"id\"]}}\n", out)))})
 	kinds := []string{"env", "node-environ", "node-files", "daprd", "kill-node", "forge", "flood"}
 	for _, k := range kinds {
@@ -148,5 +148,4 @@ def process(event):
 		!strings.Contains(h.Checks["sandbox"].Detail, "SANDBOX=strict; layers on: namespaces, user, seccomp, limits, environment") {
 		t.Fatalf("/health sandbox check: %s", body)
 	}
-	_ = echo
 }
