@@ -23,6 +23,7 @@ type config struct {
 	WorkerTimeout      time.Duration // WORKER_TIMEOUT
 	PythonProcesses    int           // PYTHON_PROCESSES
 	PythonSpinWait     time.Duration // PYTHON_SPIN_WAIT (negative: never spin)
+	PythonMaxBatch     int           // PYTHON_MAX_BATCH (1: no batches)
 	ReconcileInterval  time.Duration // RECONCILE_INTERVAL (0 disables)
 	TemporalLease      time.Duration // TEMPORAL_LEASE (0 disables)
 	NodeID             string        // WORKMANAGER_NODE_ID (default: <hostname>-<pid>)
@@ -72,6 +73,7 @@ func loadConfig() (config, error) {
 		WorkerTimeout:      r.Duration("WORKER_TIMEOUT", 30*time.Second),
 		PythonProcesses:    r.Int("PYTHON_PROCESSES", 1),
 		PythonSpinWait:     r.Duration("PYTHON_SPIN_WAIT", 0),
+		PythonMaxBatch:     r.Int("PYTHON_MAX_BATCH", 16),
 		ReconcileInterval:  r.Duration("RECONCILE_INTERVAL", 30*time.Second),
 		TemporalLease:      r.Duration("TEMPORAL_LEASE", 30*time.Second),
 		NodeID:             r.String("WORKMANAGER_NODE_ID", defaultNodeID()),
@@ -180,6 +182,8 @@ func (c config) validate() error {
 		return fmt.Errorf("WORKER_TIMEOUT must be positive, got %s", c.WorkerTimeout)
 	case c.PythonProcesses < 1:
 		return fmt.Errorf("PYTHON_PROCESSES must be at least 1, got %d", c.PythonProcesses)
+	case c.PythonMaxBatch < 1:
+		return fmt.Errorf("PYTHON_MAX_BATCH must be at least 1 (1: no batches), got %d", c.PythonMaxBatch)
 	case c.TemporalLease < 0 || (c.TemporalLease > 0 && c.TemporalLease < time.Second):
 		return fmt.Errorf("TEMPORAL_LEASE must be 0 (off) or at least 1s, got %s", c.TemporalLease)
 	case c.ReconcileInterval < 0:

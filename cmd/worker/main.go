@@ -63,7 +63,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	}
 	reg, err := builtin.Registry(builtin.Config{Logger: log, PythonProcesses: cfg.PythonProcesses,
 		Sandbox: sb, PythonAllowedPackages: cfg.PythonAllowed, WorkerEnv: cfg.WorkerEnv, NativeMaxExtractedBytes: int64(cfg.NativeMaxExtracted),
-		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait,
+		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait, PythonMaxBatch: cfg.PythonMaxBatch,
 		Gateway:         gateway.NewDapr(daprClient, cfg.GatewayTimeout),
 		NativeIsolation: nativeIsolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir,
 		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned})

@@ -22,6 +22,9 @@ type Config struct {
 	// PythonSpinWait is how long a Python call busy-polls for its reply
 	// (0: engine default, negative: never).
 	PythonSpinWait time.Duration
+	// PythonMaxBatch is how many waiting calls a Python process takes at
+	// once (0: engine default, 1: no batches).
+	PythonMaxBatch int
 	// Gateway serves native workers' gateway_call and Python workers'
 	// virtufin_host.call_gateway (nil: unavailable).
 	Gateway engines.Gateway
@@ -53,7 +56,7 @@ func Registry(cfg Config) (*engines.Registry, error) {
 	reg := engines.NewRegistry()
 	for _, e := range []engines.Engine{
 		python.New(python.Config{Processes: cfg.PythonProcesses, DefaultTimeout: cfg.DefaultTimeout,
-			SpinWait: cfg.PythonSpinWait, Logger: cfg.Logger, Sandbox: cfg.Sandbox,
+			SpinWait: cfg.PythonSpinWait, MaxBatch: cfg.PythonMaxBatch, Logger: cfg.Logger, Sandbox: cfg.Sandbox,
 			AllowedPackages: cfg.PythonAllowedPackages, Env: cfg.WorkerEnv, Gateway: cfg.Gateway}),
 		native.New(native.Config{DefaultTimeout: cfg.DefaultTimeout, Gateway: cfg.Gateway, Logger: cfg.Logger,
 			Isolation: cfg.NativeIsolation, HostPath: cfg.NativeHostPath, TempDir: cfg.NativeTempDir,

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -191,6 +192,29 @@ func BenchmarkPythonParallel1KiB(b *testing.B) {
 	inst, in := loadBenchEcho(b, python.Config{Processes: 2})
 	b.ReportAllocs()
 	b.SetParallelism(2)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if out, err := inst.Process(ctx, in); err != nil || len(out) != 1 {
+				b.Errorf("Process: %v", err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkPythonQueued1KiB is one worker process under load: 8 callers (a
+// worker's default concurrency on a node) share one context, as the
+// dispatcher's calls do, so that queued calls go in batches; …NoBatch is the
+// same with MaxBatch 1, the baseline in the same run.
+func BenchmarkPythonQueued1KiB(b *testing.B) { benchQueued(b, python.Config{}) }
+
+func BenchmarkPythonQueued1KiBNoBatch(b *testing.B) { benchQueued(b, python.Config{MaxBatch: 1}) }
+
+func benchQueued(b *testing.B, cfg python.Config) {
+	ctx := context.Background()
+	inst, in := loadBenchEcho(b, cfg)
+	b.ReportAllocs()
+	b.SetParallelism(8 / max(1, runtime.GOMAXPROCS(0)))
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			if out, err := inst.Process(ctx, in); err != nil || len(out) != 1 {

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -23,6 +25,10 @@ type Instance struct {
 	code    []byte
 	timeout time.Duration
 	pool    *procpool.Pool[*proc]
+
+	mu      sync.Mutex
+	waiting []*call // calls waiting for a process, oldest first (batch.go)
+	batched atomic.Int64
 }
 
 var _ engines.Instance = (*Instance)(nil)
@@ -56,14 +62,22 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 	if ev == nil {
 		return nil, errors.New("python engine: nil event")
 	}
-	s, err := in.pool.Acquire(ctx)
-	if errors.Is(err, procpool.ErrClosed) {
-		return nil, ErrClosed
+	if in.e.cfg.MaxBatch > 1 {
+		return in.processBatched(ctx, ev)
 	}
+	s, err := in.pool.Acquire(ctx)
 	if err != nil {
-		return nil, engines.ContextError(ctx, "python", "waiting for a free worker process")
+		return nil, acquireError(ctx, err)
 	}
 	return in.run(ctx, s, ev)
+}
+
+// acquireError is the call's error when no process could be had.
+func acquireError(ctx context.Context, err error) error {
+	if errors.Is(err, procpool.ErrClosed) {
+		return ErrClosed
+	}
+	return engines.ContextError(ctx, "python", "waiting for a free worker process")
 }
 
 // run makes one call on the slot's process; it gives the slot back (possibly
@@ -127,36 +141,36 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 	}
 
 	// The process is unusable: say why, and replace it.
-	var cerr error
-	var reason string
+	reason, cerr := in.failure(ctx, p, kind, err, deadline.Sub(start))
+	in.pool.Replace(s, reason)
+	return nil, cerr
+}
+
+// failure says why a round trip on p failed (err from the pipes, or nil
+// after an unexpected frame of kind) as a restart reason and the call's
+// error; budget is how long the call was given.
+func (in *Instance) failure(ctx context.Context, p *proc, kind byte, err error, budget time.Duration) (string, error) {
 	switch {
 	case p.timedOut.Load():
-		reason = "timeout"
-		cerr = fmt.Errorf("%w after %v", engines.ErrTimeout, deadline.Sub(start).Round(time.Millisecond))
+		cerr := fmt.Errorf("%w after %v", engines.ErrTimeout, budget.Round(time.Millisecond))
 		if ctx.Err() != nil {
 			cerr = fmt.Errorf("%w (%w)", cerr, ctx.Err())
 		}
+		return "timeout", cerr
 	case p.cancelled.Load():
-		reason = "call cancelled"
-		cerr = engines.ContextError(ctx, "python", "the call was cancelled")
+		return "call cancelled", engines.ContextError(ctx, "python", "the call was cancelled")
 	case in.pool.Killed():
-		reason = "instance closed"
-		cerr = fmt.Errorf("%w: the call was interrupted", ErrClosed)
+		return "instance closed", fmt.Errorf("%w: the call was interrupted", ErrClosed)
 	case err == nil:
-		reason = "protocol error"
-		cerr = fmt.Errorf("%w: protocol error: unexpected frame %q or bytes after it", engines.ErrWorkerFailed, kind)
+		return "protocol error", fmt.Errorf("%w: protocol error: unexpected frame %q or bytes after it", engines.ErrWorkerFailed, kind)
 	case errors.Is(err, errProcessGone):
-		reason = "process exited"
 		p.Kill()
 		<-p.done
-		cerr = &Error{Kind: engines.ErrWorkerFailed, Message: fmt.Sprintf(
+		return "process exited", &Error{Kind: engines.ErrWorkerFailed, Message: fmt.Sprintf(
 			"the worker process exited during the call (%v)%s", p.waitErr, p.stderr.tail())}
 	default:
-		reason = "I/O error"
-		cerr = fmt.Errorf("%w: talking to the worker process: %w", engines.ErrWorkerFailed, err)
+		return "I/O error", fmt.Errorf("%w: talking to the worker process: %w", engines.ErrWorkerFailed, err)
 	}
-	in.pool.Replace(s, reason)
-	return nil, cerr
 }
 
 // Close implements engines.Instance. It waits for calls in flight until ctx

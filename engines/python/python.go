@@ -32,6 +32,7 @@ const (
 	DefaultTimeout     = 30 * time.Second
 	DefaultLoadTimeout = 60 * time.Second
 	DefaultSpinWait    = 50 * time.Microsecond
+	DefaultMaxBatch    = 16
 )
 
 // closeGrace is how long Close lets an idle runner exit on its own (it sees
@@ -61,6 +62,13 @@ type Config struct {
 	// and by at most NumCPU/2 calls at a time. Default 50µs; negative
 	// disables it.
 	SpinWait time.Duration
+	// MaxBatch is how many of an Instance's calls that wait for a process
+	// one process takes at a time: the first caller to get a process sends
+	// the waiting calls' events with its own in one write, and the runner
+	// answers them in one write (see batch.go). Waking a process costs more
+	// than a small event's work on small VMs. Default 16; 1 turns batching
+	// off.
+	MaxBatch int
 	// AllowedPackages are top-level packages (or dotted modules) a worker may
 	// import beyond the safe standard library subset (PYTHON_ALLOWED_PACKAGES;
 	// see runner.py's SAFE_STDLIB and docs/security.md). Allowing
@@ -112,6 +120,9 @@ func New(cfg Config) *Engine {
 	}
 	if cfg.SpinWait == 0 {
 		cfg.SpinWait = DefaultSpinWait
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = DefaultMaxBatch
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

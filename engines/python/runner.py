@@ -2,8 +2,9 @@
 #
 # Started by engines/python as `python -I -u -c <this file> <spin µs>`. It
 # serves exactly one worker: it says hello ('H'), loads the worker's code once
-# ('L'), then answers events ('E') one at a time until its request pipe
-# reaches EOF. See README.md next to this file for the protocol and the worker
+# ('L'), then answers events ('E') in order until its request pipe reaches
+# EOF. The node may write several events at once (a batch): their replies
+# are then held back and written together (see _send). See README.md next to this file for the protocol and the worker
 # contract.
 #
 # fd 3: requests  (Go -> Python)
@@ -134,11 +135,12 @@ class _Reader:
     mostly runs out.
     """
 
-    __slots__ = ("fd", "buf", "poller", "spin", "score", "count")
+    __slots__ = ("fd", "buf", "poller", "spin", "score", "count", "early")
 
     def __init__(self, fd, spin):
         self.fd = fd
         self.buf = b""
+        self.early = []  # events read while waiting for a gateway reply
         self.spin = spin
         self.score = 0
         self.count = 0
@@ -173,8 +175,22 @@ class _Reader:
             except BlockingIOError:
                 pass
 
+    def has_frame(self):
+        """Whether a whole request is buffered already (the next read
+        will not wait)."""
+        if self.early:
+            return True
+        buf = self.buf
+        return len(buf) >= 5 and len(buf) >= 5 + _unpack_hdr(buf)[0]
+
     def read(self):
         """Returns (kind, payload) or (None, None) at EOF."""
+        if self.early:
+            return self.early.pop(0)
+        return self.read_pipe()
+
+    def read_pipe(self):
+        """read, not counting the frames kept in early."""
         buf = self.buf
         while len(buf) < 5:
             chunk = self._read(65536)
@@ -198,8 +214,42 @@ class _Reader:
         return kind, payload
 
 
+# Replies held back while the next request of a batch is buffered already:
+# the node reads them together, woken once. Only the replies of fast events
+# (under _HOLD_MAX) are held: a slow worker gains nothing from it. Held
+# replies are written before the runner could wait for anything (a read
+# that blocks, a gateway call) and before an event starts once the oldest is
+# older than _HOLD_MAX. A reply held while the next event turns out slow
+# waits for that event.
+_held = []
+_held_since = 0.0
+_event_started = 0.0
+_HOLD_MAX = 0.002
+
+
 def _send(kind, payload):
+    global _held_since
     data = _pack_hdr(len(payload), kind) + payload
+    now = _clock()
+    if now - _event_started < _HOLD_MAX and _reader is not None and _reader.has_frame():
+        if not _held:
+            _held_since = now
+        _held.append(data)
+        return
+    _send_now(data)
+
+
+def _flush_held():
+    if _held and _clock() - _held_since > _HOLD_MAX:
+        _send_now(b"")
+
+
+def _send_now(data):
+    if _held:
+        data = b"".join(_held) + data
+        _held.clear()
+    if not data:
+        return
     n = _write(RESP_FD, data)
     if n < len(data):
         view = memoryview(data)
@@ -418,11 +468,16 @@ def call_gateway(service, method, data=None):
         body = _dumps(data).encode()
     if _reader is None or not _in_event:
         raise GatewayError("call_gateway works only while the worker handles an event")
-    _send(K_GATEWAY, _dumps({"service": service, "method": method}).encode() + b"\n" + body)
-    kind, payload = _reader.read()
-    if kind != K_GATEWAY_REPLY:
-        # The node answers nothing else mid-event; anything else is fatal.
-        os._exit(70)
+    req = _dumps({"service": service, "method": method}).encode() + b"\n" + body
+    _send_now(_pack_hdr(len(req), K_GATEWAY) + req)
+    while True:
+        kind, payload = _reader.read_pipe()
+        if kind == K_GATEWAY_REPLY:
+            break
+        if kind != K_EVENT:
+            # The node sends nothing else mid-event; anything else is fatal.
+            os._exit(70)
+        _reader.early.append((kind, payload))  # the rest of a batch
     if payload[:1] != b"\x00":
         raise GatewayError(payload[1:].decode("utf-8", "replace"))
     return payload[1:]
@@ -575,6 +630,8 @@ def _encode_result(result):
 
 
 def _handle_event(payload):
+    global _event_started
+    _event_started = _clock()
     if _process is None:
         _send_error("", "no code loaded")
         return
@@ -626,6 +683,7 @@ def main():
         if kind is None:
             break
         if kind == K_EVENT:
+            _flush_held()
             _handle_event(payload)
         elif kind == K_LOAD:
             _load(payload)

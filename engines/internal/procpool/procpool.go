@@ -179,6 +179,16 @@ func (pl *Pool[P]) Context() context.Context { return pl.ctx }
 // returns must be given back with exactly one Release or Replace, which ends
 // the call; Close waits for calls until its own ctx ends.
 func (pl *Pool[P]) Acquire(ctx context.Context) (*Slot[P], error) {
+	return pl.AcquireUnless(ctx, nil)
+}
+
+// ErrStopped is returned by AcquireUnless when its stop channel closed first.
+var ErrStopped = errors.New("stopped waiting for a slot")
+
+// AcquireUnless is Acquire that also gives up, with ErrStopped, once stop
+// is closed (a nil stop never closes): a caller whose work another caller
+// took over stops waiting.
+func (pl *Pool[P]) AcquireUnless(ctx context.Context, stop <-chan struct{}) (*Slot[P], error) {
 	if !pl.enter() {
 		return nil, ErrClosed
 	}
@@ -193,6 +203,9 @@ func (pl *Pool[P]) Acquire(ctx context.Context) (*Slot[P], error) {
 	case <-ctx.Done():
 		pl.wg.Done()
 		return nil, ctx.Err()
+	case <-stop:
+		pl.wg.Done()
+		return nil, ErrStopped
 	case <-pl.closed:
 		pl.wg.Done()
 		return nil, ErrClosed
