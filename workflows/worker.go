@@ -42,6 +42,7 @@ var (
 	SAWorkerTopic  = temporal.NewSearchAttributeKeyKeyword("WorkerTopic")
 	SAWorkerGroup  = temporal.NewSearchAttributeKeyKeyword("WorkerGroup")
 	SAWorkerStatus = temporal.NewSearchAttributeKeyKeyword("WorkerStatus")
+	SAWorkerTenant = temporal.NewSearchAttributeKeyKeyword("WorkerTenant")
 )
 
 // WorkerInput starts (or continues) a worker's workflow.
@@ -471,7 +472,7 @@ func (e *entity) upsertSearchAttributes(ctx workflow.Context) {
 	w := e.st.Worker
 	err := workflow.UpsertTypedSearchAttributes(ctx,
 		SAWorkerID.ValueSet(w.ID), SAWorkerTopic.ValueSet(w.Topic),
-		SAWorkerGroup.ValueSet(w.Group), SAWorkerStatus.ValueSet(string(w.Status)))
+		SAWorkerGroup.ValueSet(w.Group), SAWorkerStatus.ValueSet(string(w.Status)), SAWorkerTenant.ValueSet(w.TenantName()))
 	if err != nil {
 		workflow.GetLogger(ctx).Warn("upsert search attributes", "err", err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/virtufin/workmanager/internal/auth"
 	"github.com/virtufin/workmanager/internal/envconfig"
+	"github.com/virtufin/workmanager/internal/tenant"
 )
 
 // config is the API's typed configuration, read from the environment.
@@ -30,6 +31,10 @@ type config struct {
 	// API_AUTH, API_TOKENS_FILE, API_JWT_*, API_TLS_*, API_CLIENT_CA_FILE,
 	// API_PUBLIC_HEALTH.
 	Auth auth.Settings
+	// Tenants maps tenants to their workers' topic prefix:
+	// TENANT_TOPIC_PREFIXES ("acme=acme.,globex=globex/"; unmapped
+	// tenants get "<tenant>.", the default tenant none).
+	Tenants tenant.Prefixes
 }
 
 func loadConfig() (config, error) {
@@ -60,6 +65,10 @@ func loadConfig() (config, error) {
 		return c, fmt.Errorf(`API_AUTH must be "on" or "off", got %q`, mode)
 	}
 	if err := r.Err(); err != nil {
+		return c, err
+	}
+	var err error
+	if c.Tenants, err = tenant.ParsePrefixes(r.String("TENANT_TOPIC_PREFIXES", "")); err != nil {
 		return c, err
 	}
 	return c, c.validate()

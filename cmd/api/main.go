@@ -67,7 +67,8 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 			// that add them: the API needs none of its own.
 			DeadLetters: deadletter.NewStore(store, 0),
 			Deliveries:  delivery.NewStore(store, cfg.DeliveryRecordTTL),
-			Publisher:   publish.NewDapr(daprClient, cfg.PubSub)}))
+			Publisher:   publish.NewDapr(daprClient, cfg.PubSub),
+			Tenants:     cfg.Tenants}))
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(pb.WorkManagerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

@@ -3,6 +3,6 @@
 # Usage: deploy/temporal/search-attributes.sh [--address host:port] [--namespace ns]
 set -euo pipefail
 temporal=${TEMPORAL:-temporal}
-for name in WorkerId WorkerTopic WorkerGroup WorkerStatus; do
+for name in WorkerId WorkerTopic WorkerGroup WorkerStatus WorkerTenant; do
   "$temporal" operator search-attribute create --name "$name" --type Keyword "$@" || true
 done

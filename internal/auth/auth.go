@@ -24,6 +24,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/virtufin/workmanager/internal/tenant"
 )
 
 // Role is what a caller may do; a higher role may do what a lower may.
@@ -67,7 +69,7 @@ func ParseRole(s string) (Role, error) {
 }
 
 // DefaultTenant is the tenant of a credential that names none.
-const DefaultTenant = "default"
+const DefaultTenant = tenant.Default
 
 // Principal is an authenticated caller.
 type Principal struct {
@@ -210,6 +212,9 @@ func principalFromCert(c *x509.Certificate) (Principal, error) {
 	p.Role = role
 	if len(c.Subject.Organization) == 1 {
 		p.Tenant = c.Subject.Organization[0]
+		if err := tenant.Validate(p.Tenant); err != nil {
+			return Principal{}, fmt.Errorf("client certificate %q: its O, the tenant: %w", p.Subject, err)
+		}
 	}
 	if p.Subject == "" {
 		return Principal{}, errors.New("client certificate without a CN (the subject)")
@@ -313,6 +318,9 @@ func LoadTokens(path string) (*TokenSet, error) {
 		role, err := ParseRole(f[1])
 		if err != nil {
 			return nil, fmt.Errorf("API_TOKENS_FILE %s line %d: %w", path, i+1, err)
+		}
+		if err := tenant.Validate(f[2]); err != nil {
+			return nil, fmt.Errorf("API_TOKENS_FILE %s line %d: the tenant: %w", path, i+1, err)
 		}
 		ts.byHash[strings.ToLower(hash)] = Principal{Role: role, Tenant: f[2], Subject: f[3], Via: "token"}
 	}

@@ -11,6 +11,8 @@ import (
 
 	"github.com/MicahParks/keyfunc/v3"
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/virtufin/workmanager/internal/tenant"
 )
 
 // JWTConfig configures JWT verification: keys from a JWKS URL or a PEM
@@ -103,9 +105,12 @@ func (v *JWTVerifier) Verify(_ context.Context, token string) (Principal, error)
 	if c.Subject == "" {
 		return Principal{}, errors.New("the bearer JWT has no \"sub\" claim")
 	}
-	tenant := c.Tenant
-	if tenant == "" {
-		tenant = DefaultTenant
+	t := c.Tenant
+	if t == "" {
+		t = DefaultTenant
 	}
-	return Principal{Subject: c.Subject, Role: role, Tenant: tenant, Via: "jwt"}, nil
+	if err := tenant.Validate(t); err != nil {
+		return Principal{}, fmt.Errorf("the bearer JWT's \"tenant\" claim: %w", err)
+	}
+	return Principal{Subject: c.Subject, Role: role, Tenant: t, Via: "jwt"}, nil
 }

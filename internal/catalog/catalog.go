@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/internal/state"
+	"github.com/virtufin/workmanager/internal/tenant"
 )
 
 // Status is a worker's desired state.
@@ -54,6 +55,21 @@ type Worker struct {
 	// (internal/workerpolicy); empty: the defaults.
 	AllowedOutputs []string `json:"allowed_outputs,omitempty"`
 	GatewayTargets []string `json:"gateway_targets,omitempty"`
+	// Tenant owns the worker ("" in records written before tenants: the
+	// default tenant); the worker id carries it too (internal/tenant).
+	Tenant string `json:"tenant,omitempty"`
+	// TopicPrefix confines the worker's input and output topics (the
+	// tenant's prefix when it was created; "" for any topic).
+	TopicPrefix string `json:"topic_prefix,omitempty"`
+}
+
+// TenantName is w's tenant, the default one for records older than
+// tenants.
+func (w Worker) TenantName() string {
+	if w.Tenant == "" {
+		return tenant.Default
+	}
+	return w.Tenant
 }
 
 // CodeRef says where a code version came from; the body itself lives in the

@@ -28,7 +28,7 @@ import (
 
 // Search attributes registered in the Temporal dev server so the Web UI and
 // `temporal workflow list --query` can filter workers.
-var SearchAttributes = []string{"WorkerId=Keyword", "WorkerTopic=Keyword", "WorkerGroup=Keyword", "WorkerStatus=Keyword"}
+var SearchAttributes = []string{"WorkerId=Keyword", "WorkerTopic=Keyword", "WorkerGroup=Keyword", "WorkerStatus=Keyword", "WorkerTenant=Keyword"}
 
 // AppID is the Dapr app id of WorkManager nodes.
 const AppID = "workmanager"

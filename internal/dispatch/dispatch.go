@@ -101,12 +101,14 @@ type Worker struct {
 	// AllowedOutputs are the topics its outputs may go to
 	// (internal/workerpolicy); empty: any but the reserved ones and Topic.
 	AllowedOutputs []string
+	// TopicPrefix confines its outputs to its tenant's topics ("" for any).
+	TopicPrefix string
 }
 
 // Equal reports whether w and o are the same worker with the same settings.
 func (w Worker) Equal(o Worker) bool {
 	return w.ID == o.ID && w.Topic == o.Topic && w.Group == o.Group && w.MaxAttempts == o.MaxAttempts &&
-		w.RetryBackoff == o.RetryBackoff && slices.Equal(w.AllowedOutputs, o.AllowedOutputs)
+		w.RetryBackoff == o.RetryBackoff && slices.Equal(w.AllowedOutputs, o.AllowedOutputs) && w.TopicPrefix == o.TopicPrefix
 }
 
 // Dispatcher routes messages from topic streams to attached workers.

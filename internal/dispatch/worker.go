@@ -233,7 +233,7 @@ func (d *Dispatcher) checkOutputs(w *worker, m *message, outs []event.Event) (st
 		if err := d.completeOutput(w, m, o, i); err != nil {
 			return reasonWorkerFailed, err
 		}
-		if err := workerpolicy.CheckOutput(w.AllowedOutputs, w.Topic, o.Type()); err != nil {
+		if err := workerpolicy.CheckOutput(w.TopicPrefix, w.AllowedOutputs, w.Topic, o.Type()); err != nil {
 			return reasonOutputPolicy, fmt.Errorf("%w: output %d: %w", engines.ErrWorkerFailed, i, err)
 		}
 		if n := len(o.DataEncoded); n > d.cfg.MaxOutputBytes {

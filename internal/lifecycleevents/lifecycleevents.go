@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/virtufin/workmanager/internal/publish"
+	"github.com/virtufin/workmanager/internal/tenant"
 )
 
 // Topic carries every lifecycle event.
@@ -42,6 +43,7 @@ const (
 // Data is the payload of a lifecycle event.
 type Data struct {
 	WorkerID     string `json:"worker_id"`
+	Tenant       string `json:"tenant,omitempty"`
 	Group        string `json:"group"`
 	Topic        string `json:"topic"`
 	CodeVersion  int64  `json:"code_version,omitempty"`
@@ -82,6 +84,13 @@ func New(id string, kind Kind, d Data) event.Event {
 	ev.SetType(TypePrefix + string(kind))
 	ev.SetTime(time.Now().UTC())
 	ev.SetSubject(d.WorkerID)
+	if d.Tenant == "" && d.WorkerID != "" {
+		d.Tenant = tenant.Of(d.WorkerID) // the worker id carries its tenant
+	}
+	if d.Tenant != "" {
+		// As an extension too, so that subscribers can filter by tenant.
+		ev.SetExtension("tenant", d.Tenant)
+	}
 	_ = ev.SetData(event.ApplicationJSON, d)
 	return ev
 }

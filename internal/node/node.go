@@ -157,7 +157,7 @@ func (n *Node) Apply(ctx context.Context, w catalog.Worker, history *catalog.His
 // hotPath is how the dispatcher knows w.
 func hotPath(w catalog.Worker) dispatch.Worker {
 	return dispatch.Worker{ID: w.ID, Topic: w.Topic, Group: w.Group, MaxAttempts: w.MaxAttempts, RetryBackoff: w.RetryBackoff,
-		AllowedOutputs: w.AllowedOutputs}
+		AllowedOutputs: w.AllowedOutputs, TopicPrefix: w.TopicPrefix}
 }
 
 // apply makes the node serve w; the caller holds w's lock. A fenced node

@@ -74,9 +74,12 @@ func matchAny(patterns []string, s string) bool {
 }
 
 // CheckOutput says whether a worker reading input may publish to topic
-// under allowed (its allowed_output_topics).
-func CheckOutput(allowed []string, input, topic string) error {
+// under allowed (its allowed_output_topics) and prefix (its tenant's topic
+// prefix; "" for any topic).
+func CheckOutput(prefix string, allowed []string, input, topic string) error {
 	switch {
+	case !strings.HasPrefix(topic, prefix):
+		return fmt.Errorf("topic %q is outside the tenant's topics (prefix %q): %w", topic, prefix, ErrDenied)
 	case Reserved(topic):
 		return fmt.Errorf("topic %q is reserved (%s* and *%s): %w", topic, ReservedPrefix, DeadSuffix, ErrDenied)
 	case len(allowed) > 0 && !matchAny(allowed, topic):

@@ -10,20 +10,24 @@ import (
 
 func TestCheckOutput(t *testing.T) {
 	for _, c := range []struct {
+		prefix       string
 		allowed      []string
 		input, topic string
 		want         string // "" allowed; else part of the error
 	}{
-		{nil, "orders", "invoices", ""},
-		{nil, "orders", "workmanager.lifecycle", "reserved"},
-		{nil, "orders", "orders-dead", "reserved"},
-		{[]string{"*"}, "orders", "workmanager.lifecycle", "reserved"},
-		{nil, "orders", "orders", "own input topic"},
-		{[]string{"orders"}, "orders", "orders", ""},
-		{[]string{"billing.*"}, "orders", "billing.invoice", ""},
-		{[]string{"billing.*"}, "orders", "shipping.label", "not in allowed_output_topics"},
+		{"acme.", nil, "acme.orders", "acme.invoices", ""},
+		{"acme.", []string{"*"}, "acme.orders", "globex.invoices", "outside the tenant's topics"},
+		{"acme.", nil, "acme.orders", "workmanager.lifecycle", "outside the tenant's topics"},
+		{"", nil, "orders", "invoices", ""},
+		{"", nil, "orders", "workmanager.lifecycle", "reserved"},
+		{"", nil, "orders", "orders-dead", "reserved"},
+		{"", []string{"*"}, "orders", "workmanager.lifecycle", "reserved"},
+		{"", nil, "orders", "orders", "own input topic"},
+		{"", []string{"orders"}, "orders", "orders", ""},
+		{"", []string{"billing.*"}, "orders", "billing.invoice", ""},
+		{"", []string{"billing.*"}, "orders", "shipping.label", "not in allowed_output_topics"},
 	} {
-		err := workerpolicy.CheckOutput(c.allowed, c.input, c.topic)
+		err := workerpolicy.CheckOutput(c.prefix, c.allowed, c.input, c.topic)
 		switch {
 		case c.want == "" && err != nil:
 			t.Errorf("%v %s→%s: %v", c.allowed, c.input, c.topic, err)

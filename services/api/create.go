@@ -18,6 +18,7 @@ import (
 
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/failure"
+	"github.com/virtufin/workmanager/internal/tenant"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	"github.com/virtufin/workmanager/workflows"
 )
@@ -48,7 +49,8 @@ func (s *Server) create(ctx context.Context, w catalog.Worker, ref catalog.CodeR
 		WorkflowIDConflictPolicy: conflict,
 		WorkflowIDReusePolicy:    reuse,
 		TypedSearchAttributes: temporal.NewSearchAttributes(workflows.SAWorkerID.ValueSet(w.ID),
-			workflows.SAWorkerTopic.ValueSet(w.Topic), workflows.SAWorkerGroup.ValueSet(w.Group)),
+			workflows.SAWorkerTopic.ValueSet(w.Topic), workflows.SAWorkerGroup.ValueSet(w.Group),
+			workflows.SAWorkerTenant.ValueSet(w.TenantName())),
 		Memo: memo(w),
 	}, workflows.WorkerWorkflow, workflows.WorkerInput{State: workflows.WorkerState{Worker: w}, ContinueAsNewAfter: s.opts.ContinueAsNewAfter})
 	h, err := s.temporal.UpdateWithStartWorkflow(ctx, client.UpdateWithStartWorkflowOptions{
@@ -154,10 +156,15 @@ func gone(w catalog.Worker, rid string) error {
 // requestIDSpace namespaces the worker ids derived from request ids.
 var requestIDSpace = uuid.MustParse("6f0c3e55-7d8e-4b7a-9a55-3b1f0f7f2a10")
 
-// RequestWorkerID is the id of the worker that CreateWorker with request id
-// rid creates (a name-based UUID, so every API instance derives the same).
-func RequestWorkerID(rid string) string {
-	return uuid.NewSHA1(requestIDSpace, []byte("request:"+rid)).String()
+// RequestWorkerID is the id of the worker that tenant t's CreateWorker
+// with request id rid creates (a name-based UUID, so every API instance
+// derives the same; request ids are per tenant).
+func RequestWorkerID(t, rid string) string {
+	key := "request:" + rid
+	if t != tenant.Default && t != "" {
+		key = "request:" + t + "/" + rid
+	}
+	return tenant.WorkerID(t, uuid.NewSHA1(requestIDSpace, []byte(key)))
 }
 
 // validRequestID accepts "" (no idempotency key) or 1..128 of A-Z a-z 0-9

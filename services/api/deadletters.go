@@ -29,7 +29,7 @@ func (s *Server) ListDeadLetters(ctx context.Context, req *pb.ListDeadLettersReq
 	if err := s.deadLettersConfigured(); err != nil {
 		return nil, err
 	}
-	id, err := deadLetterWorkerID(req.GetWorkerId())
+	id, err := deadLetterWorkerID(ctx, req.GetWorkerId())
 	if err != nil {
 		return nil, err
 	}
@@ -77,7 +77,7 @@ func (s *Server) ReplayDeadLetters(ctx context.Context, req *pb.ReplayDeadLetter
 		return nil, status.Error(codes.InvalidArgument, "set exactly one of worker_id and topic (one worker, or every worker on the topic)")
 	case id != "":
 		var err error
-		if id, err = deadLetterWorkerID(id); err != nil {
+		if id, err = deadLetterWorkerID(ctx, id); err != nil {
 			return nil, err
 		}
 	default:
@@ -112,8 +112,9 @@ func (s *Server) ReplayDeadLetters(ctx context.Context, req *pb.ReplayDeadLetter
 		if err != nil {
 			return nil, storeStatus(err, "list workers")
 		}
+		p := caller(ctx)
 		for _, w := range all {
-			if w.Topic == topic {
+			if w.Topic == topic && mayAccess(p, w.ID) {
 				workers = append(workers, w)
 			}
 		}
@@ -213,8 +214,8 @@ func (s *Server) catalogWorker(ctx context.Context, id string) (catalog.Worker, 
 // is simply not found), a malformed id here is a wrong request.
 // deadLetterWorkerID resolves the worker_id of a dead-letter request (a
 // worker id or a worker name); what is neither is INVALID_ARGUMENT here.
-func deadLetterWorkerID(ref string) (string, error) {
-	id, _, err := resolve(ref)
+func deadLetterWorkerID(ctx context.Context, ref string) (string, error) {
+	id, _, err := resolve(ctx, ref)
 	if status.Code(err) == codes.NotFound {
 		return "", status.Errorf(codes.InvalidArgument, "worker_id %q is neither a worker id (a UUID) nor a worker name", ref)
 	}

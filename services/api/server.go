@@ -27,6 +27,7 @@ import (
 	"github.com/virtufin/workmanager/internal/delivery"
 	"github.com/virtufin/workmanager/internal/failure"
 	"github.com/virtufin/workmanager/internal/publish"
+	"github.com/virtufin/workmanager/internal/tenant"
 	"github.com/virtufin/workmanager/internal/workerpolicy"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	"github.com/virtufin/workmanager/workflows"
@@ -57,6 +58,10 @@ type Options struct {
 	DeadLetters *deadletter.Store
 	Deliveries  *delivery.Store
 	Publisher   publish.Publisher
+	// Tenants maps tenants to the topic prefix their workers are confined
+	// to (TENANT_TOPIC_PREFIXES; unmapped: "<tenant>.", none for the
+	// default tenant).
+	Tenants tenant.Prefixes
 }
 
 // New returns a Server; mimeTypes are the supported worker MIME types.
@@ -76,6 +81,11 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 	if err := workerpolicy.Validate(req.GetAllowedOutputTopics(), req.GetAllowedGatewayTargets()); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	p := caller(ctx)
+	prefix := s.opts.Tenants.Of(p.Tenant)
+	if err := tenantTopics(prefix, req.GetTopic(), req.GetAllowedOutputTopics()); err != nil {
+		return nil, err
+	}
 	rid, name := req.GetRequestId(), req.GetName()
 	if err := validRequestID(rid); err != nil {
 		return nil, err
@@ -91,14 +101,14 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 	if err != nil {
 		return nil, err
 	}
-	w := catalog.Worker{ID: uuid.NewString(), MIMEType: req.GetMimeType(), Topic: req.GetTopic(), Group: req.GetGroup(), Status: catalog.StatusStopped,
+	w := catalog.Worker{ID: tenant.WorkerID(p.Tenant, uuid.New()), Tenant: p.Tenant, TopicPrefix: prefix, MIMEType: req.GetMimeType(), Topic: req.GetTopic(), Group: req.GetGroup(), Status: catalog.StatusStopped,
 		MaxAttempts: int(rp.GetMaxAttempts()), RetryBackoff: time.Duration(rp.GetBackoffMs()) * time.Millisecond,
 		Name: name, RequestID: rid, AllowedOutputs: req.GetAllowedOutputTopics(), GatewayTargets: req.GetAllowedGatewayTargets()}
 	switch {
 	case name != "":
-		w.ID = NameWorkerID(name)
+		w.ID = NameWorkerID(p.Tenant, name)
 	case rid != "":
-		w.ID = RequestWorkerID(rid)
+		w.ID = RequestWorkerID(p.Tenant, rid)
 	}
 	if rid != "" {
 		return s.createOnce(ctx, w, ref, rid)
@@ -124,7 +134,7 @@ func (s *Server) StopWorker(ctx context.Context, req *pb.StopWorkerRequest) (*pb
 
 // LoadCode implements pb.WorkManagerServiceServer.
 func (s *Server) LoadCode(ctx context.Context, req *pb.LoadCodeRequest) (*pb.Worker, error) {
-	id, display, err := resolve(req.GetWorkerId())
+	id, display, err := resolve(ctx, req.GetWorkerId())
 	if err != nil {
 		return nil, err
 	}
@@ -142,7 +152,7 @@ func (s *Server) LoadCode(ctx context.Context, req *pb.LoadCodeRequest) (*pb.Wor
 
 // DeleteWorker implements pb.WorkManagerServiceServer.
 func (s *Server) DeleteWorker(ctx context.Context, req *pb.DeleteWorkerRequest) (*pb.DeleteWorkerResponse, error) {
-	id, display, err := resolve(req.GetWorkerId())
+	id, display, err := resolve(ctx, req.GetWorkerId())
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +173,7 @@ func (s *Server) DeleteWorker(ctx context.Context, req *pb.DeleteWorkerRequest) 
 
 // GetWorker implements pb.WorkManagerServiceServer.
 func (s *Server) GetWorker(ctx context.Context, req *pb.GetWorkerRequest) (*pb.Worker, error) {
-	id, display, err := resolve(req.GetWorkerId())
+	id, display, err := resolve(ctx, req.GetWorkerId())
 	if err != nil {
 		return nil, err
 	}
@@ -180,16 +190,19 @@ func (s *Server) ListWorkers(ctx context.Context, _ *pb.ListWorkersRequest) (*pb
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "list workers: %v", err)
 	}
+	p := caller(ctx)
 	out := &pb.ListWorkersResponse{Workers: make([]*pb.Worker, 0, len(ws))}
 	for _, w := range ws {
-		out.Workers = append(out.Workers, toProto(w))
+		if mayAccess(p, w.ID) {
+			out.Workers = append(out.Workers, toProto(w))
+		}
 	}
 	return out, nil
 }
 
 // GetWorkerHistory implements pb.WorkManagerServiceServer.
 func (s *Server) GetWorkerHistory(ctx context.Context, req *pb.GetWorkerHistoryRequest) (*pb.GetWorkerHistoryResponse, error) {
-	id, display, err := resolve(req.GetWorkerId())
+	id, display, err := resolve(ctx, req.GetWorkerId())
 	if err != nil {
 		return nil, err
 	}
@@ -246,7 +259,7 @@ func (s *Server) stage(ctx context.Context, src *pb.CodeSource) (catalog.CodeRef
 // update sends the update name to the workflow of the worker ref (an id or
 // a name) and answers the worker as it left it.
 func (s *Server) update(ctx context.Context, ref, name string, args ...any) (*pb.Worker, error) {
-	id, display, err := resolve(ref)
+	id, display, err := resolve(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -292,6 +305,25 @@ func named(err error, display string) error {
 	return err
 }
 
+// tenantTopics holds a new worker's topic and output patterns to its
+// tenant's prefix: PERMISSION_DENIED outside it.
+func tenantTopics(prefix, topic string, outputs []string) error {
+	if prefix == "" {
+		return nil
+	}
+	if err := tenant.CheckTopic(prefix, "topic", topic); err != nil {
+		return status.Error(codes.PermissionDenied, err.Error())
+	}
+	for _, o := range outputs {
+		// A pattern whose literal start is the prefix matches only topics
+		// under it (the prefix has no pattern characters).
+		if err := tenant.CheckTopic(prefix, "allowed_output_topics entry", o); err != nil {
+			return status.Error(codes.PermissionDenied, err.Error())
+		}
+	}
+	return nil
+}
+
 // status maps Temporal errors to gRPC status codes.
 func (s *Server) status(err error, id string) error {
 	var notFound *serviceerror.NotFound
@@ -317,7 +349,7 @@ func toProto(w catalog.Worker) *pb.Worker {
 	out := &pb.Worker{WorkerId: w.ID, Name: w.Name, MimeType: w.MIMEType, Topic: w.Topic, Group: w.Group, Status: st,
 		CodeVersion: w.CodeVersion, CodeSha256: w.CodeSHA256,
 		CreatedAt: timestamppb.New(w.CreatedAt), UpdatedAt: timestamppb.New(w.UpdatedAt),
-		AllowedOutputTopics: w.AllowedOutputs, AllowedGatewayTargets: w.GatewayTargets}
+		AllowedOutputTopics: w.AllowedOutputs, AllowedGatewayTargets: w.GatewayTargets, Tenant: w.TenantName()}
 	if w.MaxAttempts != 0 || w.RetryBackoff != 0 {
 		out.RetryPolicy = &pb.RetryPolicy{MaxAttempts: int32(w.MaxAttempts), BackoffMs: w.RetryBackoff.Milliseconds()}
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/failure"
 	"github.com/virtufin/workmanager/internal/state"
+	"github.com/virtufin/workmanager/internal/tenant"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	"github.com/virtufin/workmanager/workflows"
 )
@@ -76,7 +77,7 @@ func TestMalformedWorkerIDs(t *testing.T) {
 // A worker name stands for the worker id derived from it, in every RPC.
 func TestNamesResolveToTheirWorkerID(t *testing.T) {
 	tc := mocks.NewClient(t)
-	want := NameWorkerID("orders-enricher")
+	want := NameWorkerID(tenant.Default, "orders-enricher")
 	tc.On("UpdateWorkflow", mock.Anything, mock.MatchedBy(func(o client.UpdateWorkflowOptions) bool {
 		return o.WorkflowID == workflows.WorkflowID(want)
 	})).Return(nil, failure.New(failure.NotFound, "worker is deleted")).Once()

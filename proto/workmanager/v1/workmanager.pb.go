@@ -235,8 +235,11 @@ type Worker struct {
 	// Gateway targets ("service/method" patterns) the worker may call;
 	// empty: any.
 	AllowedGatewayTargets []string `protobuf:"bytes,13,rep,name=allowed_gateway_targets,json=allowedGatewayTargets,proto3" json:"allowed_gateway_targets,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// The tenant that owns the worker (from the creator's credentials);
+	// worker ids of tenants other than "default" start with "<tenant>.".
+	Tenant        string `protobuf:"bytes,14,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
@@ -358,6 +361,13 @@ func (x *Worker) GetAllowedGatewayTargets() []string {
 		return x.AllowedGatewayTargets
 	}
 	return nil
+}
+
+func (x *Worker) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
 }
 
 // RetryPolicy bounds how often a worker runs one message before giving up
@@ -1557,7 +1567,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x06source\"5\n" +
 	"\tUrlSource\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
-	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\x9e\x04\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\xb6\x04\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x14\n" +
@@ -1575,7 +1585,8 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	" \x01(\v2\x1b.workmanager.v1.RetryPolicyR\vretryPolicy\x12\x12\n" +
 	"\x04name\x18\v \x01(\tR\x04name\x122\n" +
 	"\x15allowed_output_topics\x18\f \x03(\tR\x13allowedOutputTopics\x126\n" +
-	"\x17allowed_gateway_targets\x18\r \x03(\tR\x15allowedGatewayTargets\"O\n" +
+	"\x17allowed_gateway_targets\x18\r \x03(\tR\x15allowedGatewayTargets\x12\x16\n" +
+	"\x06tenant\x18\x0e \x01(\tR\x06tenant\"O\n" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12\x1d\n" +
 	"\n" +
