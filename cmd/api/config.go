@@ -7,8 +7,11 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/internal/auth"
+	"github.com/virtufin/workmanager/internal/codesource"
 	"github.com/virtufin/workmanager/internal/envconfig"
+	"github.com/virtufin/workmanager/internal/ratelimit"
 	"github.com/virtufin/workmanager/internal/tenant"
+	"github.com/virtufin/workmanager/services/api"
 )
 
 // config is the API's typed configuration, read from the environment.
@@ -35,6 +38,17 @@ type config struct {
 	// TENANT_TOPIC_PREFIXES ("acme=acme.,globex=globex/"; unmapped
 	// tenants get "<tenant>.", the default tenant none).
 	Tenants tenant.Prefixes
+	// RateLimit and RateBurst bound each caller's changing calls
+	// (API_RATE_LIMIT per second, 0 off; API_RATE_BURST).
+	RateLimit float64
+	RateBurst int
+	// MaxCodeBytes bounds inline code (API_MAX_CODE_BYTES); the gRPC
+	// server takes messages that size plus MaxRequestOverhead.
+	MaxCodeBytes int
+	// HealthAddr serves GET /health (JSON, as the node's: the API's
+	// authentication mode and its dependencies) when set:
+	// WORKMANAGER_API_HEALTH_ADDR.
+	HealthAddr string
 }
 
 func loadConfig() (config, error) {
@@ -47,6 +61,10 @@ func loadConfig() (config, error) {
 		PubSub:             r.String("DAPR_PUBSUB", "pubsub"),
 		DeliveryRecordTTL:  r.Duration("DELIVERY_RECORD_TTL", 24*time.Hour),
 		LogLevel:           r.LogLevel("LOG_LEVEL"),
+		RateLimit:          r.Float("API_RATE_LIMIT", 50),
+		RateBurst:          r.Int("API_RATE_BURST", 100),
+		MaxCodeBytes:       r.Int("API_MAX_CODE_BYTES", api.DefaultMaxCodeBytes),
+		HealthAddr:         r.String("WORKMANAGER_API_HEALTH_ADDR", ""),
 		Auth: auth.Settings{
 			TokensFile: r.String("API_TOKENS_FILE", ""),
 			JWT: auth.JWTConfig{JWKSURL: r.String("API_JWT_JWKS_URL", ""), PublicKeyFile: r.String("API_JWT_PUBLIC_KEY_FILE", ""),
@@ -86,6 +104,11 @@ func (c config) validate() error {
 		return fmt.Errorf("DAPR_PUBSUB must not be empty")
 	case c.DeliveryRecordTTL < time.Minute:
 		return fmt.Errorf("DELIVERY_RECORD_TTL must be at least 1m (as on the nodes), got %s", c.DeliveryRecordTTL)
+	case c.MaxCodeBytes < 1 || c.MaxCodeBytes > codesource.MaxSize:
+		return fmt.Errorf("API_MAX_CODE_BYTES must be 1..%d, got %d", codesource.MaxSize, c.MaxCodeBytes)
+	}
+	if err := (ratelimit.Config{PerSecond: c.RateLimit, Burst: c.RateBurst}).Validate(); err != nil {
+		return err
 	}
 	return c.Auth.Validate()
 }

@@ -5,16 +5,18 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"time"
 
 	dapr "github.com/dapr/go-sdk/client"
 	"go.temporal.io/sdk/client"
 	tlog "go.temporal.io/sdk/log"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/health"
+	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
@@ -25,7 +27,9 @@ import (
 	"github.com/virtufin/workmanager/internal/daprconn"
 	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/delivery"
+	"github.com/virtufin/workmanager/internal/health"
 	"github.com/virtufin/workmanager/internal/publish"
+	"github.com/virtufin/workmanager/internal/ratelimit"
 	"github.com/virtufin/workmanager/internal/state"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	"github.com/virtufin/workmanager/services/api"
@@ -60,28 +64,37 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	} else {
 		log.Info("api authentication", "methods", authn.Methods(), "tls", cfg.Auth.TLSCertFile != "", "public_health", cfg.Auth.PublicHealth)
 	}
+	limiter := ratelimit.New(ratelimit.Config{PerSecond: cfg.RateLimit, Burst: cfg.RateBurst,
+		Methods: auth.ChangingMethods(), Caller: auth.CallerKey})
+	opts = append(opts, grpc.ChainUnaryInterceptor(limiter.UnaryInterceptor()),
+		grpc.MaxRecvMsgSize(cfg.MaxCodeBytes+api.MaxRequestOverhead))
 	srv := grpc.NewServer(opts...)
 	pb.RegisterWorkManagerServiceServer(srv, api.New(log, tc, cat, engines.BuiltinMIMETypes(),
-		api.Options{OperationTimeout: cfg.OperationTimeout, ContinueAsNewAfter: cfg.ContinueAsNewAfter,
+		api.Options{OperationTimeout: cfg.OperationTimeout, ContinueAsNewAfter: cfg.ContinueAsNewAfter, MaxCodeBytes: cfg.MaxCodeBytes,
 			// The dead-letter TTL is recorded in each index by the nodes
 			// that add them: the API needs none of its own.
 			DeadLetters: deadletter.NewStore(store, 0),
 			Deliveries:  delivery.NewStore(store, cfg.DeliveryRecordTTL),
 			Publisher:   publish.NewDapr(daprClient, cfg.PubSub),
 			Tenants:     cfg.Tenants}))
-	hs := health.NewServer()
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus(pb.WorkManagerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(srv, hs)
+	gh := grpchealth.NewServer()
+	gh.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	gh.SetServingStatus(pb.WorkManagerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(srv, gh)
 	reflection.Register(srv)
 
+	if cfg.HealthAddr != "" {
+		if err := serveHealth(ctx, log, cfg, tc, store); err != nil {
+			return err
+		}
+	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Addr, err)
 	}
 	go func() {
 		<-ctx.Done()
-		hs.Shutdown()
+		gh.Shutdown()
 		done := make(chan struct{})
 		go func() { srv.GracefulStop(); close(done) }()
 		select {
@@ -92,4 +105,59 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	}()
 	log.Info("api listening", "addr", ln.Addr().String())
 	return srv.Serve(ln)
+}
+
+// serveHealth serves GET /health on cfg.HealthAddr: the authentication mode
+// (Degraded, loudly, when it is off) and whether Temporal and the state
+// store answer, refreshed every few seconds.
+func serveHealth(ctx context.Context, log *slog.Logger, cfg config, tc client.Client, store state.Store) error {
+	hs := health.New()
+	if cfg.Auth.Off {
+		hs.Set("auth", health.Degraded, "API_AUTH=off: every caller is an admin, without credentials. Never in production.")
+	} else {
+		hs.Set("auth", health.Healthy, "on")
+	}
+	check := func() {
+		c, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if _, err := tc.CheckHealth(c, &client.CheckHealthRequest{}); err != nil {
+			hs.Set("temporal", health.Unhealthy, err.Error())
+		} else {
+			hs.Set("temporal", health.Healthy, "")
+		}
+		if _, err := store.Get(c, "workmanager/health-probe"); err != nil && !errors.Is(err, state.ErrNotFound) {
+			hs.Set("state", health.Unhealthy, err.Error())
+		} else {
+			hs.Set("state", health.Healthy, "")
+		}
+	}
+	check()
+	go func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				check()
+			}
+		}
+	}()
+	ln, err := net.Listen("tcp", cfg.HealthAddr)
+	if err != nil {
+		return fmt.Errorf("WORKMANAGER_API_HEALTH_ADDR %s: %w", cfg.HealthAddr, err)
+	}
+	srv := &http.Server{Handler: hs.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("api health server", "err", err)
+		}
+	}()
+	log.Info("api health listening", "addr", ln.Addr().String())
+	return nil
 }

@@ -1,5 +1,7 @@
 package auth
 
+import "context"
+
 // MethodRoles is the least role of every RPC of the control API. A method
 // missing here is refused to everybody; TestEveryRPCHasARole fails for
 // any RPC of the service without an entry.
@@ -32,4 +34,26 @@ var HealthAndReflection = []string{
 	"/grpc.health.v1.Health/List",
 	"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
 	"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+}
+
+// ChangingMethods are the RPCs that change something (operator or admin
+// role): the per-caller rate limit applies to them.
+func ChangingMethods() map[string]bool {
+	m := map[string]bool{}
+	for method, role := range MethodRoles {
+		if role >= RoleOperator {
+			m[method] = true
+		}
+	}
+	return m
+}
+
+// CallerKey names the caller of a call the interceptor let through (its
+// tenant, subject and how it authenticated), e.g. for rate limits.
+func CallerKey(ctx context.Context) string {
+	p, ok := FromContext(ctx)
+	if !ok {
+		return "unauthenticated"
+	}
+	return p.Tenant + "/" + p.Subject + " (" + p.Via + ")"
 }

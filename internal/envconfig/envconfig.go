@@ -62,6 +62,11 @@ func (r *Reader) String(name, def string) string {
 // Int returns the variable as an integer, or def.
 func (r *Reader) Int(name string, def int) int { return parse(r, name, def, strconv.Atoi) }
 
+// Float returns the variable as a number, or def.
+func (r *Reader) Float(name string, def float64) float64 {
+	return parse(r, name, def, func(s string) (float64, error) { return strconv.ParseFloat(s, 64) })
+}
+
 // Bool returns the variable as a boolean (strconv.ParseBool), or def.
 func (r *Reader) Bool(name string, def bool) bool { return parse(r, name, def, strconv.ParseBool) }
 

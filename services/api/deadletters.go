@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -35,6 +36,9 @@ func (s *Server) ListDeadLetters(ctx context.Context, req *pb.ListDeadLettersReq
 	}
 	limit, err := deadLetterLimit(req.GetLimit())
 	if err != nil {
+		return nil, err
+	}
+	if err := validReason(req.GetReason()); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
@@ -93,9 +97,12 @@ func (s *Server) ReplayDeadLetters(ctx context.Context, req *pb.ReplayDeadLetter
 		return nil, status.Errorf(codes.InvalidArgument, "event_ids has %d ids, at most %d are allowed", len(req.GetEventIds()), maxDeadLetterLimit)
 	}
 	for i, eid := range req.GetEventIds() {
-		if eid == "" {
-			return nil, status.Errorf(codes.InvalidArgument, "event_ids[%d] is empty", i)
+		if eid == "" || len(eid) > maxEventIDLen {
+			return nil, status.Errorf(codes.InvalidArgument, "event_ids[%d] must be 1 to %d characters", i, maxEventIDLen)
 		}
+	}
+	if err := validReason(req.GetReason()); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -220,6 +227,18 @@ func deadLetterWorkerID(ctx context.Context, ref string) (string, error) {
 		return "", status.Errorf(codes.InvalidArgument, "worker_id %q is neither a worker id (a UUID) nor a worker name", ref)
 	}
 	return id, err
+}
+
+// maxEventIDLen bounds an event id in a request.
+const maxEventIDLen = 512
+
+// validReason accepts "" (any) or a dead-letter reason's shape: 1..64 of
+// a-z and _.
+func validReason(r string) error {
+	if len(r) > 64 || strings.Trim(r, "abcdefghijklmnopqrstuvwxyz_") != "" {
+		return status.Errorf(codes.InvalidArgument, "reason %q is not a dead-letter reason (worker_failed, timeout, lock_contention, …: 1 to 64 of a-z and _)", r)
+	}
+	return nil
 }
 
 func deadLetterLimit(limit int32) (int, error) {

@@ -299,7 +299,7 @@ func TestReplayDeadLettersBadRequests(t *testing.T) {
 			`no worker in the catalog subscribes to topic "nobody-listens"`},
 		"negative limit": {&pb.ReplayDeadLettersRequest{WorkerId: w1, Limit: -5}, codes.InvalidArgument, "limit -5 must be 0 (default 100) or 1..1000"},
 		"limit too big":  {&pb.ReplayDeadLettersRequest{WorkerId: w1, Limit: 5000}, codes.InvalidArgument, "limit 5000"},
-		"empty event id": {&pb.ReplayDeadLettersRequest{WorkerId: w1, EventIds: []string{"a", ""}}, codes.InvalidArgument, "event_ids[1] is empty"},
+		"empty event id": {&pb.ReplayDeadLettersRequest{WorkerId: w1, EventIds: []string{"a", ""}}, codes.InvalidArgument, "event_ids[1] must be 1 to 512 characters"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := e.s.ReplayDeadLetters(ctx, c.req)

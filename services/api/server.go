@@ -9,9 +9,13 @@
 package api
 
 import (
+	"cmp"
 	"context"
+	"encoding/base64"
 	"errors"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -31,6 +35,15 @@ import (
 	"github.com/virtufin/workmanager/internal/workerpolicy"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	"github.com/virtufin/workmanager/workflows"
+)
+
+// Limits of requests.
+const (
+	// DefaultMaxCodeBytes bounds inline code unless configured: what
+	// daprd's default request limit (4 MiB) lets through to the state store.
+	DefaultMaxCodeBytes = 4<<20 - MaxRequestOverhead
+	// MaxRequestOverhead is what a request may carry besides its code.
+	MaxRequestOverhead = 64 << 10
 )
 
 // Server implements pb.WorkManagerServiceServer.
@@ -58,6 +71,9 @@ type Options struct {
 	DeadLetters *deadletter.Store
 	Deliveries  *delivery.Store
 	Publisher   publish.Publisher
+	// MaxCodeBytes bounds inline code (API_MAX_CODE_BYTES); 0:
+	// DefaultMaxCodeBytes.
+	MaxCodeBytes int
 	// Tenants maps tenants to the topic prefix their workers are confined
 	// to (TENANT_TOPIC_PREFIXES; unmapped: "<tenant>.", none for the
 	// default tenant).
@@ -185,20 +201,46 @@ func (s *Server) GetWorker(ctx context.Context, req *pb.GetWorkerRequest) (*pb.W
 }
 
 // ListWorkers implements pb.WorkManagerServiceServer.
-func (s *Server) ListWorkers(ctx context.Context, _ *pb.ListWorkersRequest) (*pb.ListWorkersResponse, error) {
+// Workers are listed by id, in pages of at most maxPageSize; the page
+// token is the last id of the previous page.
+func (s *Server) ListWorkers(ctx context.Context, req *pb.ListWorkersRequest) (*pb.ListWorkersResponse, error) {
+	size := int(req.GetPageSize())
+	switch {
+	case size == 0:
+		size = maxPageSize
+	case size < 0 || size > maxPageSize:
+		return nil, status.Errorf(codes.InvalidArgument, "page_size %d must be 0 (default %d) or 1..%d", size, maxPageSize, maxPageSize)
+	}
+	after := ""
+	if tok := req.GetPageToken(); tok != "" {
+		b, err := base64.RawURLEncoding.DecodeString(tok)
+		if err != nil || len(b) == 0 || len(b) > 200 {
+			return nil, status.Error(codes.InvalidArgument, "page_token is not a token this API returned (pass next_page_token as it came)")
+		}
+		after = string(b)
+	}
 	ws, err := s.catalog.ListWorkers(ctx)
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "list workers: %v", err)
 	}
+	slices.SortFunc(ws, func(a, b catalog.Worker) int { return strings.Compare(a.ID, b.ID) })
 	p := caller(ctx)
-	out := &pb.ListWorkersResponse{Workers: make([]*pb.Worker, 0, len(ws))}
+	out := &pb.ListWorkersResponse{Workers: make([]*pb.Worker, 0, min(len(ws), size))}
 	for _, w := range ws {
-		if mayAccess(p, w.ID) {
-			out.Workers = append(out.Workers, toProto(w))
+		if w.ID <= after || !mayAccess(p, w.ID) {
+			continue
 		}
+		if len(out.Workers) == size {
+			out.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(out.Workers[size-1].GetWorkerId()))
+			break
+		}
+		out.Workers = append(out.Workers, toProto(w))
 	}
 	return out, nil
 }
+
+// maxPageSize bounds a page of ListWorkers.
+const maxPageSize = 1000
 
 // GetWorkerHistory implements pb.WorkManagerServiceServer.
 func (s *Server) GetWorkerHistory(ctx context.Context, req *pb.GetWorkerHistoryRequest) (*pb.GetWorkerHistoryResponse, error) {
@@ -238,8 +280,8 @@ func (s *Server) stage(ctx context.Context, src *pb.CodeSource) (catalog.CodeRef
 		if len(c.Content) == 0 {
 			return catalog.CodeRef{}, status.Error(codes.InvalidArgument, "code.content is empty")
 		}
-		if len(c.Content) > codesource.MaxSize {
-			return catalog.CodeRef{}, status.Errorf(codes.InvalidArgument, "code.content is larger than %d bytes", codesource.MaxSize)
+		if max := cmp.Or(s.opts.MaxCodeBytes, DefaultMaxCodeBytes); len(c.Content) > max {
+			return catalog.CodeRef{}, status.Errorf(codes.InvalidArgument, "code.content has %d bytes, more than API_MAX_CODE_BYTES %d", len(c.Content), max)
 		}
 		sha, err := s.catalog.StageCode(ctx, c.Content)
 		if err != nil {

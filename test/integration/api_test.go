@@ -2,7 +2,9 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -264,4 +266,83 @@ func TestAPIAuthentication(t *testing.T) {
 	}
 	// The admin (the harness's dev token) creates.
 	e.create(t, topicName(t, "in"), echoWorker(topicName(t, "out"), "v1"))
+}
+
+// The API's limits and its HTTP health on the real stack: a caller over
+// its rate of changing calls gets RESOURCE_EXHAUSTED (others and reads do
+// not), code over API_MAX_CODE_BYTES is INVALID_ARGUMENT, and /health
+// says whether authentication is on, loudly when it is off.
+func TestAPILimitsAndHealth(t *testing.T) {
+	port, err := devstack.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	healthAddr := fmt.Sprintf("127.0.0.1:%d", port)
+	e := newEnvWith(t, envConfig{apiEnv: []string{"API_RATE_LIMIT=1", "API_RATE_BURST=3", "API_MAX_CODE_BYTES=1000",
+		"WORKMANAGER_API_HEALTH_ADDR=" + healthAddr}})
+	ctx := ctxT(t)
+	// Reads are not limited (the harness has listed already).
+	for range 5 {
+		if _, err := e.client.ListWorkers(ctx, &pb.ListWorkersRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = e.client.CreateWorker(ctx, &pb.CreateWorkerRequest{MimeType: "text/x-python", Topic: topicName(t, "in"),
+		Code: pyCode(make([]byte, 1001))})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "more than API_MAX_CODE_BYTES 1000") {
+		t.Fatalf("oversized code: %v", err)
+	}
+	// The create took one of the 3 calls of the burst.
+	var limited error
+	for i := range 10 {
+		_, err := e.client.StopWorker(ctx, &pb.StopWorkerRequest{WorkerId: "no-such-worker"})
+		if status.Code(err) == codes.ResourceExhausted {
+			limited = err
+			if i < 2 {
+				t.Fatalf("limited within the burst (call %d): %v", i, err)
+			}
+			break
+		}
+	}
+	if limited == nil || !strings.Contains(limited.Error(), "API_RATE_LIMIT") {
+		t.Fatalf("10 quick changing calls were not limited: %v", limited)
+	}
+	var report struct {
+		Status string
+		Checks map[string]struct{ Status, Detail string }
+	}
+	get := func() {
+		t.Helper()
+		resp, err := http.Get("http://" + healthAddr + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if err := json.NewDecoder(resp.Body).Decode(&report); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get()
+	if c := report.Checks["auth"]; c.Status != "Healthy" || report.Checks["temporal"].Status != "Healthy" || report.Checks["state"].Status != "Healthy" {
+		t.Fatalf("API health with authentication on: %+v", report)
+	}
+	// An API with authentication off says so on /health.
+	port, err = devstack.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	offHealth := fmt.Sprintf("127.0.0.1:%d", port)
+	e.onFreePort(func(addr string) (*devstack.Proc, error) {
+		p, err := e.stack.StartAPI(filepath.Join(e.bins, "api"), addr, "API_AUTH=off", "WORKMANAGER_API_HEALTH_ADDR="+offHealth)
+		if err != nil {
+			return p, err
+		}
+		t.Cleanup(func() { p.Stop(5 * time.Second) })
+		return p, devstack.WaitHTTP(ctx, p, "http://"+offHealth+"/health", 30*time.Second)
+	})
+	healthAddr = offHealth
+	get()
+	if c := report.Checks["auth"]; c.Status != "Degraded" || !strings.Contains(c.Detail, "API_AUTH=off") || report.Status != "Degraded" {
+		t.Fatalf("API health with authentication off: %+v", report)
+	}
 }

@@ -227,7 +227,7 @@ func (e *env) startNode() {
 func (e *env) startAPI() {
 	e.t.Helper()
 	e.api, e.apiAddr = e.onFreePort(func(addr string) (*devstack.Proc, error) {
-		p, err := e.stack.StartAPI(filepath.Join(e.bins, "api"), addr, append([]string{"LOG_LEVEL=debug"}, e.apiEnv...)...)
+		p, err := e.stack.StartAPI(filepath.Join(e.bins, "api"), addr, append([]string{"LOG_LEVEL=debug", "API_RATE_LIMIT=1000", "API_RATE_BURST=1000"}, e.apiEnv...)...)
 		if err != nil {
 			return nil, err
 		}

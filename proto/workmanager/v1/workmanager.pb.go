@@ -865,7 +865,11 @@ func (x *GetWorkerRequest) GetWorkerId() string {
 }
 
 type ListWorkersRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most this many workers, 1..1000; 0: 1000.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page; empty: the first page.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -900,9 +904,26 @@ func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
 	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{12}
 }
 
+func (x *ListWorkersRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListWorkersRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListWorkersResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Workers       []*Worker              `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The caller's tenant's workers (an admin's: every tenant's), by id.
+	Workers []*Worker `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	// Set when there are more: pass it as page_token for the next page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -942,6 +963,13 @@ func (x *ListWorkersResponse) GetWorkers() []*Worker {
 		return x.Workers
 	}
 	return nil
+}
+
+func (x *ListWorkersResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type GetWorkerHistoryRequest struct {
@@ -1615,10 +1643,14 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12.\n" +
 	"\x04code\x18\x02 \x01(\v2\x1a.workmanager.v1.CodeSourceR\x04code\"/\n" +
 	"\x10GetWorkerRequest\x12\x1b\n" +
-	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"\x14\n" +
-	"\x12ListWorkersRequest\"G\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"P\n" +
+	"\x12ListWorkersRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"o\n" +
 	"\x13ListWorkersResponse\x120\n" +
-	"\aworkers\x18\x01 \x03(\v2\x16.workmanager.v1.WorkerR\aworkers\"6\n" +
+	"\aworkers\x18\x01 \x03(\v2\x16.workmanager.v1.WorkerR\aworkers\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"6\n" +
 	"\x17GetWorkerHistoryRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"\xae\x01\n" +
 	"\fHistoryEntry\x12\x18\n" +
