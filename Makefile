@@ -12,7 +12,7 @@ WORKFLOWCHECK_VERSION := v0.6.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TEST_TIMEOUT ?= 20m
 
-.PHONY: run test unit integration bench deps tools proto build clean vet
+.PHONY: run test unit integration bench fuzz deps tools proto build clean vet
 
 run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	bin/devstack $(RUN_FLAGS)
@@ -34,6 +34,15 @@ bench: deps tools
 	# with and without a group, in alternating rounds (-benchtime 1x: one full
 	# comparison; WM_BENCH_MESSAGES / WM_BENCH_ROUNDS size it).
 	go test -run '^$$' -bench BenchmarkEndToEnd -benchtime 1x -timeout 20m -v ./test/integration/
+
+# Go fuzzing of the SSRF defences (the URL validator, the address
+# classifier, the inet_aton-style parser), each for FUZZTIME; the seeds are
+# in internal/codesource/testdata/fuzz/ (plain `make test` replays them).
+FUZZTIME ?= 30s
+fuzz:
+	for target in FuzzValidateURL FuzzClassify FuzzParseLooseIPv4; do \
+		go test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) ./internal/codesource/ || exit 1; \
+	done
 
 # gofmt and go vet, plus workflowcheck: workflow code must stay deterministic.
 vet: $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp

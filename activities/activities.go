@@ -183,10 +183,14 @@ func (a *Activities) emit(ctx context.Context, w catalog.Worker, events []EventS
 }
 
 // classify turns errors caused by the request into non-retryable
-// InvalidArgument application errors; everything else stays retryable.
+// InvalidArgument (or, for a refused code source, PermissionDenied)
+// application errors; everything else stays retryable.
 func classify(err error) error {
 	if err == nil {
 		return nil
+	}
+	if errors.Is(err, codesource.ErrForbidden) {
+		return failure.New(failure.PermissionDenied, err.Error())
 	}
 	for _, bad := range []error{engines.ErrInvalidCode, engines.ErrUnknownMIMEType, codesource.ErrInvalid, catalog.ErrInvalidSpec} {
 		if errors.Is(err, bad) {

@@ -93,15 +93,23 @@ func TestPrepareCodeBadSources(t *testing.T) {
 		ref  catalog.CodeRef
 		want string
 	}{
-		"expired upload":  {catalog.CodeRef{SHA256: missing, SourceKind: "content"}, "expired before it was loaded"},
-		"unknown kind":    {catalog.CodeRef{SHA256: missing, SourceKind: "ftp"}, `unknown source kind "ftp"`},
-		"relative URL":    {catalog.CodeRef{SHA256: missing, SourceKind: "url", URL: "worker.py"}, "absolute http or https URL"},
-		"unsupported URL": {catalog.CodeRef{SHA256: missing, SourceKind: "url", URL: "file:///etc/passwd"}, "absolute http or https URL"},
+		"expired upload": {catalog.CodeRef{SHA256: missing, SourceKind: "content"}, "expired before it was loaded"},
+		"unknown kind":   {catalog.CodeRef{SHA256: missing, SourceKind: "ftp"}, `unknown source kind "ftp"`},
+		"relative URL":   {catalog.CodeRef{SHA256: missing, SourceKind: "url", URL: "worker.py"}, "absolute http or https URL"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := f.acts.PrepareCode(ctx, PrepareCodeInput{Worker: worker(catalog.StatusRunning, ""), Ref: c.ref})
 			wantInvalidArgument(t, err, c.want)
 		})
+	}
+	// A URL the SSRF rules refuse is PermissionDenied, never retried.
+	for _, u := range []string{"file:///etc/passwd", "http://169.254.169.254/latest/meta-data/", "http://2130706433/"} {
+		_, err := f.acts.PrepareCode(ctx, PrepareCodeInput{Worker: worker(catalog.StatusRunning, ""),
+			Ref: catalog.CodeRef{SHA256: missing, SourceKind: "url", URL: u}})
+		var appErr *temporal.ApplicationError
+		if !errors.As(err, &appErr) || appErr.Type() != failure.PermissionDenied || !appErr.NonRetryable() || !strings.Contains(err.Error(), "refused by rule") {
+			t.Errorf("%s: want a non-retryable PermissionDenied error, got %v", u, err)
+		}
 	}
 }
 

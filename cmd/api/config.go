@@ -49,6 +49,9 @@ type config struct {
 	// authentication mode and its dependencies) when set:
 	// WORKMANAGER_API_HEALTH_ADDR.
 	HealthAddr string
+	// CodeURLs are the rules URL code sources are checked against at
+	// CreateWorker and LoadCode (CODE_URL_*, as on the nodes).
+	CodeURLs codesource.Policy
 }
 
 func loadConfig() (config, error) {
@@ -65,6 +68,7 @@ func loadConfig() (config, error) {
 		RateBurst:          r.Int("API_RATE_BURST", 100),
 		MaxCodeBytes:       r.Int("API_MAX_CODE_BYTES", api.DefaultMaxCodeBytes),
 		HealthAddr:         r.String("WORKMANAGER_API_HEALTH_ADDR", ""),
+		CodeURLs:           r.CodeURLs(),
 		Auth: auth.Settings{
 			TokensFile: r.String("API_TOKENS_FILE", ""),
 			JWT: auth.JWTConfig{JWKSURL: r.String("API_JWT_JWKS_URL", ""), PublicKeyFile: r.String("API_JWT_PUBLIC_KEY_FILE", ""),
@@ -106,6 +110,9 @@ func (c config) validate() error {
 		return fmt.Errorf("DELIVERY_RECORD_TTL must be at least 1m (as on the nodes), got %s", c.DeliveryRecordTTL)
 	case c.MaxCodeBytes < 1 || c.MaxCodeBytes > codesource.MaxSize:
 		return fmt.Errorf("API_MAX_CODE_BYTES must be 1..%d, got %d", codesource.MaxSize, c.MaxCodeBytes)
+	}
+	if err := c.CodeURLs.Validate(); err != nil {
+		return fmt.Errorf("CODE_URL_*: %w", err)
 	}
 	if err := (ratelimit.Config{PerSecond: c.RateLimit, Burst: c.RateBurst}).Validate(); err != nil {
 		return err

@@ -70,7 +70,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		grpc.MaxRecvMsgSize(cfg.MaxCodeBytes+api.MaxRequestOverhead))
 	srv := grpc.NewServer(opts...)
 	pb.RegisterWorkManagerServiceServer(srv, api.New(log, tc, cat, engines.BuiltinMIMETypes(),
-		api.Options{OperationTimeout: cfg.OperationTimeout, ContinueAsNewAfter: cfg.ContinueAsNewAfter, MaxCodeBytes: cfg.MaxCodeBytes,
+		api.Options{OperationTimeout: cfg.OperationTimeout, ContinueAsNewAfter: cfg.ContinueAsNewAfter, MaxCodeBytes: cfg.MaxCodeBytes, CodeURLs: cfg.CodeURLs,
 			// The dead-letter TTL is recorded in each index by the nodes
 			// that add them: the API needs none of its own.
 			DeadLetters: deadletter.NewStore(store, 0),

@@ -10,6 +10,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines/python"
 	"github.com/virtufin/workmanager/engines/sandbox"
+	"github.com/virtufin/workmanager/internal/codesource"
 	"github.com/virtufin/workmanager/internal/envconfig"
 )
 
@@ -39,9 +40,10 @@ type config struct {
 	LogLevel           slog.Level    // LOG_LEVEL
 	Sandbox            string        // SANDBOX: strict, standard (default) or off
 	SandboxLimits      sandbox.Limits
-	SandboxWritable    []string // SANDBOX_WRITABLE_PATHS: host paths bound read-write into every worker sandbox
-	PythonAllowed      []string // PYTHON_ALLOWED_PACKAGES
-	WorkerEnv          []string // WORKER_ENV: space-separated KEY=VALUE given to every worker process
+	SandboxWritable    []string          // SANDBOX_WRITABLE_PATHS: host paths bound read-write into every worker sandbox
+	PythonAllowed      []string          // PYTHON_ALLOWED_PACKAGES
+	WorkerEnv          []string          // WORKER_ENV: space-separated KEY=VALUE given to every worker process
+	CodeURLs           codesource.Policy // CODE_URL_*: how the node fetches URL code sources (envconfig.CodeURLs)
 
 	QueueDepth         int           // WORKER_QUEUE_DEPTH: messages waiting per worker beyond those running
 	QueueWait          time.Duration // WORKER_QUEUE_WAIT: how long a message waits for room in a full queue
@@ -95,8 +97,9 @@ func loadConfig() (config, error) {
 			Processes:    uint64(r.Int("SANDBOX_PROCESSES", int(sandbox.DefaultLimits.Processes))),
 			CPUSeconds:   uint64(r.Int("SANDBOX_CPU_SECONDS", 0)),
 		},
-		SandboxWritable:    splitList(r.String("SANDBOX_WRITABLE_PATHS", ""), ","),
-		PythonAllowed:      splitList(r.String("PYTHON_ALLOWED_PACKAGES", ""), ","),
+		SandboxWritable:    r.List("SANDBOX_WRITABLE_PATHS", ","),
+		PythonAllowed:      r.List("PYTHON_ALLOWED_PACKAGES", ","),
+		CodeURLs:           r.CodeURLs(),
 		WorkerEnv:          strings.Fields(r.String("WORKER_ENV", "")),
 		QueueDepth:         r.Int("WORKER_QUEUE_DEPTH", 64),
 		QueueWait:          r.Duration("WORKER_QUEUE_WAIT", time.Second),
@@ -140,18 +143,10 @@ func secretValues(environ []string) []string {
 	return out
 }
 
-// splitList splits a sep-separated setting, dropping blanks.
-func splitList(s, sep string) []string {
-	var out []string
-	for _, p := range strings.Split(s, sep) {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
 func (c config) validate() error {
+	if err := c.CodeURLs.Validate(); err != nil {
+		return fmt.Errorf("CODE_URL_*: %w", err)
+	}
 	if _, err := sandbox.ParseMode(c.Sandbox); err != nil {
 		return err
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/virtufin/workmanager/engines/sandbox"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/cluster"
+	"github.com/virtufin/workmanager/internal/codesource"
 	"github.com/virtufin/workmanager/internal/daemon"
 	"github.com/virtufin/workmanager/internal/daprconn"
 	"github.com/virtufin/workmanager/internal/deadletter"
@@ -127,7 +128,8 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		return fmt.Errorf("temporal: %w", err)
 	}
 	defer tc.Close()
-	acts := &activities.Activities{Catalog: cat, Node: n, Events: events, Members: members}
+	acts := &activities.Activities{Catalog: cat, Node: n, Events: events, Members: members,
+		Fetcher: codesource.Fetcher{Policy: cfg.CodeURLs}}
 	w := worker.New(tc, workflows.TaskQueue, worker.Options{})
 	w.RegisterWorkflow(workflows.WorkerWorkflow)
 	w.RegisterWorkflow(workflows.RecoveryWorkflow)

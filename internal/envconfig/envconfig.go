@@ -11,7 +11,10 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/virtufin/workmanager/internal/codesource"
 )
 
 // Reader reads variables; Err reports the first that could not be parsed.
@@ -101,5 +104,32 @@ func (r *Reader) Services() Services {
 		DaprGRPCAddress:   r.String("DAPR_GRPC_ADDRESS", "127.0.0.1:50001"),
 		StateStore:        r.String("DAPR_STATESTORE", "statestore"),
 		DaprAPIToken:      r.String("DAPR_API_TOKEN", ""),
+	}
+}
+
+// List returns the variable split at sep, items trimmed, empty ones
+// dropped (nil when unset).
+func (r *Reader) List(name, sep string) []string {
+	var out []string
+	for _, p := range strings.Split(r.String(name, ""), sep) {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// CodeURLs reads the rules for URL code sources (docs/security.md), which
+// the API checks at CreateWorker/LoadCode and the nodes apply when they
+// fetch: CODE_URL_ALLOWED_HOSTS, CODE_URL_ALLOW_UNPINNED,
+// CODE_URL_MAX_BYTES, CODE_URL_TIMEOUT and, for tests only,
+// CODE_URL_TEST_ALLOW_LOOPBACK.
+func (r *Reader) CodeURLs() codesource.Policy {
+	return codesource.Policy{
+		AllowedHosts:  r.List("CODE_URL_ALLOWED_HOSTS", ","),
+		AllowUnpinned: r.Bool("CODE_URL_ALLOW_UNPINNED", false),
+		AllowLoopback: r.Bool("CODE_URL_TEST_ALLOW_LOOPBACK", false),
+		MaxBytes:      int64(r.Int("CODE_URL_MAX_BYTES", codesource.MaxSize)),
+		Timeout:       r.Duration("CODE_URL_TIMEOUT", codesource.DefaultTimeout),
 	}
 }

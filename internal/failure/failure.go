@@ -21,6 +21,9 @@ const (
 	NotFound = "NotFound"
 	// AlreadyExists: a create for a worker that exists. gRPC ALREADY_EXISTS.
 	AlreadyExists = "AlreadyExists"
+	// PermissionDenied: a rule refused the request (a code URL the SSRF
+	// rules refuse). gRPC PERMISSION_DENIED.
+	PermissionDenied = "PermissionDenied"
 )
 
 // New returns a non-retryable application error of type kind.

@@ -94,7 +94,7 @@ func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.C
 		if errors.As(err, &started) {
 			return nil, gone(w, rid)
 		}
-		if failure.Kind(err) == failure.InvalidArgument && attempt == 1 {
+		if k := failure.Kind(err); (k == failure.InvalidArgument || k == failure.PermissionDenied) && attempt == 1 {
 			// Possibly the remembered failure of an earlier request with
 			// this id: wait until that run has closed, then try once more.
 			_ = s.temporal.GetWorkflow(ctx, workflows.WorkflowID(w.ID), "").Get(ctx, nil)

@@ -71,6 +71,9 @@ type Options struct {
 	DeadLetters *deadletter.Store
 	Deliveries  *delivery.Store
 	Publisher   publish.Publisher
+	// CodeURLs are the rules URL code sources must pass (the nodes apply
+	// them again, with DNS, when they fetch).
+	CodeURLs codesource.Policy
 	// MaxCodeBytes bounds inline code (API_MAX_CODE_BYTES); 0:
 	// DefaultMaxCodeBytes.
 	MaxCodeBytes int
@@ -289,8 +292,12 @@ func (s *Server) stage(ctx context.Context, src *pb.CodeSource) (catalog.CodeRef
 		}
 		return catalog.CodeRef{SHA256: sha, SourceKind: "content"}, nil
 	case *pb.CodeSource_Url:
-		if err := codesource.ValidateURL(c.Url.GetUrl(), c.Url.GetSha256()); err != nil {
-			return catalog.CodeRef{}, status.Error(codes.InvalidArgument, "code.url: "+err.Error())
+		if err := s.opts.CodeURLs.ValidateURL(c.Url.GetUrl(), c.Url.GetSha256()); err != nil {
+			if errors.Is(err, codesource.ErrForbidden) {
+				s.log.Warn("code URL refused", "rule", ruleOf(err), "err", err)
+				return catalog.CodeRef{}, status.Error(codes.PermissionDenied, err.Error())
+			}
+			return catalog.CodeRef{}, status.Error(codes.InvalidArgument, err.Error())
 		}
 		return catalog.CodeRef{SHA256: c.Url.GetSha256(), SourceKind: "url", URL: c.Url.GetUrl()}, nil
 	default:
@@ -347,6 +354,15 @@ func named(err error, display string) error {
 	return err
 }
 
+// ruleOf is the rule of a code source refusal.
+func ruleOf(err error) string {
+	var r *codesource.Refusal
+	if errors.As(err, &r) {
+		return r.Rule
+	}
+	return ""
+}
+
 // tenantTopics holds a new worker's topic and output patterns to its
 // tenant's prefix: PERMISSION_DENIED outside it.
 func tenantTopics(prefix, topic string, outputs []string) error {
@@ -372,6 +388,8 @@ func (s *Server) status(err error, id string) error {
 	switch kind := failure.Kind(err); {
 	case kind == failure.InvalidArgument:
 		return status.Error(codes.InvalidArgument, failure.Message(err))
+	case kind == failure.PermissionDenied:
+		return status.Error(codes.PermissionDenied, failure.Message(err))
 	case kind == failure.NotFound, errors.As(err, &notFound):
 		return status.Errorf(codes.NotFound, "worker %s not found", id)
 	case kind == failure.AlreadyExists:

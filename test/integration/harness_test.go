@@ -215,7 +215,7 @@ func (e *env) startNode() {
 	var addr string
 	e.node, addr = e.onFreePort(func(addr string) (*devstack.Proc, error) {
 		p, err := e.stack.StartNode(filepath.Join(e.bins, "worker"), addr,
-			e.withSandbox(append([]string{"WORKER_TIMEOUT=2s", "RECONCILE_INTERVAL=5s", "NODE_HEARTBEAT=1s", "LOG_LEVEL=debug"}, e.nodeEnv...))...)
+			e.withSandbox(append([]string{"WORKER_TIMEOUT=2s", "RECONCILE_INTERVAL=5s", "NODE_HEARTBEAT=1s", "LOG_LEVEL=debug", testCodeURLs}, e.nodeEnv...))...)
 		if err != nil {
 			return nil, err
 		}
@@ -224,10 +224,14 @@ func (e *env) startNode() {
 	e.nodeURL = "http://" + addr
 }
 
+// testCodeURLs lets the tests serve URL code sources from loopback
+// httptest servers; every other SSRF rule stays on (TestCodeURLSources).
+const testCodeURLs = "CODE_URL_TEST_ALLOW_LOOPBACK=true"
+
 func (e *env) startAPI() {
 	e.t.Helper()
 	e.api, e.apiAddr = e.onFreePort(func(addr string) (*devstack.Proc, error) {
-		p, err := e.stack.StartAPI(filepath.Join(e.bins, "api"), addr, append([]string{"LOG_LEVEL=debug", "API_RATE_LIMIT=1000", "API_RATE_BURST=1000"}, e.apiEnv...)...)
+		p, err := e.stack.StartAPI(filepath.Join(e.bins, "api"), addr, append([]string{"LOG_LEVEL=debug", "API_RATE_LIMIT=1000", "API_RATE_BURST=1000", testCodeURLs}, e.apiEnv...)...)
 		if err != nil {
 			return nil, err
 		}
