@@ -83,9 +83,13 @@ func (a *Activities) PrepareCode(ctx context.Context, in PrepareCodeInput) (cata
 		}
 		return catalog.CodeRef{}, classify(err)
 	}
-	if _, err := a.Catalog.PutCode(ctx, body); err != nil {
+	sha, err := a.Catalog.PutCode(ctx, body)
+	if err != nil {
 		return catalog.CodeRef{}, err
 	}
+	// An unpinned URL (CODE_URL_ALLOW_UNPINNED) is pinned now: the version
+	// is what was fetched, stored under its SHA-256.
+	in.Ref.SHA256 = sha
 	if in.Ref.SourceKind == "content" {
 		if err := a.Catalog.DeleteStaged(ctx, in.Ref.SHA256); err != nil {
 			return catalog.CodeRef{}, err

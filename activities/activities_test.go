@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/cluster"
+	"github.com/virtufin/workmanager/internal/codesource"
 	"github.com/virtufin/workmanager/internal/failure"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/node/nodetest"
@@ -237,5 +240,27 @@ func TestListWorkerIDsAndGetWorkersSkipDeleted(t *testing.T) {
 	ws, err := f.acts.GetWorkers(ctx, []string{"a", "b", "c"})
 	if err != nil || len(ws) != 2 || ws[0].ID != "a" || ws[1].ID != "c" {
 		t.Fatalf("workers: %+v %v", ws, err)
+	}
+}
+
+// A URL source without a sha256 (allowed by CODE_URL_ALLOW_UNPINNED) is
+// pinned when fetched: the ref comes back with the SHA-256 of what was
+// stored, so recovery loads exactly that and never fetches again.
+func TestPrepareCodePinsAnUnpinnedURL(t *testing.T) {
+	f, ctx := newFixture(t), context.Background()
+	body := []byte("good")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(body) }))
+	defer srv.Close()
+	f.acts.Fetcher = codesource.Fetcher{Policy: codesource.Policy{AllowLoopback: true, AllowUnpinned: true}}
+	ref, err := f.acts.PrepareCode(ctx, PrepareCodeInput{Worker: worker(catalog.StatusRunning, ""),
+		Ref: catalog.CodeRef{SourceKind: "url", URL: srv.URL + "/w.py"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := catalog.SHA256(body); ref.SHA256 != want || ref.URL != srv.URL+"/w.py" {
+		t.Fatalf("ref %+v, want sha256 %s", ref, want)
+	}
+	if got, err := f.Catalog.GetCode(ctx, ref.SHA256); err != nil || string(got) != "good" {
+		t.Fatalf("stored %q %v", got, err)
 	}
 }

@@ -182,6 +182,11 @@ func (e *entity) registerUpdates(ctx workflow.Context) error {
 			if err := alive(); err != nil {
 				return err
 			}
+			// An unpinned URL (CODE_URL_ALLOW_UNPINNED, checked by the API)
+			// gets its SHA-256 when PrepareCode fetches it.
+			if r.SHA256 == "" && r.SourceKind == "url" {
+				return nil
+			}
 			if err := catalog.ValidateSHA256(r.SHA256); err != nil {
 				return failure.New(failure.InvalidArgument, err.Error())
 			}

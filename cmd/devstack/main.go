@@ -20,6 +20,7 @@ import (
 func main() {
 	var o devstack.Options
 	var bins, apiAddr, apiHealthAddr, nodeAddr string
+	var mtls bool
 	flag.StringVar(&o.Dir, "dir", ".run", "data and log directory (kept across restarts)")
 	flag.StringVar(&o.ToolsBin, "tools", ".tools/bin", "folder with the temporal and daprd binaries")
 	flag.StringVar(&bins, "bin", "bin", "folder with the worker and api binaries")
@@ -31,6 +32,7 @@ func main() {
 	flag.StringVar(&apiAddr, "api-addr", "127.0.0.1:50051", "control API address")
 	flag.StringVar(&nodeAddr, "node-addr", "127.0.0.1:8080", "node HTTP (health) address")
 	flag.StringVar(&apiHealthAddr, "api-health-addr", "127.0.0.1:8081", "control API HTTP health address")
+	flag.BoolVar(&mtls, "mtls", false, "serve the control API over TLS and accept client certificates (a dev CA and certificates under <dir>/tls)")
 	// Quicker redelivery than the manifest's 45s, for a snappy dev loop: a
 	// message answered RETRY comes back after about 15s. The node's
 	// WORKER_TIMEOUT is 10s here, so that a delivery ends before the broker
@@ -39,13 +41,13 @@ func main() {
 	flag.DurationVar(&o.ProcessingTimeout, "processing-timeout", 15*time.Second, "how long a message may stay unacknowledged before it is redelivered")
 	flag.StringVar(&o.DaprAPIToken, "dapr-api-token", os.Getenv("DAPR_API_TOKEN"), "make daprd require this API token (default $DAPR_API_TOKEN; empty: none)")
 	flag.Parse()
-	if err := run(o, bins, apiAddr, apiHealthAddr, nodeAddr); err != nil {
+	if err := run(o, bins, apiAddr, apiHealthAddr, nodeAddr, mtls); err != nil {
 		fmt.Fprintln(os.Stderr, "devstack:", err)
 		os.Exit(1)
 	}
 }
 
-func run(o devstack.Options, bins, apiAddr, apiHealthAddr, nodeAddr string) error {
+func run(o devstack.Options, bins, apiAddr, apiHealthAddr, nodeAddr string, mtls bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	abs, err := filepath.Abs(o.Dir)
@@ -65,7 +67,19 @@ func run(o devstack.Options, bins, apiAddr, apiHealthAddr, nodeAddr string) erro
 		return err
 	}
 	defer node.Stop(40 * time.Second) // SHUTDOWN_GRACE (30s) to drain
-	api, err := s.StartAPI(filepath.Join(bins, "api"), apiAddr, "WORKMANAGER_API_HEALTH_ADDR="+apiHealthAddr)
+	apiEnv := []string{"WORKMANAGER_API_HEALTH_ADDR=" + apiHealthAddr}
+	var certs devstack.DevTLSFiles
+	if mtls {
+		if certs, err = devstack.DevTLS(o.Dir); err != nil {
+			return err
+		}
+		apiEnv = append(apiEnv, certs.Env()...)
+	}
+	grpcurlTransport := "-plaintext"
+	if mtls {
+		grpcurlTransport = "-cacert " + relOrAbs(certs.CA)
+	}
+	api, err := s.StartAPI(filepath.Join(bins, "api"), apiAddr, apiEnv...)
 	if err != nil {
 		return err
 	}
@@ -80,7 +94,7 @@ func run(o devstack.Options, bins, apiAddr, apiHealthAddr, nodeAddr string) erro
 	fmt.Printf(`
 WorkManager is running (data and logs in %s):
   control API (gRPC)   %s        needs a bearer token: the dev token (admin, default tenant) is in %s
-                       .tools/bin/grpcurl -plaintext -H "authorization: Bearer $(cat %s)" %s list
+                       .tools/bin/grpcurl %s -H "authorization: Bearer $(cat %s)" %s list
   API health           http://%s/health   (authentication mode, Temporal, state store)
   node health          http://%s/health   (/healthz, /readyz)
   Temporal frontend    %s
@@ -88,7 +102,12 @@ WorkManager is running (data and logs in %s):
   daprd gRPC / HTTP    %s / %s
   Redis                %s
 Press Ctrl-C to stop; 'make run' again resumes with the same workers.
-`, o.Dir, apiAddr, filepath.Join(o.Dir, "dev-token"), relOrAbs(filepath.Join(o.Dir, "dev-token")), apiAddr, apiHealthAddr, nodeAddr, s.TemporalAddr, s.UIURL, s.DaprGRPCAddr, s.DaprHTTPAddr, s.RedisAddr)
+`, o.Dir, apiAddr, filepath.Join(o.Dir, "dev-token"), grpcurlTransport, relOrAbs(filepath.Join(o.Dir, "dev-token")), apiAddr, apiHealthAddr, nodeAddr, s.TemporalAddr, s.UIURL, s.DaprGRPCAddr, s.DaprHTTPAddr, s.RedisAddr)
+	if mtls {
+		fmt.Printf(`  The API serves TLS and takes client certificates (dev CA and certificates in %s):
+                       .tools/bin/grpcurl -cacert %s -cert %s -key %s %s list
+`, filepath.Dir(certs.CA), relOrAbs(certs.CA), relOrAbs(certs.ClientCert), relOrAbs(certs.ClientKey), apiAddr)
+	}
 	if o.DaprAPIToken != "" {
 		fmt.Println("  daprd requires its API token: send header 'dapr-api-token: $DAPR_API_TOKEN' to daprd")
 	}

@@ -567,8 +567,8 @@ func (s *Stack) StartAPI(bin, addr string, env ...string) (*Proc, error) {
 
 func hasAuthSetting(env []string) bool {
 	for _, kv := range env {
-		if strings.HasPrefix(kv, "API_TOKENS_FILE=") || strings.HasPrefix(kv, "API_AUTH=") ||
-			strings.HasPrefix(kv, "API_JWT_") || strings.HasPrefix(kv, "API_CLIENT_CA_FILE=") {
+		// JWTs and client certificates go with tokens: the dev token stays.
+		if strings.HasPrefix(kv, "API_TOKENS_FILE=") || strings.HasPrefix(kv, "API_AUTH=") {
 			return true
 		}
 	}
@@ -600,6 +600,18 @@ func DevToken(dir string) (token, tokensFile string, err error) {
 		return "", "", err
 	}
 	return token, tokensFile, nil
+}
+
+// WaitTCP waits until addr accepts connections, the process exits, or
+// limit passes.
+func WaitTCP(ctx context.Context, p *Proc, addr string, limit time.Duration) error {
+	return waitFor(ctx, p, limit, func() error {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
 }
 
 // WaitHTTP polls url until it answers 200, the process exits, or limit passes.
