@@ -111,7 +111,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 // (Degraded, loudly, when it is off) and whether Temporal and the state
 // store answer, refreshed every few seconds.
 func serveHealth(ctx context.Context, log *slog.Logger, cfg config, tc client.Client, store state.Store) error {
-	hs := health.New()
+	hs := health.NewEmpty()
 	if cfg.Auth.Off {
 		hs.Set("auth", health.Degraded, "API_AUTH=off: every caller is an admin, without credentials. Never in production.")
 	} else {

@@ -361,14 +361,39 @@ func (s *Stack) startTemporal(ctx context.Context) error {
 		return err
 	}
 	s.procs = append(s.procs, p)
-	return waitFor(ctx, p, 60*time.Second, func() error {
+	if err := waitFor(ctx, p, 60*time.Second, func() error {
 		out, err := exec.CommandContext(ctx, filepath.Join(s.ToolsBin, "temporal"), "operator", "cluster", "health",
 			"--address", s.TemporalAddr, "--command-timeout", "2s").CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("%v: %s", err, out)
 		}
 		return nil
-	})
+	}); err != nil {
+		return err
+	}
+	return s.ensureSearchAttributes(ctx)
+}
+
+// ensureSearchAttributes registers the search attributes a database made
+// by an older version lacks: --search-attribute takes effect only when
+// the dev server creates its database.
+func (s *Stack) ensureSearchAttributes(ctx context.Context) error {
+	out, err := exec.CommandContext(ctx, filepath.Join(s.ToolsBin, "temporal"), "operator", "search-attribute", "list",
+		"--address", s.TemporalAddr, "--command-timeout", "5s").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("temporal operator search-attribute list: %v: %s", err, out)
+	}
+	for _, sa := range SearchAttributes {
+		name, typ, _ := strings.Cut(sa, "=")
+		if strings.Contains(string(out), name) {
+			continue
+		}
+		if out, err := exec.CommandContext(ctx, filepath.Join(s.ToolsBin, "temporal"), "operator", "search-attribute", "create",
+			"--name", name, "--type", typ, "--address", s.TemporalAddr, "--command-timeout", "5s").CombinedOutput(); err != nil {
+			return fmt.Errorf("registering search attribute %s: %v: %s", name, err, out)
+		}
+	}
+	return nil
 }
 
 // StartDaprd (re)starts daprd with Redis pub/sub and state components.
@@ -575,10 +600,13 @@ func hasAuthSetting(env []string) bool {
 	return false
 }
 
+const devTokenComment = "# written by devstack: the dev token of "
+
 // DevToken returns the dev bearer token of the stack in dir and its
 // tokens file, making them on first use: dir/dev-token holds the token
 // (mode 0600; `make run` prints how to send it), dir/api-tokens its
-// SHA-256 as an admin of the default tenant (subject "dev"). Later calls,
+// SHA-256 as an admin of the default tenant (subject "dev"), after any
+// lines the user added there (e.g. tokens of other tenants). Later calls,
 // and restarts on the same dir, keep the token.
 func DevToken(dir string) (token, tokensFile string, err error) {
 	tokenFile, tokensFile := filepath.Join(dir, "dev-token"), filepath.Join(dir, "api-tokens")
@@ -595,8 +623,18 @@ func DevToken(dir string) (token, tokensFile string, err error) {
 		}
 	}
 	sum := sha256.Sum256([]byte(token))
-	line := "# written by devstack: the dev token of " + tokenFile + " (an admin of the default tenant)\nsha256:" + hex.EncodeToString(sum[:]) + " admin default dev\n"
-	if err := os.WriteFile(tokensFile, []byte(line), 0o600); err != nil {
+	// Lines the user added (more tokens, other tenants) are kept; the dev
+	// line is replaced.
+	var kept []string
+	if b, err := os.ReadFile(tokensFile); err == nil {
+		for _, l := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+			if l != "" && !strings.HasPrefix(l, devTokenComment) && !strings.HasSuffix(l, " admin default dev") {
+				kept = append(kept, l)
+			}
+		}
+	}
+	kept = append(kept, devTokenComment+tokenFile+" (an admin of the default tenant)", "sha256:"+hex.EncodeToString(sum[:])+" admin default dev")
+	if err := os.WriteFile(tokensFile, []byte(strings.Join(kept, "\n")+"\n"), 0o600); err != nil {
 		return "", "", err
 	}
 	return token, tokensFile, nil

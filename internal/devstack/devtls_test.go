@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -47,5 +48,28 @@ func TestDevTLS(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(f.CA); string(b) != string(caPEM) {
 		t.Fatal("a second call made new certificates")
+	}
+}
+
+// DevToken keeps the token across calls and the lines a user added to the
+// tokens file, replacing only its own.
+func TestDevTokenKeepsAddedLines(t *testing.T) {
+	dir := t.TempDir()
+	tok, file, err := DevToken(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra := "sha256:" + strings.Repeat("ab", 32) + " operator acme alice"
+	b, _ := os.ReadFile(file)
+	if err := os.WriteFile(file, append(b, []byte(extra+"\n")...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tok2, _, err := DevToken(dir)
+	if err != nil || tok2 != tok {
+		t.Fatalf("token changed: %v", err)
+	}
+	b, _ = os.ReadFile(file)
+	if got := string(b); !strings.Contains(got, extra) || strings.Count(got, " admin default dev") != 1 {
+		t.Fatalf("tokens file:\n%s", got)
 	}
 }

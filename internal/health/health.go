@@ -56,11 +56,16 @@ type State struct {
 	now    func() time.Time
 }
 
-// New returns a State whose recovery check is Degraded ("pending").
+// New returns a node's State: its recovery check is Degraded ("pending").
 func New() *State {
-	s := &State{checks: map[string]Check{}, graces: map[string]time.Duration{}, now: time.Now}
+	s := NewEmpty()
 	s.Set(Recovery, Degraded, "pending")
 	return s
+}
+
+// NewEmpty returns a State without checks (the API's).
+func NewEmpty() *State {
+	return &State{checks: map[string]Check{}, graces: map[string]time.Duration{}, now: time.Now}
 }
 
 // Set records a check.

@@ -326,7 +326,7 @@ func TestAPILimitsAndHealth(t *testing.T) {
 		}
 	}
 	get()
-	if c := report.Checks["auth"]; c.Status != "Healthy" || report.Checks["temporal"].Status != "Healthy" || report.Checks["state"].Status != "Healthy" {
+	if c := report.Checks["auth"]; c.Status != "Healthy" || report.Status != "Healthy" || report.Checks["temporal"].Status != "Healthy" || report.Checks["state"].Status != "Healthy" {
 		t.Fatalf("API health with authentication on: %+v", report)
 	}
 	// An API with authentication off says so on /health.
