@@ -12,15 +12,19 @@ WORKFLOWCHECK_VERSION := v0.6.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TEST_TIMEOUT ?= 20m
 
-.PHONY: run test unit integration bench fuzz deps tools proto build clean vet
+.PHONY: run test unit integration bench fuzz pytest deps tools proto build clean vet
 
 run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	bin/devstack $(RUN_FLAGS)
 
 # As root (the dev machines) every sandbox layer exists: the sandbox tests
 # must run, not skip.
-test: deps tools vet
+test: deps tools vet pytest
 	WM_REQUIRE_SANDBOX=$$([ "$$(id -u)" = 0 ] && echo 1) go test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+# The Python DevKit's own suite (sdk/python), with Debian's pytest and mypy.
+pytest: deps
+	cd sdk/python && PYTHONPATH=src PYTHONDONTWRITEBYTECODE=1 timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests
 
 unit: vet
 	go test -timeout 5m -short $$(go list ./... | grep -v /test/integration)
@@ -66,6 +70,11 @@ deps:
 	[ -f /usr/include/flatbuffers/flatbuffers.h ] || missing="$$missing libflatbuffers-dev"; \
 	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
 	command -v setpriv >/dev/null && command -v prlimit >/dev/null || missing="$$missing util-linux"; \
+	/usr/bin/python3 -c 'import pytest' 2>/dev/null || missing="$$missing python3-pytest"; \
+	/usr/bin/python3 -c 'import mypy' 2>/dev/null || missing="$$missing mypy"; \
+	/usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
+	/usr/bin/python3 -m pip --version >/dev/null 2>&1 || missing="$$missing python3-pip"; \
+	/usr/bin/python3 -c 'import setuptools' 2>/dev/null || missing="$$missing python3-setuptools"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

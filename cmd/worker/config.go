@@ -33,6 +33,7 @@ type config struct {
 	NativeIsolation    string        // NATIVE_ISOLATION: "in-process" (default) or "process"
 	NativeHostPath     string        // NATIVE_HOST_PATH (default: native-host next to this binary)
 	NativeTempDir      string        // NATIVE_TEMP_DIR
+	PythonDevKitDir    string        // PYTHON_DEVKIT_DIR: where the node installs the Python DevKit its workers import
 	NativeMaxAbandoned int           // NATIVE_MAX_ABANDONED_CALLS
 	NativeMaxExtracted int           // NATIVE_MAX_EXTRACTED_BYTES: disk all extracted native packages may use
 	BrokerProbe        time.Duration // BROKER_PROBE_INTERVAL: how often an idle node checks that publishing works
@@ -84,6 +85,7 @@ func loadConfig() (config, error) {
 		NativeIsolation:    r.String("NATIVE_ISOLATION", ""),
 		NativeHostPath:     r.String("NATIVE_HOST_PATH", defaultHostPath()),
 		NativeTempDir:      r.String("NATIVE_TEMP_DIR", ""),
+		PythonDevKitDir:    r.String("PYTHON_DEVKIT_DIR", filepath.Join(os.TempDir(), "workmanager-devkit")),
 		NativeMaxAbandoned: r.Int("NATIVE_MAX_ABANDONED_CALLS", 4),
 		NativeMaxExtracted: r.Int("NATIVE_MAX_EXTRACTED_BYTES", 1<<30),
 		BrokerProbe:        r.Duration("BROKER_PROBE_INTERVAL", 2*time.Second),

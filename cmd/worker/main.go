@@ -40,6 +40,7 @@ import (
 	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/publish"
 	"github.com/virtufin/workmanager/internal/state"
+	devkit "github.com/virtufin/workmanager/sdk/python"
 	"github.com/virtufin/workmanager/services/reconcile"
 	"github.com/virtufin/workmanager/workflows"
 )
@@ -62,7 +63,11 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	if err != nil {
 		return err
 	}
-	reg, err := builtin.Registry(builtin.Config{Logger: log, PythonProcesses: cfg.PythonProcesses,
+	devkitDir, err := devkit.Install(cfg.PythonDevKitDir)
+	if err != nil {
+		return fmt.Errorf("PYTHON_DEVKIT_DIR: %w", err)
+	}
+	reg, err := builtin.Registry(builtin.Config{Logger: log, PythonProcesses: cfg.PythonProcesses, PythonDevKitDir: devkitDir,
 		Sandbox: sb, PythonAllowedPackages: cfg.PythonAllowed, WorkerEnv: cfg.WorkerEnv, NativeMaxExtractedBytes: int64(cfg.NativeMaxExtracted),
 		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait, PythonMaxBatch: cfg.PythonMaxBatch,
 		Gateway:         gateway.NewDapr(daprClient, cfg.GatewayTimeout),
@@ -72,6 +77,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		return err
 	}
 	h := health.New()
+	h.Set("python_devkit", health.Healthy, "virtufin_worker "+devkit.Version()+" at "+devkitDir)
 	if sb.Complete() {
 		h.Set("sandbox", health.Healthy, sb.Summary())
 	} else {

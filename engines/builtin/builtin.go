@@ -48,6 +48,9 @@ type Config struct {
 	// WorkerEnv are KEY=VALUE entries every worker process gets
 	// (WORKER_ENV); nothing else of the node's environment reaches it.
 	WorkerEnv []string
+	// PythonDevKitDir holds the Python DevKit every Python worker may
+	// import (sdk/python, installed by the node at start).
+	PythonDevKitDir string
 }
 
 // Registry returns a registry with every built-in engine. Constructing an
@@ -57,7 +60,7 @@ func Registry(cfg Config) (*engines.Registry, error) {
 	for _, e := range []engines.Engine{
 		python.New(python.Config{Processes: cfg.PythonProcesses, DefaultTimeout: cfg.DefaultTimeout,
 			SpinWait: cfg.PythonSpinWait, MaxBatch: cfg.PythonMaxBatch, Logger: cfg.Logger, Sandbox: cfg.Sandbox,
-			AllowedPackages: cfg.PythonAllowedPackages, Env: cfg.WorkerEnv, Gateway: cfg.Gateway}),
+			AllowedPackages: cfg.PythonAllowedPackages, Env: cfg.WorkerEnv, Gateway: cfg.Gateway, DevKitDir: cfg.PythonDevKitDir}),
 		native.New(native.Config{DefaultTimeout: cfg.DefaultTimeout, Gateway: cfg.Gateway, Logger: cfg.Logger,
 			Isolation: cfg.NativeIsolation, HostPath: cfg.NativeHostPath, TempDir: cfg.NativeTempDir,
 			MaxAbandonedCalls: cfg.NativeMaxAbandonedCalls, Sandbox: cfg.Sandbox, HostEnv: cfg.WorkerEnv,

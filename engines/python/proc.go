@@ -203,7 +203,7 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 	}
 	// -I: isolated (no user site, no current directory on sys.path, PYTHON*
 	// variables ignored); -B: no bytecode written; -u: unbuffered output.
-	args := []string{"-I", "-B", "-u", "-c", runnerSource, strconv.Itoa(e.runnerSpinMicros()), strings.Join(e.cfg.AllowedPackages, ",")}
+	args := []string{"-I", "-B", "-u", "-c", runnerSource, strconv.Itoa(e.runnerSpinMicros()), strings.Join(e.cfg.AllowedPackages, ","), e.cfg.DevKitDir}
 	var cmd *exec.Cmd
 	if e.cfg.Sandbox != nil {
 		ro, err := e.readOnly(context.Background(), interp)

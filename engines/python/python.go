@@ -75,6 +75,11 @@ type Config struct {
 	// "subprocess", "socket" or "ctypes" also lifts the audit hook's refusal
 	// of processes and signals, sockets, or native code.
 	AllowedPackages []string
+	// DevKitDir holds the DevKit package (virtufin_worker, sdk/python) that
+	// every worker may import without shipping it: appended to the
+	// runner's sys.path and bound read-only into the sandbox. Empty: no
+	// DevKit.
+	DevKitDir string
 	// Gateway serves the workers' virtufin_host.call_gateway (nil: calls
 	// fail with "no gateway is configured"); calls are held to
 	// Spec.GatewayTargets and carry the call's fence (engines.FenceFrom).
@@ -219,6 +224,9 @@ func (e *Engine) readOnly(ctx context.Context, interp string) ([]string, error) 
 		add(filepath.Dir(interp))
 		if real, err := filepath.EvalSymlinks(interp); err == nil {
 			add(filepath.Dir(real))
+		}
+		if e.cfg.DevKitDir != "" {
+			add(e.cfg.DevKitDir)
 		}
 	})
 	return e.ro, e.roErr

@@ -1,6 +1,7 @@
 # WorkManager Python runner.
 #
-# Started by engines/python as `python -I -u -c <this file> <spin µs>`. It
+# Started by engines/python as
+# `python -I -B -u -c <this file> <spin µs> <allowed packages> <DevKit dir>`. It
 # serves exactly one worker: it says hello ('H'), loads the worker's code once
 # ('L'), then answers events ('E') in order until its request pipe reaches
 # EOF. The node may write several events at once (a batch): their replies
@@ -674,7 +675,14 @@ def main():
     os.set_inheritable(RESP_FD, False)
     spin_us = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     allowed = sys.argv[2] if len(sys.argv) > 2 else ""
-    _guard = _Guard(p.strip() for p in allowed.split(",") if p.strip())
+    # The directory holding the DevKit (the virtufin_worker package) that
+    # the node ships: importable by every worker without shipping it.
+    devkit = sys.argv[3] if len(sys.argv) > 3 else ""
+    packages = [p.strip() for p in allowed.split(",") if p.strip()]
+    if devkit:
+        sys.path.append(devkit)
+        packages.append("virtufin_worker")
+    _guard = _Guard(packages)
     global _reader
     reader = _reader = _Reader(REQ_FD, spin_us / 1e6)
     _send(K_HELLO, sys.version.encode())

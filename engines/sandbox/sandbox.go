@@ -342,16 +342,7 @@ func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
 	args, files, err := s.bwrapArgs(scratch, spec.ReadOnly, len(spec.ExtraFiles))
 	made := map[string]bool{}
 	for _, b := range spec.Binds {
-		// bwrap would make missing parents 0700 (root's): make them 0755.
-		var parents []string
-		for d := filepath.Dir(b.Dst); d != "/" && d != "." && !made[d]; d = filepath.Dir(d) {
-			parents = append(parents, d)
-			made[d] = true
-		}
-		for i := len(parents) - 1; i >= 0; i-- {
-			args = append(args, "--perms", "0755", "--dir", parents[i])
-		}
-		args = append(args, "--ro-bind", b.Src, b.Dst)
+		args = append(append(args, parentDirs(b.Dst, made)...), "--ro-bind", b.Src, b.Dst)
 	}
 	if err != nil {
 		cleanup()
@@ -427,6 +418,22 @@ func (s *Sandbox) prlimitArgs() []string {
 	return a
 }
 
+// parentDirs makes the missing parents of a bind's destination 0755:
+// bwrap would make them 0700 (root's), which the worker's own user id
+// could not pass. made holds the directories made (or there) already.
+func parentDirs(dst string, made map[string]bool) []string {
+	var parents []string
+	for d := filepath.Dir(dst); d != "/" && d != "." && !made[d]; d = filepath.Dir(d) {
+		parents = append(parents, d)
+		made[d] = true
+	}
+	var a []string
+	for i := len(parents) - 1; i >= 0; i-- {
+		a = append(a, "--perms", "0755", "--dir", parents[i])
+	}
+	return a
+}
+
 // bwrapArgs builds bwrap's options; the seccomp program goes in as the fd
 // after the caller's extra files (returned to be passed on and closed).
 func (s *Sandbox) bwrapArgs(scratch string, readOnly []string, extra int) ([]string, []*os.File, error) {
@@ -448,11 +455,12 @@ func (s *Sandbox) bwrapArgs(scratch string, readOnly []string, extra int) ([]str
 		// drops every capability before it runs the worker.
 		a = append(a, "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP")
 	}
+	made := map[string]bool{"/tmp": true, "/usr": true, "/proc": true, "/dev": true}
 	for _, p := range readOnly {
 		if p == "" || strings.HasPrefix(p, "/usr/") || p == "/usr" {
 			continue
 		}
-		a = append(a, "--ro-bind", p, p)
+		a = append(append(a, parentDirs(p, made)...), "--ro-bind", p, p)
 	}
 	for _, p := range s.cfg.Writable {
 		a = append(a, "--bind", p, p)

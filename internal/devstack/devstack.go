@@ -424,7 +424,26 @@ func (s *Stack) StartSidecar(ctx context.Context, name string) (Sidecar, error) 
 	return sc, err
 }
 
+// StartAppSidecar starts a daprd for another Dapr application: app id
+// appID, whose HTTP server listens on 127.0.0.1:appPort, so that the
+// stack's daprd reaches it by service invocation (tests: a backend behind
+// the gateway).
+func (s *Stack) StartAppSidecar(ctx context.Context, name, appID string, appPort int) (Sidecar, error) {
+	var sc Sidecar
+	grpcPort, httpPort := 0, 0
+	err := s.withFreePorts(ctx, func(ctx context.Context) error {
+		p, err := s.startDaprdAs(ctx, name, appID, appPort, grpcPort, httpPort)
+		sc = Sidecar{GRPCAddr: fmt.Sprintf("127.0.0.1:%d", grpcPort), HTTPAddr: fmt.Sprintf("127.0.0.1:%d", httpPort), Proc: p}
+		return err
+	}, &grpcPort, &httpPort)
+	return sc, err
+}
+
 func (s *Stack) startDaprd(ctx context.Context, name string, grpcPort, httpPort int) (*Proc, error) {
+	return s.startDaprdAs(ctx, name, AppID, 0, grpcPort, httpPort)
+}
+
+func (s *Stack) startDaprdAs(ctx context.Context, name, appID string, appPort, grpcPort, httpPort int) (*Proc, error) {
 	res := filepath.Join(s.Dir, "dapr")
 	if err := WriteComponents(res, s.RedisAddr, s.RedeliverInterval, s.ProcessingTimeout, s.PoolSize); err != nil {
 		return nil, err
@@ -446,10 +465,13 @@ func (s *Stack) startDaprd(ctx context.Context, name string, grpcPort, httpPort 
 	if s.DaprAPIToken != "" {
 		env = append(append([]string(nil), env...), "DAPR_API_TOKEN="+s.DaprAPIToken)
 	}
-	p, err := StartProc(s.Dir, name, env, filepath.Join(s.ToolsBin, "daprd"),
-		"--app-id", AppID, "--dapr-grpc-port", strconv.Itoa(grpcPort), "--dapr-http-port", strconv.Itoa(httpPort),
+	args := []string{"--app-id", appID, "--dapr-grpc-port", strconv.Itoa(grpcPort), "--dapr-http-port", strconv.Itoa(httpPort),
 		"--dapr-internal-grpc-port", strconv.Itoa(internal), "--metrics-port", strconv.Itoa(metrics),
-		"--dapr-listen-addresses", "127.0.0.1", "--resources-path", res, "--log-level", "warn")
+		"--dapr-listen-addresses", "127.0.0.1", "--resources-path", res, "--log-level", "warn"}
+	if appPort != 0 {
+		args = append(args, "--app-port", strconv.Itoa(appPort), "--app-protocol", "http")
+	}
+	p, err := StartProc(s.Dir, name, env, filepath.Join(s.ToolsBin, "daprd"), args...)
 	if err != nil {
 		return nil, err
 	}
