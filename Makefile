@@ -19,7 +19,7 @@ run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 
 # As root (the dev machines) every sandbox layer exists: the sandbox tests
 # must run, not skip.
-test: deps tools vet pytest
+test: deps tools vet pytest $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	WM_REQUIRE_SANDBOX=$$([ "$$(id -u)" = 0 ] && echo 1) go test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 # The Python DevKit's own suite (sdk/python), with Debian's pytest and mypy.
