@@ -16,8 +16,11 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+	devkit "github.com/virtufin/workmanager/sdk/python"
 )
 
 // devkitCommandWorker has three commands; devkitAPIWorker calls the
@@ -94,6 +97,14 @@ func TestDevKitWorkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer app.Proc.Stop(5 * time.Second)
+
+	// A worker that needs a newer DevKit than the node's is refused at
+	// CreateWorker, saying so.
+	_, err = e.client.CreateWorker(ctxT(t), &pb.CreateWorkerRequest{MimeType: "text/x-python", Topic: topicName(t, "new"),
+		Code: pyCode([]byte("from virtufin_worker import require\nrequire(\"99.0\")\ndef process(event):\n    return None\n"))})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "needs virtufin_worker >= 99.0; the node provides "+devkit.Version()) {
+		t.Fatalf("a worker needing DevKit 99.0: %v", err)
+	}
 
 	cmdIn, apiIn, out := topicName(t, "cmd"), topicName(t, "api"), topicName(t, "out")
 	outs := collectFrom(e.subscribe(out))
