@@ -218,22 +218,37 @@ func TestConcurrentUpdatesAcrossContinueAsNew(t *testing.T) {
 	}
 }
 
+// apiToken is a line of the API's tokens file.
+type apiToken struct{ token, role, tenant, subject string }
+
+// newEnvWithTokens starts a stack whose API accepts the dev token (an
+// admin of the default tenant) and tokens.
+func newEnvWithTokens(t *testing.T, tokens []apiToken, apiEnv ...string) *env {
+	t.Helper()
+	dir := t.TempDir()
+	_, file, err := devstack.DevToken(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(file, os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range tokens {
+		fmt.Fprintf(f, "sha256:%s %s %s %s\n", auth.HashToken(tk.token), tk.role, tk.tenant, tk.subject)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return newEnvWith(t, envConfig{dir: dir, apiEnv: append([]string{"API_TOKENS_FILE=" + file}, apiEnv...)})
+}
+
 // Issue 11: the control API authenticates every call and authorizes it by
 // role, on the real stack: no credentials and a wrong token are
 // UNAUTHENTICATED (the health service too, unless API_PUBLIC_HEALTH), a
 // reader reads but cannot create, and a refused create leaves nothing.
 func TestAPIAuthentication(t *testing.T) {
-	dir := t.TempDir()
-	dev, _, err := devstack.DevToken(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokens := filepath.Join(dir, "tokens")
-	if err := os.WriteFile(tokens, []byte(fmt.Sprintf("sha256:%s admin default dev\nsha256:%s reader default viewer\n",
-		auth.HashToken(dev), auth.HashToken("reader-token-0123456789"))), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	e := newEnvWith(t, envConfig{dir: dir, apiEnv: []string{"API_TOKENS_FILE=" + tokens}})
+	e := newEnvWithTokens(t, []apiToken{{"reader-token-0123456789", "reader", "default", "viewer"}})
 	dial := func(creds ...grpc.DialOption) *grpc.ClientConn {
 		conn, err := grpc.NewClient(e.apiAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, creds...)...)
 		if err != nil {
@@ -259,7 +274,7 @@ func TestAPIAuthentication(t *testing.T) {
 	if _, err := rc.ListWorkers(ctx, &pb.ListWorkersRequest{}); err != nil {
 		t.Fatalf("reader lists: %v", err)
 	}
-	_, err = rc.CreateWorker(ctx, &pb.CreateWorkerRequest{MimeType: "text/x-python", Topic: topicName(t, "in"), Name: "by-a-reader",
+	_, err := rc.CreateWorker(ctx, &pb.CreateWorkerRequest{MimeType: "text/x-python", Topic: topicName(t, "in"), Name: "by-a-reader",
 		Code: pyCode([]byte("def process(event):\n    return None\n"))})
 	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "needs the operator role") {
 		t.Fatalf("reader creates: %v", err)

@@ -2,8 +2,6 @@ package integration
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +13,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/virtufin/workmanager/internal/auth"
 	"github.com/virtufin/workmanager/internal/devstack"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
@@ -27,24 +24,11 @@ import (
 // WorkerTenant search attribute, lifecycle events carry the tenant, and
 // the default tenant (the dev token) keeps bare ids and any topic.
 func TestTenants(t *testing.T) {
-	dir := t.TempDir()
-	dev, _, err := devstack.DevToken(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokens := filepath.Join(dir, "tokens")
-	lines := fmt.Sprintf("sha256:%s admin default dev\n", auth.HashToken(dev))
-	for _, l := range []struct{ token, role, tenant string }{
-		{"acme-operator-token-01", "operator", "acme"},
-		{"acme-reader-token-0001", "reader", "acme"},
-		{"globex-operator-token1", "operator", "globex"},
-	} {
-		lines += fmt.Sprintf("sha256:%s %s %s %s-%s\n", auth.HashToken(l.token), l.role, l.tenant, l.tenant, l.role)
-	}
-	if err := os.WriteFile(tokens, []byte(lines), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	e := newEnvWith(t, envConfig{dir: dir, apiEnv: []string{"API_TOKENS_FILE=" + tokens, "TENANT_TOPIC_PREFIXES=globex=gx/"}})
+	e := newEnvWithTokens(t, []apiToken{
+		{"acme-operator-token-01", "operator", "acme", "alice"},
+		{"acme-reader-token-0001", "reader", "acme", "ann"},
+		{"globex-operator-token1", "operator", "globex", "bob"},
+	}, "TENANT_TOPIC_PREFIXES=globex=gx/")
 	as := func(token string) pb.WorkManagerServiceClient {
 		conn, err := grpc.NewClient(e.apiAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithPerRPCCredentials(devstack.Bearer(token)))
@@ -105,7 +89,7 @@ func TestTenants(t *testing.T) {
 		}
 	}
 	id := aw.GetWorkerId()
-	_, err = globex.GetWorker(ctx, &pb.GetWorkerRequest{WorkerId: id})
+	_, err := globex.GetWorker(ctx, &pb.GetWorkerRequest{WorkerId: id})
 	notFound("gets", err)
 	_, err = globex.StopWorker(ctx, &pb.StopWorkerRequest{WorkerId: id})
 	notFound("stops", err)
