@@ -67,6 +67,11 @@ def attempt(kind, arg):
         with open("scratch.txt", "w") as f:
             f.write("ok")
         return open("scratch.txt").read() + " uid=%d" % os.getuid()
+    if kind == "write-tmp":
+        path = os.path.join(os.environ["TMPDIR"], "t.txt")
+        with open(path, "w") as f:
+            f.write("ok")
+        return open(path).read() + " in " + os.path.dirname(path)
     if kind == "tcp":
         socket.create_connection(("127.0.0.1", arg), timeout=2).close()
         return "connected"
@@ -153,6 +158,9 @@ def process(event):
 	blocked("write-outside", nil, "OSError", "Read-only file system") // the runtime is read-only
 	if m := try("write-scratch", nil); !strings.Contains(fmt.Sprint(m["ok"]), "ok uid=2") {
 		t.Errorf("scratch directory: %v; want writable, as an unprivileged uid of its own", m)
+	}
+	if m := try("write-tmp", nil); !strings.Contains(fmt.Sprint(m["ok"]), "ok in /tmp") {
+		t.Errorf("temporary files: %v; want them in the sandbox's own /tmp (TMPDIR)", m)
 	}
 	blocked("tcp", tcp.Addr().(*net.TCPAddr).Port, "ConnectionRefusedError") // own network namespace
 	blocked("unix", unixPath, "FileNotFoundError")

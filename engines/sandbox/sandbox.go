@@ -445,7 +445,8 @@ func (s *Sandbox) bwrapArgs(scratch string, readOnly []string, extra int) ([]str
 		"--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
 		"--ro-bind-try", "/etc/localtime", "/etc/localtime",
 		"--ro-bind-try", "/usr/share/zoneinfo", "/usr/share/zoneinfo",
-		"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+		// /tmp is writable (TMPDIR points there), sticky like a host /tmp.
+		"--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
 		"--hostname", "worker",
 	}
 	if os.Geteuid() != 0 {
