@@ -37,18 +37,17 @@ func TestLeaseFencesAndUnfencesTheNode(t *testing.T) {
 		return nil
 	}, f.Node, h, 200*time.Millisecond)
 
-	waitUntil(t, "fenced", func() bool { return f.Node.Fenced() && !f.Dispatcher.Attached(w.ID) })
-	if c := h.Report().Checks[reconcile.Temporal]; c.Status != health.Unhealthy {
-		t.Fatalf("temporal check %+v, want Unhealthy", c)
-	}
+	// The loop fences the node, then reports it: wait for both.
+	waitUntil(t, "fenced and reported Unhealthy", func() bool {
+		return f.Node.Fenced() && !f.Dispatcher.Attached(w.ID) && h.Report().Checks[reconcile.Temporal].Status == health.Unhealthy
+	})
 	if res, err := f.Node.Reconcile(ctx); err != nil || f.Dispatcher.Attached(w.ID) {
 		t.Fatalf("a fenced node's reconcile attached the worker: %+v %v", res, err)
 	}
 	down.Store(false)
-	waitUntil(t, "unfenced and serving", func() bool { return !f.Node.Fenced() && f.Dispatcher.Attached(w.ID) })
-	if c := h.Report().Checks[reconcile.Temporal]; c.Status != health.Healthy {
-		t.Fatalf("temporal check %+v, want Healthy", c)
-	}
+	waitUntil(t, "unfenced, serving and reported Healthy", func() bool {
+		return !f.Node.Fenced() && f.Dispatcher.Attached(w.ID) && h.Report().Checks[reconcile.Temporal].Status == health.Healthy
+	})
 }
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
