@@ -39,13 +39,14 @@ func Version() string {
 	return string(m[1])
 }
 
-var installMu sync.Mutex
+var installMu sync.Mutex // within a process; across processes see Install
 
 // Install writes the DevKit under dir, into a directory named by its
 // version and content (so that nodes of different builds sharing dir do
 // not mix files), readable by every user (sandboxed workers run as their
 // own user ids), and returns the directory to put on sys.path: it holds
-// the virtufin_worker package. An existing, complete copy is reused.
+// the virtufin_worker package. An existing, complete copy is reused, also
+// one another process completes at the same time.
 func Install(dir string) (string, error) {
 	installMu.Lock()
 	defer installMu.Unlock()
@@ -85,9 +86,16 @@ func Install(dir string) (string, error) {
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return "", fmt.Errorf("python devkit: %w", err)
 	}
-	_ = os.RemoveAll(target) // an incomplete copy
 	if err := os.Rename(tmp, target); err != nil {
-		return "", fmt.Errorf("python devkit: %w", err)
+		// Another node sharing dir installed it meanwhile: use that copy
+		// (its workers may be importing from it already).
+		if _, serr := os.Stat(done); serr == nil {
+			return target, nil
+		}
+		_ = os.RemoveAll(target) // an incomplete copy
+		if err := os.Rename(tmp, target); err != nil {
+			return "", fmt.Errorf("python devkit: %w", err)
+		}
 	}
 	return target, nil
 }

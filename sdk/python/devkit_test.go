@@ -49,3 +49,36 @@ func TestInstallShipsThePackage(t *testing.T) {
 		t.Fatalf("version %q, dir %s", v, got)
 	}
 }
+
+// A complete copy is reused as it is (a node's workers may be importing
+// from it); an incomplete one (no .complete: an install that died) is
+// replaced.
+func TestInstallReusesCompleteCopiesOnly(t *testing.T) {
+	dir := t.TempDir()
+	first, err := Install(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(first, "virtufin_worker", "in-use")
+	if err := os.WriteFile(marker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := Install(dir); err != nil || again != first {
+		t.Fatalf("%s %v", again, err)
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Fatalf("a complete copy was replaced: %v", err)
+	}
+	if err := os.Remove(filepath.Join(first, ".complete")); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := Install(dir); err != nil || again != first {
+		t.Fatalf("%s %v", again, err)
+	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatalf("an incomplete copy was kept: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(first, ".complete")); err != nil {
+		t.Fatalf("the new copy is not complete: %v", err)
+	}
+}
