@@ -75,6 +75,9 @@ deps:
 	/usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
 	/usr/bin/python3 -m pip --version >/dev/null 2>&1 || missing="$$missing python3-pip"; \
 	/usr/bin/python3 -c 'import setuptools' 2>/dev/null || missing="$$missing python3-setuptools"; \
+	command -v mono >/dev/null || missing="$$missing mono-runtime"; \
+	command -v mcs >/dev/null || missing="$$missing mono-mcs"; \
+	[ -d /usr/lib/mono/4.5-api ] || missing="$$missing mono-devel"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

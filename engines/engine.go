@@ -235,6 +235,14 @@ func ContextError(ctx context.Context, engine, what string) error {
 	return fmt.Errorf("%s engine: %s: %w", engine, what, err)
 }
 
+// Warmer is an optional feature of an engine whose runtime takes a while
+// to prepare (find a toolchain, compile a host): Warm does that ahead of
+// the first Check or Load, bounded by ctx, and describes the runtime it
+// prepared for /health. The error says what is missing.
+type Warmer interface {
+	Warm(ctx context.Context) (string, error)
+}
+
 // ErrGatewayDenied is wrapped by a gateway call outside the worker's
 // allowed targets.
 var ErrGatewayDenied = errors.New("not allowed by the worker's policy")

@@ -6,8 +6,12 @@ package engines
 const (
 	MIMEPython    = "text/x-python"
 	MIMENativeDLL = "application/x-native-dll"
+	MIMECSharp    = "text/x-csharp"
+	MIMEDotnetDLL = "application/x-dotnet-dll"
 )
 
 // BuiltinMIMETypes lists the MIME types the built-in engines serve, sorted
 // (engines/builtin's test keeps it equal to its registry's).
-func BuiltinMIMETypes() []string { return []string{MIMENativeDLL, MIMEPython} }
+func BuiltinMIMETypes() []string {
+	return []string{MIMEDotnetDLL, MIMENativeDLL, MIMECSharp, MIMEPython}
+}

@@ -34,6 +34,11 @@ type config struct {
 	NativeHostPath     string        // NATIVE_HOST_PATH (default: native-host next to this binary)
 	NativeTempDir      string        // NATIVE_TEMP_DIR
 	PythonDevKitDir    string        // PYTHON_DEVKIT_DIR: where the node installs the Python DevKit its workers import
+	DotnetProcesses    int           // DOTNET_PROCESSES: host processes per .NET worker
+	DotnetCacheDir     string        // DOTNET_CACHE_DIR: the compiled .NET host, DevKit, C# workers and unpacked packages
+	DotnetMono         string        // DOTNET_MONO: the mono executable (default: searched)
+	DotnetCompiler     string        // DOTNET_COMPILER: the mcs C# compiler (default: searched)
+	DotnetLockdown     bool          // DOTNET_LOCKDOWN: .NET hosts refuse execve and IP sockets to worker code
 	NativeMaxAbandoned int           // NATIVE_MAX_ABANDONED_CALLS
 	NativeMaxExtracted int           // NATIVE_MAX_EXTRACTED_BYTES: disk all extracted native packages may use
 	BrokerProbe        time.Duration // BROKER_PROBE_INTERVAL: how often an idle node checks that publishing works
@@ -86,6 +91,11 @@ func loadConfig() (config, error) {
 		NativeHostPath:     r.String("NATIVE_HOST_PATH", defaultHostPath()),
 		NativeTempDir:      r.String("NATIVE_TEMP_DIR", ""),
 		PythonDevKitDir:    r.String("PYTHON_DEVKIT_DIR", filepath.Join(os.TempDir(), "workmanager-devkit")),
+		DotnetProcesses:    r.Int("DOTNET_PROCESSES", 1),
+		DotnetCacheDir:     r.String("DOTNET_CACHE_DIR", filepath.Join(os.TempDir(), "workmanager-dotnet")),
+		DotnetMono:         r.String("DOTNET_MONO", ""),
+		DotnetCompiler:     r.String("DOTNET_COMPILER", ""),
+		DotnetLockdown:     r.Bool("DOTNET_LOCKDOWN", true),
 		NativeMaxAbandoned: r.Int("NATIVE_MAX_ABANDONED_CALLS", 4),
 		NativeMaxExtracted: r.Int("NATIVE_MAX_EXTRACTED_BYTES", 1<<30),
 		BrokerProbe:        r.Duration("BROKER_PROBE_INTERVAL", 2*time.Second),
@@ -179,6 +189,10 @@ func (c config) validate() error {
 		return fmt.Errorf("WORKER_TIMEOUT must be positive, got %s", c.WorkerTimeout)
 	case c.PythonProcesses < 1:
 		return fmt.Errorf("PYTHON_PROCESSES must be at least 1, got %d", c.PythonProcesses)
+	case c.DotnetProcesses < 1:
+		return fmt.Errorf("DOTNET_PROCESSES must be at least 1, got %d", c.DotnetProcesses)
+	case c.DotnetCacheDir == "" || !filepath.IsAbs(c.DotnetCacheDir):
+		return fmt.Errorf("DOTNET_CACHE_DIR must be an absolute path, got %q", c.DotnetCacheDir)
 	case c.PythonMaxBatch < 1:
 		return fmt.Errorf("PYTHON_MAX_BATCH must be at least 1 (1: no batches), got %d", c.PythonMaxBatch)
 	case c.TemporalLease < 0 || (c.TemporalLease > 0 && c.TemporalLease < time.Second):

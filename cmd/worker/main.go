@@ -22,6 +22,7 @@ import (
 
 	"github.com/virtufin/workmanager/activities"
 	"github.com/virtufin/workmanager/engines/builtin"
+	"github.com/virtufin/workmanager/engines/dotnet"
 	"github.com/virtufin/workmanager/engines/native"
 	"github.com/virtufin/workmanager/engines/sandbox"
 	"github.com/virtufin/workmanager/internal/catalog"
@@ -72,12 +73,22 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait, PythonMaxBatch: cfg.PythonMaxBatch,
 		Gateway:         gateway.NewDapr(daprClient, cfg.GatewayTimeout),
 		NativeIsolation: nativeIsolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir,
-		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned})
+		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned,
+		Dotnet: dotnet.Config{Processes: cfg.DotnetProcesses, CacheDir: cfg.DotnetCacheDir, Mono: cfg.DotnetMono,
+			Compiler: cfg.DotnetCompiler, NoLockdown: !cfg.DotnetLockdown}})
 	if err != nil {
 		return err
 	}
 	h := health.New()
 	h.Set("python_devkit", health.Healthy, "virtufin_worker "+devkit.Version()+" at "+devkitDir)
+	builtin.Warm(ctx, reg, func(engine, runtime string, err error) {
+		if err != nil {
+			log.Warn("engine runtime unavailable: its workers will fail to load", "engine", engine, "error", err)
+			h.Set(engine, health.Degraded, err.Error())
+			return
+		}
+		h.Set(engine, health.Healthy, runtime)
+	})
 	if sb.Complete() {
 		h.Set("sandbox", health.Healthy, sb.Summary())
 	} else {

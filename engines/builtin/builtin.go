@@ -3,10 +3,12 @@
 package builtin
 
 import (
+	"context"
 	"log/slog"
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/dotnet"
 	"github.com/virtufin/workmanager/engines/native"
 	"github.com/virtufin/workmanager/engines/python"
 	"github.com/virtufin/workmanager/engines/sandbox"
@@ -51,6 +53,9 @@ type Config struct {
 	// PythonDevKitDir holds the Python DevKit every Python worker may
 	// import (sdk/python, installed by the node at start).
 	PythonDevKitDir string
+	// Dotnet configures the .NET engine; its Logger, DefaultTimeout,
+	// Gateway, Sandbox and Env are taken from the fields above.
+	Dotnet dotnet.Config
 }
 
 // Registry returns a registry with every built-in engine. Constructing an
@@ -65,10 +70,38 @@ func Registry(cfg Config) (*engines.Registry, error) {
 			Isolation: cfg.NativeIsolation, HostPath: cfg.NativeHostPath, TempDir: cfg.NativeTempDir,
 			MaxAbandonedCalls: cfg.NativeMaxAbandonedCalls, Sandbox: cfg.Sandbox, HostEnv: cfg.WorkerEnv,
 			MaxExtractedBytes: cfg.NativeMaxExtractedBytes}),
+		dotnet.New(dotnetConfig(cfg)),
 	} {
 		if err := reg.Register(e); err != nil {
 			return nil, err
 		}
 	}
 	return reg, nil
+}
+
+func dotnetConfig(cfg Config) dotnet.Config {
+	d := cfg.Dotnet
+	d.Logger, d.DefaultTimeout, d.Gateway, d.Sandbox, d.Env = cfg.Logger, cfg.DefaultTimeout, cfg.Gateway, cfg.Sandbox, cfg.WorkerEnv
+	return d
+}
+
+// Warm prepares, in the background and bounded by ctx, every registered
+// engine that implements engines.Warmer (the .NET engine compiles its
+// host), so that the first worker does not wait for it, and reports each
+// outcome with the engine's name.
+func Warm(ctx context.Context, reg *engines.Registry, report func(engine, runtime string, err error)) {
+	seen := map[string]bool{}
+	for _, m := range reg.MIMETypes() {
+		e, err := reg.Lookup(m)
+		if err != nil || seen[e.Info().Name] {
+			continue
+		}
+		seen[e.Info().Name] = true
+		if w, ok := e.(engines.Warmer); ok {
+			go func() {
+				desc, err := w.Warm(ctx)
+				report(e.Info().Name, desc, err)
+			}()
+		}
+	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
+	"github.com/virtufin/workmanager/engines/internal/wire"
 )
 
 // Batches. Under load several calls of one Instance wait for its process.
@@ -243,13 +244,13 @@ func (in *Instance) runBatch(ctx context.Context, s *procpool.Slot[*proc], calls
 				continue
 			}
 			p.wbuf.reset(kindGatewayReply)
-			p.wbuf.Write(in.gateway(c.ctx, payload))
+			p.wbuf.Write(wire.ServeGateway(c.ctx, in.e.cfg.Gateway, in.spec.GatewayTargets, payload))
 			err = p.writeFrame()
 			continue
 		case kindResult:
-			c.finish(decodeOutputs(payload))
+			c.finish(wire.DecodeOutputs(payload))
 		case kindError:
-			c.finish(nil, decodeError(engines.ErrWorkerFailed, payload))
+			c.finish(nil, wire.DecodeError(engines.ErrWorkerFailed, payload))
 		default:
 			err = errProtocol
 			continue

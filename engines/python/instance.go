@@ -1,9 +1,7 @@
 package python
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
+	"github.com/virtufin/workmanager/engines/internal/wire"
 )
 
 // Instance is one loaded worker: Config.Processes runner subprocesses with the
@@ -114,7 +113,7 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 		// The worker calls a backend through the node; the call's
 		// deadline (the armed timer) still bounds the whole event.
 		p.wbuf.reset(kindGatewayReply)
-		p.wbuf.Write(in.gateway(ctx, payload))
+		p.wbuf.Write(wire.ServeGateway(ctx, in.e.cfg.Gateway, in.spec.GatewayTargets, payload))
 		if err = p.writeFrame(); err == nil {
 			kind, payload, err = p.readFrame()
 		}
@@ -126,9 +125,9 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 		var out []event.Event
 		var werr error
 		if kind == kindResult {
-			out, werr = decodeOutputs(payload)
+			out, werr = wire.DecodeOutputs(payload)
 		} else {
-			werr = decodeError(engines.ErrWorkerFailed, payload)
+			werr = wire.DecodeError(engines.ErrWorkerFailed, payload)
 		}
 		if p.healthy() {
 			in.pool.Release(s)
@@ -167,7 +166,7 @@ func (in *Instance) failure(ctx context.Context, p *proc, kind byte, err error, 
 		p.Kill()
 		<-p.done
 		return "process exited", &Error{Kind: engines.ErrWorkerFailed, Message: fmt.Sprintf(
-			"the worker process exited during the call (%v)%s", p.waitErr, p.stderr.tail())}
+			"the worker process exited during the call (%v)%s", p.waitErr, p.stderr.Tail())}
 	default:
 		return "I/O error", fmt.Errorf("%w: talking to the worker process: %w", engines.ErrWorkerFailed, err)
 	}
@@ -183,82 +182,4 @@ func (in *Instance) Close(ctx context.Context) error {
 		return fmt.Errorf("python engine: %w", err)
 	}
 	return err
-}
-
-// decodeOutputs turns an 'R' payload (null, one event object or a list of
-// them) into events. Outputs need not have an id or source: the caller fills
-// those in.
-func decodeOutputs(payload []byte) ([]event.Event, error) {
-	i := 0
-	for i < len(payload) && (payload[i] == ' ' || payload[i] == '\n' || payload[i] == '\t' || payload[i] == '\r') {
-		i++
-	}
-	if i == len(payload) {
-		return nil, outputError(-1, errors.New("empty result"))
-	}
-	switch payload[i] {
-	case 'n':
-		return nil, nil
-	case '{':
-		out := make([]event.Event, 1)
-		if err := decodeOutput(&out[0], payload[i:]); err != nil {
-			return nil, outputError(0, err)
-		}
-		return out, nil
-	case '[':
-		var raws []json.RawMessage
-		if err := json.Unmarshal(payload[i:], &raws); err != nil {
-			return nil, outputError(-1, err)
-		}
-		if len(raws) == 0 {
-			return nil, nil
-		}
-		out := make([]event.Event, len(raws))
-		for j, raw := range raws {
-			if err := decodeOutput(&out[j], raw); err != nil {
-				return nil, outputError(j, err)
-			}
-		}
-		return out, nil
-	default:
-		return nil, outputError(-1, fmt.Errorf("unexpected result %.40q", payload[i:]))
-	}
-}
-
-func decodeOutput(ev *event.Event, b []byte) error {
-	if err := ev.UnmarshalJSON(b); err != nil {
-		return err
-	}
-	if ev.Type() == "" {
-		return errors.New(`missing required attribute "type"`)
-	}
-	return nil
-}
-
-func outputError(i int, err error) error {
-	return &Error{Kind: engines.ErrWorkerFailed, Message: engines.OutputError(i, err)}
-}
-
-// gateway serves one gateway call of the worker's code: payload is
-// `{"service","method"}\n<body>`; the answer is 0 and the response body,
-// or 1 and an error message for the worker.
-func (in *Instance) gateway(ctx context.Context, payload []byte) []byte {
-	fail := func(format string, args ...any) []byte { return append([]byte{1}, fmt.Sprintf(format, args...)...) }
-	head, body, ok := bytes.Cut(payload, []byte("\n"))
-	var target struct{ Service, Method string }
-	if !ok || json.Unmarshal(head, &target) != nil || target.Service == "" || target.Method == "" {
-		return fail("malformed gateway call")
-	}
-	gw := in.e.cfg.Gateway
-	if gw == nil {
-		return fail("no gateway is configured on this node")
-	}
-	if err := engines.CheckGatewayTarget(in.spec.GatewayTargets, target.Service, target.Method); err != nil {
-		return fail("%v", err)
-	}
-	resp, err := gw.Call(ctx, target.Service, target.Method, body)
-	if err != nil {
-		return fail("%v", err)
-	}
-	return append([]byte{0}, resp...)
 }

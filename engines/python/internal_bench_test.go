@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/virtufin/workmanager/engines/internal/wire"
 )
 
 func BenchmarkGoSideCodec(b *testing.B) {
@@ -22,7 +24,7 @@ func BenchmarkGoSideCodec(b *testing.B) {
 		if err := event.WriteJson(&ev, &fb); err != nil {
 			b.Fatal(err)
 		}
-		out, err := decodeOutputs(reply)
+		out, err := wire.DecodeOutputs(reply)
 		if err != nil || len(out) != 1 {
 			b.Fatal(err)
 		}

@@ -3,11 +3,9 @@ package python
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"runtime"
@@ -20,6 +18,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
+	"github.com/virtufin/workmanager/engines/internal/wire"
 	"github.com/virtufin/workmanager/engines/sandbox"
 )
 
@@ -95,7 +94,7 @@ type proc struct {
 	done    chan struct{} // closed once the process is reaped
 	waitErr error         // valid after done
 
-	stdout, stderr *lineLogger
+	stdout, stderr *wire.LineLogger
 }
 
 // frameBuf is an io.Writer appending to a reusable buffer whose first
@@ -177,11 +176,11 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, interp stri
 	case err != nil && hello:
 		// The runner was up and running the worker's top-level code.
 		return nil, &Error{Kind: engines.ErrInvalidCode, Message: fmt.Sprintf(
-			"the interpreter exited while loading the code (%v)%s", p.waitErr, p.stderr.tail())}
+			"the interpreter exited while loading the code (%v)%s", p.waitErr, p.stderr.Tail())}
 	case err != nil:
-		return nil, fmt.Errorf("python engine: the runner failed to start (%v; %v)%s", err, p.waitErr, p.stderr.tail())
+		return nil, fmt.Errorf("python engine: the runner failed to start (%v; %v)%s", err, p.waitErr, p.stderr.Tail())
 	case kind == kindError:
-		return nil, decodeError(engines.ErrInvalidCode, payload)
+		return nil, wire.DecodeError(engines.ErrInvalidCode, payload)
 	default:
 		return nil, fmt.Errorf("python engine: protocol error: unexpected frame %q in reply to load", kind)
 	}
@@ -198,8 +197,8 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 		reqW:   pipes.ReqW,
 		respR:  pipes.RespR,
 		done:   make(chan struct{}),
-		stdout: &lineLogger{log: log, level: slog.LevelInfo, stream: "stdout", workerID: spec.WorkerID},
-		stderr: &lineLogger{log: log, level: slog.LevelInfo, stream: "stderr", workerID: spec.WorkerID, keepTail: true},
+		stdout: wire.NewLineLogger(log, "stdout", spec.WorkerID, false),
+		stderr: wire.NewLineLogger(log, "stderr", spec.WorkerID, true),
 	}
 	// -I: isolated (no user site, no current directory on sys.path, PYTHON*
 	// variables ignored); -B: no bytecode written; -u: unbuffered output.
@@ -282,8 +281,8 @@ func (p *proc) wait() {
 		p.mu.Unlock()
 		p.waitErr = err
 	}
-	p.stdout.flush()
-	p.stderr.flush()
+	p.stdout.Flush()
+	p.stderr.Flush()
 	p.releaseOnce()
 	close(p.done)
 }
@@ -506,21 +505,6 @@ func (p *proc) endSpin(spun bool) {
 	} else {
 		p.spinScore = min(p.spinScore+1, 8)
 	}
-}
-
-// wireError is the payload of an 'X' frame.
-type wireError struct {
-	Type      string `json:"type"`
-	Message   string `json:"message"`
-	Traceback string `json:"traceback"`
-}
-
-func decodeError(kind error, payload []byte) error {
-	var w wireError
-	if err := json.Unmarshal(payload, &w); err != nil {
-		return fmt.Errorf("%w: undecodable error report from the runner: %v", kind, err)
-	}
-	return &Error{Kind: kind, Type: w.Type, Message: w.Message, Traceback: w.Traceback}
 }
 
 var _ io.Writer = (*frameBuf)(nil)

@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	seccomp "github.com/elastic/go-seccomp-bpf"
@@ -442,6 +443,9 @@ func (s *Sandbox) bwrapArgs(scratch string, readOnly []string, extra int) ([]str
 		"--die-with-parent", "--new-session",
 		"--ro-bind", "/usr", "/usr",
 		"--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
+		// /etc made first, traversable by the worker's user (bwrap makes
+		// the parents of a bind 0700), for ReadOnly paths under it.
+		"--perms", "0755", "--dir", "/etc",
 		"--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
 		"--ro-bind-try", "/etc/localtime", "/etc/localtime",
 		"--ro-bind-try", "/usr/share/zoneinfo", "/usr/share/zoneinfo",
@@ -456,7 +460,7 @@ func (s *Sandbox) bwrapArgs(scratch string, readOnly []string, extra int) ([]str
 		// drops every capability before it runs the worker.
 		a = append(a, "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP")
 	}
-	made := map[string]bool{"/tmp": true, "/usr": true, "/proc": true, "/dev": true}
+	made := map[string]bool{"/tmp": true, "/usr": true, "/proc": true, "/dev": true, "/etc": true}
 	for _, p := range readOnly {
 		if p == "" || strings.HasPrefix(p, "/usr/") || p == "/usr" {
 			continue
@@ -511,10 +515,41 @@ var deniedSyscalls = []string{
 
 // program assembles the filter as struct sock_filter[] for bwrap --seccomp.
 func program() ([]byte, error) {
-	p := seccomp.Policy{
+	return assemble(seccomp.Policy{
 		DefaultAction: seccomp.ActionAllow,
 		Syscalls:      []seccomp.SyscallGroup{{Action: seccomp.ActionErrno, Names: deniedSyscalls}},
-	}
+	})
+}
+
+// LockdownProgram is a second seccomp filter, as struct sock_filter[], for
+// a worker process to install on all its threads itself once its runtime
+// has started and before it runs worker code (the .NET host does): it
+// refuses what the runtime needed to start but the worker must not do.
+// New processes and programs get EPERM (fork, vfork, clone without
+// CLONE_THREAD, execve, execveat; clone3 gets ENOSYS, so that the C
+// library falls back to clone, whose flags the filter can see), and so do
+// IP sockets (socket with AF_INET or AF_INET6). Filters stack: the
+// sandbox's stays in force.
+func LockdownProgram() ([]byte, error) {
+	const afInet, afInet6, cloneThread = 2, 10, 0x10000
+	return assemble(seccomp.Policy{
+		DefaultAction: seccomp.ActionAllow,
+		Syscalls: []seccomp.SyscallGroup{
+			{
+				Action: seccomp.ActionErrno,
+				Names:  []string{"execve", "execveat", "fork", "vfork"},
+				NamesWithCondtions: []seccomp.NameWithConditions{
+					{Name: "clone", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.BitsNotSet, Value: cloneThread}}},
+					{Name: "socket", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.Equal, Value: afInet}}},
+					{Name: "socket", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.Equal, Value: afInet6}}},
+				},
+			},
+			{Action: seccomp.ActionErrno | seccomp.Action(syscall.ENOSYS), Names: []string{"clone3"}},
+		},
+	})
+}
+
+func assemble(p seccomp.Policy) ([]byte, error) {
 	insts, err := p.Assemble()
 	if err != nil {
 		return nil, err

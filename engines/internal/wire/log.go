@@ -1,4 +1,4 @@
-package python
+package wire
 
 import (
 	"bytes"
@@ -14,10 +14,10 @@ const (
 	tailWidth  = 300
 )
 
-// lineLogger forwards a worker's stdout or stderr to slog, one record per
-// line. exec.Cmd writes to it from one goroutine; tail may be called from
-// others.
-type lineLogger struct {
+// LineLogger forwards a worker's stdout or stderr to slog, one record per
+// line, at level Info with the attributes worker_id and stream. exec.Cmd
+// writes to it from one goroutine; Tail may be called from others.
+type LineLogger struct {
 	log      *slog.Logger
 	level    slog.Level
 	stream   string
@@ -30,7 +30,13 @@ type lineLogger struct {
 	last []string
 }
 
-func (l *lineLogger) Write(p []byte) (int, error) {
+// NewLineLogger returns a LineLogger for one stream of workerID's process;
+// keepTail keeps its last lines for Tail.
+func NewLineLogger(log *slog.Logger, stream, workerID string, keepTail bool) *LineLogger {
+	return &LineLogger{log: log, level: slog.LevelInfo, stream: stream, workerID: workerID, keepTail: keepTail}
+}
+
+func (l *LineLogger) Write(p []byte) (int, error) {
 	l.buf = append(l.buf, p...)
 	rest := l.buf
 	for {
@@ -49,15 +55,15 @@ func (l *lineLogger) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// flush logs an unterminated last line.
-func (l *lineLogger) flush() {
+// Flush logs an unterminated last line.
+func (l *LineLogger) Flush() {
 	if len(l.buf) > 0 {
 		l.emit(l.buf)
 		l.buf = l.buf[:0]
 	}
 }
 
-func (l *lineLogger) emit(line []byte) {
+func (l *LineLogger) emit(line []byte) {
 	line = bytes.TrimRight(line, "\r")
 	s := string(line)
 	l.log.LogAttrs(context.Background(), l.level, s,
@@ -76,8 +82,8 @@ func (l *lineLogger) emit(line []byte) {
 	}
 }
 
-// tail returns the last stderr lines, formatted to end an error message.
-func (l *lineLogger) tail() string {
+// Tail returns the last stderr lines, formatted to end an error message.
+func (l *LineLogger) Tail() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.last) == 0 {

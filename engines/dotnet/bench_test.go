@@ -1,0 +1,134 @@
+package dotnet
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/enginetest"
+	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
+)
+
+// The numbers behind README.md's trade-off against hosting CoreCLR in
+// the node: a call's round trip through the host process, what starting a
+// host costs, what compiling a C# worker costs, and a host's memory.
+
+func reportLatencies(b *testing.B, d []time.Duration) {
+	if len(d) == 0 {
+		return
+	}
+	slices.Sort(d)
+	pct := func(p float64) float64 { return float64(d[int(p*float64(len(d)-1))].Nanoseconds()) / 1e3 }
+	b.ReportMetric(pct(0.50), "p50-µs")
+	b.ReportMetric(pct(0.99), "p99-µs")
+}
+
+func BenchmarkDotnetRoundTrip1KiB(b *testing.B) { benchRoundTrip(b, Config{}) }
+
+// BenchmarkDotnetRoundTrip1KiBSandboxed adds every OS layer and the
+// host's lockdown filter.
+func BenchmarkDotnetRoundTrip1KiBSandboxed(b *testing.B) {
+	benchRoundTrip(b, Config{Sandbox: sandboxtest.Strict(b)})
+}
+
+func benchRoundTrip(b *testing.B, cfg Config) {
+	e := newTestEngine(b, cfg)
+	ctx := context.Background()
+	inst, err := e.Load(ctx, engines.Spec{WorkerID: "bench", MIMEType: MIMESource}, fixture(b, "echo"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer inst.Close(ctx)
+	ev := enginetest.NewEvent("bench-1", "bench", map[string]any{"pad": strings.Repeat("x", 1000)}, "corr")
+	for range 200 { // JIT the paths first
+		if _, err := inst.Process(ctx, ev); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var lat []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		if _, err := inst.Process(ctx, ev); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	reportLatencies(b, lat)
+	b.ReportMetric(hostRSS(b, inst), "host-RSS-MiB")
+}
+
+// hostRSS is the resident memory of the instance's host process (the
+// sandbox's bwrap and prlimit wrappers excluded: the last process of the
+// chain is mono).
+func hostRSS(b *testing.B, inst engines.Instance) float64 {
+	in := inst.(*Instance)
+	s, err := in.pool.Acquire(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer in.pool.Release(s)
+	p, err := in.pool.Proc(context.Background(), s)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pid := p.pid
+	for { // descend to the innermost child (bwrap → mono)
+		kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		f := strings.Fields(string(kids))
+		if err != nil || len(f) == 0 {
+			break
+		}
+		pid, _ = strconv.Atoi(f[0])
+	}
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, l := range strings.Split(string(st), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return float64(kb) / 1024
+		}
+	}
+	return 0
+}
+
+// BenchmarkDotnetStartup is one Check of compiled code: start a host, load
+// the worker's assembly, stop it.
+func BenchmarkDotnetStartup(b *testing.B) {
+	e := newTestEngine(b, Config{})
+	ctx := context.Background()
+	spec := engines.Spec{WorkerID: "bench", MIMEType: MIMESource}
+	if err := e.Check(ctx, spec, fixture(b, "echo")); err != nil { // compiled once
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := e.Check(ctx, spec, fixture(b, "echo")); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDotnetCompile compiles a new C# source each time (mcs).
+func BenchmarkDotnetCompile(b *testing.B) {
+	e := newTestEngine(b, Config{})
+	ctx := context.Background()
+	rt, err := e.runtimeFor(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	src := fixture(b, "echo")
+	i := 0
+	for b.Loop() {
+		i++
+		if _, err := rt.compile(ctx, b.TempDir(), append(src, fmt.Sprintf("\n// %d %d\n", i, time.Now().UnixNano())...)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

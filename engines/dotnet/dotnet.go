@@ -1,0 +1,235 @@
+// Package dotnet owns the .NET engine: C# source workers (text/x-csharp),
+// compiled at load with the runtime's compiler, and pre-built worker
+// assemblies (application/x-dotnet-dll: a nupkg-shaped zip whose
+// lib/<tfm>/ holds the worker DLL and its dependencies, or one bare DLL).
+// Each worker runs in its own child process, the host (host/Host.cs,
+// compiled at first use together with the C# DevKit, sdk/dotnet), inside
+// the node's sandbox, driven over the framed pipe protocol of the Python
+// engine (engines/internal/wire). See README.md for the design and its
+// trade-off against hosting CoreCLR in the node.
+package dotnet
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/internal/procpool"
+	"github.com/virtufin/workmanager/engines/sandbox"
+)
+
+// MIME types this engine serves.
+const (
+	MIMESource  = engines.MIMECSharp
+	MIMEPackage = engines.MIMEDotnetDLL
+)
+
+//go:embed host/Host.cs
+var hostSource []byte
+
+// Defaults used when the Config leaves a field zero.
+const (
+	DefaultProcesses   = 1
+	DefaultTimeout     = 30 * time.Second
+	DefaultLoadTimeout = 120 * time.Second
+)
+
+// closeGrace is how long Close lets an idle host exit on its own (EOF on
+// its request pipe) before it is killed.
+const closeGrace = 2 * time.Second
+
+// Config configures the engine. The zero value is usable.
+type Config struct {
+	// Mono and Compiler are the runtime and the C# compiler (DOTNET_MONO,
+	// DOTNET_COMPILER). Default: searched (see Discover).
+	Mono, Compiler string
+	// CacheDir holds the compiled host and DevKit, compiled C# workers and
+	// extracted packages, keyed by content (DOTNET_CACHE_DIR). Default:
+	// <os.TempDir()>/workmanager-dotnet.
+	CacheDir string
+	// Processes is the number of host processes per loaded Instance, i.e.
+	// of calls one Instance runs in parallel. Default 1.
+	Processes int
+	// DefaultTimeout bounds one Process call when Spec.Timeout is 0.
+	DefaultTimeout time.Duration
+	// LoadTimeout bounds compiling the code, or starting one host and
+	// loading the code into it. Default 120s.
+	LoadTimeout time.Duration
+	// Gateway serves the workers' gateway calls (the DevKit's ApiClient);
+	// nil: calls fail with "no gateway is configured".
+	Gateway engines.Gateway
+	// Sandbox wraps every host process in the OS layers; the host then
+	// gets only Env and the VIRTUFIN_WORKER_* variables. Nil: the host runs
+	// as the node, with the node's environment (tests).
+	Sandbox *sandbox.Sandbox
+	// NoLockdown turns off the host's own seccomp filter, which refuses
+	// new programs (execve) and IP sockets to the worker's code, installed
+	// by the host on all its threads before the worker's assembly is
+	// loaded (README.md). It is only used with a Sandbox (not Off).
+	NoLockdown bool
+	// Env holds extra KEY=VALUE entries for every host process.
+	Env []string
+	// MaxPackageBytes bounds the extracted size of a package (0: 256 MiB).
+	MaxPackageBytes int64
+	// Logger receives the engine's logs and, when Spec.Logger is nil, the
+	// workers' output. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Engine is the .NET engine. It is safe for concurrent use.
+type Engine struct {
+	cfg Config
+
+	rtMu sync.Mutex
+	rt   *runtime // nil until the first Check or Load found and built it
+
+	// lockdown is the seccomp filter hosts install before loading worker
+	// code (sandbox.LockdownProgram); nil: none.
+	lockdown []byte
+}
+
+var _ engines.Engine = (*Engine)(nil)
+
+// New returns a .NET engine. Nothing is searched, compiled or started
+// until the first Check or Load.
+func New(cfg Config) *Engine {
+	if cfg.Processes <= 0 {
+		cfg.Processes = DefaultProcesses
+	}
+	if cfg.DefaultTimeout <= 0 {
+		cfg.DefaultTimeout = DefaultTimeout
+	}
+	if cfg.LoadTimeout <= 0 {
+		cfg.LoadTimeout = DefaultLoadTimeout
+	}
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = filepath.Join(os.TempDir(), "workmanager-dotnet")
+	}
+	if cfg.MaxPackageBytes <= 0 {
+		cfg.MaxPackageBytes = 256 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	e := &Engine{cfg: cfg}
+	if !cfg.NoLockdown && cfg.Sandbox != nil && cfg.Sandbox.Mode() != sandbox.Off {
+		prog, err := sandbox.LockdownProgram()
+		if err != nil {
+			// Only an architecture the seccomp library does not know.
+			cfg.Logger.Warn("dotnet engine: no lockdown filter for .NET hosts", "error", err)
+		}
+		e.lockdown = prog
+	}
+	return e
+}
+
+// Info implements engines.Engine.
+func (e *Engine) Info() engines.Info {
+	return engines.Info{
+		Name:      "dotnet",
+		MIMETypes: []string{MIMESource, MIMEPackage},
+		Capabilities: engines.Capabilities{
+			InProcess:     false,
+			Interruptible: true,
+			ParallelCalls: e.cfg.Processes,
+		},
+	}
+}
+
+// Check implements engines.Engine: it compiles (or unpacks) the code and
+// loads it into one host process, which it then stops.
+func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) error {
+	spec = spec.WithDefaults(e.cfg.DefaultTimeout, e.cfg.Logger)
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.LoadTimeout)
+	defer cancel()
+	w, err := e.prepare(ctx, spec, code)
+	if err != nil {
+		return err
+	}
+	p, err := e.startLoaded(ctx, spec, w, nil)
+	if err != nil {
+		return err
+	}
+	p.Retire()
+	return nil
+}
+
+// Load implements engines.Engine: it compiles (or unpacks) the code once
+// and starts Config.Processes hosts with it loaded.
+func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engines.Instance, error) {
+	spec = spec.WithDefaults(e.cfg.DefaultTimeout, e.cfg.Logger)
+	pctx, cancel := context.WithTimeout(ctx, e.cfg.LoadTimeout)
+	w, err := e.prepare(pctx, spec, code)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	in := newInstance(e, spec, w)
+	if err := procpool.FirstError(in.pool.Fill(ctx), engines.ErrInvalidCode); err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+var _ engines.Warmer = (*Engine)(nil)
+
+// Warm implements engines.Warmer: it finds the runtime and compiles the
+// host and the DevKit (a second or two on a cold cache).
+func (e *Engine) Warm(ctx context.Context) (string, error) {
+	rt, err := e.runtimeFor(ctx)
+	if err != nil {
+		return "", err
+	}
+	return rt.describe(), nil
+}
+
+// runtimeFor finds the runtime and builds the host and the DevKit, once
+// per Engine; a failure is not cached (the packages may be installed
+// meanwhile).
+func (e *Engine) runtimeFor(ctx context.Context) (*runtime, error) {
+	e.rtMu.Lock()
+	defer e.rtMu.Unlock()
+	if e.rt != nil {
+		return e.rt, nil
+	}
+	rt, err := discover(e.cfg.Mono, e.cfg.Compiler)
+	if err != nil {
+		return nil, err
+	}
+	if err := rt.build(ctx, e.cfg.CacheDir, hostSource); err != nil {
+		return nil, err
+	}
+	e.rt = rt
+	return rt, nil
+}
+
+// prepare turns code into something a host can load: a compiled C# source
+// or an unpacked package.
+func (e *Engine) prepare(ctx context.Context, spec engines.Spec, code []byte) (*workerCode, error) {
+	rt, err := e.runtimeFor(ctx)
+	if err != nil {
+		return nil, err
+	}
+	switch spec.MIMEType {
+	case MIMESource:
+		return rt.compile(ctx, e.cfg.CacheDir, code)
+	case MIMEPackage:
+		return rt.unpack(e.cfg.CacheDir, code, e.cfg.MaxPackageBytes)
+	default:
+		return nil, fmt.Errorf("dotnet engine: %w %q", engines.ErrUnknownMIMEType, spec.MIMEType)
+	}
+}
+
+// ErrClosed is returned by Process on a closed Instance, and by calls that
+// were still running when Close stopped waiting for them.
+var ErrClosed = fmt.Errorf("dotnet engine: %w", engines.ErrClosed)
+
+// ErrNoRuntime is wrapped when no runtime to run .NET workers was found.
+var ErrNoRuntime = errors.New("no .NET runtime found")

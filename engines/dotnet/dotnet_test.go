@@ -1,0 +1,163 @@
+package dotnet
+
+import (
+	"archive/zip"
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/enginetest"
+)
+
+// fixture reads testdata/<name>.cs.
+func fixture(t testing.TB, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name+".cs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// newTestEngine returns an engine with a cache of the test's own.
+func newTestEngine(t testing.TB, cfg Config) *Engine {
+	t.Helper()
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = sharedCache(t)
+	}
+	return New(cfg)
+}
+
+var cacheOnce struct {
+	sync.Once
+	dir string
+}
+
+// sharedCache is one cache directory for the package's tests (the host
+// and DevKit are built once), removed by TestMain.
+func sharedCache(t testing.TB) string {
+	cacheOnce.Do(func() {
+		d, err := os.MkdirTemp("", "wm-dotnet-test-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cacheOnce.dir = d
+	})
+	return cacheOnce.dir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if cacheOnce.dir != "" {
+		os.RemoveAll(cacheOnce.dir)
+	}
+	os.Exit(code)
+}
+
+// testLogger sends the workers' output to the test log.
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, nil))
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// buildPackage compiles C# sources against the DevKit into an assembly
+// named name and returns it packed as a nupkg-shaped zip under
+// lib/<tfm>/ (tfm "" returns the bare DLL).
+func buildPackage(t testing.TB, e *Engine, name, tfm string, src []byte) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rt, err := e.runtimeFor(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cs := filepath.Join(dir, name+".cs")
+	if err := os.WriteFile(cs, src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dll := filepath.Join(dir, name+".dll")
+	if out, err := exec.CommandContext(ctx, rt.mcs, "-target:library", "-out:"+dll, "-r:"+rt.devKit(), cs).CombinedOutput(); err != nil {
+		t.Fatalf("mcs: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(dll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tfm == "" {
+		return b
+	}
+	return zipFiles(t, map[string]string{
+		name + ".nuspec":                   `<?xml version="1.0"?><package><metadata><id>` + name + `</id><version>1.0.0</version></metadata></package>`,
+		"lib/" + tfm + "/" + name + ".dll": string(b),
+	})
+}
+
+func zipFiles(t testing.TB, files map[string]string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	for name, content := range files {
+		w, err := zw.Create(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write([]byte(content))
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestConformanceSource(t *testing.T) {
+	enginetest.Run(t, enginetest.Harness{
+		Engine:   newTestEngine(t, Config{Processes: 2}),
+		MIMEType: MIMESource,
+		Fixtures: enginetest.Fixtures{
+			Echo: fixture(t, "echo"), Multi: fixture(t, "multi"), None: fixture(t, "none"),
+			Raise: fixture(t, "raise"), Hang: fixture(t, "hang"), Invalid: fixture(t, "invalid"),
+		},
+		Wait: time.Minute,
+	})
+}
+
+func TestConformancePackage(t *testing.T) {
+	e := newTestEngine(t, Config{Processes: 2})
+	pkg := func(name string) []byte { return buildPackage(t, e, name, "net48", fixture(t, name)) }
+	enginetest.Run(t, enginetest.Harness{
+		Engine:   e,
+		MIMEType: MIMEPackage,
+		Fixtures: enginetest.Fixtures{
+			Echo: pkg("echo"), Multi: pkg("multi"), None: pkg("none"), Raise: pkg("raise"), Hang: pkg("hang"),
+			Invalid: []byte("this is neither a zip archive nor a .NET assembly"),
+		},
+		Wait: time.Minute,
+	})
+}
+
+func TestCompileErrorNamesLineAndColumn(t *testing.T) {
+	e := newTestEngine(t, Config{})
+	err := e.Check(context.Background(), engines.Spec{WorkerID: "w", MIMEType: MIMESource}, fixture(t, "invalid"))
+	if !errors.Is(err, engines.ErrInvalidCode) {
+		t.Fatalf("err = %v, want ErrInvalidCode", err)
+	}
+	if !strings.Contains(err.Error(), "Worker.cs:9:4: error CS1525") {
+		t.Fatalf("err = %v, want Worker.cs:9:4: error CS1525", err)
+	}
+}

@@ -1,0 +1,439 @@
+// The WorkManager .NET worker host: one process runs one worker. The Go
+// engine (engines/dotnet) starts it as `mono wmhost.exe` (or on `dotnet`),
+// inside the node's sandbox, and speaks the framed protocol of the Python
+// runner with it: requests on fd 3, replies on fd 4, stdout and stderr are
+// the worker's log. Every frame is a 4-byte little-endian payload length, a
+// kind byte and the payload.
+//
+//   host -> node  'H' hello (runtime description)
+//   node -> host  'L' load: JSON {"assemblies": [paths], "probe": [dirs], "lockdown": base64 or absent}
+//   host -> node  'K' loaded, or 'X' error
+//   node -> host  'E' one CloudEvent, structured JSON
+//   host -> node  'R' JSON null, one event or a list, or 'X' JSON {"type","message","traceback"}
+//   host -> node  'G' gateway call mid-event: JSON {"service","method"}, '\n', body
+//   node -> host  'g' 0 and the response, or 1 and an error message
+//
+// The DevKit assembly (Virtufin.Worker) is the one the host itself is linked
+// against: a worker assembly's reference to it resolves to that single copy,
+// so IWorker and CloudEvent have one identity in the process.
+using System;
+using System.Collections.Generic;
+using System.IO;
+using System.Linq;
+using System.Reflection;
+using System.Runtime.InteropServices;
+using System.Text;
+using System.Threading.Tasks;
+using Virtufin.Worker;
+using Virtufin.Worker.Json;
+
+namespace Virtufin.WorkManager.Host
+{
+    // FdStream reads or writes one inherited file descriptor with the libc
+    // calls, on Mono and CoreCLR alike.
+    internal sealed class FdStream : Stream
+    {
+        [DllImport("libc.so.6", SetLastError = true)]
+        static extern IntPtr read(int fd, byte[] buf, IntPtr count);
+
+        [DllImport("libc.so.6", SetLastError = true)]
+        static extern IntPtr write(int fd, byte[] buf, IntPtr count);
+
+        const int EINTR = 4;
+        readonly int fd;
+        byte[] scratch = new byte[0];
+
+        public FdStream(int fd) { this.fd = fd; }
+
+        public override int Read(byte[] buffer, int offset, int count)
+        {
+            var buf = offset == 0 ? buffer : Scratch(count);
+            for (;;)
+            {
+                var n = (long)read(fd, buf, (IntPtr)count);
+                if (n >= 0)
+                {
+                    if (buf != buffer)
+                        Buffer.BlockCopy(buf, 0, buffer, offset, (int)n);
+                    return (int)n;
+                }
+                var errno = Marshal.GetLastWin32Error();
+                if (errno != EINTR)
+                    throw new IOException("read(" + fd + ") failed with errno " + errno);
+            }
+        }
+
+        public override void Write(byte[] buffer, int offset, int count)
+        {
+            while (count > 0)
+            {
+                byte[] buf = buffer;
+                if (offset != 0)
+                {
+                    buf = Scratch(count);
+                    Buffer.BlockCopy(buffer, offset, buf, 0, count);
+                }
+                var n = (long)write(fd, buf, (IntPtr)count);
+                if (n < 0)
+                {
+                    var errno = Marshal.GetLastWin32Error();
+                    if (errno == EINTR)
+                        continue;
+                    throw new IOException("write(" + fd + ") failed with errno " + errno);
+                }
+                offset += (int)n;
+                count -= (int)n;
+            }
+        }
+
+        byte[] Scratch(int n)
+        {
+            if (scratch.Length < n)
+                scratch = new byte[n];
+            return scratch;
+        }
+
+        public override bool CanRead { get { return true; } }
+        public override bool CanWrite { get { return true; } }
+        public override bool CanSeek { get { return false; } }
+        public override long Length { get { throw new NotSupportedException(); } }
+        public override long Position { get { throw new NotSupportedException(); } set { throw new NotSupportedException(); } }
+        public override void Flush() { }
+        public override long Seek(long offset, SeekOrigin origin) { throw new NotSupportedException(); }
+        public override void SetLength(long value) { throw new NotSupportedException(); }
+    }
+
+    internal static class Program
+    {
+        const byte KindLoad = (byte)'L', KindEvent = (byte)'E', KindHello = (byte)'H', KindOK = (byte)'K',
+            KindResult = (byte)'R', KindError = (byte)'X', KindGateway = (byte)'G', KindGatewayReply = (byte)'g';
+        const int MaxFrame = 1 << 30;
+
+        static Stream requests, replies;
+        static readonly UTF8Encoding Utf8 = new UTF8Encoding(false);
+        static readonly List<string> probeDirs = new List<string>();
+        static bool inEvent;
+
+        static int Main(string[] args)
+        {
+            // FileStream refuses inherited pipe descriptors on Mono: the
+            // pipes are read and written with read(2)/write(2) directly.
+            requests = new FdStream(3);
+            replies = new FdStream(4);
+            WriteFrame(KindHello, Utf8.GetBytes(RuntimeDescription()));
+            byte kind;
+            byte[] payload;
+            if (!ReadFrame(out kind, out payload))
+                return 0;
+            if (kind != KindLoad)
+            {
+                Console.Error.WriteLine("wmhost: protocol error: expected a load frame, got " + (char)kind);
+                return 2;
+            }
+            object worker;
+            try
+            {
+                worker = Load(Utf8.GetString(payload));
+            }
+            catch (LoadException e)
+            {
+                WriteError(e.TypeName, e.Message, e.Detail);
+                return 0; // the node kills or retires the process
+            }
+            HostServices.Gateway = CallGateway;
+            WriteFrame(KindOK, new byte[0]);
+            var multi = worker as IMultiOutputWorker;
+            var single = worker as IWorker;
+            while (ReadFrame(out kind, out payload))
+            {
+                if (kind != KindEvent)
+                {
+                    Console.Error.WriteLine("wmhost: protocol error: unexpected frame " + (char)kind);
+                    return 2;
+                }
+                Serve(multi, single, payload);
+            }
+            return 0;
+        }
+
+        static string RuntimeDescription()
+        {
+            var mono = Type.GetType("Mono.Runtime");
+            if (mono != null)
+            {
+                var display = mono.GetMethod("GetDisplayName", BindingFlags.NonPublic | BindingFlags.Static);
+                if (display != null)
+                    return "Mono " + display.Invoke(null, null);
+            }
+            return RuntimeInformation.FrameworkDescription;
+        }
+
+        sealed class LoadException : Exception
+        {
+            public readonly string TypeName, Detail;
+            public LoadException(string type, string message, string detail = "") : base(message)
+            {
+                TypeName = type;
+                Detail = detail;
+            }
+        }
+
+        // Load resolves the worker type in the assembly and constructs it.
+        static object Load(string spec)
+        {
+            JsonObject req;
+            try
+            {
+                req = JsonNode.Parse(spec).AsObject();
+            }
+            catch (Exception e)
+            {
+                throw new LoadException("", "malformed load request: " + e.Message);
+            }
+            var probe = req["probe"] as JsonArray;
+            if (probe != null)
+                foreach (var d in probe)
+                    probeDirs.Add(d.GetValue<string>());
+            AppDomain.CurrentDomain.AssemblyResolve += Resolve;
+            var lockdown = req["lockdown"];
+            if (lockdown != null)
+                Lockdown(Convert.FromBase64String(lockdown.GetValue<string>()));
+
+            var types = new List<Type>();
+            foreach (var a in req["assemblies"].AsArray())
+            {
+                var path = a.GetValue<string>();
+                Assembly asm;
+                try
+                {
+                    asm = Assembly.LoadFrom(path);
+                }
+                catch (BadImageFormatException e)
+                {
+                    throw new LoadException("BadImageFormatException", Path.GetFileName(path) + " is not a .NET assembly this runtime can load: " + e.Message);
+                }
+                catch (Exception e)
+                {
+                    throw new LoadException(e.GetType().Name, "loading " + Path.GetFileName(path) + ": " + e.Message);
+                }
+                try
+                {
+                    types.AddRange(asm.GetTypes());
+                }
+                catch (ReflectionTypeLoadException e)
+                {
+                    var first = e.LoaderExceptions.FirstOrDefault(x => x != null);
+                    throw new LoadException("TypeLoadException", "loading the types of " + asm.GetName().Name + ": " +
+                        (first != null ? first.Message : e.Message));
+                }
+            }
+            var candidates = types.Where(t => t.IsClass && !t.IsAbstract && t.IsPublic && !t.ContainsGenericParameters &&
+                (typeof(IWorker).IsAssignableFrom(t) || typeof(IMultiOutputWorker).IsAssignableFrom(t))).ToList();
+            if (candidates.Count == 0)
+                throw new LoadException("", "the code defines no public, non-abstract class" +
+                    " implementing Virtufin.Worker.IWorker or IMultiOutputWorker");
+            if (candidates.Count > 1)
+                throw new LoadException("", "the code defines several worker classes (" +
+                    string.Join(", ", candidates.Select(t => t.FullName)) + "); keep one");
+            var type = candidates[0];
+            if (type.GetConstructor(Type.EmptyTypes) == null)
+                throw new LoadException("", type.FullName + " has no public parameterless constructor");
+            try
+            {
+                return Activator.CreateInstance(type);
+            }
+            catch (TargetInvocationException e)
+            {
+                var inner = e.InnerException ?? e;
+                throw new LoadException(inner.GetType().Name, "constructing " + type.FullName + ": " + inner.Message, inner.ToString());
+            }
+        }
+
+        [DllImport("libc.so.6", SetLastError = true)]
+        static extern int prctl(int option, IntPtr arg2, IntPtr arg3, IntPtr arg4, IntPtr arg5);
+
+        [DllImport("libc.so.6", SetLastError = true)]
+        static extern IntPtr syscall(IntPtr number, IntPtr arg1, IntPtr arg2, IntPtr arg3);
+
+        // Lockdown installs the node's second seccomp filter (struct
+        // sock_filter[]) on every thread of the process (TSYNC), before any
+        // worker code runs: no new programs, no IP sockets.
+        static void Lockdown(byte[] program)
+        {
+            long nr;
+            switch (RuntimeInformation.ProcessArchitecture)
+            {
+                case Architecture.X64: nr = 317; break;
+                case Architecture.Arm64: nr = 277; break;
+                default:
+                    throw new LoadException("", "the lockdown filter is not supported on " + RuntimeInformation.ProcessArchitecture);
+            }
+            if (program.Length == 0 || program.Length % 8 != 0)
+                throw new LoadException("", "malformed lockdown filter");
+            const int PR_SET_NO_NEW_PRIVS = 38;
+            if (prctl(PR_SET_NO_NEW_PRIVS, (IntPtr)1, IntPtr.Zero, IntPtr.Zero, IntPtr.Zero) != 0)
+                throw new LoadException("", "the lockdown filter could not be installed: prctl(PR_SET_NO_NEW_PRIVS) failed with errno " + Marshal.GetLastWin32Error());
+            var filter = Marshal.AllocHGlobal(program.Length);
+            var fprog = Marshal.AllocHGlobal(16);
+            Marshal.Copy(program, 0, filter, program.Length);
+            Marshal.WriteInt64(fprog, 0, program.Length / 8); // unsigned short len, padding
+            Marshal.WriteIntPtr(fprog, 8, filter);
+            const int SECCOMP_SET_MODE_FILTER = 1, SECCOMP_FILTER_FLAG_TSYNC = 1;
+            var r = syscall((IntPtr)nr, (IntPtr)SECCOMP_SET_MODE_FILTER, (IntPtr)SECCOMP_FILTER_FLAG_TSYNC, fprog);
+            if (r != IntPtr.Zero)
+                throw new LoadException("", "the lockdown filter could not be installed: seccomp failed (" + r + ", errno " + Marshal.GetLastWin32Error() + ")");
+            // The kernel copied the program; the memory stays allocated (a few hundred bytes, once).
+        }
+
+        // Resolve maps a worker's references: the DevKit to the host's own
+        // copy, other assemblies to the worker's own directories.
+        static Assembly Resolve(object sender, ResolveEventArgs args)
+        {
+            var name = new AssemblyName(args.Name);
+            if (name.Name == typeof(IWorker).Assembly.GetName().Name)
+                return typeof(IWorker).Assembly;
+            foreach (var dir in probeDirs)
+            {
+                var candidate = Path.Combine(dir, name.Name + ".dll");
+                if (File.Exists(candidate))
+                    return Assembly.LoadFrom(candidate);
+            }
+            return null;
+        }
+
+        static void Serve(IMultiOutputWorker multi, IWorker single, byte[] payload)
+        {
+            CloudEvent input;
+            try
+            {
+                input = CloudEvent.Parse(Utf8.GetString(payload));
+            }
+            catch (Exception e)
+            {
+                WriteError("", "undecodable input event: " + e.Message, "");
+                return;
+            }
+            inEvent = true;
+            try
+            {
+                string result;
+                if (multi != null)
+                {
+                    var outs = multi.ProcessAllAsync(input).GetAwaiter().GetResult();
+                    if (outs == null || outs.Count == 0)
+                        result = "null";
+                    else
+                    {
+                        var b = new StringBuilder("[");
+                        for (var i = 0; i < outs.Count; i++)
+                        {
+                            if (i > 0)
+                                b.Append(',');
+                            if (outs[i] == null)
+                                throw new InvalidOperationException("output " + i + " is null");
+                            b.Append(outs[i].ToJson());
+                        }
+                        result = b.Append(']').ToString();
+                    }
+                }
+                else
+                {
+                    var output = single.ProcessAsync(input).GetAwaiter().GetResult();
+                    result = output == null ? "null" : output.ToJson();
+                }
+                inEvent = false;
+                WriteFrame(KindResult, Utf8.GetBytes(result));
+            }
+            catch (Exception e)
+            {
+                inEvent = false;
+                while ((e is AggregateException || e is TargetInvocationException) && e.InnerException != null)
+                    e = e.InnerException;
+                WriteError(e.GetType().Name, e.Message, e.ToString());
+            }
+        }
+
+        // CallGateway sends a 'G' frame mid-event and waits for the node's answer.
+        static byte[] CallGateway(string service, string method, byte[] body)
+        {
+            if (!inEvent)
+                throw new GatewayException("gateway calls are only possible while an event is processed");
+            var head = new JsonObject { ["service"] = service, ["method"] = method }.ToJsonString();
+            var h = Utf8.GetBytes(head);
+            body = body ?? new byte[0];
+            var frame = new byte[h.Length + 1 + body.Length];
+            Buffer.BlockCopy(h, 0, frame, 0, h.Length);
+            frame[h.Length] = (byte)'\n';
+            Buffer.BlockCopy(body, 0, frame, h.Length + 1, body.Length);
+            lock (requests)
+            {
+                WriteFrame(KindGateway, frame);
+                byte kind;
+                byte[] reply;
+                if (!ReadFrame(out kind, out reply))
+                {
+                    Environment.Exit(0); // the node is gone
+                }
+                if (kind != KindGatewayReply || reply.Length == 0)
+                    throw new GatewayException("protocol error: unexpected reply to a gateway call");
+                var rest = new byte[reply.Length - 1];
+                Buffer.BlockCopy(reply, 1, rest, 0, rest.Length);
+                if (reply[0] != 0)
+                    throw new GatewayException(Utf8.GetString(rest));
+                return rest;
+            }
+        }
+
+        static void WriteError(string type, string message, string detail)
+        {
+            var o = new JsonObject { ["type"] = type, ["message"] = message, ["traceback"] = detail ?? "" };
+            WriteFrame(KindError, Utf8.GetBytes(o.ToJsonString()));
+        }
+
+        static readonly byte[] header = new byte[5];
+
+        static void WriteFrame(byte kind, byte[] payload)
+        {
+            var frame = new byte[5 + payload.Length];
+            var n = payload.Length;
+            frame[0] = (byte)n;
+            frame[1] = (byte)(n >> 8);
+            frame[2] = (byte)(n >> 16);
+            frame[3] = (byte)(n >> 24);
+            frame[4] = kind;
+            Buffer.BlockCopy(payload, 0, frame, 5, n);
+            replies.Write(frame, 0, frame.Length);
+            replies.Flush();
+        }
+
+        // ReadFrame reads one frame; false at EOF (the node closed the pipe).
+        static bool ReadFrame(out byte kind, out byte[] payload)
+        {
+            kind = 0;
+            payload = null;
+            if (!ReadFull(header, 5))
+                return false;
+            var n = header[0] | header[1] << 8 | header[2] << 16 | header[3] << 24;
+            if (n < 0 || n > MaxFrame)
+                throw new InvalidDataException("protocol error: frame of " + n + " bytes");
+            kind = header[4];
+            payload = new byte[n];
+            if (!ReadFull(payload, n))
+                return false;
+            return true;
+        }
+
+        static bool ReadFull(byte[] buf, int n)
+        {
+            var off = 0;
+            while (off < n)
+            {
+                var m = requests.Read(buf, off, n - off);
+                if (m <= 0)
+                    return false;
+                off += m;
+            }
+            return true;
+        }
+    }
+}

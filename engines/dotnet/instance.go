@@ -1,0 +1,143 @@
+package dotnet
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/internal/procpool"
+	"github.com/virtufin/workmanager/engines/internal/wire"
+)
+
+// Instance is one loaded worker: Config.Processes host processes with the
+// same code, each serving one call at a time.
+type Instance struct {
+	e    *Engine
+	spec engines.Spec
+	pool *procpool.Pool[*proc]
+}
+
+var _ engines.Instance = (*Instance)(nil)
+
+func newInstance(e *Engine, spec engines.Spec, w *workerCode) *Instance {
+	in := &Instance{e: e, spec: spec}
+	in.pool = procpool.New(procpool.Config[*proc]{
+		Size: e.cfg.Processes,
+		Start: func(ctx context.Context) (*proc, error) {
+			return e.startLoaded(ctx, spec, w, in.pool)
+		},
+		Grace:    closeGrace,
+		Logger:   spec.Logger,
+		Name:     ".NET worker host",
+		LogAttrs: []any{"worker_id", spec.WorkerID},
+	})
+	return in
+}
+
+// Process implements engines.Instance: the call waits for a free host
+// (bounded by ctx), which gets at most the Spec timeout. A timed-out or
+// crashed host is killed and restarted in the background.
+func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event, error) {
+	if ev == nil {
+		return nil, errors.New("dotnet engine: nil event")
+	}
+	s, err := in.pool.Acquire(ctx)
+	if err != nil {
+		if errors.Is(err, procpool.ErrClosed) {
+			return nil, ErrClosed
+		}
+		return nil, engines.ContextError(ctx, "dotnet", "waiting for a free worker host")
+	}
+	start := time.Now()
+	deadline := start.Add(in.spec.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	p, err := in.pool.Proc(ctx, s)
+	if err != nil {
+		in.pool.Release(s)
+		return nil, fmt.Errorf("%w: the worker host could not be restarted: %w", engines.ErrWorkerFailed, err)
+	}
+	var buf bytes.Buffer
+	if err := event.WriteJson(ev, &buf); err != nil {
+		in.pool.Release(s)
+		return nil, fmt.Errorf("dotnet engine: encoding the input event: %w", err)
+	}
+	if !p.arm(ctx, deadline) {
+		in.pool.Release(s)
+		return nil, fmt.Errorf("%w: the deadline passed before the call started", engines.ErrTimeout)
+	}
+	var kind byte
+	var payload []byte
+	err = p.writeFrame(kindEvent, buf.Bytes())
+	if err == nil {
+		kind, payload, err = p.readFrame()
+	}
+	for err == nil && kind == kindGateway {
+		// The call's deadline (the armed timer) bounds the gateway call too.
+		if err = p.writeFrame(kindGatewayReply, wire.ServeGateway(ctx, in.e.cfg.Gateway, in.spec.GatewayTargets, payload)); err == nil {
+			kind, payload, err = p.readFrame()
+		}
+	}
+	p.disarm()
+	if err == nil && (kind == kindResult || kind == kindError) {
+		var out []event.Event
+		var werr error
+		if kind == kindResult {
+			out, werr = wire.DecodeOutputs(payload)
+		} else {
+			werr = wire.DecodeError(engines.ErrWorkerFailed, payload)
+		}
+		if p.healthy() {
+			in.pool.Release(s)
+		} else {
+			in.pool.Replace(s, "killed at the deadline")
+		}
+		return out, werr
+	}
+	reason, cerr := in.failure(ctx, p, kind, err, deadline.Sub(start))
+	in.pool.Replace(s, reason)
+	return nil, cerr
+}
+
+// failure says why a round trip failed, as a restart reason and the
+// call's error.
+func (in *Instance) failure(ctx context.Context, p *proc, kind byte, err error, budget time.Duration) (string, error) {
+	switch {
+	case p.timedOut.Load():
+		cerr := fmt.Errorf("%w after %v", engines.ErrTimeout, budget.Round(time.Millisecond))
+		if ctx.Err() != nil {
+			cerr = fmt.Errorf("%w (%w)", cerr, ctx.Err())
+		}
+		return "timeout", cerr
+	case p.cancelled.Load():
+		return "call cancelled", engines.ContextError(ctx, "dotnet", "the call was cancelled")
+	case in.pool.Killed():
+		return "instance closed", fmt.Errorf("%w: the call was interrupted", ErrClosed)
+	case err == nil:
+		return "protocol error", fmt.Errorf("%w: protocol error: unexpected frame %q", engines.ErrWorkerFailed, kind)
+	case errors.Is(err, errProcessGone):
+		p.Kill()
+		<-p.done
+		return "process exited", &wire.Error{Kind: engines.ErrWorkerFailed, Message: fmt.Sprintf(
+			"the worker host exited during the call (%v)%s", p.waitErr, p.stderr.Tail())}
+	default:
+		return "I/O error", fmt.Errorf("%w: talking to the worker host: %w", engines.ErrWorkerFailed, err)
+	}
+}
+
+// Close implements engines.Instance: it waits for calls in flight until
+// ctx ends, then kills their hosts; idle hosts get EOF and a short grace
+// period. Every process is reaped before Close returns.
+func (in *Instance) Close(ctx context.Context) error {
+	err := in.pool.Close(ctx)
+	if errors.Is(err, procpool.ErrInFlight) {
+		return fmt.Errorf("dotnet engine: %w", err)
+	}
+	return err
+}

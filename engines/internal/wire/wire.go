@@ -1,0 +1,149 @@
+// Package wire owns what the engines that run workers in child processes
+// (Python's runner, the .NET host) share about their framed protocol: the
+// worker error type, decoding a reply's outputs and error report, serving a
+// worker's gateway call, and forwarding the child's output lines to slog.
+package wire
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/virtufin/workmanager/engines"
+)
+
+// Error is a failure reported for the worker's code: an exception it raised,
+// code that does not load, or outputs that cannot be sent. errors.Is matches
+// its Kind (engines.ErrInvalidCode or engines.ErrWorkerFailed); errors.As
+// gives access to the traceback.
+type Error struct {
+	Kind error
+	// Type is the exception type ("ValueError", "InvalidOperationException");
+	// empty for problems the engine itself found (bad outputs, no worker, ...).
+	Type    string
+	Message string
+	// Traceback is the formatted stack of the exception without the
+	// runner's or host's own frames; it may be empty.
+	Traceback string
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	if e.Kind != nil {
+		b.WriteString(e.Kind.Error())
+		b.WriteString(": ")
+	}
+	switch {
+	case e.Type != "" && e.Message != "":
+		b.WriteString(e.Type)
+		b.WriteString(": ")
+		b.WriteString(e.Message)
+	case e.Type != "":
+		b.WriteString(e.Type)
+	default:
+		b.WriteString(e.Message)
+	}
+	return b.String()
+}
+
+func (e *Error) Unwrap() error { return e.Kind }
+
+// report is the payload of an 'X' frame.
+type report struct {
+	Type      string `json:"type"`
+	Message   string `json:"message"`
+	Traceback string `json:"traceback"`
+}
+
+// DecodeError turns an 'X' payload into an *Error of kind.
+func DecodeError(kind error, payload []byte) error {
+	var w report
+	if err := json.Unmarshal(payload, &w); err != nil {
+		return fmt.Errorf("%w: undecodable error report from the worker process: %v", kind, err)
+	}
+	return &Error{Kind: kind, Type: w.Type, Message: w.Message, Traceback: w.Traceback}
+}
+
+// DecodeOutputs turns an 'R' payload (null, one event object or a list of
+// them) into events. Outputs need not have an id or source: the caller fills
+// those in.
+func DecodeOutputs(payload []byte) ([]event.Event, error) {
+	i := 0
+	for i < len(payload) && (payload[i] == ' ' || payload[i] == '\n' || payload[i] == '\t' || payload[i] == '\r') {
+		i++
+	}
+	if i == len(payload) {
+		return nil, outputError(-1, errors.New("empty result"))
+	}
+	switch payload[i] {
+	case 'n':
+		return nil, nil
+	case '{':
+		out := make([]event.Event, 1)
+		if err := decodeOutput(&out[0], payload[i:]); err != nil {
+			return nil, outputError(0, err)
+		}
+		return out, nil
+	case '[':
+		var raws []json.RawMessage
+		if err := json.Unmarshal(payload[i:], &raws); err != nil {
+			return nil, outputError(-1, err)
+		}
+		if len(raws) == 0 {
+			return nil, nil
+		}
+		out := make([]event.Event, len(raws))
+		for j, raw := range raws {
+			if err := decodeOutput(&out[j], raw); err != nil {
+				return nil, outputError(j, err)
+			}
+		}
+		return out, nil
+	default:
+		return nil, outputError(-1, fmt.Errorf("unexpected result %.40q", payload[i:]))
+	}
+}
+
+func decodeOutput(ev *event.Event, b []byte) error {
+	if err := ev.UnmarshalJSON(b); err != nil {
+		return err
+	}
+	if ev.Type() == "" {
+		return errors.New(`missing required attribute "type"`)
+	}
+	return nil
+}
+
+func outputError(i int, err error) error {
+	return &Error{Kind: engines.ErrWorkerFailed, Message: engines.OutputError(i, err)}
+}
+
+// ServeGateway serves one gateway call of a worker: payload is
+// `{"service","method"}\n<body>`; the answer (the 'g' payload) is 0 and the
+// response body, or 1 and an error message for the worker. The call is held
+// to targets (engines.CheckGatewayTarget) and made with ctx, the event's
+// (it carries the group lock's fence).
+func ServeGateway(ctx context.Context, gw engines.Gateway, targets []string, payload []byte) []byte {
+	fail := func(format string, args ...any) []byte { return append([]byte{1}, fmt.Sprintf(format, args...)...) }
+	head, body, ok := bytes.Cut(payload, []byte("\n"))
+	var target struct{ Service, Method string }
+	if !ok || json.Unmarshal(head, &target) != nil || target.Service == "" || target.Method == "" {
+		return fail("malformed gateway call")
+	}
+	if gw == nil {
+		return fail("no gateway is configured on this node")
+	}
+	if err := engines.CheckGatewayTarget(targets, target.Service, target.Method); err != nil {
+		return fail("%v", err)
+	}
+	resp, err := gw.Call(ctx, target.Service, target.Method, body)
+	if err != nil {
+		return fail("%v", err)
+	}
+	return append([]byte{0}, resp...)
+}

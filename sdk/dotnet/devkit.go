@@ -1,0 +1,74 @@
+// Package dotnetdevkit owns the C# DevKit (the Virtufin.Worker assembly:
+// sources in src/) and ships its sources inside the node binary: the .NET
+// engine compiles them into Virtufin.Worker.dll, which every worker
+// assembly references, caches the result under Digest, and reports Version.
+package dotnetdevkit
+
+import (
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"fmt"
+	"path"
+	"regexp"
+	"sort"
+	"sync"
+)
+
+//go:embed src/*.cs
+var files embed.FS
+
+var versionRE = regexp.MustCompile(`(?m)^\s*public const string Version = "([^"]+)";`)
+
+// Sources returns the DevKit's C# sources: file name (no directory) to
+// content. The map is the caller's to change.
+func Sources() map[string][]byte {
+	entries, err := files.ReadDir("src")
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	out := make(map[string][]byte, len(entries))
+	for _, e := range entries {
+		b, err := files.ReadFile(path.Join("src", e.Name()))
+		if err != nil {
+			panic(err)
+		}
+		out[e.Name()] = b
+	}
+	return out
+}
+
+// Version is the DevKit's version: Virtufin.Worker.DevKitInfo.Version in
+// src/DevKitInfo.cs.
+func Version() string {
+	b, err := files.ReadFile("src/DevKitInfo.cs")
+	if err != nil {
+		panic(err)
+	}
+	m := versionRE.FindSubmatch(b)
+	if m == nil {
+		panic("sdk/dotnet: no Version line in src/DevKitInfo.cs")
+	}
+	return string(m[1])
+}
+
+var digestOnce = sync.OnceValue(func() string {
+	src := Sources()
+	names := make([]string, 0, len(src))
+	for n := range src {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	h := sha256.New()
+	for _, n := range names {
+		fmt.Fprintf(h, "%s\x00%d\x00", n, len(src[n]))
+		h.Write(src[n])
+	}
+	return hex.EncodeToString(h.Sum(nil))
+})
+
+// Digest is the hex SHA-256 of the sources (sorted names and contents), a
+// cache key for the compiled assembly.
+func Digest() string {
+	return digestOnce()
+}
