@@ -77,7 +77,7 @@ func hostRSS(b *testing.B, inst engines.Instance) float64 {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pid := p.pid
+	pid := p.Pid
 	for { // descend to the innermost child (bwrap → mono)
 		kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
 		f := strings.Fields(string(kids))

@@ -68,7 +68,7 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 		in.pool.Release(s)
 		return nil, fmt.Errorf("dotnet engine: encoding the input event: %w", err)
 	}
-	if !p.arm(ctx, deadline) {
+	if !p.Arm(ctx, deadline) {
 		in.pool.Release(s)
 		return nil, fmt.Errorf("%w: the deadline passed before the call started", engines.ErrTimeout)
 	}
@@ -84,7 +84,7 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 			kind, payload, err = p.readFrame()
 		}
 	}
-	p.disarm()
+	p.Disarm()
 	if err == nil && (kind == kindResult || kind == kindError) {
 		var out []event.Event
 		var werr error
@@ -93,42 +93,16 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 		} else {
 			werr = wire.DecodeError(engines.ErrWorkerFailed, payload)
 		}
-		if p.healthy() {
+		if p.Healthy() {
 			in.pool.Release(s)
 		} else {
 			in.pool.Replace(s, "killed at the deadline")
 		}
 		return out, werr
 	}
-	reason, cerr := in.failure(ctx, p, kind, err, deadline.Sub(start))
+	reason, cerr := p.CallFailure(ctx, names, in.pool.Killed(), kind, err, deadline.Sub(start))
 	in.pool.Replace(s, reason)
 	return nil, cerr
-}
-
-// failure says why a round trip failed, as a restart reason and the
-// call's error.
-func (in *Instance) failure(ctx context.Context, p *proc, kind byte, err error, budget time.Duration) (string, error) {
-	switch {
-	case p.timedOut.Load():
-		cerr := fmt.Errorf("%w after %v", engines.ErrTimeout, budget.Round(time.Millisecond))
-		if ctx.Err() != nil {
-			cerr = fmt.Errorf("%w (%w)", cerr, ctx.Err())
-		}
-		return "timeout", cerr
-	case p.cancelled.Load():
-		return "call cancelled", engines.ContextError(ctx, "dotnet", "the call was cancelled")
-	case in.pool.Killed():
-		return "instance closed", fmt.Errorf("%w: the call was interrupted", ErrClosed)
-	case err == nil:
-		return "protocol error", fmt.Errorf("%w: protocol error: unexpected frame %q", engines.ErrWorkerFailed, kind)
-	case errors.Is(err, errProcessGone):
-		p.Kill()
-		<-p.done
-		return "process exited", &wire.Error{Kind: engines.ErrWorkerFailed, Message: fmt.Sprintf(
-			"the worker host exited during the call (%v)%s", p.waitErr, p.stderr.Tail())}
-	default:
-		return "I/O error", fmt.Errorf("%w: talking to the worker host: %w", engines.ErrWorkerFailed, err)
-	}
 }
 
 // Close implements engines.Instance: it waits for calls in flight until

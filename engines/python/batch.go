@@ -220,7 +220,7 @@ func (in *Instance) runBatch(ctx context.Context, s *procpool.Slot[*proc], calls
 		}
 		return d
 	}
-	if !p.arm(ctx, deadline(start)) {
+	if !p.Arm(ctx, deadline(start)) {
 		in.pool.Release(s)
 		err := fmt.Errorf("%w: the deadline passed before the call started", engines.ErrTimeout)
 		for _, c := range sent {
@@ -258,13 +258,13 @@ func (in *Instance) runBatch(ctx context.Context, s *procpool.Slot[*proc], calls
 		answered++
 		start = time.Now()
 		if answered < len(sent) {
-			p.timer.Reset(time.Until(deadline(start)))
+			p.Rearm(deadline(start))
 		}
 	}
-	p.disarm()
+	p.Disarm()
 
 	switch {
-	case err == nil && !p.pending() && p.healthy():
+	case err == nil && !p.pending() && p.Healthy():
 		in.pool.Release(s)
 		return rest, false
 	case err == nil && !p.pending():
@@ -290,7 +290,7 @@ var errProtocol = errors.New("protocol error")
 
 // writeAll writes the frames prepared in p.wbuf as they are.
 func (p *proc) writeAll() error {
-	_, err := p.reqW.Write(p.wbuf.b)
+	_, err := p.ReqW.Write(p.wbuf.b)
 	if errors.Is(err, syscall.EPIPE) {
 		return errProcessGone
 	}

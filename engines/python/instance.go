@@ -98,7 +98,7 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 		in.pool.Release(s)
 		return nil, fmt.Errorf("python engine: encoding the input event: %w", err)
 	}
-	if !p.arm(ctx, deadline) {
+	if !p.Arm(ctx, deadline) {
 		in.pool.Release(s)
 		return nil, fmt.Errorf("%w: the deadline passed before the call started", engines.ErrTimeout)
 	}
@@ -119,7 +119,7 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 		}
 	}
 	p.endSpin(spun)
-	p.disarm()
+	p.Disarm()
 
 	if err == nil && (kind == kindResult || kind == kindError) && !p.pending() {
 		var out []event.Event
@@ -129,7 +129,7 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 		} else {
 			werr = wire.DecodeError(engines.ErrWorkerFailed, payload)
 		}
-		if p.healthy() {
+		if p.Healthy() {
 			in.pool.Release(s)
 		} else {
 			// The deadline or ctx fired just as the reply came in: the reply
@@ -149,27 +149,7 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 // after an unexpected frame of kind) as a restart reason and the call's
 // error; budget is how long the call was given.
 func (in *Instance) failure(ctx context.Context, p *proc, kind byte, err error, budget time.Duration) (string, error) {
-	switch {
-	case p.timedOut.Load():
-		cerr := fmt.Errorf("%w after %v", engines.ErrTimeout, budget.Round(time.Millisecond))
-		if ctx.Err() != nil {
-			cerr = fmt.Errorf("%w (%w)", cerr, ctx.Err())
-		}
-		return "timeout", cerr
-	case p.cancelled.Load():
-		return "call cancelled", engines.ContextError(ctx, "python", "the call was cancelled")
-	case in.pool.Killed():
-		return "instance closed", fmt.Errorf("%w: the call was interrupted", ErrClosed)
-	case err == nil:
-		return "protocol error", fmt.Errorf("%w: protocol error: unexpected frame %q or bytes after it", engines.ErrWorkerFailed, kind)
-	case errors.Is(err, errProcessGone):
-		p.Kill()
-		<-p.done
-		return "process exited", &Error{Kind: engines.ErrWorkerFailed, Message: fmt.Sprintf(
-			"the worker process exited during the call (%v)%s", p.waitErr, p.stderr.Tail())}
-	default:
-		return "I/O error", fmt.Errorf("%w: talking to the worker process: %w", engines.ErrWorkerFailed, err)
-	}
+	return p.CallFailure(ctx, names, in.pool.Killed(), kind, err, budget)
 }
 
 // Close implements engines.Instance. It waits for calls in flight until ctx

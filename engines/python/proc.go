@@ -11,34 +11,32 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/internal/childproc"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
 	"github.com/virtufin/workmanager/engines/internal/wire"
 	"github.com/virtufin/workmanager/engines/sandbox"
 )
 
-// Frame kinds (see README.md).
+// Frame kinds (see README.md and engines/internal/wire).
 const (
-	kindLoad   = 'L' // Go -> Python: worker source
-	kindEvent  = 'E' // Go -> Python: one CloudEvent, structured JSON
-	kindHello  = 'H' // Python -> Go: runner started; payload sys.version
-	kindOK     = 'K' // Python -> Go: code loaded
-	kindResult = 'R' // Python -> Go: JSON null, one event object or a list
-	kindError  = 'X' // Python -> Go: JSON {"type", "message", "traceback"}
-	// During an event: the worker calls a backend through the node.
-	kindGateway      = 'G' // Python -> Go: JSON {"service", "method"}, '\n', body
-	kindGatewayReply = 'g' // Go -> Python: 0 and the response, or 1 and an error
+	kindLoad         = wire.KindLoad   // worker source
+	kindEvent        = wire.KindEvent  // one CloudEvent, structured JSON
+	kindHello        = wire.KindHello  // runner started; payload sys.version
+	kindOK           = wire.KindOK     // code loaded
+	kindResult       = wire.KindResult // JSON null, one event object or a list
+	kindError        = wire.KindError  // JSON {"type", "message", "traceback"}
+	kindGateway      = wire.KindGateway
+	kindGatewayReply = wire.KindGatewayReply
 )
 
 const (
-	headerSize = 5
-	// maxFrame bounds a frame's payload; a bigger length is a protocol error.
-	maxFrame = 1 << 30
+	headerSize = wire.HeaderSize
+	maxFrame   = wire.MaxFrame
 	// Buffers grown past keepBuf by one big message are dropped after use.
 	initBuf = 16 << 10
 	keepBuf = 1 << 20
@@ -48,24 +46,20 @@ const (
 
 // errProcessGone: the runner closed its end of a protocol pipe (it died or
 // was killed).
-var errProcessGone = errors.New("worker process is gone")
+var errProcessGone = childproc.ErrGone
+
+// names say what a runner is in messages.
+var names = childproc.Names{Engine: "python", Process: "worker process", Runtime: "interpreter", Closed: ErrClosed}
 
 // proc is one runner subprocess. At any time it is used by at most one
 // goroutine (the owner of its slot); Kill may be called from anywhere.
 type proc struct {
-	// release frees what the sandbox made for the process (its scratch
-	// directory), once it has exited; nil without a sandbox.
-	release     func()
-	releaseDone sync.Once
+	childproc.Proc
 
-	cmd *exec.Cmd
-	pid int
-
-	// Parent ends of the protocol pipes (non-blocking, in the runtime
-	// poller). Replies are first busy-polled for up to spin (see readSome).
-	reqW, respR *os.File
-	respRC      syscall.RawConn
-	reqClosed   bool
+	// The parent ends of the protocol pipes are non-blocking, in the
+	// runtime poller. Replies are first busy-polled for up to spin (see
+	// readSome).
+	respRC syscall.RawConn
 
 	readFn     func(fd uintptr) bool // reads into rdBuf; allocated once
 	rdBuf      []byte
@@ -81,20 +75,6 @@ type proc struct {
 	// rbuf holds the last frame read; rbuf[rstart:rend] are bytes read past it.
 	rbuf         []byte
 	rstart, rend int
-
-	// timer kills the process when a round trip exceeds its deadline.
-	timer     *time.Timer
-	timedOut  atomic.Bool
-	cancelled atomic.Bool
-	stopCtx   func() bool
-
-	mu     sync.Mutex
-	exited bool // the leader exited; its pid is not reaped yet or is gone
-
-	done    chan struct{} // closed once the process is reaped
-	waitErr error         // valid after done
-
-	stdout, stderr *wire.LineLogger
 }
 
 // frameBuf is an io.Writer appending to a reusable buffer whose first
@@ -143,8 +123,8 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, interp stri
 	var kind byte
 	var payload []byte
 	hello := false
-	if !p.arm(ctx, deadline) {
-		p.timedOut.Store(true)
+	if !p.Arm(ctx, deadline) {
+		p.MarkTimedOut()
 		err = errProcessGone
 	} else {
 		err = p.writeFrame()
@@ -158,32 +138,16 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, interp stri
 			hello = true
 			kind, payload, err = p.readFrame()
 		}
-		p.disarm()
+		p.Disarm()
 	}
-	if err == nil && kind == kindOK && p.healthy() && !p.pending() {
+	if err == nil && kind == kindOK && p.Healthy() && !p.pending() {
 		return p, nil
 	}
 	p.Retire()
 	if pool != nil {
 		pool.Untrack(p)
 	}
-	switch {
-	case p.timedOut.Load():
-		return nil, fmt.Errorf("%w: starting the runner and loading the code took longer than %v",
-			engines.ErrTimeout, deadline.Sub(start).Round(time.Millisecond))
-	case p.cancelled.Load():
-		return nil, fmt.Errorf("python engine: loading the code: %w", ctx.Err())
-	case err != nil && hello:
-		// The runner was up and running the worker's top-level code.
-		return nil, &Error{Kind: engines.ErrInvalidCode, Message: fmt.Sprintf(
-			"the interpreter exited while loading the code (%v)%s", p.waitErr, p.stderr.Tail())}
-	case err != nil:
-		return nil, fmt.Errorf("python engine: the runner failed to start (%v; %v)%s", err, p.waitErr, p.stderr.Tail())
-	case kind == kindError:
-		return nil, wire.DecodeError(engines.ErrInvalidCode, payload)
-	default:
-		return nil, fmt.Errorf("python engine: protocol error: unexpected frame %q in reply to load", kind)
-	}
+	return nil, p.LoadFailure(ctx, names, hello, kind, payload, err, deadline.Sub(start))
 }
 
 // spawn starts the runner subprocess.
@@ -192,18 +156,13 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("python engine: %w", err)
 	}
-	log := spec.Logger
-	p := &proc{
-		reqW:   pipes.ReqW,
-		respR:  pipes.RespR,
-		done:   make(chan struct{}),
-		stdout: wire.NewLineLogger(log, "stdout", spec.WorkerID, false),
-		stderr: wire.NewLineLogger(log, "stderr", spec.WorkerID, true),
-	}
+	p := &proc{}
+	p.Init(pipes, spec.Logger, spec.WorkerID)
 	// -I: isolated (no user site, no current directory on sys.path, PYTHON*
 	// variables ignored); -B: no bytecode written; -u: unbuffered output.
 	args := []string{"-I", "-B", "-u", "-c", runnerSource, strconv.Itoa(e.runnerSpinMicros()), strings.Join(e.cfg.AllowedPackages, ","), e.cfg.DevKitDir}
 	var cmd *exec.Cmd
+	var release func()
 	if e.cfg.Sandbox != nil {
 		ro, err := e.readOnly(context.Background(), interp)
 		if err != nil {
@@ -211,7 +170,7 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 			pipes.CloseParentEnds()
 			return nil, err
 		}
-		cmd, p.release, err = e.cfg.Sandbox.Command(sandbox.Spec{
+		cmd, release, err = e.cfg.Sandbox.Command(sandbox.Spec{
 			Owner: spec.WorkerID, Path: interp, Args: args, Env: e.workerEnv(spec), ReadOnly: ro, ExtraFiles: pipes.ChildEnds(),
 		})
 		if err != nil {
@@ -220,30 +179,14 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 			return nil, fmt.Errorf("python engine: %w", err)
 		}
 	} else {
-		// -I: isolated (no user site, no current directory on sys.path,
-		// PYTHON* variables ignored); -B: no bytecode written; -u:
-		// unbuffered output.
 		cmd = exec.Command(interp, args...)
 		cmd.ExtraFiles = pipes.ChildEnds() // fd 3, fd 4
 		cmd.Env = append(os.Environ(), e.workerEnv(spec)...)
 	}
-	cmd.Stdout = p.stdout
-	cmd.Stderr = p.stderr
-	cmd.WaitDelay = time.Second
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	p.cmd = cmd
-	err = cmd.Start()
-	pipes.CloseChildEnds()
-	if err != nil {
-		p.releaseOnce()
-		pipes.CloseParentEnds()
+	if err := p.Start(cmd, release, pipes); err != nil {
 		return nil, fmt.Errorf("python engine: starting %s: %w", interp, err)
 	}
-	p.pid = cmd.Process.Pid
-	p.timer = time.AfterFunc(time.Hour, p.onTimeout)
-	p.timer.Stop()
-	go p.wait()
-	if p.respRC, err = p.respR.SyscallConn(); err != nil {
+	if p.respRC, err = p.RespR.SyscallConn(); err != nil {
 		p.Retire()
 		return nil, fmt.Errorf("python engine: %w", err)
 	}
@@ -252,119 +195,15 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 }
 
 // workerEnv is what the worker gets of the environment: Config.Env and the
-// documented VIRTUFIN_WORKER_* variables (exec.Cmd keeps the last value of
-// a duplicated key).
-func (e *Engine) workerEnv(spec engines.Spec) []string {
-	env := append([]string{"LANG=C.UTF-8", "PATH=/usr/local/bin:/usr/bin:/bin"}, e.cfg.Env...)
-	return append(env,
-		"VIRTUFIN_WORKER_ID="+spec.WorkerID,
-		"VIRTUFIN_WORKER_GROUP="+spec.Group,
-		"VIRTUFIN_WORKER_TOPIC="+spec.Topic,
-	)
-}
-
-// wait reaps the process. Once the leader has exited (and before it is
-// reaped, so that its pid cannot be reused yet) the whole process group is
-// killed: processes the worker forked must not keep the protocol pipes open.
-func (p *proc) wait() {
-	if canWaitNoReap {
-		waitExitedNoReap(p.pid)
-		p.mu.Lock()
-		p.exited = true
-		syscall.Kill(-p.pid, syscall.SIGKILL)
-		p.mu.Unlock()
-		p.waitErr = p.cmd.Wait()
-	} else {
-		err := p.cmd.Wait()
-		p.mu.Lock()
-		p.exited = true
-		p.mu.Unlock()
-		p.waitErr = err
-	}
-	p.stdout.Flush()
-	p.stderr.Flush()
-	p.releaseOnce()
-	close(p.done)
-}
-
-// Kill SIGKILLs the runner's process group (the runner and anything it
-// started), unless the runner is already gone. Safe from any goroutine.
-func (p *proc) Kill() {
-	p.mu.Lock()
-	if !p.exited {
-		syscall.Kill(-p.pid, syscall.SIGKILL)
-	}
-	p.mu.Unlock()
-}
-
-func (p *proc) onTimeout() {
-	p.timedOut.Store(true)
-	p.Kill()
-}
-
-func (p *proc) onCancel() {
-	p.cancelled.Store(true)
-	p.Kill()
-}
-
-// CloseRequests closes the request pipe: the runner sees EOF and exits.
-func (p *proc) CloseRequests() {
-	if !p.reqClosed {
-		p.reqClosed = true
-		p.reqW.Close()
-	}
-}
-
-// Done is closed once the process is reaped.
-func (p *proc) Done() <-chan struct{} { return p.done }
-
-// Retire kills the process, reaps it and releases its descriptors. The
-// caller must own p (no round trip in progress).
-func (p *proc) Retire() {
-	p.timer.Stop()
-	p.Kill()
-	<-p.done
-	p.CloseRequests()
-	p.respR.Close()
-}
-
-// arm starts the deadline timer and ctx watch for a round trip: expiry or
-// cancellation kill the process, which ends a blocked read or write (EOF,
-// EPIPE). It returns false, doing nothing, when the deadline has passed
-// already. A successful arm must be followed by disarm.
-func (p *proc) arm(ctx context.Context, deadline time.Time) bool {
-	d := time.Until(deadline)
-	if d <= 0 {
-		return false
-	}
-	p.timer.Reset(d)
-	if ctx.Done() != nil {
-		p.stopCtx = context.AfterFunc(ctx, p.onCancel)
-	}
-	return true
-}
-
-// disarm stops what arm started. If the timer or ctx fired in the meantime,
-// timedOut or cancelled is set and the process is (being) killed.
-func (p *proc) disarm() {
-	p.timer.Stop()
-	if p.stopCtx != nil {
-		p.stopCtx()
-		p.stopCtx = nil
-	}
-}
-
-// healthy reports whether p can serve another call.
-func (p *proc) healthy() bool {
-	return !p.timedOut.Load() && !p.cancelled.Load()
-}
+// documented VIRTUFIN_WORKER_* variables.
+func (e *Engine) workerEnv(spec engines.Spec) []string { return childproc.Env(spec, e.cfg.Env) }
 
 // writeFrame fills in the length of the frame prepared in p.wbuf and writes
 // it with one write (barring short writes of big frames).
 func (p *proc) writeFrame() error {
 	b := p.wbuf.b
 	binary.LittleEndian.PutUint32(b, uint32(len(b)-headerSize))
-	_, err := p.reqW.Write(b)
+	_, err := p.ReqW.Write(b)
 	if errors.Is(err, syscall.EPIPE) {
 		return errProcessGone
 	}
@@ -508,9 +347,3 @@ func (p *proc) endSpin(spun bool) {
 }
 
 var _ io.Writer = (*frameBuf)(nil)
-
-func (p *proc) releaseOnce() {
-	if p.release != nil {
-		p.releaseDone.Do(p.release)
-	}
-}

@@ -17,6 +17,24 @@ import (
 	"github.com/virtufin/workmanager/engines"
 )
 
+// Frame kinds. A frame is a 4-byte little-endian payload length, the kind
+// byte and the payload.
+const (
+	KindLoad   = 'L' // node -> child: the code to load
+	KindEvent  = 'E' // node -> child: one CloudEvent, structured JSON
+	KindHello  = 'H' // child -> node: started; payload describes the runtime
+	KindOK     = 'K' // child -> node: code loaded
+	KindResult = 'R' // child -> node: JSON null, one event object or a list
+	KindError  = 'X' // child -> node: JSON {"type", "message", "traceback"}
+	// During an event: the worker calls a backend through the node.
+	KindGateway      = 'G' // child -> node: JSON {"service", "method"}, '\n', body
+	KindGatewayReply = 'g' // node -> child: 0 and the response, or 1 and an error
+
+	HeaderSize = 5
+	// MaxFrame bounds a frame's payload; a bigger length is a protocol error.
+	MaxFrame = 1 << 30
+)
+
 // Error is a failure reported for the worker's code: an exception it raised,
 // code that does not load, or outputs that cannot be sent. errors.Is matches
 // its Kind (engines.ErrInvalidCode or engines.ErrWorkerFailed); errors.As

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package python
+package childproc
 
 // canWaitNoReap is false: without waitid(WNOWAIT) the process group is only
 // killed while the leader is known to be alive.
