@@ -56,7 +56,7 @@ vet: $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp
 	$(TOOLS)/workflowcheck ./workflows/...
 
 build:
-	go build -o bin/ ./cmd/worker ./cmd/api ./cmd/native-host ./cmd/devstack
+	go build -o bin/ ./cmd/worker ./cmd/api ./cmd/native-host ./cmd/devstack ./cmd/wmctl
 
 # Debian packages, installed only when a command is missing.
 deps:

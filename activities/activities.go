@@ -60,10 +60,15 @@ type PrepareCodeInput struct {
 func (a *Activities) PrepareCode(ctx context.Context, in PrepareCodeInput) (catalog.CodeRef, error) {
 	var body []byte
 	var err error
-	switch in.Ref.SourceKind {
-	case "url":
+	switch {
+	case in.Ref.RollbackTo > 0:
+		// A rollback loads a version's code again from the code store.
+		if body, err = a.Catalog.GetCode(ctx, in.Ref.SHA256); errors.Is(err, state.ErrNotFound) {
+			err = fmt.Errorf("%w: the code of version %d (%s) is no longer stored", codesource.ErrInvalid, in.Ref.RollbackTo, in.Ref.SHA256)
+		}
+	case in.Ref.SourceKind == "url":
 		body, err = a.Fetcher.Fetch(ctx, in.Ref.URL, in.Ref.SHA256)
-	case "content":
+	case in.Ref.SourceKind == "content":
 		body, err = a.Catalog.GetStaged(ctx, in.Ref.SHA256)
 		if errors.Is(err, state.ErrNotFound) {
 			// Already moved by an earlier attempt of this activity?
@@ -78,7 +83,7 @@ func (a *Activities) PrepareCode(ctx context.Context, in PrepareCodeInput) (cata
 		return catalog.CodeRef{}, classify(err)
 	}
 	if err := a.Node.Check(ctx, in.Worker, body); err != nil {
-		if in.Ref.SourceKind == "content" {
+		if in.Ref.SourceKind == "content" && in.Ref.RollbackTo == 0 {
 			_ = a.Catalog.DeleteStaged(ctx, in.Ref.SHA256)
 		}
 		return catalog.CodeRef{}, classify(err)
@@ -90,7 +95,7 @@ func (a *Activities) PrepareCode(ctx context.Context, in PrepareCodeInput) (cata
 	// An unpinned URL (CODE_URL_ALLOW_UNPINNED) is pinned now: the version
 	// is what was fetched, stored under its SHA-256.
 	in.Ref.SHA256 = sha
-	if in.Ref.SourceKind == "content" {
+	if in.Ref.SourceKind == "content" && in.Ref.RollbackTo == 0 {
 		if err := a.Catalog.DeleteStaged(ctx, in.Ref.SHA256); err != nil {
 			return catalog.CodeRef{}, err
 		}

@@ -297,9 +297,17 @@ func (e *entity) withCode(ctx workflow.Context, ref catalog.CodeRef, version int
 	now := workflow.Now(ctx).UTC()
 	w := e.st.Worker
 	w.CodeVersion, w.CodeSHA256, w.UpdatedAt = version, ref.SHA256, now
+	action := catalog.HistoryLoadCode
+	switch {
+	case ref.RollbackTo > 0:
+		action = catalog.HistoryRollback
+	case version == 1:
+		action = catalog.HistoryCreate
+	}
 	return activities.ApplyInput{
-		Worker:  w,
-		History: &catalog.HistoryEntry{Version: version, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now},
+		Worker: w,
+		History: &catalog.HistoryEntry{Version: version, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now,
+			Actor: ref.Actor, Action: action, RollbackTo: ref.RollbackTo},
 	}, nil
 }
 

@@ -331,3 +331,40 @@ func (s *WorkerWorkflowSuite) TestRetryPolicyReachesTheRecord() {
 	s.Equal(5, next.State.Worker.MaxAttempts)
 	s.Equal(2*time.Second, next.State.Worker.RetryBackoff)
 }
+
+// A rollback is a load of an earlier version's code: a new version whose
+// history entry says which version it rolls back to and who asked.
+func (s *WorkerWorkflowSuite) TestRollbackRecordsWhatAndWho() {
+	applied := s.recordApplies()
+	var create, load, rollback updater
+	s.env.RegisterDelayedCallback(func() {
+		s.update(UpdateCreate, &create, CreateRequest{Ref: catalog.CodeRef{SHA256: sha1, SourceKind: "content", Actor: "alice"}})
+	}, time.Second)
+	s.env.RegisterDelayedCallback(func() {
+		s.update(UpdateLoadCode, &load, catalog.CodeRef{SHA256: sha2, SourceKind: "content", Actor: "bob"})
+	}, 2*time.Second)
+	s.env.RegisterDelayedCallback(func() {
+		s.update(UpdateLoadCode, &rollback, catalog.CodeRef{SHA256: sha1, SourceKind: "content", RollbackTo: 1, Actor: "carol"})
+	}, 3*time.Second)
+	s.env.RegisterDelayedCallback(func() { s.env.CancelWorkflow() }, 4*time.Second)
+	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: newWorker()}})
+	for _, u := range []*updater{&create, &load, &rollback} {
+		s.NoError(u.reject)
+		s.NoError(u.err)
+	}
+	w := rollback.result.(catalog.Worker)
+	s.Equal(int64(3), w.CodeVersion)
+	s.Equal(sha1, w.CodeSHA256)
+	s.Len(*applied, 3)
+	var got []catalog.HistoryEntry
+	for _, in := range *applied {
+		h := *in.History
+		h.CreatedAt = time.Time{}
+		got = append(got, h)
+	}
+	s.Equal([]catalog.HistoryEntry{
+		{Version: 1, SHA256: sha1, SourceKind: "content", Actor: "alice", Action: catalog.HistoryCreate},
+		{Version: 2, SHA256: sha2, SourceKind: "content", Actor: "bob", Action: catalog.HistoryLoadCode},
+		{Version: 3, SHA256: sha1, SourceKind: "content", Actor: "carol", Action: catalog.HistoryRollback, RollbackTo: 1},
+	}, got)
+}

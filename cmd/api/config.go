@@ -52,6 +52,10 @@ type config struct {
 	// CodeURLs are the rules URL code sources are checked against at
 	// CreateWorker and LoadCode (CODE_URL_*, as on the nodes).
 	CodeURLs codesource.Policy
+	// CodeGCGrace is how long a code blob no worker references any more
+	// is kept (a rollback or a create of the same code within it finds it)
+	// before the API collects it: CODE_GC_GRACE, 0 never.
+	CodeGCGrace time.Duration
 }
 
 func loadConfig() (config, error) {
@@ -63,6 +67,7 @@ func loadConfig() (config, error) {
 		ContinueAsNewAfter: r.Int("WORKMANAGER_CONTINUE_AS_NEW_AFTER", 0),
 		PubSub:             r.String("DAPR_PUBSUB", "pubsub"),
 		DeliveryRecordTTL:  r.Duration("DELIVERY_RECORD_TTL", 24*time.Hour),
+		CodeGCGrace:        r.Duration("CODE_GC_GRACE", 24*time.Hour),
 		LogLevel:           r.LogLevel("LOG_LEVEL"),
 		RateLimit:          r.Float("API_RATE_LIMIT", 50),
 		RateBurst:          r.Int("API_RATE_BURST", 100),
@@ -106,6 +111,8 @@ func (c config) validate() error {
 		return fmt.Errorf("WORKMANAGER_OPERATION_TIMEOUT must be positive, got %s", c.OperationTimeout)
 	case c.PubSub == "":
 		return fmt.Errorf("DAPR_PUBSUB must not be empty")
+	case c.CodeGCGrace < 0:
+		return fmt.Errorf("CODE_GC_GRACE must be 0 (never collect) or positive, got %s", c.CodeGCGrace)
 	case c.DeliveryRecordTTL < time.Minute:
 		return fmt.Errorf("DELIVERY_RECORD_TTL must be at least 1m (as on the nodes), got %s", c.DeliveryRecordTTL)
 	case c.MaxCodeBytes < 1 || c.MaxCodeBytes > codesource.MaxSize:

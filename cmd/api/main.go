@@ -48,6 +48,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	daprClient := dapr.NewClientWithConnection(conn)
 	store := state.NewDaprStore(daprClient, cfg.StateStore)
 	cat := catalog.New(store)
+	go cat.SweepLoop(ctx, log, cfg.CodeGCGrace)
 	tc, err := client.DialContext(ctx, client.Options{HostPort: cfg.TemporalAddress, Namespace: cfg.TemporalNamespace,
 		Logger: tlog.NewStructuredLogger(log.With("component", "temporal"))})
 	if err != nil {

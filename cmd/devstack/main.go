@@ -79,6 +79,14 @@ func run(o devstack.Options, bins, apiAddr, apiHealthAddr, nodeAddr string, mtls
 	if mtls {
 		grpcurlTransport = "-cacert " + relOrAbs(certs.CA)
 	}
+	// wmctl reads .run/dev-token of the working directory by itself.
+	wmctl := relOrAbs(filepath.Join(bins, "wmctl")) + " --addr " + apiAddr
+	if tok := relOrAbs(filepath.Join(o.Dir, "dev-token")); tok != filepath.Join(".run", "dev-token") {
+		wmctl += " --token-file " + tok
+	}
+	if mtls {
+		wmctl += " --ca " + relOrAbs(certs.CA)
+	}
 	api, err := s.StartAPI(filepath.Join(bins, "api"), apiAddr, apiEnv...)
 	if err != nil {
 		return err
@@ -95,6 +103,7 @@ func run(o devstack.Options, bins, apiAddr, apiHealthAddr, nodeAddr string, mtls
 WorkManager is running (data and logs in %s):
   control API (gRPC)   %s        needs a bearer token: the dev token (admin, default tenant) is in %s
                        .tools/bin/grpcurl %s -H "authorization: Bearer $(cat %s)" %s list
+                       %s list      (the CLI, cmd/wmctl/README.md; events: add 'events --follow --dapr %s')
   API health           http://%s/health   (authentication mode, Temporal, state store)
   node health          http://%s/health   (/healthz, /readyz)
   Temporal frontend    %s
@@ -102,7 +111,7 @@ WorkManager is running (data and logs in %s):
   daprd gRPC / HTTP    %s / %s
   Redis                %s
 Press Ctrl-C to stop; 'make run' again resumes with the same workers.
-`, o.Dir, apiAddr, filepath.Join(o.Dir, "dev-token"), grpcurlTransport, relOrAbs(filepath.Join(o.Dir, "dev-token")), apiAddr, apiHealthAddr, nodeAddr, s.TemporalAddr, s.UIURL, s.DaprGRPCAddr, s.DaprHTTPAddr, s.RedisAddr)
+`, o.Dir, apiAddr, filepath.Join(o.Dir, "dev-token"), grpcurlTransport, relOrAbs(filepath.Join(o.Dir, "dev-token")), apiAddr, wmctl, s.DaprGRPCAddr, apiHealthAddr, nodeAddr, s.TemporalAddr, s.UIURL, s.DaprGRPCAddr, s.DaprHTTPAddr, s.RedisAddr)
 	if mtls {
 		fmt.Printf(`  The API serves TLS and takes client certificates (dev CA and certificates in %s):
                        .tools/bin/grpcurl -cacert %s -cert %s -key %s %s list

@@ -161,3 +161,55 @@ func TestCompileErrorNamesLineAndColumn(t *testing.T) {
 		t.Fatalf("err = %v, want Worker.cs:9:4: error CS1525", err)
 	}
 }
+
+func TestNoRuntimeSaysWhatWasSearched(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	e := New(Config{CacheDir: t.TempDir(), Compiler: "/nonexistent/mcs"})
+	err := e.Check(context.Background(), engines.Spec{WorkerID: "w", MIMEType: MIMESource}, fixture(t, "echo"))
+	if !errors.Is(err, ErrNoRuntime) {
+		t.Fatalf("err = %v, want ErrNoRuntime", err)
+	}
+	for _, want := range []string{"mono-runtime", "/nonexistent/mcs (configured; not an executable file)", "mono on PATH"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("err = %v, want it to name %q", err, want)
+		}
+	}
+	if _, err := e.Warm(context.Background()); !errors.Is(err, ErrNoRuntime) {
+		t.Fatalf("Warm: %v", err)
+	}
+}
+
+func TestPackageErrors(t *testing.T) {
+	e := newTestEngine(t, Config{})
+	echo := buildPackage(t, e, "Echo", "", fixture(t, "echo"))
+	for name, tc := range map[string]struct {
+		code []byte
+		want string
+	}{
+		"empty":       {nil, "the package is empty"},
+		"not a zip":   {[]byte("hello"), "neither a .NET assembly nor a valid zip"},
+		"no lib":      {zipFiles(t, map[string]string{"Echo.dll": string(echo)}), "no lib/<tfm>/ folder"},
+		"net8 only":   {zipFiles(t, map[string]string{"lib/net8.0/Echo.dll": string(echo)}), "targets lib/net8.0 only"},
+		"unsafe name": {zipFiles(t, map[string]string{"lib/net48/../../x.dll": string(echo)}), "unsafe name"},
+		"no dll":      {zipFiles(t, map[string]string{"lib/net48/readme.txt": "hi"}), "holds no worker assembly"},
+		"not .NET":    {zipFiles(t, map[string]string{"lib/net48/Echo.dll": "MZ but not really"}), "not a .NET assembly this runtime can load"},
+		"no worker":   {buildPackage(t, e, "None2", "net48", []byte("public class Nothing { }")), "defines no public, non-abstract class"},
+		"two workers": {buildPackage(t, e, "Two", "netstandard2.0", append(fixture(t, "echo"), []byte("\npublic class Echo2 : Echo { }\n")...)), "several worker classes (Echo, Echo2)"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := e.Check(context.Background(), engines.Spec{WorkerID: "w", MIMEType: MIMEPackage}, tc.code)
+			if !errors.Is(err, engines.ErrInvalidCode) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want ErrInvalidCode with %q", err, tc.want)
+			}
+		})
+	}
+	// The best folder Mono can load wins; a bare DLL works too.
+	for _, code := range [][]byte{
+		zipFiles(t, map[string]string{"lib/net8.0/Echo.dll": "not loadable", "lib/net472/Echo.dll": string(echo), "lib/netstandard2.0/Echo.dll": "x"}),
+		echo,
+	} {
+		if err := e.Check(context.Background(), engines.Spec{WorkerID: "w", MIMEType: MIMEPackage}, code); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

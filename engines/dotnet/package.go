@@ -40,18 +40,22 @@ func tfmRank(tfm string) int {
 	if m == nil || m[5] != "" {
 		return 0
 	}
-	major, _ := strconv.Atoi(m[2])
-	minor, _ := strconv.Atoi(m[3])
 	switch m[1] {
 	case "net":
-		if m[3] == "" && major >= 20 && major <= 48 { // net45, net472, net48
-			return 1000 + major
+		// .NET Framework monikers have no dot: net45, net472, net48 (and
+		// net20, net35, net40); net5.0 and later do.
+		digits := m[2]
+		if m[3] != "" || len(digits) < 2 || digits[0] < '2' || digits[0] > '4' {
+			return 0
 		}
-		if major == 4 { // net4.8 spelled with a dot
-			return 1040 + minor
+		for len(digits) < 3 {
+			digits += "0"
 		}
-		return 0 // net5.0 and later
+		v, _ := strconv.Atoi(digits[:3])
+		return 1000 + v
 	case "netstandard":
+		major, _ := strconv.Atoi(m[2])
+		minor, _ := strconv.Atoi(m[3])
 		if major == 2 {
 			return 500 + minor
 		}

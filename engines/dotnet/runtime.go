@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -81,12 +80,12 @@ func discover(mono, mcs string) (*runtime, error) {
 	} else if rt.mcs == "" {
 		missing = "the Mono runtime (mono) and C# compiler (mcs)"
 	}
-	msg := fmt.Sprintf("%s: this engine runs .NET workers on %s (Debian packages mono-runtime, mono-mcs and mono-devel; `make test` and `make run` install them); searched: %s",
-		ErrNoRuntime.Error(), missing, strings.Join(tried, ", "))
+	msg := fmt.Sprintf("this engine runs .NET workers on %s (Debian packages mono-runtime, mono-mcs and mono-devel; `make test` and `make run` install them); searched: %s",
+		missing, strings.Join(tried, ", "))
 	if core := coreCLR(); core != "" {
 		msg += "; found CoreCLR at " + core + ", which this build does not host (see engines/dotnet/README.md)"
 	}
-	return nil, fmt.Errorf("dotnet engine: %w", errors.Join(ErrNoRuntime, errors.New(msg)))
+	return nil, fmt.Errorf("dotnet engine: %w: %s", ErrNoRuntime, msg)
 }
 
 // coreCLR returns where a dotnet host is installed, if anywhere.

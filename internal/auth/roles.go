@@ -12,6 +12,7 @@ var MethodRoles = map[string]Role{
 	"/workmanager.v1.WorkManagerService/ListDeadLetters":   RoleReader,
 	"/workmanager.v1.WorkManagerService/CreateWorker":      RoleOperator,
 	"/workmanager.v1.WorkManagerService/LoadCode":          RoleOperator,
+	"/workmanager.v1.WorkManagerService/RollbackWorker":    RoleOperator,
 	"/workmanager.v1.WorkManagerService/StartWorker":       RoleOperator,
 	"/workmanager.v1.WorkManagerService/StopWorker":        RoleOperator,
 	"/workmanager.v1.WorkManagerService/DeleteWorker":      RoleOperator,

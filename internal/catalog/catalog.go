@@ -79,6 +79,12 @@ type CodeRef struct {
 	// SourceKind is "content" or "url".
 	SourceKind string `json:"source_kind"`
 	URL        string `json:"url,omitempty"`
+	// RollbackTo, when set, is the version whose code this ref loads again:
+	// the code is read from the code store by SHA256 (SourceKind and URL
+	// are that version's).
+	RollbackTo int64 `json:"rollback_to,omitempty"`
+	// Actor is who asked for the change (the caller's identity).
+	Actor string `json:"actor,omitempty"`
 }
 
 // HistoryEntry is one code load.
@@ -88,7 +94,22 @@ type HistoryEntry struct {
 	SourceKind string    `json:"source_kind"`
 	URL        string    `json:"url,omitempty"`
 	CreatedAt  time.Time `json:"created_at"`
+	// Actor is who made the change; empty in entries written before
+	// identities were recorded.
+	Actor string `json:"actor,omitempty"`
+	// Action is HistoryCreate, HistoryLoadCode or HistoryRollback (empty in
+	// older entries: a create for version 1, a load otherwise).
+	Action string `json:"action,omitempty"`
+	// RollbackTo is, for a rollback, the version whose code it loads again.
+	RollbackTo int64 `json:"rollback_to,omitempty"`
 }
+
+// History actions.
+const (
+	HistoryCreate   = "create"
+	HistoryLoadCode = "load_code"
+	HistoryRollback = "rollback"
+)
 
 // ErrNotFound: no such worker.
 var ErrNotFound = errors.New("worker not found")
@@ -171,8 +192,14 @@ func (c *Catalog) GetWorker(ctx context.Context, id string) (Worker, error) {
 }
 
 // DeleteWorker removes the record, its history and its index entry. Code
-// blobs are content-addressed and may be shared, so they stay.
+// blobs are content-addressed and may be shared: the worker's become
+// candidates for SweepCode, which deletes those no history names any more
+// once a grace period has passed.
 func (c *Catalog) DeleteWorker(ctx context.Context, id string) error {
+	history, err := c.History(ctx, id)
+	if err != nil {
+		return err
+	}
 	if err := c.updateIndex(ctx, indexPage(id), func(ids []string) ([]string, bool) {
 		i := slices.Index(ids, id)
 		if i < 0 {
@@ -185,7 +212,10 @@ func (c *Catalog) DeleteWorker(ctx context.Context, id string) error {
 	if err := c.store.Delete(ctx, historyKey(id), ""); err != nil {
 		return err
 	}
-	return c.store.Delete(ctx, workerKey(id), "")
+	if err := c.store.Delete(ctx, workerKey(id), ""); err != nil {
+		return err
+	}
+	return c.orphanCode(ctx, history)
 }
 
 // ListWorkers returns every worker in the index, oldest first.
@@ -292,7 +322,8 @@ func (c *Catalog) AppendHistory(ctx context.Context, id string, e HistoryEntry) 
 }
 
 func sameEntry(a, b HistoryEntry) bool {
-	return a.Version == b.Version && a.SHA256 == b.SHA256 && a.SourceKind == b.SourceKind && a.URL == b.URL && a.CreatedAt.Equal(b.CreatedAt)
+	return a.Version == b.Version && a.SHA256 == b.SHA256 && a.SourceKind == b.SourceKind && a.URL == b.URL && a.CreatedAt.Equal(b.CreatedAt) &&
+		a.Actor == b.Actor && a.Action == b.Action && a.RollbackTo == b.RollbackTo
 }
 
 // History returns the code loads of a worker, oldest first.
@@ -311,10 +342,14 @@ func (c *Catalog) updateIndex(ctx context.Context, page int, change func([]strin
 	})
 }
 
-// PutCode stores a code body under its SHA-256 (idempotent).
+// PutCode stores a code body under its SHA-256 (idempotent). A blob that
+// was waiting to be collected is kept: it is about to be referenced again.
 func (c *Catalog) PutCode(ctx context.Context, body []byte) (string, error) {
 	sha := SHA256(body)
-	return sha, c.store.Put(ctx, codePrefix+sha, body, state.PutOptions{})
+	if err := c.store.Put(ctx, codePrefix+sha, body, state.PutOptions{}); err != nil {
+		return sha, err
+	}
+	return sha, c.unorphan(ctx, sha)
 }
 
 // GetCode returns the body stored under sha, verifying it.

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -120,6 +121,7 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 	if err != nil {
 		return nil, err
 	}
+	ref.Actor = p.Subject
 	w := catalog.Worker{ID: tenant.WorkerID(p.Tenant, uuid.New()), Tenant: p.Tenant, TopicPrefix: prefix, MIMEType: req.GetMimeType(), Topic: req.GetTopic(), Group: req.GetGroup(), Status: catalog.StatusStopped,
 		MaxAttempts: int(rp.GetMaxAttempts()), RetryBackoff: time.Duration(rp.GetBackoffMs()) * time.Millisecond,
 		Name: name, RequestID: rid, AllowedOutputs: req.GetAllowedOutputTopics(), GatewayTargets: req.GetAllowedGatewayTargets()}
@@ -166,7 +168,41 @@ func (s *Server) LoadCode(ctx context.Context, req *pb.LoadCodeRequest) (*pb.Wor
 	if err != nil {
 		return nil, err
 	}
+	ref.Actor = caller(ctx).Subject
 	return s.update(ctx, id, workflows.UpdateLoadCode, ref)
+}
+
+// RollbackWorker implements pb.WorkManagerServiceServer: it loads the code
+// of an earlier history version again, as a new version (a LoadCode whose
+// code comes from the content-addressed store).
+func (s *Server) RollbackWorker(ctx context.Context, req *pb.RollbackWorkerRequest) (*pb.Worker, error) {
+	id, display, err := resolve(ctx, req.GetWorkerId())
+	if err != nil {
+		return nil, err
+	}
+	if req.GetVersion() <= 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "version must be a history version (1 or more), got %d", req.GetVersion())
+	}
+	if _, err := s.state(ctx, id); err != nil {
+		return nil, named(err, display)
+	}
+	entries, err := s.catalog.History(ctx, id)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "reading the history of %s: %v", display, err)
+	}
+	i := slices.IndexFunc(entries, func(e catalog.HistoryEntry) bool { return e.Version == req.GetVersion() })
+	if i < 0 {
+		versions := make([]string, 0, len(entries))
+		for _, e := range entries {
+			versions = append(versions, strconv.FormatInt(e.Version, 10))
+		}
+		return nil, status.Errorf(codes.NotFound, "worker %s has no version %d (its versions: %s)", display, req.GetVersion(), strings.Join(versions, ", "))
+	}
+	e := entries[i]
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return s.update(ctx, id, workflows.UpdateLoadCode, catalog.CodeRef{SHA256: e.SHA256, SourceKind: e.SourceKind, URL: e.URL,
+		RollbackTo: e.Version, Actor: caller(ctx).Subject})
 }
 
 // DeleteWorker implements pb.WorkManagerServiceServer.
@@ -260,8 +296,15 @@ func (s *Server) GetWorkerHistory(ctx context.Context, req *pb.GetWorkerHistoryR
 	}
 	out := &pb.GetWorkerHistoryResponse{}
 	for _, e := range entries {
+		action := e.Action
+		if action == "" { // entries from before actions were recorded
+			action = catalog.HistoryLoadCode
+			if e.Version == 1 {
+				action = catalog.HistoryCreate
+			}
+		}
 		out.Entries = append(out.Entries, &pb.HistoryEntry{Version: e.Version, Sha256: e.SHA256, SourceKind: e.SourceKind,
-			Url: e.URL, CreatedAt: timestamppb.New(e.CreatedAt)})
+			Url: e.URL, CreatedAt: timestamppb.New(e.CreatedAt), Actor: e.Actor, Action: action, RollbackTo: e.RollbackTo})
 	}
 	return out, nil
 }

@@ -6,6 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/virtufin/workmanager/internal/devstack"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	dotnetdevkit "github.com/virtufin/workmanager/sdk/dotnet"
@@ -86,6 +90,27 @@ namespace Acme.Calc
 }
 `
 
+// dotnetQuoteWorker is a DevKit ApiCommandWorker whose gateway call reaches
+// the "pricing" backend through the node (Dapr service invocation).
+const dotnetQuoteWorker = `using System;
+using System.Threading.Tasks;
+using Virtufin.Worker;
+using Virtufin.Worker.Json;
+
+public enum QuoteCommand { Quote }
+
+public sealed class Quotes : ApiCommandWorker<QuoteCommand>
+{
+    public Quotes() : base(%q) { }
+
+    protected override async Task<CloudEvent> HandleAsync(CloudEvent input, QuoteCommand command, JsonNode payload)
+    {
+        var quote = await Api.CallAsync("pricing", "quote", new JsonObject { ["sku"] = payload["sku"].DeepClone() });
+        return Response(input, new JsonObject { ["quote"] = quote });
+    }
+}
+`
+
 // dotnetPackage compiles the DevKit and src with mcs, as a worker author
 // would, and packs the worker DLL as a nupkg (lib/net48/).
 func dotnetPackage(t *testing.T, id, src string) []byte {
@@ -140,8 +165,15 @@ func dotnetPackage(t *testing.T, id, src string) []byte {
 // compile error names its line; a throwing worker yields worker.error; a
 // worker that ends its host is restarted and the node keeps serving.
 func TestDotnetWorkers(t *testing.T) {
-	e := newEnv(t, "")
-	srcIn, pkgIn, out := topicName(t, "src"), topicName(t, "pkg"), topicName(t, "out")
+	var quotes atomic.Int32
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		quotes.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, `{"path":%q,"request":%s,"price":42}`, r.URL.Path, body)
+	}))
+	defer backend.Close()
+	e := newEnvWith(t, envConfig{resources: map[string]string{"pricing.yaml": devstack.HTTPEndpoint("pricing", backend.URL)}})
+	srcIn, pkgIn, apiIn, out := topicName(t, "src"), topicName(t, "pkg"), topicName(t, "api"), topicName(t, "out")
 	outs := e.subscribe(out)
 	errOuts := collectFrom(e.subscribe(out + ".error"))
 
@@ -159,7 +191,9 @@ func TestDotnetWorkers(t *testing.T) {
 	srcID := e.createWith(t, &pb.CreateWorkerRequest{MimeType: "text/x-csharp", Topic: srcIn, Code: pyCode(csharpWorker(out, "v1"))})
 	pkgID := e.createWith(t, &pb.CreateWorkerRequest{MimeType: "application/x-dotnet-dll", Topic: pkgIn,
 		Code: pyCode(dotnetPackage(t, "Acme.Calc", fmt.Sprintf(dotnetCommandWorker, out)))})
-	for _, id := range []string{srcID, pkgID} {
+	apiID := e.createWith(t, &pb.CreateWorkerRequest{MimeType: "text/x-csharp", Topic: apiIn,
+		Code: pyCode([]byte(fmt.Sprintf(dotnetQuoteWorker, out))), AllowedGatewayTargets: []string{"pricing/*"}})
+	for _, id := range []string{srcID, pkgID, apiID} {
 		if _, err := e.client.StartWorker(ctxT(t), &pb.StartWorkerRequest{WorkerId: id}); err != nil {
 			t.Fatal(err)
 		}
@@ -178,6 +212,21 @@ func TestDotnetWorkers(t *testing.T) {
 	var sum struct{ Sum int }
 	if err := json.Unmarshal(ev.Data(), &sum); err != nil || sum.Sum != 42 || ev.Extensions()["correlationid"] != "corr-p" || ev.Source() != "urn:acme:calc" {
 		t.Fatalf("DLL output %s %v %s: %v", ev.Data(), ev.Extensions(), ev.Source(), err)
+	}
+	// A gateway call from C# reaches the backend through Dapr.
+	e.publishEvent(apiIn, map[string]any{"id": "a-quote", "type": "quote", "correlationid": "corr-a",
+		"datacontenttype": "application/json", "data": map[string]any{"command": "quote", "sku": "abc"}})
+	ev = expectEvent(t, outs, 30*time.Second)
+	var q struct {
+		Quote struct {
+			Path    string
+			Price   int
+			Request map[string]any
+		}
+	}
+	if err := json.Unmarshal(ev.Data(), &q); err != nil || q.Quote.Price != 42 || q.Quote.Path != "/quote" ||
+		q.Quote.Request["sku"] != "abc" || ev.Extensions()["correlationid"] != "corr-a" || quotes.Load() != 1 {
+		t.Fatalf("gateway output %s %v (backend calls %d): %v", ev.Data(), ev.Extensions(), quotes.Load(), err)
 	}
 	e.publishEvent(pkgIn, map[string]any{"id": "p-mul", "type": "calc", "datacontenttype": "application/json", "data": map[string]any{"command": "mul"}})
 	waitFor(t, 30*time.Second, "the unknown command's error response", func() bool { return errOuts.distinct() == 1 })

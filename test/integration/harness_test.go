@@ -75,14 +75,15 @@ func repoRoot() string {
 	return filepath.Join(wd, "..", "..")
 }
 
-// buildBinaries builds cmd/worker and cmd/api once per test binary.
+// buildBinaries builds cmd/worker, cmd/api, cmd/native-host and cmd/wmctl
+// once per test binary.
 func buildBinaries(t testing.TB) string {
 	buildOnce.Do(func() {
 		binDir, buildErr = os.MkdirTemp("", "wm-bin-")
 		if buildErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", binDir, "./cmd/worker", "./cmd/api", "./cmd/native-host")
+		cmd := exec.Command("go", "build", "-o", binDir, "./cmd/worker", "./cmd/api", "./cmd/native-host", "./cmd/wmctl")
 		cmd.Dir = repoRoot()
 		out, err := cmd.CombinedOutput()
 		if err != nil {

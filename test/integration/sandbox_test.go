@@ -118,7 +118,13 @@ def process(event):
 	}
 
 	// The forged lifecycle event went nowhere but to the dead letters.
-	dl, err := e.client.ListDeadLetters(ctxT(t), &pb.ListDeadLettersRequest{WorkerId: escaper})
+	// (The dead letter is stored after the attempt's log line and the
+	// other outputs: wait for it.)
+	var dl *pb.ListDeadLettersResponse
+	waitFor(t, 20*time.Second, "the escaper's dead letter", func() bool {
+		dl, err = e.client.ListDeadLetters(ctxT(t), &pb.ListDeadLettersRequest{WorkerId: escaper})
+		return err != nil || len(dl.GetDeadLetters()) > 0
+	})
 	if err != nil || len(dl.GetDeadLetters()) != 1 || dl.GetDeadLetters()[0].GetReason() != "output_policy" ||
 		!strings.Contains(dl.GetDeadLetters()[0].GetError(), `topic "workmanager.lifecycle" is reserved`) {
 		t.Fatalf("dead letters of the escaper: %v %v", dl, err)

@@ -820,6 +820,59 @@ func (x *LoadCodeRequest) GetCode() *CodeSource {
 	return nil
 }
 
+type RollbackWorkerRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// The history version whose code to load again.
+	Version       int64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RollbackWorkerRequest) Reset() {
+	*x = RollbackWorkerRequest{}
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RollbackWorkerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RollbackWorkerRequest) ProtoMessage() {}
+
+func (x *RollbackWorkerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RollbackWorkerRequest.ProtoReflect.Descriptor instead.
+func (*RollbackWorkerRequest) Descriptor() ([]byte, []int) {
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RollbackWorkerRequest) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *RollbackWorkerRequest) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
 type GetWorkerRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
@@ -829,7 +882,7 @@ type GetWorkerRequest struct {
 
 func (x *GetWorkerRequest) Reset() {
 	*x = GetWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -841,7 +894,7 @@ func (x *GetWorkerRequest) String() string {
 func (*GetWorkerRequest) ProtoMessage() {}
 
 func (x *GetWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -854,7 +907,7 @@ func (x *GetWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{11}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetWorkerRequest) GetWorkerId() string {
@@ -876,7 +929,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +941,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +954,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{12}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListWorkersRequest) GetPageSize() int32 {
@@ -930,7 +983,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +995,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1008,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{13}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -981,7 +1034,7 @@ type GetWorkerHistoryRequest struct {
 
 func (x *GetWorkerHistoryRequest) Reset() {
 	*x = GetWorkerHistoryRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -993,7 +1046,7 @@ func (x *GetWorkerHistoryRequest) String() string {
 func (*GetWorkerHistoryRequest) ProtoMessage() {}
 
 func (x *GetWorkerHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1059,7 @@ func (x *GetWorkerHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerHistoryRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkerHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{14}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetWorkerHistoryRequest) GetWorkerId() string {
@@ -1021,16 +1074,24 @@ type HistoryEntry struct {
 	Version int64                  `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
 	Sha256  string                 `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
 	// "content" or "url".
-	SourceKind    string                 `protobuf:"bytes,3,opt,name=source_kind,json=sourceKind,proto3" json:"source_kind,omitempty"`
-	Url           string                 `protobuf:"bytes,4,opt,name=url,proto3" json:"url,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	SourceKind string                 `protobuf:"bytes,3,opt,name=source_kind,json=sourceKind,proto3" json:"source_kind,omitempty"`
+	Url        string                 `protobuf:"bytes,4,opt,name=url,proto3" json:"url,omitempty"`
+	CreatedAt  *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// Who made the change: the caller's identity (its token's subject or its
+	// certificate's name); empty for entries from before identities were
+	// recorded.
+	Actor string `protobuf:"bytes,6,opt,name=actor,proto3" json:"actor,omitempty"`
+	// What the change was: "create", "load_code" or "rollback".
+	Action string `protobuf:"bytes,7,opt,name=action,proto3" json:"action,omitempty"`
+	// For a rollback: the version whose code this entry loads again.
+	RollbackTo    int64 `protobuf:"varint,8,opt,name=rollback_to,json=rollbackTo,proto3" json:"rollback_to,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HistoryEntry) Reset() {
 	*x = HistoryEntry{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1103,7 @@ func (x *HistoryEntry) String() string {
 func (*HistoryEntry) ProtoMessage() {}
 
 func (x *HistoryEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1116,7 @@ func (x *HistoryEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryEntry.ProtoReflect.Descriptor instead.
 func (*HistoryEntry) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{15}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HistoryEntry) GetVersion() int64 {
@@ -1093,6 +1154,27 @@ func (x *HistoryEntry) GetCreatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *HistoryEntry) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *HistoryEntry) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *HistoryEntry) GetRollbackTo() int64 {
+	if x != nil {
+		return x.RollbackTo
+	}
+	return 0
+}
+
 type GetWorkerHistoryResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Entries       []*HistoryEntry        `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
@@ -1102,7 +1184,7 @@ type GetWorkerHistoryResponse struct {
 
 func (x *GetWorkerHistoryResponse) Reset() {
 	*x = GetWorkerHistoryResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1114,7 +1196,7 @@ func (x *GetWorkerHistoryResponse) String() string {
 func (*GetWorkerHistoryResponse) ProtoMessage() {}
 
 func (x *GetWorkerHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1127,7 +1209,7 @@ func (x *GetWorkerHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerHistoryResponse.ProtoReflect.Descriptor instead.
 func (*GetWorkerHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{16}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetWorkerHistoryResponse) GetEntries() []*HistoryEntry {
@@ -1145,7 +1227,7 @@ type RecoverWorkersRequest struct {
 
 func (x *RecoverWorkersRequest) Reset() {
 	*x = RecoverWorkersRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1157,7 +1239,7 @@ func (x *RecoverWorkersRequest) String() string {
 func (*RecoverWorkersRequest) ProtoMessage() {}
 
 func (x *RecoverWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1170,7 +1252,7 @@ func (x *RecoverWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverWorkersRequest.ProtoReflect.Descriptor instead.
 func (*RecoverWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{17}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{18}
 }
 
 type RecoverWorkersResponse struct {
@@ -1183,7 +1265,7 @@ type RecoverWorkersResponse struct {
 
 func (x *RecoverWorkersResponse) Reset() {
 	*x = RecoverWorkersResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[18]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +1277,7 @@ func (x *RecoverWorkersResponse) String() string {
 func (*RecoverWorkersResponse) ProtoMessage() {}
 
 func (x *RecoverWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[18]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1208,7 +1290,7 @@ func (x *RecoverWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverWorkersResponse.ProtoReflect.Descriptor instead.
 func (*RecoverWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{18}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RecoverWorkersResponse) GetRecovered() int32 {
@@ -1239,7 +1321,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[19]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1251,7 +1333,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[19]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1264,7 +1346,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{19}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListDeadLettersRequest) GetWorkerId() string {
@@ -1311,7 +1393,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[20]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1323,7 +1405,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[20]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1336,7 +1418,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{20}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeadLetter) GetWorkerId() string {
@@ -1404,7 +1486,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[21]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1416,7 +1498,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[21]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1429,7 +1511,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{21}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -1457,7 +1539,7 @@ type ReplayDeadLettersRequest struct {
 
 func (x *ReplayDeadLettersRequest) Reset() {
 	*x = ReplayDeadLettersRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[22]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1551,7 @@ func (x *ReplayDeadLettersRequest) String() string {
 func (*ReplayDeadLettersRequest) ProtoMessage() {}
 
 func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[22]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,7 +1564,7 @@ func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{22}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReplayDeadLettersRequest) GetWorkerId() string {
@@ -1534,7 +1616,7 @@ type ReplayDeadLettersResponse struct {
 
 func (x *ReplayDeadLettersResponse) Reset() {
 	*x = ReplayDeadLettersResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[23]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1546,7 +1628,7 @@ func (x *ReplayDeadLettersResponse) String() string {
 func (*ReplayDeadLettersResponse) ProtoMessage() {}
 
 func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[23]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1559,7 +1641,7 @@ func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{23}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReplayDeadLettersResponse) GetReplayed() int32 {
@@ -1641,7 +1723,10 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x14DeleteWorkerResponse\"^\n" +
 	"\x0fLoadCodeRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12.\n" +
-	"\x04code\x18\x02 \x01(\v2\x1a.workmanager.v1.CodeSourceR\x04code\"/\n" +
+	"\x04code\x18\x02 \x01(\v2\x1a.workmanager.v1.CodeSourceR\x04code\"N\n" +
+	"\x15RollbackWorkerRequest\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x03R\aversion\"/\n" +
 	"\x10GetWorkerRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"P\n" +
 	"\x12ListWorkersRequest\x12\x1b\n" +
@@ -1652,7 +1737,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\aworkers\x18\x01 \x03(\v2\x16.workmanager.v1.WorkerR\aworkers\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"6\n" +
 	"\x17GetWorkerHistoryRequest\x12\x1b\n" +
-	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"\xae\x01\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"\xfd\x01\n" +
 	"\fHistoryEntry\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x03R\aversion\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x1f\n" +
@@ -1660,7 +1745,11 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"sourceKind\x12\x10\n" +
 	"\x03url\x18\x04 \x01(\tR\x03url\x129\n" +
 	"\n" +
-	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"R\n" +
+	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x14\n" +
+	"\x05actor\x18\x06 \x01(\tR\x05actor\x12\x16\n" +
+	"\x06action\x18\a \x01(\tR\x06action\x12\x1f\n" +
+	"\vrollback_to\x18\b \x01(\x03R\n" +
+	"rollbackTo\"R\n" +
 	"\x18GetWorkerHistoryResponse\x126\n" +
 	"\aentries\x18\x01 \x03(\v2\x1c.workmanager.v1.HistoryEntryR\aentries\"\x17\n" +
 	"\x15RecoverWorkersRequest\"N\n" +
@@ -1696,14 +1785,15 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\fWorkerStatus\x12\x1d\n" +
 	"\x19WORKER_STATUS_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15WORKER_STATUS_STOPPED\x10\x01\x12\x19\n" +
-	"\x15WORKER_STATUS_RUNNING\x10\x022\xd8\a\n" +
+	"\x15WORKER_STATUS_RUNNING\x10\x022\xa9\b\n" +
 	"\x12WorkManagerService\x12Y\n" +
 	"\fCreateWorker\x12#.workmanager.v1.CreateWorkerRequest\x1a$.workmanager.v1.CreateWorkerResponse\x12I\n" +
 	"\vStartWorker\x12\".workmanager.v1.StartWorkerRequest\x1a\x16.workmanager.v1.Worker\x12G\n" +
 	"\n" +
 	"StopWorker\x12!.workmanager.v1.StopWorkerRequest\x1a\x16.workmanager.v1.Worker\x12Y\n" +
 	"\fDeleteWorker\x12#.workmanager.v1.DeleteWorkerRequest\x1a$.workmanager.v1.DeleteWorkerResponse\x12C\n" +
-	"\bLoadCode\x12\x1f.workmanager.v1.LoadCodeRequest\x1a\x16.workmanager.v1.Worker\x12E\n" +
+	"\bLoadCode\x12\x1f.workmanager.v1.LoadCodeRequest\x1a\x16.workmanager.v1.Worker\x12O\n" +
+	"\x0eRollbackWorker\x12%.workmanager.v1.RollbackWorkerRequest\x1a\x16.workmanager.v1.Worker\x12E\n" +
 	"\tGetWorker\x12 .workmanager.v1.GetWorkerRequest\x1a\x16.workmanager.v1.Worker\x12V\n" +
 	"\vListWorkers\x12\".workmanager.v1.ListWorkersRequest\x1a#.workmanager.v1.ListWorkersResponse\x12e\n" +
 	"\x10GetWorkerHistory\x12'.workmanager.v1.GetWorkerHistoryRequest\x1a(.workmanager.v1.GetWorkerHistoryResponse\x12_\n" +
@@ -1724,7 +1814,7 @@ func file_workmanager_v1_workmanager_proto_rawDescGZIP() []byte {
 }
 
 var file_workmanager_v1_workmanager_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_workmanager_v1_workmanager_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_workmanager_v1_workmanager_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_workmanager_v1_workmanager_proto_goTypes = []any{
 	(WorkerStatus)(0),                 // 0: workmanager.v1.WorkerStatus
 	(*CodeSource)(nil),                // 1: workmanager.v1.CodeSource
@@ -1738,59 +1828,62 @@ var file_workmanager_v1_workmanager_proto_goTypes = []any{
 	(*DeleteWorkerRequest)(nil),       // 9: workmanager.v1.DeleteWorkerRequest
 	(*DeleteWorkerResponse)(nil),      // 10: workmanager.v1.DeleteWorkerResponse
 	(*LoadCodeRequest)(nil),           // 11: workmanager.v1.LoadCodeRequest
-	(*GetWorkerRequest)(nil),          // 12: workmanager.v1.GetWorkerRequest
-	(*ListWorkersRequest)(nil),        // 13: workmanager.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),       // 14: workmanager.v1.ListWorkersResponse
-	(*GetWorkerHistoryRequest)(nil),   // 15: workmanager.v1.GetWorkerHistoryRequest
-	(*HistoryEntry)(nil),              // 16: workmanager.v1.HistoryEntry
-	(*GetWorkerHistoryResponse)(nil),  // 17: workmanager.v1.GetWorkerHistoryResponse
-	(*RecoverWorkersRequest)(nil),     // 18: workmanager.v1.RecoverWorkersRequest
-	(*RecoverWorkersResponse)(nil),    // 19: workmanager.v1.RecoverWorkersResponse
-	(*ListDeadLettersRequest)(nil),    // 20: workmanager.v1.ListDeadLettersRequest
-	(*DeadLetter)(nil),                // 21: workmanager.v1.DeadLetter
-	(*ListDeadLettersResponse)(nil),   // 22: workmanager.v1.ListDeadLettersResponse
-	(*ReplayDeadLettersRequest)(nil),  // 23: workmanager.v1.ReplayDeadLettersRequest
-	(*ReplayDeadLettersResponse)(nil), // 24: workmanager.v1.ReplayDeadLettersResponse
-	(*timestamppb.Timestamp)(nil),     // 25: google.protobuf.Timestamp
+	(*RollbackWorkerRequest)(nil),     // 12: workmanager.v1.RollbackWorkerRequest
+	(*GetWorkerRequest)(nil),          // 13: workmanager.v1.GetWorkerRequest
+	(*ListWorkersRequest)(nil),        // 14: workmanager.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 15: workmanager.v1.ListWorkersResponse
+	(*GetWorkerHistoryRequest)(nil),   // 16: workmanager.v1.GetWorkerHistoryRequest
+	(*HistoryEntry)(nil),              // 17: workmanager.v1.HistoryEntry
+	(*GetWorkerHistoryResponse)(nil),  // 18: workmanager.v1.GetWorkerHistoryResponse
+	(*RecoverWorkersRequest)(nil),     // 19: workmanager.v1.RecoverWorkersRequest
+	(*RecoverWorkersResponse)(nil),    // 20: workmanager.v1.RecoverWorkersResponse
+	(*ListDeadLettersRequest)(nil),    // 21: workmanager.v1.ListDeadLettersRequest
+	(*DeadLetter)(nil),                // 22: workmanager.v1.DeadLetter
+	(*ListDeadLettersResponse)(nil),   // 23: workmanager.v1.ListDeadLettersResponse
+	(*ReplayDeadLettersRequest)(nil),  // 24: workmanager.v1.ReplayDeadLettersRequest
+	(*ReplayDeadLettersResponse)(nil), // 25: workmanager.v1.ReplayDeadLettersResponse
+	(*timestamppb.Timestamp)(nil),     // 26: google.protobuf.Timestamp
 }
 var file_workmanager_v1_workmanager_proto_depIdxs = []int32{
 	2,  // 0: workmanager.v1.CodeSource.url:type_name -> workmanager.v1.UrlSource
 	0,  // 1: workmanager.v1.Worker.status:type_name -> workmanager.v1.WorkerStatus
-	25, // 2: workmanager.v1.Worker.created_at:type_name -> google.protobuf.Timestamp
-	25, // 3: workmanager.v1.Worker.updated_at:type_name -> google.protobuf.Timestamp
+	26, // 2: workmanager.v1.Worker.created_at:type_name -> google.protobuf.Timestamp
+	26, // 3: workmanager.v1.Worker.updated_at:type_name -> google.protobuf.Timestamp
 	4,  // 4: workmanager.v1.Worker.retry_policy:type_name -> workmanager.v1.RetryPolicy
 	1,  // 5: workmanager.v1.CreateWorkerRequest.code:type_name -> workmanager.v1.CodeSource
 	4,  // 6: workmanager.v1.CreateWorkerRequest.retry_policy:type_name -> workmanager.v1.RetryPolicy
 	1,  // 7: workmanager.v1.LoadCodeRequest.code:type_name -> workmanager.v1.CodeSource
 	3,  // 8: workmanager.v1.ListWorkersResponse.workers:type_name -> workmanager.v1.Worker
-	25, // 9: workmanager.v1.HistoryEntry.created_at:type_name -> google.protobuf.Timestamp
-	16, // 10: workmanager.v1.GetWorkerHistoryResponse.entries:type_name -> workmanager.v1.HistoryEntry
-	25, // 11: workmanager.v1.DeadLetter.at:type_name -> google.protobuf.Timestamp
-	21, // 12: workmanager.v1.ListDeadLettersResponse.dead_letters:type_name -> workmanager.v1.DeadLetter
+	26, // 9: workmanager.v1.HistoryEntry.created_at:type_name -> google.protobuf.Timestamp
+	17, // 10: workmanager.v1.GetWorkerHistoryResponse.entries:type_name -> workmanager.v1.HistoryEntry
+	26, // 11: workmanager.v1.DeadLetter.at:type_name -> google.protobuf.Timestamp
+	22, // 12: workmanager.v1.ListDeadLettersResponse.dead_letters:type_name -> workmanager.v1.DeadLetter
 	5,  // 13: workmanager.v1.WorkManagerService.CreateWorker:input_type -> workmanager.v1.CreateWorkerRequest
 	7,  // 14: workmanager.v1.WorkManagerService.StartWorker:input_type -> workmanager.v1.StartWorkerRequest
 	8,  // 15: workmanager.v1.WorkManagerService.StopWorker:input_type -> workmanager.v1.StopWorkerRequest
 	9,  // 16: workmanager.v1.WorkManagerService.DeleteWorker:input_type -> workmanager.v1.DeleteWorkerRequest
 	11, // 17: workmanager.v1.WorkManagerService.LoadCode:input_type -> workmanager.v1.LoadCodeRequest
-	12, // 18: workmanager.v1.WorkManagerService.GetWorker:input_type -> workmanager.v1.GetWorkerRequest
-	13, // 19: workmanager.v1.WorkManagerService.ListWorkers:input_type -> workmanager.v1.ListWorkersRequest
-	15, // 20: workmanager.v1.WorkManagerService.GetWorkerHistory:input_type -> workmanager.v1.GetWorkerHistoryRequest
-	18, // 21: workmanager.v1.WorkManagerService.RecoverWorkers:input_type -> workmanager.v1.RecoverWorkersRequest
-	20, // 22: workmanager.v1.WorkManagerService.ListDeadLetters:input_type -> workmanager.v1.ListDeadLettersRequest
-	23, // 23: workmanager.v1.WorkManagerService.ReplayDeadLetters:input_type -> workmanager.v1.ReplayDeadLettersRequest
-	6,  // 24: workmanager.v1.WorkManagerService.CreateWorker:output_type -> workmanager.v1.CreateWorkerResponse
-	3,  // 25: workmanager.v1.WorkManagerService.StartWorker:output_type -> workmanager.v1.Worker
-	3,  // 26: workmanager.v1.WorkManagerService.StopWorker:output_type -> workmanager.v1.Worker
-	10, // 27: workmanager.v1.WorkManagerService.DeleteWorker:output_type -> workmanager.v1.DeleteWorkerResponse
-	3,  // 28: workmanager.v1.WorkManagerService.LoadCode:output_type -> workmanager.v1.Worker
-	3,  // 29: workmanager.v1.WorkManagerService.GetWorker:output_type -> workmanager.v1.Worker
-	14, // 30: workmanager.v1.WorkManagerService.ListWorkers:output_type -> workmanager.v1.ListWorkersResponse
-	17, // 31: workmanager.v1.WorkManagerService.GetWorkerHistory:output_type -> workmanager.v1.GetWorkerHistoryResponse
-	19, // 32: workmanager.v1.WorkManagerService.RecoverWorkers:output_type -> workmanager.v1.RecoverWorkersResponse
-	22, // 33: workmanager.v1.WorkManagerService.ListDeadLetters:output_type -> workmanager.v1.ListDeadLettersResponse
-	24, // 34: workmanager.v1.WorkManagerService.ReplayDeadLetters:output_type -> workmanager.v1.ReplayDeadLettersResponse
-	24, // [24:35] is the sub-list for method output_type
-	13, // [13:24] is the sub-list for method input_type
+	12, // 18: workmanager.v1.WorkManagerService.RollbackWorker:input_type -> workmanager.v1.RollbackWorkerRequest
+	13, // 19: workmanager.v1.WorkManagerService.GetWorker:input_type -> workmanager.v1.GetWorkerRequest
+	14, // 20: workmanager.v1.WorkManagerService.ListWorkers:input_type -> workmanager.v1.ListWorkersRequest
+	16, // 21: workmanager.v1.WorkManagerService.GetWorkerHistory:input_type -> workmanager.v1.GetWorkerHistoryRequest
+	19, // 22: workmanager.v1.WorkManagerService.RecoverWorkers:input_type -> workmanager.v1.RecoverWorkersRequest
+	21, // 23: workmanager.v1.WorkManagerService.ListDeadLetters:input_type -> workmanager.v1.ListDeadLettersRequest
+	24, // 24: workmanager.v1.WorkManagerService.ReplayDeadLetters:input_type -> workmanager.v1.ReplayDeadLettersRequest
+	6,  // 25: workmanager.v1.WorkManagerService.CreateWorker:output_type -> workmanager.v1.CreateWorkerResponse
+	3,  // 26: workmanager.v1.WorkManagerService.StartWorker:output_type -> workmanager.v1.Worker
+	3,  // 27: workmanager.v1.WorkManagerService.StopWorker:output_type -> workmanager.v1.Worker
+	10, // 28: workmanager.v1.WorkManagerService.DeleteWorker:output_type -> workmanager.v1.DeleteWorkerResponse
+	3,  // 29: workmanager.v1.WorkManagerService.LoadCode:output_type -> workmanager.v1.Worker
+	3,  // 30: workmanager.v1.WorkManagerService.RollbackWorker:output_type -> workmanager.v1.Worker
+	3,  // 31: workmanager.v1.WorkManagerService.GetWorker:output_type -> workmanager.v1.Worker
+	15, // 32: workmanager.v1.WorkManagerService.ListWorkers:output_type -> workmanager.v1.ListWorkersResponse
+	18, // 33: workmanager.v1.WorkManagerService.GetWorkerHistory:output_type -> workmanager.v1.GetWorkerHistoryResponse
+	20, // 34: workmanager.v1.WorkManagerService.RecoverWorkers:output_type -> workmanager.v1.RecoverWorkersResponse
+	23, // 35: workmanager.v1.WorkManagerService.ListDeadLetters:output_type -> workmanager.v1.ListDeadLettersResponse
+	25, // 36: workmanager.v1.WorkManagerService.ReplayDeadLetters:output_type -> workmanager.v1.ReplayDeadLettersResponse
+	25, // [25:37] is the sub-list for method output_type
+	13, // [13:25] is the sub-list for method input_type
 	13, // [13:13] is the sub-list for extension type_name
 	13, // [13:13] is the sub-list for extension extendee
 	0,  // [0:13] is the sub-list for field type_name
@@ -1811,7 +1904,7 @@ func file_workmanager_v1_workmanager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_workmanager_v1_workmanager_proto_rawDesc), len(file_workmanager_v1_workmanager_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

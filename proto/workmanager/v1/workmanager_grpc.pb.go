@@ -27,6 +27,7 @@ const (
 	WorkManagerService_StopWorker_FullMethodName        = "/workmanager.v1.WorkManagerService/StopWorker"
 	WorkManagerService_DeleteWorker_FullMethodName      = "/workmanager.v1.WorkManagerService/DeleteWorker"
 	WorkManagerService_LoadCode_FullMethodName          = "/workmanager.v1.WorkManagerService/LoadCode"
+	WorkManagerService_RollbackWorker_FullMethodName    = "/workmanager.v1.WorkManagerService/RollbackWorker"
 	WorkManagerService_GetWorker_FullMethodName         = "/workmanager.v1.WorkManagerService/GetWorker"
 	WorkManagerService_ListWorkers_FullMethodName       = "/workmanager.v1.WorkManagerService/ListWorkers"
 	WorkManagerService_GetWorkerHistory_FullMethodName  = "/workmanager.v1.WorkManagerService/GetWorkerHistory"
@@ -52,6 +53,10 @@ type WorkManagerServiceClient interface {
 	DeleteWorker(ctx context.Context, in *DeleteWorkerRequest, opts ...grpc.CallOption) (*DeleteWorkerResponse, error)
 	// LoadCode hot-reloads a worker's code; the subscription is untouched.
 	LoadCode(ctx context.Context, in *LoadCodeRequest, opts ...grpc.CallOption) (*Worker, error)
+	// Loads the code of an earlier version again (from the content-addressed
+	// code store) as a new version whose history entry says it rolls back to
+	// that version. NOT_FOUND when the worker has no such version.
+	RollbackWorker(ctx context.Context, in *RollbackWorkerRequest, opts ...grpc.CallOption) (*Worker, error)
 	GetWorker(ctx context.Context, in *GetWorkerRequest, opts ...grpc.CallOption) (*Worker, error)
 	ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error)
 	// GetWorkerHistory lists one entry per code load, oldest first.
@@ -120,6 +125,16 @@ func (c *workManagerServiceClient) LoadCode(ctx context.Context, in *LoadCodeReq
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Worker)
 	err := c.cc.Invoke(ctx, WorkManagerService_LoadCode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workManagerServiceClient) RollbackWorker(ctx context.Context, in *RollbackWorkerRequest, opts ...grpc.CallOption) (*Worker, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Worker)
+	err := c.cc.Invoke(ctx, WorkManagerService_RollbackWorker_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -203,6 +218,10 @@ type WorkManagerServiceServer interface {
 	DeleteWorker(context.Context, *DeleteWorkerRequest) (*DeleteWorkerResponse, error)
 	// LoadCode hot-reloads a worker's code; the subscription is untouched.
 	LoadCode(context.Context, *LoadCodeRequest) (*Worker, error)
+	// Loads the code of an earlier version again (from the content-addressed
+	// code store) as a new version whose history entry says it rolls back to
+	// that version. NOT_FOUND when the worker has no such version.
+	RollbackWorker(context.Context, *RollbackWorkerRequest) (*Worker, error)
 	GetWorker(context.Context, *GetWorkerRequest) (*Worker, error)
 	ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error)
 	// GetWorkerHistory lists one entry per code load, oldest first.
@@ -241,6 +260,9 @@ func (UnimplementedWorkManagerServiceServer) DeleteWorker(context.Context, *Dele
 }
 func (UnimplementedWorkManagerServiceServer) LoadCode(context.Context, *LoadCodeRequest) (*Worker, error) {
 	return nil, status.Error(codes.Unimplemented, "method LoadCode not implemented")
+}
+func (UnimplementedWorkManagerServiceServer) RollbackWorker(context.Context, *RollbackWorkerRequest) (*Worker, error) {
+	return nil, status.Error(codes.Unimplemented, "method RollbackWorker not implemented")
 }
 func (UnimplementedWorkManagerServiceServer) GetWorker(context.Context, *GetWorkerRequest) (*Worker, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetWorker not implemented")
@@ -367,6 +389,24 @@ func _WorkManagerService_LoadCode_Handler(srv interface{}, ctx context.Context, 
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(WorkManagerServiceServer).LoadCode(ctx, req.(*LoadCodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _WorkManagerService_RollbackWorker_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RollbackWorkerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkManagerServiceServer).RollbackWorker(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkManagerService_RollbackWorker_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkManagerServiceServer).RollbackWorker(ctx, req.(*RollbackWorkerRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -505,6 +545,10 @@ var WorkManagerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "LoadCode",
 			Handler:    _WorkManagerService_LoadCode_Handler,
+		},
+		{
+			MethodName: "RollbackWorker",
+			Handler:    _WorkManagerService_RollbackWorker_Handler,
 		},
 		{
 			MethodName: "GetWorker",

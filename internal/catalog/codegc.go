@@ -1,0 +1,180 @@
+package catalog
+
+import (
+	"context"
+	"hash/fnv"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/virtufin/workmanager/internal/state"
+)
+
+// Code blobs are content-addressed (code/<sha256>) and shared by every
+// worker whose history names them. A worker's delete puts the blobs of its
+// history in the orphan index, a candidate list spread over OrphanPages
+// keys, with the time each became a candidate. SweepCode takes the
+// candidates older than a grace period, reads every worker's history, and
+// deletes those no history names. Nothing is written per code load: the
+// cost is one read per worker history when a sweep finds candidates (after
+// deletes, at most every sweep interval).
+//
+// A create or reload of the same code within the grace period finds the
+// blob (PutCode also takes it off the index). Left open: a blob that
+// became a candidate longer than the grace period ago and is stored again
+// by PutCode while a sweep is between its history scan and its delete is
+// deleted under the new worker (a window of milliseconds, once per
+// grace period); recovery then reports the worker's code missing.
+const (
+	orphansPrefix = state.KeyPrefix + "code-orphans/"
+	// OrphanPages is the number of keys the orphan index is spread over.
+	OrphanPages = 16
+)
+
+func orphansKey(sha string) string {
+	h := fnv.New32a()
+	h.Write([]byte(sha))
+	return orphansPrefix + strconv.Itoa(int(h.Sum32()%OrphanPages))
+}
+
+// orphanCode lists the blobs of a deleted worker's history as candidates.
+// Candidates already listed keep their time (and cost no write).
+func (c *Catalog) orphanCode(ctx context.Context, history []HistoryEntry) error {
+	byKey := map[string][]string{}
+	for _, e := range history {
+		if e.SHA256 != "" {
+			byKey[orphansKey(e.SHA256)] = append(byKey[orphansKey(e.SHA256)], e.SHA256)
+		}
+	}
+	now := time.Now().UTC()
+	for key, shas := range byKey {
+		if err := state.UpdateJSON(ctx, c.store, key, func(m *map[string]time.Time) bool {
+			changed := false
+			for _, sha := range shas {
+				if _, ok := (*m)[sha]; !ok {
+					if *m == nil {
+						*m = map[string]time.Time{}
+					}
+					(*m)[sha] = now
+					changed = true
+				}
+			}
+			return changed
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unorphan takes sha off the orphan index (one read; a write only when it
+// was listed).
+func (c *Catalog) unorphan(ctx context.Context, sha string) error {
+	return state.UpdateJSON(ctx, c.store, orphansKey(sha), func(m *map[string]time.Time) bool {
+		if _, ok := (*m)[sha]; !ok {
+			return false
+		}
+		delete(*m, sha)
+		return true
+	})
+}
+
+// SweepCode deletes the candidate blobs listed longer than grace ago that
+// no worker's history names, takes the ones still named off the index, and
+// returns how many blobs it deleted. Several sweepers may run at once:
+// deletes are idempotent.
+func (c *Catalog) SweepCode(ctx context.Context, grace time.Duration, now time.Time) (int, error) {
+	due := map[string]map[string]time.Time{} // index key -> sha -> listed at
+	for page := range OrphanPages {
+		key := orphansPrefix + strconv.Itoa(page)
+		m, _, err := state.GetJSON[map[string]time.Time](ctx, c.store, key)
+		if err != nil {
+			return 0, err
+		}
+		for sha, since := range m {
+			if now.Sub(since) >= grace {
+				if due[key] == nil {
+					due[key] = map[string]time.Time{}
+				}
+				due[key][sha] = since
+			}
+		}
+	}
+	if len(due) == 0 {
+		return 0, nil
+	}
+	used, err := c.referencedCode(ctx)
+	if err != nil {
+		return 0, err
+	}
+	deleted := 0
+	for key, shas := range due {
+		for sha := range shas {
+			if used[sha] {
+				continue
+			}
+			if err := c.store.Delete(ctx, codePrefix+sha, ""); err != nil {
+				return deleted, err
+			}
+			deleted++
+		}
+		if err := state.UpdateJSON(ctx, c.store, key, func(m *map[string]time.Time) bool {
+			changed := false
+			for sha, since := range shas {
+				// Listed again after this sweep read the index: keep it.
+				if t, ok := (*m)[sha]; ok && t.Equal(since) {
+					delete(*m, sha)
+					changed = true
+				}
+			}
+			return changed
+		}); err != nil {
+			return deleted, err
+		}
+	}
+	return deleted, nil
+}
+
+// referencedCode is the set of blobs some worker's history names.
+func (c *Catalog) referencedCode(ctx context.Context) (map[string]bool, error) {
+	ids, err := c.WorkerIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	used := map[string]bool{}
+	for _, id := range ids {
+		h, err := c.History(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range h {
+			used[e.SHA256] = true
+		}
+	}
+	return used, nil
+}
+
+// SweepLoop runs SweepCode every grace/4 (at least every second, at most
+// every hour) until ctx ends, logging what it deleted and its failures.
+// grace 0 disables collection.
+func (c *Catalog) SweepLoop(ctx context.Context, log *slog.Logger, grace time.Duration) {
+	if grace <= 0 {
+		return
+	}
+	t := time.NewTicker(min(max(grace/4, time.Second), time.Hour))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := c.SweepCode(ctx, grace, time.Now())
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.Warn("collecting unreferenced code blobs failed; retrying at the next sweep", "err", err)
+		case n > 0:
+			log.Info("collected unreferenced code blobs", "deleted", n, "grace", grace)
+		}
+	}
+}

@@ -1,0 +1,91 @@
+package catalog
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/virtufin/workmanager/internal/state"
+)
+
+// A blob is collected only once no worker's history names it and the
+// grace period has passed; shared and re-used blobs stay, also blobs of
+// histories written before the collection existed.
+func TestSweepCodeCollectsUnreferencedBlobsAfterGrace(t *testing.T) {
+	ctx := context.Background()
+	store := state.NewMemoryStore()
+	c := New(store)
+	put := func(body string) string {
+		sha, err := c.PutCode(ctx, []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sha
+	}
+	appendHistory := func(id, sha string, v int64) {
+		if err := c.AppendHistory(ctx, id, HistoryEntry{Version: v, SHA256: sha, SourceKind: "content"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exists := func(sha string) bool {
+		_, err := c.GetCode(ctx, sha)
+		if err != nil && !errors.Is(err, state.ErrNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	sweep := func(after time.Duration) int {
+		n, err := c.SweepCode(ctx, time.Hour, time.Now().Add(after))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	only, shared, legacy := put("only a"), put("shared by a and b"), put("stored before references")
+	appendHistory("a", only, 1)
+	appendHistory("a", shared, 2)
+	appendHistory("a", only, 3) // a rollback: the same blob again
+	appendHistory("b", shared, 1)
+	appendHistory("old", legacy, 1)
+	if err := c.SaveWorker(ctx, Worker{ID: "b"}); err != nil { // b is in the index: its history counts
+		t.Fatal(err)
+	}
+
+	for _, id := range []string{"a", "old"} {
+		if err := c.DeleteWorker(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := sweep(30 * time.Minute); n != 0 || !exists(only) {
+		t.Fatalf("within the grace period: %d deleted, only-a exists %v", n, exists(only))
+	}
+	if n := sweep(2 * time.Hour); n != 2 || exists(only) || !exists(shared) || exists(legacy) {
+		t.Fatalf("after the grace period: %d deleted; exists: only-a %v, shared %v, legacy %v", n, exists(only), exists(shared), exists(legacy))
+	}
+	if n := sweep(3 * time.Hour); n != 0 {
+		t.Fatalf("a second sweep deleted %d", n)
+	}
+
+	// b's delete orphans the shared blob; a create of the same code within
+	// the grace period (PutCode, then its history) keeps it.
+	if err := c.DeleteWorker(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	put("shared by a and b")
+	appendHistory("c", shared, 1)
+	if err := c.SaveWorker(ctx, Worker{ID: "c"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := sweep(2 * time.Hour); n != 0 || !exists(shared) {
+		t.Fatalf("a blob used again was collected (%d deleted)", n)
+	}
+	for page := range OrphanPages {
+		orphans, _, err := state.GetJSON[map[string]time.Time](ctx, store, orphansPrefix+strconv.Itoa(page))
+		if err != nil || len(orphans) != 0 {
+			t.Fatalf("orphan index page %d: %v, %v", page, orphans, err)
+		}
+	}
+}

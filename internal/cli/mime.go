@@ -1,0 +1,78 @@
+package cli
+
+import (
+	"archive/zip"
+	"bytes"
+	"fmt"
+	"net/url"
+	"path"
+	"strings"
+)
+
+// The MIME types the engines take.
+const (
+	MIMEPython = "text/x-python"
+	MIMECSharp = "text/x-csharp"
+	MIMEDotnet = "application/x-dotnet-dll"
+	MIMENative = "application/x-native-dll"
+)
+
+const askMIME = "pass --mime (" + MIMEPython + ", " + MIMECSharp + ", " + MIMEDotnet + " or " + MIMENative + ")"
+
+// InferMIME tells a worker's MIME type from its file name and, for a zip,
+// its content: a manifest.json at the root is a native package
+// (sdk/native), a lib/<tfm>/*.dll layout or a .nuspec a .NET package.
+func InferMIME(name string, content []byte) (string, error) {
+	switch ext := strings.ToLower(path.Ext(name)); ext {
+	case ".py":
+		return MIMEPython, nil
+	case ".cs":
+		return MIMECSharp, nil
+	case ".dll", ".nupkg":
+		return MIMEDotnet, nil
+	case ".zip":
+		return zipMIME(name, content)
+	default:
+		return "", fmt.Errorf("cannot tell the MIME type of %s from its name: %s", name, askMIME)
+	}
+}
+
+// InferMIMEFromURL tells the MIME type from a URL's path, without fetching
+// it (so a .zip cannot be told).
+func InferMIMEFromURL(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", fmt.Errorf("--url: %v", err)
+	}
+	p := u.Path
+	if strings.ToLower(path.Ext(p)) == ".zip" {
+		return "", fmt.Errorf("cannot tell what kind of package the archive %s is without fetching it: %s", raw, askMIME)
+	}
+	return InferMIME(p, nil)
+}
+
+func zipMIME(name string, content []byte) (string, error) {
+	zr, err := zip.NewReader(bytes.NewReader(content), int64(len(content)))
+	if err != nil {
+		return "", fmt.Errorf("%s is not a readable zip archive (%v): %s", name, err, askMIME)
+	}
+	dotnet := false
+	for _, f := range zr.File {
+		n := strings.TrimPrefix(strings.ReplaceAll(f.Name, `\`, "/"), "./")
+		lower := strings.ToLower(n)
+		if n == "manifest.json" {
+			return MIMENative, nil
+		}
+		parts := strings.Split(lower, "/")
+		if len(parts) == 1 && strings.HasSuffix(lower, ".nuspec") {
+			dotnet = true
+		}
+		if len(parts) == 3 && parts[0] == "lib" && parts[1] != "" && strings.HasSuffix(parts[2], ".dll") {
+			dotnet = true
+		}
+	}
+	if dotnet {
+		return MIMEDotnet, nil
+	}
+	return "", fmt.Errorf("%s has neither a manifest.json at its root (native package) nor a lib/<tfm>/*.dll layout or a .nuspec (.NET package): %s", name, askMIME)
+}

@@ -1,0 +1,216 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"gopkg.in/yaml.v3"
+
+	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+)
+
+// jsonOptions render messages as the API's JSON (lowerCamelCase names, as
+// grpcurl prints them), every field present so that scripts see a stable
+// shape.
+var jsonOptions = protojson.MarshalOptions{EmitUnpopulated: true}
+
+// messageJSON is m as indented JSON.
+func messageJSON(m proto.Message) ([]byte, error) {
+	raw, err := jsonOptions.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	return indentJSON(raw)
+}
+
+// listJSON is ms as one indented JSON array.
+func listJSON[M proto.Message](ms []M) ([]byte, error) {
+	var buf bytes.Buffer
+	buf.WriteByte('[')
+	for i, m := range ms {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		raw, err := jsonOptions.Marshal(m)
+		if err != nil {
+			return nil, err
+		}
+		buf.Write(raw)
+	}
+	buf.WriteByte(']')
+	return indentJSON(buf.Bytes())
+}
+
+func indentJSON(raw []byte) ([]byte, error) {
+	var out bytes.Buffer
+	if err := json.Indent(&out, raw, "", "  "); err != nil {
+		return nil, err
+	}
+	out.WriteByte('\n')
+	return out.Bytes(), nil
+}
+
+// jsonToYAML converts a JSON document to block-style YAML, keeping the
+// order of its keys.
+func jsonToYAML(doc []byte) ([]byte, error) {
+	var n yaml.Node
+	if err := yaml.Unmarshal(doc, &n); err != nil {
+		return nil, err
+	}
+	plain(&n)
+	var out bytes.Buffer
+	enc := yaml.NewEncoder(&out)
+	enc.SetIndent(2)
+	if err := enc.Encode(&n); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
+}
+
+// plain drops the JSON (flow, double-quoted) styles the decoder recorded;
+// the encoder quotes what needs it.
+func plain(n *yaml.Node) {
+	n.Style = 0
+	for _, c := range n.Content {
+		plain(c)
+	}
+}
+
+// emit writes doc (JSON) in the run's format; table is the human form.
+func (a *app) emit(doc func() ([]byte, error), table func(w io.Writer)) error {
+	switch a.output {
+	case "json", "yaml":
+		b, err := doc()
+		if err != nil {
+			return err
+		}
+		if a.output == "yaml" {
+			if b, err = jsonToYAML(b); err != nil {
+				return err
+			}
+		}
+		_, err = a.io.Out.Write(b)
+		return err
+	default:
+		tw := tabwriter.NewWriter(a.io.Out, 0, 4, 2, ' ', 0)
+		table(tw)
+		return tw.Flush()
+	}
+}
+
+// emitMessage writes one message: its JSON or YAML, or table.
+func (a *app) emitMessage(m proto.Message, table func(w io.Writer)) error {
+	return a.emit(func() ([]byte, error) { return messageJSON(m) }, table)
+}
+
+func statusName(s pb.WorkerStatus) string {
+	return strings.TrimPrefix(s.String(), "WORKER_STATUS_")
+}
+
+func ts(t *timestamppb.Timestamp) string {
+	if t == nil || (t.GetSeconds() == 0 && t.GetNanos() == 0) {
+		return "-"
+	}
+	return t.AsTime().UTC().Format(time.RFC3339)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func workersTable(ws []*pb.Worker) func(io.Writer) {
+	return func(w io.Writer) {
+		fmt.Fprintln(w, "ID\tNAME\tTOPIC\tGROUP\tSTATUS\tVERSION\tMIME\tUPDATED")
+		for _, x := range ws {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", x.GetWorkerId(), dash(x.GetName()), x.GetTopic(), dash(x.GetGroup()),
+				statusName(x.GetStatus()), x.GetCodeVersion(), x.GetMimeType(), ts(x.GetUpdatedAt()))
+		}
+	}
+}
+
+// workerDetail is one worker, a field per line.
+func workerDetail(x *pb.Worker) func(io.Writer) {
+	return func(w io.Writer) {
+		retry := "cluster default"
+		if rp := x.GetRetryPolicy(); rp.GetMaxAttempts() != 0 || rp.GetBackoffMs() != 0 {
+			retry = fmt.Sprintf("max attempts %s, backoff %s", orDefault(int64(rp.GetMaxAttempts()), ""),
+				orDefault(rp.GetBackoffMs(), "ms"))
+		}
+		rows := [][2]string{
+			{"ID", x.GetWorkerId()},
+			{"Name", dash(x.GetName())},
+			{"Tenant", dash(x.GetTenant())},
+			{"Status", statusName(x.GetStatus())},
+			{"Topic", x.GetTopic()},
+			{"Group", dash(x.GetGroup())},
+			{"MIME type", x.GetMimeType()},
+			{"Code version", strconv.FormatInt(x.GetCodeVersion(), 10)},
+			{"Code SHA-256", dash(x.GetCodeSha256())},
+			{"Retry policy", retry},
+			{"Allowed output topics", listOrAny(x.GetAllowedOutputTopics())},
+			{"Allowed gateway targets", listOrAny(x.GetAllowedGatewayTargets())},
+			{"Created", ts(x.GetCreatedAt())},
+			{"Updated", ts(x.GetUpdatedAt())},
+		}
+		for _, r := range rows {
+			fmt.Fprintf(w, "%s:\t%s\n", r[0], r[1])
+		}
+	}
+}
+
+func orDefault(v int64, unit string) string {
+	if v == 0 {
+		return "default"
+	}
+	return strconv.FormatInt(v, 10) + unit
+}
+
+func listOrAny(l []string) string {
+	if len(l) == 0 {
+		return "any"
+	}
+	return strings.Join(l, ", ")
+}
+
+func historyTable(es []*pb.HistoryEntry) func(io.Writer) {
+	return func(w io.Writer) {
+		fmt.Fprintln(w, "VERSION\tACTION\tROLLBACK TO\tSOURCE\tSHA256\tACTOR\tCREATED")
+		for _, e := range es {
+			rb := "-"
+			if e.GetRollbackTo() != 0 {
+				rb = strconv.FormatInt(e.GetRollbackTo(), 10)
+			}
+			src := dash(e.GetSourceKind())
+			if e.GetUrl() != "" {
+				src += " " + e.GetUrl()
+			}
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", e.GetVersion(), dash(e.GetAction()), rb, src,
+				short(e.GetSha256(), 13), dash(e.GetActor()), ts(e.GetCreatedAt()))
+		}
+	}
+}
+
+func deadLettersTable(ds []*pb.DeadLetter) func(io.Writer) {
+	return func(w io.Writer) {
+		fmt.Fprintln(w, "EVENT ID\tTOPIC\tREASON\tATTEMPTS\tAT\tSOURCE\tERROR")
+		for _, d := range ds {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.GetEventId(), d.GetTopic(), d.GetReason(), d.GetAttempts(),
+				ts(d.GetAt()), dash(d.GetSource()), dash(short(d.GetError(), 60)))
+		}
+	}
+}
