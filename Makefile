@@ -12,15 +12,21 @@ WORKFLOWCHECK_VERSION := v0.6.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TEST_TIMEOUT ?= 25m
 
-.PHONY: run test unit integration bench fuzz pytest deps tools proto build clean vet
+.PHONY: run test unit integration bench fuzz pytest deps tools proto build clean vet k8s-validate
 
 run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	bin/devstack $(RUN_FLAGS)
 
 # As root (the dev machines) every sandbox layer exists: the sandbox tests
 # must run, not skip.
-test: deps tools vet pytest $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
+test: deps tools vet pytest k8s-validate $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	WM_REQUIRE_SANDBOX=$$([ "$$(id -u)" = 0 ] && echo 1) go test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+# The Kubernetes manifests (deploy/k8s), decoded strictly into their API
+# types and checked against the settings the node and the API read; a
+# module of its own (k8s.io/api), offline from the module cache.
+k8s-validate:
+	cd deploy/k8s/validate && go test -count=1 ./...
 
 # The Python DevKit's own suite (sdk/python), with Debian's pytest and mypy.
 pytest: deps
