@@ -54,16 +54,20 @@ type State struct {
 	checks map[string]Check
 	graces map[string]time.Duration
 	now    func() time.Time
+	// recovery: readiness waits for the Recovery check (a node's State).
+	recovery bool
 }
 
 // New returns a node's State: its recovery check is Degraded ("pending").
 func New() *State {
 	s := NewEmpty()
+	s.recovery = true
 	s.Set(Recovery, Degraded, "pending")
 	return s
 }
 
-// NewEmpty returns a State without checks (the API's).
+// NewEmpty returns a State without checks (the API's): ready unless a
+// gated check fails.
 func NewEmpty() *State {
 	return &State{checks: map[string]Check{}, graces: map[string]time.Duration{}, now: time.Now}
 }
@@ -121,7 +125,7 @@ func (s *State) Readiness() (bool, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec := s.checks[Recovery]
-	if rec.Status != Healthy {
+	if s.recovery && rec.Status != Healthy {
 		return false, fmt.Sprintf("%s: %s: %s", rec.Status, Recovery, rec.Detail)
 	}
 	now := s.now()
@@ -136,6 +140,9 @@ func (s *State) Readiness() (bool, string) {
 			return false, fmt.Sprintf("%s: %s: %s (for %s, grace %s)", c.Status, n, c.Detail,
 				now.Sub(c.Since).Round(time.Second), s.graces[n])
 		}
+	}
+	if !s.recovery {
+		return true, "ready"
 	}
 	return true, fmt.Sprintf("%s: %s: %s", rec.Status, Recovery, rec.Detail)
 }

@@ -45,3 +45,18 @@ func TestReadinessFollowsRecovery(t *testing.T) {
 		t.Fatalf("a broken worker degrades but keeps the node ready: %+v", r)
 	}
 }
+
+// The API's State has no recovery: it is ready unless a gated check has
+// been failing past its grace.
+func TestEmptyStateIsReadyWithoutRecovery(t *testing.T) {
+	s := NewEmpty()
+	h := s.Handler()
+	if code, body := get(t, h, "/readyz"); code != 200 {
+		t.Fatalf("/readyz %d %s", code, body)
+	}
+	s.Set("temporal", Unhealthy, "down")
+	s.GateReadiness("temporal", 0)
+	if code, _ := get(t, h, "/readyz"); code == 200 {
+		t.Fatal("ready with a gated check failing past its grace")
+	}
+}
