@@ -84,6 +84,7 @@ deps:
 	command -v mono >/dev/null || missing="$$missing mono-runtime"; \
 	command -v mcs >/dev/null || missing="$$missing mono-mcs"; \
 	[ -d /usr/lib/mono/4.5-api ] || missing="$$missing mono-devel"; \
+	command -v chromium-headless-shell >/dev/null || missing="$$missing chromium-headless-shell"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

@@ -105,7 +105,7 @@ WorkManager is running (data and logs in %s):
                        .tools/bin/grpcurl %s -H "authorization: Bearer $(cat %s)" %s list
                        %s list      (the CLI, cmd/wmctl/README.md; events: add 'events --follow --dapr %s')
   API health           http://%s/health   (authentication mode, Temporal, state store)
-  node health          http://%s/health   (/healthz, /readyz)
+  node health          http://%s/health   (/healthz, /readyz; Prometheus metrics at /metrics)
   Temporal frontend    %s
   Temporal Web UI      %s
   daprd gRPC / HTTP    %s / %s

@@ -16,6 +16,9 @@ import (
 
 	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
 	dapr "github.com/dapr/go-sdk/client"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.temporal.io/sdk/client"
 	tlog "go.temporal.io/sdk/log"
 	"go.temporal.io/sdk/worker"
@@ -38,6 +41,8 @@ import (
 	"github.com/virtufin/workmanager/internal/health"
 	"github.com/virtufin/workmanager/internal/infraevents"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
+	"github.com/virtufin/workmanager/internal/metrics"
+	"github.com/virtufin/workmanager/internal/metrics/temporalmetrics"
 	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/publish"
 	"github.com/virtufin/workmanager/internal/state"
@@ -59,6 +64,12 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	defer conn.Close()
 	daprClient := dapr.NewClientWithConnection(conn)
 
+	// One registry for everything /metrics serves: the Go runtime and the
+	// process, the node's workmanager_ metrics, the Temporal SDK's.
+	promReg := prometheus.NewRegistry()
+	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	met := metrics.New(promReg)
+
 	mode, _ := sandbox.ParseMode(cfg.Sandbox) // validated
 	sb, err := sandbox.New(ctx, sandbox.Config{Mode: mode, Limits: cfg.SandboxLimits, Writable: cfg.SandboxWritable, Log: log})
 	if err != nil {
@@ -73,7 +84,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait, PythonMaxBatch: cfg.PythonMaxBatch,
 		Gateway:         gateway.NewDapr(daprClient, cfg.GatewayTimeout),
 		NativeIsolation: nativeIsolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir,
-		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned,
+		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned, OnProcessRestart: met.EngineRestart,
 		Dotnet: dotnet.Config{Processes: cfg.DotnetProcesses, CacheDir: cfg.DotnetCacheDir, Mono: cfg.DotnetMono,
 			Compiler: cfg.DotnetCompiler, NoLockdown: !cfg.DotnetLockdown}})
 	if err != nil {
@@ -114,9 +125,13 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	members := cluster.New(store, cfg.NodeID, 3*cfg.NodeHeartbeat)
 	locks := grouplock.New(store, grouplock.Config{RetryBase: cfg.LockRetryBase, MaxRetries: cfg.LockMaxRetries, MaxAge: cfg.LockMaxAge, Node: cfg.NodeID,
 		HolderAlive: func(holder string) bool { node, _, _ := strings.Cut(holder, "/"); return members.SeenAlive(node) },
-		OnEvent:     func(e grouplock.Event) { infra.Emit(infraevents.GroupLockTopic, "grouplock."+e.Kind, e) }})
+		OnEvent: func(e grouplock.Event) {
+			met.GroupLockEvent(e)
+			infra.Emit(infraevents.GroupLockTopic, "grouplock."+e.Kind, e)
+		}})
 	disp := dispatch.New(hotCtx, log, dispatch.Deps{Sub: dispatch.DaprSubscriber{Client: runtimev1.NewDaprClient(conn)}, Pub: pub, Events: events,
-		Records: delivery.NewStore(state.NewBatching(store, 0), cfg.DeliveryRecordTTL), Locks: locks, DeadLetters: deadletter.NewStore(store, cfg.DeadLetterTTL)},
+		Records: delivery.NewStore(state.NewBatching(store, 0), cfg.DeliveryRecordTTL), Locks: locks, DeadLetters: deadletter.NewStore(store, cfg.DeadLetterTTL),
+		Metrics: met},
 		dispatch.Config{PubSub: cfg.PubSub, NodeID: cfg.NodeID, MaxConcurrency: cfg.MaxConcurrency, QueueDepth: cfg.QueueDepth, QueueWait: cfg.QueueWait,
 			MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff, NotRunnableGrace: cfg.NotRunnableGrace,
 			MaxEventBytes: cfg.MaxEventBytes, MaxOutputs: cfg.MaxOutputs, MaxOutputBytes: cfg.MaxOutputBytes, Secrets: secretValues(os.Environ()), PanicOn: cfg.TestPanicExtension, OnSubscription: broker.Subscribed})
@@ -131,7 +146,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		n.Shutdown(sctx)
 	}()
 
-	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: h.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: httpHandler(h, promReg, log), ReadHeaderTimeout: 5 * time.Second}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("health listener: %w", err)
@@ -139,8 +154,13 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 
+	temporalMetrics, stopTemporalMetrics, err := temporalmetrics.Handler(promReg, log)
+	if err != nil {
+		return fmt.Errorf("temporal metrics: %w", err)
+	}
+	defer func() { _ = stopTemporalMetrics(context.WithoutCancel(ctx)) }()
 	tc, err := client.DialContext(ctx, client.Options{HostPort: cfg.TemporalAddress, Namespace: cfg.TemporalNamespace,
-		Logger: tlog.NewStructuredLogger(log.With("component", "temporal"))})
+		Logger: tlog.NewStructuredLogger(log.With("component", "temporal")), MetricsHandler: temporalMetrics})
 	if err != nil {
 		return fmt.Errorf("temporal: %w", err)
 	}
@@ -185,7 +205,13 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 
 	if cfg.RecoveryOnStart {
 		go func() {
-			if err := reconcile.Recover(ctx, log, tc, n, h); err != nil && !errors.Is(err, context.Canceled) {
+			began := time.Now()
+			err := reconcile.Recover(ctx, log, tc, n, h)
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			met.RecoveryDone(time.Since(began), err)
+			if err != nil {
 				log.Error("recovery failed", "err", err)
 			}
 		}()
@@ -209,6 +235,18 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	cutOff()
 	log.Info("node stopping", "drained", drained)
 	return nil
+}
+
+// httpHandler serves the node's health endpoints (/health, /healthz,
+// /readyz) and its metrics (/metrics, Prometheus text format).
+func httpHandler(h *health.State, reg *prometheus.Registry, log *slog.Logger) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorLog:      slog.NewLogLogger(log.With("component", "metrics").Handler(), slog.LevelWarn),
+		ErrorHandling: promhttp.ContinueOnError, // a failing collector costs its metrics, not the scrape
+	}))
+	mux.Handle("/", h.Handler())
+	return mux
 }
 
 // heartbeat is the data of a node's heartbeat infrastructure event.

@@ -54,8 +54,13 @@ type Config struct {
 	// import (sdk/python, installed by the node at start).
 	PythonDevKitDir string
 	// Dotnet configures the .NET engine; its Logger, DefaultTimeout,
-	// Gateway, Sandbox and Env are taken from the fields above.
+	// Gateway, Sandbox, Env and OnRestart are taken from the fields above.
 	Dotnet dotnet.Config
+	// OnProcessRestart, when set, learns of each worker process an engine
+	// restarted after a crash or a timeout: the engine's name ("python",
+	// "native", "dotnet"), the restart's reason (a short fixed text) and
+	// its error (nil: the process runs again). Keep it cheap.
+	OnProcessRestart func(engine, reason string, err error)
 }
 
 // Registry returns a registry with every built-in engine. Constructing an
@@ -65,11 +70,12 @@ func Registry(cfg Config) (*engines.Registry, error) {
 	for _, e := range []engines.Engine{
 		python.New(python.Config{Processes: cfg.PythonProcesses, DefaultTimeout: cfg.DefaultTimeout,
 			SpinWait: cfg.PythonSpinWait, MaxBatch: cfg.PythonMaxBatch, Logger: cfg.Logger, Sandbox: cfg.Sandbox,
-			AllowedPackages: cfg.PythonAllowedPackages, Env: cfg.WorkerEnv, Gateway: cfg.Gateway, DevKitDir: cfg.PythonDevKitDir}),
+			AllowedPackages: cfg.PythonAllowedPackages, Env: cfg.WorkerEnv, Gateway: cfg.Gateway, DevKitDir: cfg.PythonDevKitDir,
+			OnRestart: onRestart(cfg, "python")}),
 		native.New(native.Config{DefaultTimeout: cfg.DefaultTimeout, Gateway: cfg.Gateway, Logger: cfg.Logger,
 			Isolation: cfg.NativeIsolation, HostPath: cfg.NativeHostPath, TempDir: cfg.NativeTempDir,
 			MaxAbandonedCalls: cfg.NativeMaxAbandonedCalls, Sandbox: cfg.Sandbox, HostEnv: cfg.WorkerEnv,
-			MaxExtractedBytes: cfg.NativeMaxExtractedBytes}),
+			MaxExtractedBytes: cfg.NativeMaxExtractedBytes, OnRestart: onRestart(cfg, "native")}),
 		dotnet.New(dotnetConfig(cfg)),
 	} {
 		if err := reg.Register(e); err != nil {
@@ -82,7 +88,17 @@ func Registry(cfg Config) (*engines.Registry, error) {
 func dotnetConfig(cfg Config) dotnet.Config {
 	d := cfg.Dotnet
 	d.Logger, d.DefaultTimeout, d.Gateway, d.Sandbox, d.Env = cfg.Logger, cfg.DefaultTimeout, cfg.Gateway, cfg.Sandbox, cfg.WorkerEnv
+	d.OnRestart = onRestart(cfg, "dotnet")
 	return d
+}
+
+// onRestart is an engine's restart callback: cfg.OnProcessRestart with the
+// engine's name (nil when it is not set).
+func onRestart(cfg Config, engine string) func(reason string, err error) {
+	if cfg.OnProcessRestart == nil {
+		return nil
+	}
+	return func(reason string, err error) { cfg.OnProcessRestart(engine, reason, err) }
 }
 
 // Warm prepares, in the background and bounded by ctx, every registered

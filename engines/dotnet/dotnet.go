@@ -81,6 +81,11 @@ type Config struct {
 	// Logger receives the engine's logs and, when Spec.Logger is nil, the
 	// workers' output. Default slog.Default().
 	Logger *slog.Logger
+	// OnRestart, when set, learns of each host process restarted after a
+	// crash or a timeout (procpool.Config.OnRestart): reason is a short
+	// fixed text ("timeout", "process exited", …), err the restart's error
+	// (nil: it runs again). Keep it cheap.
+	OnRestart func(reason string, err error)
 }
 
 // Engine is the .NET engine. It is safe for concurrent use.

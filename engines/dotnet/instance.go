@@ -31,10 +31,11 @@ func newInstance(e *Engine, spec engines.Spec, w *workerCode) *Instance {
 		Start: func(ctx context.Context) (*proc, error) {
 			return e.startLoaded(ctx, spec, w, in.pool)
 		},
-		Grace:    closeGrace,
-		Logger:   spec.Logger,
-		Name:     ".NET worker host",
-		LogAttrs: []any{"worker_id", spec.WorkerID},
+		Grace:     closeGrace,
+		Logger:    spec.Logger,
+		Name:      ".NET worker host",
+		LogAttrs:  []any{"worker_id", spec.WorkerID},
+		OnRestart: e.cfg.OnRestart,
 	})
 	return in
 }

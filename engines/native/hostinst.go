@@ -309,6 +309,7 @@ func (e *Engine) loadInHost(ctx context.Context, spec engines.Spec, pk *pkg) (en
 		Logger:           log,
 		Name:             "native host",
 		LogAttrs:         []any{"worker_id", spec.WorkerID},
+		OnRestart:        e.cfg.OnRestart,
 	})
 	// An invalid-code error says what is wrong: it is preferred.
 	if err := procpool.FirstError(in.pool.Fill(ctx), engines.ErrInvalidCode); err != nil {

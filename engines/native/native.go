@@ -105,6 +105,11 @@ type Config struct {
 	// Logger receives the engine's own logs and, when Spec.Logger is nil,
 	// the workers' log lines. Default slog.Default().
 	Logger *slog.Logger
+	// OnRestart, when set, learns of each host process (process isolation) restarted after a
+	// crash or a timeout (procpool.Config.OnRestart): reason is a short
+	// fixed text ("timeout", "process exited", …), err the restart's error
+	// (nil: it runs again). Keep it cheap.
+	OnRestart func(reason string, err error)
 }
 
 // Engine is the native engine. It is safe for concurrent use.

@@ -45,10 +45,11 @@ func newInstance(e *Engine, spec engines.Spec, interp string, code []byte) *Inst
 		Start: func(ctx context.Context) (*proc, error) {
 			return e.startLoaded(ctx, spec, interp, in.code, in.pool)
 		},
-		Grace:    closeGrace,
-		Logger:   spec.Logger,
-		Name:     "python worker process",
-		LogAttrs: []any{"worker_id", spec.WorkerID},
+		Grace:     closeGrace,
+		Logger:    spec.Logger,
+		Name:      "python worker process",
+		LogAttrs:  []any{"worker_id", spec.WorkerID},
+		OnRestart: e.cfg.OnRestart,
 	})
 	return in
 }

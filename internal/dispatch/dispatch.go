@@ -27,6 +27,7 @@ import (
 	"github.com/virtufin/workmanager/internal/delivery"
 	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
+	"github.com/virtufin/workmanager/internal/metrics"
 	"github.com/virtufin/workmanager/internal/publish"
 )
 
@@ -88,6 +89,9 @@ type Deps struct {
 	Records     *delivery.Store
 	Locks       *grouplock.Locks
 	DeadLetters *deadletter.Store
+	// Metrics receives the hot path's metrics (nil: metrics.New(nil),
+	// counted but registered nowhere).
+	Metrics *metrics.Metrics
 }
 
 // Worker identifies a worker to the hot path.
@@ -103,11 +107,13 @@ type Worker struct {
 	AllowedOutputs []string
 	// TopicPrefix confines its outputs to its tenant's topics ("" for any).
 	TopicPrefix string
+	// Engine names the engine that runs it, for its metrics' engine label.
+	Engine string
 }
 
 // Equal reports whether w and o are the same worker with the same settings.
 func (w Worker) Equal(o Worker) bool {
-	return w.ID == o.ID && w.Topic == o.Topic && w.Group == o.Group && w.MaxAttempts == o.MaxAttempts &&
+	return w.ID == o.ID && w.Topic == o.Topic && w.Group == o.Group && w.Engine == o.Engine && w.MaxAttempts == o.MaxAttempts &&
 		w.RetryBackoff == o.RetryBackoff && slices.Equal(w.AllowedOutputs, o.AllowedOutputs) && w.TopicPrefix == o.TopicPrefix
 }
 
@@ -163,14 +169,33 @@ func New(ctx context.Context, log *slog.Logger, deps Deps, cfg Config) *Dispatch
 	if cfg.OnSubscription == nil {
 		cfg.OnSubscription = func(string, error) {}
 	}
-	return &Dispatcher{
+	if deps.Metrics == nil {
+		deps.Metrics = metrics.New(nil)
+	}
+	d := &Dispatcher{
 		log: log, Deps: deps, cfg: cfg, ctx: ctx,
 		topics: map[string]*topic{}, workers: map[string]*worker{}, unrunnable: map[string]Worker{},
 	}
+	d.Metrics.SetInFlight(d.inflight.Load)
+	d.Metrics.SetQueues(d.queues)
+	return d
+}
+
+// queues reports the length of every attached worker's queue (read when
+// the metrics are scraped).
+func (d *Dispatcher) queues() []metrics.Queue {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]metrics.Queue, 0, len(d.workers))
+	for _, w := range d.workers {
+		out = append(out, metrics.Queue{Worker: w.ID, Engine: w.Engine, Length: len(w.queue)})
+	}
+	return out
 }
 
 type topic struct {
 	name    string
+	m       *metrics.Topic
 	sources sourceCache // used only by the topic's stream goroutine
 	workers atomic.Pointer[[]*worker]
 	// unrunnable are the workers on this topic that this node cannot run.
@@ -184,6 +209,7 @@ type topic struct {
 
 type worker struct {
 	Worker
+	m      *metrics.Worker
 	source types.URIRef
 	inst   atomic.Pointer[instance]
 	queue  chan job
@@ -239,6 +265,7 @@ func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 	d.Detach(context.Background(), w.ID) // topic or policy changed: start over
 
 	nw := &worker{Worker: w, source: types.URIRef{URL: url.URL{Path: "workmanager/workers/" + w.ID}},
+		m:     d.Metrics.Worker(w.ID, w.Engine, w.Group, d.cfg.MaxConcurrency),
 		queue: make(chan job, d.cfg.QueueDepth), stopped: make(chan struct{})}
 	nw.inst.Store(&instance{Instance: inst})
 	for range d.cfg.MaxConcurrency {
@@ -259,7 +286,7 @@ func (d *Dispatcher) topicLocked(name string) *topic {
 		return t
 	}
 	ctx, cancel := context.WithCancel(d.ctx)
-	t := &topic{name: name, cancel: cancel, done: make(chan struct{}), inflight: map[string]*message{}}
+	t := &topic{name: name, m: d.Metrics.Topic(name), cancel: cancel, done: make(chan struct{}), inflight: map[string]*message{}}
 	t.workers.Store(&[]*worker{})
 	d.topics[name] = t
 	d.refreshUnrunnableLocked(name)
@@ -352,6 +379,9 @@ func (d *Dispatcher) Detach(ctx context.Context, id string) {
 	if len(list) == 0 {
 		delete(d.topics, w.Topic)
 		t.cancel()
+		// Under d.mu: a topic of the same name subscribed again gets
+		// fresh series (what the old stream still counts is lost).
+		t.m.Delete()
 	}
 	d.mu.Unlock()
 
@@ -371,6 +401,7 @@ func (d *Dispatcher) Detach(ctx context.Context, id string) {
 		break
 	}
 	w.inst.Load().closeWhenIdle(ctx, d.log)
+	w.m.Delete()
 	if len(list) == 0 {
 		select {
 		case <-t.done:
@@ -473,6 +504,7 @@ func (d *Dispatcher) topicLoop(ctx context.Context, t *topic) {
 			return
 		}
 		d.cfg.OnSubscription(t.name, err)
+		t.m.Reconnects.Inc()
 		log.Warn("subscription lost, reconnecting", "err", err, "backoff", backoff)
 		select {
 		case <-time.After(backoff):

@@ -32,7 +32,25 @@ type message struct {
 
 	dups int            // further deliveries of id while in flight (guarded by t.mu)
 	wg   sync.WaitGroup // the workers running it on this delivery
+
+	// started is when the node began handling it, decoded (mono); ended,
+	// when set, when its record was written, i.e. its handling ended
+	// (mono; one clock read less for the ack).
+	started, ended int64
 }
+
+// monoBase anchors mono: the hot path keeps its timestamps as int64
+// nanoseconds of the monotonic clock, 8 bytes where a time.Time takes 24
+// (message and result stay in their allocation size classes).
+var monoBase = time.Now()
+
+// mono is now as nanoseconds since monoBase; monoOf is t's.
+func mono() int64 { return int64(time.Since(monoBase)) }
+
+func monoOf(t time.Time) int64 { return int64(t.Sub(monoBase)) }
+
+// seconds is the time between two mono readings, in seconds.
+func seconds(from, to int64) float64 { return float64(to-from) / 1e9 }
 
 // isFor reports whether the message is for worker id (every worker, unless
 // it is a replay for one).
@@ -56,6 +74,9 @@ type result struct {
 	err     error
 	// exhausted: not attempted, its attempts were already used up.
 	exhausted bool
+	// queued is when the message was offered to w's queue (mono; queue
+	// wait).
+	queued int64
 }
 
 // job hands one message to one worker.
@@ -130,6 +151,7 @@ func (d *Dispatcher) decode(t *topic, m *message) (err error) {
 // record back, and ack. Two state round trips on the success path, however
 // many workers the topic has.
 func (d *Dispatcher) run(m *message) {
+	m.started = mono()
 	status := AckRetry
 	defer func() {
 		if p := recover(); p != nil {
@@ -141,7 +163,10 @@ func (d *Dispatcher) run(m *message) {
 	}()
 	ctx := d.ctx
 	rec, err := d.Records.Load(ctx, m.key)
+	now := time.Now()
+	m.t.m.RecordLoad.Observe(seconds(m.started, monoOf(now)))
 	if err != nil {
+		m.t.m.RecordLoadError.Inc()
 		d.log.Warn("delivery record unavailable; the message will be redelivered", "topic", m.t.name, "event_id", m.id, "err", err)
 		return
 	}
@@ -150,11 +175,11 @@ func (d *Dispatcher) run(m *message) {
 		// back to the dead letters rather than bouncing forever.
 		err := fmt.Errorf("replayed for worker %s, which is not running on topic %s", m.replayFor, m.t.name)
 		if d.deadLetter(ctx, m, Worker{ID: m.replayFor, Topic: m.t.name}, reasonNotRunning, 0, err) == nil {
+			m.t.m.DeadLettered(reasonNotRunning)
 			status = AckSuccess
 		}
 		return
 	}
-	now := time.Now()
 	workers := *m.t.workers.Load()
 	results := make([]result, 0, len(workers))
 	for _, w := range workers {
@@ -174,7 +199,7 @@ func (d *Dispatcher) run(m *message) {
 			results = append(results, result{w: w, outcome: outcomeDeferred})
 			continue
 		}
-		results = append(results, result{w: w})
+		results = append(results, result{w: w, queued: monoOf(now)})
 	}
 	var full []*result
 	for i := range results {
@@ -192,6 +217,7 @@ func (d *Dispatcher) run(m *message) {
 			defer offers.Done()
 			if !r.w.offer(m, r, d.cfg.QueueWait) {
 				r.outcome = outcomeDeferred
+				r.w.m.QueueRejection.Inc()
 			}
 		}()
 	}
@@ -204,6 +230,7 @@ func (d *Dispatcher) run(m *message) {
 	}
 	d.notRunnable(ctx, m, rec, now, updates)
 	if len(updates) > 0 {
+		updating := mono()
 		rec, err = d.Records.Update(ctx, m.key, rec, func(r *delivery.Record) {
 			for id, u := range updates {
 				cur := r.Get(id)
@@ -214,7 +241,10 @@ func (d *Dispatcher) run(m *message) {
 				r.Set(id, u)
 			}
 		})
+		m.ended = mono()
+		m.t.m.RecordUpdate.Observe(seconds(updating, m.ended))
 		if err != nil {
+			m.t.m.RecordUpdateError.Inc()
 			d.log.Warn("delivery record not saved; the message will be redelivered", "topic", m.t.name, "event_id", m.id, "err", err)
 			return
 		}
@@ -275,6 +305,7 @@ func (d *Dispatcher) complete(m *message, rec delivery.Record) bool {
 func (d *Dispatcher) settle(ctx context.Context, m *message, rec delivery.Record, r *result, updates map[string]delivery.Worker) {
 	switch r.outcome {
 	case outcomeDone:
+		r.w.m.Succeeded.Inc()
 		updates[r.w.ID] = delivery.Worker{Outcome: delivery.Done, Attempts: rec.Get(r.w.ID).Attempts + 1}
 		return
 	case outcomeDeferred:
@@ -288,6 +319,7 @@ func (d *Dispatcher) settle(ctx context.Context, m *message, rec delivery.Record
 	limit := d.maxAttempts(r.w.Worker)
 	if !r.exhausted {
 		s.Attempts++
+		r.w.m.Failed(r.reason)
 		d.workerError(ctx, r.w, m, r, s.Attempts, limit)
 	}
 	if s.Attempts >= limit {
@@ -296,6 +328,7 @@ func (d *Dispatcher) settle(ctx context.Context, m *message, rec delivery.Record
 			updates[r.w.ID] = s // attempts are used up: the next delivery dead-letters it
 			return
 		}
+		r.w.m.DeadLettered(r.reason)
 		s.Outcome = delivery.Dead
 	} else {
 		s.NextMS = time.Now().Add(d.backoff(r.w.Worker, s.Attempts)).UnixMilli()
@@ -326,6 +359,7 @@ func (d *Dispatcher) notRunnable(ctx context.Context, m *message, rec delivery.R
 		if s.NotRunnable >= d.maxAttempts(w) && now.Sub(time.UnixMilli(s.FirstNotRunnableMS)) >= d.cfg.NotRunnableGrace {
 			err := fmt.Errorf("no node could run worker %s for %s (%d deliveries)", w.ID, now.Sub(time.UnixMilli(s.FirstNotRunnableMS)).Round(time.Second), s.NotRunnable)
 			if d.deadLetter(ctx, m, w, reasonNotRunnable, s.NotRunnable, err) == nil {
+				m.t.m.DeadLettered(reasonNotRunnable)
 				s.Outcome = delivery.Dead
 			}
 		}
@@ -360,10 +394,16 @@ func (d *Dispatcher) ack(m *message, status Ack) {
 	delete(t.inflight, m.id)
 	n := 1 + m.dups
 	t.mu.Unlock()
+	if m.ended == 0 {
+		m.ended = mono()
+	}
+	handled := seconds(m.started, m.ended)
 	if status == AckSuccess {
 		d.stats.processed.Add(1)
+		t.m.HandledSuccess.Observe(handled)
 	} else {
 		d.stats.failed.Add(1)
+		t.m.HandledRetry.Observe(handled)
 	}
 	for range n {
 		d.ackRaw(m.stream, m.id, status)
@@ -381,6 +421,7 @@ func (d *Dispatcher) ackRaw(st Stream, id string, status Ack) {
 // too large) and acks it; when the dead letter cannot be published the
 // message is given back instead.
 func (d *Dispatcher) rejectRaw(m *message, reason string, cause error) {
+	m.started = mono()
 	status := AckRetry
 	defer func() {
 		if p := recover(); p != nil {
@@ -394,5 +435,6 @@ func (d *Dispatcher) rejectRaw(m *message, reason string, cause error) {
 		d.log.Warn("dead letter not published; the message will be redelivered", "event_id", m.id, "err", err)
 		return
 	}
+	m.t.m.DeadLettered(reason)
 	status = AckSuccess
 }

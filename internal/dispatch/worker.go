@@ -106,7 +106,12 @@ func (d *Dispatcher) serve(w *worker) {
 				return
 			default:
 			}
-			d.handle(w, j.m, j.r)
+			start := time.Now()
+			w.m.QueueWait.Observe(seconds(j.r.queued, monoOf(start)))
+			w.m.Received.Inc()
+			w.m.InFlight.Inc()
+			d.handle(w, j.m, j.r, start)
+			w.m.InFlight.Dec()
 			j.m.wg.Done()
 		case <-w.stopped:
 			return
@@ -117,8 +122,8 @@ func (d *Dispatcher) serve(w *worker) {
 // handle makes one attempt of w at m: take the group lock when w has a
 // group, run the engine, publish the outputs (each checked against the
 // lock's fencing token first), release the lock. A panic anywhere in it is
-// a failed attempt of w.
-func (d *Dispatcher) handle(w *worker, m *message, r *result) {
+// a failed attempt of w. start is when the attempt began.
+func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 	defer func() {
 		if p := recover(); p != nil {
 			d.stats.panics.Add(1)
@@ -149,6 +154,9 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result) {
 		}()
 		in = withExtension(m, FencingExtension, strconv.FormatInt(lease.Token, 10))
 		ctx = engines.WithFence(ctx, &engines.Fence{Group: w.Group, Token: lease.Token, Check: lease.Check})
+		locked := time.Now()
+		w.m.LockWait.Observe(locked.Sub(start).Seconds())
+		start = locked
 	}
 	if d.cfg.PanicOn != "" {
 		if _, ok := m.ec.Extensions[d.cfg.PanicOn]; ok {
@@ -156,6 +164,7 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result) {
 		}
 	}
 	outs, err := w.process(ctx, in)
+	w.m.Processing.Observe(time.Since(start).Seconds())
 	if err != nil {
 		d.fail(r, err)
 		return
@@ -172,6 +181,7 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result) {
 			if err := lease.Check(ctx); err != nil {
 				if errors.Is(err, grouplock.ErrStale) {
 					d.stats.staleRefused.Add(1)
+					w.m.StaleRefused.Inc()
 					r.outcome, r.reason, r.err = outcomeFailed, reasonStaleLock, fmt.Errorf("output %d refused: %w", i, err)
 					return
 				}
@@ -184,6 +194,7 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result) {
 			r.outcome, r.reason, r.err = outcomeFailed, reasonPublishFailed, err
 			return
 		}
+		w.m.Outputs.Inc()
 	}
 	r.outcome = outcomeDone
 }

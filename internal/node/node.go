@@ -154,10 +154,15 @@ func (n *Node) Apply(ctx context.Context, w catalog.Worker, history *catalog.His
 	return n.catalog.SaveWorker(ctx, w)
 }
 
-// hotPath is how the dispatcher knows w.
-func hotPath(w catalog.Worker) dispatch.Worker {
+// hotPath is how the dispatcher knows w (Engine names its engine in the
+// metrics' labels).
+func (n *Node) hotPath(w catalog.Worker) dispatch.Worker {
+	engine := "unknown"
+	if e, err := n.engines.Lookup(w.MIMEType); err == nil {
+		engine = e.Info().Name
+	}
 	return dispatch.Worker{ID: w.ID, Topic: w.Topic, Group: w.Group, MaxAttempts: w.MaxAttempts, RetryBackoff: w.RetryBackoff,
-		AllowedOutputs: w.AllowedOutputs, TopicPrefix: w.TopicPrefix}
+		AllowedOutputs: w.AllowedOutputs, TopicPrefix: w.TopicPrefix, Engine: engine}
 }
 
 // apply makes the node serve w; the caller holds w's lock. A fenced node
@@ -169,7 +174,7 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 		return nil
 	}
 	n.mu.Lock()
-	same := n.attached[w.ID] == w.CodeSHA256 && n.policy[w.ID].Equal(hotPath(w))
+	same := n.attached[w.ID] == w.CodeSHA256 && n.policy[w.ID].Equal(n.hotPath(w))
 	n.mu.Unlock()
 	if same && n.disp.Attached(w.ID) {
 		return nil
@@ -180,12 +185,12 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 		// a node that can (or dead-letter as not_runnable), not be acked
 		// without it.
 		n.remove(ctx, w.ID)
-		n.disp.SetUnrunnable(hotPath(w))
+		n.disp.SetUnrunnable(n.hotPath(w))
 		return err
 	}
-	n.disp.Attach(hotPath(w), inst)
+	n.disp.Attach(n.hotPath(w), inst)
 	n.mu.Lock()
-	n.policy[w.ID] = hotPath(w)
+	n.policy[w.ID] = n.hotPath(w)
 	n.attached[w.ID] = w.CodeSHA256
 	delete(n.broken, w.ID)
 	n.mu.Unlock()

@@ -65,6 +65,12 @@ type Config[P Process] struct {
 	Logger   *slog.Logger
 	Name     string
 	LogAttrs []any
+	// OnRestart, when set, learns of each restart after a crash or a
+	// timeout, once it is over: reason is Replace's (a short fixed text such
+	// as "timeout" or "process exited"), err the start's error (nil: the
+	// new process runs). Restarts aborted by Close are not reported. It is
+	// called from the restart's goroutine; keep it cheap.
+	OnRestart func(reason string, err error)
 }
 
 var (
@@ -263,15 +269,23 @@ func (pl *Pool[P]) Replace(s *Slot[P], reason string) {
 			if pl.ctx.Err() == nil {
 				pl.cfg.Logger.Error(pl.cfg.Name+" could not be restarted",
 					slices.Concat(pl.cfg.LogAttrs, []any{"reason", reason, "error", err})...)
+				pl.restarted(reason, err)
 			}
 		} else {
 			s.p = p
 			pl.cfg.Logger.Warn(pl.cfg.Name+" restarted",
 				slices.Concat(pl.cfg.LogAttrs, []any{"reason", reason})...)
+			pl.restarted(reason, nil)
 		}
 		pl.free <- s
 	}()
 	pl.wg.Done()
+}
+
+func (pl *Pool[P]) restarted(reason string, err error) {
+	if pl.cfg.OnRestart != nil {
+		pl.cfg.OnRestart(reason, err)
+	}
 }
 
 // Killed reports whether Close gave up waiting and killed every process: a

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -248,9 +249,28 @@ func TestFirstError(t *testing.T) {
 	}
 }
 
+// restarts records what Config.OnRestart was told.
+type restarts struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (r *restarts) record(reason string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, fmt.Sprintf("%s: %v", reason, err))
+}
+
+func (r *restarts) all() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.got...)
+}
+
 func TestReplaceRestartsInTheBackground(t *testing.T) {
 	f := &fakes{}
-	pl, logs := newPool(t, 1, f, nil)
+	var rs restarts
+	pl, logs := newPool(t, 1, f, func(c *Config[*fakeProc]) { c.OnRestart = rs.record })
 	if errs := pl.Fill(ctxFor(t, 5*time.Second)); errs != nil {
 		t.Fatalf("Fill: %v", errs)
 	}
@@ -267,6 +287,9 @@ func TestReplaceRestartsInTheBackground(t *testing.T) {
 	pl.Release(s)
 	if got := logs.String(); !strings.Contains(got, `msg="fake process restarted" worker_id=w1 reason=timeout`) {
 		t.Errorf("log = %q, want a restart line", got)
+	}
+	if got := rs.all(); !slices.Equal(got, []string{"timeout: <nil>"}) {
+		t.Errorf("OnRestart saw %q, want one successful restart for timeout", got)
 	}
 	// Close reaps the new process, not the old (untracked) one again.
 	if err := pl.Close(ctxFor(t, 5*time.Second)); err != nil {
@@ -286,7 +309,8 @@ func TestFailedRestartIsRetriedByTheNextCall(t *testing.T) {
 		}
 		return nil
 	}}
-	pl, logs := newPool(t, 1, f, nil)
+	var rs restarts
+	pl, logs := newPool(t, 1, f, func(c *Config[*fakeProc]) { c.OnRestart = rs.record })
 	if errs := pl.Fill(ctxFor(t, 5*time.Second)); errs != nil {
 		t.Fatalf("Fill: %v", errs)
 	}
@@ -304,6 +328,9 @@ func TestFailedRestartIsRetriedByTheNextCall(t *testing.T) {
 	pl.Release(s) // still empty
 	if got := logs.String(); !strings.Contains(got, `msg="fake process could not be restarted" worker_id=w1 reason="process exited" error="no more processes"`) {
 		t.Errorf("log = %q, want a failed-restart line", got)
+	}
+	if got := rs.all(); !slices.Equal(got, []string{"process exited: no more processes"}) {
+		t.Errorf("OnRestart saw %q, want one failed restart", got)
 	}
 
 	failing.Store(false)
