@@ -10,7 +10,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.0
 GRPCURL_VERSION := v1.9.3
 WORKFLOWCHECK_VERSION := v0.6.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-TEST_TIMEOUT ?= 25m
+TEST_TIMEOUT ?= 35m
 
 .PHONY: run test unit integration bench fuzz pytest deps tools proto build clean vet k8s-validate
 

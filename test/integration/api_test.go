@@ -248,6 +248,7 @@ func newEnvWithTokens(t *testing.T, tokens []apiToken, apiEnv ...string) *env {
 // UNAUTHENTICATED (the health service too, unless API_PUBLIC_HEALTH), a
 // reader reads but cannot create, and a refused create leaves nothing.
 func TestAPIAuthentication(t *testing.T) {
+	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	e := newEnvWithTokens(t, []apiToken{{"reader-token-0123456789", "reader", "default", "viewer"}})
 	dial := func(creds ...grpc.DialOption) *grpc.ClientConn {
 		conn, err := grpc.NewClient(e.apiAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, creds...)...)
@@ -370,6 +371,7 @@ func TestAPILimitsAndHealth(t *testing.T) {
 // bearer token still does over TLS, a TLS caller with neither is
 // UNAUTHENTICATED, and plaintext gets no answer.
 func TestAPIMutualTLS(t *testing.T) {
+	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	e := newEnv(t, "")
 	certs, err := devstack.DevTLS(t.TempDir())
 	if err != nil {
