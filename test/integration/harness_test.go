@@ -464,33 +464,43 @@ func expectEvent(t testing.TB, ch <-chan event.Event, timeout time.Duration) eve
 func (e *env) waitUnsubscribed(t testing.TB, httpAddr, topic string) {
 	t.Helper()
 	waitFor(t, 30*time.Second, "no subscription to "+topic+" on daprd "+httpAddr, func() bool {
-		req, err := http.NewRequest(http.MethodGet, "http://"+httpAddr+"/v1.0/metadata", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if tok := e.stack.DaprAPIToken; tok != "" {
-			req.Header.Set(daprconn.TokenHeader, tok)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		var md struct {
-			Subscriptions []struct {
-				Topic string `json:"topic"`
-			} `json:"subscriptions"`
-		}
-		if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&md) != nil {
-			return false
-		}
-		for _, s := range md.Subscriptions {
-			if s.Topic == topic {
-				return false
-			}
-		}
-		return true
+		subscribed, err := daprSubscribed(httpAddr, e.stack.DaprAPIToken, topic)
+		return err == nil && !subscribed
 	})
+}
+
+// daprSubscribed asks daprd's metadata API (at httpAddr, sending token when
+// set) whether its app subscribes to topic.
+func daprSubscribed(httpAddr, token, topic string) (bool, error) {
+	req, err := http.NewRequest(http.MethodGet, "http://"+httpAddr+"/v1.0/metadata", nil)
+	if err != nil {
+		return false, err
+	}
+	if token != "" {
+		req.Header.Set(daprconn.TokenHeader, token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	var md struct {
+		Subscriptions []struct {
+			Topic string `json:"topic"`
+		} `json:"subscriptions"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("daprd metadata: %s", resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&md); err != nil {
+		return false, err
+	}
+	for _, s := range md.Subscriptions {
+		if s.Topic == topic {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // redisCLI runs redis-cli against the stack's Redis and returns its output.

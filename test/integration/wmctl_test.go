@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -166,25 +165,8 @@ func (c *lineCollector) all() []string {
 func waitSubscribedVia(t *testing.T, httpAddr, topic string) {
 	t.Helper()
 	waitFor(t, 30*time.Second, "a subscription to "+topic+" on daprd "+httpAddr, func() bool {
-		resp, err := http.Get("http://" + httpAddr + "/v1.0/metadata")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		var md struct {
-			Subscriptions []struct {
-				Topic string `json:"topic"`
-			} `json:"subscriptions"`
-		}
-		if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&md) != nil {
-			return false
-		}
-		for _, s := range md.Subscriptions {
-			if s.Topic == topic {
-				return true
-			}
-		}
-		return false
+		subscribed, err := daprSubscribed(httpAddr, "", topic)
+		return err == nil && subscribed
 	})
 }
 
