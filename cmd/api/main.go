@@ -10,15 +10,19 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	dapr "github.com/dapr/go-sdk/client"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.temporal.io/sdk/client"
 	tlog "go.temporal.io/sdk/log"
 	"google.golang.org/grpc"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/stats"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/auth"
@@ -31,6 +35,7 @@ import (
 	"github.com/virtufin/workmanager/internal/publish"
 	"github.com/virtufin/workmanager/internal/ratelimit"
 	"github.com/virtufin/workmanager/internal/state"
+	"github.com/virtufin/workmanager/internal/tracing"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	"github.com/virtufin/workmanager/services/api"
 )
@@ -40,6 +45,24 @@ func main() {
 }
 
 func run(ctx context.Context, log *slog.Logger, cfg config) error {
+	// Traces: on when OTEL_EXPORTER_OTLP_ENDPOINT is set (internal/tracing).
+	tr, err := tracing.Setup(ctx, log, "workmanager-api")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := tr.Shutdown(ctx, 5*time.Second); err != nil {
+			log.Warn("traces not flushed", "err", err)
+		}
+	}()
+	if tr.On() {
+		log = slog.New(tracing.LogHandler(log.Handler()))
+		log.Info("tracing on", "exporter", tr.Exporter)
+	}
+	temporalInterceptors, err := tr.TemporalInterceptors()
+	if err != nil {
+		return fmt.Errorf("temporal tracing: %w", err)
+	}
 	conn, err := daprconn.Dial(cfg.DaprGRPCAddress, daprconn.Options{Token: cfg.DaprAPIToken})
 	if err != nil {
 		return fmt.Errorf("dapr connection: %w", err)
@@ -50,7 +73,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	cat := catalog.New(store)
 	go cat.SweepLoop(ctx, log, cfg.CodeGCGrace)
 	tc, err := client.DialContext(ctx, client.Options{HostPort: cfg.TemporalAddress, Namespace: cfg.TemporalNamespace,
-		Logger: tlog.NewStructuredLogger(log.With("component", "temporal"))})
+		Logger: tlog.NewStructuredLogger(log.With("component", "temporal")), Interceptors: temporalInterceptors})
 	if err != nil {
 		return fmt.Errorf("temporal: %w", err)
 	}
@@ -69,14 +92,28 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		Methods: auth.ChangingMethods(), Caller: auth.CallerKey})
 	opts = append(opts, grpc.ChainUnaryInterceptor(limiter.UnaryInterceptor()),
 		grpc.MaxRecvMsgSize(cfg.MaxCodeBytes+api.MaxRequestOverhead))
+	if tr.On() {
+		// One server span per API call (health and reflection left out),
+		// continuing the caller's traceparent; the Temporal calls it makes
+		// are its children.
+		opts = append(opts, grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(tr.Provider),
+			otelgrpc.WithPropagators(tr.Propagator), otelgrpc.WithMeterProvider(metricnoop.NewMeterProvider()),
+			otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool {
+				return strings.HasPrefix(info.FullMethodName, "/"+pb.WorkManagerService_ServiceDesc.ServiceName+"/")
+			}))))
+	}
 	srv := grpc.NewServer(opts...)
+	publisher := publish.NewDapr(daprClient, cfg.PubSub)
+	if tr.On() {
+		publisher.Propagator = tr.Propagator
+	}
 	pb.RegisterWorkManagerServiceServer(srv, api.New(log, tc, cat, engines.BuiltinMIMETypes(),
 		api.Options{OperationTimeout: cfg.OperationTimeout, ContinueAsNewAfter: cfg.ContinueAsNewAfter, MaxCodeBytes: cfg.MaxCodeBytes, CodeURLs: cfg.CodeURLs,
 			// The dead-letter TTL is recorded in each index by the nodes
 			// that add them: the API needs none of its own.
 			DeadLetters: deadletter.NewStore(store, 0),
 			Deliveries:  delivery.NewStore(store, cfg.DeliveryRecordTTL),
-			Publisher:   publish.NewDapr(daprClient, cfg.PubSub),
+			Publisher:   publisher,
 			Tenants:     cfg.Tenants}))
 	gh := grpchealth.NewServer()
 	gh.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)

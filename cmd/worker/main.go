@@ -19,6 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"go.temporal.io/sdk/client"
 	tlog "go.temporal.io/sdk/log"
 	"go.temporal.io/sdk/worker"
@@ -46,6 +49,7 @@ import (
 	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/publish"
 	"github.com/virtufin/workmanager/internal/state"
+	"github.com/virtufin/workmanager/internal/tracing"
 	devkit "github.com/virtufin/workmanager/sdk/python"
 	"github.com/virtufin/workmanager/services/reconcile"
 	"github.com/virtufin/workmanager/workflows"
@@ -56,6 +60,28 @@ func main() {
 }
 
 func run(ctx context.Context, log *slog.Logger, cfg config) error {
+	// Traces: on when OTEL_EXPORTER_OTLP_ENDPOINT is set (internal/tracing).
+	tr, err := tracing.Setup(ctx, log, "workmanager-node", attribute.String("service.instance.id", cfg.NodeID))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := tr.Shutdown(ctx, 5*time.Second); err != nil {
+			log.Warn("traces not flushed", "err", err)
+		}
+	}()
+	var tp trace.TracerProvider // nil: the hot path does not trace
+	var prop propagation.TextMapPropagator
+	if tr.On() {
+		tp, prop = tr.Provider, tr.Propagator
+		log = slog.New(tracing.LogHandler(log.Handler()))
+		log.Info("tracing on", "exporter", tr.Exporter)
+	}
+	temporalInterceptors, err := tr.TemporalInterceptors()
+	if err != nil {
+		return fmt.Errorf("temporal tracing: %w", err)
+	}
+
 	// The stream must take the largest accepted event plus its envelope.
 	conn, err := daprconn.Dial(cfg.DaprGRPCAddress, daprconn.Options{Token: cfg.DaprAPIToken, MaxRecvBytes: cfg.MaxEventBytes + 1<<20})
 	if err != nil {
@@ -63,6 +89,8 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	}
 	defer conn.Close()
 	daprClient := dapr.NewClientWithConnection(conn)
+	gw := gateway.NewDapr(daprClient, cfg.GatewayTimeout)
+	gw.Propagator = prop
 
 	// One registry for everything /metrics serves: the Go runtime and the
 	// process, the node's workmanager_ metrics, the Temporal SDK's.
@@ -82,7 +110,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	reg, err := builtin.Registry(builtin.Config{Logger: log, PythonProcesses: cfg.PythonProcesses, PythonDevKitDir: devkitDir,
 		Sandbox: sb, PythonAllowedPackages: cfg.PythonAllowed, WorkerEnv: cfg.WorkerEnv, NativeMaxExtractedBytes: int64(cfg.NativeMaxExtracted),
 		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait, PythonMaxBatch: cfg.PythonMaxBatch,
-		Gateway:         gateway.NewDapr(daprClient, cfg.GatewayTimeout),
+		Gateway:         gw,
 		NativeIsolation: nativeIsolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir,
 		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned, OnProcessRestart: met.EngineRestart,
 		Dotnet: dotnet.Config{Processes: cfg.DotnetProcesses, CacheDir: cfg.DotnetCacheDir, Mono: cfg.DotnetMono,
@@ -113,6 +141,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	}
 	cat := catalog.New(catStore)
 	daprPub := publish.NewDapr(daprClient, cfg.PubSub)
+	daprPub.Propagator = prop
 	pub := publish.Observed(daprPub, broker.Published)
 	events := lifecycleevents.NewEmitter(pub)
 	// The hot path lives on its own context: SIGTERM first drains it (in-flight
@@ -131,7 +160,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		}})
 	disp := dispatch.New(hotCtx, log, dispatch.Deps{Sub: dispatch.DaprSubscriber{Client: runtimev1.NewDaprClient(conn)}, Pub: pub, Events: events,
 		Records: delivery.NewStore(state.NewBatching(store, 0), cfg.DeliveryRecordTTL), Locks: locks, DeadLetters: deadletter.NewStore(store, cfg.DeadLetterTTL),
-		Metrics: met},
+		Metrics: met, TracerProvider: tp, Propagator: prop},
 		dispatch.Config{PubSub: cfg.PubSub, NodeID: cfg.NodeID, MaxConcurrency: cfg.MaxConcurrency, QueueDepth: cfg.QueueDepth, QueueWait: cfg.QueueWait,
 			MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff, NotRunnableGrace: cfg.NotRunnableGrace,
 			MaxEventBytes: cfg.MaxEventBytes, MaxOutputs: cfg.MaxOutputs, MaxOutputBytes: cfg.MaxOutputBytes, Secrets: secretValues(os.Environ()), PanicOn: cfg.TestPanicExtension, OnSubscription: broker.Subscribed})
@@ -160,7 +189,8 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	}
 	defer func() { _ = stopTemporalMetrics(context.WithoutCancel(ctx)) }()
 	tc, err := client.DialContext(ctx, client.Options{HostPort: cfg.TemporalAddress, Namespace: cfg.TemporalNamespace,
-		Logger: tlog.NewStructuredLogger(log.With("component", "temporal")), MetricsHandler: temporalMetrics})
+		Logger: tlog.NewStructuredLogger(log.With("component", "temporal")), MetricsHandler: temporalMetrics,
+		Interceptors: temporalInterceptors})
 	if err != nil {
 		return fmt.Errorf("temporal: %w", err)
 	}

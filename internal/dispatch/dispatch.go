@@ -21,6 +21,9 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/types"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/deadletter"
@@ -92,6 +95,14 @@ type Deps struct {
 	// Metrics receives the hot path's metrics (nil: metrics.New(nil),
 	// counted but registered nowhere).
 	Metrics *metrics.Metrics
+	// TracerProvider, when set, traces every attempt of a worker at a
+	// message as a span that continues the input's W3C trace context (its
+	// traceparent and tracestate extensions) and is carried on by the
+	// outputs. nil: no tracing, and nothing on the hot path pays for it.
+	TracerProvider trace.TracerProvider
+	// Propagator reads and writes the trace context (nil with a
+	// TracerProvider: W3C Trace Context).
+	Propagator propagation.TextMapPropagator
 }
 
 // Worker identifies a worker to the hot path.
@@ -132,6 +143,8 @@ type Dispatcher struct {
 	draining atomic.Bool
 	inflight atomic.Int64 // messages received and not yet acked
 	stats    counters
+
+	tracer trace.Tracer // nil: tracing off
 }
 
 type counters struct {
@@ -176,6 +189,12 @@ func New(ctx context.Context, log *slog.Logger, deps Deps, cfg Config) *Dispatch
 		log: log, Deps: deps, cfg: cfg, ctx: ctx,
 		topics: map[string]*topic{}, workers: map[string]*worker{}, unrunnable: map[string]Worker{},
 	}
+	if deps.TracerProvider != nil {
+		d.tracer = deps.TracerProvider.Tracer("github.com/virtufin/workmanager/internal/dispatch")
+		if d.Propagator == nil {
+			d.Propagator = propagation.TraceContext{}
+		}
+	}
 	d.Metrics.SetInFlight(d.inflight.Load)
 	d.Metrics.SetQueues(d.queues)
 	return d
@@ -218,6 +237,10 @@ type worker struct {
 	closed  bool
 	stopped chan struct{}
 	wg      sync.WaitGroup
+
+	// spanName and spanAttrs start its spans (set when tracing is on).
+	spanName  string
+	spanAttrs []attribute.KeyValue
 }
 
 // instance guards one engine instance so that it is closed only after its
@@ -268,6 +291,9 @@ func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 		m:     d.Metrics.Worker(w.ID, w.Engine, w.Group, d.cfg.MaxConcurrency),
 		queue: make(chan job, d.cfg.QueueDepth), stopped: make(chan struct{})}
 	nw.inst.Store(&instance{Instance: inst})
+	if d.tracer != nil {
+		nw.spanName, nw.spanAttrs = "worker "+w.ID, workerSpanAttrs(w)
+	}
 	for range d.cfg.MaxConcurrency {
 		nw.wg.Add(1)
 		go d.serve(nw)

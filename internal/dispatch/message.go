@@ -9,6 +9,7 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/delivery"
@@ -70,6 +71,7 @@ const (
 type result struct {
 	w       *worker
 	outcome outcome
+	attempt int32 // the attempt's number, counting from 1
 	reason  string
 	err     error
 	// exhausted: not attempted, its attempts were already used up.
@@ -77,6 +79,8 @@ type result struct {
 	// queued is when the message was offered to w's queue (mono; queue
 	// wait).
 	queued int64
+	// trace is the trace of the attempt's span (zero: tracing off).
+	trace trace.TraceID
 }
 
 // job hands one message to one worker.
@@ -174,7 +178,7 @@ func (d *Dispatcher) run(m *message) {
 		// A replay for a worker no longer running (stopped or deleted since):
 		// back to the dead letters rather than bouncing forever.
 		err := fmt.Errorf("replayed for worker %s, which is not running on topic %s", m.replayFor, m.t.name)
-		if d.deadLetter(ctx, m, Worker{ID: m.replayFor, Topic: m.t.name}, reasonNotRunning, 0, err) == nil {
+		if d.deadLetter(ctx, m, Worker{ID: m.replayFor, Topic: m.t.name}, reasonNotRunning, 0, err, trace.TraceID{}) == nil {
 			m.t.m.DeadLettered(reasonNotRunning)
 			status = AckSuccess
 		}
@@ -199,7 +203,7 @@ func (d *Dispatcher) run(m *message) {
 			results = append(results, result{w: w, outcome: outcomeDeferred})
 			continue
 		}
-		results = append(results, result{w: w, queued: monoOf(now)})
+		results = append(results, result{w: w, queued: monoOf(now), attempt: int32(s.Attempts + 1)})
 	}
 	var full []*result
 	for i := range results {
@@ -323,8 +327,8 @@ func (d *Dispatcher) settle(ctx context.Context, m *message, rec delivery.Record
 		d.workerError(ctx, r.w, m, r, s.Attempts, limit)
 	}
 	if s.Attempts >= limit {
-		if err := d.deadLetter(ctx, m, r.w.Worker, r.reason, s.Attempts, r.err); err != nil {
-			d.log.Warn("dead letter not published; the message will be redelivered", "worker_id", r.w.ID, "event_id", m.id, "err", err)
+		if err := d.deadLetter(ctx, m, r.w.Worker, r.reason, s.Attempts, r.err, r.trace); err != nil {
+			d.log.Warn("dead letter not published; the message will be redelivered", append([]any{"worker_id", r.w.ID, "event_id", m.id, "err", err}, logAttrs(m, r.trace)...)...)
 			updates[r.w.ID] = s // attempts are used up: the next delivery dead-letters it
 			return
 		}
@@ -358,7 +362,7 @@ func (d *Dispatcher) notRunnable(ctx context.Context, m *message, rec delivery.R
 		}
 		if s.NotRunnable >= d.maxAttempts(w) && now.Sub(time.UnixMilli(s.FirstNotRunnableMS)) >= d.cfg.NotRunnableGrace {
 			err := fmt.Errorf("no node could run worker %s for %s (%d deliveries)", w.ID, now.Sub(time.UnixMilli(s.FirstNotRunnableMS)).Round(time.Second), s.NotRunnable)
-			if d.deadLetter(ctx, m, w, reasonNotRunnable, s.NotRunnable, err) == nil {
+			if d.deadLetter(ctx, m, w, reasonNotRunnable, s.NotRunnable, err, trace.TraceID{}) == nil {
 				m.t.m.DeadLettered(reasonNotRunnable)
 				s.Outcome = delivery.Dead
 			}

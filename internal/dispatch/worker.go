@@ -14,6 +14,8 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/cloudevents/sdk-go/v2/types"
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/deadletter"
@@ -124,14 +126,25 @@ func (d *Dispatcher) serve(w *worker) {
 // lock's fencing token first), release the lock. A panic anywhere in it is
 // a failed attempt of w. start is when the attempt began.
 func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
+	var (
+		span    trace.Span // nil: tracing off
+		outputs int
+	)
 	defer func() {
 		if p := recover(); p != nil {
 			d.stats.panics.Add(1)
-			d.log.Error("panic while processing a message", "worker_id", w.ID, "event_id", m.id, "panic", p, "stack", string(debug.Stack()))
+			d.log.Error("panic while processing a message", append([]any{"worker_id", w.ID, "event_id", m.id, "panic", p,
+				"stack", string(debug.Stack())}, logAttrs(m, r.trace)...)...)
 			r.outcome, r.reason, r.err = outcomeFailed, reasonPanic, fmt.Errorf("panic: %v", p)
+		}
+		if span != nil {
+			d.endSpan(span, r, outputs)
 		}
 	}()
 	ctx := d.ctx
+	if d.tracer != nil {
+		ctx, span = d.startSpan(ctx, w, m, r)
+	}
 	in := &m.ev
 	var lease *grouplock.Lease
 	if w.Group != "" {
@@ -149,7 +162,8 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 		}
 		defer func() {
 			if err := lease.Release(context.WithoutCancel(ctx)); err != nil {
-				d.log.Warn("group lock not released; this node takes it back on its next message of the group, other nodes after its max age", "group", w.Group, "worker_id", w.ID, "err", err)
+				d.log.Warn("group lock not released; this node takes it back on its next message of the group, other nodes after its max age",
+					append([]any{"group", w.Group, "worker_id", w.ID, "err", err}, logAttrs(m, r.trace)...)...)
 			}
 		}()
 		in = withExtension(m, FencingExtension, strconv.FormatInt(lease.Token, 10))
@@ -175,8 +189,15 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 		r.outcome, r.reason, r.err = outcomeFailed, reason, err
 		return
 	}
+	var tc propagation.MapCarrier
+	if span != nil {
+		tc = d.traceContext(ctx)
+	}
 	for i := range outs {
 		o := &outs[i]
+		if tc != nil {
+			setTraceContext(o, tc)
+		}
 		if lease != nil {
 			if err := lease.Check(ctx); err != nil {
 				if errors.Is(err, grouplock.ErrStale) {
@@ -195,6 +216,7 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 			return
 		}
 		w.m.Outputs.Inc()
+		outputs++
 	}
 	r.outcome = outcomeDone
 }
@@ -304,8 +326,8 @@ func (w *worker) process(ctx context.Context, in *event.Event) ([]event.Event, e
 // event for it.
 func (d *Dispatcher) workerError(ctx context.Context, w *worker, m *message, r *result, attempt, limit int) {
 	msg := d.publicText(fmt.Sprint(r.err))
-	d.log.Warn("worker attempt failed", "worker_id", w.ID, "topic", w.Topic, "event_id", m.id, "error_type", r.reason,
-		"attempt", attempt, "max_attempts", limit, "err", msg)
+	d.log.Warn("worker attempt failed", append([]any{"worker_id", w.ID, "topic", w.Topic, "event_id", m.id, "error_type", r.reason,
+		"attempt", attempt, "max_attempts", limit, "err", msg}, logAttrs(m, r.trace)...)...)
 	if d.Events == nil {
 		return
 	}
@@ -318,7 +340,8 @@ func (d *Dispatcher) workerError(ctx context.Context, w *worker, m *message, r *
 
 // deadLetter publishes m, intact plus the dead-letter extensions, to
 // "<topic>-dead" for worker w, and stores it for ReplayDeadLetters.
-func (d *Dispatcher) deadLetter(ctx context.Context, m *message, w Worker, reason string, attempts int, cause error) error {
+// tid is the trace of the attempt that gave up (zero: none or not traced).
+func (d *Dispatcher) deadLetter(ctx context.Context, m *message, w Worker, reason string, attempts int, cause error, tid trace.TraceID) error {
 	original, err := m.ev.MarshalJSON()
 	if err != nil {
 		return fmt.Errorf("encode dead letter: %w", err)
@@ -337,7 +360,8 @@ func (d *Dispatcher) deadLetter(ctx context.Context, m *message, w Worker, reaso
 		return err
 	}
 	d.stats.deadLettered.Add(1)
-	d.log.Warn("message dead-lettered", "worker_id", w.ID, "topic", m.t.name, "event_id", m.id, "reason", reason, "attempts", attempts)
+	d.log.Warn("message dead-lettered", append([]any{"worker_id", w.ID, "topic", m.t.name, "event_id", m.id, "reason", reason,
+		"attempts", attempts}, logAttrs(m, tid)...)...)
 	if d.Events != nil {
 		data := lifecycleevents.Data{WorkerID: w.ID, Group: w.Group, Topic: w.Topic, EventID: m.id, Reason: reason,
 			Attempt: attempts, MaxAttempts: d.maxAttempts(w), ErrorMessage: d.publicText(fmt.Sprint(cause))}

@@ -13,9 +13,11 @@ import (
 	"time"
 
 	dapr "github.com/dapr/go-sdk/client"
+	"go.opentelemetry.io/otel/propagation"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/internal/tracing"
 )
 
 // Metadata (HTTP headers at the backend) of a call made under a group lock:
@@ -34,6 +36,11 @@ var ErrFence = errors.New("call refused: its group lock could not be confirmed")
 type Dapr struct {
 	client  dapr.Client
 	timeout time.Duration
+	// Propagator, when set, sends the trace context of the call's span
+	// (the worker's attempt) to daprd as gRPC metadata (traceparent,
+	// tracestate); daprd continues it and passes traceparent on to the
+	// invoked service as an HTTP header.
+	Propagator propagation.TextMapPropagator
 }
 
 // NewDapr calls services through client; each call is bounded by timeout
@@ -55,6 +62,9 @@ func (d *Dapr) Call(ctx context.Context, service, method string, request []byte)
 			return nil, fmt.Errorf("gateway: %s/%s under group %s token %d: %w: %w", service, method, f.Group, f.Token, ErrFence, err)
 		}
 		ctx = metadata.AppendToOutgoingContext(ctx, FencingTokenHeader, strconv.FormatInt(f.Token, 10), FencingGroupHeader, f.Group)
+	}
+	if d.Propagator != nil {
+		ctx = tracing.InjectGRPC(ctx, d.Propagator)
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()

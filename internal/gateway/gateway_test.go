@@ -12,6 +12,8 @@ import (
 	"time"
 
 	dapr "github.com/dapr/go-sdk/client"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/devstack"
@@ -71,4 +73,34 @@ func TestCallThroughRealDapr(t *testing.T) {
 	if _, err := g.Call(ctx, "", "x", nil); err == nil {
 		t.Fatal("empty service accepted")
 	}
+}
+
+// TestCallCarriesTraceContext: a call made in a traced attempt (its ctx
+// carries the worker's span) reaches the backend through daprd with a
+// traceparent of the same trace, and without the span none is made up.
+func TestCallCarriesTraceContext(t *testing.T) {
+	var seen atomic.Value
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen.Store(r.Header.Get("traceparent"))
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	defer backend.Close()
+	_, conn := devstack.StartT(t, devstack.Options{
+		ExtraResources: map[string]string{"pricing.yaml": devstack.HTTPEndpoint("pricing", backend.URL)}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g := gateway.NewDapr(dapr.NewClientWithConnection(conn), 10*time.Second)
+	g.Propagator = propagation.TraceContext{}
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	tid, _ := trace.TraceIDFromHex(traceID)
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	traced := trace.ContextWithSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled}))
+	if _, err := g.Call(traced, "pricing", "quote", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	tp, _ := seen.Load().(string)
+	if !strings.HasPrefix(tp, "00-"+traceID+"-") {
+		t.Fatalf("backend got traceparent %q, want trace %s", tp, traceID)
+	}
+	t.Logf("sent 00-%s-00f067aa0ba902b7-01; the backend got %s", traceID, tp)
 }

@@ -12,6 +12,9 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	dapr "github.com/dapr/go-sdk/client"
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/virtufin/workmanager/internal/tracing"
 )
 
 // ContentType is the content type of a structured CloudEvent.
@@ -26,6 +29,10 @@ type Publisher interface {
 type Dapr struct {
 	client dapr.Client
 	pubsub string
+	// Propagator, when set, sends the trace context of the publishing
+	// ctx's span to daprd (gRPC metadata traceparent, tracestate), which
+	// continues the trace (internal/tracing.InjectGRPC).
+	Propagator propagation.TextMapPropagator
 }
 
 // NewDapr publishes to the pub/sub component pubsub through client.
@@ -44,6 +51,9 @@ func (p *Dapr) send(ctx context.Context, topic string, e *event.Event, meta map[
 	body, err := e.MarshalJSON()
 	if err != nil {
 		return fmt.Errorf("encode CloudEvent %s: %w", e.ID(), err)
+	}
+	if p.Propagator != nil {
+		ctx = tracing.InjectGRPC(ctx, p.Propagator)
 	}
 	opts := []dapr.PublishEventOption{dapr.PublishEventWithContentType(ContentType)}
 	if meta != nil {

@@ -1,0 +1,149 @@
+package dispatch
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/virtufin/workmanager/internal/tracing"
+)
+
+// CloudEvent extensions of the W3C trace context (the CloudEvents
+// distributed tracing extension), and Dapr's legacy copy of traceparent:
+// daprd keeps the traceparent of a published structured CloudEvent only
+// when it also has a traceid; otherwise it puts its own span there.
+const (
+	TraceParentExtension = "traceparent"
+	TraceStateExtension  = "tracestate"
+	TraceIDExtension     = "traceid"
+)
+
+// Span attributes of a worker's attempt at a message.
+const (
+	attrWorkerID      = attribute.Key("workmanager.worker.id")
+	attrWorkerGroup   = attribute.Key("workmanager.worker.group")
+	attrWorkerEngine  = attribute.Key("workmanager.worker.engine")
+	attrAttempt       = attribute.Key("workmanager.attempt")
+	attrCorrelationID = attribute.Key("workmanager.correlation_id")
+	attrOutcome       = attribute.Key("workmanager.outcome")
+	attrOutputs       = attribute.Key("workmanager.outputs")
+	attrTopic         = attribute.Key("messaging.destination.name")
+	attrMessageID     = attribute.Key("messaging.message.id")
+	attrEventSource   = attribute.Key("cloudevents.event_source")
+	attrEventType     = attribute.Key("cloudevents.event_type")
+	attrErrorType     = attribute.Key("error.type")
+)
+
+func workerSpanAttrs(w Worker) []attribute.KeyValue {
+	a := []attribute.KeyValue{
+		attribute.String("messaging.system", "dapr"),
+		attribute.String("messaging.operation.type", "process"),
+		attrTopic.String(w.Topic),
+		attrWorkerID.String(w.ID),
+		attrWorkerEngine.String(w.Engine),
+	}
+	if w.Group != "" {
+		a = append(a, attrWorkerGroup.String(w.Group))
+	}
+	return a
+}
+
+// startSpan starts w's span for its attempt at m, a child of the trace
+// context m carries (a new trace when it carries none).
+func (d *Dispatcher) startSpan(ctx context.Context, w *worker, m *message, r *result) (context.Context, trace.Span) {
+	ctx = d.Propagator.Extract(ctx, tracing.ExtensionCarrier(m.ec.Extensions))
+	attrs := make([]attribute.KeyValue, 0, len(w.spanAttrs)+5)
+	attrs = append(attrs, w.spanAttrs...)
+	attrs = append(attrs, attrMessageID.String(m.id), attrAttempt.Int(int(r.attempt)),
+		attrEventSource.String(m.req.GetSource()), attrEventType.String(m.req.GetType()))
+	if c, ok := m.correlation.(string); ok && m.hasCorrelation {
+		attrs = append(attrs, attrCorrelationID.String(c))
+	}
+	ctx, span := d.tracer.Start(ctx, w.spanName, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	r.trace = span.SpanContext().TraceID()
+	return ctx, span
+}
+
+// endSpan records the attempt's outcome on its span and ends it.
+func (d *Dispatcher) endSpan(span trace.Span, r *result, outputs int) {
+	switch r.outcome {
+	case outcomeDone:
+		span.SetAttributes(attrOutcome.String("done"), attrOutputs.Int(outputs))
+	case outcomeFailed:
+		span.SetAttributes(attrOutcome.String("failed"), attrErrorType.String(r.reason))
+		span.SetStatus(codes.Error, d.publicText(errorText(r.err)))
+	case outcomeCut:
+		span.SetAttributes(attrOutcome.String("cut"))
+	}
+	span.End()
+}
+
+func errorText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// traceContext is the W3C trace context of ctx's span, to put on outputs.
+func (d *Dispatcher) traceContext(ctx context.Context) propagation.MapCarrier {
+	c := make(propagation.MapCarrier, 2)
+	d.Propagator.Inject(ctx, c)
+	return c
+}
+
+// setTraceContext puts tc on an output: traceparent, tracestate (removed
+// when tc has none) and Dapr's traceid, so that daprd keeps the
+// traceparent as it is.
+func setTraceContext(o *event.Event, tc propagation.MapCarrier) {
+	tp := tc[TraceParentExtension]
+	if tp == "" {
+		return
+	}
+	oc := o.Context.(*event.EventContextV1) // completeOutput made it one
+	if oc.Extensions == nil {
+		oc.Extensions = make(map[string]any, 3)
+	}
+	oc.Extensions[TraceParentExtension] = tp
+	oc.Extensions[TraceIDExtension] = tp
+	if ts := tc[TraceStateExtension]; ts != "" {
+		oc.Extensions[TraceStateExtension] = ts
+	} else {
+		delete(oc.Extensions, TraceStateExtension)
+	}
+}
+
+// logAttrs are the attributes that tie a log line to a message: its trace
+// (the attempt's span's, else the input's traceparent's) and correlation id.
+func logAttrs(m *message, tid trace.TraceID) []any {
+	var a []any
+	if !tid.IsValid() {
+		tid = inputTraceID(m)
+	}
+	if tid.IsValid() {
+		a = append(a, slog.String("trace_id", tid.String()))
+	}
+	if m.hasCorrelation {
+		a = append(a, slog.Any(CorrelationExtension, m.correlation))
+	}
+	return a
+}
+
+// inputTraceID is the trace id of the input's traceparent (zero without).
+func inputTraceID(m *message) trace.TraceID {
+	tp, _ := m.ec.Extensions[TraceParentExtension].(string)
+	// version "-" trace-id "-" parent-id "-" flags
+	if len(tp) < 55 || tp[2] != '-' {
+		return trace.TraceID{}
+	}
+	tid, err := trace.TraceIDFromHex(tp[3:35])
+	if err != nil {
+		return trace.TraceID{}
+	}
+	return tid
+}
