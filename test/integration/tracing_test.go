@@ -119,7 +119,6 @@ func traceparent(t *testing.T, tp any) (traceID, spanID string) {
 // the worker's span. CreateWorker is one trace from the API's server span
 // through the Temporal update to the node's activities.
 func TestTraces(t *testing.T) {
-	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	t.Parallel()
 	recv, addr := startOTLPReceiver(t)
 	otel := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + addr, "OTEL_EXPORTER_OTLP_INSECURE=true", "OTEL_BSP_SCHEDULE_DELAY=100"}
