@@ -1,13 +1,16 @@
 // Package daprconn owns the gRPC connection to daprd: one connection shared
 // by the go-sdk client and the raw streaming client, carrying daprd's API
 // token (DAPR_API_TOKEN) on every call — including the raw streaming
-// subscriptions, which the go-sdk does not cover — and a receive limit large
-// enough for the biggest event the node accepts.
+// subscriptions, which the go-sdk does not cover —, a receive limit large
+// enough for the biggest event the node accepts, and a deadline on every
+// unary call that has none, so that a daprd that stops answering turns into
+// an error (and a redelivery) instead of a message stuck forever.
 package daprconn
 
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -24,13 +27,37 @@ type Options struct {
 	// MaxRecvBytes, when positive, is the largest message accepted from
 	// daprd (gRPC's default is 4 MiB).
 	MaxRecvBytes int
+	// CallTimeout bounds every unary call whose context has no deadline
+	// of its own (0: DefaultCallTimeout; negative: unbounded). Streams are
+	// not bounded.
+	CallTimeout time.Duration
 }
+
+// DefaultCallTimeout bounds a unary call to daprd without a deadline of its
+// own: far above any state or publish round trip, below the time after
+// which the broker hands a message out again (processingTimeout 15s, plus
+// the redelivery scan).
+const DefaultCallTimeout = 20 * time.Second
 
 // Dial connects to daprd at addr (loopback, plaintext as daprd serves it).
 func Dial(addr string, o Options) (*grpc.ClientConn, error) {
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if o.MaxRecvBytes > 0 {
 		opts = append(opts, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(o.MaxRecvBytes)))
+	}
+	timeout := o.CallTimeout
+	if timeout == 0 {
+		timeout = DefaultCallTimeout
+	}
+	if timeout > 0 {
+		opts = append(opts, grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {
+			if _, ok := ctx.Deadline(); !ok {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, timeout)
+				defer cancel()
+			}
+			return invoker(ctx, method, req, reply, cc, callOpts...)
+		}))
 	}
 	if o.Token != "" {
 		tok := o.Token

@@ -100,3 +100,70 @@ func TestTokenOnEveryCall(t *testing.T) {
 		t.Fatalf("token sent without one configured: %v", got)
 	}
 }
+
+// hanging starts a gRPC server that never answers a call and reports, for
+// each call, the deadline the server saw (zero: none).
+func hanging(t *testing.T) (string, <-chan time.Duration) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := make(chan time.Duration, 10)
+	srv := grpc.NewServer(grpc.UnknownServiceHandler(func(_ any, st grpc.ServerStream) error {
+		var left time.Duration
+		if dl, ok := st.Context().Deadline(); ok {
+			left = time.Until(dl)
+		}
+		seen <- left
+		<-st.Context().Done()
+		return st.Context().Err()
+	}))
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	return ln.Addr().String(), seen
+}
+
+// A unary call without a deadline gets CallTimeout, one with its own keeps
+// it, and a negative CallTimeout leaves calls unbounded.
+func TestCallTimeout(t *testing.T) {
+	addr, seen := hanging(t)
+	conn, err := Dial(addr, Options{CallTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	err = conn.Invoke(context.Background(), "/test.Svc/Unary", &emptypb.Empty{}, &emptypb.Empty{})
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("call without a deadline against a daprd that never answers: %v, want DeadlineExceeded", err)
+	}
+	if d := <-seen; d <= 0 || d > 200*time.Millisecond {
+		t.Fatalf("server saw deadline %v, want at most CallTimeout", d)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	go func() { _ = conn.Invoke(ctx, "/test.Svc/Unary", &emptypb.Empty{}, &emptypb.Empty{}) }()
+	if d := <-seen; d < 50*time.Minute {
+		t.Fatalf("server saw deadline %v, want the caller's own hour", d)
+	}
+
+	unbounded, err := Dial(addr, Options{CallTimeout: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unbounded.Close()
+	noDeadline, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() { _ = unbounded.Invoke(noDeadline, "/test.Svc/Unary", &emptypb.Empty{}, &emptypb.Empty{}) }()
+	if d := <-seen; d != 0 {
+		t.Fatalf("negative CallTimeout: server saw deadline %v", d)
+	}
+	if dflt, err := Dial(addr, Options{}); err != nil {
+		t.Fatal(err)
+	} else {
+		defer dflt.Close()
+		go func() { _ = dflt.Invoke(context.Background(), "/test.Svc/Unary", &emptypb.Empty{}, &emptypb.Empty{}) }()
+		if d := <-seen; d <= DefaultCallTimeout-5*time.Second || d > DefaultCallTimeout {
+			t.Fatalf("default: server saw deadline %v, want about %v", d, DefaultCallTimeout)
+		}
+	}
+}
