@@ -90,28 +90,41 @@ func errorText(err error) string {
 	return err.Error()
 }
 
-// traceContext is the W3C trace context of ctx's span, to put on outputs.
-func (d *Dispatcher) traceContext(ctx context.Context) propagation.MapCarrier {
+// traceContext is the W3C trace context of ctx's span, to put on outputs:
+// its traceparent and tracestate.
+func (d *Dispatcher) traceContext(ctx context.Context) (string, string) {
 	c := make(propagation.MapCarrier, 2)
 	d.Propagator.Inject(ctx, c)
-	return c
+	return c[TraceParentExtension], c[TraceStateExtension]
 }
 
-// setTraceContext puts tc on an output: traceparent, tracestate (removed
-// when tc has none) and Dapr's traceid, so that daprd keeps the
-// traceparent as it is.
-func setTraceContext(o *event.Event, tc propagation.MapCarrier) {
-	tp := tc[TraceParentExtension]
-	if tp == "" {
-		return
+// inputTraceContext is the input's trace context when it carries a valid
+// one ("" otherwise): with tracing off the node is not a hop of the trace,
+// and its outputs continue the input's context unchanged, as an
+// OpenTelemetry SDK without an exporter would.
+func inputTraceContext(m *message) (string, string) {
+	if !inputTraceID(m).IsValid() {
+		return "", ""
 	}
+	tp := m.ec.Extensions[TraceParentExtension].(string) // inputTraceID checked it
+	if _, err := trace.SpanIDFromHex(tp[36:52]); err != nil || tp[35] != '-' {
+		return "", ""
+	}
+	ts, _ := m.ec.Extensions[TraceStateExtension].(string)
+	return tp, ts
+}
+
+// setTraceContext puts a trace context on an output: traceparent,
+// tracestate (removed when there is none) and Dapr's traceid, so that
+// daprd keeps the traceparent as it is.
+func setTraceContext(o *event.Event, tp, ts string) {
 	oc := o.Context.(*event.EventContextV1) // completeOutput made it one
 	if oc.Extensions == nil {
 		oc.Extensions = make(map[string]any, 3)
 	}
 	oc.Extensions[TraceParentExtension] = tp
 	oc.Extensions[TraceIDExtension] = tp
-	if ts := tc[TraceStateExtension]; ts != "" {
+	if ts != "" {
 		oc.Extensions[TraceStateExtension] = ts
 	} else {
 		delete(oc.Extensions, TraceStateExtension)

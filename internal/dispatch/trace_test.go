@@ -226,3 +226,39 @@ func TestFailedAttemptSpanAndLogs(t *testing.T) {
 		}
 	}
 }
+
+// With tracing off the node is not a hop of the trace: outputs carry the
+// input's valid trace context unchanged (traceparent, traceid, tracestate),
+// and none when the input's is missing or invalid (daprd's all-zero one).
+func TestTracingOffPassesInputTraceContextOn(t *testing.T) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	d := dispatch.New(ctx, slog.New(slog.DiscardHandler), testDeps(b, pub, state.NewMemoryStore()), dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1})
+	d.Attach(dispatch.Worker{ID: "w1", Topic: "in"}, &dispatchtest.FuncInstance{Fn: outputs("out")})
+	s := waitStream(t, b, "in")
+	cases := []struct{ id, tp, ts, want string }{
+		{"valid", inParent, "vendor=x", inParent},
+		{"zero", "00-00000000000000000000000000000000-0000000000000000-00", "", ""},
+		{"zero-span", "00-" + inTraceID + "-0000000000000000-01", "", ""},
+		{"garbage", "not a traceparent", "", ""},
+		{"none", "", "", ""},
+	}
+	for _, c := range cases {
+		s.In <- tracedRequest(c.id, c.tp, c.ts)
+		if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+			t.Fatalf("%s: ack %+v", c.id, a)
+		}
+		outs := pub.On("out")
+		x := outs[len(outs)-1].Extensions()
+		if got, _ := x[dispatch.TraceParentExtension].(string); got != c.want {
+			t.Errorf("%s: output traceparent %q, want %q", c.id, got, c.want)
+		}
+		if got, _ := x[dispatch.TraceIDExtension].(string); got != c.want {
+			t.Errorf("%s: output traceid %q, want %q", c.id, got, c.want)
+		}
+		if got, _ := x[dispatch.TraceStateExtension].(string); got != c.ts && c.want != "" {
+			t.Errorf("%s: output tracestate %q, want %q", c.id, got, c.ts)
+		}
+	}
+}

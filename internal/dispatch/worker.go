@@ -14,7 +14,6 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/cloudevents/sdk-go/v2/types"
 	"github.com/google/uuid"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/virtufin/workmanager/engines"
@@ -189,14 +188,16 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 		r.outcome, r.reason, r.err = outcomeFailed, reason, err
 		return
 	}
-	var tc propagation.MapCarrier
+	var tp, ts string
 	if span != nil {
-		tc = d.traceContext(ctx)
+		tp, ts = d.traceContext(ctx)
+	} else {
+		tp, ts = inputTraceContext(m) // tracing off: pass the input's on
 	}
 	for i := range outs {
 		o := &outs[i]
-		if tc != nil {
-			setTraceContext(o, tc)
+		if tp != "" {
+			setTraceContext(o, tp, ts)
 		}
 		if lease != nil {
 			if err := lease.Check(ctx); err != nil {
