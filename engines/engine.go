@@ -243,6 +243,14 @@ type Warmer interface {
 	Warm(ctx context.Context) (string, error)
 }
 
+// Closer is an optional feature of an engine that holds processes of its
+// own outside any Instance (runners a Check keeps for the following Load):
+// Close ends them. The node calls it once, at shutdown, after closing its
+// Instances.
+type Closer interface {
+	Close() error
+}
+
 // ErrGatewayDenied is wrapped by a gateway call outside the worker's
 // allowed targets.
 var ErrGatewayDenied = errors.New("not allowed by the worker's policy")

@@ -173,6 +173,9 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		n.Shutdown(sctx)
+		if err := builtin.Close(reg); err != nil {
+			log.Warn("closing the engines", "err", err)
+		}
 	}()
 
 	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: httpHandler(h, promReg, log), ReadHeaderTimeout: 5 * time.Second}

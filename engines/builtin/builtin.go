@@ -4,6 +4,8 @@ package builtin
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -120,4 +122,24 @@ func Warm(ctx context.Context, reg *engines.Registry, report func(engine, runtim
 			}()
 		}
 	}
+}
+
+// Close closes every engine of reg that holds processes of its own
+// (engines.Closer), each once, and returns their errors joined.
+func Close(reg *engines.Registry) error {
+	seen := map[string]bool{}
+	var errs []error
+	for _, m := range reg.MIMETypes() {
+		e, err := reg.Lookup(m)
+		if err != nil || seen[e.Info().Name] {
+			continue
+		}
+		seen[e.Info().Name] = true
+		if c, ok := e.(engines.Closer); ok {
+			if err := c.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("%s engine: %w", e.Info().Name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -11,6 +11,7 @@ package dotnet
 
 import (
 	"context"
+	"crypto/sha256"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -98,7 +99,29 @@ type Engine struct {
 	// lockdown is the seccomp filter hosts install before loading worker
 	// code (sandbox.LockdownProgram); nil: none.
 	lockdown []byte
+
+	// parking keeps the host a Check started for the Load of the same
+	// worker and code (procpool.Parking).
+	parking procpool.Parking[parkKey, *proc]
 }
+
+// parkKey identifies what a parked host was started and loaded with (the
+// timeout and gateway targets are enforced on the node's side, per call).
+type parkKey struct {
+	worker, group, topic string
+	code                 [sha256.Size]byte
+}
+
+func keyOf(spec engines.Spec, code []byte) parkKey {
+	return parkKey{worker: spec.WorkerID, group: spec.Group, topic: spec.Topic, code: sha256.Sum256(code)}
+}
+
+// ParkTTL and ParkMax bound the hosts Check keeps for the following Load:
+// a create or a reload then starts one host instead of two.
+const (
+	ParkTTL = 30 * time.Second
+	ParkMax = 16
+)
 
 var _ engines.Engine = (*Engine)(nil)
 
@@ -124,6 +147,7 @@ func New(cfg Config) *Engine {
 		cfg.Logger = slog.Default()
 	}
 	e := &Engine{cfg: cfg}
+	e.parking.TTL, e.parking.Max = ParkTTL, ParkMax
 	if !cfg.NoLockdown && cfg.Sandbox != nil && cfg.Sandbox.Mode() != sandbox.Off {
 		prog, err := sandbox.LockdownProgram()
 		if err != nil {
@@ -162,7 +186,13 @@ func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) erro
 	if err != nil {
 		return err
 	}
-	p.Retire()
+	e.parking.Park(keyOf(spec, code), p)
+	return nil
+}
+
+// Close retires the hosts parked by Check (engines.Closer).
+func (e *Engine) Close() error {
+	e.parking.Close()
 	return nil
 }
 
@@ -176,7 +206,7 @@ func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engi
 	if err != nil {
 		return nil, err
 	}
-	in := newInstance(e, spec, w)
+	in := newInstance(e, spec, w, keyOf(spec, code))
 	if err := procpool.FirstError(in.pool.Fill(ctx), engines.ErrInvalidCode); err != nil {
 		return nil, err
 	}

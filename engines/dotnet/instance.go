@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -17,18 +18,25 @@ import (
 // Instance is one loaded worker: Config.Processes host processes with the
 // same code, each serving one call at a time.
 type Instance struct {
-	e    *Engine
-	spec engines.Spec
-	pool *procpool.Pool[*proc]
+	e       *Engine
+	spec    engines.Spec
+	pool    *procpool.Pool[*proc]
+	started atomic.Bool // the pool's first Start happened (takes a parked host)
 }
 
 var _ engines.Instance = (*Instance)(nil)
 
-func newInstance(e *Engine, spec engines.Spec, w *workerCode) *Instance {
+func newInstance(e *Engine, spec engines.Spec, w *workerCode, key parkKey) *Instance {
 	in := &Instance{e: e, spec: spec}
 	in.pool = procpool.New(procpool.Config[*proc]{
 		Size: e.cfg.Processes,
 		Start: func(ctx context.Context) (*proc, error) {
+			if !in.started.Swap(true) {
+				// The first start of a Load: the host its Check parked.
+				if p, ok := e.parking.TakeFor(key, in.pool, (*proc).Healthy); ok {
+					return p, nil
+				}
+			}
 			return e.startLoaded(ctx, spec, w, in.pool)
 		},
 		Grace:     closeGrace,

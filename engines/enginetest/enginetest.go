@@ -87,10 +87,18 @@ func Run(t *testing.T, h Harness) {
 		h.Wait = 30 * time.Second
 	}
 	s := &suite{h: h}
+	if c, ok := h.Engine.(engines.Closer); ok {
+		t.Cleanup(func() {
+			if err := c.Close(); err != nil {
+				t.Errorf("engine Close: %v", err)
+			}
+		})
+	}
 	t.Run("Info", s.info)
 	t.Run("Check/Valid", s.checkValid)
 	t.Run("Check/Invalid", s.checkInvalid)
 	t.Run("Load/Invalid", s.loadInvalid)
+	t.Run("CheckThenLoad", s.checkThenLoad)
 	t.Run("Echo", s.echo)
 	t.Run("EchoLarge", s.echoLarge)
 	t.Run("Multi", s.multi)
@@ -301,6 +309,37 @@ func (s *suite) loadInvalid(t *testing.T) {
 	}
 	if messageAfter(err, engines.ErrInvalidCode) == "" {
 		t.Errorf("Load(invalid) = %q: the error does not say what is wrong", err)
+	}
+}
+
+// checkThenLoad: a Load right after the Check of the same worker and code
+// (what CreateWorker does; an engine may hand the Load what its Check
+// started) serves, and so does a second Load of that code beside it, also
+// after the first is closed.
+func (s *suite) checkThenLoad(t *testing.T) {
+	if err := s.check(t, "check-then-load", s.h.Fixtures.Echo); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	first := s.load(t, "check-then-load", s.h.Fixtures.Echo, 0)
+	second := s.load(t, "check-then-load", s.h.Fixtures.Echo, 0)
+	for i, inst := range []engines.Instance{first, second} {
+		in := NewEvent(fmt.Sprintf("ctl-%d", i), TypeRequest, map[string]any{"i": i}, "corr-ctl")
+		out, err := s.process(t, inst, context.Background(), in)
+		if err != nil {
+			t.Fatalf("Process on load %d: %v", i+1, err)
+		}
+		if err := checkEcho(out, in, map[string]any{"i": i}, "corr-ctl"); err != nil {
+			t.Fatalf("load %d: %v", i+1, err)
+		}
+	}
+	s.closeQuietly(t, first)
+	in := NewEvent("ctl-after", TypeRequest, map[string]any{"after": true}, "")
+	out, err := s.process(t, second, context.Background(), in)
+	if err != nil {
+		t.Fatalf("Process on the second load after the first closed: %v", err)
+	}
+	if err := checkEcho(out, in, map[string]any{"after": true}, ""); err != nil {
+		t.Fatal(err)
 	}
 }
 

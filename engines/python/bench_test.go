@@ -72,6 +72,35 @@ func benchStartup(b *testing.B, cfg python.Config) {
 	}
 }
 
+// What a CreateWorker costs the engine: Check, then Load, of a sandboxed
+// worker (closed again), with the checked runner parked for the Load and,
+// as the baseline, without (ParkTTL -1: two runners started).
+func BenchmarkPythonCreateSandboxed(b *testing.B) {
+	benchCreate(b, python.Config{Sandbox: sandboxtest.Strict(b)})
+}
+
+func BenchmarkPythonCreateSandboxedNoParking(b *testing.B) {
+	benchCreate(b, python.Config{Sandbox: sandboxtest.Strict(b), ParkTTL: -1})
+}
+
+func benchCreate(b *testing.B, cfg python.Config) {
+	e := newEngine(b, cfg)
+	ctx := context.Background()
+	spec := engines.Spec{WorkerID: "bench", MIMEType: python.MIMEType}
+	for b.Loop() {
+		if err := e.Check(ctx, spec, []byte(benchEcho)); err != nil {
+			b.Fatal(err)
+		}
+		inst, err := e.Load(ctx, spec, []byte(benchEcho))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := inst.Close(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // loadBenchEcho loads the echo worker (closed when the benchmark ends) and
 // returns it with a 1 KiB event.
 func loadBenchEcho(b *testing.B, cfg python.Config) (engines.Instance, *event.Event) {

@@ -28,6 +28,7 @@ type Instance struct {
 	mu      sync.Mutex
 	waiting []*call // calls waiting for a process, oldest first (batch.go)
 	batched atomic.Int64
+	started atomic.Bool // the pool's first Start happened (takes a parked runner)
 }
 
 var _ engines.Instance = (*Instance)(nil)
@@ -43,6 +44,12 @@ func newInstance(e *Engine, spec engines.Spec, interp string, code []byte) *Inst
 	in.pool = procpool.New(procpool.Config[*proc]{
 		Size: e.cfg.Processes,
 		Start: func(ctx context.Context) (*proc, error) {
+			if !in.started.Swap(true) {
+				// The first start of a Load: the runner its Check parked.
+				if p, ok := e.parking.TakeFor(keyOf(spec, in.code), in.pool, (*proc).idle); ok {
+					return p, nil
+				}
+			}
 			return e.startLoaded(ctx, spec, interp, in.code, in.pool)
 		},
 		Grace:     closeGrace,

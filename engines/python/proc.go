@@ -256,6 +256,10 @@ func (p *proc) readFrame() (byte, []byte, error) {
 // pending reports whether bytes beyond the last frame were read.
 func (p *proc) pending() bool { return p.rend > p.rstart }
 
+// idle reports whether p can take a call: not timed out or cancelled, no
+// reply bytes left unread (a parked runner handed to a Load).
+func (p *proc) idle() bool { return p.Healthy() && !p.pending() }
+
 // readSome reads what is available, waiting for at least one byte. While
 // p.spin lasts it busy-polls the non-blocking pipe (a reply from a fast worker
 // then costs no thread wake-up on either side, which dominates the round

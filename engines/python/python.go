@@ -5,6 +5,7 @@ package python
 
 import (
 	"context"
+	"crypto/sha256"
 	_ "embed"
 	"fmt"
 	"log/slog"
@@ -33,6 +34,8 @@ const (
 	DefaultLoadTimeout = 60 * time.Second
 	DefaultSpinWait    = 50 * time.Microsecond
 	DefaultMaxBatch    = 16
+	DefaultParkTTL     = 30 * time.Second
+	DefaultParkMax     = 32
 )
 
 // closeGrace is how long Close lets an idle runner exit on its own (it sees
@@ -101,6 +104,12 @@ type Config struct {
 	// fixed text ("timeout", "process exited", …), err the restart's error
 	// (nil: it runs again). Keep it cheap.
 	OnRestart func(reason string, err error)
+	// ParkTTL and ParkMax bound the runners that Check keeps for the Load
+	// of the same worker and code (procpool.Parking): a create or a reload
+	// then starts one runner instead of two. Defaults 30s and 32;
+	// ParkTTL negative turns it off.
+	ParkTTL time.Duration
+	ParkMax int
 }
 
 // Engine is the Python engine. It is safe for concurrent use.
@@ -113,6 +122,21 @@ type Engine struct {
 	roOnce sync.Once
 	ro     []string // what a sandboxed runner must read: the interpreter's prefixes
 	roErr  error
+
+	parking procpool.Parking[parkKey, *proc]
+}
+
+// parkKey identifies what a parked runner was started and loaded with: a
+// Load takes it only for the same worker, code and everything the process
+// itself was given (its environment names group and topic). The timeout
+// and the gateway targets are enforced on the node's side, per call.
+type parkKey struct {
+	worker, group, topic string
+	code                 [sha256.Size]byte
+}
+
+func keyOf(spec engines.Spec, code []byte) parkKey {
+	return parkKey{worker: spec.WorkerID, group: spec.Group, topic: spec.Topic, code: sha256.Sum256(code)}
 }
 
 var _ engines.Engine = (*Engine)(nil)
@@ -137,7 +161,15 @@ func New(cfg Config) *Engine {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Engine{cfg: cfg}
+	if cfg.ParkTTL == 0 {
+		cfg.ParkTTL = DefaultParkTTL
+	}
+	if cfg.ParkMax <= 0 {
+		cfg.ParkMax = DefaultParkMax
+	}
+	e := &Engine{cfg: cfg}
+	e.parking.TTL, e.parking.Max = cfg.ParkTTL, cfg.ParkMax
+	return e
 }
 
 // Info implements engines.Engine.
@@ -153,8 +185,9 @@ func (e *Engine) Info() engines.Info {
 	}
 }
 
-// Check implements engines.Engine: it starts one runner, loads the code into
-// it and kills it.
+// Check implements engines.Engine: it starts one runner and loads the code
+// into it, then parks the runner for a Load of the same worker and code
+// (Config.ParkTTL; retired if none comes).
 func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) error {
 	spec = spec.WithDefaults(e.cfg.DefaultTimeout, e.cfg.Logger)
 	interp, err := e.interpreter(ctx)
@@ -165,7 +198,14 @@ func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) erro
 	if err != nil {
 		return err
 	}
-	p.Retire()
+	e.parking.Park(keyOf(spec, code), p)
+	return nil
+}
+
+// Close retires the runners parked by Check (engines.Closer). Loaded
+// Instances are closed by their owners.
+func (e *Engine) Close() error {
+	e.parking.Close()
 	return nil
 }
 

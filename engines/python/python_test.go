@@ -80,7 +80,9 @@ func newEngine(t testing.TB, cfg python.Config) *python.Engine {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return python.New(cfg)
+	e := python.New(cfg)
+	t.Cleanup(func() { _ = e.Close() })
+	return e
 }
 
 func TestConformance(t *testing.T) {

@@ -551,3 +551,62 @@ func TestDetachDoesNotRunTheQueue(t *testing.T) {
 		}
 	}
 }
+
+// A dead letter is stored before it is published: whoever sees it on
+// <topic>-dead can list it at once (worker dead letters and undecodable
+// ones alike). A publish that fails leaves it stored and the message
+// unacked; the redelivery publishes it, still one entry.
+func TestDeadLetterIsListableWhenPublished(t *testing.T) {
+	b, pub, st := dispatchtest.NewBroker(), &publishtest.Recorder{}, state.NewMemoryStore()
+	d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, MaxAttempts: 1, MaxEventBytes: 1024})
+	var mu sync.Mutex
+	listed := map[string]bool{}
+	failOnce := true
+	pub.FailWhen(func(topic string, e *event.Event) error {
+		if topic != "in-dead" {
+			return nil
+		}
+		owner := fmt.Sprint(e.Extensions()[dispatch.DeadLetterWorkerExtension])
+		if owner == "<nil>" {
+			owner = deadletter.TopicOwner("in")
+		}
+		entries, err := d.DeadLetters.List(context.Background(), owner, deadletter.Filter{}, 0)
+		mu.Lock()
+		defer mu.Unlock()
+		for _, x := range entries {
+			if x.EventID == e.ID() && err == nil {
+				listed[e.ID()] = true
+			}
+		}
+		if e.ID() == "bad" && failOnce {
+			failOnce = false
+			return errors.New("broker down")
+		}
+		return nil
+	})
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, (&counting{fail: map[string]bool{"bad": true}}).instance("out"))
+	s := waitStream(t, b, "in")
+	s.In <- request("bad", "")
+	if a := waitAck(t, b); a.ID != "bad" || a.Status != dispatch.AckRetry {
+		t.Fatalf("ack with the dead letter's publish failing: %+v", a)
+	}
+	s.In <- request("bad", "") // redelivered: attempts used up, published now
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+		t.Fatalf("ack of the redelivery: %+v", a)
+	}
+	s.In <- &runtimev1.TopicEventRequest{Id: "raw", Type: "t", SpecVersion: "1.0", Data: []byte("\x00raw")}
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+		t.Fatalf("ack of the undecodable event: %+v", a)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !listed["bad"] || !listed["raw"] {
+		t.Fatalf("listable when published: %v", listed)
+	}
+	if n := len(pub.On("in-dead")); n != 2 {
+		t.Fatalf("%d dead letters published, want 2", n)
+	}
+	if entries, err := d.DeadLetters.List(context.Background(), "w", deadletter.Filter{}, 0); err != nil || len(entries) != 1 {
+		t.Fatalf("stored for w: %+v %v", entries, err)
+	}
+}

@@ -339,8 +339,8 @@ func (d *Dispatcher) workerError(ctx context.Context, w *worker, m *message, r *
 	}
 }
 
-// deadLetter publishes m, intact plus the dead-letter extensions, to
-// "<topic>-dead" for worker w, and stores it for ReplayDeadLetters.
+// deadLetter stores m for ReplayDeadLetters, then publishes it, intact
+// plus the dead-letter extensions, to "<topic>-dead" for worker w.
 // tid is the trace of the attempt that gave up (zero: none or not traced).
 func (d *Dispatcher) deadLetter(ctx context.Context, m *message, w Worker, reason string, attempts int, cause error, tid trace.TraceID) error {
 	original, err := m.ev.MarshalJSON()
@@ -352,12 +352,16 @@ func (d *Dispatcher) deadLetter(ctx context.Context, m *message, w Worker, reaso
 	ev.SetExtension(DeadLetterAttemptsExtension, int32(attempts))
 	ev.SetExtension(DeadLetterErrorExtension, d.publicText(fmt.Sprint(cause)))
 	ev.SetExtension(DeadLetterWorkerExtension, w.ID)
-	if err := d.Pub.Publish(ctx, m.t.name+DeadLetterSuffix, &ev); err != nil {
-		return err
-	}
+	// Stored before it is published: whoever sees it on "<topic>-dead" can
+	// list and replay it. Add is idempotent (one entry per worker and
+	// event), so a publish that fails and is redone on the redelivery
+	// leaves one entry.
 	if err := d.DeadLetters.Add(ctx, deadletter.Entry{Worker: w.ID, Topic: m.t.name, Reason: reason, Attempts: attempts,
 		Error: d.publicText(fmt.Sprint(cause)), EventID: m.id, Source: m.req.GetSource(), Event: json.RawMessage(original),
 		AtMS: time.Now().UnixMilli()}); err != nil {
+		return err
+	}
+	if err := d.Pub.Publish(ctx, m.t.name+DeadLetterSuffix, &ev); err != nil {
 		return err
 	}
 	d.stats.deadLettered.Add(1)
@@ -373,8 +377,8 @@ func (d *Dispatcher) deadLetter(ctx context.Context, m *message, w Worker, reaso
 	return nil
 }
 
-// deadLetterRaw publishes a message that could not be decoded (or was too
-// large) to "<topic>-dead" with its bytes kept as they came.
+// deadLetterRaw stores and publishes a message that could not be decoded
+// (or was too large) to "<topic>-dead" with its bytes kept as they came.
 func (d *Dispatcher) deadLetterRaw(ctx context.Context, m *message, reason string, cause error) error {
 	req := m.req
 	ev := event.New(event.CloudEventsVersionV1)
@@ -402,15 +406,16 @@ func (d *Dispatcher) deadLetterRaw(ctx context.Context, m *message, reason strin
 	if ct := req.GetDataContentType(); ct != "" {
 		ev.SetExtension("deadlettercontenttype", ct)
 	}
-	if err := d.Pub.Publish(ctx, m.t.name+DeadLetterSuffix, &ev); err != nil {
-		return err
-	}
+	// Stored first, as in deadLetter.
 	entry := deadletter.Entry{Topic: m.t.name, Reason: reason, Error: d.publicText(cause.Error()), EventID: ev.ID(),
 		Source: ev.Source(), AtMS: time.Now().UnixMilli()}
 	if reason != reasonTooLarge {
 		entry.Raw = req.GetData()
 	}
 	if err := d.DeadLetters.Add(ctx, entry); err != nil {
+		return err
+	}
+	if err := d.Pub.Publish(ctx, m.t.name+DeadLetterSuffix, &ev); err != nil {
 		return err
 	}
 	d.stats.deadLettered.Add(1)
