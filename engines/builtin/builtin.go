@@ -108,13 +108,7 @@ func onRestart(cfg Config, engine string) func(reason string, err error) {
 // host), so that the first worker does not wait for it, and reports each
 // outcome with the engine's name.
 func Warm(ctx context.Context, reg *engines.Registry, report func(engine, runtime string, err error)) {
-	seen := map[string]bool{}
-	for _, m := range reg.MIMETypes() {
-		e, err := reg.Lookup(m)
-		if err != nil || seen[e.Info().Name] {
-			continue
-		}
-		seen[e.Info().Name] = true
+	for _, e := range each(reg) {
 		if w, ok := e.(engines.Warmer); ok {
 			go func() {
 				desc, err := w.Warm(ctx)
@@ -124,17 +118,27 @@ func Warm(ctx context.Context, reg *engines.Registry, report func(engine, runtim
 	}
 }
 
-// Close closes every engine of reg that holds processes of its own
-// (engines.Closer), each once, and returns their errors joined.
-func Close(reg *engines.Registry) error {
+// each lists reg's engines, each once (an engine serves several MIME
+// types).
+func each(reg *engines.Registry) []engines.Engine {
 	seen := map[string]bool{}
-	var errs []error
+	var out []engines.Engine
 	for _, m := range reg.MIMETypes() {
 		e, err := reg.Lookup(m)
 		if err != nil || seen[e.Info().Name] {
 			continue
 		}
 		seen[e.Info().Name] = true
+		out = append(out, e)
+	}
+	return out
+}
+
+// Close closes every engine of reg that holds processes of its own
+// (engines.Closer), each once, and returns their errors joined.
+func Close(reg *engines.Registry) error {
+	var errs []error
+	for _, e := range each(reg) {
 		if c, ok := e.(engines.Closer); ok {
 			if err := c.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("%s engine: %w", e.Info().Name, err))

@@ -11,7 +11,6 @@ package dotnet
 
 import (
 	"context"
-	"crypto/sha256"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -102,18 +101,7 @@ type Engine struct {
 
 	// parking keeps the host a Check started for the Load of the same
 	// worker and code (procpool.Parking).
-	parking procpool.Parking[parkKey, *proc]
-}
-
-// parkKey identifies what a parked host was started and loaded with (the
-// timeout and gateway targets are enforced on the node's side, per call).
-type parkKey struct {
-	worker, group, topic string
-	code                 [sha256.Size]byte
-}
-
-func keyOf(spec engines.Spec, code []byte) parkKey {
-	return parkKey{worker: spec.WorkerID, group: spec.Group, topic: spec.Topic, code: sha256.Sum256(code)}
+	parking procpool.Parking[procpool.Key, *proc]
 }
 
 // ParkTTL and ParkMax bound the hosts Check keeps for the following Load:
@@ -186,7 +174,7 @@ func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) erro
 	if err != nil {
 		return err
 	}
-	e.parking.Park(keyOf(spec, code), p)
+	e.parking.Park(procpool.KeyOf(spec, code), p)
 	return nil
 }
 
@@ -206,7 +194,7 @@ func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engi
 	if err != nil {
 		return nil, err
 	}
-	in := newInstance(e, spec, w, keyOf(spec, code))
+	in := newInstance(e, spec, w, procpool.KeyOf(spec, code))
 	if err := procpool.FirstError(in.pool.Fill(ctx), engines.ErrInvalidCode); err != nil {
 		return nil, err
 	}

@@ -26,7 +26,7 @@ type Instance struct {
 
 var _ engines.Instance = (*Instance)(nil)
 
-func newInstance(e *Engine, spec engines.Spec, w *workerCode, key parkKey) *Instance {
+func newInstance(e *Engine, spec engines.Spec, w *workerCode, key procpool.Key) *Instance {
 	in := &Instance{e: e, spec: spec}
 	in.pool = procpool.New(procpool.Config[*proc]{
 		Size: e.cfg.Processes,

@@ -46,7 +46,7 @@ func newInstance(e *Engine, spec engines.Spec, interp string, code []byte) *Inst
 		Start: func(ctx context.Context) (*proc, error) {
 			if !in.started.Swap(true) {
 				// The first start of a Load: the runner its Check parked.
-				if p, ok := e.parking.TakeFor(keyOf(spec, in.code), in.pool, (*proc).idle); ok {
+				if p, ok := e.parking.TakeFor(procpool.KeyOf(spec, in.code), in.pool, (*proc).idle); ok {
 					return p, nil
 				}
 			}

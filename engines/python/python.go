@@ -5,7 +5,6 @@ package python
 
 import (
 	"context"
-	"crypto/sha256"
 	_ "embed"
 	"fmt"
 	"log/slog"
@@ -123,20 +122,7 @@ type Engine struct {
 	ro     []string // what a sandboxed runner must read: the interpreter's prefixes
 	roErr  error
 
-	parking procpool.Parking[parkKey, *proc]
-}
-
-// parkKey identifies what a parked runner was started and loaded with: a
-// Load takes it only for the same worker, code and everything the process
-// itself was given (its environment names group and topic). The timeout
-// and the gateway targets are enforced on the node's side, per call.
-type parkKey struct {
-	worker, group, topic string
-	code                 [sha256.Size]byte
-}
-
-func keyOf(spec engines.Spec, code []byte) parkKey {
-	return parkKey{worker: spec.WorkerID, group: spec.Group, topic: spec.Topic, code: sha256.Sum256(code)}
+	parking procpool.Parking[procpool.Key, *proc]
 }
 
 var _ engines.Engine = (*Engine)(nil)
@@ -198,7 +184,7 @@ func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) erro
 	if err != nil {
 		return err
 	}
-	e.parking.Park(keyOf(spec, code), p)
+	e.parking.Park(procpool.KeyOf(spec, code), p)
 	return nil
 }
 

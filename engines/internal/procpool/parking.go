@@ -1,9 +1,26 @@
 package procpool
 
 import (
+	"crypto/sha256"
 	"sync"
 	"time"
+
+	"github.com/virtufin/workmanager/engines"
 )
+
+// Key identifies what a parked process was started and loaded with: a Load
+// takes it only for the same worker and code and everything the process
+// itself was given (its environment names group and topic). The timeout
+// and the gateway targets are enforced on the node's side, per call.
+type Key struct {
+	worker, group, topic string
+	code                 [sha256.Size]byte
+}
+
+// KeyOf is the Key of a process started for spec with code.
+func KeyOf(spec engines.Spec, code []byte) Key {
+	return Key{worker: spec.WorkerID, group: spec.Group, topic: spec.Topic, code: sha256.Sum256(code)}
+}
 
 // Parking keeps processes that an engine's Check started and loaded with a
 // worker's code, for the Load of the same worker and code that usually
@@ -125,8 +142,6 @@ func (pk *Parking[K, P]) remove(match func(*parked[K, P]) bool) *parked[K, P] {
 func (pk *Parking[K, P]) removeAt(i int) *parked[K, P] {
 	e := pk.parked[i]
 	pk.parked = append(pk.parked[:i], pk.parked[i+1:]...)
-	if e.timer != nil {
-		e.timer.Stop()
-	}
+	e.timer.Stop() // set by Park before it lets go of pk.mu
 	return e
 }
