@@ -30,7 +30,7 @@ func (s *Server) ListDeadLetters(ctx context.Context, req *pb.ListDeadLettersReq
 	if err := s.deadLettersConfigured(); err != nil {
 		return nil, err
 	}
-	id, err := deadLetterWorkerID(ctx, req.GetWorkerId())
+	id, display, err := deadLetterWorkerID(ctx, req.GetWorkerId())
 	if err != nil {
 		return nil, err
 	}
@@ -44,7 +44,7 @@ func (s *Server) ListDeadLetters(ctx context.Context, req *pb.ListDeadLettersReq
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if _, err := s.catalogWorker(ctx, id); err != nil {
-		return nil, err
+		return nil, named(err, display)
 	}
 	es, err := s.opts.DeadLetters.List(ctx, id, deadletter.Filter{Reason: req.GetReason()}, limit)
 	if err != nil {
@@ -74,6 +74,7 @@ func (s *Server) ReplayDeadLetters(ctx context.Context, req *pb.ReplayDeadLetter
 		return nil, err
 	}
 	id, topic := req.GetWorkerId(), req.GetTopic()
+	display := id
 	switch {
 	case id != "" && topic != "":
 		return nil, status.Error(codes.InvalidArgument, "set exactly one of worker_id and topic, not both")
@@ -81,7 +82,7 @@ func (s *Server) ReplayDeadLetters(ctx context.Context, req *pb.ReplayDeadLetter
 		return nil, status.Error(codes.InvalidArgument, "set exactly one of worker_id and topic (one worker, or every worker on the topic)")
 	case id != "":
 		var err error
-		if id, err = deadLetterWorkerID(ctx, id); err != nil {
+		if id, display, err = deadLetterWorkerID(ctx, id); err != nil {
 			return nil, err
 		}
 	default:
@@ -111,7 +112,7 @@ func (s *Server) ReplayDeadLetters(ctx context.Context, req *pb.ReplayDeadLetter
 	if id != "" {
 		w, err := s.catalogWorker(ctx, id)
 		if err != nil {
-			return nil, err
+			return nil, named(err, display)
 		}
 		workers = []catalog.Worker{w}
 	} else {
@@ -221,12 +222,12 @@ func (s *Server) catalogWorker(ctx context.Context, id string) (catalog.Worker, 
 // is simply not found), a malformed id here is a wrong request.
 // deadLetterWorkerID resolves the worker_id of a dead-letter request (a
 // worker id or a worker name); what is neither is INVALID_ARGUMENT here.
-func deadLetterWorkerID(ctx context.Context, ref string) (string, error) {
-	id, _, err := resolve(ctx, ref)
+func deadLetterWorkerID(ctx context.Context, ref string) (id, display string, err error) {
+	id, display, err = resolve(ctx, ref)
 	if status.Code(err) == codes.NotFound {
-		return "", status.Errorf(codes.InvalidArgument, "worker_id %q is neither a worker id (a UUID) nor a worker name", ref)
+		return "", "", status.Errorf(codes.InvalidArgument, "worker_id %q is neither a worker id (a UUID) nor a worker name", ref)
 	}
-	return id, err
+	return id, display, err
 }
 
 // maxEventIDLen bounds an event id in a request.
