@@ -243,6 +243,43 @@ type Warmer interface {
 	Warm(ctx context.Context) (string, error)
 }
 
+// Batcher is an optional feature of an Instance that sends the calls
+// waiting for its processes to them together, in one round trip each way
+// (the Python engine's batches). Such an Instance gets cheaper per call the
+// more calls it holds at once, up to CallsToFill: enough to keep every
+// process busy with one full batch while the next one fills. The
+// dispatcher lets up to that many of the worker's messages into the
+// Instance at once when it is more than its default (WORKER_MAX_CONCURRENCY).
+// 0: no batching.
+//
+// The calls beyond the running ones wait inside the Instance, so a Batcher
+// honours WithGiveBack: a stopping worker gets its waiting calls back, as
+// it gets back the messages still in its queue, instead of waiting for
+// them to run.
+type Batcher interface {
+	CallsToFill() int
+}
+
+// ErrGivenBack is wrapped by Process for a call that was still waiting for
+// a process when its ctx's give-back channel closed (WithGiveBack): the
+// worker never saw the event.
+var ErrGivenBack = errors.New("given back before it started")
+
+type giveBackKey struct{}
+
+// WithGiveBack returns ctx carrying ch: once ch is closed, a Batcher gives
+// back the calls made with ctx that have not started (ErrGivenBack); calls
+// already running finish.
+func WithGiveBack(ctx context.Context, ch <-chan struct{}) context.Context {
+	return context.WithValue(ctx, giveBackKey{}, ch)
+}
+
+// GiveBack is ctx's give-back channel (nil, which never closes, when none).
+func GiveBack(ctx context.Context) <-chan struct{} {
+	ch, _ := ctx.Value(giveBackKey{}).(<-chan struct{})
+	return ch
+}
+
 // Closer is an optional feature of an engine that holds processes of its
 // own outside any Instance (runners a Check keeps for the following Load):
 // Close ends them. The node calls it once, at shutdown, after closing its

@@ -49,8 +49,9 @@ const maxBatchBytes = 60 << 10
 
 // call is one Process call that may run in another caller's batch.
 type call struct {
-	ev  *event.Event
-	ctx context.Context
+	ev       *event.Event
+	ctx      context.Context
+	giveBack <-chan struct{} // engines.GiveBack(ctx)
 	// taken is closed when a leader takes the call over; done is then set
 	// (under Instance.mu) and closed once out and err are final.
 	taken    chan struct{}
@@ -70,11 +71,11 @@ func (c *call) finish(out []event.Event, err error) {
 // processBatched is Process with batching: the call waits for a process or
 // for another caller to take it over, whichever comes first.
 func (in *Instance) processBatched(ctx context.Context, ev *event.Event) ([]event.Event, error) {
-	c := &call{ev: ev, ctx: ctx, taken: make(chan struct{})}
+	c := &call{ev: ev, ctx: ctx, giveBack: engines.GiveBack(ctx), taken: make(chan struct{})}
 	in.mu.Lock()
 	in.waiting = append(in.waiting, c)
 	in.mu.Unlock()
-	s, err := in.pool.AcquireUnless(ctx, c.taken)
+	s, err := in.pool.AcquireUnless(ctx, c.taken, c.giveBack)
 	in.mu.Lock()
 	if c.done != nil {
 		// Taken over by a leader; a slot won meanwhile goes back.
@@ -86,6 +87,10 @@ func (in *Instance) processBatched(ctx context.Context, ev *event.Event) ([]even
 		return c.out, c.err
 	}
 	in.unwait(c)
+	if errors.Is(err, procpool.ErrStopped) {
+		in.mu.Unlock()
+		return nil, fmt.Errorf("python engine: %w", engines.ErrGivenBack)
+	}
 	if err != nil {
 		in.mu.Unlock()
 		return nil, acquireError(ctx, err)
@@ -107,14 +112,17 @@ func (in *Instance) unwait(c *call) {
 }
 
 // takeWaiting returns the leader's call and the waiting calls it can take
-// along (same cancellation, up to MaxBatch in all), oldest first, and marks
-// those taken; in.mu is held.
+// along (same cancellation, not given back, up to MaxBatch in all; none
+// after a slow event), oldest first, and marks those taken; in.mu is held.
 func (in *Instance) takeWaiting(leader *call) []*call {
 	calls := []*call{leader}
+	if time.Duration(in.lastEvent.Load()) > in.e.cfg.SlowEvent {
+		return calls
+	}
 	done := leader.ctx.Done()
 	kept := in.waiting[:0]
 	for _, w := range in.waiting {
-		if len(calls) < in.e.cfg.MaxBatch && w.ctx.Done() == done {
+		if len(calls) < in.e.cfg.MaxBatch && w.ctx.Done() == done && !isClosed(w.giveBack) {
 			w.done = make(chan struct{})
 			close(w.taken)
 			calls = append(calls, w)
@@ -125,6 +133,16 @@ func (in *Instance) takeWaiting(leader *call) []*call {
 	clear(in.waiting[len(kept):])
 	in.waiting = kept
 	return calls
+}
+
+// isClosed reports whether ch is closed (false for nil).
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // runCalls runs calls (the leader's first) on the slot's process and on the
@@ -256,7 +274,9 @@ func (in *Instance) runBatch(ctx context.Context, s *procpool.Slot[*proc], calls
 			continue
 		}
 		answered++
-		start = time.Now()
+		now := time.Now()
+		in.lastEvent.Store(int64(now.Sub(start)))
+		start = now
 		if answered < len(sent) {
 			p.Rearm(deadline(start))
 		}

@@ -64,13 +64,7 @@ func runQueuedWith(t *testing.T, inst engines.Instance, evs []*event.Event, ownC
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	gate := filepath.Join(t.TempDir(), "gate")
-	gateDone := make(chan error, 1)
-	go func() {
-		_, err := inst.Process(ctx, jsonEvent("gate", map[string]any{"gate": gate}))
-		gateDone <- err
-	}()
-	waitFor(t, "the gate event to run", func() bool { _, err := os.Stat(gate + ".in"); return err == nil })
+	gate, gateDone := holdProcess(t, ctx, inst)
 	res := make([]batchResult, len(evs))
 	var wg sync.WaitGroup
 	for i, ev := range evs {
@@ -95,6 +89,20 @@ func runQueuedWith(t *testing.T, inst engines.Instance, evs []*event.Event, ownC
 	}
 	wg.Wait()
 	return res
+}
+
+// holdProcess runs the gate event, which holds the process until
+// gate+".go" exists; gateDone reports the call's error.
+func holdProcess(t *testing.T, ctx context.Context, inst engines.Instance) (gate string, gateDone <-chan error) {
+	t.Helper()
+	gate = filepath.Join(t.TempDir(), "gate")
+	done := make(chan error, 1)
+	go func() {
+		_, err := inst.Process(ctx, jsonEvent("gate", map[string]any{"gate": gate}))
+		done <- err
+	}()
+	waitFor(t, "the gate event to run", func() bool { _, err := os.Stat(gate + ".in"); return err == nil })
+	return gate, done
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -135,7 +143,7 @@ func echoed(t *testing.T, r batchResult) int {
 // Calls that queue for one process go in one batch, and each caller gets
 // its own outputs or its own exception.
 func TestBatchKeepsEachCallsOutcome(t *testing.T) {
-	e := newEngine(t, python.Config{MaxBatch: 8})
+	e := newEngine(t, python.Config{MaxBatch: 8, SlowEvent: time.Minute})
 	inst := load(t, e, testSpec, batchWorker)
 	pid := pidOf(t, inst)
 	res := runQueued(t, inst, numbered(20, nil))
@@ -179,7 +187,7 @@ func TestBatchFailureIsTheFailingCallsOnly(t *testing.T) {
 		{"crash", map[string]any{"crash": true}, engines.ErrWorkerFailed, "exited during the call"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEngine(t, python.Config{MaxBatch: 8})
+			e := newEngine(t, python.Config{MaxBatch: 8, SlowEvent: time.Minute})
 			spec := testSpec
 			spec.Timeout = time.Second
 			inst := load(t, e, spec, batchWorker)
@@ -211,7 +219,7 @@ func TestBatchFailureIsTheFailingCallsOnly(t *testing.T) {
 // Gateway calls made inside a batch answer the event that made them.
 func TestBatchGatewayCalls(t *testing.T) {
 	gw := &fakeGateway{}
-	e := newEngine(t, python.Config{Gateway: gw, MaxBatch: 8})
+	e := newEngine(t, python.Config{Gateway: gw, MaxBatch: 8, SlowEvent: time.Minute})
 	spec := testSpec
 	spec.GatewayTargets = []string{"billing/*"}
 	inst := load(t, e, spec, batchWorker)
@@ -247,7 +255,7 @@ func TestBatchGatewayCalls(t *testing.T) {
 // Calls with different contexts never share a batch (a cancellation ends
 // exactly its own calls).
 func TestBatchOnlySharedContexts(t *testing.T) {
-	e := newEngine(t, python.Config{MaxBatch: 8})
+	e := newEngine(t, python.Config{MaxBatch: 8, SlowEvent: time.Minute})
 	inst := load(t, e, testSpec, batchWorker)
 	for i, r := range runQueuedWith(t, inst, numbered(4, nil), true) {
 		if got := echoed(t, r); got != i+1 {
@@ -256,6 +264,25 @@ func TestBatchOnlySharedContexts(t *testing.T) {
 	}
 	if b := python.BatchedCalls(inst); b != 0 {
 		t.Errorf("own contexts: %d calls batched", b)
+	}
+}
+
+// After a slow event (the gate holds the process longer than SlowEvent),
+// the next call goes alone: a batch of slow events would hold a
+// stopping worker for their sum. The tests above set SlowEvent high: their
+// gate is not a slow worker.
+func TestSlowEventsAreNotBatched(t *testing.T) {
+	e := newEngine(t, python.Config{MaxBatch: 8})
+	inst := load(t, e, testSpec, batchWorker)
+	for i, r := range runQueuedWith(t, inst, numbered(4, nil), false) {
+		if got := echoed(t, r); got != i+1 {
+			t.Errorf("call %d got %d", i+1, got)
+		}
+	}
+	// The first call after the gate went alone; after that fast one, the
+	// rest may batch again (all 4 would be one batch without the rule).
+	if b := python.BatchedCalls(inst); b > 3 {
+		t.Errorf("after a slow event: %d calls batched, want the first alone", b)
 	}
 }
 
@@ -283,5 +310,66 @@ func TestBatchOff(t *testing.T) {
 	wg.Wait()
 	if b := python.BatchedCalls(inst); b != 0 {
 		t.Errorf("MaxBatch 1: %d calls batched", b)
+	}
+	if f := inst.(engines.Batcher).CallsToFill(); f != 0 {
+		t.Errorf("MaxBatch 1: CallsToFill %d, want 0", f)
+	}
+}
+
+// The dispatcher lets a worker hold two batches per process at once: one in
+// the runners, one filling (engines.Batcher).
+func TestCallsToFill(t *testing.T) {
+	for _, c := range []struct{ processes, batch, want int }{
+		{0, 0, 2 * python.DefaultMaxBatch}, // the defaults: one process, batches of 16
+		{2, 8, 32},
+	} {
+		e := newEngine(t, python.Config{Processes: c.processes, MaxBatch: c.batch})
+		inst := load(t, e, testSpec, batchWorker)
+		if f := inst.(engines.Batcher).CallsToFill(); f != c.want {
+			t.Errorf("Processes %d, MaxBatch %d: CallsToFill %d, want %d", c.processes, c.batch, f, c.want)
+		}
+	}
+}
+
+// Calls still waiting for the process come back with ErrGivenBack once
+// their give-back channel closes; the running call finishes, and a later
+// batch never takes a given-back call along.
+func TestWaitingCallsAreGivenBack(t *testing.T) {
+	e := newEngine(t, python.Config{MaxBatch: 8, SlowEvent: time.Minute})
+	inst := load(t, e, testSpec, batchWorker)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	gate, gateDone := holdProcess(t, ctx, inst)
+
+	giveBack := make(chan struct{})
+	gctx := engines.WithGiveBack(ctx, giveBack)
+	const n = 4
+	errs := make(chan error, n)
+	for i := 1; i <= n; i++ {
+		go func() {
+			_, err := inst.Process(gctx, jsonEvent("n", map[string]any{"n": i}))
+			errs <- err
+		}()
+	}
+	waitFor(t, "every call to queue", func() bool { return python.Waiting(inst) == n })
+	close(giveBack)
+	for range n {
+		if err := <-errs; !errors.Is(err, engines.ErrGivenBack) {
+			t.Fatalf("waiting call: %v, want ErrGivenBack", err)
+		}
+	}
+	if err := os.WriteFile(gate+".go", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-gateDone; err != nil {
+		t.Fatalf("the running call: %v", err)
+	}
+	if b := python.BatchedCalls(inst); b != 0 {
+		t.Errorf("%d given-back calls were batched", b)
+	}
+	// The process serves the next call as usual.
+	out, err := inst.Process(ctx, jsonEvent("n", map[string]any{"n": 9}))
+	if got := echoed(t, batchResult{out, err}); got != 9 {
+		t.Fatalf("after the give-back: got %d", got)
 	}
 }

@@ -28,10 +28,24 @@ type Instance struct {
 	mu      sync.Mutex
 	waiting []*call // calls waiting for a process, oldest first (batch.go)
 	batched atomic.Int64
-	started atomic.Bool // the pool's first Start happened (takes a parked runner)
+	// lastEvent is how long the last answered event took (batch.go).
+	lastEvent atomic.Int64
+	started   atomic.Bool // the pool's first Start happened (takes a parked runner)
 }
 
-var _ engines.Instance = (*Instance)(nil)
+var (
+	_ engines.Instance = (*Instance)(nil)
+	_ engines.Batcher  = (*Instance)(nil)
+)
+
+// CallsToFill implements engines.Batcher: one full batch per process in
+// the runners, one more waiting to go (0 with batches off).
+func (in *Instance) CallsToFill() int {
+	if in.e.cfg.MaxBatch <= 1 {
+		return 0
+	}
+	return 2 * in.e.cfg.MaxBatch * in.e.cfg.Processes
+}
 
 func newInstance(e *Engine, spec engines.Spec, interp string, code []byte) *Instance {
 	in := &Instance{
@@ -72,7 +86,10 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 	if in.e.cfg.MaxBatch > 1 {
 		return in.processBatched(ctx, ev)
 	}
-	s, err := in.pool.Acquire(ctx)
+	s, err := in.pool.AcquireUnless(ctx, nil, engines.GiveBack(ctx))
+	if errors.Is(err, procpool.ErrStopped) {
+		return nil, fmt.Errorf("python engine: %w", engines.ErrGivenBack)
+	}
 	if err != nil {
 		return nil, acquireError(ctx, err)
 	}
@@ -137,6 +154,8 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 		} else {
 			werr = wire.DecodeError(engines.ErrWorkerFailed, payload)
 		}
+		// Before the slot goes back: the next caller decides on batching.
+		in.lastEvent.Store(int64(time.Since(start)))
 		if p.Healthy() {
 			in.pool.Release(s)
 		} else {
@@ -148,6 +167,7 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 	}
 
 	// The process is unusable: say why, and replace it.
+	in.lastEvent.Store(int64(time.Since(start)))
 	reason, cerr := in.failure(ctx, p, kind, err, deadline.Sub(start))
 	in.pool.Replace(s, reason)
 	return nil, cerr

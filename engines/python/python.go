@@ -33,6 +33,7 @@ const (
 	DefaultLoadTimeout = 60 * time.Second
 	DefaultSpinWait    = 50 * time.Microsecond
 	DefaultMaxBatch    = 16
+	DefaultSlowEvent   = 2 * time.Millisecond
 	DefaultParkTTL     = 30 * time.Second
 	DefaultParkMax     = 32
 )
@@ -71,6 +72,11 @@ type Config struct {
 	// than a small event's work on small VMs. Default 16; 1 turns batching
 	// off.
 	MaxBatch int
+	// SlowEvent: after an event that took longer than this, calls go to
+	// the process one at a time until one is faster again. Batching gains
+	// nothing on slow events, and a batch of them would run (and hold a
+	// stopping worker) for their sum. Default 2ms, the runner's hold limit.
+	SlowEvent time.Duration
 	// AllowedPackages are top-level packages (or dotted modules) a worker may
 	// import beyond the safe standard library subset (PYTHON_ALLOWED_PACKAGES;
 	// see runner.py's SAFE_STDLIB and docs/security.md). Allowing
@@ -140,6 +146,9 @@ func New(cfg Config) *Engine {
 	}
 	if cfg.SpinWait == 0 {
 		cfg.SpinWait = DefaultSpinWait
+	}
+	if cfg.SlowEvent <= 0 {
+		cfg.SlowEvent = DefaultSlowEvent
 	}
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = DefaultMaxBatch

@@ -40,7 +40,9 @@ type Config struct {
 	PubSub string
 	// NodeID names this node in lock holders and dead letters.
 	NodeID string
-	// MaxConcurrency bounds the messages one worker processes at once.
+	// MaxConcurrency bounds the messages one worker processes at once; an
+	// Instance that batches its calls (engines.Batcher) may raise it for
+	// its worker.
 	MaxConcurrency int
 	// QueueDepth bounds the messages waiting for one worker beyond those it
 	// processes. A message that finds the queue full is not attempted by
@@ -237,6 +239,10 @@ type worker struct {
 	closed  bool
 	stopped chan struct{}
 	wg      sync.WaitGroup
+	// giveBack: its calls carry stopped as their give-back channel
+	// (engines.WithGiveBack): more of them run at once than the default,
+	// and those still waiting inside the engine come back at a stop.
+	giveBack bool
 
 	// spanName and spanAttrs start its spans (set when tracing is on).
 	spanName  string
@@ -258,6 +264,21 @@ func (i *instance) closeWhenIdle(ctx context.Context, log *slog.Logger) {
 	if err := i.Close(ctx); err != nil {
 		log.Warn("closing worker instance", "err", err)
 	}
+}
+
+// maxBatcherConcurrency bounds what an engines.Batcher may ask for.
+const maxBatcherConcurrency = 256
+
+// concurrency is how many of a worker's messages run at once: the
+// configured default, or more for an Instance that batches the calls it
+// holds (engines.Batcher), which then costs less per message. Not in a
+// group: a group runs one message at a time, so no batch would form. It is
+// fixed when the worker is attached; a hot reload (same engine) keeps it.
+func concurrency(def int, w Worker, inst engines.Instance) int {
+	if b, ok := inst.(engines.Batcher); ok && w.Group == "" {
+		return max(def, min(b.CallsToFill(), maxBatcherConcurrency))
+	}
+	return def
 }
 
 // Attached reports whether a worker is attached.
@@ -287,14 +308,15 @@ func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 	d.mu.Unlock()
 	d.Detach(context.Background(), w.ID) // topic or policy changed: start over
 
-	nw := &worker{Worker: w, source: types.URIRef{URL: url.URL{Path: "workmanager/workers/" + w.ID}},
-		m:     d.Metrics.Worker(w.ID, w.Engine, w.Group, d.cfg.MaxConcurrency),
+	conc := concurrency(d.cfg.MaxConcurrency, w, inst)
+	nw := &worker{Worker: w, source: types.URIRef{URL: url.URL{Path: "workmanager/workers/" + w.ID}}, giveBack: conc > d.cfg.MaxConcurrency,
+		m:     d.Metrics.Worker(w.ID, w.Engine, w.Group, conc),
 		queue: make(chan job, d.cfg.QueueDepth), stopped: make(chan struct{})}
 	nw.inst.Store(&instance{Instance: inst})
 	if d.tracer != nil {
 		nw.spanName, nw.spanAttrs = "worker "+w.ID, workerSpanAttrs(w)
 	}
-	for range d.cfg.MaxConcurrency {
+	for range conc {
 		nw.wg.Add(1)
 		go d.serve(nw)
 	}

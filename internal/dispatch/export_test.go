@@ -25,3 +25,6 @@ func (d *Dispatcher) Stopped(id string) <-chan struct{} {
 	}
 	return nil
 }
+
+// Concurrency is concurrency, for tests.
+var Concurrency = concurrency

@@ -16,6 +16,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/deadletter"
+	"github.com/virtufin/workmanager/internal/delivery"
 	"github.com/virtufin/workmanager/internal/dispatch"
 	"github.com/virtufin/workmanager/internal/dispatch/dispatchtest"
 	"github.com/virtufin/workmanager/internal/grouplock"
@@ -608,5 +609,185 @@ func TestDeadLetterIsListableWhenPublished(t *testing.T) {
 	}
 	if entries, err := d.DeadLetters.List(context.Background(), "w", deadletter.Filter{}, 0); err != nil || len(entries) != 1 {
 		t.Fatalf("stored for w: %+v %v", entries, err)
+	}
+}
+
+// waitCond waits until cond holds (5 s at most); what describes the state
+// when it does not.
+func waitCond(t *testing.T, cond func() bool, what func() string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal(what())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// publishN sends messages m0… to the worker's topic "in".
+func publishN(t *testing.T, b *dispatchtest.Broker, n int) {
+	t.Helper()
+	s := waitStream(t, b, "in")
+	for i := range n {
+		s.In <- request("m"+strconv.Itoa(i), "")
+	}
+}
+
+// batcherInstance is a FuncInstance that batches its calls (engines.Batcher).
+type batcherInstance struct {
+	dispatchtest.FuncInstance
+	fill int
+}
+
+func (b *batcherInstance) CallsToFill() int { return b.fill }
+
+// A worker whose Instance batches its calls gets as many of its messages at
+// once as the Instance asks for (more than MaxConcurrency); any other
+// worker gets MaxConcurrency.
+func TestBatcherRaisesConcurrency(t *testing.T) {
+	for name, c := range map[string]struct {
+		fill, want int
+	}{
+		"batcher":         {fill: 6, want: 6},
+		"batcher, less":   {fill: 1, want: 2},
+		"batching is off": {fill: 0, want: 2},
+		"not a batcher":   {fill: -1, want: 2},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+			d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 2, QueueDepth: 64})
+			var inside, most atomic.Int32
+			release := make(chan struct{})
+			body := func(in *event.Event) ([]event.Event, error) {
+				n := inside.Add(1)
+				for {
+					m := most.Load()
+					if n <= m || most.CompareAndSwap(m, n) {
+						break
+					}
+				}
+				<-release
+				inside.Add(-1)
+				return nil, nil
+			}
+			var inst engines.Instance = &dispatchtest.FuncInstance{Fn: body}
+			if c.fill >= 0 {
+				inst = &batcherInstance{FuncInstance: dispatchtest.FuncInstance{Fn: body}, fill: c.fill}
+			}
+			d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, inst)
+			const n = 10
+			publishN(t, b, n)
+			// Every serving goroutine is inside once want messages are and
+			// the others wait in the queue.
+			waitCond(t, func() bool { return inside.Load() == int32(c.want) && d.Queued("w") == n-c.want }, func() string {
+				return fmt.Sprintf("%d messages at once and %d queued, want %d and %d", inside.Load(), d.Queued("w"), c.want, n-c.want)
+			})
+			close(release)
+			for range n {
+				if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+					t.Fatalf("ack %+v", a)
+				}
+			}
+			if m := most.Load(); m != int32(c.want) {
+				t.Fatalf("at most %d messages at once, want %d", m, c.want)
+			}
+		})
+	}
+}
+
+// Stopping a worker whose Instance batches gives back the calls still
+// waiting inside the engine (as it gives back its queue) and waits only for
+// the running one; a grouped worker keeps the default concurrency.
+func TestStopGivesBackCallsWaitingInTheEngine(t *testing.T) {
+	b, pub, st := dispatchtest.NewBroker(), &publishtest.Recorder{}, state.NewMemoryStore()
+	d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 2, QueueDepth: 64})
+	var entered, givenBack atomic.Int32
+	release := make(chan struct{})
+	var running sync.Once
+	inst := &givingBack{fill: 6, process: func(ctx context.Context) error {
+		entered.Add(1)
+		first := false
+		running.Do(func() { first = true })
+		if first {
+			<-release // the call the engine runs
+			return nil
+		}
+		<-engines.GiveBack(ctx) // waiting for the process
+		givenBack.Add(1)
+		return fmt.Errorf("fake: %w", engines.ErrGivenBack)
+	}}
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, inst)
+	const n = 6
+	publishN(t, b, n)
+	waitCond(t, func() bool { return entered.Load() == n }, func() string {
+		return fmt.Sprintf("%d calls in the engine, want %d", entered.Load(), n)
+	})
+	detached := make(chan struct{})
+	go func() {
+		d.Detach(context.Background(), "w")
+		close(detached)
+	}()
+	waitCond(t, func() bool { return givenBack.Load() == n-1 }, func() string {
+		return fmt.Sprintf("%d calls given back, want %d", givenBack.Load(), n-1)
+	})
+	select {
+	case <-detached:
+		t.Fatal("Detach returned while a call was running")
+	default:
+	}
+	close(release)
+	<-detached
+	// Every message goes back to the broker (the worker is gone from this
+	// node); the record says which one w finished and that the others were
+	// never attempted.
+	for range n {
+		if a := waitAck(t, b); a.Status != dispatch.AckRetry {
+			t.Fatalf("ack %+v after the stop, want RETRY", a)
+		}
+	}
+	done, untried := 0, 0
+	recs := delivery.NewStore(st, time.Hour)
+	for i := range n {
+		rec, err := recs.Load(context.Background(), delivery.Key("test", "m"+strconv.Itoa(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch s := rec.Get("w"); {
+		case s.Terminal():
+			done++
+		case s.Attempts == 0:
+			untried++
+		}
+	}
+	if done != 1 || untried != n-1 {
+		t.Fatalf("%d done and %d never attempted, want 1 and %d", done, untried, n-1)
+	}
+	if len(pub.On("in"+dispatch.DeadLetterSuffix)) != 0 {
+		t.Fatal("a given-back call was dead-lettered")
+	}
+}
+
+// givingBack is a Batcher whose process decides, per call, whether it runs
+// or waits to be given back.
+type givingBack struct {
+	fill    int
+	process func(ctx context.Context) error
+}
+
+func (g *givingBack) CallsToFill() int { return g.fill }
+
+func (g *givingBack) Process(ctx context.Context, _ *event.Event) ([]event.Event, error) {
+	return nil, g.process(ctx)
+}
+
+func (g *givingBack) Close(context.Context) error { return nil }
+
+func TestGroupedBatcherKeepsDefaultConcurrency(t *testing.T) {
+	if got := dispatch.Concurrency(2, dispatch.Worker{ID: "w", Group: "g"}, &batcherInstance{fill: 6}); got != 2 {
+		t.Fatalf("grouped: %d, want 2", got)
+	}
+	if got := dispatch.Concurrency(2, dispatch.Worker{ID: "w"}, &batcherInstance{fill: 6}); got != 6 {
+		t.Fatalf("ungrouped: %d, want 6", got)
 	}
 }

@@ -176,6 +176,9 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 			panic("injected by the " + d.cfg.PanicOn + " test hook")
 		}
 	}
+	if w.giveBack {
+		ctx = engines.WithGiveBack(ctx, w.stopped)
+	}
 	outs, err := w.process(ctx, in)
 	w.m.Processing.Observe(time.Since(start).Seconds())
 	if err != nil {
@@ -226,8 +229,9 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 func (d *Dispatcher) fail(r *result, err error) {
 	r.outcome, r.err = outcomeFailed, err
 	switch {
-	case errors.Is(err, engines.ErrClosed) || d.ctx.Err() != nil:
-		// Stopped or reloaded mid-call: not the worker's fault.
+	case errors.Is(err, engines.ErrClosed) || errors.Is(err, engines.ErrGivenBack) || d.ctx.Err() != nil:
+		// Stopped or reloaded mid-call, or given back before it started:
+		// not the worker's fault.
 		r.outcome = outcomeCut
 	case errors.Is(err, engines.ErrTimeout):
 		r.reason = reasonTimeout

@@ -108,7 +108,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		processing:      histogram("worker_processing_seconds", "Duration of the engine call of one attempt (the worker's code), failed or not.", w...),
 		queueWait:       histogram("worker_queue_wait_seconds", "Time a message waited in a worker's queue for one of its WORKER_MAX_CONCURRENCY slots.", w...),
 		inFlight:        gauge("worker_in_flight", "Attempts a worker is running now.", w...),
-		concurrency:     gauge("worker_concurrency_limit", "The attempts a worker may run at once (WORKER_MAX_CONCURRENCY); worker_in_flight / this is its saturation.", w...),
+		concurrency:     gauge("worker_concurrency_limit", "The attempts a worker may run at once (WORKER_MAX_CONCURRENCY, or more for an engine that batches calls); worker_in_flight / this is its saturation.", w...),
 
 		handling:          histogram("message_handling_seconds", "Time from receiving a message on a topic to acking it (record read, every worker's attempt, record write), by ack status (success, retry).", LabelTopic, LabelStatus),
 		topicDeadLettered: counter("topic_dead_lettered_total", "Messages sent to <topic>-dead for no worker attached here: undecodable, too_large, not_runnable, not_running.", LabelTopic, LabelReason),

@@ -185,16 +185,16 @@ func (pl *Pool[P]) Context() context.Context { return pl.ctx }
 // returns must be given back with exactly one Release or Replace, which ends
 // the call; Close waits for calls until its own ctx ends.
 func (pl *Pool[P]) Acquire(ctx context.Context) (*Slot[P], error) {
-	return pl.AcquireUnless(ctx, nil)
+	return pl.AcquireUnless(ctx, nil, nil)
 }
 
 // ErrStopped is returned by AcquireUnless when its stop channel closed first.
 var ErrStopped = errors.New("stopped waiting for a slot")
 
 // AcquireUnless is Acquire that also gives up, with ErrStopped, once stop
-// is closed (a nil stop never closes): a caller whose work another caller
-// took over stops waiting.
-func (pl *Pool[P]) AcquireUnless(ctx context.Context, stop <-chan struct{}) (*Slot[P], error) {
+// or stop2 is closed (a nil channel never closes): a caller whose work
+// another caller took over, or whose call is given back, stops waiting.
+func (pl *Pool[P]) AcquireUnless(ctx context.Context, stop, stop2 <-chan struct{}) (*Slot[P], error) {
 	if !pl.enter() {
 		return nil, ErrClosed
 	}
@@ -210,6 +210,9 @@ func (pl *Pool[P]) AcquireUnless(ctx context.Context, stop <-chan struct{}) (*Sl
 		pl.wg.Done()
 		return nil, ctx.Err()
 	case <-stop:
+		pl.wg.Done()
+		return nil, ErrStopped
+	case <-stop2:
 		pl.wg.Done()
 		return nil, ErrStopped
 	case <-pl.closed:
