@@ -35,6 +35,7 @@ const (
 	RuleURLTooLong          = "url_too_long"          // longer than MaxURLLength
 	RuleBadHost             = "bad_host"              // empty, '%', or not a plain host name / [IPv6]
 	RuleCredentials         = "credentials_in_url"    // a query parameter named like a credential
+	RuleMetadataHost        = "metadata_host"         // a cloud metadata service's well-known host name
 )
 
 // MaxURLLength bounds the length of a URL source.

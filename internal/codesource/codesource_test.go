@@ -80,6 +80,11 @@ func TestValidateURL(t *testing.T) {
 		{raw: "http://172.16.5.4/", rule: "address_class", want: []string{"private"}},
 		{raw: "http://192.168.0.1/", rule: "address_class", want: []string{"private"}},
 		{raw: "http://169.254.169.254/latest/meta-data/", rule: "address_class", want: []string{"metadata"}},
+		// metadata services by name, refused before any DNS lookup
+		{raw: "http://metadata.google.internal/computeMetadata/v1/", rule: "metadata_host", want: []string{`"metadata.google.internal"`}},
+		{raw: "http://METADATA.google.internal./computeMetadata/v1/", rule: "metadata_host"},
+		{raw: "http://metadata/computeMetadata/v1/", rule: "metadata_host"},
+		{raw: "http://instance-data.ec2.internal/latest/", rule: "metadata_host"},
 		{raw: "http://169.254.170.2/v2/credentials", rule: "address_class", want: []string{"metadata"}},
 		{raw: "http://169.254.10.10/", rule: "address_class", want: []string{"link_local"}},
 		{raw: "http://100.100.100.200/", rule: "address_class", want: []string{"cgnat"}},

@@ -222,6 +222,11 @@ func (f *Fetcher) resolve(ctx context.Context, p Policy, host, key string) ([]ne
 		var dnsErr *net.DNSError
 		if errors.As(err, &dnsErr) {
 			reason = dnsErr.Err
+			// No such host is the user's mistake (a typo, an internal
+			// name), not an outage: say so, and do not retry it.
+			if dnsErr.IsNotFound {
+				return nil, fmt.Errorf("%w: %w", ErrInvalid, &hiddenError{fmt.Sprintf("host %q of code.url does not resolve (no such host)", key), err})
+			}
 		}
 		return nil, &hiddenError{fmt.Sprintf("resolving %q failed: %s", key, reason), err}
 	}

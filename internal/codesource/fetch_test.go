@@ -270,7 +270,8 @@ func TestFetch(t *testing.T) {
 	})
 	t.Run("resolver failure", func(t *testing.T) {
 		_, err := fetch(codesource.Policy{}, "http://nowhere.example/ok", sha)
-		wantRetryable(t, err, `resolving "nowhere.example" failed: no such host`)
+		// No such host is the caller's mistake: invalid, not retried.
+		wantInvalid(t, err, `host "nowhere.example" of code.url does not resolve (no such host)`)
 		wantAbsent(t, err, "10.255.255.53")
 		var dnsErr *net.DNSError
 		if !errors.As(err, &dnsErr) || !dnsErr.IsNotFound {

@@ -108,6 +108,29 @@ func checkAllowedEntry(e string) string {
 	return ""
 }
 
+// metadataHostNames are the well-known names of cloud instance metadata
+// services (lowercase, no trailing dot). They are refused by name, before
+// any DNS lookup: inside a cloud they resolve to the metadata address (which
+// the address checks refuse too), and outside one a lookup failure must not
+// be the only thing that stops them.
+var metadataHostNames = map[string]bool{
+	"metadata.google.internal":     true, // GCP
+	"metadata.goog":                true, // GCP
+	"metadata":                     true, // GCP short name, OpenStack
+	"instance-data":                true, // AWS
+	"instance-data.ec2.internal":   true, // AWS
+	"metadata.azure.com":           true, // Azure
+	"metadata.tencentyun.com":      true, // Tencent Cloud
+	"metadata.platformequinix.com": true, // Equinix Metal
+	"metadata.packet.net":          true, // Equinix Metal (legacy)
+	"metadata.oraclecloud.com":     true, // Oracle Cloud
+	"metadata.internal":            true,
+}
+
+// isMetadataHostName reports whether name (lowercase, no trailing dot) is
+// a metadata service's well-known name.
+func isMetadataHostName(name string) bool { return metadataHostNames[name] }
+
 // validHostName: non-empty labels of ASCII letters, digits and '-', at most
 // 63 bytes each and 253 in all.
 func validHostName(h string) bool {
@@ -256,6 +279,9 @@ func (p Policy) checkHost(hostport string) *Refusal {
 	name := strings.TrimSuffix(lower, ".")
 	if !validHostName(name) {
 		return refuse(RuleBadHost, "host %q is not a valid host name (ASCII letters, digits, '-' and '.')", hostname)
+	}
+	if isMetadataHostName(name) {
+		return refuse(RuleMetadataHost, "host %q is a cloud metadata service's name; code cannot be fetched from it", hostname)
 	}
 	if !p.hostAllowed(name) {
 		return refuse(RuleHostNotAllowed, "host %q is not in the allowed hosts", hostname)
