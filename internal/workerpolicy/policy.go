@@ -2,7 +2,10 @@
 // outputs may be published to (never the reserved ones: WorkManager's own
 // workmanager.* topics and the dead-letter topics; not its own input topic
 // unless listed), and the shape of both pattern lists as CreateWorker takes
-// them. The engines hold gateway calls to the targets themselves
+// them, and the form of every gateway call's target (CheckTarget: a Dapr
+// app id, never WorkManager's own nor a URL, and a method that does not
+// climb), which internal/gateway applies to every call. The engines hold
+// gateway calls to the listed targets themselves
 // (engines.CheckGatewayTarget). Patterns use path.Match: * matches any run
 // of characters except '/', ? one character.
 package workerpolicy
@@ -57,8 +60,8 @@ func Validate(outputs, targets []string) error {
 		}
 	}
 	for _, p := range targets {
-		if !strings.Contains(p, "/") {
-			return fmt.Errorf("allowed_gateway_targets: %q must be \"service/method\" (either may be a pattern, e.g. \"billing/*\")", p)
+		if err := validateTargetPattern(p); err != nil {
+			return err
 		}
 	}
 	return nil
