@@ -75,7 +75,7 @@ func BenchmarkCall(b *testing.B) {
 			if err != nil || rc != 0 {
 				b.Fatal(rc, err)
 			}
-			out, err := decodeResponse(buf)
+			out, err := decodeResponse(buf, 0)
 			lib.FreeOut(slots.Out)
 			if err != nil || len(out) != 1 || len(out[0].Data()) != 1024 {
 				b.Fatal(out, err)
@@ -97,7 +97,7 @@ func BenchmarkCall(b *testing.B) {
 		buf, _ := slots.Bytes()
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := decodeResponse(buf); err != nil {
+			if _, err := decodeResponse(buf, 0); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -1,6 +1,7 @@
 package native
 
 import (
+	"errors"
 	"fmt"
 	"time"
 	"unsafe"
@@ -150,10 +151,13 @@ func (e *encoder) encode(ev *event.Event) ([]byte, error) {
 }
 
 // decodeResponse turns a WorkerResponse buffer into output events, or the
-// worker's error. The buffer is native memory: everything is copied. A
-// malformed buffer gives a *WorkerError, never a crash (every access is
-// bounds-checked against buf).
-func decodeResponse(buf []byte) (out []event.Event, err error) {
+// worker's error. The buffer is the worker's (native memory, or bytes from
+// a host process): everything is copied. A malformed buffer, or one that
+// is larger or would decode to more than limit bytes (<= 0: no limit),
+// gives a *WorkerError, never a crash or a big allocation: verifyResponse
+// checks every offset, length and count against buf before anything is
+// read or allocated.
+func decodeResponse(buf []byte, limit int) (out []event.Event, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			out, err = nil, &WorkerError{Message: fmt.Sprintf("malformed response (%d bytes): %v", len(buf), r)}
@@ -162,6 +166,21 @@ func decodeResponse(buf []byte) (out []event.Event, err error) {
 	if len(buf) < 8 {
 		return nil, &WorkerError{Message: fmt.Sprintf("malformed response: %d bytes", len(buf))}
 	}
+	if limit > 0 && len(buf) > limit {
+		return nil, engines.ReplyTooLarge("the worker's response", int64(len(buf)), limit)
+	}
+	if err := verifyResponse(buf, limit); err != nil {
+		var fe *fbError
+		if errors.As(err, &fe) && fe.overLimit {
+			return nil, engines.ReplyTooLarge("the worker's response ("+err.Error()+")", int64(len(buf)), limit)
+		}
+		return nil, &WorkerError{Message: fmt.Sprintf("malformed response (%d bytes): %v", len(buf), err)}
+	}
+	return decodeVerified(buf)
+}
+
+// decodeVerified decodes a buffer verifyResponse accepted.
+func decodeVerified(buf []byte) ([]event.Event, error) {
 	r := abi.GetRootAsWorkerResponse(buf, 0)
 	if msg := r.ErrorMessage(); msg != nil {
 		m := string(msg)
@@ -179,7 +198,7 @@ func decodeResponse(buf []byte) (out []event.Event, err error) {
 	if n == 0 {
 		return nil, nil
 	}
-	out = make([]event.Event, 0, n)
+	out := make([]event.Event, 0, n)
 	if single {
 		ev, err := decodeEvent(&ce)
 		if err != nil {

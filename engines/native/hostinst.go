@@ -21,6 +21,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/internal/childproc"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
 	"github.com/virtufin/workmanager/engines/native/internal/hostproto"
 	"github.com/virtufin/workmanager/engines/native/internal/loader"
@@ -43,18 +44,18 @@ type hostProc struct {
 	done    chan struct{} // closed once the process was reaped
 	waitErr error         // valid after done
 	tail    *tailLog
+	group   childproc.Group // the host and what its library started
 
 	killed    atomic.Bool
 	timedOut  atomic.Bool
 	cancelled atomic.Bool
 }
 
-// Kill kills the host process. Safe from any goroutine.
+// Kill kills the host process and every process its library started
+// (its process group). Safe from any goroutine.
 func (p *hostProc) Kill() {
 	p.killed.Store(true)
-	if p.cmd.Process != nil {
-		_ = p.cmd.Process.Kill()
-	}
+	p.group.Kill()
 }
 
 // CloseRequests closes the request pipe: the host sees EOF and exits.
@@ -180,6 +181,10 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 		cmd.ExtraFiles = pipes.ChildEnds()
 	}
 	cmd.Stdout, cmd.Stderr = outW, outW
+	// A process group of its own: a timeout or Close kills whatever the
+	// library forked too, which would otherwise keep the reply pipe open
+	// (without a PID namespace nothing else ends it).
+	childproc.SetGroup(cmd)
 	err = cmd.Start()
 	pipes.CloseChildEnds()
 	outW.Close()
@@ -192,21 +197,19 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 	respR := pipes.RespR
 	p := &hostProc{cmd: cmd, reqW: pipes.ReqW, respR: respR, r: hostproto.NewReader(respR), w: hostproto.NewWriter(pipes.ReqW), enc: newEncoder(),
 		done: make(chan struct{}), tail: &tailLog{}}
+	p.r.Limit = e.hostFrameLimit
+	p.group.Started(cmd.Process.Pid)
 	outDone := make(chan struct{})
 	go func() { // the host's stdout/stderr: the worker's printf and crash reports
 		defer close(outDone)
-		sc := bufio.NewScanner(outR)
-		sc.Buffer(make([]byte, 0, 4096), loader.MaxLogLine)
-		for sc.Scan() {
-			line := sc.Text()
+		forwardLines(outR, loader.MaxLogLine, func(line string) {
 			p.tail.add(line)
 			wlog.Info(line, "stream", "host-output")
-		}
-		io.Copy(io.Discard, outR)
+		})
 		outR.Close()
 	}()
 	go func() {
-		p.waitErr = cmd.Wait()
+		p.waitErr = p.group.Wait(cmd)
 		release()
 		// Output written just before the exit (a crash report) is part of
 		// the error message: give the reader a moment to take it in. The
@@ -226,7 +229,7 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 	kind, payload, err := p.r.ReadFrame()
 	timedOut := !stop()
 	switch {
-	case err == nil && kind == hostproto.FrameReady:
+	case err == nil && kind == hostproto.FrameReady && !timedOut:
 		return p, nil
 	case err == nil && kind == hostproto.FrameLoadError && len(payload) >= 1:
 		msg := string(payload[1:])
@@ -243,6 +246,41 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 		p.Kill()
 		p.Retire()
 		return nil, invalidf("the native host exited while loading the library (%v)%s", p.waitErr, p.tail)
+	}
+}
+
+// forwardLines calls emit with each line read from r until EOF; a line
+// longer than max is emitted in pieces of max bytes (it does not end the
+// output: a crash report after it is still seen).
+func forwardLines(r io.Reader, max int, emit func(string)) {
+	br := bufio.NewReaderSize(r, max)
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(line) > 0 {
+			emit(strings.TrimRight(string(line), "\r\n"))
+		}
+		switch {
+		case err == nil, errors.Is(err, bufio.ErrBufferFull):
+		default:
+			return
+		}
+	}
+}
+
+// hostFrameLimit bounds what the engine reads of each frame kind from a
+// host: a result by the reply limit, a log line by loader.MaxLogLine (the
+// host's own cut), a gateway call's request by the reply limit; the rest
+// are small.
+func (e *Engine) hostFrameLimit(kind byte) int {
+	switch kind {
+	case hostproto.FrameResult:
+		return 9 + e.cfg.MaxReplyBytes
+	case hostproto.FrameLog:
+		return 4 + loader.MaxLogLine
+	case hostproto.FrameGatewayCall:
+		return 8 + 2*loader.MaxLogLine + e.cfg.MaxReplyBytes
+	default:
+		return 64 << 10
 	}
 }
 
@@ -372,10 +410,20 @@ func (in *hostInstance) run(ctx context.Context, s *procpool.Slot[*hostProc], ev
 	// At the deadline the host is killed (the native code really stops) and
 	// a gateway call in progress is cancelled, in that order: whatever
 	// returns first, the call ends as a timeout.
+	// The guard makes "the call is over" and "the deadline killed the
+	// host" exclusive: once the call has ended (g.end), a timer or ctx
+	// that fired late does nothing, so a host that looks healthy here is
+	// never killed afterwards (under the next call).
 	gwCtx, gwCancel := context.WithCancel(ctx)
-	timer := time.AfterFunc(wait, func() { p.timedOut.Store(true); p.Kill(); gwCancel() })
-	stopCtx := context.AfterFunc(ctx, func() { p.cancelled.Store(true); p.Kill() })
+	g := &callGuard{}
+	timer := time.AfterFunc(wait, func() {
+		g.fire(func() { p.timedOut.Store(true); p.Kill(); gwCancel() })
+	})
+	stopCtx := context.AfterFunc(ctx, func() {
+		g.fire(func() { p.cancelled.Store(true); p.Kill() })
+	})
 	out, callErr := in.exchange(gwCtx, p, input)
+	g.end()
 	timer.Stop()
 	stopCtx()
 	gwCancel()
@@ -390,6 +438,7 @@ func (in *hostInstance) run(ctx context.Context, s *procpool.Slot[*hostProc], ev
 	}
 	var reason string
 	var cerr error
+	var tooLarge *hostproto.FrameTooLargeError
 	switch {
 	case p.timedOut.Load():
 		reason = "timeout"
@@ -400,6 +449,12 @@ func (in *hostInstance) run(ctx context.Context, s *procpool.Slot[*hostProc], ev
 	case in.pool.Killed():
 		reason = "instance closed"
 		cerr = fmt.Errorf("%w: the call was interrupted", ErrClosed)
+	case errors.As(callErr, &tooLarge) && tooLarge.Kind == hostproto.FrameResult:
+		reason = "reply too large"
+		cerr = engines.ReplyTooLarge("the native worker's response", tooLarge.Size-9, in.e.cfg.MaxReplyBytes)
+	case errors.As(callErr, &tooLarge):
+		reason = "protocol error"
+		cerr = &WorkerError{Message: fmt.Sprintf("the native host sent a frame over its limit: %v", tooLarge)}
 	default:
 		reason = "host exited"
 		p.Kill()
@@ -411,6 +466,28 @@ func (in *hostInstance) run(ctx context.Context, s *procpool.Slot[*hostProc], ev
 	}
 	in.pool.Replace(s, reason)
 	return nil, cerr
+}
+
+// callGuard orders the end of a call against its deadline and ctx: fire
+// runs kill only while the call is not over, end marks it over; both hold
+// mu, so after end returns the kill either happened or never will.
+type callGuard struct {
+	mu   sync.Mutex
+	over bool
+}
+
+func (g *callGuard) fire(kill func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.over {
+		kill()
+	}
+}
+
+func (g *callGuard) end() {
+	g.mu.Lock()
+	g.over = true
+	g.mu.Unlock()
 }
 
 type hostResult struct {
@@ -467,7 +544,7 @@ func (in *hostInstance) exchange(ctx context.Context, p *hostProc, input []byte)
 			case hasOut && outLen <= 0:
 				res.err = &WorkerError{Code: rc, Message: fmt.Sprintf("the worker returned a response buffer with length %d", outLen)}
 			case hasOut:
-				res.events, res.err = decodeResponse(buf)
+				res.events, res.err = decodeResponse(buf, in.e.cfg.MaxReplyBytes)
 			}
 			res.events, res.err = withCode(rc, res.events, res.err)
 			return res, nil

@@ -247,7 +247,7 @@ func (in *inprocInstance) run(c *pcall) {
 	case berr != nil:
 		err = &WorkerError{Code: rc, Message: berr.Error()}
 	case buf != nil:
-		out, err = decodeResponse(buf)
+		out, err = decodeResponse(buf, in.e.cfg.MaxReplyBytes)
 	}
 	in.lib.FreeOut(c.slots.Out)
 	c.slots = loader.CallSlots{}

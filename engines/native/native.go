@@ -105,6 +105,12 @@ type Config struct {
 	// Logger receives the engine's own logs and, when Spec.Logger is nil,
 	// the workers' log lines. Default slog.Default().
 	Logger *slog.Logger
+	// MaxReplyBytes bounds one call's response: its bytes, what decoding
+	// it allocates and, in process isolation, every frame read from the
+	// host. A response over it fails the call (engines.ErrReplyTooLarge).
+	// Default engines.DefaultMaxReplyBytes; builtin sets
+	// engines.ReplyLimit of the node's output limits.
+	MaxReplyBytes int
 	// OnRestart, when set, learns of each host process (process isolation) restarted after a
 	// crash or a timeout (procpool.Config.OnRestart): reason is a short
 	// fixed text ("timeout", "process exited", …), err the restart's error
@@ -136,6 +142,9 @@ func New(cfg Config) *Engine {
 	}
 	if cfg.MaxAbandonedCalls <= 0 {
 		cfg.MaxAbandonedCalls = DefaultMaxAbandonedCalls
+	}
+	if cfg.MaxReplyBytes <= 0 {
+		cfg.MaxReplyBytes = engines.DefaultMaxReplyBytes
 	}
 	if cfg.Isolation == "" {
 		cfg.Isolation = IsolationInProcess

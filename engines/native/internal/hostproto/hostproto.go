@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/virtufin/workmanager/engines/internal/wire"
 )
 
 // The native-host protocol (process isolation).
@@ -61,10 +63,28 @@ const maxFrame = 256 << 20
 
 var errFrameTooLarge = errors.New("frame too large")
 
+// FrameTooLargeError is a frame whose length is over the limit for its
+// kind (Reader.Limit); it was not read, and the stream is unusable after
+// it.
+type FrameTooLargeError struct {
+	Kind  byte
+	Size  int64
+	Limit int
+}
+
+func (e *FrameTooLargeError) Error() string {
+	return fmt.Sprintf("frame %q of %d bytes exceeds the limit of %d bytes for its kind", e.Kind, e.Size, e.Limit)
+}
+
 // Reader reads frames.
 type Reader struct {
 	r   *bufio.Reader
 	buf []byte
+	// Limit, when set, bounds the payload (after the kind byte) of a frame
+	// of each kind; a longer frame is a *FrameTooLargeError, found before
+	// anything is allocated for it. The overall bound (256 MiB) applies
+	// always.
+	Limit func(kind byte) int
 }
 
 // NewReader returns a buffered frame reader.
@@ -72,11 +92,15 @@ func NewReader(r io.Reader) *Reader {
 	return &Reader{r: bufio.NewReaderSize(r, 64<<10)}
 }
 
+// keepBuf: a frame buffer grown past it by one big frame is not kept.
+const keepBuf = 1 << 20
+
 // ReadFrame returns the next frame; the payload is valid until the next
-// read.
+// read. The payload's buffer grows as its bytes arrive (a header that
+// announces a big frame costs nothing until they do).
 func (f *Reader) ReadFrame() (byte, []byte, error) {
-	var hdr [4]byte
-	if _, err := io.ReadFull(f.r, hdr[:]); err != nil {
+	var hdr [5]byte
+	if _, err := io.ReadFull(f.r, hdr[:4]); err != nil {
 		return 0, nil, err
 	}
 	n := binary.LittleEndian.Uint32(hdr[:])
@@ -86,17 +110,29 @@ func (f *Reader) ReadFrame() (byte, []byte, error) {
 	if n > maxFrame {
 		return 0, nil, errFrameTooLarge
 	}
-	if cap(f.buf) < int(n) {
-		f.buf = make([]byte, n)
-	}
-	b := f.buf[:n]
-	if _, err := io.ReadFull(f.r, b); err != nil {
+	if _, err := io.ReadFull(f.r, hdr[4:]); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
 		return 0, nil, err
 	}
-	return b[0], b[1:], nil
+	kind := hdr[4]
+	if f.Limit != nil {
+		if limit := f.Limit(kind); int64(n-1) > int64(limit) {
+			return 0, nil, &FrameTooLargeError{Kind: kind, Size: int64(n - 1), Limit: limit}
+		}
+	}
+	if cap(f.buf) > keepBuf {
+		f.buf = nil
+	}
+	b, err := wire.ReadPayload(f.r, f.buf, int(n-1))
+	if err != nil {
+		return 0, nil, err
+	}
+	if cap(b) <= keepBuf {
+		f.buf = b
+	}
+	return kind, b, nil
 }
 
 // Writer writes frames.
