@@ -59,6 +59,7 @@ type config struct {
 	DeadLetterTTL      time.Duration // DEAD_LETTER_TTL: how long a dead letter stays replayable (0: kept)
 	NotRunnableGrace   time.Duration // NOT_RUNNABLE_GRACE: how long a message waits for a worker no node here can run
 	MaxEventBytes      int           // MAX_EVENT_BYTES: larger events go to <topic>-dead as too_large
+	DaprMaxBodyBytes   int           // DAPR_MAX_BODY_BYTES: daprd's --max-body-size, the largest message it delivers or answers
 	MaxOutputs         int           // MAX_OUTPUTS_PER_MESSAGE: more outputs from one call fail it (output_limit)
 	LogLinesPerSecond  int           // WORKER_LOG_LINES_PER_SECOND: a worker's log lines beyond it are dropped and counted
 	MaxOutputBytes     int           // MAX_OUTPUT_BYTES: an output with more data fails its call (output_limit)
@@ -121,6 +122,7 @@ func loadConfig() (config, error) {
 		DeadLetterTTL:      r.Duration("DEAD_LETTER_TTL", 7*24*time.Hour),
 		NotRunnableGrace:   r.Duration("NOT_RUNNABLE_GRACE", 10*time.Minute),
 		MaxEventBytes:      r.Int("MAX_EVENT_BYTES", 1<<20),
+		DaprMaxBodyBytes:   r.Int("DAPR_MAX_BODY_BYTES", 16<<20),
 		MaxOutputs:         r.Int("MAX_OUTPUTS_PER_MESSAGE", 100),
 		LogLinesPerSecond:  r.Int("WORKER_LOG_LINES_PER_SECOND", 100),
 		MaxOutputBytes:     r.Int("MAX_OUTPUT_BYTES", 1<<20),
@@ -227,6 +229,8 @@ func (c config) validate() error {
 		return fmt.Errorf("NOT_RUNNABLE_GRACE must not be negative, got %s", c.NotRunnableGrace)
 	case c.MaxEventBytes < 1024 || c.MaxEventBytes > 64<<20:
 		return fmt.Errorf("MAX_EVENT_BYTES must be 1024 to 67108864, got %d", c.MaxEventBytes)
+	case c.DaprMaxBodyBytes < 1<<20 || c.DaprMaxBodyBytes > 1<<30:
+		return fmt.Errorf("DAPR_MAX_BODY_BYTES (daprd's --max-body-size) must be 1048576 to 1073741824, got %d", c.DaprMaxBodyBytes)
 	case c.NativeMaxExtracted < 0:
 		return fmt.Errorf("NATIVE_MAX_EXTRACTED_BYTES must be 0 (unbounded) or more, got %d", c.NativeMaxExtracted)
 	case c.LogLinesPerSecond < 0:

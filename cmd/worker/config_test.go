@@ -1,9 +1,18 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/virtufin/workmanager/internal/daprconn"
 )
 
 func TestConfigDefaultsAndBadValues(t *testing.T) {
@@ -33,5 +42,50 @@ func TestSecretValues(t *testing.T) {
 	got := secretValues([]string{"DAPR_API_TOKEN=tok-123456", "DB_PASSWORD=hunter22", "AWS_SECRET_ACCESS_KEY=abcdefgh", "SHORT_KEY=abc", "HOME=/root", "PATH=/usr/bin"})
 	if strings.Join(got, ",") != "tok-123456,hunter22,abcdefgh" {
 		t.Fatalf("secretValues = %v", got)
+	}
+}
+
+// Issue 30, item 3: the node's connection to daprd takes anything daprd
+// may send (up to its max body size, 16 MiB by default), not only what
+// MAX_EVENT_BYTES accepts: a 3 MiB event must reach the hot path (to be
+// dead-lettered as too_large) and a 3 MiB code body must be readable.
+func TestDaprConnectionReceivesDaprdMaxBody(t *testing.T) {
+	c, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DaprMaxBodyBytes != 16<<20 {
+		t.Fatalf("DAPR_MAX_BODY_BYTES default %d", c.DaprMaxBodyBytes)
+	}
+	big := bytes.Repeat([]byte("x"), 3<<20)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.MaxSendMsgSize(64<<20), grpc.UnknownServiceHandler(func(_ any, st grpc.ServerStream) error {
+		if err := st.RecvMsg(&emptypb.Empty{}); err != nil {
+			return err
+		}
+		return st.SendMsg(wrapperspb.Bytes(big))
+	}))
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	conn, err := daprconn.Dial(ln.Addr().String(), daprOptions(c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var got wrapperspb.BytesValue
+	if err := conn.Invoke(ctx, "/test.Svc/Big", &emptypb.Empty{}, &got); err != nil {
+		t.Fatalf("a 3 MiB message from daprd: %v", err)
+	}
+	if len(got.Value) != len(big) {
+		t.Fatalf("got %d bytes", len(got.Value))
+	}
+	t.Setenv("DAPR_MAX_BODY_BYTES", "100")
+	if _, err := loadConfig(); err == nil || !strings.Contains(err.Error(), "DAPR_MAX_BODY_BYTES") {
+		t.Fatalf("DAPR_MAX_BODY_BYTES=100: %v", err)
 	}
 }

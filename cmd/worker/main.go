@@ -82,8 +82,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		return fmt.Errorf("temporal tracing: %w", err)
 	}
 
-	// The stream must take the largest accepted event plus its envelope.
-	conn, err := daprconn.Dial(cfg.DaprGRPCAddress, daprconn.Options{Token: cfg.DaprAPIToken, MaxRecvBytes: cfg.MaxEventBytes + 1<<20})
+	conn, err := daprconn.Dial(cfg.DaprGRPCAddress, daprOptions(cfg))
 	if err != nil {
 		return err
 	}
@@ -268,6 +267,14 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	cutOff()
 	log.Info("node stopping", "drained", drained)
 	return nil
+}
+
+// daprOptions shape the node's one connection to daprd. Its receive limit
+// covers whatever daprd may send (daprconn.RecvLimit): an event larger than
+// MAX_EVENT_BYTES must reach the node to be dead-lettered as too_large, and
+// state reads of code bodies must not fail on size.
+func daprOptions(cfg config) daprconn.Options {
+	return daprconn.Options{Token: cfg.DaprAPIToken, MaxRecvBytes: daprconn.RecvLimit(cfg.MaxEventBytes, cfg.DaprMaxBodyBytes)}
 }
 
 // httpHandler serves the node's health endpoints (/health, /healthz,

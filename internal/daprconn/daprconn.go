@@ -2,7 +2,7 @@
 // by the go-sdk client and the raw streaming client, carrying daprd's API
 // token (DAPR_API_TOKEN) on every call — including the raw streaming
 // subscriptions, which the go-sdk does not cover —, a receive limit large
-// enough for the biggest event the node accepts, and a deadline on every
+// enough for anything daprd may send (RecvLimit), and a deadline on every
 // unary call that has none, so that a daprd that stops answering turns into
 // an error (and a redelivery) instead of a message stuck forever.
 package daprconn
@@ -25,7 +25,7 @@ type Options struct {
 	// Token is daprd's API token ("" when daprd runs without one).
 	Token string
 	// MaxRecvBytes, when positive, is the largest message accepted from
-	// daprd (gRPC's default is 4 MiB).
+	// daprd (gRPC's default is 4 MiB); see RecvLimit.
 	MaxRecvBytes int
 	// CallTimeout bounds every unary call whose context has no deadline
 	// of its own (0: DefaultCallTimeout; negative: unbounded). Streams are
@@ -38,6 +38,22 @@ type Options struct {
 // which the broker hands a message out again (processingTimeout 15s, plus
 // the redelivery scan).
 const DefaultCallTimeout = 20 * time.Second
+
+// Envelope is the room RecvLimit leaves around the largest body for the
+// rest of a gRPC message (a CloudEvent's attributes and extensions, a state
+// item's key, ETag and metadata).
+const Envelope = 1 << 20
+
+// RecvLimit is the receive limit a node needs: whatever daprd may send it —
+// up to its own max body size (daprd's --max-body-size), whether an event
+// on a streaming subscription or a state item such as a code body — and
+// the largest event the node accepts, each plus Envelope. Below daprd's
+// limit, a larger event fails the stream's Recv (ResourceExhausted) before
+// the node can dead-letter it as too large: never acked, it comes back
+// every processing timeout and tears down its topic's stream each time.
+func RecvLimit(maxEventBytes, daprMaxBodyBytes int) int {
+	return max(maxEventBytes, daprMaxBodyBytes) + Envelope
+}
 
 // Dial connects to daprd at addr (loopback, plaintext as daprd serves it).
 func Dial(addr string, o Options) (*grpc.ClientConn, error) {

@@ -36,6 +36,10 @@ const (
 	DeadLetterAttemptsExtension = "deadletterattempts"
 	DeadLetterErrorExtension    = "deadlettererror"
 	DeadLetterWorkerExtension   = "deadletterworker"
+	// DeadLetterTruncatedExtension, on a too_large dead letter, is the
+	// size of the event's data, of which only the first MAX_EVENT_BYTES
+	// are carried.
+	DeadLetterTruncatedExtension = "deadlettertruncated"
 )
 
 // DeadLetterSuffix names a topic's dead-letter topic: "<topic>-dead".
@@ -398,7 +402,16 @@ func (d *Dispatcher) deadLetterRaw(ctx context.Context, m *message, reason strin
 	if ev.Type() == "" {
 		ev.SetType("com.virtufin.workmanager.deadletter.raw")
 	}
-	_ = ev.SetData("application/octet-stream", req.GetData())
+	data := req.GetData()
+	if reason == reasonTooLarge && len(data) > d.cfg.MaxEventBytes {
+		// Kept whole, it might not fit through daprd or the broker (its
+		// base64 is a third larger): the dead letter could never be
+		// published, and the event would come back for ever. Its first
+		// MAX_EVENT_BYTES are kept, and its size says it was cut.
+		ev.SetExtension(DeadLetterTruncatedExtension, int32(min(len(data), 1<<31-1)))
+		data = data[:d.cfg.MaxEventBytes]
+	}
+	_ = ev.SetData("application/octet-stream", data)
 	for k, v := range req.GetExtensions().GetFields() {
 		if s := v.GetStringValue(); s != "" && validExtensionName(k) && !isSpecAttribute(k) {
 			ev.SetExtension(k, s)
