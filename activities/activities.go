@@ -52,12 +52,29 @@ type Activities struct {
 type PrepareCodeInput struct {
 	Worker catalog.Worker
 	Ref    catalog.CodeRef
+	// Create: the worker must have no record yet. A create never writes
+	// over a live worker whose workflow was lost (ended FAILED while the
+	// worker runs, until recovery starts it again): AlreadyExists.
+	Create bool
 }
 
 // PrepareCode gets the code body (from the staging area or its URL), checks
 // its SHA-256, load-checks it with the worker's engine and stores it under
-// its SHA-256. Nothing is stored when any step fails.
+// its SHA-256. Nothing is stored when any step fails. The staged upload is
+// dropped only when the code itself is refused: after a failure that may
+// pass (a node that cannot check this code, a check cut off by the
+// activity's timeout) the retry finds it still there.
 func (a *Activities) PrepareCode(ctx context.Context, in PrepareCodeInput) (catalog.CodeRef, error) {
+	if in.Create {
+		_, err := a.Catalog.GetWorker(ctx, in.Worker.ID)
+		switch {
+		case err == nil:
+			return catalog.CodeRef{}, failure.New(failure.AlreadyExists,
+				fmt.Sprintf("worker %s already exists in the catalog (its workflow is being recovered)", in.Worker.ID))
+		case !errors.Is(err, catalog.ErrNotFound):
+			return catalog.CodeRef{}, err
+		}
+	}
 	var body []byte
 	var err error
 	switch {
@@ -83,10 +100,11 @@ func (a *Activities) PrepareCode(ctx context.Context, in PrepareCodeInput) (cata
 		return catalog.CodeRef{}, classify(err)
 	}
 	if err := a.Node.Check(ctx, in.Worker, body); err != nil {
-		if in.Ref.SourceKind == "content" && in.Ref.RollbackTo == 0 {
+		err = classify(err)
+		if in.Ref.SourceKind == "content" && in.Ref.RollbackTo == 0 && failure.Kind(err) == failure.InvalidArgument {
 			_ = a.Catalog.DeleteStaged(ctx, in.Ref.SHA256)
 		}
-		return catalog.CodeRef{}, classify(err)
+		return catalog.CodeRef{}, err
 	}
 	sha, err := a.Catalog.PutCode(ctx, body)
 	if err != nil {
@@ -108,6 +126,9 @@ func (a *Activities) PrepareCode(ctx context.Context, in PrepareCodeInput) (cata
 type EventSpec struct {
 	ID   string
 	Kind lifecycleevents.Kind
+	// ErrorType and ErrorMessage describe an error event.
+	ErrorType    string `json:",omitempty"`
+	ErrorMessage string `json:",omitempty"`
 }
 
 // ApplyInput is a worker's new state.
@@ -183,7 +204,8 @@ func (a *Activities) Activate(ctx context.Context, id string) error {
 
 func (a *Activities) emit(ctx context.Context, w catalog.Worker, events []EventSpec) error {
 	for _, e := range events {
-		d := lifecycleevents.Data{WorkerID: w.ID, Group: w.Group, Topic: w.Topic, CodeVersion: w.CodeVersion}
+		d := lifecycleevents.Data{WorkerID: w.ID, Group: w.Group, Topic: w.Topic, CodeVersion: w.CodeVersion,
+			ErrorType: e.ErrorType, ErrorMessage: e.ErrorMessage}
 		if err := a.Events.Emit(ctx, e.ID, e.Kind, d); err != nil {
 			return err
 		}

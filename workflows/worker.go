@@ -8,8 +8,11 @@ package workflows
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
+	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
@@ -58,8 +61,16 @@ type WorkerInput struct {
 	// read before the start. The run re-reads the record first, holding
 	// every update back meanwhile, and ends at once as deleted when the
 	// record is gone: a delete that completed between recovery's read and
-	// the start never brings the worker back.
+	// the start never brings the worker back. A continue-as-new clears
+	// it: the record was read once, and a later run that re-read it would
+	// only hold updates back (and fail on a short state-store outage).
 	Recovered bool
+	// CreateID names the request that started this run: only a create
+	// update carrying the same id may create the worker, so the code that
+	// runs is that of the request whose start input (topic, name, request
+	// id) the run holds, never that of a request that joined the run. ""
+	// (runs started before it existed, and recovery's): any create.
+	CreateID string
 }
 
 // WorkerState is what the workflow knows and carries across continue-as-new.
@@ -75,26 +86,43 @@ type WorkerState struct {
 	// LoadCode that failed (its history entry may have been written): the
 	// next LoadCode never uses a number twice.
 	LastVersion int64
+	// CreateFailed tells that this run's create failed: the run ends, and
+	// the worker id is free for a new create once it has ended.
+	CreateFailed bool
+	// Unsynced is the lifecycle event of the last change that is persisted
+	// but that a live node did not apply (a failure event was published
+	// instead of it); "" when every node applied every change. A repeated
+	// stop or start tries those nodes again and publishes it once true.
+	Unsynced lifecycleevents.Kind
 }
 
 // CreateRequest is the argument of the create update.
 type CreateRequest struct {
 	Ref catalog.CodeRef
+	// CreateID must be the run's WorkerInput.CreateID (when that is set).
+	CreateID string
 }
+
+// NotApplied is the application error type of a change that is persisted
+// but that a live node did not apply: its lifecycle event was not
+// published (an error event says which node failed); the node applies it
+// at its next reconcile, or when the operation is repeated.
+const NotApplied = "NotApplied"
 
 // errNotCreated ends a workflow that was started but never created.
 var errNotCreated = errors.New("worker was never created")
 
 type entity struct {
-	st      WorkerState
-	mu      workflow.Mutex
-	updates int
-	failed  error
+	st       WorkerState
+	mu       workflow.Mutex
+	updates  int
+	failed   error
+	createID string
 }
 
 // WorkerWorkflow is the entity workflow of one worker.
 func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
-	e := &entity{st: in.State, mu: workflow.NewMutex(ctx)}
+	e := &entity{st: in.State, mu: workflow.NewMutex(ctx), createID: in.CreateID}
 	reread := in.Recovered && workflow.GetVersion(ctx, "recovered-rereads-catalog", workflow.DefaultVersion, 1) == 1
 	if reread {
 		// Held before the update handlers exist, so that no update (not
@@ -130,10 +158,17 @@ func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
 		}
 		if !ok || e.failed != nil {
 			_ = workflow.Await(ctx, func() bool { return workflow.AllHandlersFinished(ctx) })
-			if e.failed != nil {
-				return e.st, temporal.NewNonRetryableApplicationError("create failed: "+e.failed.Error(), "CreateFailed", nil)
+			// A create that was still running when the timeout passed (an
+			// Emit waiting out a broker outage) and then succeeded made a
+			// worker that is served: its workflow lives on to manage it.
+			outlasted := e.failed == nil && e.st.Created &&
+				workflow.GetVersion(ctx, "create-outlasting-timeout-lives", workflow.DefaultVersion, 1) == 1
+			if !outlasted {
+				if e.failed != nil {
+					return e.st, temporal.NewNonRetryableApplicationError("create failed: "+e.failed.Error(), "CreateFailed", nil)
+				}
+				return e.st, temporal.NewNonRetryableApplicationError(errNotCreated.Error(), "CreateFailed", nil)
 			}
-			return e.st, temporal.NewNonRetryableApplicationError(errNotCreated.Error(), "CreateFailed", nil)
 		}
 	}
 	continueAsNew := func() bool {
@@ -151,7 +186,7 @@ func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
 		return e.st, nil
 	}
 	next := in
-	next.State = e.st
+	next.State, next.Recovered = e.st, false
 	return e.st, workflow.NewContinueAsNewError(ctx, WorkerWorkflow, next)
 }
 
@@ -170,9 +205,12 @@ func (e *entity) registerUpdates(ctx workflow.Context) error {
 		fn       any
 		validate any
 	}{
-		{UpdateCreate, e.create, func(workflow.Context, CreateRequest) error {
+		{UpdateCreate, e.create, func(_ workflow.Context, r CreateRequest) error {
 			if e.st.Created || e.failed != nil {
 				return failure.New(failure.AlreadyExists, fmt.Sprintf("worker %s already exists", e.st.Worker.ID))
+			}
+			if e.createID != "" && r.CreateID != e.createID {
+				return failure.New(failure.AlreadyExists, fmt.Sprintf("worker %s is being created by another request", e.st.Worker.ID))
 			}
 			return nil
 		}},
@@ -217,6 +255,21 @@ func activityCtx(ctx workflow.Context) workflow.Context {
 	})
 }
 
+// prepareCtx is activityCtx with room for an engine's load check: a .NET
+// compile may take up to its engine's 120 s load timeout.
+func prepareCtx(ctx workflow.Context) workflow.Context {
+	return workflow.WithActivityOptions(activityCtx(ctx), workflow.ActivityOptions{
+		StartToCloseTimeout: 3 * time.Minute,
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval:        200 * time.Millisecond,
+			BackoffCoefficient:     2,
+			MaximumInterval:        10 * time.Second,
+			MaximumAttempts:        8,
+			NonRetryableErrorTypes: []string{failure.InvalidArgument, failure.PermissionDenied, failure.AlreadyExists},
+		},
+	})
+}
+
 var a *activities.Activities // method values name the activities
 
 // eventID is a lifecycle event's id: unique for ever (the run id differs
@@ -233,11 +286,24 @@ func (e *entity) event(ctx workflow.Context, kind lifecycleevents.Kind) activiti
 	return activities.EventSpec{ID: eventID(x.ID, x.RunID, e.st.Seq, kind), Kind: kind}
 }
 
+// rereadCtx retries reading the record until the store answers: a run that
+// failed on a short state-store outage would leave a live worker without a
+// workflow (Stop and Delete NOT_FOUND). Updates wait meanwhile.
+func rereadCtx(ctx workflow.Context) workflow.Context {
+	return workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		StartToCloseTimeout: time.Minute,
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval: 200 * time.Millisecond, BackoffCoefficient: 2, MaximumInterval: 30 * time.Second,
+			MaximumAttempts: 0, // until it succeeds
+		},
+	})
+}
+
 // reread replaces the state's worker with the catalog's record, or marks
 // the worker deleted when the catalog has none. The caller holds e.mu.
 func (e *entity) reread(ctx workflow.Context) error {
 	var ws []catalog.Worker
-	if err := workflow.ExecuteActivity(activityCtx(ctx), a.GetWorkers, []string{e.st.Worker.ID}).Get(ctx, &ws); err != nil {
+	if err := workflow.ExecuteActivity(rereadCtx(ctx), a.GetWorkers, []string{e.st.Worker.ID}).Get(ctx, &ws); err != nil {
 		return err
 	}
 	if len(ws) == 0 {
@@ -269,9 +335,15 @@ func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker
 		return catalog.Worker{}, err
 	}
 	defer unlock()
-	in, err := e.withCode(ctx, req.Ref, 1)
+	// A create queued behind another one (accepted while that one ran)
+	// must not run: the worker exists, or that create failed and the run
+	// is ending.
+	if (e.st.Created || e.failed != nil) && workflow.GetVersion(ctx, "create-rechecks-after-lock", workflow.DefaultVersion, 1) == 1 {
+		return catalog.Worker{}, failure.New(failure.AlreadyExists, fmt.Sprintf("worker %s already exists", e.st.Worker.ID))
+	}
+	in, err := e.withCodeFor(ctx, req.Ref, 1, true)
 	if err != nil {
-		e.failed = err
+		e.failed, e.st.CreateFailed = err, true
 		return catalog.Worker{}, err
 	}
 	in.Worker.Status, in.Worker.CreatedAt = catalog.StatusRunning, in.Worker.UpdatedAt
@@ -279,7 +351,7 @@ func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker
 		if applied {
 			e.undoCreate(ctx, in.Worker)
 		}
-		e.failed = err
+		e.failed, e.st.CreateFailed = err, true
 		return catalog.Worker{}, err
 	}
 	e.st.Worker, e.st.Created = in.Worker, true
@@ -290,7 +362,14 @@ func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker
 // withCode stores the code ref names (PrepareCode) and returns the change
 // that makes it the worker's code version: the record and its history entry.
 func (e *entity) withCode(ctx workflow.Context, ref catalog.CodeRef, version int64) (activities.ApplyInput, error) {
-	err := workflow.ExecuteActivity(activityCtx(ctx), a.PrepareCode, activities.PrepareCodeInput{Worker: e.st.Worker, Ref: ref}).Get(ctx, &ref)
+	return e.withCodeFor(ctx, ref, version, false)
+}
+
+// withCodeFor is withCode; create tells PrepareCode that the worker must not
+// have a record yet (a create never writes over a live worker whose
+// workflow was lost).
+func (e *entity) withCodeFor(ctx workflow.Context, ref catalog.CodeRef, version int64, create bool) (activities.ApplyInput, error) {
+	err := workflow.ExecuteActivity(prepareCtx(ctx), a.PrepareCode, activities.PrepareCodeInput{Worker: e.st.Worker, Ref: ref, Create: create}).Get(ctx, &ref)
 	if err != nil {
 		return activities.ApplyInput{}, err
 	}
@@ -330,16 +409,40 @@ func (e *entity) setStatus(ctx workflow.Context, status catalog.Status, kind lif
 	}
 	defer unlock()
 	if e.st.Worker.Status == status {
+		if e.st.Unsynced == kind {
+			// The same change again: try the nodes that did not apply it.
+			return e.st.Worker, e.resync(ctx, kind)
+		}
 		return e.st.Worker, nil // idempotent
 	}
 	w := e.st.Worker
 	w.Status, w.UpdatedAt = status, workflow.Now(ctx).UTC()
 	if _, err := e.apply(ctx, activities.ApplyInput{Worker: w}, e.event(ctx, kind)); err != nil {
+		if isNotApplied(err) { // persisted: the workflow follows the record
+			e.st.Worker = w
+			e.upsertSearchAttributes(ctx)
+		}
 		return catalog.Worker{}, err
 	}
 	e.st.Worker = w
 	e.upsertSearchAttributes(ctx)
 	return w, nil
+}
+
+// resync runs the node fan-out again for a persisted change that a live
+// node did not apply, and publishes its event once every live node has.
+func (e *entity) resync(ctx workflow.Context, kind lifecycleevents.Kind) error {
+	ev := e.event(ctx, kind)
+	if err := e.reportNodes(ctx, e.st.Worker, kind, e.syncNodes(ctx)); err != nil {
+		return err
+	}
+	e.st.Unsynced = ""
+	return workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: e.st.Worker, Events: []activities.EventSpec{ev}}).Get(ctx, nil)
+}
+
+func isNotApplied(err error) bool {
+	var appErr *temporal.ApplicationError
+	return errors.As(err, &appErr) && appErr.Type() == NotApplied
 }
 
 func (e *entity) start(ctx workflow.Context) (catalog.Worker, error) {
@@ -363,6 +466,9 @@ func (e *entity) loadCode(ctx workflow.Context, ref catalog.CodeRef) (catalog.Wo
 	}
 	e.st.LastVersion = version
 	if _, err := e.apply(ctx, in, e.event(ctx, lifecycleevents.CodeUpdated)); err != nil {
+		if isNotApplied(err) { // persisted: the workflow follows the record
+			e.st.Worker = in.Worker
+		}
 		return catalog.Worker{}, err
 	}
 	e.st.Worker = in.Worker
@@ -389,9 +495,12 @@ func (e *entity) delete(ctx workflow.Context) error {
 
 // apply persists a change and applies it on the node that runs Apply, then
 // on every other live node, and only then publishes its lifecycle events: a
-// consumer that sees "stopped" can rely on no node running the worker any
-// more. applied tells whether the change was persisted, also when a later
-// step failed.
+// consumer that sees "stopped" or "code_updated" can rely on no live node
+// running the worker, or its old code, any more. When a live node did not
+// apply such a change (after retries), its event is not published: an
+// "error" event names the node, and the change fails as NotApplied (it is
+// persisted; the node applies it at its next reconcile). applied tells
+// whether the change was persisted, also when a later step failed.
 func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ...activities.EventSpec) (applied bool, err error) {
 	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Apply, in).Get(ctx, nil); err != nil {
 		if workflow.GetVersion(ctx, "apply-failure-reads-record", workflow.DefaultVersion, 1) == workflow.DefaultVersion {
@@ -411,8 +520,61 @@ func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ..
 		// made, and is finished (nodes, events) like any other.
 		workflow.GetLogger(ctx).Warn("Apply failed after the record was saved; finishing the change", "worker_id", in.Worker.ID, "err", err)
 	}
-	e.syncNodes(ctx)
+	failed := e.syncNodes(ctx)
+	if kind := strictKind(events); kind != "" && len(failed) > 0 &&
+		workflow.GetVersion(ctx, "node-failures-reported", workflow.DefaultVersion, 1) == 1 {
+		if err := e.reportNodes(ctx, in.Worker, kind, failed); err != nil {
+			e.st.Unsynced = kind
+			return true, err
+		}
+	}
+	e.st.Unsynced = ""
 	return true, workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: in.Worker, Events: events}).Get(ctx, nil)
+}
+
+// strictKind is the event among events that promises that no live node
+// runs the old state (stopped, code_updated), or "".
+func strictKind(events []activities.EventSpec) lifecycleevents.Kind {
+	for _, ev := range events {
+		if ev.Kind == lifecycleevents.Stopped || ev.Kind == lifecycleevents.CodeUpdated {
+			return ev.Kind
+		}
+	}
+	return ""
+}
+
+// reportNodes checks whether the nodes that did not apply a change of kind
+// are still alive (a node that left the cluster serves nothing, and
+// reconciles before it serves again). If some are, it publishes an error
+// event naming them and returns a NotApplied error; otherwise nil.
+func (e *entity) reportNodes(ctx workflow.Context, w catalog.Worker, kind lifecycleevents.Kind, failed []nodeFailure) error {
+	if len(failed) == 0 {
+		return nil
+	}
+	var alive []string
+	if err := workflow.ExecuteActivity(listCtx(ctx), a.ListNodes).Get(ctx, &alive); err != nil {
+		alive = nil // unknown: count every failed node as alive
+		for _, f := range failed {
+			alive = append(alive, f.node)
+		}
+	}
+	var msgs []string
+	for _, f := range failed {
+		if slices.Contains(alive, f.node) {
+			msgs = append(msgs, fmt.Sprintf("node %s: %v", f.node, f.err))
+		}
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("worker %s: the change is persisted but %d live node(s) did not apply it, so %q is not announced; they apply it at their next reconcile (or repeat the operation): %s",
+		w.ID, len(msgs), kind, strings.Join(msgs, "; "))
+	ev := e.event(ctx, lifecycleevents.Error)
+	ev.ErrorType, ev.ErrorMessage = "not_applied", msg
+	if err := workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: w, Events: []activities.EventSpec{ev}}).Get(ctx, nil); err != nil {
+		workflow.GetLogger(ctx).Warn("failure event not published", "worker_id", w.ID, "err", err)
+	}
+	return temporal.NewNonRetryableApplicationError(msg, NotApplied, nil)
 }
 
 // persisted reports whether the catalog holds exactly w (the change Apply
@@ -444,22 +606,37 @@ func emitCtx(ctx workflow.Context) workflow.Context {
 // scheduled there runs on that node.
 func NodeTaskQueue(nodeID string) string { return TaskQueue + "-node-" + nodeID }
 
-// syncNodes runs Activate (make this node match the persisted record) on
-// every live node's own task queue, after the change was persisted and
-// applied on the node that ran Apply. A node that does not answer in time is
-// logged and skipped, never fails the update: the change is persisted, and
-// the node's periodic reconcile (or its recovery when it comes back) applies
-// it.
-func (e *entity) syncNodes(ctx workflow.Context) {
-	log := workflow.GetLogger(ctx)
-	lctx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+func listCtx(ctx workflow.Context) workflow.Context {
+	return workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		StartToCloseTimeout: 10 * time.Second,
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: 200 * time.Millisecond, MaximumAttempts: 3},
 	})
+}
+
+// ActivateTimeout bounds one Activate attempt on a node: long enough for a
+// .NET load (its engine allows 120 s) and for a detach that waits for the
+// calls in flight (up to WORKER_TIMEOUT).
+const ActivateTimeout = 5 * time.Minute
+
+// nodeFailure is a live node that did not apply a change.
+type nodeFailure struct {
+	node string
+	err  error
+}
+
+// syncNodes runs Activate (make this node match the persisted record) on
+// every live node's own task queue, after the change was persisted and
+// applied on the node that ran Apply; a failed Activate is retried. A node
+// that does not pick its task up in time (schedule-to-start) is gone or cut
+// off from Temporal, and is skipped: it fences itself within its lease, and
+// reconciles before it serves again. The nodes that picked the task up but
+// did not apply the change are returned.
+func (e *entity) syncNodes(ctx workflow.Context) []nodeFailure {
+	log := workflow.GetLogger(ctx)
 	var nodes []string
-	if err := workflow.ExecuteActivity(lctx, a.ListNodes).Get(ctx, &nodes); err != nil {
+	if err := workflow.ExecuteActivity(listCtx(ctx), a.ListNodes).Get(ctx, &nodes); err != nil {
 		log.Warn("cluster members unknown; other nodes catch up by reconcile", "err", err)
-		return
+		return nil
 	}
 	futures := make([]workflow.Future, len(nodes))
 	for i, n := range nodes {
@@ -468,17 +645,26 @@ func (e *entity) syncNodes(ctx workflow.Context) {
 			// A live node polls its queue all the time; one that does not
 			// pick the task up quickly is gone or stuck.
 			ScheduleToStartTimeout: 5 * time.Second,
-			StartToCloseTimeout:    20 * time.Second,
-			RetryPolicy: &temporal.RetryPolicy{InitialInterval: 200 * time.Millisecond, MaximumAttempts: 2,
-				NonRetryableErrorTypes: []string{failure.InvalidArgument}},
+			StartToCloseTimeout:    ActivateTimeout,
+			RetryPolicy: &temporal.RetryPolicy{InitialInterval: 500 * time.Millisecond, BackoffCoefficient: 2, MaximumInterval: 10 * time.Second,
+				MaximumAttempts: 4, NonRetryableErrorTypes: []string{failure.InvalidArgument}},
 		})
 		futures[i] = workflow.ExecuteActivity(nctx, a.Activate, e.st.Worker.ID)
 	}
+	var failed []nodeFailure
 	for i, f := range futures {
-		if err := f.Get(ctx, nil); err != nil {
-			log.Warn("node did not apply the change; it catches up by reconcile", "node_id", nodes[i], "err", err)
+		err := f.Get(ctx, nil)
+		var te *temporal.TimeoutError
+		switch {
+		case err == nil:
+		case errors.As(err, &te) && te.TimeoutType() == enumspb.TIMEOUT_TYPE_SCHEDULE_TO_START:
+			log.Warn("node did not pick the change up; it is gone or cut off (and fences itself)", "node_id", nodes[i], "err", err)
+		default:
+			log.Warn("node did not apply the change", "node_id", nodes[i], "err", err)
+			failed = append(failed, nodeFailure{node: nodes[i], err: err})
 		}
 	}
+	return failed
 }
 
 func (e *entity) upsertSearchAttributes(ctx workflow.Context) {
