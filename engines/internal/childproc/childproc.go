@@ -48,6 +48,15 @@ type Proc struct {
 	cancelled atomic.Bool
 	stopCtx   func() bool
 
+	// armMu orders the deadline's and ctx's kill against Disarm: they
+	// act only while the round trip they were armed for is in progress
+	// (armed, same gen; deadline passed), so once Disarm returns, Healthy
+	// is final for it.
+	armMu    sync.Mutex
+	armed    bool
+	gen      uint64
+	deadline time.Time
+
 	mu     sync.Mutex
 	exited bool // the leader exited; its pid is not reaped yet or is gone
 
@@ -122,12 +131,25 @@ func (p *Proc) Kill() {
 	p.mu.Unlock()
 }
 
+// onTimeout runs on the timer's goroutine. A timer that fired for an
+// earlier round trip (its Stop came too late) or before a Rearm finds the
+// deadline not passed and does nothing: the timer is set again.
 func (p *Proc) onTimeout() {
+	p.armMu.Lock()
+	defer p.armMu.Unlock()
+	if !p.armed || time.Now().Before(p.deadline) {
+		return
+	}
 	p.timedOut.Store(true)
 	p.Kill()
 }
 
-func (p *Proc) onCancel() {
+func (p *Proc) onCancel(gen uint64) {
+	p.armMu.Lock()
+	defer p.armMu.Unlock()
+	if !p.armed || p.gen != gen {
+		return
+	}
 	p.cancelled.Store(true)
 	p.Kill()
 }
@@ -165,19 +187,35 @@ func (p *Proc) Arm(ctx context.Context, deadline time.Time) bool {
 	if d <= 0 {
 		return false
 	}
+	p.armMu.Lock()
+	p.armed = true
+	p.gen++
+	gen := p.gen
+	p.deadline = deadline
+	p.armMu.Unlock()
 	p.timer.Reset(d)
 	if ctx.Done() != nil {
-		p.stopCtx = context.AfterFunc(ctx, p.onCancel)
+		p.stopCtx = context.AfterFunc(ctx, func() { p.onCancel(gen) })
 	}
 	return true
 }
 
 // Rearm moves the deadline of the round trip in progress.
-func (p *Proc) Rearm(deadline time.Time) { p.timer.Reset(time.Until(deadline)) }
+func (p *Proc) Rearm(deadline time.Time) {
+	p.armMu.Lock()
+	p.deadline = deadline
+	p.armMu.Unlock()
+	p.timer.Reset(time.Until(deadline))
+}
 
 // Disarm stops what Arm started. If the timer or ctx fired in the
-// meantime, TimedOut or Cancelled is set and the process is (being) killed.
+// meantime, TimedOut or Cancelled is set and the process is (being)
+// killed; otherwise they are not set later for this round trip: a caller
+// that sees Healthy after Disarm may give the process to the next call.
 func (p *Proc) Disarm() {
+	p.armMu.Lock()
+	p.armed = false
+	p.armMu.Unlock()
 	p.timer.Stop()
 	if p.stopCtx != nil {
 		p.stopCtx()
