@@ -2,8 +2,12 @@ package dispatch_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/dispatch"
 	"github.com/virtufin/workmanager/internal/dispatch/dispatchtest"
 	"github.com/virtufin/workmanager/internal/publish/publishtest"
@@ -44,5 +48,57 @@ func TestTooLargeDeadLetterCarriesBoundedData(t *testing.T) {
 	}
 	if c.n("small") != 1 || c.n("big") != 0 {
 		t.Fatalf("calls %v", c.calls)
+	}
+}
+
+// forging returns outputs to "out" carrying WorkManager's control
+// extensions with forged values, and one extension of the worker's own.
+func forging(in *event.Event) ([]event.Event, error) {
+	e := event.New()
+	e.SetType("out")
+	e.SetExtension(deadletter.ReplayExtension, "someone-else")
+	e.SetExtension(dispatch.FencingExtension, "999999")
+	e.SetExtension(dispatch.DeadLetterReasonExtension, "forged")
+	e.SetExtension("workmanagerother", "x")
+	e.SetExtension("mine", "kept")
+	return []event.Event{e}, nil
+}
+
+// Issue 30, item 6: a worker's outputs never carry the control extensions
+// it wrote (workmanagerreplay, fencingtoken, deadletter…); a grouped
+// worker's outputs carry the node's fencing token, not the forged one.
+func TestOutputsDropForgedControlExtensions(t *testing.T) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	d := newTestDispatcher(t, b, pub, 1)
+	d.Attach(dispatch.Worker{ID: "free", Topic: "in"}, &dispatchtest.FuncInstance{Fn: forging})
+	d.Attach(dispatch.Worker{ID: "grouped", Topic: "in2", Group: "g"}, &dispatchtest.FuncInstance{Fn: forging})
+	waitStream(t, b, "in").In <- request("m1", "")
+	waitStream(t, b, "in2").In <- request("m2", "")
+	for range 2 {
+		if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+			t.Fatalf("ack %+v", a)
+		}
+	}
+	outs := pub.On("out")
+	if len(outs) != 2 {
+		t.Fatalf("%d outputs", len(outs))
+	}
+	for _, o := range outs {
+		ext := o.Extensions()
+		if ext["mine"] != "kept" {
+			t.Errorf("%s: the worker's own extension was dropped: %v", o.ID(), ext)
+		}
+		for _, k := range []string{deadletter.ReplayExtension, dispatch.DeadLetterReasonExtension, "workmanagerother"} {
+			if v, ok := ext[k]; ok {
+				t.Errorf("%s carries %s=%v", o.ID(), k, v)
+			}
+		}
+		tok, has := ext[dispatch.FencingExtension]
+		switch grouped := strings.HasPrefix(o.ID(), "m2/"); {
+		case grouped && (!has || fmt.Sprint(tok) == "999999"):
+			t.Errorf("grouped output %s: fencing token %v, want the lock's", o.ID(), tok)
+		case !grouped && has:
+			t.Errorf("ungrouped output %s carries fencingtoken=%v", o.ID(), tok)
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -41,6 +42,18 @@ const (
 	// are carried.
 	DeadLetterTruncatedExtension = "deadlettertruncated"
 )
+
+// ControlExtension reports whether k is one of WorkManager's own control
+// extensions — the fencing token, the replay marker
+// (deadletter.ReplayExtension, "workmanagerreplay") and any other
+// "workmanager…" name, the dead-letter extensions ("deadletter…") —,
+// which only the node sets: a worker's output never carries one it wrote
+// itself (a forged replay marker would make the other workers of the
+// target topic skip the event, a forged token would pass downstream as a
+// group's). The node sets fencingtoken on a grouped worker's outputs.
+func ControlExtension(k string) bool {
+	return k == FencingExtension || strings.HasPrefix(k, "workmanager") || strings.HasPrefix(k, "deadletter")
+}
 
 // DeadLetterSuffix names a topic's dead-letter topic: "<topic>-dead".
 const DeadLetterSuffix = "-dead"
@@ -260,9 +273,6 @@ func withExtension(m *message, k string, v any) *event.Event {
 	return &ev
 }
 
-// completeOutput fills an output's defaults (id derived from the input id,
-// so a redelivery yields the same ids; source naming the worker) and its
-// correlation id: the input's, copied when present and absent when absent.
 // checkOutputs completes every output (id, source, correlation id) and
 // holds them to the worker's output policy and the node's output limits;
 // a refusal is the worker's failure, with the rule's name in the error.
@@ -285,6 +295,10 @@ func (d *Dispatcher) checkOutputs(w *worker, m *message, outs []event.Event) (st
 	return "", nil
 }
 
+// completeOutput fills an output's defaults (id derived from the input id,
+// so a redelivery yields the same ids; source naming the worker), drops the
+// control extensions the worker wrote (ControlExtension) and sets its
+// correlation id: the input's, copied when present and absent when absent.
 func (d *Dispatcher) completeOutput(w *worker, m *message, o *event.Event, i int) error {
 	if o.Context == nil {
 		return fmt.Errorf("%w: output %d is empty", engines.ErrWorkerFailed, i)
@@ -302,6 +316,11 @@ func (d *Dispatcher) completeOutput(w *worker, m *message, o *event.Event, i int
 	}
 	if oc.Source.URL == (url.URL{}) {
 		oc.Source = w.source
+	}
+	for k := range oc.Extensions {
+		if ControlExtension(k) { // only the node sets them (fencingtoken, below)
+			delete(oc.Extensions, k)
+		}
 	}
 	if m.hasCorrelation {
 		if oc.Extensions == nil {
