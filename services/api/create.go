@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/serviceerror"
@@ -34,7 +35,19 @@ import (
 //
 // A named worker without a request id (w.Name set, rid "") must not exist
 // and never have existed (names are not reused), unless its create failed.
+//
+// The run only creates with the create of the request that started it
+// (createID, in the start input and the update): a request that joined a
+// run another request started is refused with AlreadyExists at once, so
+// the code that runs is always that of the request whose topic, name and
+// request id the worker has (issue 33).
 func (s *Server) create(ctx context.Context, w catalog.Worker, ref catalog.CodeRef, rid string, attempt int) (catalog.Worker, error) {
+	createID := uuid.NewString()
+	if rid != "" {
+		// Twins of one request (the same id and attempt) share it: Temporal
+		// answers them with one update's outcome.
+		createID = fmt.Sprintf("request/%s/%d", rid, attempt)
+	}
 	conflict, reuse, updateID := enumspb.WORKFLOW_ID_CONFLICT_POLICY_FAIL, enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE, ""
 	if w.Name != "" {
 		// Only a create that failed frees its name again.
@@ -52,12 +65,12 @@ func (s *Server) create(ctx context.Context, w catalog.Worker, ref catalog.CodeR
 			workflows.SAWorkerTopic.ValueSet(w.Topic), workflows.SAWorkerGroup.ValueSet(w.Group),
 			workflows.SAWorkerTenant.ValueSet(w.TenantName())),
 		Memo: memo(w),
-	}, workflows.WorkerWorkflow, workflows.WorkerInput{State: workflows.WorkerState{Worker: w}, ContinueAsNewAfter: s.opts.ContinueAsNewAfter})
+	}, workflows.WorkerWorkflow, workflows.WorkerInput{State: workflows.WorkerState{Worker: w}, ContinueAsNewAfter: s.opts.ContinueAsNewAfter, CreateID: createID})
 	h, err := s.temporal.UpdateWithStartWorkflow(ctx, client.UpdateWithStartWorkflowOptions{
 		StartWorkflowOperation: start,
 		UpdateOptions: client.UpdateWorkflowOptions{
 			WorkflowID: workflows.WorkflowID(w.ID), UpdateID: updateID, UpdateName: workflows.UpdateCreate,
-			Args: []any{workflows.CreateRequest{Ref: ref}}, WaitForStage: client.WorkflowUpdateStageCompleted,
+			Args: []any{workflows.CreateRequest{Ref: ref, CreateID: createID}}, WaitForStage: client.WorkflowUpdateStageCompleted,
 		},
 	})
 	if err != nil {
@@ -80,10 +93,14 @@ func memo(w catalog.Worker) map[string]any {
 // or from rid when unnamed.
 // The answer of create may be an earlier call's (Temporal's remembered
 // outcome of the same update, or AlreadyExists once the workflow continued
-// as new), so the worker as it is now decides:
+// as new, or when another request started the run), so the worker as it is
+// now decides:
 //   - created with the same topic, MIME type and group: this request's
 //     worker, answered again;
-//   - created with other parameters, or deleted: ALREADY_EXISTS;
+//   - created with other parameters, or by another request, or deleted:
+//     ALREADY_EXISTS;
+//   - being created by another request: ALREADY_EXISTS at once; by a twin
+//     of this request (same request id): its outcome, once it is known;
 //   - an earlier create with this id failed: once its run has closed, the
 //     request is tried again in a new run (so a corrected request succeeds
 //     and a repeated bad one fails with its own error).
@@ -97,18 +114,32 @@ func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.C
 		if k := failure.Kind(err); (k == failure.InvalidArgument || k == failure.PermissionDenied) && attempt == 1 {
 			// Possibly the remembered failure of an earlier request with
 			// this id: wait until that run has closed, then try once more.
-			_ = s.temporal.GetWorkflow(ctx, workflows.WorkflowID(w.ID), "").Get(ctx, nil)
+			if werr := s.waitClosed(ctx, w.ID); werr != nil {
+				return nil, s.status(werr, w.ID)
+			}
 			continue
 		}
 		if err != nil && failure.Kind(err) != failure.AlreadyExists {
 			return nil, s.status(err, w.ID)
 		}
-		st, err := s.state(ctx, w.ID)
-		if status.Code(err) == codes.NotFound {
-			return nil, gone(w, rid)
-		}
+		st, err := s.settledState(ctx, w.ID, rid)
 		if err != nil {
-			return nil, err
+			return nil, s.status(err, w.ID)
+		}
+		switch {
+		case st.Deleted:
+			return nil, gone(w, rid)
+		case !st.Created && st.CreateFailed && attempt < 3:
+			// Another request's (or an earlier attempt's) create failed:
+			// the name is free once its run has closed.
+			if werr := s.waitClosed(ctx, w.ID); werr != nil {
+				return nil, s.status(werr, w.ID)
+			}
+			continue
+		case !st.Created && st.CreateFailed:
+			return nil, status.Errorf(codes.AlreadyExists, "worker %s already exists", w.ID)
+		case !st.Created:
+			return nil, beingCreated(w)
 		}
 		if c := st.Worker; w.Name != "" && c.RequestID != rid {
 			return nil, status.Errorf(codes.AlreadyExists, "name %q is taken by worker %s (created by another request)", w.Name, w.ID)
@@ -122,10 +153,12 @@ func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.C
 	}
 }
 
-// createNamed is CreateWorker of a named worker without a request id. A
-// name whose earlier create failed is free again once that run has closed:
-// when the name's workflow answers no worker, wait for it to close and try
-// once more.
+// createNamed is CreateWorker of a named worker without a request id. The
+// loser of two concurrent creates of one name is answered ALREADY_EXISTS
+// as soon as it finds the other's run, created or still creating (it never
+// waits for that run to close: a live worker's run never does). A name
+// whose earlier create failed is free again once that run has closed:
+// then it waits for the close and tries once more.
 func (s *Server) createNamed(ctx context.Context, w catalog.Worker, ref catalog.CodeRef) (*pb.CreateWorkerResponse, error) {
 	for try := 0; ; try++ {
 		_, err := s.create(ctx, w, ref, "", 0)
@@ -136,12 +169,84 @@ func (s *Server) createNamed(ctx context.Context, w catalog.Worker, ref catalog.
 		if !errors.As(err, &started) && failure.Kind(err) != failure.AlreadyExists {
 			return nil, s.status(err, w.ID)
 		}
-		if _, serr := s.state(ctx, w.ID); try == 0 && status.Code(serr) == codes.NotFound {
-			_ = s.temporal.GetWorkflow(ctx, workflows.WorkflowID(w.ID), "").Get(ctx, nil)
-			continue
+		st, serr := s.settledState(ctx, w.ID, "")
+		switch {
+		case serr != nil && isContextErr(serr):
+			return nil, s.status(serr, w.ID)
+		case serr == nil && !st.Created && st.CreateFailed:
+			if try == 0 {
+				if werr := s.waitClosed(ctx, w.ID); werr != nil {
+					return nil, s.status(werr, w.ID)
+				}
+				continue
+			}
+		case serr == nil && !st.Created && !st.Deleted:
+			return nil, beingCreated(w)
 		}
 		return nil, status.Errorf(codes.AlreadyExists, "name %q is taken by worker %s (names are unique and never reused)", w.Name, w.ID)
 	}
+}
+
+// beingCreated answers a create that met another request's create in
+// progress.
+func beingCreated(w catalog.Worker) error {
+	if w.Name != "" {
+		return status.Errorf(codes.AlreadyExists, "name %q is taken: worker %s is being created by another request", w.Name, w.ID)
+	}
+	return status.Errorf(codes.AlreadyExists, "worker %s is being created by another request", w.ID)
+}
+
+// settledState queries worker id's workflow as it is. A run that has not
+// finished its first task yet (WorkflowNotReady) is asked again. When the
+// worker is being created by a twin of request rid (the run's start input
+// has rid; the twin's update is another attempt), it waits for that
+// create's outcome.
+func (s *Server) settledState(ctx context.Context, id, rid string) (workflows.WorkerState, error) {
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+		var st workflows.WorkerState
+		v, err := s.temporal.QueryWorkflow(ctx, workflows.WorkflowID(id), "", workflows.QueryState)
+		if err == nil {
+			err = v.Get(&st)
+		}
+		var notReady *serviceerror.WorkflowNotReady
+		switch {
+		case errors.As(err, &notReady):
+		case err != nil:
+			return st, err
+		case !st.Created && !st.CreateFailed && !st.Deleted && rid != "" && st.Worker.RequestID == rid:
+		default:
+			return st, nil
+		}
+		select {
+		case <-ctx.Done():
+			return st, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// closeWait bounds the wait for a run whose create failed to close (it
+// closes as soon as its handlers have finished).
+const closeWait = 30 * time.Second
+
+// waitClosed waits until worker id's current run has closed (at most
+// closeWait).
+func (s *Server) waitClosed(ctx context.Context, id string) error {
+	wctx, cancel := context.WithTimeout(ctx, closeWait)
+	defer cancel()
+	err := s.temporal.GetWorkflow(wctx, workflows.WorkflowID(id), "").Get(wctx, nil)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if wctx.Err() != nil {
+		return fmt.Errorf("worker %s: the run of its failed create did not close within %s", id, closeWait)
+	}
+	_ = err // the run's own outcome (a failed create) is not this request's
+	return nil
+}
+
+func isContextErr(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
 // gone is the answer to a create whose worker id belongs to a deleted

@@ -22,6 +22,7 @@ import (
 	"github.com/google/uuid"
 	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -425,9 +426,15 @@ func tenantTopics(prefix, topic string, outputs []string) error {
 	return nil
 }
 
-// status maps Temporal errors to gRPC status codes.
+// status maps Temporal errors to gRPC status codes. What a client can act
+// on gets its own code: DEADLINE_EXCEEDED when the operation outlasted the
+// call (Temporal's timeout errors do not wrap context.DeadlineExceeded),
+// UNAVAILABLE when Temporal or a backing service an activity needs failed
+// (try again), with a message of ours: Temporal's and the activities'
+// texts (addresses, store keys, stack traces) go to the log only.
 func (s *Server) status(err error, id string) error {
 	var notFound *serviceerror.NotFound
+	var activityErr *temporal.ActivityError
 	switch kind := failure.Kind(err); {
 	case kind == failure.InvalidArgument:
 		return status.Error(codes.InvalidArgument, failure.Message(err))
@@ -437,11 +444,51 @@ func (s *Server) status(err error, id string) error {
 		return status.Errorf(codes.NotFound, "worker %s not found", id)
 	case kind == failure.AlreadyExists:
 		return status.Errorf(codes.AlreadyExists, "worker %s already exists", id)
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Errorf(codes.DeadlineExceeded, "worker %s: operation did not finish in time: %v", id, err)
+	case kind == workflows.NotApplied:
+		// Our own message: which node, and that the change is persisted.
+		return status.Error(codes.Unavailable, failure.Message(err))
+	case timedOut(err):
+		s.log.Warn("lifecycle operation did not finish in time", "worker_id", id, "err", err)
+		return status.Errorf(codes.DeadlineExceeded, "worker %s: operation did not finish in time (it may still complete: GetWorker shows the outcome)", id)
+	case errors.Is(err, context.Canceled), isServiceError[*serviceerror.Canceled](err):
+		return status.Errorf(codes.Canceled, "worker %s: operation canceled", id)
+	case isServiceError[*serviceerror.Unavailable](err), grpcCode(err) == codes.Unavailable:
+		s.log.Error("Temporal unavailable", "worker_id", id, "err", err)
+		return status.Errorf(codes.Unavailable, "worker %s: Temporal is unavailable; try again", id)
+	case isServiceError[*serviceerror.ResourceExhausted](err):
+		s.log.Warn("Temporal is busy", "worker_id", id, "err", err)
+		return status.Errorf(codes.ResourceExhausted, "worker %s: Temporal is busy; try again", id)
+	case errors.As(err, &activityErr):
+		s.log.Error("lifecycle operation failed in an activity", "worker_id", id, "err", err)
+		return status.Errorf(codes.Unavailable, "worker %s: the operation failed in a backing service (state store, broker or engine); try again (details in the API log)", id)
 	}
 	s.log.Error("lifecycle operation failed", "worker_id", id, "err", err)
 	return status.Error(codes.Internal, err.Error())
+}
+
+// timedOut reports whether err is an operation that outlasted its deadline,
+// however Temporal's client reports it.
+func timedOut(err error) bool {
+	var updateTimeout *client.WorkflowUpdateServiceTimeoutOrCanceledError
+	if errors.As(err, &updateTimeout) && !errors.Is(err, context.Canceled) && !isServiceError[*serviceerror.Canceled](err) {
+		return true
+	}
+	return errors.Is(err, context.DeadlineExceeded) || isServiceError[*serviceerror.DeadlineExceeded](err) || grpcCode(err) == codes.DeadlineExceeded
+}
+
+// isServiceError reports whether err's chain holds a T.
+func isServiceError[T error](err error) bool {
+	var target T
+	return errors.As(err, &target)
+}
+
+// grpcCode is the code of a gRPC status in err's chain (Unknown when none).
+func grpcCode(err error) codes.Code {
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		return se.GRPCStatus().Code()
+	}
+	return codes.Unknown
 }
 
 func toProto(w catalog.Worker) *pb.Worker {
