@@ -16,6 +16,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigsjson "sigs.k8s.io/json"
@@ -45,6 +46,7 @@ var kinds = map[string]struct {
 	"Secret":              {"v1", func() any { return &corev1.Secret{} }},
 	"Namespace":           {"v1", func() any { return &corev1.Namespace{} }},
 	"PodDisruptionBudget": {"policy/v1", func() any { return &policyv1.PodDisruptionBudget{} }},
+	"NetworkPolicy":       {"networking.k8s.io/v1", func() any { return &networkingv1.NetworkPolicy{} }},
 	"Component":           {"dapr.io/v1alpha1", func() any { return &DaprComponent{} }},
 	"Configuration":       {"dapr.io/v1alpha1", func() any { return &DaprConfiguration{} }},
 	"Kustomization":       {"kustomize.config.k8s.io/v1beta1", func() any { return &Kustomization{} }},

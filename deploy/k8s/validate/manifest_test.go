@@ -134,6 +134,7 @@ func TestDecodingIsStrict(t *testing.T) {
 		"Dapr bare number":       "apiVersion: dapr.io/v1alpha1\nkind: Component\nmetadata:\n  name: x\nspec:\n  type: pubsub.redis\n  version: v1\n  metadata:\n  - name: poolSize\n    value: 1100\n",
 		"Dapr Configuration":     "apiVersion: dapr.io/v1alpha1\nkind: Configuration\nmetadata:\n  name: x\nspec:\n  tracing:\n    samplingrate: \"1\"\n",
 		"kustomization field":    "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresource:\n- a.yaml\n",
+		"NetworkPolicy field":    "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata:\n  name: x\nspec:\n  egress:\n  - too: []\n",
 	} {
 		if _, err := Decode("test", 0, []byte(doc)); err == nil {
 			t.Errorf("%s: decoded without an error", name)
@@ -311,6 +312,7 @@ func (c *checker) run(pubsubType string, nodeReads, apiReads map[string]bool) {
 	c.apiTokens(api, ac, apiEnv)
 
 	c.security(node, nc, nodeEnv)
+	c.networkPolicy(node, nodeEnv)
 	c.components(pubsubType, nodeEnv, nodeAppID, apiAppID)
 	c.namespace()
 	for name := range c.secrets {
