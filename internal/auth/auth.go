@@ -106,8 +106,8 @@ type Config struct {
 	JWT *JWTVerifier
 	// ClientCertificates: callers may authenticate with a client
 	// certificate (the server's TLS config verifies it against the CA);
-	// its subject gives the principal: CN the subject, OU the role, O the
-	// tenant.
+	// its subject gives the principal: CN the subject, exactly one OU the
+	// role, exactly one O the tenant.
 	ClientCertificates bool
 	// PublicMethods are full method names callable without credentials
 	// (the gRPC health service and reflection when API_PUBLIC_HEALTH).
@@ -210,11 +210,15 @@ func principalFromCert(c *x509.Certificate) (Principal, error) {
 		return Principal{}, fmt.Errorf("client certificate %q: %w", p.Subject, err)
 	}
 	p.Role = role
-	if len(c.Subject.Organization) == 1 {
-		p.Tenant = c.Subject.Organization[0]
-		if err := tenant.Validate(p.Tenant); err != nil {
-			return Principal{}, fmt.Errorf("client certificate %q: its O, the tenant: %w", p.Subject, err)
-		}
+	// Exactly one O, the tenant: a certificate without one (or with
+	// several) would otherwise fall to the default tenant, which has no
+	// topic prefix. The default tenant's certificates say O=default.
+	if len(c.Subject.Organization) != 1 {
+		return Principal{}, fmt.Errorf("client certificate %q: its subject needs exactly one O, the tenant (%q for the default tenant), has %d", p.Subject, DefaultTenant, len(c.Subject.Organization))
+	}
+	p.Tenant = c.Subject.Organization[0]
+	if err := tenant.Validate(p.Tenant); err != nil {
+		return Principal{}, fmt.Errorf("client certificate %q: its O, the tenant: %w", p.Subject, err)
 	}
 	if p.Subject == "" {
 		return Principal{}, errors.New("client certificate without a CN (the subject)")
