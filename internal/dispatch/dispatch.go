@@ -112,6 +112,9 @@ type Worker struct {
 	ID    string
 	Topic string
 	Group string
+	// Tenant owns the worker ("" or tenant.Default: the default tenant):
+	// its group is locked per tenant (grouplock.Name).
+	Tenant string
 	// MaxAttempts and RetryBackoff override the cluster defaults when set.
 	MaxAttempts  int
 	RetryBackoff time.Duration
@@ -126,7 +129,7 @@ type Worker struct {
 
 // Equal reports whether w and o are the same worker with the same settings.
 func (w Worker) Equal(o Worker) bool {
-	return w.ID == o.ID && w.Topic == o.Topic && w.Group == o.Group && w.Engine == o.Engine && w.MaxAttempts == o.MaxAttempts &&
+	return w.ID == o.ID && w.Topic == o.Topic && w.Group == o.Group && w.Tenant == o.Tenant && w.Engine == o.Engine && w.MaxAttempts == o.MaxAttempts &&
 		w.RetryBackoff == o.RetryBackoff && slices.Equal(w.AllowedOutputs, o.AllowedOutputs) && w.TopicPrefix == o.TopicPrefix
 }
 
@@ -232,6 +235,9 @@ type worker struct {
 	Worker
 	m      *metrics.Worker
 	source types.URIRef
+	// lock is its group's lock name, tenant included (grouplock.Name);
+	// "" without a group.
+	lock string
 	inst   atomic.Pointer[instance]
 	queue  chan job
 
@@ -313,6 +319,9 @@ func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 		m:     d.Metrics.Worker(w.ID, w.Engine, w.Group, conc),
 		queue: make(chan job, d.cfg.QueueDepth), stopped: make(chan struct{})}
 	nw.inst.Store(&instance{Instance: inst})
+	if w.Group != "" {
+		nw.lock = grouplock.Name(w.Tenant, w.Group)
+	}
 	if d.tracer != nil {
 		nw.spanName, nw.spanAttrs = "worker "+w.ID, workerSpanAttrs(w)
 	}

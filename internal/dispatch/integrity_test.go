@@ -1,15 +1,18 @@
 package dispatch_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/dispatch"
 	"github.com/virtufin/workmanager/internal/dispatch/dispatchtest"
+	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/publish/publishtest"
 	"github.com/virtufin/workmanager/internal/state"
 )
@@ -99,6 +102,52 @@ func TestOutputsDropForgedControlExtensions(t *testing.T) {
 			t.Errorf("grouped output %s: fencing token %v, want the lock's", o.ID(), tok)
 		case !grouped && has:
 			t.Errorf("ungrouped output %s carries fencingtoken=%v", o.ID(), tok)
+		}
+	}
+}
+
+// Issue 30, item 5: two tenants' groups of one name are two locks: their
+// workers run side by side, each under its own key and its own tokens;
+// the default tenant's group keeps its bare key.
+func TestGroupLocksArePerTenant(t *testing.T) {
+	b, pub, st := dispatchtest.NewBroker(), &publishtest.Recorder{}, state.NewMemoryStore()
+	d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1})
+	inA, release := make(chan struct{}), make(chan struct{})
+	d.Attach(dispatch.Worker{ID: "acme.w", Topic: "a", Group: "g", Tenant: "acme"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
+		close(inA)
+		<-release // held until globex's worker of group g has run
+		return outputs("a.out")(in)
+	}})
+	d.Attach(dispatch.Worker{ID: "globex.w", Topic: "b", Group: "g", Tenant: "globex"}, &dispatchtest.FuncInstance{Fn: outputs("b.out")})
+	d.Attach(dispatch.Worker{ID: "w", Topic: "c", Group: "g", Tenant: "default"}, &dispatchtest.FuncInstance{Fn: outputs("c.out")})
+	waitStream(t, b, "a").In <- request("m1", "")
+	<-inA
+	waitStream(t, b, "b").In <- request("m2", "")
+	waitStream(t, b, "c").In <- request("m3", "")
+	for range 2 {
+		select {
+		case a := <-b.Acks:
+			if a.ID == "m1" || a.Status != dispatch.AckSuccess {
+				t.Fatalf("ack %+v", a)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("another tenant's group of the same name waited for acme's")
+		}
+	}
+	close(release)
+	if a := waitAck(t, b); a.ID != "m1" || a.Status != dispatch.AckSuccess {
+		t.Fatalf("ack %+v", a)
+	}
+	ctx := context.Background()
+	for _, key := range []string{grouplock.Key("acme/g"), grouplock.Key("globex/g"), grouplock.Key("g")} {
+		it, err := st.Get(ctx, key)
+		if err != nil || !strings.Contains(string(it.Value), `"token":1`) {
+			t.Errorf("%s: %s %v", key, it.Value, err)
+		}
+	}
+	for _, o := range append(pub.On("a.out"), pub.On("b.out")...) {
+		if fmt.Sprint(o.Extensions()[dispatch.FencingExtension]) != "1" {
+			t.Errorf("%s: token %v, want each tenant's first (1)", o.ID(), o.Extensions()[dispatch.FencingExtension])
 		}
 	}
 }

@@ -165,7 +165,7 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 	var lease *grouplock.Lease
 	if w.Group != "" {
 		var err error
-		lease, err = d.Locks.Acquire(ctx, w.Group, d.cfg.NodeID+"/"+w.ID)
+		lease, err = d.Locks.Acquire(ctx, w.lock, d.cfg.NodeID+"/"+w.ID)
 		if err != nil {
 			r.outcome, r.reason, r.err = outcomeFailed, reasonLockError, err
 			if errors.Is(err, grouplock.ErrContended) {
@@ -183,7 +183,7 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 			}
 		}()
 		in = withExtension(m, FencingExtension, strconv.FormatInt(lease.Token, 10))
-		ctx = engines.WithFence(ctx, &engines.Fence{Group: w.Group, Token: lease.Token, Check: lease.Check})
+		ctx = engines.WithFence(ctx, &engines.Fence{Group: w.lock, Token: lease.Token, Check: lease.Check})
 		locked := time.Now()
 		w.m.LockWait.Observe(locked.Sub(start).Seconds())
 		start = locked

@@ -26,10 +26,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/virtufin/workmanager/internal/state"
+	"github.com/virtufin/workmanager/internal/tenant"
 )
 
 var (
@@ -56,8 +58,12 @@ const (
 // ("theft_aborted"), the holder last seen holding the lock when giving up
 // ("contended"; empty when it was last seen free, e.g. kept for a waiter).
 type Event struct {
-	Kind       string    `json:"kind"`
+	Kind string `json:"kind"`
+	// Group is the lock's name (Name): "<tenant>/<group>" for a group of
+	// any tenant but the default, whose groups keep their bare names;
+	// Tenant is that tenant ("" for the default).
 	Group      string    `json:"group"`
+	Tenant     string    `json:"tenant,omitempty"`
 	Holder     string    `json:"holder"`
 	Token      int64     `json:"token"`
 	Stolen     bool      `json:"stolen,omitempty"`
@@ -143,8 +149,32 @@ type record struct {
 	Node string `json:"node,omitempty"`
 }
 
-// Key is the state key of group's lock.
-func Key(group string) string { return state.KeyPrefix + "grouplock/" + group }
+// Key is the state key of a group's lock; name is the group's lock name
+// (Name): "grouplock/<group>" for the default tenant's groups,
+// "grouplock/<tenant>/<group>" for any other tenant's.
+func Key(name string) string { return state.KeyPrefix + "grouplock/" + name }
+
+// Name is the lock name of tenant's group: the group itself for the default
+// tenant ("" or tenant.Default: the key a group had before tenants, which
+// nodes of an older version still lock), "<tenant>/<group>" for any other.
+// Two tenants' groups of one name are two locks with their own fencing
+// tokens, events and metrics; a group name holds no "/", so the two shapes
+// never meet.
+func Name(tenantName, group string) string {
+	if tenantName == "" || tenantName == tenant.Default {
+		return group
+	}
+	return tenantName + "/" + group
+}
+
+// split is Name's inverse: the tenant ("" for the default) and group of a
+// lock name.
+func split(name string) (tenantName, group string) {
+	if t, g, ok := strings.Cut(name, "/"); ok {
+		return t, g
+	}
+	return "", name
+}
 
 // New returns the locks kept in st.
 func New(st state.Store, cfg Config) *Locks {
@@ -176,7 +206,7 @@ func New(st state.Store, cfg Config) *Locks {
 }
 
 // Acquire takes group's lock for holder (an opaque id, e.g.
-// "<node>/<worker>"). It first waits, as long as ctx allows, for the other
+// "<node>/<worker>"); group is the lock's name, tenant included (Name). It first waits, as long as ctx allows, for the other
 // callers of this process holding or acquiring the same group, without
 // polling the store and without spending tries. Then it tries the store up
 // to 1+MaxRetries times, sleeping RetryBase, 2*RetryBase, ... in between,
@@ -523,6 +553,7 @@ func (l *Locks) emit(ev Event) {
 		return
 	}
 	ev.At = l.cfg.Now()
+	ev.Tenant, _ = split(ev.Group)
 	l.cfg.OnEvent(ev)
 }
 

@@ -161,7 +161,7 @@ func (n *Node) hotPath(w catalog.Worker) dispatch.Worker {
 	if e, err := n.engines.Lookup(w.MIMEType); err == nil {
 		engine = e.Info().Name
 	}
-	return dispatch.Worker{ID: w.ID, Topic: w.Topic, Group: w.Group, MaxAttempts: w.MaxAttempts, RetryBackoff: w.RetryBackoff,
+	return dispatch.Worker{ID: w.ID, Topic: w.Topic, Group: w.Group, Tenant: w.TenantName(), MaxAttempts: w.MaxAttempts, RetryBackoff: w.RetryBackoff,
 		AllowedOutputs: w.AllowedOutputs, TopicPrefix: w.TopicPrefix, Engine: engine}
 }
 

@@ -112,6 +112,7 @@ type Fixture struct {
 	Store      *state.MemoryStore
 	Catalog    *catalog.Catalog
 	Dispatcher *dispatch.Dispatcher
+	Broker     *dispatchtest.Broker // the dispatcher's topics
 	Engine     *Engine
 	Published  *publishtest.Recorder
 	Events     *lifecycleevents.Emitter
@@ -123,14 +124,14 @@ func New(t testing.TB) *Fixture {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	f := &Fixture{Store: state.NewMemoryStore(), Engine: &Engine{}, Published: &publishtest.Recorder{}}
+	f := &Fixture{Store: state.NewMemoryStore(), Engine: &Engine{}, Published: &publishtest.Recorder{}, Broker: dispatchtest.NewBroker()}
 	f.Catalog = catalog.New(f.Store)
 	reg := engines.NewRegistry()
 	if err := reg.Register(f.Engine); err != nil {
 		t.Fatal(err)
 	}
 	f.Events = lifecycleevents.NewEmitter(f.Published)
-	f.Dispatcher = dispatch.New(ctx, log, dispatch.Deps{Sub: dispatchtest.NewBroker(), Pub: f.Published, Events: f.Events,
+	f.Dispatcher = dispatch.New(ctx, log, dispatch.Deps{Sub: f.Broker, Pub: f.Published, Events: f.Events,
 		Records: delivery.NewStore(f.Store, time.Hour), Locks: grouplock.New(f.Store, grouplock.Config{}),
 		DeadLetters: deadletter.NewStore(f.Store, time.Hour)}, dispatch.Config{PubSub: "pubsub", NodeID: "test", MaxConcurrency: 1})
 	f.Node = node.New(log, f.Catalog, reg, f.Dispatcher, time.Second)

@@ -1,0 +1,57 @@
+package node_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
+
+	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/grouplock"
+	"github.com/virtufin/workmanager/internal/node/nodetest"
+)
+
+// waitSubscribed waits for the dispatcher's stream on topic.
+func waitSubscribed(t *testing.T, f *nodetest.Fixture, topic string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for f.Broker.Stream(topic) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("no subscription to %s", topic)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Issue 30, item 5: the node hands a worker's tenant to the hot path, so
+// its group is locked under grouplock/<tenant>/<group>.
+func TestGroupLockedUnderTheWorkersTenant(t *testing.T) {
+	f, ctx := nodetest.New(t), context.Background()
+	sha, err := f.Catalog.PutCode(ctx, []byte("good"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := nodetest.Worker(catalog.StatusRunning, sha)
+	w.ID, w.Tenant = "acme.w1", "acme"
+	if err := f.Node.Apply(ctx, w, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitSubscribed(t, f, "in")
+	f.Broker.Stream("in").In <- &runtimev1.TopicEventRequest{Id: "m1", Source: "test", Type: "in", SpecVersion: "1.0", Data: []byte("{}")}
+	select {
+	case a := <-f.Broker.Acks:
+		if a.Status != dispatch.AckSuccess {
+			t.Fatalf("ack %+v", a)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no ack")
+	}
+	if _, err := f.Store.Get(ctx, grouplock.Key(grouplock.Name("acme", "g"))); err != nil {
+		t.Fatalf("no lock under acme's key: %v", err)
+	}
+	if _, err := f.Store.Get(ctx, grouplock.Key("g")); err == nil {
+		t.Fatal("acme's group was locked under the bare (default tenant's) key")
+	}
+}
