@@ -137,3 +137,62 @@ func TestValidatePackages(t *testing.T) {
 		}
 	}
 }
+
+// forkExecSh is worker code that starts /bin/sh through the function
+// subprocess.Popen uses, reached from the safe subset
+// (asyncio.base_events.subprocess._fork_exec, Python 3.11's signature):
+// it raises no audit event of its own. Its "run" kind returns what the
+// shell printed.
+const forkExecSh = `
+import asyncio, json
+
+def run(fe):
+    os_ = asyncio.base_events.os
+    err_r, err_w = os_.pipe()
+    out_r, out_w = os_.pipe()
+    pid = fe([b"/bin/sh", b"-c", b"echo pwned"], [b"/bin/sh"], True, (err_w, out_w), None, None,
+             -1, -1, -1, out_w, -1, -1, err_r, err_w, True, False, -1, None, None, None, -1, None, False)
+    os_.close(out_w)
+    os_.close(err_w)
+    out = os_.read(out_r, 100)
+    os_.waitpid(pid, 0)
+    return out.decode()
+
+def process(event):
+    kind = event["data"]["kind"]
+    sp = asyncio.base_events.subprocess
+    if kind == "asyncio-fork-exec":
+        return {"type": "r", "data": run(sp._fork_exec)}
+    if kind == "posixsubprocess-fork-exec":
+        return {"type": "r", "data": run(asyncio.base_events.sys.modules["_posixsubprocess"].fork_exec)}
+    if kind == "posixsubprocess-reimport":
+        real = json.__dict__["__builtins__"]["__import__"]   # the real __import__
+        asyncio.base_events.sys.modules.pop("_posixsubprocess", None)
+        return {"type": "r", "data": run(real("_posixsubprocess").fork_exec)}
+    return {"type": "ok"}
+`
+
+// Issue 32 item 2: _posixsubprocess.fork_exec starts a program without an
+// audit event; without the subprocess capability the runner replaces it
+// (as subprocess._fork_exec and in _posixsubprocess) before worker code.
+func TestGuardRefusesUnauditedForkExec(t *testing.T) {
+	e := newEngine(t, python.Config{AllowedPackages: []string{"json"}})
+	inst := load(t, e, testSpec, forkExecSh)
+	for _, kind := range []string{"asyncio-fork-exec", "posixsubprocess-fork-exec", "posixsubprocess-reimport"} {
+		out, err := call(t, inst, jsonEvent("t", map[string]any{"kind": kind}))
+		if !errors.Is(err, engines.ErrWorkerFailed) || !strings.Contains(err.Error(), "starting processes or sending signals is not allowed") {
+			t.Errorf("%s: outputs %v, err = %v; want ErrWorkerFailed, processes not allowed", kind, out, err)
+		}
+	}
+	if out := mustCall(t, inst, jsonEvent("t", map[string]any{"kind": "none"})); len(out) != 1 || out[0].Type() != "ok" {
+		t.Fatalf("after the attempts: outputs = %v", out)
+	}
+	// With the capability, the same code runs the shell (the guard does not
+	// refuse what the operator allowed).
+	e2 := newEngine(t, python.Config{AllowedPackages: []string{"subprocess"}})
+	inst2 := load(t, e2, testSpec, forkExecSh)
+	out := mustCall(t, inst2, jsonEvent("t", map[string]any{"kind": "asyncio-fork-exec"}))
+	if len(out) != 1 || !strings.Contains(string(out[0].Data()), "pwned") {
+		t.Fatalf("with subprocess allowed: outputs = %v", out)
+	}
+}

@@ -366,16 +366,27 @@ _FRAME_EVENTS = frozenset(("object.__getattr__", "sys._getframe", "sys._current_
 _FRAME_ATTRS = frozenset(("tb_frame", "__code__", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_globals", "f_builtins"))
 
 
+# Native modules that start processes without an audit event of their own:
+# importing them afresh (after dropping them from sys.modules) is refused
+# with the subprocess capability's message (the runner's own copies are
+# defused by _close_process_backdoors).
+_PROCESS_MODULES = frozenset(("_posixsubprocess",))
+
+
 class _Guard:
-    __slots__ = ("allowed", "denied_events", "busy")
+    __slots__ = ("allowed", "denied_events", "denied_imports", "busy")
 
     def __init__(self, allowed_packages):
         self.allowed = SAFE_STDLIB | frozenset(allowed_packages)
         self.denied_events = {}
+        self.denied_imports = {}
         for module, what, events in _CAPABILITIES:
             if not self._allows(module):
                 for e in events:
                     self.denied_events[e] = (module, what)
+                if module == "subprocess":
+                    for m in _PROCESS_MODULES:
+                        self.denied_imports[m] = (module, what)
         self.busy = False
 
     def _allows(self, name):
@@ -411,6 +422,13 @@ class _Guard:
                 "%s is not allowed in a worker (audit event %s; allowed only when %r is in PYTHON_ALLOWED_PACKAGES)"
                 % (d[1], event, d[0])
             )
+        if event == "import" and self.denied_imports:
+            d = self.denied_imports.get(args[0])
+            if d is not None:
+                raise PermissionError(
+                    "%s is not allowed in a worker (audit event import %s; allowed only when %r is in PYTHON_ALLOWED_PACKAGES)"
+                    % (d[1], args[0], d[0])
+                )
         if event in _FRAME_EVENTS and not self.busy:
             if event.startswith("object.") and (len(args) < 2 or args[1] not in _FRAME_ATTRS):
                 return
@@ -426,6 +444,75 @@ class _Guard:
                 )
 
 
+def _denied_fork_exec(*args, **kwargs):
+    raise PermissionError(
+        "starting processes or sending signals is not allowed in a worker "
+        "(_posixsubprocess.fork_exec; allowed only when 'subprocess' is in PYTHON_ALLOWED_PACKAGES)"
+    )
+
+
+def _close_process_backdoors():
+    """Replaces the one process-starting function that raises no audit
+    event, _posixsubprocess.fork_exec, wherever the runner's modules hold
+    it (subprocess._fork_exec is reachable from the safe subset as
+    asyncio.base_events.subprocess._fork_exec)."""
+    import _posixsubprocess
+    import subprocess
+
+    _posixsubprocess.fork_exec = _denied_fork_exec
+    subprocess._fork_exec = _denied_fork_exec
+
+
+# Where the sandbox offers the process lockdown filter (struct
+# sock_filter[], engines/sandbox.LockdownPath); absent outside a sandbox.
+LOCKDOWN_PATH = "/etc/workmanager/lockdown-processes.bpf"
+_SECCOMP_NR = {"x86_64": 317, "aarch64": 277}
+
+
+def _lockdown():
+    """Installs the sandbox's process lockdown filter on the runner (it has
+    one thread now; threads started later inherit it): from here on no
+    program can be run and no process started (execve, fork, clone without
+    CLONE_THREAD are refused by the kernel), whatever the worker's code
+    reaches. Returns None, or why it could not (then no code is loaded)."""
+    try:
+        with open(LOCKDOWN_PATH, "rb") as f:
+            prog = f.read()
+    except FileNotFoundError:
+        return None  # not sandboxed (SANDBOX=off, or no seccomp layer)
+    except OSError as e:
+        return "reading %s: %s" % (LOCKDOWN_PATH, e)
+    if not prog or len(prog) % 8:
+        return "malformed filter in %s" % LOCKDOWN_PATH
+    nr = _SECCOMP_NR.get(os.uname().machine)
+    if nr is None:
+        return "not supported on %s" % os.uname().machine
+    try:
+        import ctypes
+    except ImportError as e:
+        return "ctypes is not available: %s" % e
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+
+        class _Fprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        buf = ctypes.create_string_buffer(prog, len(prog))
+        fprog = _Fprog(len(prog) // 8, ctypes.addressof(buf))
+        c_long = ctypes.c_long
+        # PR_SET_NO_NEW_PRIVS (setpriv has set it already; required).
+        if libc.prctl(c_long(38), c_long(1), c_long(0), c_long(0), c_long(0)) != 0:
+            return "prctl(PR_SET_NO_NEW_PRIVS): errno %d" % ctypes.get_errno()
+        # seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &fprog)
+        if libc.syscall(c_long(nr), c_long(1), c_long(1), ctypes.byref(fprog)) != 0:
+            return "seccomp: errno %d" % ctypes.get_errno()
+    finally:
+        # Leave nothing of ctypes for the worker's code to find.
+        for name in [m for m in sys.modules if m == "ctypes" or m.startswith("ctypes.")]:
+            del sys.modules[name]
+    return None
+
+
 def _restricted_builtins(guard):
     import builtins
 
@@ -437,6 +524,7 @@ def _restricted_builtins(guard):
 
 
 _guard = None
+_lockdown_error = None
 
 # ---------------------------------------------------------------- host module
 #
@@ -510,6 +598,14 @@ def _load(source):
         return
     except (ValueError, TypeError) as e:  # e.g. null bytes in the source
         _send_error(type(e).__name__, _exc_message(e))
+        return
+
+    if _lockdown_error is not None:
+        _send_error(
+            "",
+            "the sandbox's process lockdown could not be installed, so no worker code runs: %s"
+            % _lockdown_error,
+        )
         return
 
     mod = types.ModuleType(MODULE)
@@ -683,6 +779,10 @@ def main():
         sys.path.append(devkit)
         packages.append("virtufin_worker")
     _guard = _Guard(packages)
+    if not _guard._allows("subprocess"):
+        _close_process_backdoors()
+        global _lockdown_error
+        _lockdown_error = _lockdown()
     global _reader
     reader = _reader = _Reader(REQ_FD, spin_us / 1e6)
     _send(K_HELLO, sys.version.encode())

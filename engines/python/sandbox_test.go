@@ -46,7 +46,7 @@ func TestSandboxContainsEscapes(t *testing.T) {
 	}
 	defer ux.Close()
 
-	e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"os", "socket", "subprocess", "sys", "signal", "resource"}, DefaultTimeout: 20 * time.Second})
+	e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"os", "socket", "subprocess", "sys", "signal", "resource", "ctypes"}, DefaultTimeout: 20 * time.Second})
 	inst := load(t, e, testSpec, `
 import os, socket, subprocess, sys, time
 
@@ -112,6 +112,46 @@ def attempt(kind, arg):
             for _ in range(10 << 10):
                 f.write(chunk)
         return "written"
+    if kind == "clone-ns":
+        # a fork into a new user and network namespace (root inside it)
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        L = ctypes.c_long
+        pid = libc.syscall(L(56), L(0x10000000 | 0x40000000 | 17), L(0), L(0), L(0), L(0))
+        if pid == 0:
+            os._exit(0)
+        if pid < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+        os.waitpid(pid, 0)
+        return "cloned"
+    if kind == "clone3-ns":
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        # struct clone_args (version 0, 64 bytes): flags, pidfd, child_tid,
+        # parent_tid, exit_signal, stack, stack_size, tls
+        args = (ctypes.c_uint64 * 8)(0x10000000 | 0x40000000, 0, 0, 0, 17, 0, 0, 0)
+        pid = libc.syscall(ctypes.c_long(435), args, ctypes.c_long(64))
+        if pid == 0:
+            os._exit(0)
+        if pid < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+        os.waitpid(pid, 0)
+        return "cloned"
+    if kind == "fill":
+        # 8 MiB files (under the file size limit) until the directory is full
+        n = 0
+        chunk = b"x" * (1 << 20)
+        try:
+            while n < (1 << 30):
+                with open(os.path.join(arg, "fill%d" % (n >> 23)), "wb") as f:
+                    for _ in range(8):
+                        f.write(chunk)
+                        n += len(chunk)
+        except OSError as e:
+            return "stopped after %d MiB: %s" % (n >> 20, e)
+        return "wrote %d MiB" % (n >> 20)
     if kind == "mount":
         import ctypes
     if kind == "subprocess":
@@ -174,6 +214,20 @@ def process(event):
 	blocked("kill-node", os.Getpid(), "ProcessLookupError")
 	blocked("memory", nil, "MemoryError")
 	blocked("big-file", nil, "File too large")
+	// Issue 32 item 3: /tmp and /scratch are as large as the sandbox says
+	// (64 MiB by default), not half the node's memory or its disk.
+	for _, dir := range []string{"/tmp", "/scratch"} {
+		m := try("fill", dir)
+		got := fmt.Sprint(m["ok"])
+		var mib int
+		if _, err := fmt.Sscanf(got, "'stopped after %d MiB", &mib); err != nil || !strings.Contains(got, "No space left on device") || mib > 64 {
+			t.Errorf("filling %s: %v; want ENOSPC at 64 MiB at most", dir, m)
+		}
+	}
+	// Issue 32 item 2: no new namespaces (clone with namespace flags gets
+	// EPERM, clone3 ENOSYS so that the C library falls back to clone).
+	blocked("clone-ns", nil, "Operation not permitted")
+	blocked("clone3-ns", nil, "Function not implemented")
 	if m := try("escape-session", nil); m["ok"] != "'forked'" {
 		t.Errorf("escape-session: %v", m)
 	}
@@ -251,5 +305,76 @@ func TestSandboxAllowlistAtCheck(t *testing.T) {
 	}
 	if err := e.Check(ctx, testSpec, []byte("import xml.dom.minidom\ndef process(event):\n    return None\n")); err != nil {
 		t.Fatalf("allowed package: %v", err)
+	}
+}
+
+// Issue 32 item 2: without the subprocess capability the runner installs
+// the sandbox's process lockdown filter before worker code, so that even
+// code past the interpreter guard (here: ctypes, allowed on purpose)
+// cannot start a process or run a program; threads still work.
+func TestSandboxLockdownStopsProcesses(t *testing.T) {
+	sb := sandboxtest.Strict(t)
+	e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"ctypes", "threading"}, DefaultTimeout: 20 * time.Second})
+	inst := load(t, e, testSpec, `
+import asyncio, ctypes, threading
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+def failed(r):
+    if r < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, asyncio.base_events.os.strerror(e))
+
+def attempt(kind):
+    if kind == "fork":
+        pid = libc.fork()
+        if pid == 0:
+            libc._exit(0)
+        failed(pid)
+        return "forked"
+    if kind == "execv":
+        argv = (ctypes.c_char_p * 4)(b"/bin/sh", b"-c", b"echo pwned", None)
+        failed(libc.execv(b"/bin/sh", argv))
+        return "exec'd"
+    if kind == "fork-exec":
+        return asyncio.base_events.subprocess._fork_exec([b"/bin/sh"], [b"/bin/sh"], True, (), None, None,
+            -1, -1, -1, -1, -1, -1, -1, -1, True, False, -1, None, None, None, -1, None, False)
+    if kind == "thread":
+        out = []
+        th = threading.Thread(target=lambda: out.append("ran"))
+        th.start()
+        th.join()
+        return out[0]
+    if kind == "filters":
+        return [l for l in open("/proc/self/status").read().splitlines() if l.startswith("Seccomp")]
+
+def process(event):
+    try:
+        return {"type": "r", "data": {"ok": attempt(event["data"]["kind"])}}
+    except BaseException as e:
+        return {"type": "r", "data": {"err": "%s: %s" % (type(e).__name__, e)}}
+`)
+	try := func(kind string) map[string]any {
+		t.Helper()
+		out, err := call(t, inst, jsonEvent("t", map[string]any{"kind": kind}))
+		if err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+		return enginetest.DataOf(t, out)
+	}
+	for kind, want := range map[string]string{
+		"fork":      "Operation not permitted",
+		"execv":     "Operation not permitted",
+		"fork-exec": "starting processes or sending signals is not allowed",
+	} {
+		if m := try(kind); !strings.Contains(fmt.Sprint(m["err"]), want) {
+			t.Errorf("%s: %v; want an error containing %q", kind, m, want)
+		}
+	}
+	if m := try("thread"); m["ok"] != "ran" {
+		t.Errorf("a thread: %v; want it to run", m)
+	}
+	if m := try("filters"); !strings.Contains(fmt.Sprint(m["ok"]), "Seccomp_filters:\t2") {
+		t.Errorf("seccomp status %v; want the sandbox's filter and the lockdown", m)
 	}
 }

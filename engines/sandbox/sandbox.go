@@ -1,9 +1,10 @@
 // Package sandbox owns the operating-system layers around every worker
 // process (Python runners, the isolated native host, later engines' child
 // processes): its own network, PID, mount, IPC and UTS namespaces and a
-// read-only view of what the runtime needs plus a private scratch directory
-// (bubblewrap), an unprivileged user id of its own per worker (setpriv),
-// a seccomp filter, resource limits (prlimit), an empty environment except
+// read-only view of what the runtime needs plus a private, size-limited
+// /tmp and /scratch (bubblewrap), an unprivileged user id of its own per
+// live worker (setpriv, ids allocated so that no two live workers share
+// one), a seccomp filter, resource limits (prlimit), an empty environment except
 // the documented worker variables, and death with the node. It detects at
 // start which layers this machine allows; SANDBOX=strict refuses to start
 // without all of them, standard uses what there is, off uses none (loudly).
@@ -16,14 +17,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -64,6 +64,13 @@ type Limits struct {
 // DefaultLimits are the limits when the configuration leaves them at zero.
 var DefaultLimits = Limits{AddressSpace: 2 << 30, FileSize: 100 << 20, OpenFiles: 256, Processes: 64}
 
+// DefaultTmpBytes and DefaultScratchBytes size /tmp and /scratch when
+// Config leaves them at zero.
+const (
+	DefaultTmpBytes     = 64 << 20
+	DefaultScratchBytes = 64 << 20
+)
+
 // Config configures the layers.
 type Config struct {
 	Mode Mode
@@ -71,16 +78,21 @@ type Config struct {
 	// on PATH).
 	Bwrap, Setpriv, Prlimit string
 	// UIDBase and UIDs: each worker's processes run as a user id of that
-	// worker, derived from its id within [UIDBase, UIDBase+UIDs) (default
-	// 200000 and 50000), so that RLIMIT_NPROC holds per worker, workers
-	// cannot signal or read each other's files, and a worker's restarted or
-	// reloaded processes (on any node) still own the files it wrote to a
-	// shared writable path.
+	// worker within [UIDBase, UIDBase+UIDs) (default 200000 and 50000),
+	// so that RLIMIT_NPROC holds per worker and workers cannot signal or
+	// read each other's files. Ids are allocated on this node: no two
+	// live workers share one (whatever their names); a worker keeps its
+	// id while it has a process (or files the node gave it with Own), and
+	// a released id goes to the back of the free list (reused last).
 	UIDBase, UIDs int
 	Limits        Limits
-	// ScratchRoot holds the private scratch directory of every process
-	// (default: <temp dir>/workmanager-sandbox).
-	ScratchRoot string
+	// TmpBytes and ScratchBytes are the sizes of the tmpfs mounted at /tmp
+	// and at /scratch (the working and home directory) in each worker
+	// process's sandbox (SANDBOX_TMP_BYTES, SANDBOX_SCRATCH_BYTES; 0:
+	// DefaultTmpBytes, DefaultScratchBytes). A write past them fails with
+	// ENOSPC. Their pages are the node's memory, not counted in the
+	// process's address-space limit.
+	TmpBytes, ScratchBytes uint64
 	// Writable are host paths bound read-write at the same place in every
 	// sandbox (SANDBOX_WRITABLE_PATHS): a volume the operator shares with
 	// workers on purpose. Empty by default.
@@ -102,7 +114,8 @@ type Sandbox struct {
 	// what is on
 	namespaces, setuid, filter, rlimits bool
 	program                             []byte // the seccomp filter as sock_filter[]
-	next                                atomic.Uint64
+	lockdown                            []byte // ProcessLockdownProgram, offered at LockdownPath
+	uids                                *uidAllocator
 }
 
 // Layer names.
@@ -129,22 +142,21 @@ func New(ctx context.Context, cfg Config) (*Sandbox, error) {
 	if cfg.Limits == (Limits{}) {
 		cfg.Limits = DefaultLimits
 	}
-	if cfg.ScratchRoot == "" {
-		cfg.ScratchRoot = filepath.Join(os.TempDir(), "workmanager-sandbox")
+	if cfg.TmpBytes == 0 {
+		cfg.TmpBytes = DefaultTmpBytes
+	}
+	if cfg.ScratchBytes == 0 {
+		cfg.ScratchBytes = DefaultScratchBytes
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	s := &Sandbox{cfg: cfg}
+	s := &Sandbox{cfg: cfg, uids: newUIDAllocator(cfg.UIDBase, cfg.UIDs)}
 	if cfg.Mode == Off {
 		s.layers = []Layer{{Name: "all", Detail: "SANDBOX=off: worker code runs as the node, with its environment, network, files and no limits"}}
 		cfg.Log.Warn("SANDBOX=off: WORKER CODE RUNS UNCONFINED, AS THIS NODE (its user, environment, network and files). Use only for code you trust.")
 		return s, nil
 	}
-	if err := os.MkdirAll(cfg.ScratchRoot, 0o711); err != nil {
-		return nil, fmt.Errorf("sandbox: scratch root: %w", err)
-	}
-	_ = os.Chmod(cfg.ScratchRoot, 0o711)
 	s.detect(ctx)
 	var missing []string
 	for _, l := range s.layers {
@@ -182,6 +194,7 @@ func (s *Sandbox) detect(ctx context.Context) {
 	prog, perr := program()
 	if perr == nil {
 		s.program = prog
+		s.lockdown, perr = ProcessLockdownProgram()
 	}
 	if err := look(&c.Bwrap, "bwrap"); err != nil {
 		s.layers = append(s.layers, Layer{Name: LayerNamespaces, Detail: "bubblewrap (bwrap) not found: " + err.Error()})
@@ -189,7 +202,7 @@ func (s *Sandbox) detect(ctx context.Context) {
 		s.layers = append(s.layers, Layer{Name: LayerNamespaces, Detail: fmt.Sprintf("bwrap cannot create the namespaces here: %v %s", err, strings.TrimSpace(out))})
 	} else {
 		s.namespaces = true
-		s.layers = append(s.layers, Layer{Name: LayerNamespaces, On: true, Detail: "network (none), pid, mount (read-only runtime, private scratch), ipc, uts; dies with the node"})
+		s.layers = append(s.layers, Layer{Name: LayerNamespaces, On: true, Detail: fmt.Sprintf("network (none), pid, mount (read-only runtime, private /tmp of %d B and /scratch of %d B), ipc, uts; dies with the node", c.TmpBytes, c.ScratchBytes)})
 	}
 	switch {
 	case !s.namespaces:
@@ -200,7 +213,7 @@ func (s *Sandbox) detect(ctx context.Context) {
 		s.layers = append(s.layers, Layer{Name: LayerUser, Detail: "setpriv (util-linux) not found"})
 	default:
 		s.setuid = true
-		s.layers = append(s.layers, Layer{Name: LayerUser, On: true, Detail: fmt.Sprintf("a user id of its own per worker from %d..%d, no groups, no capabilities, no_new_privs", c.UIDBase, c.UIDBase+c.UIDs-1)})
+		s.layers = append(s.layers, Layer{Name: LayerUser, On: true, Detail: fmt.Sprintf("a user id of its own per live worker, allocated from %d..%d, no groups, no capabilities, no_new_privs", c.UIDBase, c.UIDBase+c.UIDs-1)})
 	}
 	switch {
 	case perr != nil:
@@ -209,7 +222,7 @@ func (s *Sandbox) detect(ctx context.Context) {
 		s.layers = append(s.layers, Layer{Name: LayerSeccomp, Detail: "installed by bwrap: needs the namespaces layer"})
 	default:
 		s.filter = true
-		s.layers = append(s.layers, Layer{Name: LayerSeccomp, On: true, Detail: "refuses " + strings.Join(deniedSyscalls[:8], ", ") + " and " + strconv.Itoa(len(deniedSyscalls)-8) + " more with EPERM"})
+		s.layers = append(s.layers, Layer{Name: LayerSeccomp, On: true, Detail: "refuses " + strings.Join(deniedSyscalls[:8], ", ") + " and " + strconv.Itoa(len(deniedSyscalls)-8) + " more with EPERM, clone with namespace flags, clone3 and other architectures' system calls (ENOSYS)"})
 	}
 	if err := look(&c.Prlimit, "prlimit"); err != nil {
 		s.layers = append(s.layers, Layer{Name: LayerLimits, Detail: "prlimit (util-linux) not found"})
@@ -235,7 +248,7 @@ func (l Limits) String() string {
 func (s *Sandbox) probe(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	args, files, err := s.bwrapArgs("", nil, 0)
+	args, files, err := s.bwrapArgs(false, nil, 0)
 	if err != nil {
 		return "", err
 	}
@@ -311,9 +324,9 @@ type Spec struct {
 type Bind struct{ Src, Dst string }
 
 // Command returns the command that runs spec inside the layers, and a
-// function that releases what the sandbox made for it (its scratch
-// directory); call it once the process has exited. The caller may set
-// Stdout, Stderr, SysProcAttr (keep Setpgid) and WaitDelay.
+// function that releases what the sandbox holds for it (its share of the
+// worker's user id); call it once, when the process has exited. The caller
+// may set Stdout, Stderr, SysProcAttr (keep Setpgid) and WaitDelay.
 func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
 	if s.cfg.Mode == Off || !s.namespaces {
 		path, args := spec.Path, spec.Args
@@ -328,19 +341,14 @@ func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
 		cmd.ExtraFiles = spec.ExtraFiles
 		return cmd, func() {}, nil
 	}
-	uid := s.uid(spec.Owner)
-	scratch, err := os.MkdirTemp(s.cfg.ScratchRoot, "w-")
-	if err != nil {
-		return nil, nil, fmt.Errorf("sandbox: scratch directory: %w", err)
-	}
-	cleanup := func() { _ = os.RemoveAll(scratch) }
+	uid, cleanup := 0, func() {}
 	if s.setuid {
-		if err := os.Chown(scratch, uid, uid); err != nil {
-			cleanup()
-			return nil, nil, fmt.Errorf("sandbox: scratch directory: %w", err)
+		var err error
+		if uid, cleanup, err = s.uids.acquire(spec.Owner); err != nil {
+			return nil, nil, err
 		}
 	}
-	args, files, err := s.bwrapArgs(scratch, spec.ReadOnly, len(spec.ExtraFiles))
+	args, files, err := s.bwrapArgs(true, spec.ReadOnly, len(spec.ExtraFiles))
 	made := map[string]bool{}
 	for _, b := range spec.Binds {
 		args = append(append(args, parentDirs(b.Dst, made)...), "--ro-bind", b.Src, b.Dst)
@@ -367,34 +375,30 @@ func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
 	return cmd, func() { closeAll(files); cleanup() }, nil
 }
 
-// UID is the user id owner's processes run as, when the user layer is on.
+// UID is the user id owner's processes run as, when the user layer is on
+// and owner holds one (it has a live process or files given with Own).
 func (s *Sandbox) UID(owner string) (int, bool) {
 	if !s.setuid || s.cfg.Mode == Off || owner == "" {
 		return 0, false
 	}
-	return s.uid(owner), true
-}
-
-// uid is owner's user id (round-robin for processes of no worker).
-func (s *Sandbox) uid(owner string) int {
-	n := s.next.Add(1)
-	if owner != "" {
-		h := fnv.New64a()
-		h.Write([]byte(owner))
-		n = h.Sum64()
-	}
-	return s.cfg.UIDBase + int(n%uint64(s.cfg.UIDs))
+	return s.uids.current(owner)
 }
 
 // Own gives path (recursively) to owner's user id, so that owner's
 // sandboxed processes can read what the node prepared for them (an
-// extracted package) and no other worker can. Without the user layer it
-// does nothing.
+// extracted package) and no other worker can. owner keeps that user id
+// (no other worker gets it) for as long as path exists. Without the user
+// layer it does nothing.
 func (s *Sandbox) Own(path, owner string) error {
 	if !s.setuid || s.cfg.Mode == Off {
 		return nil
 	}
-	uid := s.uid(owner)
+	uid, release, err := s.uids.acquire(owner)
+	if err != nil {
+		return err
+	}
+	defer release()
+	s.uids.pin(owner, path)
 	return filepath.WalkDir(path, func(p string, _ os.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -435,9 +439,17 @@ func parentDirs(dst string, made map[string]bool) []string {
 	return a
 }
 
-// bwrapArgs builds bwrap's options; the seccomp program goes in as the fd
+// LockdownPath is where every sandbox offers ProcessLockdownProgram (struct
+// sock_filter[], read-only) to the process, when the seccomp layer is on:
+// the Python runner installs it before worker code unless the worker may
+// start processes.
+const LockdownPath = "/etc/workmanager/lockdown-processes.bpf"
+
+// bwrapArgs builds bwrap's options; the seccomp program (and, for a
+// worker, the lockdown program offered at LockdownPath) go in as the fds
 // after the caller's extra files (returned to be passed on and closed).
-func (s *Sandbox) bwrapArgs(scratch string, readOnly []string, extra int) ([]string, []*os.File, error) {
+// worker adds the worker's own /scratch and the lockdown program.
+func (s *Sandbox) bwrapArgs(worker bool, readOnly []string, extra int) ([]string, []*os.File, error) {
 	a := []string{
 		"--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 		"--die-with-parent", "--new-session",
@@ -449,8 +461,9 @@ func (s *Sandbox) bwrapArgs(scratch string, readOnly []string, extra int) ([]str
 		"--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
 		"--ro-bind-try", "/etc/localtime", "/etc/localtime",
 		"--ro-bind-try", "/usr/share/zoneinfo", "/usr/share/zoneinfo",
-		// /tmp is writable (TMPDIR points there), sticky like a host /tmp.
-		"--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
+		// /tmp is writable (TMPDIR points there), sticky like a host /tmp,
+		// and as large as TmpBytes.
+		"--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", strconv.FormatUint(s.cfg.TmpBytes, 10), "--tmpfs", "/tmp",
 		"--hostname", "worker",
 	}
 	if os.Geteuid() != 0 {
@@ -470,27 +483,50 @@ func (s *Sandbox) bwrapArgs(scratch string, readOnly []string, extra int) ([]str
 	for _, p := range s.cfg.Writable {
 		a = append(a, "--bind", p, p)
 	}
-	if scratch != "" {
-		a = append(a, "--bind", scratch, "/scratch", "--chdir", "/scratch", "--setenv", "HOME", "/scratch", "--setenv", "TMPDIR", "/tmp")
+	if worker {
+		// The worker's home and working directory: a tmpfs of its own (the
+		// only user inside is the worker's, so any may write), as large as
+		// ScratchBytes.
+		a = append(a, "--perms", "0777", "--size", strconv.FormatUint(s.cfg.ScratchBytes, 10), "--tmpfs", "/scratch",
+			"--chdir", "/scratch", "--setenv", "HOME", "/scratch", "--setenv", "TMPDIR", "/tmp")
 	}
 	var files []*os.File
-	if s.program != nil {
+	data := func(b []byte) (int, error) {
 		r, w, err := os.Pipe()
 		if err != nil {
-			return nil, nil, fmt.Errorf("sandbox: %w", err)
+			return 0, fmt.Errorf("sandbox: %w", err)
 		}
-		// The program is a few hundred bytes: it fits the pipe's buffer.
-		if _, err := w.Write(s.program); err != nil {
+		// A program is a few hundred bytes: it fits the pipe's buffer.
+		if _, err := w.Write(b); err != nil {
 			r.Close()
 			w.Close()
-			return nil, nil, fmt.Errorf("sandbox: seccomp program: %w", err)
+			return 0, fmt.Errorf("sandbox: seccomp program: %w", err)
 		}
 		w.Close()
 		files = append(files, r)
-		a = append(a, "--seccomp", strconv.Itoa(3+extra))
+		return 3 + extra + len(files) - 1, nil
+	}
+	if s.program != nil {
+		fd, err := data(s.program)
+		if err != nil {
+			return nil, nil, err
+		}
+		a = append(a, "--seccomp", strconv.Itoa(fd))
+		if worker && s.lockdown != nil {
+			fd, err := data(s.lockdown)
+			if err != nil {
+				closeAll(files)
+				return nil, nil, err
+			}
+			a = append(append(a, parentDirs(LockdownPath, made)...), "--perms", "0444", "--ro-bind-data", strconv.Itoa(fd), LockdownPath)
+		}
 	}
 	return a, files, nil
 }
+
+// auditArch is the AUDIT_ARCH_* value of the architectures the filters
+// are built for.
+var auditArch = map[string]uint32{"amd64": 0xc000003e, "arm64": 0xc00000b7}
 
 func closeAll(fs []*os.File) {
 	for _, f := range fs {
@@ -513,11 +549,30 @@ var deniedSyscalls = []string{
 	"pidfd_getfd", "personality",
 }
 
+// cloneNamespaces are clone's flags that make new namespaces (CLONE_NEWNS,
+// NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET): refused as unshare
+// is. (CLONE_NEWTIME exists only for clone3 and unshare.) A new user
+// namespace would give the child every capability inside it, and with it
+// kernel interfaces (netfilter, mounts) that root alone may use.
+const cloneNamespaces = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+
 // program assembles the filter as struct sock_filter[] for bwrap --seccomp.
+// Besides deniedSyscalls it refuses clone with namespace flags (EPERM) and
+// clone3 (ENOSYS: its flags are behind a pointer the filter cannot read,
+// and the C library falls back to clone, whose flags it can).
 func program() ([]byte, error) {
 	return assemble(seccomp.Policy{
 		DefaultAction: seccomp.ActionAllow,
-		Syscalls:      []seccomp.SyscallGroup{{Action: seccomp.ActionErrno, Names: deniedSyscalls}},
+		Syscalls: []seccomp.SyscallGroup{
+			{
+				Action: seccomp.ActionErrno,
+				Names:  deniedSyscalls,
+				NamesWithCondtions: []seccomp.NameWithConditions{
+					{Name: "clone", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.BitsSet, Value: cloneNamespaces}}},
+				},
+			},
+			{Action: seccomp.ActionErrno | seccomp.Action(syscall.ENOSYS), Names: []string{"clone3"}},
+		},
 	})
 }
 
@@ -530,30 +585,56 @@ func program() ([]byte, error) {
 // library falls back to clone, whose flags the filter can see), and so do
 // IP sockets (socket with AF_INET or AF_INET6). Filters stack: the
 // sandbox's stays in force.
-func LockdownProgram() ([]byte, error) {
+func LockdownProgram() ([]byte, error) { return lockdown(true) }
+
+// ProcessLockdownProgram is LockdownProgram without the IP sockets: new
+// processes and programs only (execve, execveat, fork, vfork and clone
+// without CLONE_THREAD get EPERM, clone3 ENOSYS); threads stay possible.
+// Every sandbox offers it at LockdownPath. The Python runner installs it
+// before worker code when the worker may not start processes.
+func ProcessLockdownProgram() ([]byte, error) { return lockdown(false) }
+
+func lockdown(ipSockets bool) ([]byte, error) {
 	const afInet, afInet6, cloneThread = 2, 10, 0x10000
+	conds := []seccomp.NameWithConditions{
+		{Name: "clone", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.BitsNotSet, Value: cloneThread}}},
+	}
+	if ipSockets {
+		conds = append(conds,
+			seccomp.NameWithConditions{Name: "socket", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.Equal, Value: afInet}}},
+			seccomp.NameWithConditions{Name: "socket", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.Equal, Value: afInet6}}})
+	}
 	return assemble(seccomp.Policy{
 		DefaultAction: seccomp.ActionAllow,
 		Syscalls: []seccomp.SyscallGroup{
 			{
-				Action: seccomp.ActionErrno,
-				Names:  []string{"execve", "execveat", "fork", "vfork"},
-				NamesWithCondtions: []seccomp.NameWithConditions{
-					{Name: "clone", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.BitsNotSet, Value: cloneThread}}},
-					{Name: "socket", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.Equal, Value: afInet}}},
-					{Name: "socket", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.Equal, Value: afInet6}}},
-				},
+				Action:             seccomp.ActionErrno,
+				Names:              []string{"execve", "execveat", "fork", "vfork"},
+				NamesWithCondtions: conds,
 			},
 			{Action: seccomp.ActionErrno | seccomp.Action(syscall.ENOSYS), Names: []string{"clone3"}},
 		},
 	})
 }
 
+// assemble compiles p for this architecture. A system call made with
+// another architecture's convention (int 0x80 on x86-64: the i386 table,
+// where every number means something else) gets ENOSYS: the library's own
+// program would allow it, walking around every rule.
 func assemble(p seccomp.Policy) ([]byte, error) {
 	insts, err := p.Assemble()
 	if err != nil {
 		return nil, err
 	}
+	native, ok := auditArch[runtime.GOARCH]
+	if !ok {
+		return nil, fmt.Errorf("seccomp: no audit architecture known for %s", runtime.GOARCH)
+	}
+	insts = append([]bpf.Instruction{
+		bpf.LoadAbsolute{Off: 4, Size: 4}, // seccomp_data.arch
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: native, SkipTrue: 1},
+		bpf.RetConstant{Val: uint32(seccomp.ActionErrno) | uint32(syscall.ENOSYS)},
+	}, insts...)
 	raw, err := bpf.Assemble(insts)
 	if err != nil {
 		return nil, err

@@ -1,10 +1,13 @@
 package sandbox_test
 
 import (
+	"bufio"
 	"context"
+	"hash/fnv"
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -48,7 +51,7 @@ func TestOffRunsUnconfined(t *testing.T) {
 
 // Strict either has every layer or refuses to start, naming what is missing.
 func TestStrictHasEveryLayerOrRefuses(t *testing.T) {
-	s, err := sandbox.New(context.Background(), sandbox.Config{Mode: sandbox.Strict, ScratchRoot: t.TempDir(), Log: quiet()})
+	s, err := sandbox.New(context.Background(), sandbox.Config{Mode: sandbox.Strict, Log: quiet()})
 	if err != nil {
 		if !strings.Contains(err.Error(), "SANDBOX=strict") {
 			t.Fatalf("refusal does not say why: %v", err)
@@ -91,5 +94,107 @@ func TestStrictHasEveryLayerOrRefuses(t *testing.T) {
 	}
 	if f := strings.Fields(a1); len(f) != 4 || f[1] != "w" || f[2] != "/scratch" || f[3] != "Seccomp:2" {
 		t.Errorf("inside: %q; want uid, W=w, HOME=/scratch, seccomp filter mode 2", a1)
+	}
+}
+
+// strict is a strict sandbox of cfg, or a skip (a failure with
+// sandboxtest.RequireEnv) where the layers cannot exist.
+func strict(t *testing.T, cfg sandbox.Config) *sandbox.Sandbox {
+	t.Helper()
+	cfg.Mode, cfg.Log = sandbox.Strict, quiet()
+	s, err := sandbox.New(context.Background(), cfg)
+	if err != nil {
+		if os.Getenv(sandboxtest.RequireEnv) != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	return s
+}
+
+// start runs script for owner in s and returns its first line of output;
+// the process lives until the test ends.
+func start(t *testing.T, s *sandbox.Sandbox, owner, script string) string {
+	t.Helper()
+	cmd, done, err := s.Command(sandbox.Spec{Owner: owner, Path: "/bin/sh", Args: []string{"-c", script}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		done()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("%s: %v", owner, err)
+	}
+	return strings.TrimSpace(line)
+}
+
+// Issue 32 item 5: the user id was fnv64a(id) % 50000, so a tenant could
+// pick a worker name whose id shares another tenant's user id (acme's
+// "w1940" and globex's "billing"). Ids are allocated now: two live
+// workers never share one.
+func TestCollidingWorkerIDsGetTheirOwnUID(t *testing.T) {
+	const acme, globex = "acme.ef5e0277-16f9-5675-886d-f87dfa59b5ae", "globex.9605ae14-93f8-503a-875c-f72e05cf6b1f"
+	hash := func(s string) uint64 { h := fnv.New64a(); h.Write([]byte(s)); return h.Sum64() % 50000 }
+	if hash(acme) != hash(globex) {
+		t.Fatalf("the ids no longer collide under the old scheme: %d, %d", hash(acme), hash(globex))
+	}
+	s := strict(t, sandbox.Config{})
+	a := start(t, s, acme, "id -u; exec sleep 60")
+	b := start(t, s, globex, "id -u; exec sleep 60")
+	a2 := start(t, s, acme, "id -u; exec sleep 60")
+	if a == b || a != a2 {
+		t.Fatalf("uids: acme %s and %s, globex %s; want one per worker, never shared", a, a2, b)
+	}
+	if u, ok := s.UID(acme); !ok || strconv.Itoa(u) != a {
+		t.Errorf("UID(acme) = %d %v; want %s", u, ok, a)
+	}
+}
+
+// Issue 32 item 3: /tmp and /scratch are tmpfs of the configured sizes
+// (the default 64 MiB each when unset): a write past them fails with
+// ENOSPC inside, and nothing reaches the node's disk or memory beyond it.
+func TestTmpAndScratchAreSized(t *testing.T) {
+	s := strict(t, sandbox.Config{TmpBytes: 4 << 20, ScratchBytes: 8 << 20})
+	for dir, limit := range map[string]int{"/tmp": 4 << 20, "/scratch": 8 << 20} {
+		cmd, done, err := s.Command(sandbox.Spec{Owner: "sized", Path: "/bin/sh", Args: []string{"-c",
+			`head -c 50000000 /dev/zero > ` + dir + `/fill; echo "rc=$?"; stat -c %s ` + dir + `/fill; df -k ` + dir + ` | tail -1`}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := cmd.CombinedOutput()
+		done()
+		if err != nil {
+			t.Fatalf("%s: %v: %s", dir, err, out)
+		}
+		text := string(out)
+		if !strings.Contains(text, "No space left on device") || strings.Contains(text, "rc=0") {
+			t.Errorf("%s: writing 50 MB: %s; want ENOSPC", dir, text)
+		}
+		lines := strings.Split(strings.TrimSpace(text), "\n")
+		if len(lines) < 2 {
+			t.Fatalf("%s: output %q", dir, text)
+		}
+		if n, err := strconv.Atoi(lines[len(lines)-2]); err != nil || n > limit {
+			t.Errorf("%s: the file grew to %q bytes; want at most %d", dir, lines[len(lines)-2], limit)
+		}
+		if f := strings.Fields(lines[len(lines)-1]); len(f) < 2 || f[1] != strconv.Itoa(limit>>10) {
+			t.Errorf("%s: df says %q; want a filesystem of %d KiB", dir, lines[len(lines)-1], limit>>10)
+		}
+	}
+	// Unset, both are 64 MiB.
+	d := strict(t, sandbox.Config{})
+	if got := start(t, d, "defaults", `echo $(df -k /tmp /scratch | tail -2)`); strings.Count(got, "tmpfs 65536 ") != 2 {
+		t.Errorf("default sizes: df says %q; want two tmpfs of 65536 KiB", got)
 	}
 }

@@ -15,15 +15,15 @@ import (
 // a failure instead of a skip.
 const RequireEnv = "WM_REQUIRE_SANDBOX"
 
-// Strict returns a strict sandbox whose scratch directories live in a temp
-// directory of tb, with the default limits except a 16 MiB file size (a
-// test that fills the disk writes that much, not 100 MiB). Where the layers cannot exist (not root, no bubblewrap)
+// Strict returns a strict sandbox with the default limits and /tmp and
+// /scratch sizes, except a 16 MiB file size (a test that fills the disk
+// writes that much, not 100 MiB). Where the layers cannot exist (not root, no bubblewrap)
 // it skips tb, unless RequireEnv is set.
 func Strict(tb testing.TB) *sandbox.Sandbox {
 	tb.Helper()
 	limits := sandbox.DefaultLimits
 	limits.FileSize = 16 << 20
-	s, err := sandbox.New(context.Background(), sandbox.Config{Mode: sandbox.Strict, ScratchRoot: tb.TempDir(), Log: slog.New(slog.DiscardHandler),
+	s, err := sandbox.New(context.Background(), sandbox.Config{Mode: sandbox.Strict, Log: slog.New(slog.DiscardHandler),
 		Limits: limits})
 	if err != nil {
 		if os.Getenv(RequireEnv) != "" {
