@@ -150,9 +150,15 @@ type DeleteInput struct {
 	Worker catalog.Worker
 }
 
-// Delete detaches the worker and removes its config and history. Its deleted
-// event is published by Emit, once every node applied the delete.
+// Delete detaches the worker and removes its config and history. Its code
+// blobs become candidates for collection first, so that a retry after a
+// removal cut off half-way (its history gone) does not leave them stored
+// for ever. Its deleted event is published by Emit, once every node
+// applied the delete.
 func (a *Activities) Delete(ctx context.Context, in DeleteInput) error {
+	if err := a.Catalog.OrphanHistory(ctx, in.Worker.ID); err != nil {
+		return err
+	}
 	return a.Node.Remove(ctx, in.Worker.ID)
 }
 

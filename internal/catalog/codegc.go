@@ -2,6 +2,7 @@ package catalog
 
 import (
 	"context"
+	"errors"
 	"hash/fnv"
 	"log/slog"
 	"strconv"
@@ -19,12 +20,16 @@ import (
 // cost is one read per worker history when a sweep finds candidates (after
 // deletes, at most every sweep interval).
 //
-// A create or reload of the same code within the grace period finds the
-// blob (PutCode also takes it off the index). Left open: a blob that
-// became a candidate longer than the grace period ago and is stored again
-// by PutCode while a sweep is between its history scan and its delete is
-// deleted under the new worker (a window of milliseconds, once per
-// grace period); recovery then reports the worker's code missing.
+// A create or reload of the same code finds the blob: PutCode stores it
+// again and takes it off the index. A sweep reads each due blob's ETag
+// before its history scan (a create in progress has no history yet: it
+// reaches the index only after its engine load), then takes the due
+// entries off the index, keeping only those still listed as it read them,
+// and deletes a blob only with the ETag it read: a PutCode during the scan
+// either took the entry off the index (the blob is kept) or wrote the blob
+// again (the conditional delete fails, the blob is kept). Left open: a
+// whole sweep that fits between PutCode's write and its index update (a
+// few milliseconds), once per grace period.
 const (
 	orphansPrefix = state.KeyPrefix + "code-orphans/"
 	// OrphanPages is the number of keys the orphan index is spread over.
@@ -85,6 +90,7 @@ func (c *Catalog) unorphan(ctx context.Context, sha string) error {
 // deletes are idempotent.
 func (c *Catalog) SweepCode(ctx context.Context, grace time.Duration, now time.Time) (int, error) {
 	due := map[string]map[string]time.Time{} // index key -> sha -> listed at
+	etags := map[string]string{}             // sha -> the blob's ETag before the scan ("" when gone)
 	for page := range OrphanPages {
 		key := orphansPrefix + strconv.Itoa(page)
 		m, _, err := state.GetJSON[map[string]time.Time](ctx, c.store, key)
@@ -103,36 +109,68 @@ func (c *Catalog) SweepCode(ctx context.Context, grace time.Duration, now time.T
 	if len(due) == 0 {
 		return 0, nil
 	}
+	for _, shas := range due {
+		for sha := range shas {
+			it, err := c.store.Get(ctx, codePrefix+sha)
+			switch {
+			case err == nil:
+				etags[sha] = it.ETag
+			case !errors.Is(err, state.ErrNotFound):
+				return 0, err
+			}
+		}
+	}
 	used, err := c.referencedCode(ctx)
 	if err != nil {
 		return 0, err
 	}
 	deleted := 0
 	for key, shas := range due {
-		for sha := range shas {
-			if used[sha] {
+		// Take the due entries off the index first, keeping those listed
+		// again (or taken off by PutCode) since the index was read: only
+		// the ones taken here may be deleted.
+		var claimed []string
+		if err := state.UpdateJSON(ctx, c.store, key, func(m *map[string]time.Time) bool {
+			claimed = claimed[:0]
+			for sha, since := range shas {
+				if t, ok := (*m)[sha]; ok && t.Equal(since) {
+					delete(*m, sha)
+					claimed = append(claimed, sha)
+				}
+			}
+			return len(claimed) > 0
+		}); err != nil {
+			return deleted, err
+		}
+		for _, sha := range claimed {
+			if used[sha] || etags[sha] == "" {
 				continue
 			}
-			if err := c.store.Delete(ctx, codePrefix+sha, ""); err != nil {
+			err := c.store.Delete(ctx, codePrefix+sha, etags[sha])
+			switch {
+			case errors.Is(err, state.ErrConflict):
+				continue // stored again during the sweep: in use
+			case err != nil:
+				// Listed again, so that a later sweep tries once more.
+				_ = c.orphanCode(ctx, []HistoryEntry{{SHA256: sha}})
 				return deleted, err
 			}
 			deleted++
 		}
-		if err := state.UpdateJSON(ctx, c.store, key, func(m *map[string]time.Time) bool {
-			changed := false
-			for sha, since := range shas {
-				// Listed again after this sweep read the index: keep it.
-				if t, ok := (*m)[sha]; ok && t.Equal(since) {
-					delete(*m, sha)
-					changed = true
-				}
-			}
-			return changed
-		}); err != nil {
-			return deleted, err
-		}
 	}
 	return deleted, nil
+}
+
+// OrphanHistory lists the blobs of worker id's history as candidates for
+// collection. A delete calls it before it removes anything, so that a
+// delete that failed after removing the history and is retried (which
+// then reads no history) still leaves its blobs to the sweep.
+func (c *Catalog) OrphanHistory(ctx context.Context, id string) error {
+	h, err := c.History(ctx, id)
+	if err != nil {
+		return err
+	}
+	return c.orphanCode(ctx, h)
 }
 
 // referencedCode is the set of blobs some worker's history names.

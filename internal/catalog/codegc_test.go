@@ -89,3 +89,94 @@ func TestSweepCodeCollectsUnreferencedBlobsAfterGrace(t *testing.T) {
 		}
 	}
 }
+
+// hookStore runs onHistory once, when the sweep's history scan reads the
+// history of worker "other".
+type hookStore struct {
+	*state.MemoryStore
+	onHistory func()
+}
+
+func (s *hookStore) Get(ctx context.Context, key string) (state.Item, error) {
+	if key == historyKey("other") && s.onHistory != nil {
+		f := s.onHistory
+		s.onHistory = nil
+		f()
+	}
+	return s.MemoryStore.Get(ctx, key)
+}
+
+// Issue 33 item 7: a create that stores a candidate blob again while a
+// sweep scans the histories (the new worker has no history yet: it gets
+// one only after its engine load) keeps it: the sweep deletes only what is
+// still listed as it read it, and only the blob as it was before the scan.
+func TestSweepKeepsABlobStoredAgainDuringTheScan(t *testing.T) {
+	for name, again := range map[string]func(c *Catalog, store *hookStore, body string){
+		// PutCode as a create runs it: the blob, then off the index.
+		"PutCode": func(c *Catalog, _ *hookStore, body string) {
+			if _, err := c.PutCode(context.Background(), []byte(body)); err != nil {
+				t.Fatal(err)
+			}
+		},
+		// Only the blob written, its index update not yet made.
+		"blob only": func(_ *Catalog, store *hookStore, body string) {
+			if err := store.MemoryStore.Put(context.Background(), codePrefix+SHA256([]byte(body)), []byte(body), state.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			store := &hookStore{MemoryStore: state.NewMemoryStore()}
+			c := New(store)
+			body := "shared code"
+			sha, err := c.PutCode(ctx, []byte(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.AppendHistory(ctx, "gone", HistoryEntry{Version: 1, SHA256: sha}); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.SaveWorker(ctx, Worker{ID: "other"}); err != nil { // a worker whose history the sweep reads
+				t.Fatal(err)
+			}
+			if err := c.DeleteWorker(ctx, "gone"); err != nil {
+				t.Fatal(err)
+			}
+			store.onHistory = func() { again(c, store, body) }
+			n, err := c.SweepCode(ctx, time.Hour, time.Now().Add(2*time.Hour))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.GetCode(ctx, sha); n != 0 || err != nil {
+				t.Fatalf("the blob stored again during the scan was collected: %d deleted, %v", n, err)
+			}
+		})
+	}
+}
+
+// Issue 33 item 7: OrphanHistory (run by a delete before it removes
+// anything) lists a worker's blobs, so a delete retried after its history
+// was removed still leaves them to the sweep.
+func TestOrphanHistoryBeforeARemovalCutOffHalfWay(t *testing.T) {
+	ctx := context.Background()
+	store := state.NewMemoryStore()
+	c := New(store)
+	sha, _ := c.PutCode(ctx, []byte("code"))
+	if err := c.AppendHistory(ctx, "w", HistoryEntry{Version: 1, SHA256: sha}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.OrphanHistory(ctx, "w"); err != nil {
+		t.Fatal(err)
+	}
+	// The removal deleted the history, then failed; the retry reads none.
+	if err := store.Delete(ctx, historyKey("w"), ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteWorker(ctx, "w"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.SweepCode(ctx, time.Hour, time.Now().Add(2*time.Hour)); n != 1 || err != nil {
+		t.Fatalf("swept %d, %v; want the blob collected", n, err)
+	}
+}
