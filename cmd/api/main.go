@@ -90,8 +90,12 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	}
 	limiter := ratelimit.New(ratelimit.Config{PerSecond: cfg.RateLimit, Burst: cfg.RateBurst,
 		Methods: auth.ChangingMethods(), Caller: auth.CallerKey})
-	opts = append(opts, grpc.ChainUnaryInterceptor(limiter.UnaryInterceptor()),
-		grpc.MaxRecvMsgSize(cfg.MaxCodeBytes+api.MaxRequestOverhead))
+	// Pre-authentication memory: the receive limit is a code-carrying
+	// RPC's; connections and streams are bounded; auth's tap refuses calls
+	// without valid credentials before their message is read.
+	transport := api.Transport{MaxRecvBytes: cfg.MaxCodeBytes + api.MaxRequestOverhead}
+	opts = append(opts, grpc.ChainUnaryInterceptor(limiter.UnaryInterceptor()))
+	opts = append(opts, transport.ServerOptions()...)
 	if tr.On() {
 		// One server span per API call (health and reflection left out),
 		// continuing the caller's traceparent; the Temporal calls it makes
@@ -126,7 +130,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 			return err
 		}
 	}
-	ln, err := net.Listen("tcp", cfg.Addr)
+	ln, err := transport.Listen(cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Addr, err)
 	}

@@ -38,8 +38,8 @@ func (s Settings) Validate() error {
 }
 
 // ServerOptions builds the gRPC server's options from s: TLS credentials
-// (requesting client certificates when a client CA is set) and the
-// authentication interceptors.
+// (requesting client certificates when a client CA is set), the
+// authentication tap (TapHandle) and interceptors.
 func ServerOptions(ctx context.Context, s Settings, log *slog.Logger) ([]grpc.ServerOption, *Authenticator, error) {
 	cfg := Config{Off: s.Off, ClientCertificates: s.ClientCAFile != "", Log: log}
 	if s.PublicHealth {
@@ -60,7 +60,9 @@ func ServerOptions(ctx context.Context, s Settings, log *slog.Logger) ([]grpc.Se
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(a.UnaryInterceptor()), grpc.ChainStreamInterceptor(a.StreamInterceptor())}
+	// The tap refuses what it can before any message is read; the
+	// interceptors decide.
+	opts := []grpc.ServerOption{grpc.InTapHandle(a.TapHandle()), grpc.ChainUnaryInterceptor(a.UnaryInterceptor()), grpc.ChainStreamInterceptor(a.StreamInterceptor())}
 	if s.TLSCertFile != "" {
 		cert, err := tls.LoadX509KeyPair(s.TLSCertFile, s.TLSKeyFile)
 		if err != nil {
