@@ -3,10 +3,14 @@ package workflows
 import (
 	"context"
 	"errors"
+	"testing"
 	"time"
 
 	"github.com/stretchr/testify/mock"
+	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/mocks"
 	"go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/workflow"
 
@@ -303,4 +307,18 @@ func (s *WorkerWorkflowSuite) TestANodeThatLeftDoesNotHoldTheEventBack() {
 	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: w, Created: true}})
 	s.NoError(load.err)
 	s.Equal([][]lifecycleevents.Kind{{lifecycleevents.CodeUpdated}}, s.emitted)
+}
+
+// Issue 33 item 9: the recovery's timeout bounds each run, not the whole
+// recovery (which continues as new every DefaultRecoveryRun workers): a
+// large recovery is not cut off after ten minutes in all.
+func TestRecoveryTimeoutBoundsEachRun(t *testing.T) {
+	tc := mocks.NewClient(t)
+	run := mocks.NewWorkflowRun(t)
+	run.On("Get", mock.Anything, mock.Anything).Return(nil)
+	tc.On("ExecuteWorkflow", mock.Anything, mock.MatchedBy(func(o client.StartWorkflowOptions) bool {
+		return o.WorkflowExecutionTimeout == 0 && o.WorkflowRunTimeout == RecoveryRunTimeout
+	}), mock.Anything, mock.Anything).Return(run, nil).Once()
+	_, err := RunRecovery(context.Background(), tc)
+	require.NoError(t, err)
 }

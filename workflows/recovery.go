@@ -152,6 +152,12 @@ func recoverOne(ctx, actx workflow.Context, w catalog.Worker) workflow.Future {
 	return f
 }
 
+// RecoveryRunTimeout bounds one run of the recovery workflow (at most
+// DefaultRecoveryRun workers), so that a stuck recovery does not keep every
+// node joining it for ever. It bounds each run, not the whole recovery: a
+// recovery of many workers continues as new as often as it needs.
+const RecoveryRunTimeout = 10 * time.Minute
+
 // RunRecovery executes the recovery workflow under its fixed ID, joining one
 // that is already running (only one recovery runs in the cluster).
 func RunRecovery(ctx context.Context, c client.Client) (RecoveryResult, error) {
@@ -160,7 +166,7 @@ func RunRecovery(ctx context.Context, c client.Client) (RecoveryResult, error) {
 		TaskQueue:                TaskQueue,
 		WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING,
 		WorkflowIDReusePolicy:    enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
-		WorkflowExecutionTimeout: 10 * time.Minute,
+		WorkflowRunTimeout:       RecoveryRunTimeout,
 	}, RecoveryWorkflow, RecoveryInput{})
 	if err != nil {
 		return RecoveryResult{}, fmt.Errorf("start recovery: %w", err)

@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -235,21 +234,9 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	defer func() { leave(); <-left }() // leave before the connections close
 	log.Info("node started", "node_id", cfg.NodeID, "http", cfg.HTTPAddr, "temporal", cfg.TemporalAddress, "dapr", cfg.DaprGRPCAddress)
 
-	if cfg.RecoveryOnStart {
-		go func() {
-			began := time.Now()
-			err := reconcile.Recover(ctx, log, tc, n, h)
-			if errors.Is(err, context.Canceled) {
-				return
-			}
-			met.RecoveryDone(time.Since(began), err)
-			if err != nil {
-				log.Error("recovery failed", "err", err)
-			}
-		}()
-	} else {
-		h.Set(health.Recovery, health.Healthy, "recovery on start disabled")
-	}
+	// Recovery (or, when it is off, this node's first reconcile), tried
+	// again until it succeeds: /readyz waits for it.
+	go reconcile.RecoverLoop(ctx, log, tc, n, h, cfg.RecoveryOnStart, 5*time.Second, met.RecoveryDone)
 	go reconcile.ReconcileLoop(ctx, log, n, cfg.ReconcileInterval)
 	h.GateReadiness(reconcile.Temporal, cfg.TemporalLease)
 	go reconcile.LeaseLoop(ctx, log, func(ctx context.Context) error {

@@ -44,6 +44,53 @@ func Recover(ctx context.Context, log *slog.Logger, c client.Client, n *node.Nod
 	return nil
 }
 
+// RecoveryRetryMax caps the wait between two attempts of RecoverLoop.
+const RecoveryRetryMax = 2 * time.Minute
+
+// RecoverLoop brings the node up: with recoverAll it runs Recover, else
+// only this node's first reconcile against the catalog (without which a
+// node started with recovery off would serve nothing until its first
+// periodic reconcile, and never with that off). A failed attempt is tried
+// again after retry, doubling up to RecoveryRetryMax, until it succeeds or
+// ctx ends: a recovery that failed once (Temporal or the state store not
+// up yet) does not leave /readyz failing for ever. done, when set, is told
+// the outcome of every recovery attempt.
+func RecoverLoop(ctx context.Context, log *slog.Logger, c client.Client, n *node.Node, h *health.State, recoverAll bool, retry time.Duration,
+	done func(time.Duration, error)) {
+	wait := retry
+	for {
+		began := time.Now()
+		var err error
+		if recoverAll {
+			err = Recover(ctx, log, c, n, h)
+		} else {
+			h.Set(health.Recovery, health.Degraded, "recovery on start disabled; reconciling this node")
+			var rec node.ReconcileResult
+			if rec, err = n.Reconcile(ctx); err == nil {
+				h.Set(health.Recovery, health.Healthy, fmt.Sprintf("recovery on start disabled; reconciled (running %d, stopped %d, failed %d)", rec.Running, rec.Stopped, rec.Failed))
+			} else {
+				h.Set(health.Recovery, health.Unhealthy, err.Error())
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if recoverAll && done != nil {
+			done(time.Since(began), err)
+		}
+		if err == nil {
+			return
+		}
+		log.Error("recovery failed; trying again", "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, RecoveryRetryMax)
+	}
+}
+
 // ReconcileLoop reconciles the node every interval until ctx ends.
 func ReconcileLoop(ctx context.Context, log *slog.Logger, n *node.Node, interval time.Duration) {
 	if interval <= 0 {
