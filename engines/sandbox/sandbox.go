@@ -158,6 +158,9 @@ func New(ctx context.Context, cfg Config) (*Sandbox, error) {
 		return s, nil
 	}
 	s.detect(ctx)
+	if s.setuid {
+		sweepMounts()
+	}
 	var missing []string
 	for _, l := range s.layers {
 		if !l.On {
@@ -248,7 +251,7 @@ func (l Limits) String() string {
 func (s *Sandbox) probe(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	args, files, err := s.bwrapArgs(false, nil, 0)
+	args, files, err := s.bwrapArgs(false, "", nil, 0)
 	if err != nil {
 		return "", err
 	}
@@ -342,13 +345,20 @@ func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
 		return cmd, func() {}, nil
 	}
 	uid, cleanup := 0, func() {}
+	mounted := ""
 	if s.setuid {
+		var release func()
 		var err error
-		if uid, cleanup, err = s.uids.acquire(spec.Owner); err != nil {
+		if uid, release, err = s.uids.acquire(spec.Owner); err != nil {
 			return nil, nil, err
 		}
+		if mounted, err = s.mountPrivate(uid); err != nil {
+			release()
+			return nil, nil, err
+		}
+		cleanup = func() { unmountPrivate(mounted); release() }
 	}
-	args, files, err := s.bwrapArgs(true, spec.ReadOnly, len(spec.ExtraFiles))
+	args, files, err := s.bwrapArgs(true, mounted, spec.ReadOnly, len(spec.ExtraFiles))
 	made := map[string]bool{}
 	for _, b := range spec.Binds {
 		args = append(append(args, parentDirs(b.Dst, made)...), "--ro-bind", b.Src, b.Dst)
@@ -448,8 +458,11 @@ const LockdownPath = "/etc/workmanager/lockdown-processes.bpf"
 // bwrapArgs builds bwrap's options; the seccomp program (and, for a
 // worker, the lockdown program offered at LockdownPath) go in as the fds
 // after the caller's extra files (returned to be passed on and closed).
-// worker adds the worker's own /scratch and the lockdown program.
-func (s *Sandbox) bwrapArgs(worker bool, readOnly []string, extra int) ([]string, []*os.File, error) {
+// worker adds the worker's own /scratch and the lockdown program. mounted,
+// when set, holds the tmp and scratch file systems mountPrivate made;
+// otherwise bwrap mounts both (sized, but with the kernel's default inode
+// count).
+func (s *Sandbox) bwrapArgs(worker bool, mounted string, readOnly []string, extra int) ([]string, []*os.File, error) {
 	a := []string{
 		"--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 		"--die-with-parent", "--new-session",
@@ -461,10 +474,14 @@ func (s *Sandbox) bwrapArgs(worker bool, readOnly []string, extra int) ([]string
 		"--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
 		"--ro-bind-try", "/etc/localtime", "/etc/localtime",
 		"--ro-bind-try", "/usr/share/zoneinfo", "/usr/share/zoneinfo",
-		// /tmp is writable (TMPDIR points there), sticky like a host /tmp,
-		// and as large as TmpBytes.
-		"--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", strconv.FormatUint(s.cfg.TmpBytes, 10), "--tmpfs", "/tmp",
+		"--proc", "/proc", "--dev", "/dev",
 		"--hostname", "worker",
+	}
+	// /tmp is writable (TMPDIR points there) and as large as TmpBytes.
+	if mounted != "" {
+		a = append(a, "--bind", filepath.Join(mounted, "tmp"), "/tmp")
+	} else {
+		a = append(a, "--perms", "1777", "--size", strconv.FormatUint(s.cfg.TmpBytes, 10), "--tmpfs", "/tmp")
 	}
 	if os.Geteuid() != 0 {
 		a = append(a, "--unshare-user", "--uid", "65534", "--gid", "65534")
@@ -484,11 +501,15 @@ func (s *Sandbox) bwrapArgs(worker bool, readOnly []string, extra int) ([]string
 		a = append(a, "--bind", p, p)
 	}
 	if worker {
-		// The worker's home and working directory: a tmpfs of its own (the
-		// only user inside is the worker's, so any may write), as large as
-		// ScratchBytes.
-		a = append(a, "--perms", "0777", "--size", strconv.FormatUint(s.cfg.ScratchBytes, 10), "--tmpfs", "/scratch",
-			"--chdir", "/scratch", "--setenv", "HOME", "/scratch", "--setenv", "TMPDIR", "/tmp")
+		// The worker's home and working directory: a tmpfs of its own, as
+		// large as ScratchBytes (made by bwrap: the only user inside is the
+		// worker's, so any may write).
+		if mounted != "" {
+			a = append(a, "--bind", filepath.Join(mounted, "scratch"), "/scratch")
+		} else {
+			a = append(a, "--perms", "0777", "--size", strconv.FormatUint(s.cfg.ScratchBytes, 10), "--tmpfs", "/scratch")
+		}
+		a = append(a, "--chdir", "/scratch", "--setenv", "HOME", "/scratch", "--setenv", "TMPDIR", "/tmp")
 	}
 	var files []*os.File
 	data := func(b []byte) (int, error) {

@@ -192,6 +192,20 @@ func TestTmpAndScratchAreSized(t *testing.T) {
 			t.Errorf("%s: df says %q; want a filesystem of %d KiB", dir, lines[len(lines)-1], limit>>10)
 		}
 	}
+	// Released processes leave no mount behind.
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err != nil || strings.Contains(string(b), "/workmanager-sandbox/"+strconv.Itoa(os.Getpid())+"-") {
+		t.Errorf("mounts left after the processes were released (%v):\n%s", err, b)
+	}
+	// The file count is bounded too (tmpfs's default inode count is half
+	// the machine's pages: gigabytes of kernel memory in empty files): one
+	// inode per 4 KiB of size, here at least 1024.
+	for _, dir := range []string{"/tmp", "/scratch"} {
+		got := start(t, s, "inodes", `i=0; while [ $i -lt 100000 ] && true 2>/dev/null > `+dir+`/f$i; do i=$((i+1)); done; echo $i`)
+		if n, err := strconv.Atoi(got); err != nil || n > 2048 {
+			t.Errorf("%s: %s empty files made; want at most 2048", dir, got)
+		}
+		t.Logf("%s: %s empty files, then ENOSPC", dir, got)
+	}
 	// Unset, both are 64 MiB.
 	d := strict(t, sandbox.Config{})
 	if got := start(t, d, "defaults", `echo $(df -k /tmp /scratch | tail -2)`); strings.Count(got, "tmpfs 65536 ") != 2 {
