@@ -558,19 +558,23 @@ func (e *entity) reportNodes(ctx workflow.Context, w catalog.Worker, kind lifecy
 			alive = append(alive, f.node)
 		}
 	}
-	var msgs []string
+	var ids, details []string
 	for _, f := range failed {
 		if slices.Contains(alive, f.node) {
-			msgs = append(msgs, fmt.Sprintf("node %s: %v", f.node, f.err))
+			ids = append(ids, f.node)
+			details = append(details, fmt.Sprintf("node %s: %v", f.node, f.err))
 		}
 	}
-	if len(msgs) == 0 {
+	if len(ids) == 0 {
 		return nil
 	}
-	msg := fmt.Sprintf("worker %s: the change is persisted but %d live node(s) did not apply it, so %q is not announced; they apply it at their next reconcile (or repeat the operation): %s",
-		w.ID, len(msgs), kind, strings.Join(msgs, "; "))
+	// The API shows msg to the caller; the nodes' errors go to the event
+	// (for operators) and the log only.
+	msg := fmt.Sprintf("worker %s: the change is persisted but live node(s) %s did not apply it, so %q is not announced; they apply it at their next reconcile (or repeat the operation)",
+		w.ID, strings.Join(ids, ", "), kind)
+	workflow.GetLogger(ctx).Warn("change not applied on every live node", "worker_id", w.ID, "kind", kind, "nodes", details)
 	ev := e.event(ctx, lifecycleevents.Error)
-	ev.ErrorType, ev.ErrorMessage = "not_applied", msg
+	ev.ErrorType, ev.ErrorMessage = "not_applied", msg+": "+strings.Join(details, "; ")
 	if err := workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: w, Events: []activities.EventSpec{ev}}).Get(ctx, nil); err != nil {
 		workflow.GetLogger(ctx).Warn("failure event not published", "worker_id", w.ID, "err", err)
 	}
