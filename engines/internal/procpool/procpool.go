@@ -71,7 +71,23 @@ type Config[P Process] struct {
 	// new process runs). Restarts aborted by Close are not reported. It is
 	// called from the restart's goroutine; keep it cheap.
 	OnRestart func(reason string, err error)
+	// RestartBackoff is how long a slot whose process failed to start
+	// waits before the next start is tried; it doubles with each further
+	// failure up to MaxRestartBackoff. Meanwhile Proc fails at once with
+	// an error wrapping ErrCannotStart and the last start's error, instead
+	// of making every call wait for (and pay) a start that fails. 0:
+	// DefaultRestartBackoff; negative: no backoff.
+	RestartBackoff time.Duration
+	// MaxRestartBackoff caps RestartBackoff's doubling. 0:
+	// DefaultMaxRestartBackoff.
+	MaxRestartBackoff time.Duration
 }
+
+// Backoff defaults (Config.RestartBackoff, Config.MaxRestartBackoff).
+const (
+	DefaultRestartBackoff    = time.Second
+	DefaultMaxRestartBackoff = 30 * time.Second
+)
 
 var (
 	// ErrClosed is returned by Acquire once Close has started.
@@ -79,12 +95,21 @@ var (
 	// ErrInFlight is wrapped (with ctx's error) by a Close whose ctx ended
 	// while calls were in flight: their processes were killed.
 	ErrInFlight = errors.New("closed with calls in flight")
+	// ErrCannotStart is wrapped by Proc while a slot backs off after its
+	// process failed to start (Config.RestartBackoff).
+	ErrCannotStart = errors.New("the process cannot be started")
 )
 
 // Slot is the place of one process. It belongs to the call that acquired
 // it until that call gives it back with Release or Replace.
 type Slot[P Process] struct {
 	p P // the zero P when the process could not be (re)started
+
+	// After failed starts: how many in a row, the last one's error and
+	// when the next may be tried. Owned like p.
+	failures int
+	lastErr  error
+	nextTry  time.Time
 }
 
 // Pool is a fixed set of slots with their processes. Its methods are safe
@@ -118,6 +143,12 @@ func New[P Process](cfg Config[P]) *Pool[P] {
 		closed:    make(chan struct{}),
 		closeDone: make(chan struct{}),
 		procs:     map[P]struct{}{},
+	}
+	if pl.cfg.RestartBackoff == 0 {
+		pl.cfg.RestartBackoff = DefaultRestartBackoff
+	}
+	if pl.cfg.MaxRestartBackoff <= 0 {
+		pl.cfg.MaxRestartBackoff = DefaultMaxRestartBackoff
 	}
 	pl.ctx, pl.cancel = context.WithCancel(context.Background())
 	for i := range pl.slots {
@@ -221,13 +252,34 @@ func (pl *Pool[P]) AcquireUnless(ctx context.Context, stop, stop2 <-chan struct{
 	}
 }
 
-// Proc returns the slot's process. A slot whose last restart failed has
-// none: then Proc starts one now, bounded by ctx and by Close. On an error
-// the slot stays empty and still has to be given back.
+// Proc returns the slot's process, ready for a call. A process that
+// exited while it was idle is retired and replaced now (the call is not
+// charged with its death). A slot whose last restart failed has none:
+// then Proc starts one now, bounded by ctx and by Close, unless the slot
+// is backing off after failed starts (Config.RestartBackoff): then it
+// fails at once with an error wrapping ErrCannotStart and the last
+// start's error. On an error the slot stays empty and still has to be
+// given back.
 func (pl *Pool[P]) Proc(ctx context.Context, s *Slot[P]) (P, error) {
 	var zero P
+	reason := ""
 	if s.p != zero {
-		return s.p, nil
+		select {
+		case <-s.p.Done():
+			old := s.p
+			s.p = zero
+			old.Retire()
+			pl.Untrack(old)
+			reason = "exited while idle"
+		default:
+			return s.p, nil
+		}
+	}
+	if s.failures > 0 {
+		if wait := time.Until(s.nextTry); wait > 0 {
+			return zero, fmt.Errorf("%w: %d start(s) failed in a row, the last with: %w (next try in %v)",
+				ErrCannotStart, s.failures, s.lastErr, wait.Round(time.Millisecond))
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -235,10 +287,35 @@ func (pl *Pool[P]) Proc(ctx context.Context, s *Slot[P]) (P, error) {
 	defer stop()
 	p, err := pl.cfg.Start(ctx)
 	if err != nil {
+		if pl.ctx.Err() == nil {
+			pl.startFailed(s, err)
+			if reason != "" {
+				pl.restarted(reason, err)
+			}
+		}
 		return zero, err
 	}
-	s.p = p
+	s.p, s.failures, s.lastErr = p, 0, nil
+	if reason != "" {
+		pl.cfg.Logger.Warn(pl.cfg.Name+" restarted",
+			slices.Concat(pl.cfg.LogAttrs, []any{"reason", reason})...)
+		pl.restarted(reason, nil)
+	}
 	return p, nil
+}
+
+// startFailed records a failed start of s's process: the slot backs off.
+func (pl *Pool[P]) startFailed(s *Slot[P], err error) {
+	s.failures++
+	s.lastErr = err
+	if pl.cfg.RestartBackoff < 0 {
+		return
+	}
+	d := pl.cfg.MaxRestartBackoff
+	if s.failures < 32 {
+		d = min(pl.cfg.RestartBackoff<<(s.failures-1), d)
+	}
+	s.nextTry = time.Now().Add(d)
 }
 
 // Release gives the slot back with its process as it is, and ends the call.
@@ -270,12 +347,13 @@ func (pl *Pool[P]) Replace(s *Slot[P], reason string) {
 		p, err := pl.cfg.Start(pl.ctx)
 		if err != nil {
 			if pl.ctx.Err() == nil {
+				pl.startFailed(s, err)
 				pl.cfg.Logger.Error(pl.cfg.Name+" could not be restarted",
 					slices.Concat(pl.cfg.LogAttrs, []any{"reason", reason, "error", err})...)
 				pl.restarted(reason, err)
 			}
 		} else {
-			s.p = p
+			s.p, s.failures, s.lastErr = p, 0, nil
 			pl.cfg.Logger.Warn(pl.cfg.Name+" restarted",
 				slices.Concat(pl.cfg.LogAttrs, []any{"reason", reason})...)
 			pl.restarted(reason, nil)

@@ -310,7 +310,7 @@ func TestFailedRestartIsRetriedByTheNextCall(t *testing.T) {
 		return nil
 	}}
 	var rs restarts
-	pl, logs := newPool(t, 1, f, func(c *Config[*fakeProc]) { c.OnRestart = rs.record })
+	pl, logs := newPool(t, 1, f, func(c *Config[*fakeProc]) { c.OnRestart = rs.record; c.RestartBackoff = -1 })
 	if errs := pl.Fill(ctxFor(t, 5*time.Second)); errs != nil {
 		t.Fatalf("Fill: %v", errs)
 	}
@@ -431,7 +431,7 @@ func TestCloseBoundsRestartsOfEmptySlots(t *testing.T) {
 		}
 		return nil
 	}
-	pl, _ := newPool(t, 1, f, nil)
+	pl, _ := newPool(t, 1, f, func(c *Config[*fakeProc]) { c.RestartBackoff = -1 })
 	if errs := pl.Fill(ctxFor(t, 5*time.Second)); errs != nil {
 		t.Fatalf("Fill: %v", errs)
 	}

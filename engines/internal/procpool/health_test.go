@@ -1,0 +1,103 @@
+package procpool
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestProcReplacesAProcessThatDiedIdle is issue 34's item 5: a process
+// that exited while no call used it is replaced before the next call gets
+// it, instead of failing that call ("exited during the call").
+func TestProcReplacesAProcessThatDiedIdle(t *testing.T) {
+	f := &fakes{}
+	var rs restarts
+	pl, logs := newPool(t, 1, f, func(c *Config[*fakeProc]) { c.OnRestart = rs.record })
+	if errs := pl.Fill(ctxFor(t, 5*time.Second)); errs != nil {
+		t.Fatalf("Fill: %v", errs)
+	}
+	s, first := acquire(t, pl)
+	pl.Release(s)
+	first.exit() // dies while idle (OOM killer, a crash in a worker thread, ...)
+
+	s, p := acquire(t, pl)
+	defer pl.Release(s)
+	if p == first || p.exited() {
+		t.Fatalf("Proc handed out the dead process (%d)", p.id)
+	}
+	if first.retires.Load() == 0 {
+		t.Error("the dead process was not retired")
+	}
+	if got := rs.all(); !slices.Equal(got, []string{"exited while idle: <nil>"}) {
+		t.Errorf("OnRestart saw %q", got)
+	}
+	if !strings.Contains(logs.String(), `reason="exited while idle"`) {
+		t.Errorf("log = %q", logs.String())
+	}
+}
+
+// TestFailedStartsBackOff is issue 34's item 6: while a worker cannot
+// start, calls fail at once with the start's error instead of each
+// waiting for (and paying) another start; the backoff doubles, and a
+// start that works again ends it.
+func TestFailedStartsBackOff(t *testing.T) {
+	errStart := errors.New("interpreter missing")
+	var failing atomic.Bool
+	f := &fakes{}
+	f.fail = func(int) error {
+		if failing.Load() {
+			return errStart
+		}
+		return nil
+	}
+	pl, _ := newPool(t, 1, f, func(c *Config[*fakeProc]) {
+		c.RestartBackoff = 100 * time.Millisecond
+		c.MaxRestartBackoff = 300 * time.Millisecond
+	})
+	if errs := pl.Fill(ctxFor(t, 5*time.Second)); errs != nil {
+		t.Fatalf("Fill: %v", errs)
+	}
+	s, _ := acquire(t, pl)
+	failing.Store(true)
+	pl.Replace(s, "process exited") // its restart fails: backoff 100ms
+
+	starts := func() int { return len(f.all()) }
+	try := func() error {
+		s, err := pl.Acquire(ctxFor(t, 5*time.Second))
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		defer pl.Release(s)
+		_, err = pl.Proc(ctxFor(t, 5*time.Second), s)
+		return err
+	}
+	_ = try() // waits for the background restart to give the slot back
+	before := starts()
+	for range 20 {
+		err := try()
+		if !errors.Is(err, ErrCannotStart) || !errors.Is(err, errStart) {
+			t.Fatalf("Proc while backing off: %v", err)
+		}
+	}
+	if n := starts() - before; n != 0 {
+		t.Fatalf("%d starts were tried while backing off", n)
+	}
+	time.Sleep(350 * time.Millisecond)
+	if err := try(); !errors.Is(err, errStart) || errors.Is(err, ErrCannotStart) {
+		t.Fatalf("Proc after the backoff: %v, want a new start's error", err)
+	}
+	if err := try(); !errors.Is(err, ErrCannotStart) || !strings.Contains(err.Error(), "in a row") {
+		t.Fatalf("Proc right after another failure: %v", err)
+	}
+	failing.Store(false)
+	time.Sleep(350 * time.Millisecond)
+	if err := try(); err != nil {
+		t.Fatalf("Proc once starts work: %v", err)
+	}
+	if err := try(); err != nil {
+		t.Fatalf("Proc after a good start: %v", err)
+	}
+}
