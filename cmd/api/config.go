@@ -42,6 +42,10 @@ type config struct {
 	// (API_RATE_LIMIT per second, 0 off; API_RATE_BURST).
 	RateLimit float64
 	RateBurst int
+	// ReadRateLimit and ReadRateBurst bound each caller's reading calls
+	// (API_READ_RATE_LIMIT per second, 0 off; API_READ_RATE_BURST).
+	ReadRateLimit float64
+	ReadRateBurst int
 	// MaxCodeBytes bounds inline code (API_MAX_CODE_BYTES); the gRPC
 	// server takes messages that size plus MaxRequestOverhead.
 	MaxCodeBytes int
@@ -71,6 +75,8 @@ func loadConfig() (config, error) {
 		LogLevel:           r.LogLevel("LOG_LEVEL"),
 		RateLimit:          r.Float("API_RATE_LIMIT", 50),
 		RateBurst:          r.Int("API_RATE_BURST", 100),
+		ReadRateLimit:      r.Float("API_READ_RATE_LIMIT", 200),
+		ReadRateBurst:      r.Int("API_READ_RATE_BURST", 400),
 		MaxCodeBytes:       r.Int("API_MAX_CODE_BYTES", api.DefaultMaxCodeBytes),
 		HealthAddr:         r.String("WORKMANAGER_API_HEALTH_ADDR", ""),
 		CodeURLs:           r.CodeURLs(),
@@ -123,6 +129,9 @@ func (c config) validate() error {
 	}
 	if err := (ratelimit.Config{PerSecond: c.RateLimit, Burst: c.RateBurst}).Validate(); err != nil {
 		return err
+	}
+	if c.ReadRateLimit < 0 || c.ReadRateLimit > 0 && c.ReadRateBurst < 1 {
+		return fmt.Errorf("API_READ_RATE_LIMIT must not be negative (0: no limit) and API_READ_RATE_BURST at least 1, got %g and %d", c.ReadRateLimit, c.ReadRateBurst)
 	}
 	return c.Auth.Validate()
 }

@@ -88,13 +88,12 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	} else {
 		log.Info("api authentication", "methods", authn.Methods(), "tls", cfg.Auth.TLSCertFile != "", "public_health", cfg.Auth.PublicHealth)
 	}
-	limiter := ratelimit.New(ratelimit.Config{PerSecond: cfg.RateLimit, Burst: cfg.RateBurst,
-		Methods: auth.ChangingMethods(), Caller: auth.CallerKey})
+	limiter, readLimiter := rateLimits(cfg)
 	// Pre-authentication memory: the receive limit is a code-carrying
 	// RPC's; connections and streams are bounded; auth's tap refuses calls
 	// without valid credentials before their message is read.
 	transport := api.Transport{MaxRecvBytes: cfg.MaxCodeBytes + api.MaxRequestOverhead}
-	opts = append(opts, grpc.ChainUnaryInterceptor(limiter.UnaryInterceptor()))
+	opts = append(opts, grpc.ChainUnaryInterceptor(limiter.UnaryInterceptor(), readLimiter.UnaryInterceptor()))
 	opts = append(opts, transport.ServerOptions()...)
 	if tr.On() {
 		// One server span per API call (health and reflection left out),
@@ -147,6 +146,17 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	}()
 	log.Info("api listening", "addr", ln.Addr().String())
 	return srv.Serve(ln)
+}
+
+// rateLimits are the per-caller limits of changing calls (API_RATE_*) and
+// of reading calls (API_READ_RATE_*: a list or a dead-letter listing costs
+// state reads too).
+func rateLimits(cfg config) (changing, reading *ratelimit.Limiter) {
+	return ratelimit.New(ratelimit.Config{PerSecond: cfg.RateLimit, Burst: cfg.RateBurst,
+			Methods: auth.ChangingMethods(), Caller: auth.CallerKey}),
+		ratelimit.New(ratelimit.Config{PerSecond: cfg.ReadRateLimit, Burst: cfg.ReadRateBurst,
+			Methods: auth.ReadingMethods(), Caller: auth.CallerKey,
+			What: "reading calls (API_READ_RATE_LIMIT, API_READ_RATE_BURST)"})
 }
 
 // serveHealth serves GET /health on cfg.HealthAddr: the authentication mode

@@ -1,6 +1,9 @@
 package auth
 
-import "context"
+import (
+	"context"
+	"strings"
+)
 
 // MethodRoles is the least role of every RPC of the control API. A method
 // missing here is refused to everybody; TestEveryRPCHasARole fails for
@@ -43,6 +46,19 @@ func ChangingMethods() map[string]bool {
 	m := map[string]bool{}
 	for method, role := range MethodRoles {
 		if role >= RoleOperator {
+			m[method] = true
+		}
+	}
+	return m
+}
+
+// ReadingMethods are the control API's RPCs that only read (the reader
+// role; health and reflection left out): they have a rate limit of their
+// own.
+func ReadingMethods() map[string]bool {
+	m := map[string]bool{}
+	for method, role := range MethodRoles {
+		if role == RoleReader && strings.HasPrefix(method, "/workmanager.v1.") {
 			m[method] = true
 		}
 	}

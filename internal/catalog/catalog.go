@@ -158,7 +158,8 @@ func SHA256(b []byte) string {
 func workerKey(id string) string  { return workersPrefix + id }
 func historyKey(id string) string { return workersPrefix + id + "/history" }
 
-// SaveWorker writes the record and makes sure the worker is in the index.
+// SaveWorker writes the record and makes sure the worker is in the index
+// and in its tenant's.
 func (c *Catalog) SaveWorker(ctx context.Context, w Worker) error {
 	b, err := json.Marshal(w)
 	if err != nil {
@@ -167,12 +168,15 @@ func (c *Catalog) SaveWorker(ctx context.Context, w Worker) error {
 	if err := c.store.Put(ctx, workerKey(w.ID), b, state.PutOptions{}); err != nil {
 		return err
 	}
-	return c.updateIndex(ctx, indexPage(w.ID), func(ids []string) ([]string, bool) {
+	if err := c.updateIndex(ctx, indexPage(w.ID), func(ids []string) ([]string, bool) {
 		if slices.Contains(ids, w.ID) {
 			return ids, false
 		}
 		return append(ids, w.ID), true
-	})
+	}); err != nil {
+		return err
+	}
+	return c.addToTenantIndex(ctx, w.ID)
 }
 
 // GetWorker returns ErrNotFound for an unknown id.
@@ -191,7 +195,7 @@ func (c *Catalog) GetWorker(ctx context.Context, id string) (Worker, error) {
 	return w, nil
 }
 
-// DeleteWorker removes the record, its history and its index entry. Code
+// DeleteWorker removes the record, its history and its index entries. Code
 // blobs are content-addressed and may be shared: the worker's become
 // candidates for SweepCode, which deletes those no history names any more
 // once a grace period has passed.
@@ -207,6 +211,9 @@ func (c *Catalog) DeleteWorker(ctx context.Context, id string) error {
 		}
 		return slices.Delete(ids, i, i+1), true
 	}); err != nil {
+		return err
+	}
+	if err := c.removeFromTenantIndex(ctx, id); err != nil {
 		return err
 	}
 	if err := c.store.Delete(ctx, historyKey(id), ""); err != nil {

@@ -1,6 +1,7 @@
-// Package ratelimit owns the control API's per-caller rate limit: each
-// caller (tenant, subject and how it authenticated) gets a token bucket for
-// the RPCs that change something; a call over the limit is
+// Package ratelimit owns the control API's per-caller rate limits: each
+// caller (tenant, subject and how it authenticated) gets a token bucket per
+// Limiter, one for the RPCs that change something and one for those that
+// read (cmd/api); a call over the limit is
 // RESOURCE_EXHAUSTED with a RetryInfo saying when to try again.
 package ratelimit
 
@@ -30,6 +31,9 @@ type Config struct {
 	Methods map[string]bool
 	// Caller names the caller of a call (the key of its bucket).
 	Caller func(ctx context.Context) string
+	// What names the limited calls and their settings in the refusal;
+	// "": "changing calls (API_RATE_LIMIT, API_RATE_BURST)".
+	What string
 }
 
 // Validate checks the settings.
@@ -97,6 +101,13 @@ func (l *Limiter) Allow(caller string) (bool, time.Duration) {
 	return true, 0
 }
 
+func cond(ok bool, a, b string) string {
+	if ok {
+		return a
+	}
+	return b
+}
+
 // sweep drops the buckets idle for maxIdle; l.mu is held.
 func (l *Limiter) sweep(now time.Time) {
 	for k, b := range l.callers {
@@ -114,9 +125,13 @@ func (l *Limiter) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		if l.cfg.Methods[info.FullMethod] {
 			caller := l.cfg.Caller(ctx)
 			if ok, wait := l.Allow(caller); !ok {
+				what, settings := "changing calls", "API_RATE_LIMIT, API_RATE_BURST"
+				if l.cfg.What != "" {
+					what, settings = l.cfg.What, ""
+				}
 				st := status.New(codes.ResourceExhausted, fmt.Sprintf(
-					"rate limit: %s may make %g changing calls per second (burst %d; API_RATE_LIMIT, API_RATE_BURST); retry in %v",
-					caller, l.cfg.PerSecond, l.cfg.Burst, wait.Round(time.Millisecond)))
+					"rate limit: %s may make %g %s per second (burst %d%s); retry in %v",
+					caller, l.cfg.PerSecond, what, l.cfg.Burst, cond(settings != "", "; "+settings, ""), wait.Round(time.Millisecond)))
 				if d, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}); err == nil {
 					st = d
 				}

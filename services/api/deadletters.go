@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/virtufin/workmanager/internal/auth"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/delivery"
@@ -116,11 +117,21 @@ func (s *Server) ReplayDeadLetters(ctx context.Context, req *pb.ReplayDeadLetter
 		}
 		workers = []catalog.Worker{w}
 	} else {
-		all, err := s.catalog.ListWorkers(ctx)
+		// The caller's tenant's workers only (an admin's: every tenant's).
+		p := caller(ctx)
+		var all []catalog.Worker
+		var err error
+		if p.Role >= auth.RoleAdmin {
+			all, err = s.catalog.ListWorkers(ctx)
+		} else {
+			var ids []string
+			if ids, err = s.catalog.TenantWorkerIDs(ctx, p.Tenant); err == nil {
+				all, err = s.catalog.GetWorkers(ctx, ids)
+			}
+		}
 		if err != nil {
 			return nil, storeStatus(err, "list workers")
 		}
-		p := caller(ctx)
 		for _, w := range all {
 			if w.Topic == topic && mayAccess(p, w.ID) {
 				workers = append(workers, w)

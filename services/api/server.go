@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/virtufin/workmanager/internal/auth"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/codesource"
 	"github.com/virtufin/workmanager/internal/deadletter"
@@ -259,22 +260,28 @@ func (s *Server) ListWorkers(ctx context.Context, req *pb.ListWorkersRequest) (*
 		}
 		after = string(b)
 	}
-	ws, err := s.catalog.ListWorkers(ctx)
+	// A call costs what it returns: the caller's tenant's index and the
+	// page's records (an admin's, who sees every tenant: the global index).
+	p := caller(ctx)
+	var ws []catalog.Worker
+	var more bool
+	var err error
+	if p.Role >= auth.RoleAdmin {
+		ws, more, err = s.catalog.ListWorkersAfter(ctx, after, size)
+	} else {
+		ws, more, err = s.catalog.ListTenantWorkers(ctx, p.Tenant, after, size)
+	}
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "list workers: %v", err)
 	}
-	slices.SortFunc(ws, func(a, b catalog.Worker) int { return strings.Compare(a.ID, b.ID) })
-	p := caller(ctx)
-	out := &pb.ListWorkersResponse{Workers: make([]*pb.Worker, 0, min(len(ws), size))}
+	out := &pb.ListWorkersResponse{Workers: make([]*pb.Worker, 0, len(ws))}
 	for _, w := range ws {
-		if w.ID <= after || !mayAccess(p, w.ID) {
-			continue
+		if mayAccess(p, w.ID) {
+			out.Workers = append(out.Workers, toProto(w))
 		}
-		if len(out.Workers) == size {
-			out.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(out.Workers[size-1].GetWorkerId()))
-			break
-		}
-		out.Workers = append(out.Workers, toProto(w))
+	}
+	if more && len(ws) > 0 {
+		out.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(ws[len(ws)-1].ID))
 	}
 	return out, nil
 }
