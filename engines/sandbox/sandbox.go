@@ -327,8 +327,9 @@ type Spec struct {
 type Bind struct{ Src, Dst string }
 
 // Command returns the command that runs spec inside the layers, and a
-// function that releases what the sandbox holds for it (its share of the
-// worker's user id); call it once, when the process has exited. The caller
+// function that releases what the sandbox holds for it (its /tmp and
+// /scratch, its share of the worker's user id); call it once, when the
+// process has exited. The caller
 // may set Stdout, Stderr, SysProcAttr (keep Setpgid) and WaitDelay.
 func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
 	if s.cfg.Mode == Off || !s.namespaces {
