@@ -58,6 +58,12 @@ type Config struct {
 	// Dotnet configures the .NET engine; its Logger, DefaultTimeout,
 	// Gateway, Sandbox, Env and OnRestart are taken from the fields above.
 	Dotnet dotnet.Config
+	// MaxOutputs and MaxOutputBytes are the node's output limits
+	// (MAX_OUTPUTS_PER_MESSAGE, MAX_OUTPUT_BYTES; 0: the dispatcher's
+	// defaults, 100 and 1 MiB). Every engine reads at most
+	// engines.ReplyLimit of them of one call's reply: a bigger reply fails
+	// the call while it is read (engines.ErrReplyTooLarge).
+	MaxOutputs, MaxOutputBytes int
 	// OnProcessRestart, when set, learns of each worker process an engine
 	// restarted after a crash or a timeout: the engine's name ("python",
 	// "native", "dotnet"), the restart's reason (a short fixed text) and
@@ -69,15 +75,16 @@ type Config struct {
 // engine starts nothing: processes are started when a worker is loaded.
 func Registry(cfg Config) (*engines.Registry, error) {
 	reg := engines.NewRegistry()
+	reply := replyLimit(cfg)
 	for _, e := range []engines.Engine{
-		python.New(python.Config{Processes: cfg.PythonProcesses, DefaultTimeout: cfg.DefaultTimeout,
+		python.New(python.Config{Processes: cfg.PythonProcesses, DefaultTimeout: cfg.DefaultTimeout, MaxReplyBytes: reply,
 			SpinWait: cfg.PythonSpinWait, MaxBatch: cfg.PythonMaxBatch, Logger: cfg.Logger, Sandbox: cfg.Sandbox,
 			AllowedPackages: cfg.PythonAllowedPackages, Env: cfg.WorkerEnv, Gateway: cfg.Gateway, DevKitDir: cfg.PythonDevKitDir,
 			OnRestart: onRestart(cfg, "python")}),
 		native.New(native.Config{DefaultTimeout: cfg.DefaultTimeout, Gateway: cfg.Gateway, Logger: cfg.Logger,
 			Isolation: cfg.NativeIsolation, HostPath: cfg.NativeHostPath, TempDir: cfg.NativeTempDir,
 			MaxAbandonedCalls: cfg.NativeMaxAbandonedCalls, Sandbox: cfg.Sandbox, HostEnv: cfg.WorkerEnv,
-			MaxExtractedBytes: cfg.NativeMaxExtractedBytes, OnRestart: onRestart(cfg, "native")}),
+			MaxExtractedBytes: cfg.NativeMaxExtractedBytes, MaxReplyBytes: reply, OnRestart: onRestart(cfg, "native")}),
 		dotnet.New(dotnetConfig(cfg)),
 	} {
 		if err := reg.Register(e); err != nil {
@@ -91,7 +98,20 @@ func dotnetConfig(cfg Config) dotnet.Config {
 	d := cfg.Dotnet
 	d.Logger, d.DefaultTimeout, d.Gateway, d.Sandbox, d.Env = cfg.Logger, cfg.DefaultTimeout, cfg.Gateway, cfg.Sandbox, cfg.WorkerEnv
 	d.OnRestart = onRestart(cfg, "dotnet")
+	d.MaxReplyBytes = replyLimit(cfg)
 	return d
+}
+
+// replyLimit is the engines' reply limit for the node's output limits.
+func replyLimit(cfg Config) int {
+	outputs, bytes := cfg.MaxOutputs, cfg.MaxOutputBytes
+	if outputs <= 0 {
+		outputs = 100
+	}
+	if bytes <= 0 {
+		bytes = 1 << 20
+	}
+	return engines.ReplyLimit(outputs, bytes)
 }
 
 // onRestart is an engine's restart callback: cfg.OnProcessRestart with the

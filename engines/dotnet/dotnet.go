@@ -86,6 +86,13 @@ type Config struct {
 	// fixed text ("timeout", "process exited", …), err the restart's error
 	// (nil: it runs again). Keep it cheap.
 	OnRestart func(reason string, err error)
+	// MaxReplyBytes bounds what is read of one reply (a result, an error
+	// report or a gateway call) from a worker process, checked on the
+	// frame's header before anything is allocated for it; a bigger reply
+	// fails the call (engines.ErrReplyTooLarge) and the process is
+	// replaced. Default engines.DefaultMaxReplyBytes; builtin sets
+	// engines.ReplyLimit of the node's output limits.
+	MaxReplyBytes int
 }
 
 // Engine is the .NET engine. It is safe for concurrent use.
@@ -133,6 +140,9 @@ func New(cfg Config) *Engine {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxReplyBytes <= 0 {
+		cfg.MaxReplyBytes = engines.DefaultMaxReplyBytes
 	}
 	e := &Engine{cfg: cfg}
 	e.parking.TTL, e.parking.Max = ParkTTL, ParkMax

@@ -1,7 +1,6 @@
 package dotnet
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -72,8 +71,8 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 		in.pool.Release(s)
 		return nil, fmt.Errorf("%w: the worker host could not be restarted: %w", engines.ErrWorkerFailed, err)
 	}
-	var buf bytes.Buffer
-	if err := event.WriteJson(ev, &buf); err != nil {
+	p.startFrame(kindEvent)
+	if err := event.WriteJson(ev, frameWriter{p}); err != nil {
 		in.pool.Release(s)
 		return nil, fmt.Errorf("dotnet engine: encoding the input event: %w", err)
 	}
@@ -83,13 +82,13 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 	}
 	var kind byte
 	var payload []byte
-	err = p.writeFrame(kindEvent, buf.Bytes())
+	err = p.sendFrame()
 	if err == nil {
 		kind, payload, err = p.readFrame()
 	}
 	for err == nil && kind == kindGateway {
-		// The call's deadline (the armed timer) bounds the gateway call too.
-		if err = p.writeFrame(kindGatewayReply, wire.ServeGateway(ctx, in.e.cfg.Gateway, in.spec.GatewayTargets, payload)); err == nil {
+		// The call's deadline and Close end the gateway call too.
+		if err = p.writeFrame(kindGatewayReply, in.serveGateway(ctx, deadline, payload)); err == nil {
 			kind, payload, err = p.readFrame()
 		}
 	}
@@ -112,6 +111,18 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 	reason, cerr := p.CallFailure(ctx, names, in.pool.Killed(), kind, err, deadline.Sub(start))
 	in.pool.Replace(s, reason)
 	return nil, cerr
+}
+
+// serveGateway serves one gateway call of the worker for the call made
+// with ctx, on a context that also ends at the call's deadline and when
+// the instance is closed: a backend call cannot outlive the call (its
+// timeout, its retry) or Close.
+func (in *Instance) serveGateway(ctx context.Context, deadline time.Time, payload []byte) []byte {
+	gctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	stop := context.AfterFunc(in.pool.Context(), cancel)
+	defer stop()
+	return wire.ServeGateway(gctx, in.e.cfg.Gateway, in.spec.GatewayTargets, payload)
 }
 
 // Close implements engines.Instance: it waits for calls in flight until

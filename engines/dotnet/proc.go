@@ -41,6 +41,46 @@ type proc struct {
 	childproc.Proc
 	rd  *bufio.Reader
 	hdr [wire.HeaderSize]byte
+	// maxReply bounds a reply frame's payload (Config.MaxReplyBytes).
+	maxReply int
+	// wbuf is the event frame being written (header, then the event's
+	// JSON, encoded in place); rbuf the last frame read. Both are kept
+	// for the next call unless one big message grew them past keepBuf.
+	wbuf, rbuf []byte
+}
+
+// Buffers grown past keepBuf by one big message are dropped after use.
+const keepBuf = 1 << 20
+
+// frameWriter appends to p.wbuf (an io.Writer for event.WriteJson).
+type frameWriter struct{ p *proc }
+
+func (w frameWriter) Write(b []byte) (int, error) {
+	w.p.wbuf = append(w.p.wbuf, b...)
+	return len(b), nil
+}
+
+// startFrame starts an event frame of kind in p.wbuf; the payload is
+// appended through frameWriter{p} and sent with sendFrame.
+func (p *proc) startFrame(kind byte) {
+	if cap(p.wbuf) > keepBuf {
+		p.wbuf = nil
+	}
+	p.wbuf = append(p.wbuf[:0], 0, 0, 0, 0, kind)
+}
+
+// sendFrame writes the frame built in p.wbuf with one write.
+func (p *proc) sendFrame() error {
+	n := len(p.wbuf) - wire.HeaderSize
+	if n > wire.MaxFrame {
+		return fmt.Errorf("frame of %d bytes is too large", n)
+	}
+	binary.LittleEndian.PutUint32(p.wbuf, uint32(n))
+	_, err := p.ReqW.Write(p.wbuf)
+	if errors.Is(err, syscall.EPIPE) {
+		return childproc.ErrGone
+	}
+	return err
 }
 
 // loadRequest is the 'L' payload.
@@ -111,7 +151,7 @@ func (e *Engine) spawn(spec engines.Spec, rt *runtime, w *workerCode) (*proc, er
 	if err != nil {
 		return nil, fmt.Errorf("dotnet engine: %w", err)
 	}
-	p := &proc{}
+	p := &proc{maxReply: e.cfg.MaxReplyBytes}
 	p.Init(pipes, spec.Logger, spec.WorkerID)
 	p.rd = bufio.NewReaderSize(p.RespR, 16<<10)
 	// --debug: file and line numbers in the worker's stack traces.
@@ -148,21 +188,17 @@ func (e *Engine) workerEnv(spec engines.Spec) []string {
 	return childproc.Env(spec, e.cfg.Env, "MONO_DISABLE_SHARED_AREA=1")
 }
 
+// writeFrame sends one frame of kind with payload.
 func (p *proc) writeFrame(kind byte, payload []byte) error {
-	if len(payload) > wire.MaxFrame {
-		return fmt.Errorf("frame of %d bytes is too large", len(payload))
-	}
-	b := make([]byte, wire.HeaderSize+len(payload))
-	binary.LittleEndian.PutUint32(b, uint32(len(payload)))
-	b[4] = kind
-	copy(b[wire.HeaderSize:], payload)
-	_, err := p.ReqW.Write(b)
-	if errors.Is(err, syscall.EPIPE) {
-		return childproc.ErrGone
-	}
-	return err
+	p.startFrame(kind)
+	p.wbuf = append(p.wbuf, payload...)
+	return p.sendFrame()
 }
 
+// readFrame reads one frame; the payload is valid until the next read. A
+// frame over its kind's limit (wire.ChildFrameLimit of maxReply) is a
+// *wire.FrameTooLargeError, found on its header before anything is
+// allocated; the buffer grows only as the frame's bytes arrive.
 func (p *proc) readFrame() (byte, []byte, error) {
 	if _, err := io.ReadFull(p.rd, p.hdr[:]); err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, os.ErrClosed) {
@@ -171,12 +207,17 @@ func (p *proc) readFrame() (byte, []byte, error) {
 		return 0, nil, err
 	}
 	n := binary.LittleEndian.Uint32(p.hdr[:])
-	if n > wire.MaxFrame {
-		return 0, nil, fmt.Errorf("protocol error: frame of %d bytes", n)
+	kind := p.hdr[4]
+	if limit := wire.ChildFrameLimit(kind, p.maxReply); int64(n) > int64(limit) {
+		return 0, nil, &wire.FrameTooLargeError{Kind: kind, Size: int64(n), Limit: limit}
 	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(p.rd, b); err != nil {
+	if cap(p.rbuf) > keepBuf {
+		p.rbuf = nil
+	}
+	b, err := wire.ReadPayload(p.rd, p.rbuf, int(n))
+	if err != nil {
 		return 0, nil, childproc.ErrGone
 	}
-	return p.hdr[4], b, nil
+	p.rbuf = b
+	return kind, b, nil
 }

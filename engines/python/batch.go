@@ -262,7 +262,7 @@ func (in *Instance) runBatch(ctx context.Context, s *procpool.Slot[*proc], calls
 				continue
 			}
 			p.wbuf.reset(kindGatewayReply)
-			p.wbuf.Write(wire.ServeGateway(c.ctx, in.e.cfg.Gateway, in.spec.GatewayTargets, payload))
+			p.wbuf.Write(in.serveGateway(c.ctx, deadline(start), payload))
 			err = p.writeFrame()
 			continue
 		case kindResult:

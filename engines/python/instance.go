@@ -135,10 +135,10 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 		kind, payload, err = p.readFrame()
 	}
 	for err == nil && kind == kindGateway && !p.pending() {
-		// The worker calls a backend through the node; the call's
-		// deadline (the armed timer) still bounds the whole event.
+		// The worker calls a backend through the node, until the call's
+		// deadline at the latest (the armed timer bounds the event).
 		p.wbuf.reset(kindGatewayReply)
-		p.wbuf.Write(wire.ServeGateway(ctx, in.e.cfg.Gateway, in.spec.GatewayTargets, payload))
+		p.wbuf.Write(in.serveGateway(ctx, deadline, payload))
 		if err = p.writeFrame(); err == nil {
 			kind, payload, err = p.readFrame()
 		}
@@ -171,6 +171,18 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 	reason, cerr := in.failure(ctx, p, kind, err, deadline.Sub(start))
 	in.pool.Replace(s, reason)
 	return nil, cerr
+}
+
+// serveGateway serves one gateway call of the worker for the call made
+// with ctx: on a context that also ends at the call's deadline and when
+// the instance is closed, so that a backend call cannot outlive the call
+// (its timeout, its retry) or Close.
+func (in *Instance) serveGateway(ctx context.Context, deadline time.Time, payload []byte) []byte {
+	gctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	stop := context.AfterFunc(in.pool.Context(), cancel)
+	defer stop()
+	return wire.ServeGateway(gctx, in.e.cfg.Gateway, in.spec.GatewayTargets, payload)
 }
 
 // failure says why a round trip on p failed (err from the pipes, or nil

@@ -72,6 +72,8 @@ type proc struct {
 	calls      uint32
 
 	wbuf frameBuf
+	// maxReply bounds a reply frame's payload (Config.MaxReplyBytes).
+	maxReply int
 	// rbuf holds the last frame read; rbuf[rstart:rend] are bytes read past it.
 	rbuf         []byte
 	rstart, rend int
@@ -156,7 +158,7 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("python engine: %w", err)
 	}
-	p := &proc{}
+	p := &proc{maxReply: e.cfg.MaxReplyBytes}
 	p.Init(pipes, spec.Logger, spec.WorkerID)
 	// -I: isolated (no user site, no current directory on sys.path, PYTHON*
 	// variables ignored); -B: no bytecode written; -u: unbuffered output.
@@ -212,7 +214,10 @@ func (p *proc) writeFrame() error {
 
 // readFrame reads one frame. The payload aliases p.rbuf and is valid until
 // the next readFrame. Bytes read past the frame are kept for the next call
-// (only the load handshake sends two frames in a row).
+// (only the load handshake sends two frames in a row). A frame over its
+// kind's limit (wire.ChildFrameLimit of maxReply) is a
+// *wire.FrameTooLargeError, found on its header; the buffer grows only as
+// the frame's bytes arrive (at most doubling).
 func (p *proc) readFrame() (byte, []byte, error) {
 	n := 0
 	if p.rend > p.rstart {
@@ -226,19 +231,19 @@ func (p *proc) readFrame() (byte, []byte, error) {
 	for {
 		if need == headerSize && n >= headerSize {
 			size := binary.LittleEndian.Uint32(buf)
-			if size > maxFrame {
-				return 0, nil, fmt.Errorf("protocol error: frame of %d bytes", size)
+			if limit := wire.ChildFrameLimit(buf[4], p.maxReply); int64(size) > int64(limit) {
+				return 0, nil, &wire.FrameTooLargeError{Kind: buf[4], Size: int64(size), Limit: limit}
 			}
 			need = headerSize + int(size)
-			if need > len(buf) {
-				nb := make([]byte, need)
-				copy(nb, buf[:n])
-				buf = nb
-				p.rbuf = nb
-			}
 		}
 		if n >= need {
 			break
+		}
+		if n == len(buf) {
+			nb := make([]byte, min(need, max(2*len(buf), initBuf)))
+			copy(nb, buf[:n])
+			buf = nb
+			p.rbuf = nb
 		}
 		m, err := p.readSome(buf[n:])
 		if err != nil {

@@ -109,6 +109,13 @@ type Config struct {
 	// fixed text ("timeout", "process exited", …), err the restart's error
 	// (nil: it runs again). Keep it cheap.
 	OnRestart func(reason string, err error)
+	// MaxReplyBytes bounds what is read of one reply (a result, an error
+	// report or a gateway call) from a worker process, checked on the
+	// frame's header before anything is allocated for it; a bigger reply
+	// fails the call (engines.ErrReplyTooLarge) and the process is
+	// replaced. Default engines.DefaultMaxReplyBytes; builtin sets
+	// engines.ReplyLimit of the node's output limits.
+	MaxReplyBytes int
 	// ParkTTL and ParkMax bound the runners that Check keeps for the Load
 	// of the same worker and code (procpool.Parking): a create or a reload
 	// then starts one runner instead of two. Defaults 30s and 32;
@@ -155,6 +162,9 @@ func New(cfg Config) *Engine {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxReplyBytes <= 0 {
+		cfg.MaxReplyBytes = engines.DefaultMaxReplyBytes
 	}
 	if cfg.ParkTTL == 0 {
 		cfg.ParkTTL = DefaultParkTTL

@@ -256,6 +256,7 @@ type Names struct {
 // call's error; budget is how long the call was given, killed whether the
 // pool killed its processes (Close gave up waiting).
 func (p *Proc) CallFailure(ctx context.Context, n Names, killed bool, kind byte, err error, budget time.Duration) (string, error) {
+	var tooLarge *wire.FrameTooLargeError
 	switch {
 	case p.timedOut.Load():
 		cerr := fmt.Errorf("%w after %v", engines.ErrTimeout, budget.Round(time.Millisecond))
@@ -267,6 +268,9 @@ func (p *Proc) CallFailure(ctx context.Context, n Names, killed bool, kind byte,
 		return "call cancelled", engines.ContextError(ctx, n.Engine, "the call was cancelled")
 	case killed:
 		return "instance closed", fmt.Errorf("%w: the call was interrupted", n.Closed)
+	case errors.As(err, &tooLarge):
+		// Not read: the process is replaced, the node held none of it.
+		return "reply too large", fmt.Errorf("%w: %w", engines.ErrWorkerFailed, err)
 	case err == nil:
 		return "protocol error", fmt.Errorf("%w: protocol error: unexpected frame %q or bytes after it", engines.ErrWorkerFailed, kind)
 	case errors.Is(err, ErrGone):
