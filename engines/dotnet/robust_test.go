@@ -1,0 +1,150 @@
+package dotnet
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"os"
+	goruntime "runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/enginetest"
+)
+
+const robustWorker = `
+using System;
+using System.Diagnostics;
+using System.Threading.Tasks;
+using Virtufin.Worker;
+using Virtufin.Worker.Json;
+
+public class Robust : IWorker
+{
+    public Task<CloudEvent> ProcessAsync(CloudEvent input)
+    {
+        if (input.Type == "gateway")
+            HostServices.Gateway("billing", "charge", new byte[0]);
+        if (input.Type == "big")
+            return Task.FromResult(new CloudEvent { Type = "big", DataContentType = "application/json", Data = (JsonNode)new string('x', 16 << 20) });
+        var data = new JsonObject { ["pid"] = Process.GetCurrentProcess().Id };
+        return Task.FromResult(new CloudEvent { Type = "pid", DataContentType = "application/json", Data = data });
+    }
+}
+`
+
+// gatewayBlock holds every call until its ctx ends (or 10s).
+type gatewayBlock struct{ ended chan error }
+
+func (g *gatewayBlock) Call(ctx context.Context, _, _ string, _ []byte) ([]byte, error) {
+	select {
+	case <-ctx.Done():
+		g.ended <- ctx.Err()
+		return nil, ctx.Err()
+	case <-time.After(10 * time.Second):
+		g.ended <- nil
+		return []byte("{}"), nil
+	}
+}
+
+func robustInstance(t *testing.T, cfg Config, timeout time.Duration) engines.Instance {
+	t.Helper()
+	e := newTestEngine(t, cfg)
+	return enginetest.Load(t, e, engines.Spec{WorkerID: "w-robust", MIMEType: MIMESource, Timeout: timeout}, []byte(robustWorker))
+}
+
+func robustCall(inst engines.Instance, typ string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := inst.Process(ctx, enginetest.NewEvent("id-"+typ, typ, nil, ""))
+	return err
+}
+
+// TestGatewayCallEndsAtTheDeadline is issue 34's item 3 for .NET: a
+// gateway call in flight ends with the call's timeout and with Close.
+func TestGatewayCallEndsAtTheDeadline(t *testing.T) {
+	gw := &gatewayBlock{ended: make(chan error, 4)}
+	inst := robustInstance(t, Config{Gateway: gw}, time.Second)
+	start := time.Now()
+	err := robustCall(inst, "gateway")
+	if took := time.Since(start); took > 4*time.Second {
+		t.Fatalf("the call took %v against a 1s timeout", took)
+	}
+	if !errors.Is(err, engines.ErrTimeout) {
+		t.Fatalf("err = %v, want ErrTimeout", err)
+	}
+	if gerr := <-gw.ended; gerr == nil {
+		t.Fatal("the gateway call was not cancelled")
+	}
+
+	// Close cancels a gateway call in flight too.
+	inst2 := robustInstance(t, Config{Gateway: gw}, 30*time.Second)
+	go robustCall(inst2, "gateway")
+	time.Sleep(500 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start = time.Now()
+	_ = inst2.Close(ctx)
+	if took := time.Since(start); took > 4*time.Second {
+		t.Fatalf("Close took %v with a 200ms context", took)
+	}
+	if gerr := <-gw.ended; gerr == nil {
+		t.Fatal("Close did not cancel the gateway call")
+	}
+}
+
+// TestReplyOverLimitFailsWhileRead is issue 32's item 4 for .NET: the
+// reader refuses a reply over the limit on its header, without
+// allocating the announced length.
+func TestReplyOverLimitFailsWhileRead(t *testing.T) {
+	inst := robustInstance(t, Config{MaxReplyBytes: 1 << 20}, 30*time.Second)
+	var before, after goruntime.MemStats
+	goruntime.GC()
+	goruntime.ReadMemStats(&before)
+	err := robustCall(inst, "big")
+	goruntime.ReadMemStats(&after)
+	if !errors.Is(err, engines.ErrReplyTooLarge) || !strings.Contains(err.Error(), "exceeds the limit of 1048576 bytes") {
+		t.Fatalf("err = %v, want ErrReplyTooLarge", err)
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 8<<20 {
+		t.Errorf("a refused 16 MiB reply cost the node %d bytes", grew)
+	}
+	if err := robustCall(inst, "pid"); err != nil {
+		t.Fatalf("the next call: %v", err)
+	}
+}
+
+// TestReadFrameDoesNotTrustTheHeader: a header announcing a big frame
+// whose bytes never come costs next to nothing.
+func TestReadFrameDoesNotTrustTheHeader(t *testing.T) {
+	// Covered without a host: the reader over a pipe that closes early.
+	p := &proc{maxReply: 512 << 20}
+	r, w := pipeOf(t)
+	p.rd = r
+	go func() {
+		w.Write([]byte{0, 0, 0, 30, 'R', '{'}) // 480 MiB announced, 1 byte sent
+		w.Close()
+	}()
+	var before, after goruntime.MemStats
+	goruntime.ReadMemStats(&before)
+	_, _, err := p.readFrame()
+	goruntime.ReadMemStats(&after)
+	if err == nil {
+		t.Fatal("a truncated frame was read")
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
+		t.Fatalf("a 480 MiB header with 1 byte behind it cost %d bytes", grew)
+	}
+}
+
+func pipeOf(t *testing.T) (*bufio.Reader, *os.File) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close(); w.Close() })
+	return bufio.NewReader(r), w
+}
