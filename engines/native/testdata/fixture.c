@@ -13,7 +13,9 @@
  *   -DCTOR_WRITE='"path"'   a constructor that writes "ran" to path at load
  *   -DCTOR_KILL     a constructor that SIGKILLs its parent, then itself
  *
- * Every variant also reacts to the "test.*" event types below.
+ * Every variant also reacts to the "test.*" event types below (among them
+ * test.forged, test.bigout, test.forkhang and test.longline for the
+ * engine's robustness tests).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
@@ -22,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "virtufin_fb.h"
 #include "virtufin_worker_api.h"
@@ -259,6 +262,52 @@ VIRTUFIN_EXPORT int32_t PROCESS_NAME(const VirtufinHost* host, const uint8_t* in
         *out = malloc(16);
         *out_len = 0;
         __atomic_add_fetch(&n_allocs, 1, __ATOMIC_SEQ_CST);
+        return 0;
+    }
+    if (is(ev.type, "test.forged")) {
+        /* Issue 34: 48 bytes whose result_events vector claims ~4 billion
+         * elements. */
+        static const uint8_t forged[48] = {
+            0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0a, 0x00, 0x08, 0x00, 0x00, 0x00,
+            0x00, 0x00, 0x04, 0x00, 0x0a, 0x00, 0x00, 0x00, 0x04, 0x00, 0x00, 0x00,
+            0xf0, 0xff, 0xff, 0xff};
+        *out = malloc(sizeof forged);
+        memcpy(*out, forged, sizeof forged);
+        *out_len = sizeof forged;
+        __atomic_add_fetch(&n_allocs, 1, __ATOMIC_SEQ_CST);
+        return 0;
+    }
+    if (is(ev.type, "test.bigout")) {
+        /* One event with 2 MiB of data. */
+        size_t n = 2u << 20;
+        uint8_t* data = malloc(n);
+        memset(data, 'x', n);
+        vf_out_event o = {0};
+        o.type = "test.bigout.result";
+        o.data = data;
+        o.data_len = n;
+        int32_t rc = respond(out, out_len, &o, 1, NULL);
+        free(data);
+        return rc;
+    }
+    if (is(ev.type, "test.forkhang")) {
+        /* A child that keeps the host's pipes open, then a hang. */
+        if (fork() == 0) {
+            sleep_ms(20000);
+            _exit(0);
+        }
+        sleep_ms(20000);
+        return echo(&ev, out, out_len);
+    }
+    if (is(ev.type, "test.longline")) {
+        /* A 100 KiB output line, then a crash whose report must still be
+         * seen. */
+        for (int i = 0; i < 100 << 10; i++) fputc('y', stdout);
+        fputc('\n', stdout);
+        fflush(stdout);
+        fprintf(stderr, "fixture: crashing after a long line\n");
+        fflush(stderr);
+        raise(SIGSEGV);
         return 0;
     }
     if (is(ev.type, "test.code")) return 7;
