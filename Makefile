@@ -99,12 +99,14 @@ $(TOOLS)/temporal-$(TEMPORAL_CLI_VERSION).stamp:
 	@touch $@
 
 # daprd v1.14.0 from the tool module in deploy/dapr/daprd (dapr's go.mod has
-# replace directives, so `go install` cannot build it), with its Redis streams
-# pub/sub replaced by deploy/dapr/daprd/redisstreams (bounded XREADGROUP
-# blocks: upstream leaks a Redis connection per closed subscription).
-$(TOOLS)/daprd: deploy/dapr/daprd/go.mod deploy/dapr/daprd/go.sum deploy/dapr/daprd/main.go deploy/dapr/daprd/redisstreams/redis.go
+# replace directives, so `go install` cannot build it), with only the
+# components WorkManager uses (deploy/dapr/daprd/components.go) and its Redis
+# streams pub/sub replaced by deploy/dapr/daprd/redisstreams (bounded
+# XREADGROUP blocks: upstream leaks a Redis connection per closed
+# subscription).
+$(TOOLS)/daprd: $(wildcard deploy/dapr/daprd/*.go deploy/dapr/daprd/go.* deploy/dapr/daprd/redisstreams/*.go)
 	@mkdir -p $(TOOLS)
-	cd deploy/dapr/daprd && go build -tags stablecomponents -o $(TOOLS)/daprd .
+	cd deploy/dapr/daprd && go build -o $(TOOLS)/daprd .
 
 $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp:
 	@mkdir -p $(TOOLS)
