@@ -237,9 +237,9 @@ type worker struct {
 	source types.URIRef
 	// lock is its group's lock name, tenant included (grouplock.Name);
 	// "" without a group.
-	lock string
-	inst   atomic.Pointer[instance]
-	queue  chan job
+	lock  string
+	inst  atomic.Pointer[instance]
+	queue chan job
 
 	mu      sync.RWMutex // closed and sends to queue
 	closed  bool

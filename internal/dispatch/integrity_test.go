@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
 
 	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/dispatch"
@@ -149,5 +151,109 @@ func TestGroupLocksArePerTenant(t *testing.T) {
 		if fmt.Sprint(o.Extensions()[dispatch.FencingExtension]) != "1" {
 			t.Errorf("%s: token %v, want each tenant's first (1)", o.ID(), o.Extensions()[dispatch.FencingExtension])
 		}
+	}
+}
+
+// Issue 30, item 4: two events with one id from two sources are two
+// events. daprd answers by id, and the second delivery replaced the
+// first's waiter: the second is held until the first is settled, then
+// runs, and only it is answered (an answer for the first would settle the
+// second unrun); the first, never answered, comes back and its record
+// answers it without running it again.
+func TestSameIDOtherSourceIsAnotherEvent(t *testing.T) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	d := newTestDispatcher(t, b, pub, 2)
+	entered, release := make(chan string, 4), make(chan struct{})
+	var mu sync.Mutex
+	calls := map[string]int{}
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
+		mu.Lock()
+		calls[in.Source()]++
+		mu.Unlock()
+		entered <- in.Source()
+		<-release
+		return outputs("out")(in)
+	}})
+	s := waitStream(t, b, "in")
+	a, other := request("x", ""), request("x", "")
+	other.Source = "elsewhere"
+	s.In <- a
+	if src := <-entered; src != "test" {
+		t.Fatalf("first call for %s", src)
+	}
+	s.In <- other
+	select {
+	case src := <-entered:
+		t.Fatalf("%s ran beside the event with its id", src)
+	case a := <-b.Acks:
+		t.Fatalf("answered %+v while both were in flight", a)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case src := <-entered:
+		if src != "elsewhere" {
+			t.Fatalf("second call for %s", src)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the event from the other source never ran")
+	}
+	if ack := waitAck(t, b); ack.ID != "x" || ack.Status != dispatch.AckSuccess {
+		t.Fatalf("ack %+v", ack)
+	}
+	select {
+	case ack := <-b.Acks:
+		t.Fatalf("a second answer for x (%+v) would be the first event's, which daprd no longer awaits", ack)
+	case <-time.After(100 * time.Millisecond):
+	}
+	s.In <- request("x", "") // the first, redelivered after the processing timeout
+	if ack := waitAck(t, b); ack.ID != "x" || ack.Status != dispatch.AckSuccess {
+		t.Fatalf("redelivery ack %+v", ack)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls["test"] != 1 || calls["elsewhere"] != 1 {
+		t.Fatalf("calls %v, want one per source", calls)
+	}
+	if n := len(pub.On("out")); n != 2 {
+		t.Fatalf("%d outputs, want 2", n)
+	}
+}
+
+// gatedPub holds every publish to a topic until open is closed.
+type gatedPub struct {
+	*publishtest.Recorder
+	topic string
+	open  chan struct{}
+}
+
+func (g *gatedPub) Publish(ctx context.Context, topic string, e *event.Event) error {
+	if topic == g.topic {
+		<-g.open
+	}
+	return g.Recorder.Publish(ctx, topic, e)
+}
+
+// Issue 30, item 4: events without an id are never taken for one another:
+// each is dead-lettered (undecodable) on its own.
+func TestEventsWithoutIDAreNotCollapsed(t *testing.T) {
+	b, rec := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	pub := &gatedPub{Recorder: rec, topic: "in-dead", open: make(chan struct{})}
+	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1})
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, &dispatchtest.FuncInstance{Fn: outputs("out")})
+	s := waitStream(t, b, "in")
+	for _, data := range []string{"one", "two"} {
+		s.In <- &runtimev1.TopicEventRequest{Source: "test", Type: "t", SpecVersion: "1.0", Data: []byte(data)}
+	}
+	time.Sleep(100 * time.Millisecond) // both in flight
+	close(pub.open)
+	for range 2 {
+		if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+			t.Fatalf("ack %+v", a)
+		}
+	}
+	dead := rec.On("in-dead")
+	if len(dead) != 2 || string(dead[0].Data()) == string(dead[1].Data()) {
+		t.Fatalf("%d dead letters, want one per event", len(dead))
 	}
 }

@@ -31,8 +31,18 @@ type message struct {
 	correlation    any
 	hasCorrelation bool
 
-	dups int            // further deliveries of id while in flight (guarded by t.mu)
+	dups int            // further deliveries of it while in flight (guarded by t.mu)
 	wg   sync.WaitGroup // the workers running it on this delivery
+	// next is another event with the same id (another source) delivered
+	// while this one was in flight, held until this one is settled; and
+	// superseded says that daprd, whose streaming subscription keys its
+	// pending answers by event id, now waits for next's answer under this
+	// id, not for this one's: this one's answer must not be sent (it would
+	// settle next unrun); the broker redelivers it after its processing
+	// timeout, and its delivery record answers that redelivery. Both
+	// guarded by t.mu.
+	next       *message
+	superseded bool
 
 	// started is when the node began handling it, decoded (mono); ended,
 	// when set, when its record was written, i.e. its handling ended
@@ -92,6 +102,14 @@ type job struct {
 // receive takes one message off the stream (the topic's stream goroutine):
 // it recognises deliveries of an event already in flight, dead-letters
 // what cannot be processed at all, and hands the rest to run.
+//
+// daprd answers a streaming subscription's events by id: a delivery of an
+// id in flight here replaces the one daprd waits for. A redelivery of the
+// same event (same source and id) is answered together with it (never run
+// twice at once). Another event with the same id (another source: a
+// different CloudEvent) is held until the one in flight is settled, then
+// runs and is the one answered; see message.next. An event without an id
+// (undecodable: dead-lettered) is never matched with another.
 func (d *Dispatcher) receive(t *topic, st Stream, req *runtimev1.TopicEventRequest) {
 	id := req.GetId()
 	// Counted before draining is checked, and Drain sets draining before it
@@ -102,26 +120,52 @@ func (d *Dispatcher) receive(t *topic, st Stream, req *runtimev1.TopicEventReque
 		d.ackRaw(st, id, AckRetry) // shutting down: another node takes it
 		return
 	}
+	m := &message{t: t, id: id, req: req, stream: st}
 	t.mu.Lock()
-	if m := t.inflight[id]; m != nil {
-		// daprd keys acks by event id: answer this delivery together with
-		// the one in flight instead of running the event twice at once.
-		m.dups++
+	if cur := t.inflight[id]; cur != nil && id != "" {
+		last := cur
+		if cur.next != nil {
+			last = cur.next
+		}
+		if last.req.GetSource() == req.GetSource() {
+			// The same event again: answer this delivery together with
+			// the one in flight instead of running the event twice at once.
+			last.dups++
+			t.mu.Unlock()
+			d.inflight.Add(-1)
+			d.stats.duplicates.Add(1)
+			d.log.Info("event delivered again while in flight; both deliveries are answered together", "topic", t.name, "event_id", id)
+			return
+		}
+		// Another event with this id: daprd now waits for its answer
+		// only. It runs once the one in flight is settled.
+		cur.superseded = true
+		dropped := cur.next // never started, and no longer awaited by daprd: redelivered later
+		cur.next = m
 		t.mu.Unlock()
-		d.inflight.Add(-1)
-		d.stats.duplicates.Add(1)
-		d.log.Info("event delivered again while in flight; both deliveries are answered together", "topic", t.name, "event_id", id)
+		if dropped != nil {
+			d.inflight.Add(-1)
+		}
+		d.log.Info("another event with the id of one in flight (other source): held until that one is settled", "topic", t.name,
+			"event_id", id, "source", req.GetSource(), "in_flight_source", cur.req.GetSource())
 		return
 	}
-	m := &message{t: t, id: id, req: req, stream: st}
-	t.inflight[id] = m
+	if id != "" {
+		t.inflight[id] = m
+	}
 	t.mu.Unlock()
+	d.start(m, &t.sources)
+}
 
-	if n := len(req.GetData()); n > d.cfg.MaxEventBytes {
+// start dead-letters m when it is too large or cannot be decoded, and runs
+// it otherwise. sources is the topic's source cache when called on its
+// stream goroutine, nil elsewhere.
+func (d *Dispatcher) start(m *message, sources *sourceCache) {
+	if n := len(m.req.GetData()); n > d.cfg.MaxEventBytes {
 		go d.rejectRaw(m, reasonTooLarge, fmt.Errorf("event data is %d bytes, more than MAX_EVENT_BYTES %d", n, d.cfg.MaxEventBytes))
 		return
 	}
-	if err := d.decode(t, m); err != nil {
+	if err := d.decode(m, sources); err != nil {
 		go d.rejectRaw(m, reasonUndecodable, err)
 		return
 	}
@@ -129,15 +173,15 @@ func (d *Dispatcher) receive(t *topic, st Stream, req *runtimev1.TopicEventReque
 }
 
 // decode fills m from its request; a panic while decoding is an error.
-func (d *Dispatcher) decode(t *topic, m *message) (err error) {
+func (d *Dispatcher) decode(m *message, sources *sourceCache) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			d.stats.panics.Add(1)
-			d.log.Error("panic while decoding an event", "topic", t.name, "event_id", m.id, "panic", p, "stack", string(debug.Stack()))
+			d.log.Error("panic while decoding an event", "topic", m.t.name, "event_id", m.id, "panic", p, "stack", string(debug.Stack()))
 			err = fmt.Errorf("decoding panicked: %v", p)
 		}
 	}()
-	if err := decode(m.req, &m.ev, &m.ec, &t.sources); err != nil {
+	if err := decode(m.req, &m.ev, &m.ec, sources); err != nil {
 		return err
 	}
 	ext := m.ec.Extensions
@@ -395,8 +439,17 @@ func (d *Dispatcher) backoff(w Worker, attempts int) time.Duration {
 func (d *Dispatcher) ack(m *message, status Ack) {
 	t := m.t
 	t.mu.Lock()
-	delete(t.inflight, m.id)
+	next, superseded := m.next, m.superseded
+	switch {
+	case next != nil:
+		t.inflight[m.id] = next
+	case t.inflight[m.id] == m:
+		delete(t.inflight, m.id)
+	}
 	n := 1 + m.dups
+	if superseded {
+		n = 0 // daprd awaits next's answer under this id, not this one's
+	}
 	t.mu.Unlock()
 	if m.ended == 0 {
 		m.ended = mono()
@@ -413,6 +466,9 @@ func (d *Dispatcher) ack(m *message, status Ack) {
 		d.ackRaw(m.stream, m.id, status)
 	}
 	d.inflight.Add(-1)
+	if next != nil {
+		d.start(next, nil)
+	}
 }
 
 func (d *Dispatcher) ackRaw(st Stream, id string, status Ack) {
