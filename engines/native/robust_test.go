@@ -104,3 +104,14 @@ func TestCallGuard(t *testing.T) {
 		t.Fatalf("fired %d times, want 1 (before end only)", fired)
 	}
 }
+
+// TestIsolatedHostThatDiedIdleIsReplaced is issue 34's item 5 for native
+// hosts: a host that exited between calls is replaced before the next
+// call, which succeeds instead of failing as "exited during the call".
+func TestIsolatedHostThatDiedIdleIsReplaced(t *testing.T) {
+	e := newTestEngine(t, hostConfig(Config{Isolation: IsolationProcess}))
+	inst := load(t, e, testSpec, packageOf(t, flagsEcho, nil))
+	mustCall(t, inst, typed("test.exitsoon", nil))
+	time.Sleep(800 * time.Millisecond) // exited (200ms) and reaped (+200ms)
+	mustCall(t, inst, typed("test.stats", nil))
+}

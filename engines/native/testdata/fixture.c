@@ -14,10 +14,11 @@
  *   -DCTOR_KILL     a constructor that SIGKILLs its parent, then itself
  *
  * Every variant also reacts to the "test.*" event types below (among them
- * test.forged, test.bigout, test.forkhang and test.longline for the
+ * test.forged, test.bigout, test.forkhang, test.exitsoon and test.longline for the
  * engine's robustness tests).
  */
 #define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -220,6 +221,13 @@ static int32_t gateway(const VirtufinHost* host, const vf_event* ev, uint8_t** o
     return respond_json(out, out_len, "test.gateway.result", &s);
 }
 
+static void* exit_soon(void* arg) {
+    (void)arg;
+    sleep_ms(200);
+    _exit(0);
+    return NULL;
+}
+
 VIRTUFIN_EXPORT int32_t PROCESS_NAME(const VirtufinHost* host, const uint8_t* in, int32_t in_len, uint8_t** out,
                                      int32_t* out_len) {
     vf_event ev;
@@ -297,6 +305,13 @@ VIRTUFIN_EXPORT int32_t PROCESS_NAME(const VirtufinHost* host, const uint8_t* in
             _exit(0);
         }
         sleep_ms(20000);
+        return echo(&ev, out, out_len);
+    }
+    if (is(ev.type, "test.exitsoon")) {
+        /* Answers, then the process exits while idle. */
+        pthread_t th;
+        pthread_create(&th, NULL, exit_soon, NULL);
+        pthread_detach(th);
         return echo(&ev, out, out_len);
     }
     if (is(ev.type, "test.longline")) {
