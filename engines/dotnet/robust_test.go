@@ -7,6 +7,7 @@ import (
 	"os"
 	goruntime "runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -147,4 +148,27 @@ func pipeOf(t *testing.T) (*bufio.Reader, *os.File) {
 	}
 	t.Cleanup(func() { r.Close(); w.Close() })
 	return bufio.NewReader(r), w
+}
+
+// TestDeadIdleHostIsReplaced is issue 34's item 5 for .NET: a host that
+// died while idle is replaced before the next call, which succeeds.
+func TestDeadIdleHostIsReplaced(t *testing.T) {
+	inst := robustInstance(t, Config{}, 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := inst.Process(ctx, enginetest.NewEvent("id-pid", "pid", nil, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := int(enginetest.DataOf(t, out)["pid"].(float64))
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); syscall.Kill(pid, 0) == nil && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // reaped
+	if err := robustCall(inst, "pid"); err != nil {
+		t.Fatalf("the call after the host died idle: %v", err)
+	}
 }
