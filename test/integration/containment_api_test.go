@@ -77,6 +77,11 @@ def process(event):
 		e.publish(in, "gw-"+k, map[string]any{"kind": k}, "")
 	}
 	results := map[string]string{}
+	defer func() {
+		if t.Failed() {
+			t.Logf("results: %q", results)
+		}
+	}()
 	waitFor(t, time.Minute, "the worker's answers", func() bool {
 		for _, ev := range outs.all() {
 			var d struct{ Kind, Result string }
@@ -85,7 +90,6 @@ def process(event):
 		}
 		return len(results) >= len(kinds)
 	})
-	t.Logf("results: %q", results)
 	for kind, want := range map[string]string{
 		"state-bulk":        "GatewayError",
 		"state-bulk-https":  "GatewayError",
