@@ -82,8 +82,10 @@ type Config struct {
 	// so that RLIMIT_NPROC holds per worker and workers cannot signal or
 	// read each other's files. Ids are allocated on this node: no two
 	// live workers share one (whatever their names); a worker keeps its
-	// id while it has a process (or files the node gave it with Own), and
-	// a released id goes to the back of the free list (reused last).
+	// id while it has a process (or files the node gave it with Own).
+	// Each worker's preferred id is derived from its id, so that it gets
+	// the same on every node and after a restart unless another live
+	// worker held that one when it started (then it gets the next free).
 	UIDBase, UIDs int
 	Limits        Limits
 	// TmpBytes and ScratchBytes are the sizes of the tmpfs mounted at /tmp

@@ -1,6 +1,8 @@
 package sandbox
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"strconv"
@@ -8,22 +10,23 @@ import (
 )
 
 // uidAllocator hands out the user ids of [base, base+n) so that no two
-// live owners hold the same one. An owner holds its id while it has a
-// reference (a running process: Command) or a pinned path (Own: files
-// owned by the id that still exist). Released ids join the back of a
-// free list and are reused as late as possible; an owner that comes back
-// gets its previous id again if nobody took it meanwhile. Safe for
+// live owners on this node hold the same one. An owner holds its id while
+// it has a reference (a running process: Command) or a pinned path (Own:
+// files owned by the id that still exist).
+//
+// Each owner has a preferred id, derived from its name, so that a worker
+// gets the same id on every node and after its processes restart (the
+// files it wrote to a shared writable path stay its own); when another
+// live owner holds it (two names that hash alike, by chance or chosen),
+// the next free id is taken instead. The preference is not a secret and
+// need not be: it decides nothing but the order of the search. Safe for
 // concurrent use.
 type uidAllocator struct {
 	mu     sync.Mutex
 	base   int
 	n      int
-	fresh  int          // ids base..base+fresh-1 have been handed out at least once
-	free   []int        // released ids, oldest first (may hold stale entries: see isFree)
-	isFree map[int]bool // whether a released id is free now
 	leases map[string]*uidLease
-	last   map[string]int     // an owner's previous id, while free
-	lastBy map[int]string     // the owner a free id belonged to
+	held   map[int]*uidLease
 	pinned map[*uidLease]bool // leases with no reference but pinned paths
 	anon   uint64
 }
@@ -36,8 +39,7 @@ type uidLease struct {
 }
 
 func newUIDAllocator(base, n int) *uidAllocator {
-	return &uidAllocator{base: base, n: n, isFree: map[int]bool{}, leases: map[string]*uidLease{},
-		last: map[string]int{}, lastBy: map[int]string{}, pinned: map[*uidLease]bool{}}
+	return &uidAllocator{base: base, n: n, leases: map[string]*uidLease{}, held: map[int]*uidLease{}, pinned: map[*uidLease]bool{}}
 }
 
 // acquire returns owner's user id, allocating one if owner holds none, and
@@ -46,18 +48,23 @@ func newUIDAllocator(base, n int) *uidAllocator {
 func (a *uidAllocator) acquire(owner string) (int, func(), error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	start := 0
 	if owner == "" {
 		a.anon++
 		owner = "\x00anonymous-" + strconv.FormatUint(a.anon, 10)
+		start = int(a.anon % uint64(a.n))
+	} else {
+		start = a.preferred(owner)
 	}
 	l := a.leases[owner]
 	if l == nil {
-		uid, err := a.take(owner)
+		uid, err := a.take(start)
 		if err != nil {
 			return 0, nil, err
 		}
 		l = &uidLease{owner: owner, uid: uid}
 		a.leases[owner] = l
+		a.held[uid] = l
 	}
 	l.refs++
 	delete(a.pinned, l)
@@ -65,23 +72,19 @@ func (a *uidAllocator) acquire(owner string) (int, func(), error) {
 	return l.uid, func() { once.Do(func() { a.release(l) }) }, nil
 }
 
-// take picks a free id for owner: its previous one if free, else one never
-// used, else the one released longest ago. Callers hold mu.
-func (a *uidAllocator) take(owner string) (int, error) {
-	if uid, ok := a.last[owner]; ok && a.isFree[uid] {
-		a.unfree(uid)
-		return uid, nil
-	}
-	if a.fresh < a.n {
-		a.fresh++
-		return a.base + a.fresh - 1, nil
-	}
+// preferred is the offset of owner's preferred id.
+func (a *uidAllocator) preferred(owner string) int {
+	sum := sha256.Sum256([]byte(owner))
+	return int(binary.BigEndian.Uint64(sum[:8]) % uint64(a.n))
+}
+
+// take returns the first id not held, from offset start on. Callers hold
+// mu.
+func (a *uidAllocator) take(start int) (int, error) {
 	for attempt := 0; attempt < 2; attempt++ {
-		for len(a.free) > 0 {
-			uid := a.free[0]
-			a.free = a.free[1:]
-			if a.isFree[uid] {
-				a.unfree(uid)
+		for i := 0; i < a.n; i++ {
+			uid := a.base + (start+i)%a.n
+			if a.held[uid] == nil {
 				return uid, nil
 			}
 		}
@@ -89,26 +92,6 @@ func (a *uidAllocator) take(owner string) (int, error) {
 	}
 	return 0, fmt.Errorf("sandbox: all %d worker user ids (%d..%d) are in use on this node; raise the range or run fewer workers here",
 		a.n, a.base, a.base+a.n-1)
-}
-
-// unfree marks a free id taken. Callers hold mu.
-func (a *uidAllocator) unfree(uid int) {
-	delete(a.isFree, uid)
-	if prev, ok := a.lastBy[uid]; ok {
-		delete(a.lastBy, uid)
-		delete(a.last, prev)
-	}
-	if len(a.free) > 64 && len(a.free) > 2*len(a.isFree) {
-		// Drop stale entries now and then so the list stays as long as the
-		// number of free ids.
-		kept := a.free[:0]
-		for _, u := range a.free {
-			if a.isFree[u] {
-				kept = append(kept, u)
-			}
-		}
-		a.free = kept
-	}
 }
 
 // release gives back one reference of l. Callers do not hold mu.
@@ -139,12 +122,7 @@ func (a *uidAllocator) sweep() {
 		}
 		delete(a.pinned, l)
 		delete(a.leases, l.owner)
-		a.isFree[l.uid] = true
-		a.free = append(a.free, l.uid)
-		if l.owner[0] != 0 { // anonymous owners do not come back
-			a.last[l.owner] = l.uid
-			a.lastBy[l.uid] = l.owner
-		}
+		delete(a.held, l.uid)
 	}
 }
 

@@ -43,27 +43,46 @@ func TestUIDAllocatorUniqueAndReleased(t *testing.T) {
 	}
 	relC()
 	relB()
-	// An owner that comes back gets its previous id while nobody took it.
-	if u, rel, _ := a.acquire("b"); u != ub {
-		t.Errorf("b came back to %d; want its previous %d", u, ub)
-	} else {
-		rel()
+	if len(a.held) != 0 || len(a.leases) != 0 {
+		t.Fatalf("held %v after every release", a.held)
 	}
 }
 
-// Released ids are reused oldest first, after every never-used id.
-func TestUIDAllocatorReusesLast(t *testing.T) {
-	a := newUIDAllocator(0, 4)
-	_, rel0, _ := a.acquire("w0")
-	u1, rel1, _ := a.acquire("w1")
-	rel0()
-	rel1()
-	for i, want := range []int{2, 3, 0, u1} {
-		u, _, err := a.acquire("n" + strconv.Itoa(i))
-		if err != nil || u != want {
-			t.Fatalf("acquire %d: %d %v; want %d", i, u, err, want)
+// A worker gets the same id on every node (each node has its own
+// allocator) and after its processes restart; two workers whose preferred
+// ids are the same get different ones on one node.
+func TestUIDAllocatorPrefersAStableID(t *testing.T) {
+	nodeA, nodeB := newUIDAllocator(200000, 50000), newUIDAllocator(200000, 50000)
+	_, relOther, _ := nodeB.acquire("someone-else") // node B's history differs
+	defer relOther()
+	ua, relA, _ := nodeA.acquire("worker-1")
+	ub, relB, _ := nodeB.acquire("worker-1")
+	if ua != ub {
+		t.Fatalf("worker-1 has %d on node A and %d on node B; want one id", ua, ub)
+	}
+	relA()
+	relB()
+	if u, rel, _ := nodeA.acquire("worker-1"); u != ua {
+		t.Fatalf("worker-1 restarted with %d; want %d again", u, ua)
+	} else {
+		rel()
+	}
+	// Two names with one preferred id (found by search in a small range).
+	small := newUIDAllocator(0, 16)
+	first := "w0"
+	second := ""
+	for i := 1; second == ""; i++ {
+		if name := "w" + strconv.Itoa(i); small.preferred(name) == small.preferred(first) {
+			second = name
 		}
 	}
+	u1, rel1, _ := small.acquire(first)
+	u2, rel2, _ := small.acquire(second)
+	if u1 == u2 {
+		t.Fatalf("%s and %s share %d", first, second, u1)
+	}
+	rel1()
+	rel2()
 }
 
 // An owner keeps the id of the files it was given (Own) while they exist.
@@ -145,7 +164,7 @@ func TestUIDAllocatorConcurrent(t *testing.T) {
 	wg.Wait()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.leases) != 0 || len(a.isFree) != a.fresh {
-		t.Fatalf("after every release: %d leases, %d of %d used ids free", len(a.leases), len(a.isFree), a.fresh)
+	if len(a.leases) != 0 || len(a.held) != 0 {
+		t.Fatalf("after every release: %d leases, %d ids held", len(a.leases), len(a.held))
 	}
 }
