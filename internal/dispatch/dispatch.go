@@ -297,22 +297,29 @@ func (d *Dispatcher) Attached(id string) bool {
 
 // Attach makes w serve its topic with inst. Attaching an attached worker
 // swaps its instance (hot reload): later messages use inst, in-flight ones
-// finish on the old instance, which is then closed.
+// finish on the old instance, which is then closed. A change of policy,
+// group or topic replaces the worker in one step: no message of its topic
+// sees the topic without it (and is acked without it) in between; what the
+// old one had queued or running is given back (RETRY) for the new one.
 func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 	d.mu.Lock()
-	d.setUnrunnableLocked(w.ID, nil)
-	if cur, ok := d.workers[w.ID]; ok && cur.Topic == w.Topic {
-		// Policy and group changes need a fresh worker value (messages read
-		// it without locks): swap the instance only when they are equal.
-		if cur.Worker.Equal(w) {
-			old := cur.inst.Swap(&instance{Instance: inst})
-			d.mu.Unlock()
-			go old.closeWhenIdle(context.WithoutCancel(d.ctx), d.log)
-			return
-		}
+	cur, attached := d.workers[w.ID]
+	if attached && cur.Topic == w.Topic && cur.Worker.Equal(w) {
+		// Policy and group changes need a fresh worker value (messages
+		// read it without locks): swap the instance only when they are
+		// equal.
+		d.setUnrunnableLocked(w.ID, nil)
+		old := cur.inst.Swap(&instance{Instance: inst})
+		d.mu.Unlock()
+		go old.closeWhenIdle(context.WithoutCancel(d.ctx), d.log)
+		return
 	}
 	d.mu.Unlock()
-	d.Detach(context.Background(), w.ID) // topic or policy changed: start over
+	if attached {
+		// Its series start over with the new worker (what the old one
+		// still counts while it stops is lost).
+		cur.m.Delete()
+	}
 
 	conc := concurrency(d.cfg.MaxConcurrency, w, inst)
 	nw := &worker{Worker: w, source: types.URIRef{URL: url.URL{Path: "workmanager/workers/" + w.ID}}, giveBack: conc > d.cfg.MaxConcurrency,
@@ -330,11 +337,32 @@ func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 		go d.serve(nw)
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.setUnrunnableLocked(w.ID, nil)
+	var (
+		old      *worker
+		oldTopic *topic
+		oldLast  bool
+	)
+	if cur, ok := d.workers[w.ID]; ok {
+		old, oldTopic = cur, d.topics[cur.Topic]
+		if cur.Topic != w.Topic { // leaves its old topic
+			oldLast = d.unlinkLocked(cur)
+		}
+	}
 	d.workers[w.ID] = nw
 	t := d.topicLocked(w.Topic)
-	list := append(append([]*worker(nil), *t.workers.Load()...), nw)
+	list := make([]*worker, 0, len(*t.workers.Load())+1)
+	for _, x := range *t.workers.Load() {
+		if x != old {
+			list = append(list, x)
+		}
+	}
+	list = append(list, nw)
 	t.workers.Store(&list)
+	d.mu.Unlock()
+	if old != nil {
+		d.stop(context.Background(), old, oldTopic, oldLast, false)
+	}
 }
 
 // topicLocked returns the topic, subscribing to it when it is new.
@@ -413,18 +441,52 @@ func (d *Dispatcher) refreshUnrunnableLocked(name string) {
 	t.unrunnable.Store(&list)
 }
 
-// Detach stops w: no new message reaches it, its in-flight messages finish,
-// messages still queued for it are given back, its instance is closed, and
-// the topic's stream is closed when w was the last worker on it. Detaching
-// an unknown worker is a no-op.
+// Detach stops w, which the catalog no longer runs (stopped or deleted):
+// no new message reaches it, its in-flight messages finish, messages still
+// queued for it are given back, its instance is closed, and the topic's
+// stream is closed when w was the last worker on it. From then on its
+// topic's messages are acked without it. Detaching an unknown worker is a
+// no-op. A worker the catalog still runs is parked instead (Park).
 func (d *Dispatcher) Detach(ctx context.Context, id string) {
+	d.detach(ctx, id, nil)
+}
+
+// Park stops serving w here although the catalog still runs it (the node is
+// fenced, or its new code cannot be loaded here): it is detached as by
+// Detach and, in the same step, recorded as unrunnable here (SetUnrunnable),
+// so that no message of its topic is acked on this node without it — what
+// was queued or running for it, and what arrives later, is given back
+// (RETRY, or dead-lettered as not_runnable after NotRunnableGrace) for a
+// node that runs it. Attach or ClearUnrunnable ends it.
+func (d *Dispatcher) Park(ctx context.Context, w Worker) {
+	d.detach(ctx, w.ID, &w)
+}
+
+func (d *Dispatcher) detach(ctx context.Context, id string, park *Worker) {
 	d.mu.Lock()
+	if park != nil {
+		// Before it leaves the topic's list: a message that reads the list
+		// and then the unrunnable ones sees it in one of them.
+		d.unrunnable[id] = *park
+		d.refreshUnrunnableLocked(park.Topic)
+	}
 	w, ok := d.workers[id]
 	if !ok {
 		d.mu.Unlock()
 		return
 	}
-	delete(d.workers, id)
+	t := d.topics[w.Topic]
+	last := d.unlinkLocked(w)
+	d.mu.Unlock()
+	d.stop(ctx, w, t, last, true)
+}
+
+// unlinkLocked takes w off the dispatcher and its topic, and reports
+// whether it was the topic's last worker (its stream is then closed).
+func (d *Dispatcher) unlinkLocked(w *worker) bool {
+	if d.workers[w.ID] == w {
+		delete(d.workers, w.ID)
+	}
 	t := d.topics[w.Topic]
 	var list []*worker
 	for _, x := range *t.workers.Load() {
@@ -433,15 +495,22 @@ func (d *Dispatcher) Detach(ctx context.Context, id string) {
 		}
 	}
 	t.workers.Store(&list)
-	if len(list) == 0 {
-		delete(d.topics, w.Topic)
-		t.cancel()
-		// Under d.mu: a topic of the same name subscribed again gets
-		// fresh series (what the old stream still counts is lost).
-		t.m.Delete()
+	if len(list) > 0 {
+		return false
 	}
-	d.mu.Unlock()
+	delete(d.topics, w.Topic)
+	t.cancel()
+	// Under d.mu: a topic of the same name subscribed again gets
+	// fresh series (what the old stream still counts is lost).
+	t.m.Delete()
+	return true
+}
 
+// stop ends a worker taken off its topic: its in-flight messages finish,
+// its queued ones are given back, its instance is closed; when it was the
+// last on t, stop waits for t's stream to end. deleteMetrics drops its
+// series (not when a new worker of the same id has them already).
+func (d *Dispatcher) stop(ctx context.Context, w *worker, t *topic, last, deleteMetrics bool) {
 	w.mu.Lock()
 	w.closed = true
 	w.mu.Unlock()
@@ -458,8 +527,10 @@ func (d *Dispatcher) Detach(ctx context.Context, id string) {
 		break
 	}
 	w.inst.Load().closeWhenIdle(ctx, d.log)
-	w.m.Delete()
-	if len(list) == 0 {
+	if deleteMetrics {
+		w.m.Delete()
+	}
+	if last {
 		select {
 		case <-t.done:
 		case <-ctx.Done():

@@ -3,6 +3,7 @@ package dispatch_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -255,5 +256,108 @@ func TestEventsWithoutIDAreNotCollapsed(t *testing.T) {
 	dead := rec.On("in-dead")
 	if len(dead) != 2 || string(dead[0].Data()) == string(dead[1].Data()) {
 		t.Fatalf("%d dead letters, want one per event", len(dead))
+	}
+}
+
+// blocking is an instance that records the ids it ran and blocks on the
+// ids in hold until release is closed.
+type blocking struct {
+	mu      sync.Mutex
+	ran     []string
+	hold    map[string]bool
+	entered chan string
+	release chan struct{}
+}
+
+func newBlocking(hold ...string) *blocking {
+	b := &blocking{hold: map[string]bool{}, entered: make(chan string, 16), release: make(chan struct{})}
+	for _, id := range hold {
+		b.hold[id] = true
+	}
+	return b
+}
+
+func (b *blocking) instance() *dispatchtest.FuncInstance {
+	return &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
+		b.entered <- in.ID()
+		if b.hold[in.ID()] {
+			<-b.release
+		}
+		b.mu.Lock()
+		b.ran = append(b.ran, in.ID())
+		b.mu.Unlock()
+		return outputs("out")(in)
+	}}
+}
+
+func (b *blocking) did(id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Contains(b.ran, id)
+}
+
+// Issue 30, item 1: re-attaching a worker after a policy change replaces it
+// in one step: a message that arrives while the old one still finishes its
+// call is not acked SUCCESS unless the worker (the new one) processed it.
+func TestReattachNeverAcksWithoutTheWorker(t *testing.T) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	d := newTestDispatcher(t, b, pub, 1)
+	w1, w1b, w2 := newBlocking("m1"), newBlocking(), newBlocking()
+	d.Attach(dispatch.Worker{ID: "w1", Topic: "in"}, w1.instance())
+	d.Attach(dispatch.Worker{ID: "w2", Topic: "in"}, w2.instance())
+	s := waitStream(t, b, "in")
+	s.In <- request("m1", "")
+	<-w1.entered // w1 holds m1
+	attached := make(chan struct{})
+	go func() {
+		defer close(attached)
+		d.Attach(dispatch.Worker{ID: "w1", Topic: "in", MaxAttempts: 5}, w1b.instance()) // a policy change
+	}()
+	time.Sleep(50 * time.Millisecond) // the old w1 is being stopped: it waits for m1
+	s.In <- request("m2", "")
+	ack := waitAck(t, b)
+	if ack.ID != "m2" {
+		t.Fatalf("ack %+v", ack)
+	}
+	if ack.Status == dispatch.AckSuccess && !w1b.did("m2") && !w1.did("m2") {
+		t.Fatal("m2 acked SUCCESS although worker w1, running in the catalog, never had it")
+	}
+	close(w1.release)
+	<-attached
+	if a := waitAck(t, b); a.ID != "m1" {
+		t.Fatalf("ack %+v", a)
+	}
+}
+
+// Issue 30, item 1: a worker parked on this node (fenced, or its new code
+// cannot load here) while the catalog still runs it: messages of its topic
+// are given back here, not acked because the other workers are done.
+func TestParkedWorkerKeepsItsMessagesUnacked(t *testing.T) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	d := newTestDispatcher(t, b, pub, 1)
+	w1, w2 := newBlocking("m1"), newBlocking()
+	d.Attach(dispatch.Worker{ID: "w1", Topic: "in"}, w1.instance())
+	d.Attach(dispatch.Worker{ID: "w2", Topic: "in"}, w2.instance())
+	s := waitStream(t, b, "in")
+	s.In <- request("m1", "")
+	<-w1.entered
+	s.In <- request("m2", "") // queued behind m1 for w1
+	waitCond(t, func() bool { return w2.did("m2") }, func() string { return "w2 never ran m2" })
+	parked := make(chan struct{})
+	go func() {
+		defer close(parked)
+		d.Park(context.Background(), dispatch.Worker{ID: "w1", Topic: "in"})
+	}()
+	time.Sleep(50 * time.Millisecond)
+	s.In <- request("m3", "") // arrives while w1 is parked
+	close(w1.release)
+	<-parked
+	got := map[string]dispatch.Ack{}
+	for range 3 {
+		a := waitAck(t, b)
+		got[a.ID] = a.Status
+	}
+	if got["m1"] != dispatch.AckSuccess || got["m2"] != dispatch.AckRetry || got["m3"] != dispatch.AckRetry {
+		t.Fatalf("acks %v: m1 SUCCESS (w1 finished it), m2 and m3 RETRY (w1 never had them)", got)
 	}
 }

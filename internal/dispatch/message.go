@@ -396,6 +396,9 @@ func (d *Dispatcher) notRunnable(ctx context.Context, m *message, rec delivery.R
 		if !m.isFor(w.ID) {
 			continue
 		}
+		if _, ran := updates[w.ID]; ran {
+			continue // it ran here on this delivery (parked since)
+		}
 		s := rec.Get(w.ID)
 		if s.Terminal() {
 			continue

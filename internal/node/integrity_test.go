@@ -55,3 +55,35 @@ func TestGroupLockedUnderTheWorkersTenant(t *testing.T) {
 		t.Fatal("acme's group was locked under the bare (default tenant's) key")
 	}
 }
+
+// Issue 33, item 6: a worker whose load was under way when the node was
+// fenced is not served once the load ends.
+func TestFenceDuringLoadLeavesNothingServed(t *testing.T) {
+	f, ctx := nodetest.New(t), context.Background()
+	sha, err := f.Catalog.PutCode(ctx, []byte(nodetest.SlowCode))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := nodetest.Worker(catalog.StatusRunning, sha)
+	applied := make(chan error, 1)
+	go func() { applied <- f.Node.Apply(ctx, w, nil) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for f.Engine.Attempts() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no load began")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	f.Node.Fence(ctx)
+	f.Engine.Release()
+	if err := <-applied; err != nil {
+		t.Fatal(err)
+	}
+	if f.Dispatcher.Attached(w.ID) {
+		t.Fatal("a fenced node serves the worker whose load ended after the fence")
+	}
+	f.Node.Unfence()
+	if err := f.Node.Sync(ctx, w.ID); err != nil || !f.Dispatcher.Attached(w.ID) {
+		t.Fatalf("after Unfence and Sync: %v, attached %v", err, f.Dispatcher.Attached(w.ID))
+	}
+}

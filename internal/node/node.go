@@ -168,9 +168,15 @@ func (n *Node) hotPath(w catalog.Worker) dispatch.Worker {
 // apply makes the node serve w; the caller holds w's lock. A fenced node
 // serves nothing.
 func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
-	if w.Status != catalog.StatusRunning || n.fenced.Load() {
+	if w.Status != catalog.StatusRunning {
 		n.remove(ctx, w.ID)
 		n.disp.ClearUnrunnable(w.ID)
+		return nil
+	}
+	if n.fenced.Load() {
+		// The catalog runs it, a fenced node does not: its messages wait
+		// for another node rather than being acked here without it.
+		n.park(ctx, n.hotPath(w))
 		return nil
 	}
 	n.mu.Lock()
@@ -184,8 +190,7 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 		// The catalog runs it, this node cannot: its messages must wait for
 		// a node that can (or dead-letter as not_runnable), not be acked
 		// without it.
-		n.remove(ctx, w.ID)
-		n.disp.SetUnrunnable(n.hotPath(w))
+		n.park(ctx, n.hotPath(w))
 		return err
 	}
 	n.disp.Attach(n.hotPath(w), inst)
@@ -193,7 +198,16 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 	n.policy[w.ID] = n.hotPath(w)
 	n.attached[w.ID] = w.CodeSHA256
 	delete(n.broken, w.ID)
+	// Read under n.mu after recording the worker as attached: a Fence
+	// either lists it (and parks it once this apply lets go of the
+	// worker's lock) or was set before this read (issue 33, item 6: a load
+	// that outlasts a Fence must not leave the worker served).
+	fenced := n.fenced.Load()
 	n.mu.Unlock()
+	if fenced {
+		n.park(ctx, n.hotPath(w))
+		return nil
+	}
 	n.log.Info("worker attached", "worker_id", w.ID, "topic", w.Topic, "code_sha256", w.CodeSHA256)
 	return nil
 }
@@ -239,6 +253,22 @@ func (n *Node) remove(ctx context.Context, id string) {
 	delete(n.budgets, id)
 	n.mu.Unlock()
 	n.log.Info("worker detached", "worker_id", id)
+}
+
+// park stops serving w here while the catalog still runs it
+// (dispatch.Park: its topic's messages are not acked here without it); the
+// caller holds its lock.
+func (n *Node) park(ctx context.Context, w dispatch.Worker) {
+	n.disp.Park(ctx, w)
+	n.mu.Lock()
+	_, was := n.attached[w.ID]
+	delete(n.attached, w.ID)
+	delete(n.policy, w.ID)
+	delete(n.budgets, w.ID)
+	n.mu.Unlock()
+	if was {
+		n.log.Info("worker detached here; it stays running in the catalog", "worker_id", w.ID)
+	}
 }
 
 // ReconcileResult counts what Reconcile did.
@@ -339,7 +369,14 @@ func (n *Node) Fence(ctx context.Context) {
 	n.mu.Unlock()
 	for _, id := range ids {
 		unlock := n.lockWorker(id)
-		n.remove(ctx, id)
+		n.mu.Lock()
+		w, ok := n.policy[id]
+		n.mu.Unlock()
+		if ok {
+			// Still running in the catalog as far as this node knows: its
+			// messages are given back here, never acked without it.
+			n.park(ctx, w)
+		}
 		unlock()
 	}
 }
