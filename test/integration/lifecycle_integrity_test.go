@@ -73,7 +73,9 @@ func TestConcurrentNamedCreatesRunTheAnsweredCode(t *testing.T) {
 			if ok == nil {
 				t.Fatalf("request ids %v, round %d: no create was answered OK: %+v", withRequestIDs, round, answers)
 			}
-			t.Logf("request ids %v, round %d: %s OK; answers %+v", withRequestIDs, round, ok.version, answers)
+			for _, a := range answers {
+				t.Logf("request ids %v, round %d: create %s answered %v after %s", withRequestIDs, round, a.version, status.Code(a.err), a.took.Round(time.Millisecond))
+			}
 
 			w, err := e.client.GetWorker(ctxT(t), &pb.GetWorkerRequest{WorkerId: ok.id})
 			if err != nil || w.GetCodeVersion() != 1 || w.GetName() != name {
