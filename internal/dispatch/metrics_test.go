@@ -124,6 +124,10 @@ func TestMetricsOfAKnownSequence(t *testing.T) {
 	if a := waitAck(t, b); a.ID != "raw" || a.Status != dispatch.AckSuccess {
 		t.Fatalf("raw: ack %+v", a)
 	}
+	// A message leaves the in-flight count just after its answer is sent.
+	waitCond(t, func() bool {
+		return strings.Contains(samples(t, reg, "workmanager_messages_in_flight"), "workmanager_messages_in_flight{} 0")
+	}, func() string { return samples(t, reg, "workmanager_messages_in_flight") })
 
 	expectSamples(t, reg, `
 		workmanager_worker_concurrency_limit{engine=native,worker_id=poison} 2
