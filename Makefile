@@ -11,6 +11,8 @@ GRPCURL_VERSION := v1.9.3
 WORKFLOWCHECK_VERSION := v0.6.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TEST_TIMEOUT ?= 35m
+UNIT_PACKAGES = $$(go list ./... | grep -v /test/integration)
+REQUIRE_SANDBOX = $$([ "$$(id -u)" = 0 ] && echo 1)
 
 .PHONY: run test unit integration bench fuzz pytest deps tools proto build clean vet k8s-validate
 
@@ -19,8 +21,12 @@ run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 
 # As root (the dev machines) every sandbox layer exists: the sandbox tests
 # must run, not skip.
+# Every package but the integration tests runs under the race detector
+# (what `make unit` runs, without -short); then the integration tests, on
+# the real Temporal, daprd, Redis, Python and Mono.
 test: deps tools vet pytest k8s-validate $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
-	WM_REQUIRE_SANDBOX=$$([ "$$(id -u)" = 0 ] && echo 1) go test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -race -count=1 -timeout 20m $(UNIT_PACKAGES)
+	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -count=1 -timeout $(TEST_TIMEOUT) ./test/integration/
 
 # The Kubernetes manifests (deploy/k8s), decoded strictly into their API
 # types and checked against the settings the node and the API read; a
@@ -33,7 +39,7 @@ pytest: deps
 	cd sdk/python && PYTHONPATH=src PYTHONDONTWRITEBYTECODE=1 timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests
 
 unit: vet
-	go test -timeout 5m -short $$(go list ./... | grep -v /test/integration)
+	go test -race -timeout 10m -short $(UNIT_PACKAGES)
 
 integration: deps tools
 	go test -timeout $(TEST_TIMEOUT) -v ./test/integration/

@@ -17,39 +17,41 @@ import (
 // config is the node's typed configuration, read from the environment.
 type config struct {
 	envconfig.Services
-	HTTPAddr           string        // WORKMANAGER_HTTP_ADDR
-	PubSub             string        // DAPR_PUBSUB
-	RecoveryOnStart    bool          // WORKER_RECOVERY_ON_START
-	MaxConcurrency     int           // WORKER_MAX_CONCURRENCY
-	WorkerTimeout      time.Duration // WORKER_TIMEOUT
-	PythonProcesses    int           // PYTHON_PROCESSES
-	PythonSpinWait     time.Duration // PYTHON_SPIN_WAIT (negative: never spin)
-	PythonMaxBatch     int           // PYTHON_MAX_BATCH (1: no batches)
-	ReconcileInterval  time.Duration // RECONCILE_INTERVAL (0 disables)
-	TemporalLease      time.Duration // TEMPORAL_LEASE (0 disables)
-	NodeID             string        // WORKMANAGER_NODE_ID (default: <hostname>-<pid>)
-	NodeHeartbeat      time.Duration // NODE_HEARTBEAT; a node silent for 3 heartbeats counts as gone
-	GatewayTimeout     time.Duration // GATEWAY_TIMEOUT
-	NativeIsolation    string        // NATIVE_ISOLATION: "in-process" (default) or "process"
-	NativeHostPath     string        // NATIVE_HOST_PATH (default: native-host next to this binary)
-	NativeTempDir      string        // NATIVE_TEMP_DIR
-	PythonDevKitDir    string        // PYTHON_DEVKIT_DIR: where the node installs the Python DevKit its workers import
-	DotnetProcesses    int           // DOTNET_PROCESSES: host processes per .NET worker
-	DotnetCacheDir     string        // DOTNET_CACHE_DIR: the compiled .NET host, DevKit, C# workers and unpacked packages
-	DotnetMono         string        // DOTNET_MONO: the mono executable (default: searched)
-	DotnetCompiler     string        // DOTNET_COMPILER: the mcs C# compiler (default: searched)
-	DotnetLockdown     bool          // DOTNET_LOCKDOWN: .NET hosts refuse execve and IP sockets to worker code
-	NativeMaxAbandoned int           // NATIVE_MAX_ABANDONED_CALLS
-	NativeMaxExtracted int           // NATIVE_MAX_EXTRACTED_BYTES: disk all extracted native packages may use
-	BrokerProbe        time.Duration // BROKER_PROBE_INTERVAL: how often an idle node checks that publishing works
-	BrokerReadyGrace   time.Duration // BROKER_READY_GRACE: how long the broker may fail before /readyz does
-	LogLevel           slog.Level    // LOG_LEVEL
-	Sandbox            string        // SANDBOX: strict, standard (default) or off
-	SandboxLimits      sandbox.Limits
-	SandboxWritable    []string          // SANDBOX_WRITABLE_PATHS: host paths bound read-write into every worker sandbox
-	PythonAllowed      []string          // PYTHON_ALLOWED_PACKAGES
-	WorkerEnv          []string          // WORKER_ENV: space-separated KEY=VALUE given to every worker process
-	CodeURLs           codesource.Policy // CODE_URL_*: how the node fetches URL code sources (envconfig.CodeURLs)
+	HTTPAddr            string        // WORKMANAGER_HTTP_ADDR
+	PubSub              string        // DAPR_PUBSUB
+	RecoveryOnStart     bool          // WORKER_RECOVERY_ON_START
+	MaxConcurrency      int           // WORKER_MAX_CONCURRENCY
+	WorkerTimeout       time.Duration // WORKER_TIMEOUT
+	PythonProcesses     int           // PYTHON_PROCESSES
+	PythonSpinWait      time.Duration // PYTHON_SPIN_WAIT (negative: never spin)
+	PythonMaxBatch      int           // PYTHON_MAX_BATCH (1: no batches)
+	ReconcileInterval   time.Duration // RECONCILE_INTERVAL (0 disables)
+	TemporalLease       time.Duration // TEMPORAL_LEASE (0 disables)
+	NodeID              string        // WORKMANAGER_NODE_ID (default: <hostname>-<pid>)
+	NodeHeartbeat       time.Duration // NODE_HEARTBEAT; a node silent for 3 heartbeats counts as gone
+	GatewayTimeout      time.Duration // GATEWAY_TIMEOUT
+	NativeIsolation     string        // NATIVE_ISOLATION: "in-process" (default) or "process"
+	NativeHostPath      string        // NATIVE_HOST_PATH (default: native-host next to this binary)
+	NativeTempDir       string        // NATIVE_TEMP_DIR
+	PythonDevKitDir     string        // PYTHON_DEVKIT_DIR: where the node installs the Python DevKit its workers import
+	DotnetProcesses     int           // DOTNET_PROCESSES: host processes per .NET worker
+	DotnetCacheDir      string        // DOTNET_CACHE_DIR: the compiled .NET host, DevKit, C# workers and unpacked packages
+	DotnetMono          string        // DOTNET_MONO: the mono executable (default: searched)
+	DotnetCompiler      string        // DOTNET_COMPILER: the mcs C# compiler (default: searched)
+	DotnetLockdown      bool          // DOTNET_LOCKDOWN: .NET hosts refuse execve and IP sockets to worker code
+	NativeMaxAbandoned  int           // NATIVE_MAX_ABANDONED_CALLS
+	NativeMaxExtracted  int           // NATIVE_MAX_EXTRACTED_BYTES: disk all extracted native packages may use
+	BrokerProbe         time.Duration // BROKER_PROBE_INTERVAL: how often an idle node checks that publishing works
+	BrokerReadyGrace    time.Duration // BROKER_READY_GRACE: how long the broker may fail before /readyz does
+	LogLevel            slog.Level    // LOG_LEVEL
+	Sandbox             string        // SANDBOX: strict, standard (default) or off
+	SandboxLimits       sandbox.Limits
+	SandboxWritable     []string          // SANDBOX_WRITABLE_PATHS: host paths bound read-write into every worker sandbox
+	SandboxTmpBytes     uint64            // SANDBOX_TMP_BYTES: size of each worker process's /tmp
+	SandboxScratchBytes uint64            // SANDBOX_SCRATCH_BYTES: size of each worker process's /scratch
+	PythonAllowed       []string          // PYTHON_ALLOWED_PACKAGES
+	WorkerEnv           []string          // WORKER_ENV: space-separated KEY=VALUE given to every worker process
+	CodeURLs            codesource.Policy // CODE_URL_*: how the node fetches URL code sources (envconfig.CodeURLs)
 
 	QueueDepth         int           // WORKER_QUEUE_DEPTH: messages waiting per worker beyond those running
 	QueueWait          time.Duration // WORKER_QUEUE_WAIT: how long a message waits for room in a full queue
@@ -110,28 +112,30 @@ func loadConfig() (config, error) {
 			Processes:    uint64(r.Int("SANDBOX_PROCESSES", int(sandbox.DefaultLimits.Processes))),
 			CPUSeconds:   uint64(r.Int("SANDBOX_CPU_SECONDS", 0)),
 		},
-		SandboxWritable:    r.List("SANDBOX_WRITABLE_PATHS", ","),
-		PythonAllowed:      r.List("PYTHON_ALLOWED_PACKAGES", ","),
-		CodeURLs:           r.CodeURLs(),
-		WorkerEnv:          strings.Fields(r.String("WORKER_ENV", "")),
-		QueueDepth:         r.Int("WORKER_QUEUE_DEPTH", 64),
-		QueueWait:          r.Duration("WORKER_QUEUE_WAIT", time.Second),
-		MaxAttempts:        r.Int("WORKER_MAX_ATTEMPTS", 3),
-		RetryBackoff:       r.Duration("WORKER_RETRY_BACKOFF", time.Second),
-		DeliveryRecordTTL:  r.Duration("DELIVERY_RECORD_TTL", 24*time.Hour),
-		DeadLetterTTL:      r.Duration("DEAD_LETTER_TTL", 7*24*time.Hour),
-		NotRunnableGrace:   r.Duration("NOT_RUNNABLE_GRACE", 10*time.Minute),
-		MaxEventBytes:      r.Int("MAX_EVENT_BYTES", 1<<20),
-		DaprMaxBodyBytes:   r.Int("DAPR_MAX_BODY_BYTES", 16<<20),
-		MaxOutputs:         r.Int("MAX_OUTPUTS_PER_MESSAGE", 100),
-		LogLinesPerSecond:  r.Int("WORKER_LOG_LINES_PER_SECOND", 100),
-		MaxOutputBytes:     r.Int("MAX_OUTPUT_BYTES", 1<<20),
-		LockRetryBase:      time.Duration(r.Int("GROUP_LOCK_RETRY_BASE_DELAY_MS", 500)) * time.Millisecond,
-		LockMaxRetries:     r.Int("GROUP_LOCK_MAX_RETRIES", 3),
-		LockMaxAge:         time.Duration(r.Int("GROUP_LOCK_MAX_AGE_MS", 30000)) * time.Millisecond,
-		ShutdownGrace:      r.Duration("SHUTDOWN_GRACE", 30*time.Second),
-		TestPanicExtension: r.String("WM_TEST_PANIC_EXTENSION", ""),
-		TestStateFaultFile: r.String("WM_TEST_STATE_FAULT_FILE", ""),
+		SandboxWritable:     r.List("SANDBOX_WRITABLE_PATHS", ","),
+		SandboxTmpBytes:     uint64(r.Int("SANDBOX_TMP_BYTES", sandbox.DefaultTmpBytes)),
+		SandboxScratchBytes: uint64(r.Int("SANDBOX_SCRATCH_BYTES", sandbox.DefaultScratchBytes)),
+		PythonAllowed:       r.List("PYTHON_ALLOWED_PACKAGES", ","),
+		CodeURLs:            r.CodeURLs(),
+		WorkerEnv:           strings.Fields(r.String("WORKER_ENV", "")),
+		QueueDepth:          r.Int("WORKER_QUEUE_DEPTH", 64),
+		QueueWait:           r.Duration("WORKER_QUEUE_WAIT", time.Second),
+		MaxAttempts:         r.Int("WORKER_MAX_ATTEMPTS", 3),
+		RetryBackoff:        r.Duration("WORKER_RETRY_BACKOFF", time.Second),
+		DeliveryRecordTTL:   r.Duration("DELIVERY_RECORD_TTL", 24*time.Hour),
+		DeadLetterTTL:       r.Duration("DEAD_LETTER_TTL", 7*24*time.Hour),
+		NotRunnableGrace:    r.Duration("NOT_RUNNABLE_GRACE", 10*time.Minute),
+		MaxEventBytes:       r.Int("MAX_EVENT_BYTES", 1<<20),
+		DaprMaxBodyBytes:    r.Int("DAPR_MAX_BODY_BYTES", 16<<20),
+		MaxOutputs:          r.Int("MAX_OUTPUTS_PER_MESSAGE", 100),
+		LogLinesPerSecond:   r.Int("WORKER_LOG_LINES_PER_SECOND", 100),
+		MaxOutputBytes:      r.Int("MAX_OUTPUT_BYTES", 1<<20),
+		LockRetryBase:       time.Duration(r.Int("GROUP_LOCK_RETRY_BASE_DELAY_MS", 500)) * time.Millisecond,
+		LockMaxRetries:      r.Int("GROUP_LOCK_MAX_RETRIES", 3),
+		LockMaxAge:          time.Duration(r.Int("GROUP_LOCK_MAX_AGE_MS", 30000)) * time.Millisecond,
+		ShutdownGrace:       r.Duration("SHUTDOWN_GRACE", 30*time.Second),
+		TestPanicExtension:  r.String("WM_TEST_PANIC_EXTENSION", ""),
+		TestStateFaultFile:  r.String("WM_TEST_STATE_FAULT_FILE", ""),
 	}
 	if err := r.Err(); err != nil {
 		return c, err
@@ -176,6 +180,9 @@ func (c config) validate() error {
 		if !filepath.IsAbs(p) {
 			return fmt.Errorf("SANDBOX_WRITABLE_PATHS: %q is not an absolute path", p)
 		}
+	}
+	if c.SandboxTmpBytes < 1<<20 || c.SandboxScratchBytes < 1<<20 {
+		return fmt.Errorf("SANDBOX_TMP_BYTES and SANDBOX_SCRATCH_BYTES must be at least 1048576 (got %d, %d)", c.SandboxTmpBytes, c.SandboxScratchBytes)
 	}
 	l := c.SandboxLimits
 	if l.AddressSpace < 64<<20 || l.OpenFiles < 16 || l.Processes < 1 || l.FileSize < 1 {

@@ -97,7 +97,8 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	met := metrics.New(promReg)
 
 	mode, _ := sandbox.ParseMode(cfg.Sandbox) // validated
-	sb, err := sandbox.New(ctx, sandbox.Config{Mode: mode, Limits: cfg.SandboxLimits, Writable: cfg.SandboxWritable, Log: log})
+	sb, err := sandbox.New(ctx, sandbox.Config{Mode: mode, Limits: cfg.SandboxLimits, Writable: cfg.SandboxWritable,
+		TmpBytes: cfg.SandboxTmpBytes, ScratchBytes: cfg.SandboxScratchBytes, Log: log})
 	if err != nil {
 		return err
 	}
