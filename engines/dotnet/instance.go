@@ -66,7 +66,7 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	p, err := in.pool.Proc(ctx, s)
+	p, err := in.pool.ProcBy(ctx, s, deadline)
 	if err != nil {
 		in.pool.Release(s)
 		return nil, fmt.Errorf("%w: the worker host could not be restarted: %w", engines.ErrWorkerFailed, err)

@@ -393,7 +393,7 @@ func (in *hostInstance) run(ctx context.Context, s *procpool.Slot[*hostProc], ev
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
 		wait = time.Until(dl)
 	}
-	p, err := in.pool.Proc(ctx, s)
+	p, err := in.pool.ProcBy(ctx, s, start.Add(wait))
 	if err != nil {
 		in.pool.Release(s)
 		return nil, fmt.Errorf("%w: the native host could not be restarted: %w", engines.ErrWorkerFailed, err)

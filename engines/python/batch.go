@@ -191,7 +191,7 @@ func (in *Instance) runCalls(ctx context.Context, s *procpool.Slot[*proc], calls
 // returns the others (not sent, or unanswered after a failure that may not
 // be theirs; failed is then true).
 func (in *Instance) runBatch(ctx context.Context, s *procpool.Slot[*proc], calls []*call) (rest []*call, failed bool) {
-	p, err := in.pool.Proc(ctx, s)
+	p, err := in.pool.ProcBy(ctx, s, time.Now().Add(in.timeout))
 	if err != nil {
 		in.pool.Release(s)
 		err = fmt.Errorf("%w: the worker process could not be restarted: %w", engines.ErrWorkerFailed, err)

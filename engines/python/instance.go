@@ -112,7 +112,7 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	p, err := in.pool.Proc(ctx, s)
+	p, err := in.pool.ProcBy(ctx, s, deadline)
 	if err != nil {
 		in.pool.Release(s)
 		return nil, fmt.Errorf("%w: the worker process could not be restarted: %w", engines.ErrWorkerFailed, err)

@@ -1,6 +1,7 @@
 package procpool
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -99,5 +100,72 @@ func TestFailedStartsBackOff(t *testing.T) {
 	}
 	if err := try(); err != nil {
 		t.Fatalf("Proc after a good start: %v", err)
+	}
+}
+
+// TestHangingStartCostsACallOnlyItsDeadline is issue 34's item 6: the
+// start of an empty slot (its restart failed) that hangs costs each call
+// only its own deadline (it used to run under the load timeout, 60 s for
+// Python, for every message); the start goes on in the background and its
+// process serves the slot's next call once it is up.
+func TestHangingStartCostsACallOnlyItsDeadline(t *testing.T) {
+	var failing atomic.Bool
+	f := &fakes{fail: func(int) error {
+		if failing.Load() {
+			return errors.New("cannot start")
+		}
+		return nil
+	}}
+	pl, _ := newPool(t, 1, f, func(c *Config[*fakeProc]) { c.RestartBackoff = -1 })
+	if errs := pl.Fill(ctxFor(t, 5*time.Second)); errs != nil {
+		t.Fatalf("Fill: %v", errs)
+	}
+	release := make(chan struct{})
+	fill := pl.cfg.Start
+	pl.cfg.Start = func(ctx context.Context) (*fakeProc, error) {
+		if failing.Load() {
+			return fill(ctx)
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return f.start(ctx)
+	}
+	s, _ := acquire(t, pl)
+	failing.Store(true)
+	pl.Replace(s, "timeout") // its restart fails: the slot is empty
+	if s, err := pl.Acquire(ctxFor(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	} else {
+		pl.Release(s)
+	}
+	failing.Store(false) // the next start hangs
+
+	for i := range 3 {
+		start := time.Now()
+		s, err := pl.Acquire(ctxFor(t, time.Second))
+		if err != nil {
+			t.Fatalf("call %d: Acquire: %v (the slot is held by the restart)", i, err)
+		}
+		_, err = pl.ProcBy(context.Background(), s, time.Now().Add(100*time.Millisecond))
+		pl.Release(s)
+		if !errors.Is(err, ErrCannotStart) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("call %d: ProcBy = %v, want ErrCannotStart at the deadline", i, err)
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Fatalf("call %d took %v against a 100ms deadline", i, took)
+		}
+	}
+	close(release)
+	s, err := pl.Acquire(ctxFor(t, time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pl.Release(s)
+	p, err := pl.ProcBy(context.Background(), s, time.Now().Add(time.Second))
+	if err != nil || p == nil || p.exited() {
+		t.Fatalf("after the start finished: %v, %v", p, err)
 	}
 }

@@ -110,6 +110,14 @@ type Slot[P Process] struct {
 	failures int
 	lastErr  error
 	nextTry  time.Time
+	// starting delivers the result of a start that a call gave up
+	// waiting for (ProcBy's deadline); the next call takes it.
+	starting chan startResult[P]
+}
+
+type startResult[P Process] struct {
+	p   P
+	err error
 }
 
 // Pool is a fixed set of slots with their processes. Its methods are safe
@@ -261,8 +269,25 @@ func (pl *Pool[P]) AcquireUnless(ctx context.Context, stop, stop2 <-chan struct{
 // start's error. On an error the slot stays empty and still has to be
 // given back.
 func (pl *Pool[P]) Proc(ctx context.Context, s *Slot[P]) (P, error) {
+	return pl.ProcBy(ctx, s, time.Time{})
+}
+
+// ProcBy is Proc for a call that must be answered by deadline (zero:
+// none): a start it makes, or finds in progress, is waited for only until
+// then; the start goes on in the background (bounded by Close and by
+// Config.Start's own limit) and the slot's next call takes its process.
+// A worker whose start hangs thus costs each call at most its own
+// deadline, not the start's timeout.
+func (pl *Pool[P]) ProcBy(ctx context.Context, s *Slot[P], deadline time.Time) (P, error) {
 	var zero P
 	reason := ""
+	if s.starting != nil {
+		r, err := pl.waitStart(ctx, s, s.starting, deadline)
+		if err != nil {
+			return zero, err
+		}
+		return pl.started(s, r, "")
+	}
 	if s.p != zero {
 		select {
 		case <-s.p.Done():
@@ -281,11 +306,57 @@ func (pl *Pool[P]) Proc(ctx context.Context, s *Slot[P]) (P, error) {
 				ErrCannotStart, s.failures, s.lastErr, wait.Round(time.Millisecond))
 		}
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(pl.ctx, cancel)
-	defer stop()
-	p, err := pl.cfg.Start(ctx)
+	if deadline.IsZero() {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stop := context.AfterFunc(pl.ctx, cancel)
+		defer stop()
+		p, err := pl.cfg.Start(ctx)
+		return pl.started(s, startResult[P]{p, err}, reason)
+	}
+	// The start runs on the pool's context; the call waits for it until
+	// its deadline at most.
+	ch := make(chan startResult[P], 1)
+	pl.wg.Add(1) // the call holds the group open: no race with Close's Wait
+	go func() {
+		defer pl.wg.Done()
+		p, err := pl.cfg.Start(pl.ctx)
+		ch <- startResult[P]{p, err}
+	}()
+	r, err := pl.waitStart(ctx, s, ch, deadline)
+	if err != nil {
+		return zero, err
+	}
+	return pl.started(s, r, reason)
+}
+
+// waitStart waits for the start delivering to ch until ctx or deadline
+// end; then it leaves ch to the slot's next call and fails.
+func (pl *Pool[P]) waitStart(ctx context.Context, s *Slot[P], ch chan startResult[P], deadline time.Time) (startResult[P], error) {
+	var timeout <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case r := <-ch:
+		s.starting = nil
+		return r, nil
+	case <-ctx.Done():
+		s.starting = ch
+		return startResult[P]{}, fmt.Errorf("%w: still starting when the call was cancelled (the start goes on): %w", ErrCannotStart, ctx.Err())
+	case <-timeout:
+		s.starting = ch
+		return startResult[P]{}, fmt.Errorf("%w: still starting at the call's deadline (the start goes on): %w", ErrCannotStart, context.DeadlineExceeded)
+	}
+}
+
+// started installs a start's result in s (reason: why it was started by
+// a call, for OnRestart).
+func (pl *Pool[P]) started(s *Slot[P], r startResult[P], reason string) (P, error) {
+	var zero P
+	p, err := r.p, r.err
 	if err != nil {
 		if pl.ctx.Err() == nil {
 			pl.startFailed(s, err)
