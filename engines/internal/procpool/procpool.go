@@ -306,7 +306,9 @@ func (pl *Pool[P]) ProcBy(ctx context.Context, s *Slot[P], deadline time.Time) (
 				ErrCannotStart, s.failures, s.lastErr, wait.Round(time.Millisecond))
 		}
 	}
-	if deadline.IsZero() {
+	// Replacing a process that died idle is like waiting for a free one:
+	// the call's time has not started (only ctx bounds it).
+	if deadline.IsZero() || reason != "" {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		stop := context.AfterFunc(pl.ctx, cancel)
