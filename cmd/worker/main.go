@@ -153,6 +153,9 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	members := cluster.New(store, cfg.NodeID, 3*cfg.NodeHeartbeat)
 	locks := grouplock.New(store, grouplock.Config{RetryBase: cfg.LockRetryBase, MaxRetries: cfg.LockMaxRetries, MaxAge: cfg.LockMaxAge, Node: cfg.NodeID,
 		HolderAlive: func(holder string) bool { node, _, _ := strings.Cut(holder, "/"); return members.SeenAlive(node) },
+		// Peers take the locks of a node they count as gone: past two
+		// missed heartbeats, Check reads the store before every output.
+		SelfAlive: func() bool { return members.Member(cfg.NodeHeartbeat) },
 		OnEvent: func(e grouplock.Event) {
 			met.GroupLockEvent(e)
 			infra.Emit(infraevents.GroupLockTopic, "grouplock."+e.Kind, e)
@@ -229,7 +232,9 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		// brings changes to this node.
 		log.Warn("join the cluster", "node_id", cfg.NodeID, "err", err)
 	}
-	mctx, leave := context.WithCancel(ctx)
+	// Not the signal's context: on SIGTERM the node stays a member (peers
+	// do not take its group locks) until it drained and released them.
+	mctx, leave := context.WithCancel(context.WithoutCancel(ctx))
 	left := make(chan struct{})
 	go func() { members.Run(mctx, log, cfg.NodeHeartbeat); close(left) }()
 	defer func() { leave(); <-left }() // leave before the connections close
@@ -253,6 +258,14 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		log.Warn("shutdown grace over: cutting off the calls still running", "grace", cfg.ShutdownGrace)
 	}
 	cutOff()
+	// Every worker detached: no call runs any more and every group lock is
+	// released (or left to be taken). Only now may peers count the node as
+	// gone.
+	sctx, cancelShutdown := context.WithTimeout(context.Background(), 10*time.Second)
+	n.Shutdown(sctx)
+	cancelShutdown()
+	leave()
+	<-left
 	log.Info("node stopping", "drained", drained)
 	return nil
 }

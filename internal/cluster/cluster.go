@@ -30,6 +30,9 @@ type Members struct {
 	ttl   time.Duration
 	now   func() time.Time
 	seen  atomic.Pointer[map[string]bool] // live nodes at the last successful beat
+	// beat is the time written by this node's last successful heartbeat
+	// (UnixNano; 0: none, or left since).
+	beat atomic.Int64
 }
 
 // New returns the membership as seen by node self; entries older than ttl
@@ -44,9 +47,26 @@ func (m *Members) Self() string { return m.self }
 // Heartbeat records this node as alive now and drops the entries of nodes
 // gone for longer than the TTL.
 func (m *Members) Heartbeat(ctx context.Context) error {
-	return m.update(ctx, func(ms map[string]time.Time) {
-		ms[m.self] = m.now().UTC()
+	at := m.now().UTC()
+	err := m.update(ctx, func(ms map[string]time.Time) {
+		ms[m.self] = at
 	})
+	if err == nil {
+		m.beat.Store(at.UnixNano())
+	}
+	return err
+}
+
+// Member reports whether the other nodes still count this node as alive,
+// with a margin: its last heartbeat is younger than the TTL less one
+// heartbeat interval (margin). Once it is not, peers may take the group
+// locks its workers hold (grouplock.Config.HolderAlive), so a holder must
+// look at the store again before it acts under one
+// (grouplock.Config.SelfAlive). False before the first heartbeat and after
+// Leave.
+func (m *Members) Member(margin time.Duration) bool {
+	b := m.beat.Load()
+	return b != 0 && m.now().Before(time.Unix(0, b).Add(m.ttl-margin))
 }
 
 // Beat sends a heartbeat and reports it to OnBeat.
@@ -79,6 +99,7 @@ func (m *Members) SeenAlive(node string) bool {
 
 // Leave removes this node (on a clean shutdown), so that nobody waits for it.
 func (m *Members) Leave(ctx context.Context) error {
+	m.beat.Store(0) // counted as gone from now on, whether the write lands or not
 	return m.update(ctx, func(ms map[string]time.Time) { delete(ms, m.self) })
 }
 
@@ -102,6 +123,9 @@ func (m *Members) Alive(ctx context.Context) ([]string, error) {
 
 // Run sends a heartbeat (Beat) every interval until ctx ends, then leaves.
 // The first heartbeat is the caller's, so that start-up can report it.
+// Leaving lets peers take this node's group locks at once: end ctx only
+// once the node released them (after draining its messages), not when the
+// shutdown signal arrives.
 func (m *Members) Run(ctx context.Context, log *slog.Logger, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()

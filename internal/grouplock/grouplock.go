@@ -98,6 +98,13 @@ type Config struct {
 	// alive (cluster membership); a lock whose holder is gone may be taken
 	// at once, written or not. Nil: every holder counts as alive.
 	HolderAlive func(holder string) bool
+	// SelfAlive, when set, tells whether the other nodes still count this
+	// process as alive (its cluster membership is current). When it is
+	// not, they may take its locks (HolderAlive), written or not: every
+	// Check then reads the store instead of trusting the lease, so that a
+	// holder whose lock may have been taken does not act under it. Nil:
+	// always alive.
+	SelfAlive func() bool
 	// Node names this process in waiter markers (default: the holder). Set
 	// it when one process acquires for several holders, so that a marker
 	// left by one of them lets the next one take the lock. It must be unique
@@ -368,7 +375,9 @@ type Lease struct {
 // not happen. The first successful Check records wrote=true under the token
 // with an ETag write, which makes the lock unstealable until WrittenMaxAge;
 // so later Checks of a lease younger than WrittenMaxAge return at once
-// without a store round trip, and older ones only read. Once a Check found
+// without a store round trip — unless Config.SelfAlive says peers may count
+// this process as gone (and take its locks) —, and older ones only read.
+// Once a Check found
 // the lease stale, every later Check returns ErrStale too. Store errors are
 // returned wrapped (the check did not pass).
 func (ls *Lease) Check(ctx context.Context) error {
@@ -380,7 +389,7 @@ func (ls *Lease) Check(ctx context.Context) error {
 		return fmt.Errorf("grouplock %s token %d: released: %w", ls.Group, ls.Token, ErrStale)
 	case ls.stale:
 		return ls.staleErr()
-	case ls.wrote && l.cfg.Now().Sub(ls.acquired) < l.cfg.WrittenMaxAge:
+	case ls.wrote && l.cfg.Now().Sub(ls.acquired) < l.cfg.WrittenMaxAge && (l.cfg.SelfAlive == nil || l.cfg.SelfAlive()):
 		return nil
 	}
 	current, err := ls.update(ctx, func(rec *record) bool {

@@ -1,6 +1,8 @@
 package grouplock
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -42,4 +44,28 @@ func TestLocksArePerTenant(t *testing.T) {
 	if got := strings.Join(tenants, ","); got != "acme:acme/g,globex:globex/g,:g" {
 		t.Fatalf("acquired events %s", got)
 	}
+}
+
+// Issue 30, item 2: a holder whose membership lapsed (peers may count it
+// as gone and take its lock, written or not) reads the store before each
+// side effect: a lock taken meanwhile is stale, not trusted from memory.
+func TestCheckReadsTheStoreWhenMembershipLapsed(t *testing.T) {
+	w := newWorld(t)
+	member := true
+	a := w.node(nil, func(c *Config) { c.Node = "a"; c.SelfAlive = func() bool { return member } })
+	b := w.node(nil, func(c *Config) {
+		c.Node = "b"
+		c.HolderAlive = func(holder string) bool { return !strings.HasPrefix(holder, "a/") }
+	})
+	ctx := context.Background()
+	ls := mustAcquire(t, a, "g", "a/w")
+	if err := ls.Check(ctx); err != nil { // records wrote=true
+		t.Fatal(err)
+	}
+	member = false                         // a missed its heartbeats, or left on SIGTERM
+	taken := mustAcquire(t, b, "g", "b/w") // b sees a gone and takes the written lock
+	if err := ls.Check(ctx); !errors.Is(err, ErrStale) {
+		t.Fatalf("Check after the lock was taken: %v, want ErrStale", err)
+	}
+	mustRelease(t, taken)
 }
