@@ -361,3 +361,44 @@ func TestParkedWorkerKeepsItsMessagesUnacked(t *testing.T) {
 		t.Fatalf("acks %v: m1 SUCCESS (w1 finished it), m2 and m3 RETRY (w1 never had them)", got)
 	}
 }
+
+// Issue 30, item 8: stopping a grouped worker returns within about one
+// message's time: its messages waiting for the group's slot give up and are
+// given back (RETRY), none starts after the stop.
+func TestStopOfGroupedWorkerDoesNotRunTheWaiters(t *testing.T) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	d := newTestDispatcher(t, b, pub, 4)
+	var mu sync.Mutex
+	var ran []string
+	entered := make(chan struct{}, 8)
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in", Group: "g"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
+		entered <- struct{}{}
+		time.Sleep(300 * time.Millisecond)
+		mu.Lock()
+		ran = append(ran, in.ID())
+		mu.Unlock()
+		return outputs("out")(in)
+	}})
+	s := waitStream(t, b, "in")
+	for i := range 4 {
+		s.In <- request(fmt.Sprintf("m%d", i), "")
+	}
+	<-entered
+	time.Sleep(50 * time.Millisecond) // the other three wait for the group
+	began := time.Now()
+	d.Detach(context.Background(), "w")
+	if took := time.Since(began); took > 600*time.Millisecond {
+		t.Fatalf("stop took %s, more than one message (300 ms)", took)
+	}
+	got := map[dispatch.Ack]int{}
+	for range 4 {
+		got[waitAck(t, b).Status]++
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// The topic's last worker left: every message is given back (RETRY)
+	// for another node; the one that ran is recorded done there.
+	if len(ran) != 1 || got[dispatch.AckRetry] != 4 {
+		t.Fatalf("ran %v, acks %v: want one run, four RETRY", ran, got)
+	}
+}

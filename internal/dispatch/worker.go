@@ -165,14 +165,14 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 	var lease *grouplock.Lease
 	if w.Group != "" {
 		var err error
-		lease, err = d.Locks.Acquire(ctx, w.lock, d.cfg.NodeID+"/"+w.ID)
+		lease, err = d.acquire(ctx, w)
 		if err != nil {
 			r.outcome, r.reason, r.err = outcomeFailed, reasonLockError, err
 			if errors.Is(err, grouplock.ErrContended) {
 				r.reason = reasonLockContention
 			}
-			if ctx.Err() != nil {
-				r.outcome = outcomeCut
+			if ctx.Err() != nil || w.isStopped() {
+				r.outcome = outcomeCut // stopped while waiting: given back, not an attempt
 			}
 			return
 		}
@@ -240,6 +240,41 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 		outputs++
 	}
 	r.outcome = outcomeDone
+}
+
+// acquire takes w's group lock for one message. A stop of w ends the wait
+// (for the group's local slot, held by w's other messages, or for the
+// store): a stop returns within about one message's time, not one per
+// message waiting for the group, and those come back later. A lock won as
+// the stop comes is given back at once: after a stop no message starts.
+func (d *Dispatcher) acquire(ctx context.Context, w *worker) (*grouplock.Lease, error) {
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-w.stopped:
+			cancel()
+		case <-actx.Done():
+		}
+	}()
+	lease, err := d.Locks.Acquire(actx, w.lock, d.cfg.NodeID+"/"+w.ID)
+	if err == nil && w.isStopped() {
+		if rerr := lease.Release(context.WithoutCancel(ctx)); rerr != nil {
+			d.log.Warn("group lock not released", "group", w.Group, "worker_id", w.ID, "err", rerr)
+		}
+		return nil, fmt.Errorf("worker %s stopped: %w", w.ID, context.Canceled)
+	}
+	return lease, err
+}
+
+// isStopped reports whether w was detached.
+func (w *worker) isStopped() bool {
+	select {
+	case <-w.stopped:
+		return true
+	default:
+		return false
+	}
 }
 
 // fail classifies an engine error.
