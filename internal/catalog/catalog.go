@@ -204,6 +204,13 @@ func (c *Catalog) DeleteWorker(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	// The worker's code is marked for collection before anything is
+	// removed: a delete cut off half-way and retried reads an empty
+	// history, and its blobs must already be marked by then. Marking
+	// is safe early: the sweep deletes only blobs no history names.
+	if err := c.orphanCode(ctx, history); err != nil {
+		return err
+	}
 	if err := c.updateIndex(ctx, indexPage(id), func(ids []string) ([]string, bool) {
 		i := slices.Index(ids, id)
 		if i < 0 {
@@ -219,10 +226,7 @@ func (c *Catalog) DeleteWorker(ctx context.Context, id string) error {
 	if err := c.store.Delete(ctx, historyKey(id), ""); err != nil {
 		return err
 	}
-	if err := c.store.Delete(ctx, workerKey(id), ""); err != nil {
-		return err
-	}
-	return c.orphanCode(ctx, history)
+	return c.store.Delete(ctx, workerKey(id), "")
 }
 
 // ListWorkers returns every worker in the index, oldest first.
@@ -353,10 +357,12 @@ func (c *Catalog) updateIndex(ctx context.Context, page int, change func([]strin
 // was waiting to be collected is kept: it is about to be referenced again.
 func (c *Catalog) PutCode(ctx context.Context, body []byte) (string, error) {
 	sha := SHA256(body)
-	if err := c.store.Put(ctx, codePrefix+sha, body, state.PutOptions{}); err != nil {
+	// Off the collection index first: a sweep that runs between the two
+	// steps then finds nothing of this body due (codegc.go).
+	if err := c.unorphan(ctx, sha); err != nil {
 		return sha, err
 	}
-	return sha, c.unorphan(ctx, sha)
+	return sha, c.store.Put(ctx, codePrefix+sha, body, state.PutOptions{})
 }
 
 // GetCode returns the body stored under sha, verifying it.

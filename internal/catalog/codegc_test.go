@@ -180,3 +180,46 @@ func TestOrphanHistoryBeforeARemovalCutOffHalfWay(t *testing.T) {
 		t.Fatalf("swept %d, %v; want the blob collected", n, err)
 	}
 }
+
+// failDeleteOnce is a store whose first Delete of one key fails.
+type failDeleteOnce struct {
+	state.Store
+	key    string
+	failed bool
+}
+
+func (f *failDeleteOnce) Delete(ctx context.Context, key, etag string) error {
+	if key == f.key && !f.failed {
+		f.failed = true
+		return errors.New("store unavailable")
+	}
+	return f.Store.Delete(ctx, key, etag)
+}
+
+// Issue 33 item 7: DeleteWorker itself marks the worker's code before it
+// removes anything, so a delete cut off after the history went and retried
+// (reading no history) still leaves the blob to the sweep.
+func TestDeleteWorkerCutOffAfterTheHistoryStillCollectsTheCode(t *testing.T) {
+	ctx := context.Background()
+	store := &failDeleteOnce{Store: state.NewMemoryStore(), key: workerKey("w")}
+	c := New(store)
+	sha, err := c.PutCode(ctx, []byte("code of w"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AppendHistory(ctx, "w", HistoryEntry{Version: 1, SHA256: sha}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SaveWorker(ctx, Worker{ID: "w"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteWorker(ctx, "w"); err == nil {
+		t.Fatal("the first delete should fail after removing the history")
+	}
+	if err := c.DeleteWorker(ctx, "w"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.SweepCode(ctx, time.Hour, time.Now().Add(2*time.Hour)); n != 1 || err != nil {
+		t.Fatalf("swept %d, %v; want the blob collected", n, err)
+	}
+}
