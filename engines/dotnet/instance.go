@@ -10,6 +10,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/internal/childproc"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
 	"github.com/virtufin/workmanager/engines/internal/wire"
 )
@@ -71,6 +72,13 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 		in.pool.Release(s)
 		return nil, fmt.Errorf("%w: the worker host could not be restarted: %w", engines.ErrWorkerFailed, err)
 	}
+	// The call's own time starts now (a host replaced meanwhile is not
+	// charged to it).
+	start = time.Now()
+	deadline = start.Add(in.spec.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
 	p.startFrame(kindEvent)
 	if err := event.WriteJson(ev, frameWriter{p}); err != nil {
 		in.pool.Release(s)
@@ -88,7 +96,11 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 	}
 	for err == nil && kind == kindGateway {
 		// The call's deadline and Close end the gateway call too.
-		if err = p.writeFrame(kindGatewayReply, in.serveGateway(ctx, deadline, payload)); err == nil {
+		var reply []byte
+		if reply, err = in.serveGateway(ctx, p, deadline, payload); err != nil {
+			break
+		}
+		if err = p.writeFrame(kindGatewayReply, reply); err == nil {
 			kind, payload, err = p.readFrame()
 		}
 	}
@@ -113,16 +125,24 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 	return nil, cerr
 }
 
-// serveGateway serves one gateway call of the worker for the call made
+// serveGateway serves one gateway call of p's worker for the call made
 // with ctx, on a context that also ends at the call's deadline and when
 // the instance is closed: a backend call cannot outlive the call (its
-// timeout, its retry) or Close.
-func (in *Instance) serveGateway(ctx context.Context, deadline time.Time, payload []byte) []byte {
+// timeout, its retry) or Close. When the deadline ended it, the call is a
+// timeout (whichever of the gateway and the timer saw it first): the host
+// is marked and killed, and the error ends the round trip.
+func (in *Instance) serveGateway(ctx context.Context, p *proc, deadline time.Time, payload []byte) ([]byte, error) {
 	gctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	stop := context.AfterFunc(in.pool.Context(), cancel)
 	defer stop()
-	return wire.ServeGateway(gctx, in.e.cfg.Gateway, in.spec.GatewayTargets, payload)
+	reply := wire.ServeGateway(gctx, in.e.cfg.Gateway, in.spec.GatewayTargets, payload)
+	if errors.Is(gctx.Err(), context.DeadlineExceeded) {
+		p.MarkTimedOut()
+		p.Kill()
+		return nil, childproc.ErrGone
+	}
+	return reply, nil
 }
 
 // Close implements engines.Instance: it waits for calls in flight until

@@ -398,6 +398,13 @@ func (in *hostInstance) run(ctx context.Context, s *procpool.Slot[*hostProc], ev
 		in.pool.Release(s)
 		return nil, fmt.Errorf("%w: the native host could not be restarted: %w", engines.ErrWorkerFailed, err)
 	}
+	// The call's own time starts now (a host replaced meanwhile is not
+	// charged to it).
+	start = time.Now()
+	wait = in.timeout
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+		wait = time.Until(dl)
+	}
 	input, err := p.enc.encode(ev)
 	if err != nil {
 		in.pool.Release(s)

@@ -261,8 +261,12 @@ func (in *Instance) runBatch(ctx context.Context, s *procpool.Slot[*proc], calls
 				err = errProtocol
 				continue
 			}
+			var reply []byte
+			if reply, err = in.serveGateway(c.ctx, p, deadline(start), payload); err != nil {
+				continue
+			}
 			p.wbuf.reset(kindGatewayReply)
-			p.wbuf.Write(in.serveGateway(c.ctx, deadline(start), payload))
+			p.wbuf.Write(reply)
 			err = p.writeFrame()
 			continue
 		case kindResult:

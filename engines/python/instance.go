@@ -117,6 +117,13 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 		in.pool.Release(s)
 		return nil, fmt.Errorf("%w: the worker process could not be restarted: %w", engines.ErrWorkerFailed, err)
 	}
+	// The call's own time starts now (a process replaced meanwhile is
+	// not charged to it).
+	start = time.Now()
+	deadline = start.Add(in.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
 
 	p.wbuf.reset(kindEvent)
 	if err := event.WriteJson(ev, &p.wbuf); err != nil {
@@ -137,8 +144,12 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 	for err == nil && kind == kindGateway && !p.pending() {
 		// The worker calls a backend through the node, until the call's
 		// deadline at the latest (the armed timer bounds the event).
+		var reply []byte
+		if reply, err = in.serveGateway(ctx, p, deadline, payload); err != nil {
+			break
+		}
 		p.wbuf.reset(kindGatewayReply)
-		p.wbuf.Write(in.serveGateway(ctx, deadline, payload))
+		p.wbuf.Write(reply)
 		if err = p.writeFrame(); err == nil {
 			kind, payload, err = p.readFrame()
 		}
@@ -173,16 +184,24 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 	return nil, cerr
 }
 
-// serveGateway serves one gateway call of the worker for the call made
+// serveGateway serves one gateway call of p's worker for the call made
 // with ctx: on a context that also ends at the call's deadline and when
 // the instance is closed, so that a backend call cannot outlive the call
-// (its timeout, its retry) or Close.
-func (in *Instance) serveGateway(ctx context.Context, deadline time.Time, payload []byte) []byte {
+// (its timeout, its retry) or Close. When the deadline ended it, the call
+// is a timeout (whichever of the gateway and the timer saw it first): the
+// process is marked and killed, and the error ends the round trip.
+func (in *Instance) serveGateway(ctx context.Context, p *proc, deadline time.Time, payload []byte) ([]byte, error) {
 	gctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	stop := context.AfterFunc(in.pool.Context(), cancel)
 	defer stop()
-	return wire.ServeGateway(gctx, in.e.cfg.Gateway, in.spec.GatewayTargets, payload)
+	reply := wire.ServeGateway(gctx, in.e.cfg.Gateway, in.spec.GatewayTargets, payload)
+	if errors.Is(gctx.Err(), context.DeadlineExceeded) {
+		p.MarkTimedOut()
+		p.Kill()
+		return nil, errProcessGone
+	}
+	return reply, nil
 }
 
 // failure says why a round trip on p failed (err from the pipes, or nil
