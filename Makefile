@@ -14,7 +14,7 @@ TEST_TIMEOUT ?= 35m
 UNIT_PACKAGES = $$(go list ./... | grep -v /test/integration)
 REQUIRE_SANDBOX = $$([ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: run test unit integration bench fuzz pytest deps tools proto build clean vet k8s-validate
+.PHONY: run test unit integration bench fuzz fuzz-short pytest deps tools proto build clean vet k8s-validate
 
 run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	bin/devstack $(RUN_FLAGS)
@@ -26,6 +26,7 @@ run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 # the real Temporal, daprd, Redis, Python and Mono.
 test: deps tools vet pytest k8s-validate $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -race -count=1 -timeout 20m $(UNIT_PACKAGES)
+	$(MAKE) --no-print-directory fuzz-short
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -count=1 -timeout $(TEST_TIMEOUT) ./test/integration/
 
 # The Kubernetes manifests (deploy/k8s), decoded strictly into their API
@@ -51,14 +52,40 @@ bench: deps tools
 	# comparison; WM_BENCH_MESSAGES / WM_BENCH_ROUNDS size it).
 	go test -run '^$$' -bench BenchmarkEndToEnd -benchtime 1x -timeout 20m -v ./test/integration/
 
+# The fault-injection soak (issue 25, test/chaos, docs/reliability.md): the
+# real stack with CHAOS_NODES nodes under a workload, lifecycle churn and a
+# nemesis drawn from CHAOS_SEED for CHAOS_DURATION, then an independent
+# checker; the test timeout is the duration plus 10 minutes.
+CHAOS_DURATION ?= 10m
+.PHONY: chaos
+chaos: deps tools build
+	d=$(CHAOS_DURATION); case $$d in *h) m=$$(( $${d%h} * 60 ));; *m) m=$${d%m};; *s) m=$$(( $${d%s} / 60 + 1 ));; *) m=60;; esac; \
+	WM_CHAOS=1 CHAOS_DURATION=$$d CHAOS_NODES=$(CHAOS_NODES) CHAOS_SEED=$(CHAOS_SEED) \
+		go test -count=1 -timeout $$(( m + 10 ))m -v ./test/chaos/
+
 # Go fuzzing of the SSRF defences (the URL validator, the address
-# classifier, the inet_aton-style parser), each for FUZZTIME; the seeds are
-# in internal/codesource/testdata/fuzz/ (plain `make test` replays them).
+# classifier, the inet_aton-style parser; seeds in
+# internal/codesource/testdata/fuzz/, which plain `go test` replays) and of
+# Go fuzzing of what reads worker-controlled bytes: the native engine's
+# response decoder, the isolated host's frames, the child-process wire
+# protocol (corpora in each package's testdata/fuzz/). `make test` runs
+# each for FUZZTIME_SHORT.
 FUZZTIME ?= 30s
+FUZZTIME_SHORT ?= 4s
+FUZZ_TARGETS := \
+	./internal/codesource/:FuzzValidateURL ./internal/codesource/:FuzzClassify \
+	./internal/codesource/:FuzzParseLooseIPv4 \
+	./engines/native/:FuzzDecodeResponse \
+	./engines/native/internal/hostproto/:FuzzReadFrame ./engines/native/internal/hostproto/:FuzzParseResult \
+	./engines/native/internal/hostproto/:FuzzParseGatewayCall \
+	./engines/internal/wire/:FuzzDecodeOutputs ./engines/internal/wire/:FuzzDecodeError \
+	./engines/internal/wire/:FuzzServeGateway ./engines/internal/wire/:FuzzReadPayload
 fuzz:
-	for target in FuzzValidateURL FuzzClassify FuzzParseLooseIPv4; do \
-		go test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) ./internal/codesource/ || exit 1; \
+	@for t in $(FUZZ_TARGETS); do \
+		go test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) "$${t%%:*}" || exit 1; \
 	done
+fuzz-short:
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_SHORT)
 
 # gofmt and go vet, plus workflowcheck: workflow code must stay deterministic.
 vet: $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp

@@ -1,0 +1,311 @@
+// Package chaos is WorkManager's fault-injection soak (issue 25, `make
+// chaos`): the real stack on loopback (Temporal dev server, Redis with its
+// append-only file, N nodes each with its own daprd, the API), a workload
+// that publishes and churns lifecycles the whole time, a nemesis that
+// kills, pauses and restarts processes on a schedule drawn from a seed, and
+// a checker that reads only what a user sees — the topics' Redis streams
+// (inputs, outputs, dead letters), the API's answers and the nodes'
+// /health — and proves the promises of docs/reliability.md.
+//
+// It runs only with WM_CHAOS=1; knobs: CHAOS_DURATION (10m), CHAOS_NODES
+// (3), CHAOS_SEED (time-based, printed), CHAOS_RATE (events/s per topic,
+// 3), CHAOS_TOPICS (2), CHAOS_REPORT (a file to write the report to).
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+)
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(name)); err == nil && d > 0 {
+		return d
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func TestChaos(t *testing.T) {
+	if os.Getenv("WM_CHAOS") != "1" {
+		t.Skip("the fault-injection soak runs with WM_CHAOS=1 (make chaos)")
+	}
+	duration := envDuration("CHAOS_DURATION", 10*time.Minute)
+	nodes := envInt("CHAOS_NODES", 3)
+	seed := time.Now().UnixNano() % 1_000_000
+	if s, err := strconv.ParseInt(os.Getenv("CHAOS_SEED"), 10, 64); err == nil {
+		seed = s
+	}
+	rate := float64(envInt("CHAOS_RATE", 3))
+	ntopics := envInt("CHAOS_TOPICS", 2)
+	t.Logf("chaos: duration %s, %d nodes, seed %d (CHAOS_SEED=%d reproduces the fault schedule), %.0f events/s per topic, %d topics",
+		duration, nodes, seed, seed, rate, ntopics)
+
+	c := startCluster(t, nodes)
+	j := newJournal(t.Logf)
+	var topics []string
+	for i := 1; i <= ntopics; i++ {
+		topics = append(topics, fmt.Sprintf("chaos-%d-t%d", seed, i))
+	}
+	wl := &workload{t: t, c: c, j: j, topics: topics, native: map[string][]byte{}, rate: rate, poison: 0.05,
+		rng: rand.New(rand.NewSource(seed + 1))}
+	if os.Getenv("CHAOS_NATIVE") != "0" {
+		for _, topic := range topics {
+			wl.native[topic] = nativePackage(t, topic+"-out", "v1")
+		}
+	}
+	setupCtx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	if err := wl.setup(setupCtx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	cancel()
+	before := c.nodeFigures()
+
+	plan := schedule(seed, duration, nodes)
+	for _, p := range plan {
+		t.Logf("planned: +%s %s node %d for %s", p.at, p.kind, p.target, p.down)
+	}
+	j.mu.Lock()
+	j.t0 = time.Now()
+	j.mu.Unlock()
+	runCtx, stopRun := context.WithTimeout(context.Background(), duration)
+	defer stopRun()
+	var wg sync.WaitGroup
+	for i, topic := range topics {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			wl.publishLoop(runCtx, topic, fmt.Sprintf("t%d", i+1), rand.New(rand.NewSource(seed+10+int64(i))))
+		}()
+	}
+	wg.Add(2)
+	go func() { defer wg.Done(); wl.churnLoop(runCtx, rand.New(rand.NewSource(seed+2))) }()
+	go func() { defer wg.Done(); runNemesis(runCtx, c, j, plan) }()
+	<-runCtx.Done()
+	end := time.Now()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(8 * time.Minute):
+		t.Fatal("the workload or the nemesis did not stop within 8 minutes of the run's end")
+	}
+	t.Logf("%s run over; nemesis and churn stopped at %s", j.rel(end), j.rel(time.Now()))
+
+	// Convergence: every node healthy and subscribed, the API's states
+	// those the journal recorded.
+	conv := &invariant{name: "convergence after the nemesis (health, ListWorkers, subscriptions) within 3 min"}
+	convStart := time.Now()
+	var last string
+	for {
+		last = c.divergence(j, topics)
+		if last == "" {
+			break
+		}
+		if time.Since(convStart) > 3*time.Minute {
+			conv.fail("not converged after %s: %s", time.Since(convStart).Round(time.Second), last)
+			break
+		}
+		time.Sleep(2 * time.Second)
+	}
+	conv.checked = 1
+	convTook := time.Since(convStart)
+
+	// Drain: wait until every required answer is there (or 4 minutes).
+	var v *verdict
+	drainStart := time.Now()
+	for {
+		o, err := observe(c.stack.RedisAddr, topics)
+		if err != nil {
+			t.Fatalf("reading the streams: %v", err)
+		}
+		v = check(j, o, topics)
+		if v.pending == 0 || time.Since(drainStart) > 4*time.Minute {
+			break
+		}
+		t.Logf("drain: %d required answers missing", v.pending)
+		time.Sleep(10 * time.Second)
+	}
+	v.invariants = append(v.invariants, conv)
+	after := c.nodeFigures()
+
+	// The report.
+	var r strings.Builder
+	fmt.Fprintf(&r, "CHAOS REPORT seed=%d duration=%s nodes=%d topics=%d rate=%.0f/s/topic\n", seed, duration, nodes, ntopics, rate)
+	j.mu.Lock()
+	kinds := map[string]int{}
+	failedFaults := 0
+	for _, f := range j.faults {
+		kinds[f.Kind]++
+		if f.Err != "" {
+			failedFaults++
+		}
+	}
+	nw := len(j.workers)
+	apiErr := fmt.Sprint(j.apiErrors)
+	j.mu.Unlock()
+	fmt.Fprintf(&r, "faults injected: %d (", len(plan))
+	for _, k := range faultKinds {
+		fmt.Fprintf(&r, " %s=%d", k, kinds[k])
+	}
+	fmt.Fprintf(&r, " ); repairs that failed: %d\n", failedFaults)
+	fmt.Fprintf(&r, "workers: %d (incl. short-lived); API call errors (retried): %s\n", nw, apiErr)
+	for _, l := range v.lines {
+		fmt.Fprintf(&r, "%s\n", l)
+	}
+	fmt.Fprintf(&r, "converged %s after the nemesis stopped; drain took %s\n", convTook.Round(time.Second), time.Since(drainStart).Round(time.Second))
+	fmt.Fprintf(&r, "nodes before: %s\nnodes after:  %s\n", before, after)
+	for _, iv := range v.invariants {
+		res := "PASS"
+		if len(iv.failures) > 0 {
+			res = fmt.Sprintf("FAIL (%d counter-examples; first: %s)", len(iv.failures), iv.failures[0])
+		}
+		fmt.Fprintf(&r, "[%s] %s (%d checked)\n", res, iv.name, iv.checked)
+	}
+	t.Log("\n" + r.String())
+	if path := os.Getenv("CHAOS_REPORT"); path != "" {
+		_ = os.WriteFile(path, []byte(r.String()), 0o644)
+	}
+	for _, iv := range v.invariants {
+		for i, f := range iv.failures {
+			if i >= 20 {
+				t.Logf("... %d more for %q", len(iv.failures)-20, iv.name)
+				break
+			}
+			t.Logf("counter-example [%s]: %s", iv.name, f)
+		}
+	}
+	if !v.ok() {
+		j.mu.Lock()
+		for _, f := range j.faults {
+			t.Logf("fault %s %s %s–%s %s", f.Kind, f.Target, j.rel(f.Start), j.rel(f.End), f.Err)
+		}
+		j.mu.Unlock()
+		t.Fatal("chaos: invariants violated (see the report)")
+	}
+}
+
+// divergence is "" when the cluster agrees with the journal: every node is
+// Healthy and its daprd subscribes to every topic (each has running
+// workers), and ListWorkers shows each worker in the state last answered.
+func (c *cluster) divergence(j *journal, topics []string) string {
+	for _, n := range c.nodes {
+		if h := n.health(); h != "Healthy" {
+			return fmt.Sprintf("node %s /health: %s", n.id, h)
+		}
+		c.mu.Lock()
+		port := argAfter(n.daprd.Cmd.Args, "--dapr-http-port")
+		c.mu.Unlock()
+		subs, err := subscriptions("127.0.0.1:" + port)
+		if err != nil {
+			return fmt.Sprintf("daprd of %s: %v", n.id, err)
+		}
+		for _, topic := range topics {
+			if !subs[topic] {
+				return fmt.Sprintf("daprd of %s does not subscribe to %s", n.id, topic)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := c.client.ListWorkers(ctx, &pb.ListWorkersRequest{})
+	if err != nil {
+		return "ListWorkers: " + err.Error()
+	}
+	listed := map[string]pb.WorkerStatus{}
+	for _, w := range l.GetWorkers() {
+		listed[w.GetWorkerId()] = w.GetStatus()
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for id, w := range j.workers {
+		got, ok := listed[id]
+		switch w.current() {
+		case running:
+			if got != pb.WorkerStatus_WORKER_STATUS_RUNNING {
+				return fmt.Sprintf("%s answered running, listed %v (present %v)", idOf(w), got, ok)
+			}
+		case stopped:
+			if got != pb.WorkerStatus_WORKER_STATUS_STOPPED {
+				return fmt.Sprintf("%s answered stopped, listed %v (present %v)", idOf(w), got, ok)
+			}
+		case deleted:
+			if ok {
+				return fmt.Sprintf("%s answered deleted, still listed %v", idOf(w), got)
+			}
+		}
+	}
+	return ""
+}
+
+func subscriptions(httpAddr string) (map[string]bool, error) {
+	cl := http.Client{Timeout: 5 * time.Second}
+	resp, err := cl.Get("http://" + httpAddr + "/v1.0/metadata")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var md struct {
+		Subscriptions []struct {
+			Topic string `json:"topic"`
+		} `json:"subscriptions"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&md); err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, s := range md.Subscriptions {
+		out[s.Topic] = true
+	}
+	return out, nil
+}
+
+// nodeFigures is each node's resident memory and goroutines (from its
+// /metrics), for the report: leaks show as growth between before and after.
+func (c *cluster) nodeFigures() string {
+	var parts []string
+	for _, n := range c.nodes {
+		c.mu.Lock()
+		pid := n.proc.Cmd.Process.Pid
+		c.mu.Unlock()
+		rss := "?"
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+			for _, l := range strings.Split(string(b), "\n") {
+				if strings.HasPrefix(l, "VmRSS:") {
+					rss = strings.Join(strings.Fields(l)[1:], "")
+				}
+			}
+		}
+		gor := "?"
+		cl := http.Client{Timeout: 5 * time.Second}
+		if resp, err := cl.Get("http://" + n.httpAddr + "/metrics"); err == nil {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+			resp.Body.Close()
+			for _, l := range strings.Split(string(b), "\n") {
+				if strings.HasPrefix(l, "go_goroutines ") {
+					gor = strings.TrimPrefix(l, "go_goroutines ")
+				}
+			}
+		}
+		parts = append(parts, fmt.Sprintf("%s(pid %d) rss %s goroutines %s", n.id, pid, rss, gor))
+	}
+	return strings.Join(parts, "; ")
+}

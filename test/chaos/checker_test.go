@@ -1,0 +1,424 @@
+package chaos
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Bounds of the checker, from the node settings (stack_test.go).
+var (
+	// settle: an event published while a worker runs must be answered by
+	// it when the worker then stays running at least this long (delivery,
+	// one redelivery after the broker's processing timeout, the call).
+	settle = processingTimeout + workerTimeout + 10*time.Second
+	// stopBound: a stopped or deleted worker may finish calls already
+	// running for this long after the answer.
+	stopBound = workerTimeout + 5*time.Second
+)
+
+// faultReasons are dead-letter reasons a fault may force on a healthy
+// event; any other reason on a healthy event is a violation.
+var faultReasons = map[string]bool{"lock_contention": true, "lock_error": true, "stale_lock": true,
+	"publish_failed": true, "timeout": true}
+
+type input struct {
+	id     string
+	at     time.Time
+	poison bool
+	copies int
+}
+
+type output struct {
+	id, in, worker string
+	at             time.Time
+	tok            string
+	enter, exit    int64
+	node           string
+}
+
+type dead struct {
+	id, worker, reason, err string
+	at                      time.Time
+}
+
+// observed is what Redis holds after the run, per topic.
+type observed struct {
+	inputs  map[string][]input // topic → inputs in publish order
+	byInput map[string]map[string]*input
+	outputs map[string][]output // output topic → outputs in stream order
+	deads   map[string][]dead   // topic → dead letters
+}
+
+func observe(redisAddr string, topics []string) (*observed, error) {
+	o := &observed{inputs: map[string][]input{}, byInput: map[string]map[string]*input{}, outputs: map[string][]output{}, deads: map[string][]dead{}}
+	for _, topic := range topics {
+		ins, err := readStream(redisAddr, topic)
+		if err != nil {
+			return nil, err
+		}
+		o.byInput[topic] = map[string]*input{}
+		idx := map[string]int{}
+		for _, e := range ins {
+			id := e.str("id")
+			if i, ok := idx[id]; ok {
+				o.inputs[topic][i].copies++
+				continue
+			}
+			in := input{id: id, at: e.at, copies: 1}
+			if d := e.data(); d != nil && d["poison"] == true {
+				in.poison = true
+			}
+			idx[id] = len(o.inputs[topic])
+			o.inputs[topic] = append(o.inputs[topic], in)
+		}
+		outs, err := readStream(redisAddr, topic+"-out")
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range outs {
+			id := e.str("id")
+			parts := strings.Split(id, "/")
+			if len(parts) < 3 {
+				continue
+			}
+			out := output{id: id, in: parts[0], worker: parts[1], at: e.at, tok: e.str("fencingtoken")}
+			if d := e.data(); d != nil {
+				out.enter, out.exit = num(d["enter"]), num(d["exit"])
+				out.node, _ = d["node"].(string)
+			}
+			o.outputs[topic] = append(o.outputs[topic], out)
+		}
+		ds, err := readStream(redisAddr, topic+"-dead")
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range ds {
+			o.deads[topic] = append(o.deads[topic], dead{id: e.str("id"), worker: e.str("deadletterworker"),
+				reason: e.str("deadletterreason"), err: e.str("deadlettererror"), at: e.at})
+		}
+	}
+	// After the loop: the byInput pointers must point into the final slices.
+	for topic, ins := range o.inputs {
+		for i := range ins {
+			o.byInput[topic][ins[i].id] = &o.inputs[topic][i]
+		}
+	}
+	return o, nil
+}
+
+func num(v any) int64 {
+	switch x := v.(type) {
+	case json.Number:
+		n, _ := x.Int64()
+		return n
+	case float64:
+		return int64(x)
+	case string:
+		n, _ := strconv.ParseInt(x, 10, 64)
+		return n
+	}
+	return 0
+}
+
+// invariant is one promise checked with its counter-examples.
+type invariant struct {
+	name     string
+	failures []string
+	checked  int
+}
+
+func (iv *invariant) fail(format string, a ...any) {
+	iv.failures = append(iv.failures, fmt.Sprintf(format, a...))
+}
+
+// verdict is the checker's result.
+type verdict struct {
+	invariants []*invariant
+	lines      []string // figures
+	pending    int      // required answers still missing
+}
+
+func (v *verdict) ok() bool {
+	for _, iv := range v.invariants {
+		if len(iv.failures) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (v *verdict) addf(format string, a ...any) { v.lines = append(v.lines, fmt.Sprintf(format, a...)) }
+
+// check proves the invariants over what Redis holds and what the journal
+// recorded the API answering.
+func check(j *journal, o *observed, topics []string) *verdict {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	v := &verdict{}
+	loss := &invariant{name: "no loss (answered or dead-lettered by every worker running when published)"}
+	poisonIv := &invariant{name: "poison events dead-letter (worker_failed) for the poison worker, answered by the others"}
+	deadIv := &invariant{name: "dead letters only for poison events or with a fault reason"}
+	overlap := &invariant{name: "no overlap of accepted executions in a group"}
+	fencing := &invariant{name: "fencing tokens on a group's outputs never go backwards nor repeat"}
+	stoppedIv := &invariant{name: "no outputs by stopped or deleted workers after the bound"}
+	v.invariants = []*invariant{loss, poisonIv, deadIv, overlap, fencing, stoppedIv}
+
+	published, poisoned, inCopies := 0, 0, 0
+	answered := map[string]map[string]int{} // worker → input → output entries
+	outIDs := map[string]int{}
+	for _, topic := range topics {
+		for _, in := range o.inputs[topic] {
+			published++
+			inCopies += in.copies - 1
+			if in.poison {
+				poisoned++
+			}
+		}
+		for _, out := range o.outputs[topic] {
+			if answered[out.worker] == nil {
+				answered[out.worker] = map[string]int{}
+			}
+			answered[out.worker][out.in]++
+			outIDs[out.id]++
+		}
+	}
+	deadOf := map[string][]dead{} // worker/input → dead letters
+	deadByReason := map[string]int{}
+	for _, topic := range topics {
+		for _, d := range o.deads[topic] {
+			deadOf[d.worker+"/"+d.id] = append(deadOf[d.worker+"/"+d.id], d)
+			deadByReason[d.reason]++
+		}
+	}
+
+	ids := make([]string, 0, len(j.workers))
+	for id := range j.workers {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(a, b int) bool { return j.workers[ids[a]].name < j.workers[ids[b]].name })
+
+	// No loss; poison; near-stop misses.
+	nearStop, required := 0, 0
+	for _, wid := range ids {
+		w := j.workers[wid]
+		for _, in := range o.inputs[w.topic] {
+			st, _, until := w.at(in.at)
+			if st != running {
+				continue
+			}
+			mustAnswer := until.IsZero() || until.Sub(in.at) >= settle
+			got := answered[wid][in.id] > 0
+			dl := deadOf[wid+"/"+in.id]
+			if w.poison && in.poison {
+				poisonIv.checked++
+				if got {
+					poisonIv.fail("poison event %s answered by poison worker %s (published %s)", in.id, idOf(w), j.rel(in.at))
+				}
+				if mustAnswer && len(dl) == 0 {
+					required++
+					poisonIv.fail("poison event %s (published %s) not dead-lettered for %s", in.id, j.rel(in.at), idOf(w))
+				}
+				for _, d := range dl {
+					if d.reason != "worker_failed" && !faultReasons[d.reason] {
+						poisonIv.fail("poison event %s dead-lettered for %s with reason %q", in.id, idOf(w), d.reason)
+					}
+				}
+				continue
+			}
+			if !mustAnswer {
+				if !got && len(dl) == 0 {
+					nearStop++
+				}
+				continue
+			}
+			required++
+			loss.checked++
+			if !got && len(dl) == 0 {
+				loss.fail("%s on %s (published %s) never answered by %s (state %s until %s)", in.id, w.topic, j.rel(in.at), idOf(w), st, relOrEnd(j, until))
+			}
+		}
+	}
+	missing := len(loss.failures)
+
+	// Dead letters.
+	for _, topic := range topics {
+		for _, d := range o.deads[topic] {
+			deadIv.checked++
+			in := o.byInput[topic][d.id]
+			w := j.workers[d.worker]
+			switch {
+			case in != nil && in.poison && w != nil && w.poison && d.reason == "worker_failed":
+			case faultReasons[d.reason]:
+			default:
+				deadIv.fail("dead letter of %s on %s for worker %s at %s: reason %q error %q", d.id, topic, idOf(w), j.rel(d.at), d.reason, d.err)
+			}
+		}
+	}
+
+	// Groups: overlap and fencing, over the outputs in stream order.
+	groups := map[string][]output{}
+	for _, topic := range topics {
+		for _, out := range o.outputs[topic] {
+			w := j.workers[out.worker]
+			if w == nil || w.group == "" {
+				continue
+			}
+			groups[w.group] = append(groups[w.group], out)
+		}
+	}
+	gnames := make([]string, 0, len(groups))
+	for g := range groups {
+		gnames = append(gnames, g)
+	}
+	sort.Strings(gnames)
+	for _, g := range gnames {
+		outs := groups[g]
+		var max int64 = -1
+		seen := map[int64]string{} // token → execution key
+		execs := map[string]output{}
+		for _, out := range outs {
+			fencing.checked++
+			key := fmt.Sprintf("%s@%d", out.id, out.enter)
+			tok, err := strconv.ParseInt(out.tok, 10, 64)
+			if err != nil {
+				fencing.fail("group %s: output %s at %s has no fencing token (%q)", g, out.id, j.rel(out.at), out.tok)
+				continue
+			}
+			if prev, ok := seen[tok]; ok && prev != key {
+				fencing.fail("group %s: token %d on output %s at %s was already on %s", g, tok, out.id, j.rel(out.at), prev)
+			} else if !ok && tok < max {
+				fencing.fail("group %s: token %d on output %s (node %s) at %s after token %d", g, tok, out.id, out.node, j.rel(out.at), max)
+			}
+			seen[tok] = key
+			if tok > max {
+				max = tok
+			}
+			execs[key] = out
+		}
+		list := make([]output, 0, len(execs))
+		for _, e := range execs {
+			list = append(list, e)
+		}
+		sort.Slice(list, func(a, b int) bool { return list[a].enter < list[b].enter })
+		var last output
+		for i, e := range list {
+			overlap.checked++
+			if i > 0 && e.enter < last.exit {
+				overlap.fail("group %s: %s (worker %s, node %s, token %s, %s–%s) overlaps %s (worker %s, node %s, token %s, ends %s)", g,
+					e.id, e.worker, e.node, e.tok, relNS(j, e.enter), relNS(j, e.exit), last.id, last.worker, last.node, last.tok, relNS(j, last.exit))
+			}
+			if i == 0 || e.exit > last.exit {
+				last = e
+			}
+		}
+	}
+
+	// No work by stopped or deleted workers.
+	for _, topic := range topics {
+		for _, out := range o.outputs[topic] {
+			w := j.workers[out.worker]
+			if w == nil {
+				continue
+			}
+			stoppedIv.checked++
+			st, from, _ := w.at(out.at)
+			if (st == stopped || st == deleted) && out.at.Sub(from) > stopBound {
+				stoppedIv.fail("output %s by %s at %s: %s since %s", out.id, idOf(w), j.rel(out.at), st, j.rel(from))
+			}
+		}
+	}
+
+	// Figures.
+	outEntries, dupEntries, multi := 0, 0, 0
+	for _, n := range outIDs {
+		outEntries += n
+		dupEntries += n - 1
+	}
+	for _, m := range answered {
+		for _, n := range m {
+			if n > 1 {
+				multi++
+			}
+		}
+	}
+	v.pending = missing
+	v.addf("events published (distinct ids in the input streams): %d, of which poison %d; extra copies in the streams %d; publisher HTTP successes %d, given up %d",
+		published, poisoned, inCopies, j.published.Load(), j.pubFailed.Load())
+	v.addf("answers required by the no-loss rule: %d; missed near a stop/delete (not required): %d", required, nearStop)
+	v.addf("output entries: %d, distinct output ids: %d, duplicate entries: %d (inputs answered more than once by one worker: %d)",
+		outEntries, len(outIDs), dupEntries, multi)
+	var reasons []string
+	for r, n := range deadByReason {
+		reasons = append(reasons, fmt.Sprintf("%s=%d", r, n))
+	}
+	sort.Strings(reasons)
+	v.addf("dead letters by reason: %s", strings.Join(reasons, " "))
+	v.addf("latency publish→first output per (input, worker): %s", latency(j, o, topics))
+	return v
+}
+
+func relOrEnd(j *journal, t time.Time) string {
+	if t.IsZero() {
+		return "the end"
+	}
+	return j.rel(t)
+}
+
+func relNS(j *journal, ns int64) string { return j.rel(time.Unix(0, ns)) }
+
+// latency reports p50, p99 and max publish→output latency (Redis entry
+// times), overall and for inputs published away from any fault.
+func latency(j *journal, o *observed, topics []string) string {
+	first := map[string]time.Time{}
+	for _, topic := range topics {
+		for _, out := range o.outputs[topic] {
+			k := out.worker + "/" + out.in
+			if t, ok := first[k]; !ok || out.at.Before(t) {
+				first[k] = out.at
+			}
+		}
+	}
+	var all, calm []time.Duration
+	var worstID string
+	var worst time.Duration
+	for _, topic := range topics {
+		for _, in := range o.inputs[topic] {
+			for wid, w := range j.workers {
+				if w.topic != topic {
+					continue
+				}
+				t, ok := first[wid+"/"+in.id]
+				if !ok {
+					continue
+				}
+				d := t.Sub(in.at)
+				all = append(all, d)
+				if d > worst {
+					worst, worstID = d, fmt.Sprintf("%s by %s", in.id, w.name)
+				}
+				nearFault := false
+				for _, f := range j.faults {
+					if !in.at.Before(f.Start.Add(-5*time.Second)) && in.at.Before(f.End.Add(settle)) {
+						nearFault = true
+					}
+				}
+				if !nearFault {
+					calm = append(calm, d)
+				}
+			}
+		}
+	}
+	q := func(ds []time.Duration) string {
+		if len(ds) == 0 {
+			return "n/a"
+		}
+		sort.Slice(ds, func(a, b int) bool { return ds[a] < ds[b] })
+		return fmt.Sprintf("p50 %v p99 %v max %v (n=%d)", ds[len(ds)/2].Round(time.Millisecond),
+			ds[len(ds)*99/100].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond), len(ds))
+	}
+	return fmt.Sprintf("all: %s, worst %s; away from faults: %s", q(all), worstID, q(calm))
+}

@@ -1,0 +1,470 @@
+package chaos
+
+import (
+	"archive/zip"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/virtufin/workmanager/internal/devstack"
+	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+)
+
+// state of a worker as the API answered it. uncertain covers a lifecycle
+// call in flight or one that failed: the worker may be either way.
+type state int
+
+const (
+	absent state = iota
+	running
+	stopped
+	uncertain
+	deleted
+)
+
+func (s state) String() string {
+	return [...]string{"absent", "running", "stopped", "uncertain", "deleted"}[s]
+}
+
+// segment: the worker was in st from `from` until the next segment.
+type segment struct {
+	from time.Time
+	st   state
+}
+
+// wrec is what the journal knows of one worker.
+type wrec struct {
+	id, name, topic, out, group, kind string
+	poison                            bool
+	version                           int
+	segs                              []segment
+}
+
+func (w *wrec) set(at time.Time, st state) { w.segs = append(w.segs, segment{at, st}) }
+
+func (w *wrec) current() state {
+	if len(w.segs) == 0 {
+		return absent
+	}
+	return w.segs[len(w.segs)-1].st
+}
+
+// at returns the state at t and when that state ends (zero: still).
+func (w *wrec) at(t time.Time) (state, time.Time, time.Time) {
+	st, from, until := absent, time.Time{}, time.Time{}
+	for i, s := range w.segs {
+		if s.from.After(t) {
+			until = s.from
+			break
+		}
+		st, from = s.st, s.from
+		_ = i
+	}
+	return st, from, until
+}
+
+// fault is one injected fault.
+type fault struct {
+	Kind, Target string
+	Start, End   time.Time
+	Err          string
+}
+
+// journal is the harness's own record: what it asked of the API and what
+// was answered, and the faults injected. The checker reads it with what
+// Redis holds.
+type journal struct {
+	mu        sync.Mutex
+	t0        time.Time
+	workers   map[string]*wrec
+	faults    []fault
+	apiErrors map[string]int
+	published atomic.Int64
+	pubFailed atomic.Int64
+	logf      func(string, ...any)
+}
+
+func newJournal(logf func(string, ...any)) *journal {
+	return &journal{t0: time.Now(), workers: map[string]*wrec{}, apiErrors: map[string]int{}, logf: logf}
+}
+
+func (j *journal) rel(t time.Time) string { return fmt.Sprintf("t+%.1fs", t.Sub(j.t0).Seconds()) }
+
+func (j *journal) worker(id string) *wrec {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.workers[id]
+}
+
+// pythonWorker is the soak's Python worker: its output carries its name,
+// code version, entry and exit times (ns, this machine's wall clock), the
+// fencing token it saw and its node. With poison, inputs whose data has
+// "poison" raise. Grouped workers sleep a little so that overlapping
+// executions would show.
+func pythonWorker(name, out, version string, poison bool, sleepMS int) []byte {
+	fail := ""
+	if poison {
+		fail = `    if data.get("poison"):
+        raise ValueError("poisoned input " + event["id"])
+`
+	}
+	return []byte(fmt.Sprintf(`
+import os, time
+
+def process(event):
+    enter = time.time_ns()
+    data = event.get("data") or {}
+    if not isinstance(data, dict):
+        data = {}
+%s    if %d:
+        time.sleep(%d / 1000.0)
+    return {"type": %q, "data": {"w": %q, "v": %q, "enter": enter, "exit": time.time_ns(),
+            "tok": event.get("fencingtoken"), "node": os.environ.get("WORKMANAGER_NODE_ID")}}
+`, fail, sleepMS, sleepMS, out, name, version))
+}
+
+// nativePackage builds testdata/chaos_native.c into a native worker zip.
+func nativePackage(t *testing.T, out, version string) []byte {
+	t.Helper()
+	dir := t.TempDir()
+	so := filepath.Join(dir, "libnativeworker.so")
+	cmd := exec.Command("gcc", "-O2", "-shared", "-fPIC", "-I", filepath.Join(repoRoot(), "sdk", "native"),
+		fmt.Sprintf(`-DVERSION="%s"`, version), fmt.Sprintf(`-DOUT_TOPIC="%s"`, out), "-o", so, filepath.Join("testdata", "chaos_native.c"))
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, b)
+	}
+	lib, err := os.ReadFile(so)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	for name, body := range map[string][]byte{
+		"manifest.json": []byte(`{"abi_version": 1, "library": "nativeworker"}`),
+		"runtimes/linux-x64/native/libnativeworker.so": lib,
+	} {
+		w, err := zw.Create(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = w.Write(body)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func content(code []byte) *pb.CodeSource {
+	return &pb.CodeSource{Source: &pb.CodeSource_Content{Content: code}}
+}
+
+// workload drives publishers and lifecycle churn.
+type workload struct {
+	t      *testing.T
+	c      *cluster
+	j      *journal
+	topics []string
+	native map[string][]byte // topic → native package
+	rng    *rand.Rand
+	rate   float64 // events per second per topic
+	poison float64 // fraction of poison events
+	seq    atomic.Int64
+}
+
+// call runs one lifecycle call with retries for up to limit; the worker is
+// uncertain from the first attempt until an answer.
+func (wl *workload) call(ctx context.Context, what string, w *wrec, limit time.Duration, fn func(context.Context) error) error {
+	deadline := time.Now().Add(limit)
+	if w != nil {
+		wl.j.mu.Lock()
+		w.set(time.Now(), uncertain)
+		wl.j.mu.Unlock()
+	}
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 45*time.Second)
+		err := fn(cctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		switch status.Code(err) {
+		case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.PermissionDenied, codes.Unauthenticated:
+			wl.j.logf("%s %s: %s refused: %v", wl.j.rel(time.Now()), what, idOf(w), err)
+			return err // a refusal: retrying does not help
+		}
+		wl.j.mu.Lock()
+		wl.j.apiErrors[what]++
+		wl.j.mu.Unlock()
+		wl.j.logf("%s %s: %s failed: %v", wl.j.rel(time.Now()), what, idOf(w), err)
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		sleepCtx(ctx, 2*time.Second)
+	}
+}
+
+func idOf(w *wrec) string {
+	if w == nil {
+		return ""
+	}
+	return w.name + "(" + w.id + ")"
+}
+
+// create makes a worker and records it running from the answer.
+func (wl *workload) create(ctx context.Context, name, topic, group, kind string, poison bool) (*wrec, error) {
+	out := topic + "-out"
+	w := &wrec{name: name, topic: topic, out: out, group: group, kind: kind, poison: poison, version: 1}
+	req := &pb.CreateWorkerRequest{Topic: topic, Group: group, RequestId: "chaos-" + name}
+	if kind == "native" {
+		req.Code, req.MimeType = content(wl.native[topic]), "application/x-native-dll"
+	} else {
+		req.Code, req.MimeType = content(wl.code(w)), "text/x-python"
+	}
+	var id string
+	err := wl.call(ctx, "CreateWorker", nil, 3*time.Minute, func(cctx context.Context) error {
+		r, err := wl.c.client.CreateWorker(cctx, req)
+		if err == nil {
+			id = r.GetWorkerId()
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	w.id = id
+	wl.j.mu.Lock()
+	w.set(time.Now(), running)
+	wl.j.workers[id] = w
+	wl.j.mu.Unlock()
+	return w, nil
+}
+
+func (wl *workload) code(w *wrec) []byte {
+	sleep := 0
+	if w.group != "" {
+		sleep = 15
+	}
+	return pythonWorker(w.name, w.out, fmt.Sprintf("v%d", w.version), w.poison, sleep)
+}
+
+func (wl *workload) stop(ctx context.Context, w *wrec) error {
+	err := wl.call(ctx, "StopWorker", w, 3*time.Minute, func(cctx context.Context) error {
+		_, err := wl.c.client.StopWorker(cctx, &pb.StopWorkerRequest{WorkerId: w.id})
+		return err
+	})
+	if err == nil {
+		wl.mark(w, stopped)
+	}
+	return err
+}
+
+func (wl *workload) start(ctx context.Context, w *wrec) error {
+	err := wl.call(ctx, "StartWorker", w, 3*time.Minute, func(cctx context.Context) error {
+		_, err := wl.c.client.StartWorker(cctx, &pb.StartWorkerRequest{WorkerId: w.id})
+		return err
+	})
+	if err == nil {
+		wl.mark(w, running)
+	}
+	return err
+}
+
+func (wl *workload) remove(ctx context.Context, w *wrec) error {
+	err := wl.call(ctx, "DeleteWorker", w, 3*time.Minute, func(cctx context.Context) error {
+		_, err := wl.c.client.DeleteWorker(cctx, &pb.DeleteWorkerRequest{WorkerId: w.id})
+		return err
+	})
+	if err == nil {
+		wl.mark(w, deleted)
+	}
+	return err
+}
+
+// load replaces a Python worker's code by its next version (same
+// behaviour). The worker stays running: a reload is no gap.
+func (wl *workload) load(ctx context.Context, w *wrec) error {
+	wl.j.mu.Lock()
+	w.version++
+	code := wl.code(w)
+	wl.j.mu.Unlock()
+	return wl.call(ctx, "LoadCode", nil, 3*time.Minute, func(cctx context.Context) error {
+		_, err := wl.c.client.LoadCode(cctx, &pb.LoadCodeRequest{WorkerId: w.id, Code: content(code)})
+		return err
+	})
+}
+
+func (wl *workload) mark(w *wrec, st state) {
+	wl.j.mu.Lock()
+	w.set(time.Now(), st)
+	wl.j.mu.Unlock()
+}
+
+// setup creates the long-lived workers: per topic an ungrouped Python
+// worker that fails on poison inputs, a native worker and a group of two
+// Python workers.
+func (wl *workload) setup(ctx context.Context) error {
+	for i, topic := range wl.topics {
+		g := fmt.Sprintf("g%d", i+1)
+		specs := []struct {
+			name, group, kind string
+			poison            bool
+		}{
+			{fmt.Sprintf("py%d", i+1), "", "python", true},
+			{fmt.Sprintf("nat%d", i+1), "", "native", false},
+			{fmt.Sprintf("%sa", g), topic + "-" + g, "python", false},
+			{fmt.Sprintf("%sb", g), topic + "-" + g, "python", false},
+		}
+		for _, s := range specs {
+			if s.kind == "native" && wl.native[topic] == nil {
+				continue
+			}
+			w, err := wl.create(ctx, s.name, topic, s.group, s.kind, s.poison)
+			if err != nil {
+				return fmt.Errorf("create %s: %w", s.name, err)
+			}
+			wl.j.logf("created %s %s on %s (group %q)", s.kind, idOf(w), topic, s.group)
+		}
+	}
+	return nil
+}
+
+// publishLoop publishes to topic at wl.rate with a burst now and then,
+// until ctx ends.
+func (wl *workload) publishLoop(ctx context.Context, topic, prefix string, rng *rand.Rand) {
+	interval := time.Duration(float64(time.Second) / wl.rate)
+	nextBurst := time.Now().Add(time.Duration(15+rng.Intn(20)) * time.Second)
+	for ctx.Err() == nil {
+		n := 1
+		if time.Now().After(nextBurst) {
+			n = 20 + rng.Intn(30)
+			nextBurst = time.Now().Add(time.Duration(20+rng.Intn(30)) * time.Second)
+		}
+		for range n {
+			id := fmt.Sprintf("%s-%06d", prefix, wl.seq.Add(1))
+			data := map[string]any{"n": id}
+			if rng.Float64() < wl.poison {
+				data["poison"] = true
+			}
+			wl.publish(ctx, topic, id, data)
+		}
+		sleepCtx(ctx, interval)
+	}
+}
+
+// publish sends a structured CloudEvent through the stack's own daprd
+// (not a node's), retrying for up to 30 s while the broker is away. The
+// checker takes what Redis holds as the truth of what was published.
+func (wl *workload) publish(ctx context.Context, topic, id string, data map[string]any) {
+	body, _ := json.Marshal(map[string]any{"specversion": "1.0", "id": id, "source": "chaos", "type": "chaos.input",
+		"datacontenttype": "application/json", "data": data})
+	url := fmt.Sprintf("http://%s/v1.0/publish/%s/%s", wl.c.stack.DaprHTTPAddr, devstack.PubSubName, topic)
+	cl := http.Client{Timeout: 5 * time.Second}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/cloudevents+json")
+		resp, err := cl.Do(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode/100 == 2 {
+				wl.j.published.Add(1)
+				return
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			wl.j.pubFailed.Add(1)
+			return
+		}
+		sleepCtx(ctx, 250*time.Millisecond)
+	}
+}
+
+// churnLoop runs lifecycle operations through the API until ctx ends: a
+// stop and later start of a long-lived worker, a LoadCode, or a
+// short-lived worker created and deleted.
+func (wl *workload) churnLoop(ctx context.Context, rng *rand.Rand) {
+	tmp := 0
+	for ctx.Err() == nil {
+		sleepCtx(ctx, time.Duration(6+rng.Intn(10))*time.Second)
+		if ctx.Err() != nil {
+			return
+		}
+		wl.j.mu.Lock()
+		var long []*wrec
+		for _, w := range wl.j.workers {
+			if !strings.HasPrefix(w.name, "tmp") && w.current() == running {
+				long = append(long, w)
+			}
+		}
+		wl.j.mu.Unlock()
+		sort.Slice(long, func(a, b int) bool { return long[a].name < long[b].name })
+		switch k := rng.Intn(3); {
+		case k == 0 && len(long) > 0:
+			w := long[rng.Intn(len(long))]
+			// Each operation runs to its answer even when the run ends
+			// meanwhile (a fresh context): the journal must know its outcome.
+			if err := wl.stop(opCtx(), w); err != nil {
+				continue
+			}
+			wl.j.logf("%s churn: stopped %s", wl.j.rel(time.Now()), idOf(w))
+			sleepCtx(ctx, time.Duration(3+rng.Intn(10))*time.Second)
+			// Always started again, even at the end (a fresh context).
+			sctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			err := wl.start(sctx, w)
+			cancel()
+			wl.j.logf("%s churn: started %s: %v", wl.j.rel(time.Now()), idOf(w), err)
+		case k == 1 && len(long) > 0:
+			var py []*wrec
+			for _, w := range long {
+				if w.kind == "python" {
+					py = append(py, w)
+				}
+			}
+			if len(py) == 0 {
+				continue
+			}
+			w := py[rng.Intn(len(py))]
+			err := wl.load(opCtx(), w)
+			wl.j.logf("%s churn: LoadCode %s v%d: %v", wl.j.rel(time.Now()), idOf(w), w.version, err)
+		default:
+			tmp++
+			topic := wl.topics[rng.Intn(len(wl.topics))]
+			w, err := wl.create(opCtx(), fmt.Sprintf("tmp%d", tmp), topic, "", "python", false)
+			if err != nil {
+				continue
+			}
+			wl.j.logf("%s churn: created %s on %s", wl.j.rel(time.Now()), idOf(w), topic)
+			sleepCtx(ctx, time.Duration(10+rng.Intn(20))*time.Second)
+			dctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			err = wl.remove(dctx, w)
+			cancel()
+			wl.j.logf("%s churn: deleted %s: %v", wl.j.rel(time.Now()), idOf(w), err)
+		}
+	}
+}
+
+// opCtx bounds one lifecycle operation with its retries; it is not tied
+// to the run's end.
+func opCtx() context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	time.AfterFunc(4*time.Minute, cancel)
+	return ctx
+}
