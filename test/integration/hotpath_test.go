@@ -1,12 +1,19 @@
 package integration
 
 import (
+	"encoding/base64"
+	"encoding/json"
+	"io"
 	"fmt"
 	"net/http"
+	"net/url"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/virtufin/workmanager/internal/devstack"
 	"github.com/virtufin/workmanager/internal/dispatch"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
@@ -57,5 +64,77 @@ func TestOversizeEventDeadLettersAndTopicFlows(t *testing.T) {
 	o.expect("after")
 	if code, body := e.readyz(t); code != http.StatusOK {
 		t.Fatalf("/readyz %d: %s", code, body)
+	}
+}
+
+// lockRecord reads a default-tenant group's lock record through daprd.
+func (e *env) lockRecord(t *testing.T, group string) (holder string, held bool) {
+	t.Helper()
+	resp, err := http.Get("http://" + e.stack.DaprHTTPAddr + "/v1.0/state/" + devstack.StateName + "/" + url.PathEscape("workmanager/grouplock/"+group))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var rec struct {
+		Holder string `json:"holder"`
+		Held   bool   `json:"held"`
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(body, &rec); err != nil {
+		// Stored as bytes by the node's gRPC client: daprd's HTTP API may
+		// answer them base64-encoded as a JSON string.
+		var s string
+		if json.Unmarshal(body, &s) == nil {
+			if raw, err := base64.StdEncoding.DecodeString(s); err == nil {
+				_ = json.Unmarshal(raw, &rec)
+			}
+		}
+	}
+	return rec.Holder, rec.Held
+}
+
+// Issue 30, item 2: SIGTERM to the node holding a group's lock mid-call:
+// it stays a cluster member until it has drained and released its locks,
+// so the other node never runs the group beside it (no two calls of the
+// group overlap in time).
+func TestSIGTERMHolderKeepsItsGroupUntilReleased(t *testing.T) {
+	e := newEnvWith(t, envConfig{nodeEnv: []string{"SHUTDOWN_GRACE=20s", "WORKER_TIMEOUT=10s", "WORKER_MAX_ATTEMPTS=20", "WORKER_RETRY_BACKOFF=100ms",
+		"NODE_HEARTBEAT=1s"}}) // node B is node-b, node A has its default id
+	e.startNodeB(t, "WORKER_TIMEOUT=10s")
+	dir := workerDir(t)
+	in, out := topicName(t, "in"), topicName(t, "out")
+	outs := collectFrom(e.subscribe(out))
+	log := filepath.Join(dir, "w.log")
+	group := "g-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	e.createWith(t, &pb.CreateWorkerRequest{Code: pyCode(loggingWorker("w", log, out, false)), Topic: in, Group: group})
+	const n = 6
+	for i := range n {
+		e.publish(in, fmt.Sprintf("m%d", i), map[string]any{"sleep_ms": 2500}, "")
+	}
+	var last string
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		h, held := e.lockRecord(t, group)
+		if held && h != "" && !strings.HasPrefix(h, "node-b/") {
+			break
+		}
+		last = fmt.Sprintf("holder %q held %v", h, held)
+		if time.Now().After(deadline) {
+			t.Fatalf("node A never held the group's lock; last seen: %s", last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // mid-call
+	stopped := make(chan struct{})
+	go func() { e.node.Terminate(40 * time.Second); close(stopped) }()
+	waitFor(t, 3*time.Minute, fmt.Sprintf("%d outputs", n), func() bool { return outs.distinct() >= n })
+	<-stopped
+	cs := calls(t, log)
+	for i, a := range cs {
+		for _, b := range cs[i+1:] {
+			if a.Enter < b.Exit && b.Enter < a.Exit {
+				t.Errorf("calls of group %s overlap: %s on %q [%d, %d] and %s on %q [%d, %d]", group, a.ID, a.Node, a.Enter, a.Exit, b.ID, b.Node, b.Enter, b.Exit)
+			}
+		}
 	}
 }
