@@ -3,8 +3,8 @@ package integration
 import (
 	"encoding/base64"
 	"encoding/json"
-	"io"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"path/filepath"
