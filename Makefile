@@ -63,15 +63,14 @@ chaos: deps tools build
 	WM_CHAOS=1 CHAOS_DURATION=$$d CHAOS_NODES=$(CHAOS_NODES) CHAOS_SEED=$(CHAOS_SEED) \
 		go test -count=1 -timeout $$(( m + 10 ))m -v ./test/chaos/
 
-# Go fuzzing of the SSRF defences (the URL validator, the address
-# classifier, the inet_aton-style parser; seeds in
-# internal/codesource/testdata/fuzz/, which plain `go test` replays) and of
-# Go fuzzing of what reads worker-controlled bytes: the native engine's
-# response decoder, the isolated host's frames, the child-process wire
-# protocol (corpora in each package's testdata/fuzz/). `make test` runs
-# each for FUZZTIME_SHORT.
+# Go fuzzing, each target for FUZZTIME: the SSRF defences (the URL
+# validator, the address classifier, the inet_aton-style parser) and what
+# reads worker-controlled bytes (the native engine's response decoder, the
+# isolated host's frames, the child-process wire protocol). Corpora are in
+# each package's testdata/fuzz/, which plain `go test` replays; `make test`
+# also fuzzes each target for FUZZTIME_SHORT.
 FUZZTIME ?= 30s
-FUZZTIME_SHORT ?= 4s
+FUZZTIME_SHORT ?= 3s
 FUZZ_TARGETS := \
 	./internal/codesource/:FuzzValidateURL ./internal/codesource/:FuzzClassify \
 	./internal/codesource/:FuzzParseLooseIPv4 \
