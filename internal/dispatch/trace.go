@@ -2,6 +2,8 @@ package dispatch
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -98,20 +100,33 @@ func (d *Dispatcher) traceContext(ctx context.Context) (string, string) {
 	return c[TraceParentExtension], c[TraceStateExtension]
 }
 
-// inputTraceContext is the input's trace context when it carries a valid
-// one ("" otherwise): with tracing off the node is not a hop of the trace,
+// inputTraceContext is the trace context of outputs with tracing off: the
+// input's when it carries a valid one (the node is not a hop of the trace,
 // and its outputs continue the input's context unchanged, as an
-// OpenTelemetry SDK without an exporter would.
+// OpenTelemetry SDK without an exporter would), else rootTraceContext.
 func inputTraceContext(m *message) (string, string) {
 	if !inputTraceID(m).IsValid() {
-		return "", ""
+		return rootTraceContext(m), ""
 	}
 	tp := m.ec.Extensions[TraceParentExtension].(string) // inputTraceID checked it
 	if _, err := trace.SpanIDFromHex(tp[36:52]); err != nil || tp[35] != '-' {
-		return "", ""
+		return rootTraceContext(m), ""
 	}
 	ts, _ := m.ec.Extensions[TraceStateExtension].(string)
 	return tp, ts
+}
+
+// rootTraceContext is the trace the node starts for an input that carries
+// none, or an invalid one such as the all-zero traceparent daprd 1.14 puts
+// on a structured CloudEvent published without "traceid": a traceparent
+// derived from the event's source and id (so every output of the event, on
+// every attempt and node, is in one trace), not sampled (flags 00). Without
+// it daprd would stamp the outputs with its all-zero traceparent.
+func rootTraceContext(m *message) string {
+	h := sha256.Sum256([]byte(m.ec.Source.String() + "\x00" + m.ec.ID))
+	h[15] |= 1 // never the invalid all-zero trace id
+	h[23] |= 1 // nor the all-zero span id
+	return "00-" + hex.EncodeToString(h[:16]) + "-" + hex.EncodeToString(h[16:24]) + "-00"
 }
 
 // setTraceContext puts a trace context on an output: traceparent,

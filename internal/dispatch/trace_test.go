@@ -228,8 +228,10 @@ func TestFailedAttemptSpanAndLogs(t *testing.T) {
 }
 
 // With tracing off the node is not a hop of the trace: outputs carry the
-// input's valid trace context unchanged (traceparent, traceid, tracestate),
-// and none when the input's is missing or invalid (daprd's all-zero one).
+// input's valid trace context unchanged (traceparent, traceid, tracestate).
+// When the input's is missing or invalid (daprd's all-zero one), the node
+// starts a trace of the event's own (derived from its source and id: the
+// same on every delivery), never an all-zero one, and no empty tracestate.
 func TestTracingOffPassesInputTraceContextOn(t *testing.T) {
 	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -239,11 +241,12 @@ func TestTracingOffPassesInputTraceContextOn(t *testing.T) {
 	s := waitStream(t, b, "in")
 	cases := []struct{ id, tp, ts, want string }{
 		{"valid", inParent, "vendor=x", inParent},
-		{"zero", "00-00000000000000000000000000000000-0000000000000000-00", "", ""},
-		{"zero-span", "00-" + inTraceID + "-0000000000000000-01", "", ""},
-		{"garbage", "not a traceparent", "", ""},
-		{"none", "", "", ""},
+		{"zero", "00-00000000000000000000000000000000-0000000000000000-00", "", "root"},
+		{"zero-span", "00-" + inTraceID + "-0000000000000000-01", "", "root"},
+		{"garbage", "not a traceparent", "", "root"},
+		{"none", "", "", "root"},
 	}
+	roots := map[string]string{}
 	for _, c := range cases {
 		s.In <- tracedRequest(c.id, c.tp, c.ts)
 		if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
@@ -251,14 +254,40 @@ func TestTracingOffPassesInputTraceContextOn(t *testing.T) {
 		}
 		outs := pub.On("out")
 		x := outs[len(outs)-1].Extensions()
-		if got, _ := x[dispatch.TraceParentExtension].(string); got != c.want {
-			t.Errorf("%s: output traceparent %q, want %q", c.id, got, c.want)
+		got, _ := x[dispatch.TraceParentExtension].(string)
+		if id, _ := x[dispatch.TraceIDExtension].(string); id != got {
+			t.Errorf("%s: output traceid %q, traceparent %q: want them equal", c.id, id, got)
 		}
-		if got, _ := x[dispatch.TraceIDExtension].(string); got != c.want {
-			t.Errorf("%s: output traceid %q, want %q", c.id, got, c.want)
+		if c.want != "root" {
+			if got != c.want {
+				t.Errorf("%s: output traceparent %q, want %q", c.id, got, c.want)
+			}
+			if ts, _ := x[dispatch.TraceStateExtension].(string); ts != c.ts {
+				t.Errorf("%s: output tracestate %q, want %q", c.id, ts, c.ts)
+			}
+			continue
 		}
-		if got, _ := x[dispatch.TraceStateExtension].(string); got != c.ts && c.want != "" {
-			t.Errorf("%s: output tracestate %q, want %q", c.id, got, c.ts)
+		tp, err := propagationParse(got)
+		if err != nil || strings.Contains(got, "00000000000000000000000000000000") || strings.Contains(got, "-0000000000000000-") {
+			t.Errorf("%s: output traceparent %q is not a valid new trace (%v)", c.id, got, err)
 		}
+		if _, ok := x[dispatch.TraceStateExtension]; ok {
+			t.Errorf("%s: output carries a tracestate %v, want none", c.id, x[dispatch.TraceStateExtension])
+		}
+		roots[tp] = c.id
 	}
+	if len(roots) != 4 {
+		t.Errorf("traces started %v: want one of its own per event", roots)
+	}
+}
+
+// propagationParse returns the trace id of a W3C traceparent, or an error
+// when it is not a valid one.
+func propagationParse(tp string) (string, error) {
+	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return "", fmt.Errorf("invalid traceparent %q", tp)
+	}
+	return sc.TraceID().String(), nil
 }

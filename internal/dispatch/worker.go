@@ -212,13 +212,11 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 	if span != nil {
 		tp, ts = d.traceContext(ctx)
 	} else {
-		tp, ts = inputTraceContext(m) // tracing off: pass the input's on
+		tp, ts = inputTraceContext(m) // tracing off: pass the input's on, or start one
 	}
 	for i := range outs {
 		o := &outs[i]
-		if tp != "" {
-			setTraceContext(o, tp, ts)
-		}
+		setTraceContext(o, tp, ts)
 		if lease != nil {
 			if err := lease.Check(ctx); err != nil {
 				if errors.Is(err, grouplock.ErrStale) {
