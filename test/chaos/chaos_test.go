@@ -132,13 +132,18 @@ func TestChaos(t *testing.T) {
 	// Drain: wait until every required answer is there (or 4 minutes).
 	var v *verdict
 	drainStart := time.Now()
+	lastPending, progress := int(^uint(0)>>1), time.Now()
 	for {
 		o, err := observe(c.stack.RedisAddr, topics)
 		if err != nil {
 			t.Fatalf("reading the streams: %v", err)
 		}
 		v = check(j, o, topics)
-		if v.pending == 0 || time.Since(drainStart) > 4*time.Minute {
+		if v.pending < lastPending {
+			lastPending, progress = v.pending, time.Now()
+		}
+		// Done, or no progress for longer than a redelivery could take.
+		if v.pending == 0 || time.Since(drainStart) > 4*time.Minute || time.Since(progress) > 2*settle {
 			break
 		}
 		t.Logf("drain: %d required answers missing", v.pending)

@@ -18,6 +18,10 @@ var (
 	// stopBound: a stopped or deleted worker may finish calls already
 	// running for this long after the answer.
 	stopBound = workerTimeout + 5*time.Second
+	// poisonSettle: a poison input is dead-lettered after maxAttempts
+	// deliveries, each failed attempt answered RETRY and redelivered by
+	// Redis after its processing timeout.
+	poisonSettle = time.Duration(maxAttempts)*(processingTimeout+time.Second) + workerTimeout + 10*time.Second
 )
 
 // faultReasons are dead-letter reasons a fault may force on a healthy
@@ -210,7 +214,11 @@ func check(j *journal, o *observed, topics []string) *verdict {
 			if st != running {
 				continue
 			}
-			mustAnswer := until.IsZero() || until.Sub(in.at) >= settle
+			bound := settle
+			if w.poison && in.poison {
+				bound = poisonSettle
+			}
+			mustAnswer := until.IsZero() || until.Sub(in.at) >= bound
 			got := answered[wid][in.id] > 0
 			dl := deadOf[wid+"/"+in.id]
 			if w.poison && in.poison {
@@ -220,7 +228,7 @@ func check(j *journal, o *observed, topics []string) *verdict {
 				}
 				if mustAnswer && len(dl) == 0 {
 					required++
-					poisonIv.fail("poison event %s (published %s) not dead-lettered for %s", in.id, j.rel(in.at), idOf(w))
+					poisonIv.fail("poison event %s (published %s) not dead-lettered for %s; answered by: %s; dead letters of it: %v", in.id, j.rel(in.at), idOf(w), whoAnswered(j, o, w.topic, in.id), deadsOf(o, w.topic, in.id))
 				}
 				for _, d := range dl {
 					if d.reason != "worker_failed" && !faultReasons[d.reason] {
@@ -238,7 +246,7 @@ func check(j *journal, o *observed, topics []string) *verdict {
 			required++
 			loss.checked++
 			if !got && len(dl) == 0 {
-				loss.fail("%s on %s (published %s) never answered by %s (state %s until %s)", in.id, w.topic, j.rel(in.at), idOf(w), st, relOrEnd(j, until))
+				loss.fail("%s on %s (published %s) never answered by %s (state %s until %s); answered by: %s", in.id, w.topic, j.rel(in.at), idOf(w), st, relOrEnd(j, until), whoAnswered(j, o, w.topic, in.id))
 			}
 		}
 	}
@@ -421,4 +429,33 @@ func latency(j *journal, o *observed, topics []string) string {
 			ds[len(ds)*99/100].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond), len(ds))
 	}
 	return fmt.Sprintf("all: %s, worst %s; away from faults: %s", q(all), worstID, q(calm))
+}
+
+// whoAnswered lists the outputs of an input: worker, node, stream time.
+func whoAnswered(j *journal, o *observed, topic, id string) string {
+	var parts []string
+	for _, out := range o.outputs[topic] {
+		if out.in != id {
+			continue
+		}
+		name := out.worker
+		if w := j.workers[out.worker]; w != nil {
+			name = w.name
+		}
+		parts = append(parts, fmt.Sprintf("%s on %s at %s", name, out.node, j.rel(out.at)))
+	}
+	if len(parts) == 0 {
+		return "nobody"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func deadsOf(o *observed, topic, id string) []string {
+	var out []string
+	for _, d := range o.deads[topic] {
+		if d.id == id {
+			out = append(out, d.worker+":"+d.reason)
+		}
+	}
+	return out
 }

@@ -423,6 +423,19 @@ func (n *node) health() string {
 }
 
 func (c *cluster) close() {
+	if c.t.Failed() || os.Getenv("CHAOS_KEEP_LOGS") != "" {
+		// The stack's logs outlive the test's temp dir.
+		keep, err := os.MkdirTemp("", "chaos-logs-")
+		if err == nil {
+			logs, _ := filepath.Glob(filepath.Join(c.dir, "*.log"))
+			for _, l := range logs {
+				if b, err := os.ReadFile(l); err == nil {
+					_ = os.WriteFile(filepath.Join(keep, filepath.Base(l)), b, 0o644)
+				}
+			}
+			c.t.Logf("logs of the stack kept in %s", keep)
+		}
+	}
 	if c.conn != nil {
 		c.conn.Close()
 	}
