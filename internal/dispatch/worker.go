@@ -138,7 +138,7 @@ func (d *Dispatcher) serve(w *worker) {
 }
 
 // handle makes one attempt of w at m: take the group lock when w has a
-// group, run the engine, publish the outputs (each checked against the
+// group (renewed until the attempt ends), run the engine, publish the outputs (each checked against the
 // lock's fencing token first), release the lock. A panic anywhere in it is
 // a failed attempt of w. start is when the attempt began.
 func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
@@ -176,6 +176,11 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 			}
 			return
 		}
+		// Renewed while the call and its publishing run, so a call longer
+		// than GROUP_LOCK_MAX_AGE keeps its lock; a renewal that finds the
+		// lock taken makes every later Check (the gateway's, the outputs')
+		// refuse. Release stops the renewals.
+		lease.KeepAlive(ctx)
 		defer func() {
 			if err := lease.Release(context.WithoutCancel(ctx)); err != nil {
 				d.log.Warn("group lock not released; this node takes it back on its next message of the group, other nodes after its max age",
@@ -285,6 +290,10 @@ func (d *Dispatcher) fail(r *result, err error) {
 		r.outcome = outcomeCut
 	case errors.Is(err, engines.ErrTimeout):
 		r.reason = reasonTimeout
+	case errors.Is(err, engines.ErrReplyTooLarge):
+		// The engine refused the reply while reading it: the outputs are
+		// over the node's limits, like those checkOutputs refuses.
+		r.reason = reasonOutputLimit
 	case errors.Is(err, engines.ErrWorkerFailed):
 		r.reason = reasonWorkerFailed
 	default:

@@ -10,11 +10,19 @@
 // try is 1 Get, plus 1 Put for the waiter marker when another try follows;
 // the first Check of a lease is 1 Get + 1 Put (recording wrote=true), later
 // Checks need none while the lease is younger than Config.WrittenMaxAge (then
-// 1 Get each); Release is 1 Get + 1 Put. Each ETag conflict with a concurrent
-// writer that leaves the lease current (a waiter marker) costs one more
-// Get + Put. Check and Release cannot write with an ETag remembered from
+// 1 Get each); Release is 1 Get + 1 Put; a lease kept alive (KeepAlive)
+// costs 1 Get + 1 Put per renewal, one every Config.RenewEvery (MaxAge/3),
+// so a call shorter than that costs none. Each ETag conflict with a
+// concurrent writer that leaves the lease current (a waiter marker) costs
+// one more Get + Put. Check and Release cannot write with an ETag remembered from
 // Acquire because state.Store.Put does not return the new ETag; they read it
 // first.
+//
+// A lock's age runs from its acquisition or its holder's last renewal
+// (acquired_ms): a holder that keeps its lease alive while its call runs
+// keeps the lock however long the call takes, and a holder that cannot
+// renew (paused, cut off from the store, dead) loses it after MaxAge as
+// before.
 //
 // Ages (MaxAge, WrittenMaxAge, the waiter marker's) compare one node's clock
 // with the acquired_ms/waiter_ms written by another, so node clocks are
@@ -41,6 +49,9 @@ var (
 	// released or never recorded); its side effects must not happen.
 	ErrStale = errors.New("grouplock: stale lease")
 )
+
+// DefaultMaxAge is Config.MaxAge's default (GROUP_LOCK_MAX_AGE_MS).
+const DefaultMaxAge = 60 * time.Second
 
 // Event kinds.
 const (
@@ -80,10 +91,16 @@ type Config struct {
 	// MaxRetries is how many tries follow the first one (default 3 when
 	// zero; negative means none).
 	MaxRetries int
-	// MaxAge is the age after which a lock whose holder made no writes under
-	// its token may be stolen (default 30s). A stolen-from holder that wrote
-	// keeps its lock: the theft is aborted and counts as a failed try.
+	// MaxAge is the age (since the lock was taken or last renewed) after
+	// which a lock whose holder made no writes under its token may be
+	// stolen (default DefaultMaxAge). A stolen-from holder that wrote keeps
+	// its lock: the theft is aborted and counts as a failed try. A holder
+	// whose call may run longer keeps its lease alive (Lease.KeepAlive).
 	MaxAge time.Duration
+	// RenewEvery is how often a lease kept alive is renewed (default
+	// MaxAge/3, so that a renewal may fail once and be tried again before
+	// the lock can be taken; at most MaxAge/2).
+	RenewEvery time.Duration
 	// WrittenMaxAge is the escape hatch for a dead holder that wrote: a
 	// written lock older than this may be stolen too, so a group cannot be
 	// stuck forever (default 10*MaxAge; never less than MaxAge). A holder
@@ -194,8 +211,12 @@ func New(st state.Store, cfg Config) *Locks {
 		cfg.MaxRetries = 0
 	}
 	if cfg.MaxAge <= 0 {
-		cfg.MaxAge = 30 * time.Second
+		cfg.MaxAge = DefaultMaxAge
 	}
+	if cfg.RenewEvery <= 0 {
+		cfg.RenewEvery = cfg.MaxAge / 3
+	}
+	cfg.RenewEvery = max(min(cfg.RenewEvery, cfg.MaxAge/2), time.Millisecond)
 	if cfg.WrittenMaxAge <= 0 {
 		cfg.WrittenMaxAge = 10 * cfg.MaxAge
 	}
@@ -363,10 +384,98 @@ type Lease struct {
 
 	mu        sync.Mutex
 	wrote     bool // wrote=true is recorded under this token
-	stale     bool // a Check found the lock taken by another token
+	stale     bool // a Check or a renewal found the lock taken by another token
 	ending    bool // Release was called
 	released  bool // the store no longer shows this lease held
 	slotFreed bool
+	// KeepAlive's goroutine, cancelled and waited for by Release.
+	renewCancel context.CancelFunc
+	renewDone   chan struct{}
+}
+
+// KeepAlive renews the lease (Renew) every Config.RenewEvery in the
+// background until Release (which stops it and waits for it), ctx ends, or
+// a renewal finds the lock taken: the lease is then stale and every later
+// Check returns ErrStale, so nothing more is published or called under it.
+// Call it once the lease is acquired, for work that may outlast MaxAge;
+// later calls do nothing. A renewal that fails on a store error is tried
+// again after RenewEvery/2; meanwhile the lock's age keeps growing in the
+// store, so peers may take it after MaxAge as from a holder that stopped
+// (and Check, which reads the store for an unwritten lease, then fails).
+func (ls *Lease) KeepAlive(ctx context.Context) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.renewDone != nil || ls.ending || ls.stale {
+		return
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	ls.renewCancel, ls.renewDone = cancel, done
+	every := ls.locks.cfg.RenewEvery
+	go func() {
+		defer close(done)
+		t := time.NewTimer(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			next := every
+			if err := ls.Renew(ctx); errors.Is(err, ErrStale) {
+				return
+			} else if err != nil {
+				next = every / 2
+			}
+			t.Reset(next)
+		}
+	}()
+}
+
+// Renew extends the lease once: while the store still shows it (its token
+// and holder, held) it records the current time as the lock's acquired
+// time, with an ETag-guarded write, so peers count the lock's age from now.
+// When the lock was taken meanwhile (or the lease released) it returns an
+// error wrapping ErrStale, and the lease is stale from then on: every later
+// Check fails. Store errors are returned wrapped and change nothing.
+func (ls *Lease) Renew(ctx context.Context) error {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	switch {
+	case ls.ending:
+		return fmt.Errorf("grouplock %s token %d: released: %w", ls.Group, ls.Token, ErrStale)
+	case ls.stale:
+		return ls.staleErr()
+	}
+	now := time.UnixMilli(ls.locks.cfg.Now().UnixMilli())
+	current, err := ls.update(ctx, func(rec *record) bool {
+		rec.AcquiredMs = now.UnixMilli()
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	if !current {
+		ls.stale = true
+		return ls.staleErr()
+	}
+	if now.After(ls.acquired) {
+		ls.acquired = now
+	}
+	return nil
+}
+
+// stopRenewal ends KeepAlive's goroutine, if any, and waits for it.
+func (ls *Lease) stopRenewal() {
+	ls.mu.Lock()
+	cancel, done := ls.renewCancel, ls.renewDone
+	ls.renewCancel = nil
+	ls.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
 }
 
 // Check verifies, before each side effect made under the lease, that the
@@ -377,8 +486,9 @@ type Lease struct {
 // so later Checks of a lease younger than WrittenMaxAge return at once
 // without a store round trip — unless Config.SelfAlive says peers may count
 // this process as gone (and take its locks) —, and older ones only read.
-// Once a Check found
-// the lease stale, every later Check returns ErrStale too. Store errors are
+// Once a Check (or a
+// renewal, KeepAlive) found the lease stale, every later Check returns
+// ErrStale too. Store errors are
 // returned wrapped (the check did not pass).
 func (ls *Lease) Check(ctx context.Context) error {
 	ls.mu.Lock()
@@ -443,7 +553,7 @@ func (ls *Lease) update(ctx context.Context, change func(*record) bool) (bool, e
 
 // Release gives the lock up: it records held=false (keeping the token) if
 // the store still shows this lease, and frees the group's local slot for the
-// next caller of this process. A lease that was stolen leaves the new
+// next caller of this process; KeepAlive's renewals stop first. A lease that was stolen leaves the new
 // holder's lock alone and is not an error. ctx should not be one the caller
 // has already cancelled (e.g. on shutdown), or the lock stays held in the
 // store until it may be stolen. After a store error the local slot is freed
@@ -451,8 +561,11 @@ func (ls *Lease) update(ctx context.Context, change func(*record) bool) (bool, e
 // nothing.
 func (ls *Lease) Release(ctx context.Context) error {
 	ls.mu.Lock()
+	ls.ending = true // nothing more happens under it, no renewal either
+	ls.mu.Unlock()
+	ls.stopRenewal()
+	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	ls.ending = true
 	if ls.released {
 		return nil
 	}

@@ -160,7 +160,7 @@ func newWorld(t *testing.T) *world {
 // node returns a node on the shared store and clock; mod adjusts its Config.
 func (w *world) node(st state.Store, mod func(*Config)) *node {
 	n := &node{ev: &events{}, sl: &sleeper{clk: w.clk}}
-	cfg := Config{RetryBase: base, OnEvent: n.ev.add, Now: w.clk.Now, Sleep: n.sl.Sleep}
+	cfg := Config{RetryBase: base, MaxAge: 30 * time.Second, OnEvent: n.ev.add, Now: w.clk.Now, Sleep: n.sl.Sleep}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -796,8 +796,8 @@ func TestContextCancel(t *testing.T) {
 
 func TestDefaults(t *testing.T) {
 	c := New(state.NewMemoryStore(), Config{}).cfg
-	if c.RetryBase != 500*time.Millisecond || c.MaxRetries != 3 || c.MaxAge != 30*time.Second ||
-		c.WrittenMaxAge != 300*time.Second || c.Now == nil || c.Sleep == nil {
+	if c.RetryBase != 500*time.Millisecond || c.MaxRetries != 3 || c.MaxAge != 60*time.Second ||
+		c.WrittenMaxAge != 600*time.Second || c.Now == nil || c.Sleep == nil {
 		t.Fatalf("defaults %+v", c)
 	}
 	c = New(state.NewMemoryStore(), Config{MaxAge: time.Minute, WrittenMaxAge: time.Second}).cfg
