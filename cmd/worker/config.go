@@ -12,6 +12,7 @@ import (
 	"github.com/virtufin/workmanager/engines/sandbox"
 	"github.com/virtufin/workmanager/internal/codesource"
 	"github.com/virtufin/workmanager/internal/envconfig"
+	"github.com/virtufin/workmanager/internal/grouplock"
 )
 
 // config is the node's typed configuration, read from the environment.
@@ -67,7 +68,7 @@ type config struct {
 	MaxOutputBytes     int           // MAX_OUTPUT_BYTES: an output with more data fails its call (output_limit)
 	LockRetryBase      time.Duration // GROUP_LOCK_RETRY_BASE_DELAY_MS
 	LockMaxRetries     int           // GROUP_LOCK_MAX_RETRIES
-	LockMaxAge         time.Duration // GROUP_LOCK_MAX_AGE_MS
+	LockMaxAge         time.Duration // GROUP_LOCK_MAX_AGE_MS: longer than WORKER_TIMEOUT
 	ShutdownGrace      time.Duration // SHUTDOWN_GRACE: how long SIGTERM waits for in-flight messages
 	TestPanicExtension string        // WM_TEST_PANIC_EXTENSION: test hook, a hot-path panic for inputs with this extension (never in production)
 	TestStateFaultFile string        // WM_TEST_STATE_FAULT_FILE: test hook, catalog writes to keys with a prefix listed in this file fail (never in production)
@@ -132,7 +133,7 @@ func loadConfig() (config, error) {
 		MaxOutputBytes:      r.Int("MAX_OUTPUT_BYTES", 1<<20),
 		LockRetryBase:       time.Duration(r.Int("GROUP_LOCK_RETRY_BASE_DELAY_MS", 500)) * time.Millisecond,
 		LockMaxRetries:      r.Int("GROUP_LOCK_MAX_RETRIES", 3),
-		LockMaxAge:          time.Duration(r.Int("GROUP_LOCK_MAX_AGE_MS", 30000)) * time.Millisecond,
+		LockMaxAge:          time.Duration(r.Int("GROUP_LOCK_MAX_AGE_MS", int(grouplock.DefaultMaxAge/time.Millisecond))) * time.Millisecond,
 		ShutdownGrace:       r.Duration("SHUTDOWN_GRACE", 30*time.Second),
 		TestPanicExtension:  r.String("WM_TEST_PANIC_EXTENSION", ""),
 		TestStateFaultFile:  r.String("WM_TEST_STATE_FAULT_FILE", ""),
@@ -252,6 +253,13 @@ func (c config) validate() error {
 		return fmt.Errorf("GROUP_LOCK_MAX_RETRIES must be 0 to 20, got %d", c.LockMaxRetries)
 	case c.LockMaxAge < time.Second:
 		return fmt.Errorf("GROUP_LOCK_MAX_AGE_MS must be at least 1000, got %d", c.LockMaxAge.Milliseconds())
+	case c.WorkerTimeout >= c.LockMaxAge:
+		// Every worker's calls are bounded by WORKER_TIMEOUT (there is no
+		// per-worker timeout). A holder renews its lease while its call
+		// runs, but one that cannot (paused, cut off from the store) must
+		// not have a call outlive its lock: peers take it after the max age.
+		return fmt.Errorf("WORKER_TIMEOUT (%s) must be shorter than GROUP_LOCK_MAX_AGE_MS (%d ms): a grouped call could outlive its group lock and run beside another node's; lower WORKER_TIMEOUT or raise GROUP_LOCK_MAX_AGE_MS",
+			c.WorkerTimeout, c.LockMaxAge.Milliseconds())
 	case c.ShutdownGrace < 0:
 		return fmt.Errorf("SHUTDOWN_GRACE must not be negative, got %s", c.ShutdownGrace)
 	case c.TemporalAddress == "" || c.DaprGRPCAddress == "" || c.HTTPAddr == "":

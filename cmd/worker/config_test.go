@@ -38,6 +38,48 @@ func TestConfigDefaultsAndBadValues(t *testing.T) {
 	}
 }
 
+// Issue 30, item 7: a call must not outlive its group lock. The default
+// lock max age (60 s) is above the default WORKER_TIMEOUT (30 s), and a
+// node whose WORKER_TIMEOUT is not below GROUP_LOCK_MAX_AGE_MS refuses to
+// start, naming both settings.
+func TestWorkerTimeoutMustBeBelowLockMaxAge(t *testing.T) {
+	c, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.LockMaxAge != 60*time.Second || c.WorkerTimeout >= c.LockMaxAge {
+		t.Fatalf("defaults: GROUP_LOCK_MAX_AGE_MS %v, WORKER_TIMEOUT %v", c.LockMaxAge, c.WorkerTimeout)
+	}
+	for name, tc := range map[string]struct {
+		timeout, maxAgeMs string
+		ok                bool
+	}{
+		"equal":               {"30s", "30000", false},
+		"longer":              {"90s", "", false},
+		"old default max age": {"", "30000", false},
+		"shorter":             {"2s", "3000", true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if tc.timeout != "" {
+				t.Setenv("WORKER_TIMEOUT", tc.timeout)
+			}
+			if tc.maxAgeMs != "" {
+				t.Setenv("GROUP_LOCK_MAX_AGE_MS", tc.maxAgeMs)
+			}
+			_, err := loadConfig()
+			if tc.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "WORKER_TIMEOUT") || !strings.Contains(err.Error(), "GROUP_LOCK_MAX_AGE_MS") {
+				t.Fatalf("got %v, want an error naming WORKER_TIMEOUT and GROUP_LOCK_MAX_AGE_MS", err)
+			}
+		})
+	}
+}
+
 func TestSecretValues(t *testing.T) {
 	got := secretValues([]string{"DAPR_API_TOKEN=tok-123456", "DB_PASSWORD=hunter22", "AWS_SECRET_ACCESS_KEY=abcdefgh", "SHORT_KEY=abc", "HOME=/root", "PATH=/usr/bin"})
 	if strings.Join(got, ",") != "tok-123456,hunter22,abcdefgh" {
