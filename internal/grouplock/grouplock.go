@@ -103,8 +103,10 @@ type Config struct {
 	RenewEvery time.Duration
 	// WrittenMaxAge is the escape hatch for a dead holder that wrote: a
 	// written lock older than this may be stolen too, so a group cannot be
-	// stuck forever (default 10*MaxAge; never less than MaxAge). A holder
-	// still working by then may lose its lock; its Check then fails.
+	// stuck forever (default 10*MaxAge; never less than MaxAge). The age
+	// counts from the last renewal too, so a holder that keeps its lease
+	// alive keeps it; one still working by then without renewing may lose
+	// its lock, and its Check then fails.
 	WrittenMaxAge time.Duration
 	// WaiterMaxAge is how long a waiter marker keeps a free lock for its
 	// waiter (default: the longest backoff sleep, RetryBase<<(MaxRetries-1),

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/virtufin/workmanager/internal/devstack"
 	"github.com/virtufin/workmanager/internal/dispatch"
 	"github.com/virtufin/workmanager/internal/infraevents"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
 
@@ -273,8 +275,9 @@ func TestUndecodableAndOversizedEventsDeadLetter(t *testing.T) {
 // cannot be stolen), a message is retried with the configured backoff and
 // ends in <topic>-dead with lock_contention after its attempts.
 func TestLockContentionDeadLetters(t *testing.T) {
+	// WORKER_TIMEOUT below the max age, or the node refuses to start.
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"GROUP_LOCK_RETRY_BASE_DELAY_MS=50", "GROUP_LOCK_MAX_RETRIES=2",
-		"WORKER_MAX_ATTEMPTS=2", "WORKER_RETRY_BACKOFF=100ms", "GROUP_LOCK_MAX_AGE_MS=5000", "WORKMANAGER_NODE_ID=node-a"}})
+		"WORKER_MAX_ATTEMPTS=2", "WORKER_RETRY_BACKOFF=100ms", "GROUP_LOCK_MAX_AGE_MS=5000", "WORKER_TIMEOUT=2s", "WORKMANAGER_NODE_ID=node-a"}})
 	dir := workerDir(t)
 	in, out := topicName(t, "in"), topicName(t, "out")
 	dead := collectFrom(e.subscribe(in + dispatch.DeadLetterSuffix))
@@ -318,16 +321,18 @@ func (c *collect) countType(typ string) int {
 	return n
 }
 
-// Fencing: a holder paused past the lock's max age (its worker sleeps on
-// its first call) loses the lock to the other node, which processes the
-// next messages; when the stale holder wakes up its output is refused (an
-// error event with error_type stale_lock), and the message is processed
-// later under a fresh token. The theft shows on workmanager.infra.grouplock.
+// Fencing: a holder paused past the lock's max age (its node SIGSTOPped
+// mid-call: it cannot renew its lease) loses the lock to the other node,
+// which processes the next messages; when the stale holder resumes, its
+// output is refused (an error event with error_type stale_lock), and the
+// message is processed later under a fresh token. The theft shows on
+// workmanager.infra.grouplock. (A call that merely runs long keeps its lock:
+// its node renews the lease.)
 func TestStaleLockHolderOutputIsRefused(t *testing.T) {
-	lockEnv := []string{"GROUP_LOCK_MAX_AGE_MS=1000", "GROUP_LOCK_RETRY_BASE_DELAY_MS=200", "GROUP_LOCK_MAX_RETRIES=4",
-		"WORKER_TIMEOUT=10s", "WORKER_RETRY_BACKOFF=100ms"}
+	lockEnv := []string{"GROUP_LOCK_MAX_AGE_MS=3000", "GROUP_LOCK_RETRY_BASE_DELAY_MS=200", "GROUP_LOCK_MAX_RETRIES=4",
+		"WORKER_TIMEOUT=2s", "WORKER_RETRY_BACKOFF=100ms"}
 	e := newEnvWith(t, envConfig{nodeEnv: lockEnv})
-	e.startNodeB(t)
+	nodeB := e.startNodeB(t)
 	dir := workerDir(t)
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := collectFrom(e.subscribe(out))
@@ -338,7 +343,7 @@ import os, time, json
 def process(event):
     if (event.get("data") or {}).get("pause") and not os.path.exists(%q):
         open(%q, "w").close()
-        time.sleep(3)
+        time.sleep(1.5)
     with open(%q, "a") as f:
         f.write(json.dumps({"w": "w", "id": event["id"], "enter": 0, "exit": 0, "tok": event.get("fencingtoken")}) + "\n")
     return {"type": %q, "data": {"tok": event.get("fencingtoken")}}
@@ -347,12 +352,44 @@ def process(event):
 	id := e.createWith(t, &pb.CreateWorkerRequest{Code: pyCode(code), Topic: in, Group: group})
 	e.publish(in, "slow", map[string]any{"pause": true}, "")
 	waitFor(t, 20*time.Second, "the paused call", func() bool { _, err := os.Stat(marker); return err == nil })
+	// Pause the node running the call (its process only: the worker's
+	// process answers meanwhile, so the reply is there when it resumes)
+	// for twice the max age.
+	holder, held := e.lockRecord(t, group)
+	paused := e.node
+	if strings.HasPrefix(holder, "node-b/") {
+		paused = nodeB
+	}
+	if !held || !strings.HasSuffix(holder, "/"+id) {
+		t.Fatalf("lock holder %q (held %v) during the call", holder, held)
+	}
+	pid := paused.Cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
 	for i := range 12 { // some land on the other node, which steals the lock
 		e.publish(in, "next"+strconv.Itoa(i), map[string]any{"n": i}, "")
 		time.Sleep(150 * time.Millisecond)
 	}
-	ev := e.waitLifecycle(id, "error", 30*time.Second)
-	if ev.Data.ErrorType != "stale_lock" || ev.Data.EventID != "slow" {
+	time.Sleep(time.Until(stopped.Add(6 * time.Second)))
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	var ev lifecycleEvent
+	waitFor(t, 30*time.Second, "an error event for the paused message", func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for _, l := range e.lifecycle {
+			if l.Data.WorkerID == id && l.Type == lifecycleevents.TypePrefix+string(lifecycleevents.Error) && l.Data.EventID == "slow" {
+				ev = l
+				return true
+			}
+		}
+		return false
+	})
+	if ev.Data.ErrorType != "stale_lock" {
 		t.Fatalf("error event %+v, want stale_lock for the paused message", ev.Data)
 	}
 	waitFor(t, 60*time.Second, "all 13 outputs", func() bool { return outs.count() >= 13 })
