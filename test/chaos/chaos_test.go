@@ -9,7 +9,7 @@
 //
 // It runs only with WM_CHAOS=1; knobs: CHAOS_DURATION (10m), CHAOS_NODES
 // (3), CHAOS_SEED (time-based, printed), CHAOS_RATE (events/s per topic,
-// 3), CHAOS_TOPICS (2), CHAOS_REPORT (a file to write the report to).
+// 2), CHAOS_TOPICS (2), CHAOS_REPORT (a file to write the report to).
 package chaos
 
 import (
@@ -53,7 +53,7 @@ func TestChaos(t *testing.T) {
 	if s, err := strconv.ParseInt(os.Getenv("CHAOS_SEED"), 10, 64); err == nil {
 		seed = s
 	}
-	rate := float64(envInt("CHAOS_RATE", 3))
+	rate := float64(envInt("CHAOS_RATE", 2))
 	ntopics := envInt("CHAOS_TOPICS", 2)
 	t.Logf("chaos: duration %s, %d nodes, seed %d (CHAOS_SEED=%d reproduces the fault schedule), %.0f events/s per topic, %d topics",
 		duration, nodes, seed, seed, rate, ntopics)
@@ -180,7 +180,10 @@ func TestChaos(t *testing.T) {
 	fmt.Fprintf(&r, "nodes before: %s\nnodes after:  %s\n", before, after)
 	for _, iv := range v.invariants {
 		res := "PASS"
-		if len(iv.failures) > 0 {
+		switch {
+		case len(iv.failures) > 0 && iv.warn:
+			res = fmt.Sprintf("WARN (%d cases; first: %s)", len(iv.failures), iv.failures[0])
+		case len(iv.failures) > 0:
 			res = fmt.Sprintf("FAIL (%d counter-examples; first: %s)", len(iv.failures), iv.failures[0])
 		}
 		fmt.Fprintf(&r, "[%s] %s (%d checked)\n", res, iv.name, iv.checked)
