@@ -292,6 +292,22 @@ type Closer interface {
 // allowed targets.
 var ErrGatewayDenied = errors.New("not allowed by the worker's policy")
 
+type gatewayTargetsKey struct{}
+
+// WithGatewayTargets returns ctx carrying the calling worker's
+// Spec.GatewayTargets, for the Gateway: what only the worker's policy may
+// allow (a query in the method) is decided there. The engines set it on
+// every gateway call.
+func WithGatewayTargets(ctx context.Context, allowed []string) context.Context {
+	return context.WithValue(ctx, gatewayTargetsKey{}, allowed)
+}
+
+// GatewayTargetsFrom returns the targets WithGatewayTargets put on ctx.
+func GatewayTargetsFrom(ctx context.Context) []string {
+	allowed, _ := ctx.Value(gatewayTargetsKey{}).([]string)
+	return allowed
+}
+
 // CheckGatewayTarget says whether a worker whose Spec.GatewayTargets is
 // allowed may call service/method: allowed holds path.Match patterns of
 // "service/method"; empty allows any target.

@@ -132,12 +132,8 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 // timeout (whichever of the gateway and the timer saw it first): the host
 // is marked and killed, and the error ends the round trip.
 func (in *Instance) serveGateway(ctx context.Context, p *proc, deadline time.Time, payload []byte) ([]byte, error) {
-	gctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	stop := context.AfterFunc(in.pool.Context(), cancel)
-	defer stop()
-	reply := wire.ServeGateway(gctx, in.e.cfg.Gateway, in.spec.GatewayTargets, payload)
-	if errors.Is(gctx.Err(), context.DeadlineExceeded) {
+	reply, expired := wire.ServeGatewayUntil(ctx, in.pool.Context(), deadline, in.e.cfg.Gateway, in.spec.GatewayTargets, payload)
+	if expired {
 		p.MarkTimedOut()
 		p.Kill()
 		return nil, childproc.ErrGone

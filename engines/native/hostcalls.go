@@ -39,7 +39,7 @@ func gatewayCall(ctx context.Context, gw interface {
 	if err := engines.CheckGatewayTarget(spec.GatewayTargets, service, method); err != nil {
 		return []byte(err.Error()), loader.GatewayError
 	}
-	resp, err := gw.Call(ctx, service, method, req)
+	resp, err := gw.Call(engines.WithGatewayTargets(ctx, spec.GatewayTargets), service, method, req)
 	if err != nil {
 		msg := err.Error()
 		if msg == "" {

@@ -107,19 +107,18 @@ func (d *Dapr) reservedIDs(ctx context.Context) []string {
 	return d.reserved
 }
 
-type targetsKey struct{}
-
 // WithTargets returns ctx carrying the calling worker's
-// allowed_gateway_targets, for what only the policy may allow (a query:
+// allowed_gateway_targets (engines.WithGatewayTargets, which the engines
+// set on every call), for what only the policy may allow (a query:
 // workerpolicy.QueryMarker). Without them no call carries a query.
 func WithTargets(ctx context.Context, allowed []string) context.Context {
-	return context.WithValue(ctx, targetsKey{}, allowed)
+	return engines.WithGatewayTargets(ctx, allowed)
 }
 
 // Check refuses a target no call may reach (workerpolicy.CheckTarget with
 // the reserved app ids and the policy in ctx); Call runs it first.
 func (d *Dapr) Check(ctx context.Context, service, method string) error {
-	allowed, _ := ctx.Value(targetsKey{}).([]string)
+	allowed := engines.GatewayTargetsFrom(ctx)
 	if err := workerpolicy.CheckTarget(service, method, workerpolicy.ReservedAppIDs, allowed); err != nil {
 		return err
 	}

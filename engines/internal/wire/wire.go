@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
@@ -141,6 +142,21 @@ func outputError(i int, err error) error {
 	return &Error{Kind: engines.ErrWorkerFailed, Message: engines.OutputError(i, err)}
 }
 
+// ServeGatewayUntil is ServeGateway on a context that also ends at
+// deadline (the call's) and when closed ends (the instance's): a backend
+// call cannot outlive the call it was made for (its timeout, its retry) or
+// the instance's Close. expired says the deadline ended it: the call is
+// then a timeout, whichever of the gateway and the caller's timer saw it
+// first, and the caller kills the process.
+func ServeGatewayUntil(ctx, closed context.Context, deadline time.Time, gw engines.Gateway, targets []string, payload []byte) (reply []byte, expired bool) {
+	gctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	stop := context.AfterFunc(closed, cancel)
+	defer stop()
+	reply = ServeGateway(gctx, gw, targets, payload)
+	return reply, errors.Is(gctx.Err(), context.DeadlineExceeded)
+}
+
 // ServeGateway serves one gateway call of a worker: payload is
 // `{"service","method"}\n<body>`; the answer (the 'g' payload) is 0 and the
 // response body, or 1 and an error message for the worker. The call is held
@@ -159,7 +175,7 @@ func ServeGateway(ctx context.Context, gw engines.Gateway, targets []string, pay
 	if err := engines.CheckGatewayTarget(targets, target.Service, target.Method); err != nil {
 		return fail("%v", err)
 	}
-	resp, err := gw.Call(ctx, target.Service, target.Method, body)
+	resp, err := gw.Call(engines.WithGatewayTargets(ctx, targets), target.Service, target.Method, body)
 	if err != nil {
 		return fail("%v", err)
 	}
