@@ -14,7 +14,7 @@ TEST_TIMEOUT ?= 35m
 UNIT_PACKAGES = $$(go list ./... | grep -v /test/integration)
 REQUIRE_SANDBOX = $$([ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: run test unit integration bench fuzz fuzz-short pytest deps tools proto build clean vet k8s-validate
+.PHONY: run test unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate
 
 run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	bin/devstack $(RUN_FLAGS)
@@ -24,7 +24,7 @@ run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 # Every package but the integration tests runs under the race detector
 # (what `make unit` runs, without -short); then the integration tests, on
 # the real Temporal, daprd, Redis, Python and Mono.
-test: deps tools vet pytest k8s-validate $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
+test: deps-test tools vet pytest k8s-validate $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -race -count=1 -timeout 20m $(UNIT_PACKAGES)
 	$(MAKE) --no-print-directory fuzz-short
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -count=1 -timeout $(TEST_TIMEOUT) ./test/integration/
@@ -36,13 +36,13 @@ k8s-validate:
 	cd deploy/k8s/validate && go test -count=1 ./...
 
 # The Python DevKit's own suite (sdk/python), with Debian's pytest and mypy.
-pytest: deps
+pytest: deps-test
 	cd sdk/python && PYTHONPATH=src PYTHONDONTWRITEBYTECODE=1 timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests
 
 unit: vet
 	go test -race -timeout 10m -short $(UNIT_PACKAGES)
 
-integration: deps tools
+integration: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	go test -timeout $(TEST_TIMEOUT) -v ./test/integration/
 
 bench: deps tools
@@ -94,9 +94,17 @@ vet: $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp
 	$(TOOLS)/workflowcheck ./workflows/...
 
 build:
-	go build -o bin/ ./cmd/worker ./cmd/api ./cmd/native-host ./cmd/devstack ./cmd/wmctl
+	@$(STEP) "building WorkManager (bin/)" "~5 s warm" $(SETUP_LOGS)/build.log -- \
+		go build -o bin/ ./cmd/worker ./cmd/api ./cmd/native-host ./cmd/devstack ./cmd/wmctl
 
-# Debian packages, installed only when a command is missing.
+# Debian packages, installed only when a command is missing: `deps` what
+# running needs, `deps-test` what only the tests add (pytest and mypy for
+# the DevKit's suite, venv and pip for its install test, Chromium for the
+# Temporal UI screenshots). apt-get's output goes to .run/setup/apt.log.
+STEP := deploy/setup/step
+SETUP_LOGS := $(CURDIR)/.run/setup
+APT_INSTALL = $(STEP) "installing Debian packages:$$missing" "30-60 s" $(SETUP_LOGS)/apt.log -- \
+	bash -c "$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing"
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
@@ -108,26 +116,27 @@ deps:
 	[ -f /usr/include/flatbuffers/flatbuffers.h ] || missing="$$missing libflatbuffers-dev"; \
 	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
 	command -v setpriv >/dev/null && command -v prlimit >/dev/null || missing="$$missing util-linux"; \
+	command -v mono >/dev/null || missing="$$missing mono-runtime"; \
+	command -v mcs >/dev/null || missing="$$missing mono-mcs"; \
+	[ -d /usr/lib/mono/4.5-api ] || missing="$$missing mono-devel"; \
+	if [ -n "$$missing" ]; then $(APT_INSTALL); fi
+
+deps-test: deps
+	@missing=""; \
 	/usr/bin/python3 -c 'import pytest' 2>/dev/null || missing="$$missing python3-pytest"; \
 	/usr/bin/python3 -c 'import mypy' 2>/dev/null || missing="$$missing mypy"; \
 	/usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
 	/usr/bin/python3 -m pip --version >/dev/null 2>&1 || missing="$$missing python3-pip"; \
-	/usr/bin/python3 -c 'import setuptools' 2>/dev/null || missing="$$missing python3-setuptools"; \
-	command -v mono >/dev/null || missing="$$missing mono-runtime"; \
-	command -v mcs >/dev/null || missing="$$missing mono-mcs"; \
-	[ -d /usr/lib/mono/4.5-api ] || missing="$$missing mono-devel"; \
 	command -v chromium-headless-shell >/dev/null || missing="$$missing chromium-headless-shell"; \
-	if [ -n "$$missing" ]; then \
-		echo "installing Debian packages:$$missing"; \
-		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	fi
+	if [ -n "$$missing" ]; then $(APT_INSTALL); fi
 
 tools: $(TOOLS)/temporal-$(TEMPORAL_CLI_VERSION).stamp $(TOOLS)/daprd
 
 # The temporal CLI (dev server + Web UI), pinned; rebuilt when the pin changes.
 $(TOOLS)/temporal-$(TEMPORAL_CLI_VERSION).stamp:
 	@mkdir -p $(TOOLS)
-	GOBIN=$(TOOLS) go install github.com/temporalio/cli/cmd/temporal@$(TEMPORAL_CLI_VERSION)
+	@$(STEP) "building the temporal CLI $(TEMPORAL_CLI_VERSION) (first run only)" "~4 min cold, ~1 min with a warm Go cache" \
+		$(SETUP_LOGS)/temporal.log -- env GOBIN=$(TOOLS) go install github.com/temporalio/cli/cmd/temporal@$(TEMPORAL_CLI_VERSION)
 	@touch $@
 
 # daprd v1.14.0 from the tool module in deploy/dapr/daprd (dapr's go.mod has
@@ -138,16 +147,19 @@ $(TOOLS)/temporal-$(TEMPORAL_CLI_VERSION).stamp:
 # subscription).
 $(TOOLS)/daprd: $(wildcard deploy/dapr/daprd/*.go deploy/dapr/daprd/go.* deploy/dapr/daprd/redisstreams/*.go)
 	@mkdir -p $(TOOLS)
-	cd deploy/dapr/daprd && go build -o $(TOOLS)/daprd .
+	@$(STEP) "building daprd v1.14.0 with WorkManager's components" "~2 min cold, under 1 min warm" \
+		$(SETUP_LOGS)/daprd.log -- bash -c "cd deploy/dapr/daprd && go build -o $(TOOLS)/daprd ."
 
 $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp:
 	@mkdir -p $(TOOLS)
-	GOBIN=$(TOOLS) go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
+	@$(STEP) "building grpcurl $(GRPCURL_VERSION) (first run only)" "~40 s" \
+		$(SETUP_LOGS)/grpcurl.log -- env GOBIN=$(TOOLS) go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
 	@touch $@
 
 $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp:
 	@mkdir -p $(TOOLS)
-	GOBIN=$(TOOLS) go install go.temporal.io/sdk/contrib/tools/workflowcheck@$(WORKFLOWCHECK_VERSION)
+	@$(STEP) "building workflowcheck $(WORKFLOWCHECK_VERSION) (first run only)" "~20 s" \
+		$(SETUP_LOGS)/workflowcheck.log -- env GOBIN=$(TOOLS) go install go.temporal.io/sdk/contrib/tools/workflowcheck@$(WORKFLOWCHECK_VERSION)
 	@touch $@
 
 $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc:
