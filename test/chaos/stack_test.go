@@ -27,7 +27,7 @@ import (
 const (
 	workerTimeout     = 5 * time.Second
 	processingTimeout = 15 * time.Second
-	lockMaxAge        = 3 * time.Second
+	lockMaxAge        = 6 * time.Second
 	maxAttempts       = 3
 )
 
