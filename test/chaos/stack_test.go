@@ -285,8 +285,17 @@ func (c *cluster) pauseNode(ctx context.Context, n *node, d time.Duration) {
 	pid := n.proc.Cmd.Process.Pid
 	n.stopped = true
 	c.mu.Unlock()
+	// The worker processes run in sandboxes with process groups of their
+	// own: stop the node's group and every descendant, as a paused host.
 	_ = syscall.Kill(-pid, syscall.SIGSTOP)
+	desc := descendants(pid)
+	for _, d := range desc {
+		_ = syscall.Kill(d, syscall.SIGSTOP)
+	}
 	defer func() {
+		for _, d := range desc {
+			_ = syscall.Kill(d, syscall.SIGCONT)
+		}
 		_ = syscall.Kill(-pid, syscall.SIGCONT)
 		c.mu.Lock()
 		n.stopped = false
@@ -504,4 +513,36 @@ func waitDaprd(ctx context.Context, p *devstack.Proc, url string) error {
 		sleepCtx(ctx, 200*time.Millisecond)
 	}
 	return fmt.Errorf("daprd not ready after a minute: %v", last)
+}
+
+// descendants lists the processes below pid (children, grandchildren, …).
+func descendants(pid int) []int {
+	parent := map[int]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, d := range ents {
+		p, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile("/proc/" + d.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		st := string(raw)
+		f := strings.Fields(st[strings.LastIndexByte(st, ')')+2:])
+		if len(f) > 1 {
+			pp, _ := strconv.Atoi(f[1])
+			parent[p] = pp
+		}
+	}
+	var out []int
+	for p := range parent {
+		for q := parent[p]; q > 1; q = parent[q] {
+			if q == pid {
+				out = append(out, p)
+				break
+			}
+		}
+	}
+	return out
 }
