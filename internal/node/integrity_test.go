@@ -87,3 +87,59 @@ func TestFenceDuringLoadLeavesNothingServed(t *testing.T) {
 		t.Fatalf("after Unfence and Sync: %v, attached %v", err, f.Dispatcher.Attached(w.ID))
 	}
 }
+
+// Issue 30 item 1, found by the chaos soak (issue 25): a node reconciling
+// (as at start-up) attaches its workers one at a time, and the first attach
+// on a topic subscribes to it. A message that arrives while another worker
+// of the topic still loads is not acked without it (RETRY); once every
+// worker is attached, it is acked.
+func TestReconcileDoesNotAckBeforeEveryWorkerOfTheTopicIsAttached(t *testing.T) {
+	f, ctx := nodetest.New(t), context.Background()
+	fast, err := f.Catalog.PutCode(ctx, []byte("good"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow, err := f.Catalog.PutCode(ctx, []byte(nodetest.SlowCode))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w1, w2 := nodetest.Worker(catalog.StatusRunning, fast), nodetest.Worker(catalog.StatusRunning, slow)
+	w1.Group, w2.ID, w2.Group = "", "w2", ""
+	for _, w := range []catalog.Worker{w1, w2} {
+		if err := f.Catalog.SaveWorker(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan error, 1)
+	go func() { _, err := f.Node.Reconcile(ctx); done <- err }()
+	deadline := time.Now().Add(5 * time.Second)
+	for !f.Dispatcher.Attached("w1") || f.Engine.Attempts() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("w1 not attached or w2's load not begun")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	waitSubscribed(t, f, "in")
+	f.Broker.Stream("in").In <- &runtimev1.TopicEventRequest{Id: "m1", Source: "test", Type: "in", SpecVersion: "1.0", Data: []byte("{}")}
+	select {
+	case a := <-f.Broker.Acks:
+		if a.Status == dispatch.AckSuccess {
+			t.Fatalf("m1 acked SUCCESS while w2, which the catalog runs on its topic, was still loading")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ack")
+	}
+	f.Engine.Release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	f.Broker.Stream("in").In <- &runtimev1.TopicEventRequest{Id: "m1", Source: "test", Type: "in", SpecVersion: "1.0", Data: []byte("{}")}
+	select {
+	case a := <-f.Broker.Acks:
+		if a.Status != dispatch.AckSuccess {
+			t.Fatalf("redelivered m1 with both workers attached: ack %+v", a)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ack for the redelivery")
+	}
+}

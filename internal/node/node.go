@@ -289,6 +289,7 @@ func (n *Node) Reconcile(ctx context.Context) (ReconcileResult, error) {
 	if err != nil {
 		return ReconcileResult{}, fmt.Errorf("list workers: %w", err)
 	}
+	n.expectRunning(ctx, ids)
 	var res ReconcileResult
 	known := map[string]bool{}
 	for _, id := range ids {
@@ -321,6 +322,27 @@ func (n *Node) Reconcile(ctx context.Context) (ReconcileResult, error) {
 	return res, nil
 }
 
+// expectRunning records every worker the catalog runs that is not served
+// here yet as not runnable here, before Reconcile attaches any: a restarting
+// node attaches its workers one at a time (each load takes a while), and the
+// first attach on a topic subscribes to it, so without this the topic's
+// messages would be acked by the workers attached so far and never reach the
+// others (found by the chaos soak, issue 25; issue 30 item 1). Each apply
+// then attaches its worker (clearing the mark) or parks it. A failed read
+// leaves the marks to the applies.
+func (n *Node) expectRunning(ctx context.Context, ids []string) {
+	ws, err := n.catalog.GetWorkers(ctx, ids)
+	if err != nil {
+		n.log.Warn("reconcile: reading the workers to expect failed", "err", err)
+		return
+	}
+	for _, w := range ws {
+		if w.Status == catalog.StatusRunning && !n.disp.Attached(w.ID) {
+			n.disp.SetUnrunnable(n.hotPath(w))
+		}
+	}
+}
+
 // reconcileOne syncs worker id unless its unchanged record failed recently;
 // it returns the status it applied ("" when the worker is gone).
 func (n *Node) reconcileOne(ctx context.Context, id string) (catalog.Status, error) {
@@ -328,6 +350,7 @@ func (n *Node) reconcileOne(ctx context.Context, id string) (catalog.Status, err
 	w, err := n.catalog.GetWorker(ctx, id)
 	if errors.Is(err, catalog.ErrNotFound) {
 		n.remove(ctx, id)
+		n.disp.ClearUnrunnable(id)
 		return "", nil
 	}
 	if err != nil {
