@@ -51,6 +51,8 @@ func TestTemporalErrorsBecomeActionableCodes(t *testing.T) {
 		"not applied": {temporal.NewNonRetryableApplicationError("worker w: the change is persisted but 1 live node(s) did not apply it", workflows.NotApplied, nil),
 			codes.Unavailable, "did not apply it", ""},
 		"still invalid": {failure.New(failure.InvalidArgument, "SyntaxError"), codes.InvalidArgument, "SyntaxError", ""},
+		"no poller": {serviceerror.NewFailedPrecondition("no poller seen for task queue recently, worker may be down"),
+			codes.Unavailable, "no node is serving", "poller"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			tc := mocks.NewClient(t)

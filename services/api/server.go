@@ -462,6 +462,11 @@ func (s *Server) status(err error, id string) error {
 	case isServiceError[*serviceerror.Unavailable](err), grpcCode(err) == codes.Unavailable:
 		s.log.Error("Temporal unavailable", "worker_id", id, "err", err)
 		return status.Errorf(codes.Unavailable, "worker %s: Temporal is unavailable; try again", id)
+	case noPoller(err):
+		// Matching's errNoRecentPoller: no node polls the worker's task
+		// queue (nodes down or restarting, or Temporal just restarted).
+		s.log.Warn("no node polls the lifecycle task queue", "worker_id", id, "err", err)
+		return status.Errorf(codes.Unavailable, "worker %s: no node is serving lifecycle operations right now (nodes down or restarting); try again", id)
 	case isServiceError[*serviceerror.ResourceExhausted](err):
 		s.log.Warn("Temporal is busy", "worker_id", id, "err", err)
 		return status.Errorf(codes.ResourceExhausted, "worker %s: Temporal is busy; try again", id)
@@ -481,6 +486,13 @@ func timedOut(err error) bool {
 		return true
 	}
 	return errors.Is(err, context.DeadlineExceeded) || isServiceError[*serviceerror.DeadlineExceeded](err) || grpcCode(err) == codes.DeadlineExceeded
+}
+
+// noPoller reports Temporal's FailedPrecondition "no poller seen for task
+// queue recently" (the matching service's errNoRecentPoller).
+func noPoller(err error) bool {
+	return (isServiceError[*serviceerror.FailedPrecondition](err) || grpcCode(err) == codes.FailedPrecondition) &&
+		strings.Contains(err.Error(), "no poller seen for task queue")
 }
 
 // isServiceError reports whether err's chain holds a T.
