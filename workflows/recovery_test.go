@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/mock"
@@ -20,6 +21,7 @@ import (
 // minus the deleted ones; Activate fails for the broken ones.
 type recoveryEnv struct {
 	env       *testsuite.TestWorkflowEnvironment
+	mu        sync.Mutex // the activities' fakes run on goroutines of their own
 	ids       []string
 	batches   [][]string
 	activated []string
@@ -40,6 +42,8 @@ func newRecoveryEnv(n int, deleted, broken map[string]bool) *recoveryEnv {
 	}
 	r.onPage = func(string) int { return 0 } // every id on page 0 unless a test spreads them
 	r.env.OnActivity(a.ListWorkerIDsPage, mock.Anything, mock.Anything).Return(func(_ context.Context, page int) ([]string, error) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
 		r.pages = append(r.pages, page)
 		var ids []string
 		for _, id := range r.ids {
@@ -54,7 +58,9 @@ func newRecoveryEnv(n int, deleted, broken map[string]bool) *recoveryEnv {
 			if r.getErr != nil {
 				return nil, r.getErr
 			}
+			r.mu.Lock()
 			r.batches = append(r.batches, ids)
+			r.mu.Unlock()
 			var ws []catalog.Worker
 			for _, id := range ids {
 				if !deleted[id] {
@@ -75,7 +81,9 @@ func newRecoveryEnv(n int, deleted, broken map[string]bool) *recoveryEnv {
 		if broken[id] {
 			return failure.New(failure.InvalidArgument, "engine refused the code")
 		}
+		r.mu.Lock()
 		r.activated = append(r.activated, id)
+		r.mu.Unlock()
 		return nil
 	})
 	return r
@@ -127,10 +135,14 @@ func TestRecoveryTakesTheIndexAPageAtATime(t *testing.T) {
 	var activated []string
 	for runs := 0; ; runs++ {
 		require.Less(t, runs, 20, "recovery never finished")
+		r.mu.Lock()
 		r.activated = nil
+		r.mu.Unlock()
 		r.env.ExecuteWorkflow(RecoveryWorkflow, in)
 		require.True(t, r.env.IsWorkflowCompleted())
+		r.mu.Lock()
 		activated = append(activated, r.activated...)
+		r.mu.Unlock()
 		var can *workflow.ContinueAsNewError
 		if !errors.As(r.env.GetWorkflowError(), &can) {
 			require.NoError(t, r.env.GetWorkflowError())
