@@ -14,7 +14,7 @@ TEST_TIMEOUT ?= 35m
 UNIT_PACKAGES = $$(go list ./... | grep -v /test/integration)
 REQUIRE_SANDBOX = $$([ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: run test unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate
+.PHONY: run test unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
 
 run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	bin/devstack $(RUN_FLAGS)
@@ -24,7 +24,7 @@ run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 # Every package but the integration tests runs under the race detector
 # (what `make unit` runs, without -short); then the integration tests, on
 # the real Temporal, daprd, Redis, Python and Mono.
-test: deps-test tools vet pytest k8s-validate $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
+test: deps-test tools vet pytest k8s-validate daprd-test $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -race -count=1 -timeout 20m $(UNIT_PACKAGES)
 	$(MAKE) --no-print-directory fuzz-short
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -count=1 -timeout $(TEST_TIMEOUT) ./test/integration/
@@ -34,6 +34,11 @@ test: deps-test tools vet pytest k8s-validate $(TOOLS)/grpcurl-$(GRPCURL_VERSION
 # module of its own (k8s.io/api), offline from the module cache.
 k8s-validate:
 	cd deploy/k8s/validate && go test -count=1 ./...
+
+# Our copy of daprd's Redis streams pub/sub (deploy/dapr/daprd/redisstreams,
+# a module of its own) against a real redis-server.
+daprd-test:
+	cd deploy/dapr/daprd && go test -count=1 -timeout 5m ./redisstreams/
 
 # The Python DevKit's own suite (sdk/python), with Debian's pytest and mypy.
 pytest: deps-test

@@ -12,7 +12,7 @@ limitations under the License.
 */
 
 // Package redisstreams is components-contrib v1.14.0's pubsub/redis (Redis
-// streams), copied whole, with four changes for WorkManager, each marked
+// streams), copied whole, with five changes for WorkManager, each marked
 // "WorkManager:" below:
 //
 //  1. XREADGROUP never blocks forever. Upstream passes readTimeout as BLOCK,
@@ -369,19 +369,29 @@ func (r *redisStreams) reclaimPendingMessagesLoop(ctx context.Context, stream st
 
 // reclaimPendingMessages handles reclaiming messages that previously failed to process and
 // funneling them to the message channel by calling `enqueueMessages`.
+//
+// WorkManager: it walks the whole pending list a page (queueDepth entries)
+// at a time. Upstream reads only the first page, from "-", again and again:
+// while queueDepth older entries are in flight or were just claimed (a
+// backlog behind a group lock), a failed message further down the list was
+// never redelivered, for minutes (found by the chaos soak, issue 25).
 func (r *redisStreams) reclaimPendingMessages(ctx context.Context, stream string, handler pubsub.Handler) {
+	start := "-"
 	for {
 		// Retrieve pending messages for this stream and consumer
 		pendingResult, err := r.client.XPendingExtResult(ctx,
 			stream,
 			r.clientSettings.ConsumerID,
-			"-",
+			start,
 			"+",
 			int64(r.clientSettings.QueueDepth),
 		)
 		if err != nil && !errors.Is(err, r.client.GetNilValueError()) {
 			r.logger.Errorf("error retrieving pending Redis messages: %v", err)
 
+			break
+		}
+		if len(pendingResult) == 0 {
 			break
 		}
 
@@ -393,44 +403,54 @@ func (r *redisStreams) reclaimPendingMessages(ctx context.Context, stream string
 			}
 		}
 
-		// Nothing to claim
-		if len(msgIDs) == 0 {
+		if len(msgIDs) > 0 {
+			r.claimAndEnqueue(ctx, stream, handler, msgIDs)
+		}
+		if ctx.Err() != nil || len(pendingResult) < int(r.clientSettings.QueueDepth) {
 			break
 		}
+		// The next page: entries after the last one of this page ("(" is
+		// an exclusive start, Redis 6.2 and later).
+		start = "(" + pendingResult[len(pendingResult)-1].ID
+	}
+}
 
-		// Attempt to claim the messages for the filtered IDs
-		claimResult, err := r.client.XClaimResult(ctx,
-			stream,
-			r.clientSettings.ConsumerID,
-			r.clientSettings.ConsumerID,
-			r.clientSettings.ProcessingTimeout,
-			msgIDs,
-		)
-		if err != nil && !errors.Is(err, r.client.GetNilValueError()) {
-			r.logger.Errorf("error claiming pending Redis messages: %v", err)
+// claimAndEnqueue claims the pending messages msgIDs that are still idle
+// for the processing timeout (another daprd may have claimed them since)
+// and enqueues them.
+func (r *redisStreams) claimAndEnqueue(ctx context.Context, stream string, handler pubsub.Handler, msgIDs []string) {
+	// Attempt to claim the messages for the filtered IDs
+	claimResult, err := r.client.XClaimResult(ctx,
+		stream,
+		r.clientSettings.ConsumerID,
+		r.clientSettings.ConsumerID,
+		r.clientSettings.ProcessingTimeout,
+		msgIDs,
+	)
+	if err != nil && !errors.Is(err, r.client.GetNilValueError()) {
+		r.logger.Errorf("error claiming pending Redis messages: %v", err)
 
-			break
+		return
+	}
+
+	// Enqueue claimed messages
+	r.enqueueMessages(ctx, stream, handler, claimResult)
+
+	// If the Redis nil error is returned, it means somes message in the pending
+	// state no longer exist. We need to acknowledge these messages to
+	// remove them from the pending list.
+	if errors.Is(err, r.client.GetNilValueError()) {
+		// Build a set of message IDs that were not returned
+		// that potentially no longer exist.
+		expectedMsgIDs := make(map[string]struct{}, len(msgIDs))
+		for _, id := range msgIDs {
+			expectedMsgIDs[id] = struct{}{}
+		}
+		for _, claimed := range claimResult {
+			delete(expectedMsgIDs, claimed.ID)
 		}
 
-		// Enqueue claimed messages
-		r.enqueueMessages(ctx, stream, handler, claimResult)
-
-		// If the Redis nil error is returned, it means somes message in the pending
-		// state no longer exist. We need to acknowledge these messages to
-		// remove them from the pending list.
-		if errors.Is(err, r.client.GetNilValueError()) {
-			// Build a set of message IDs that were not returned
-			// that potentially no longer exist.
-			expectedMsgIDs := make(map[string]struct{}, len(msgIDs))
-			for _, id := range msgIDs {
-				expectedMsgIDs[id] = struct{}{}
-			}
-			for _, claimed := range claimResult {
-				delete(expectedMsgIDs, claimed.ID)
-			}
-
-			r.removeMessagesThatNoLongerExistFromPending(ctx, stream, expectedMsgIDs, handler)
-		}
+		r.removeMessagesThatNoLongerExistFromPending(ctx, stream, expectedMsgIDs, handler)
 	}
 }
 

@@ -1,0 +1,126 @@
+package redisstreams
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dapr/components-contrib/metadata"
+	"github.com/dapr/components-contrib/pubsub"
+	"github.com/dapr/kit/logger"
+)
+
+// startRedis runs a real redis-server (Debian's) on a free loopback port
+// for the test.
+func startRedis(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("redis-server not installed (make deps installs it)")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	dir := t.TempDir()
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return addr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server on %s did not start (%s)", addr, filepath.Base(bin))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A failed message far down the pending list is redelivered even while
+// more than queueDepth older entries are in flight: upstream read only the
+// first queueDepth entries of the list, so it starved (chaos finding 2).
+func TestReclaimWalksThePendingListPastItsFirstPage(t *testing.T) {
+	addr := startRedis(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	r := NewRedisStreams(logger.NewLogger("test")).(*redisStreams)
+	const depth = 10
+	err := r.Init(ctx, pubsub.Metadata{Base: metadata.Base{Properties: map[string]string{
+		"redisHost": addr, "queueDepth": strconv.Itoa(depth), "concurrency": "4",
+		"processingTimeout": "10s", "redeliverInterval": "1s",
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+
+	const stream, total, stale = "orders", 3*depth + 5, 5
+	if err := r.client.XGroupCreateMkStream(ctx, stream, r.clientSettings.ConsumerID, "0"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range total {
+		if _, err := r.client.XAdd(ctx, stream, 0, map[string]any{"data": fmt.Sprint(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Every entry delivered once (pending, idle 0: "in flight")...
+	got, err := r.client.XReadGroupResult(ctx, r.clientSettings.ConsumerID, r.clientSettings.ConsumerID, []string{stream, ">"}, total, 0)
+	if err != nil || len(got) != 1 || len(got[0].Messages) != total {
+		t.Fatalf("XREADGROUP: %v %v", got, err)
+	}
+	// ...and the last few failed long ago (idle past the processing timeout).
+	want := map[string]bool{}
+	for _, m := range got[0].Messages[total-stale:] {
+		if err := r.client.DoWrite(ctx, "XCLAIM", stream, r.clientSettings.ConsumerID, r.clientSettings.ConsumerID, 0, m.ID, "IDLE", 60000); err != nil {
+			t.Fatal(err)
+		}
+		want[m.ID] = true
+	}
+
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	r.reclaimPendingMessages(ctx, stream, func(ctx context.Context, msg *pubsub.NewMessage) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[string(msg.Data)] = true
+		return nil
+	})
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		mu.Lock()
+		n := len(seen)
+		mu.Unlock()
+		if n == stale {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redelivered %d of the %d failed messages behind %d in-flight ones (%v)", n, stale, total-stale, seen)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := total - stale; i < total; i++ {
+		if !seen[fmt.Sprint(i)] {
+			t.Errorf("message %d not redelivered; got %v", i, seen)
+		}
+	}
+	// In-flight entries are left alone.
+	if len(seen) != stale {
+		t.Errorf("redelivered %d messages, want only the %d failed ones: %v", len(seen), stale, seen)
+	}
+}
