@@ -143,3 +143,49 @@ func TestReconcileDoesNotAckBeforeEveryWorkerOfTheTopicIsAttached(t *testing.T) 
 		t.Fatal("no ack for the redelivery")
 	}
 }
+
+// A starting node whose first attach comes from Sync (the recovery
+// workflow's Activate, before the node's first Reconcile) expects every
+// worker the catalog runs first: a message on the topic is not acked
+// SUCCESS by the one worker attached while another that the catalog runs
+// there is not attached yet (chaos soak, seed 4: g1b attached by recovery,
+// py1 and g1a three seconds later, the topic's messages acked meanwhile).
+func TestSyncOnAStartingNodeDoesNotAckBeforeEveryWorkerOfTheTopicIsAttached(t *testing.T) {
+	f, ctx := nodetest.New(t), context.Background()
+	code, err := f.Catalog.PutCode(ctx, []byte("good"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w1, w2 := nodetest.Worker(catalog.StatusRunning, code), nodetest.Worker(catalog.StatusRunning, code)
+	w1.Group, w2.ID, w2.Group = "", "w2", ""
+	for _, w := range []catalog.Worker{w1, w2} {
+		if err := f.Catalog.SaveWorker(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Node.Sync(ctx, w1.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitSubscribed(t, f, "in")
+	f.Broker.Stream("in").In <- &runtimev1.TopicEventRequest{Id: "m1", Source: "test", Type: "in", SpecVersion: "1.0", Data: []byte("{}")}
+	select {
+	case a := <-f.Broker.Acks:
+		if a.Status == dispatch.AckSuccess {
+			t.Fatalf("m1 acked SUCCESS with only %s attached; the catalog also runs w2 on its topic", w1.ID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ack")
+	}
+	if err := f.Node.Sync(ctx, "w2"); err != nil {
+		t.Fatal(err)
+	}
+	f.Broker.Stream("in").In <- &runtimev1.TopicEventRequest{Id: "m1", Source: "test", Type: "in", SpecVersion: "1.0", Data: []byte("{}")}
+	select {
+	case a := <-f.Broker.Acks:
+		if a.Status != dispatch.AckSuccess {
+			t.Fatalf("redelivered m1 with both workers attached: ack %+v", a)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ack for the redelivery")
+	}
+}

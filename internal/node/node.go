@@ -45,6 +45,13 @@ type Node struct {
 	// budgets holds the budget of each worker, shared by its reloads.
 	logLines int
 	budgets  map[string]*logbudget.Budget
+	// expected tells that expectRunning has read the catalog once (under
+	// expectMu): until then every apply that attaches a worker reads it
+	// first. A starting node's first attach may come from the recovery
+	// workflow's Activate or a lifecycle change, before its first
+	// Reconcile.
+	expectMu sync.Mutex
+	expected bool
 }
 
 // SetLogBudget bounds what each worker's code may log, in lines per second
@@ -179,6 +186,7 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 		n.park(ctx, n.hotPath(w))
 		return nil
 	}
+	n.expectOnce(ctx)
 	n.mu.Lock()
 	same := n.attached[w.ID] == w.CodeSHA256 && n.policy[w.ID].Equal(n.hotPath(w))
 	n.mu.Unlock()
@@ -289,7 +297,11 @@ func (n *Node) Reconcile(ctx context.Context) (ReconcileResult, error) {
 	if err != nil {
 		return ReconcileResult{}, fmt.Errorf("list workers: %w", err)
 	}
-	n.expectRunning(ctx, ids)
+	if n.expectRunning(ctx, ids) {
+		n.expectMu.Lock()
+		n.expected = true
+		n.expectMu.Unlock()
+	}
 	var res ReconcileResult
 	known := map[string]bool{}
 	for _, id := range ids {
@@ -330,16 +342,42 @@ func (n *Node) Reconcile(ctx context.Context) (ReconcileResult, error) {
 // others (found by the chaos soak, issue 25; issue 30 item 1). Each apply
 // then attaches its worker (clearing the mark) or parks it. A failed read
 // leaves the marks to the applies.
-func (n *Node) expectRunning(ctx context.Context, ids []string) {
+func (n *Node) expectRunning(ctx context.Context, ids []string) bool {
 	ws, err := n.catalog.GetWorkers(ctx, ids)
 	if err != nil {
 		n.log.Warn("reconcile: reading the workers to expect failed", "err", err)
-		return
+		return false
 	}
 	for _, w := range ws {
 		if w.Status == catalog.StatusRunning && !n.disp.Attached(w.ID) {
 			n.disp.SetUnrunnable(n.hotPath(w))
 		}
+	}
+	return true
+}
+
+// expectOnce runs expectRunning over the whole catalog before this node's
+// first attach, whatever asks for it (the recovery workflow's Activate, a
+// lifecycle change or Reconcile): on a restarting node the recovery
+// workflow attached the workers one at a time before the node's first
+// Reconcile, and the first attach on a topic subscribed to it, so the
+// topic's messages were acked without the workers still to come (chaos
+// soak, seed 4, after the fix of a2a9dcd, which covered Reconcile only).
+// Concurrent applies wait for the one read; a read that fails is tried
+// again by the next apply.
+func (n *Node) expectOnce(ctx context.Context) {
+	n.expectMu.Lock()
+	defer n.expectMu.Unlock()
+	if n.expected {
+		return
+	}
+	ids, err := n.catalog.WorkerIDs(ctx)
+	if err != nil {
+		n.log.Warn("reading the catalog's workers to expect failed", "err", err)
+		return
+	}
+	if n.expectRunning(ctx, ids) {
+		n.expected = true
 	}
 }
 
