@@ -72,6 +72,7 @@ type config struct {
 	ShutdownGrace      time.Duration // SHUTDOWN_GRACE: how long SIGTERM waits for in-flight messages
 	TestPanicExtension string        // WM_TEST_PANIC_EXTENSION: test hook, a hot-path panic for inputs with this extension (never in production)
 	TestStateFaultFile string        // WM_TEST_STATE_FAULT_FILE: test hook, catalog writes to keys with a prefix listed in this file fail (never in production)
+	TestNoFencing      bool          // WM_TEST_UNSAFE_NO_FENCING: test hook, outputs of grouped calls skip the fencing-token check (the chaos soak's demo that its checker can fail; never in production)
 }
 
 func loadConfig() (config, error) {
@@ -137,6 +138,7 @@ func loadConfig() (config, error) {
 		ShutdownGrace:       r.Duration("SHUTDOWN_GRACE", 30*time.Second),
 		TestPanicExtension:  r.String("WM_TEST_PANIC_EXTENSION", ""),
 		TestStateFaultFile:  r.String("WM_TEST_STATE_FAULT_FILE", ""),
+		TestNoFencing:       r.Bool("WM_TEST_UNSAFE_NO_FENCING", false),
 	}
 	if err := r.Err(); err != nil {
 		return c, err

@@ -140,6 +140,9 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		catStore = state.WithFaultFile(catStore, cfg.TestStateFaultFile)
 	}
 	cat := catalog.New(catStore)
+	if cfg.TestNoFencing {
+		log.Error("WM_TEST_UNSAFE_NO_FENCING is set: outputs of grouped calls are published without the fencing-token check (a test hook; never in production)")
+	}
 	daprPub := publish.NewDapr(daprClient, cfg.PubSub)
 	daprPub.Propagator = prop
 	pub := publish.Observed(daprPub, broker.Published)
@@ -166,7 +169,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		Metrics: met, TracerProvider: tp, Propagator: prop},
 		dispatch.Config{PubSub: cfg.PubSub, NodeID: cfg.NodeID, MaxConcurrency: cfg.MaxConcurrency, QueueDepth: cfg.QueueDepth, QueueWait: cfg.QueueWait,
 			MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff, NotRunnableGrace: cfg.NotRunnableGrace,
-			MaxEventBytes: cfg.MaxEventBytes, MaxOutputs: cfg.MaxOutputs, MaxOutputBytes: cfg.MaxOutputBytes, Secrets: secretValues(os.Environ()), PanicOn: cfg.TestPanicExtension, OnSubscription: broker.Subscribed})
+			MaxEventBytes: cfg.MaxEventBytes, MaxOutputs: cfg.MaxOutputs, MaxOutputBytes: cfg.MaxOutputBytes, Secrets: secretValues(os.Environ()), PanicOn: cfg.TestPanicExtension, UnsafeNoFencing: cfg.TestNoFencing, OnSubscription: broker.Subscribed})
 	go broker.Probe(ctx, cfg.BrokerProbe, min(cfg.BrokerProbe, 5*time.Second), func(ctx context.Context) error {
 		return daprPub.Probe(ctx, cfg.NodeID)
 	})

@@ -78,6 +78,12 @@ type Config struct {
 	// raised on the hot path, inside a worker's attempt, for each input that
 	// carries this CloudEvent extension.
 	PanicOn string
+	// UnsafeNoFencing is a test hook (never set in production; the node
+	// sets it only from WM_TEST_UNSAFE_NO_FENCING, which only the chaos
+	// soak's "checker must be able to fail" demo sets): a grouped call's
+	// outputs are published without checking that its lease is still the
+	// group's lock, so a stale holder's outputs get through.
+	UnsafeNoFencing bool
 	// ReconnectMin and ReconnectMax bound the backoff between reconnects.
 	ReconnectMin, ReconnectMax time.Duration
 	// OnSubscription, when set, learns the state of each topic's

@@ -791,3 +791,36 @@ func TestGroupedBatcherKeepsDefaultConcurrency(t *testing.T) {
 		t.Fatalf("ungrouped: %d, want 6", got)
 	}
 }
+
+// The test hook UnsafeNoFencing (WM_TEST_UNSAFE_NO_FENCING, the chaos
+// soak's "checker must be able to fail" demo) lets the stale holder's output
+// of TestStaleHolderOutputIsRefused through, still carrying its old token.
+func TestUnsafeNoFencingLetsStaleOutputThrough(t *testing.T) {
+	b, pub, st := dispatchtest.NewBroker(), &publishtest.Recorder{}, state.NewMemoryStore()
+	d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, UnsafeNoFencing: true})
+	entered, release := make(chan struct{}), make(chan struct{})
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in", Group: "g"}, &dispatchtest.FuncInstance{
+		Fn: func(in *event.Event) ([]event.Event, error) {
+			close(entered)
+			<-release
+			return outputs("out")(in)
+		}})
+	s := waitStream(t, b, "in")
+	s.In <- request("m", "")
+	<-entered
+	it, err := st.Get(context.Background(), grouplock.Key("g"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Put(context.Background(), grouplock.Key("g"), []byte(`{"token":99,"holder":"other/x","held":true,"acquired_ms":1}`), state.PutOptions{ETag: it.ETag}); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+		t.Fatalf("ack %+v, want SUCCESS", a)
+	}
+	outs := pub.On("out")
+	if len(outs) != 1 || outs[0].Extensions()[dispatch.FencingExtension] != "1" || d.Stats().StaleRefused != 0 {
+		t.Fatalf("outputs %v, stale refused %d; want the stale output with token 1", outs, d.Stats().StaleRefused)
+	}
+}

@@ -222,7 +222,7 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 	for i := range outs {
 		o := &outs[i]
 		setTraceContext(o, tp, ts)
-		if lease != nil {
+		if lease != nil && !d.cfg.UnsafeNoFencing {
 			if err := lease.Check(ctx); err != nil {
 				if errors.Is(err, grouplock.ErrStale) {
 					d.stats.staleRefused.Add(1)
@@ -233,6 +233,8 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 				r.outcome, r.reason, r.err = outcomeFailed, reasonLockError, err
 				return
 			}
+		}
+		if lease != nil {
 			o.SetExtension(FencingExtension, strconv.FormatInt(lease.Token, 10))
 		}
 		if err := d.Pub.Publish(ctx, o.Type(), o); err != nil {
