@@ -20,6 +20,8 @@ import (
 	"math/rand"
 	"net/http"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,30 +45,77 @@ func envInt(name string, def int) int {
 	return def
 }
 
+// runConfig is one soak's settings.
+type runConfig struct {
+	duration  time.Duration
+	nodes     int
+	seed      int64
+	rate      float64 // events per second per topic
+	topics    int
+	native    bool     // a native worker per topic
+	kinds     []string // fault kinds the nemesis deals
+	noFencing bool     // WM_TEST_UNSAFE_NO_FENCING on the nodes (the checker's demo)
+}
+
 func TestChaos(t *testing.T) {
 	if os.Getenv("WM_CHAOS") != "1" {
 		t.Skip("the fault-injection soak runs with WM_CHAOS=1 (make chaos)")
 	}
-	duration := envDuration("CHAOS_DURATION", 10*time.Minute)
-	nodes := envInt("CHAOS_NODES", 3)
-	seed := time.Now().UnixNano() % 1_000_000
-	if s, err := strconv.ParseInt(os.Getenv("CHAOS_SEED"), 10, 64); err == nil {
-		seed = s
+	cfg := runConfig{
+		duration: envDuration("CHAOS_DURATION", 10*time.Minute),
+		nodes:    envInt("CHAOS_NODES", 3),
+		seed:     time.Now().UnixNano() % 1_000_000,
+		rate:     float64(envInt("CHAOS_RATE", 2)),
+		topics:   envInt("CHAOS_TOPICS", 2),
+		native:   os.Getenv("CHAOS_NATIVE") != "0",
+		kinds:    faultKinds,
+		// A test-only switch: the nodes skip the fencing-token check on
+		// outputs, so that the checker must fail (docs/reliability.md).
+		noFencing: os.Getenv("CHAOS_UNSAFE_NO_FENCING") == "1",
 	}
-	rate := float64(envInt("CHAOS_RATE", 2))
-	ntopics := envInt("CHAOS_TOPICS", 2)
-	t.Logf("chaos: duration %s, %d nodes, seed %d (CHAOS_SEED=%d reproduces the fault schedule), %.0f events/s per topic, %d topics",
-		duration, nodes, seed, seed, rate, ntopics)
+	if s, err := strconv.ParseInt(os.Getenv("CHAOS_SEED"), 10, 64); err == nil {
+		cfg.seed = s
+	}
+	if f := os.Getenv("CHAOS_FAULTS"); f != "" {
+		cfg.kinds = nil
+		for _, k := range strings.Split(f, ",") {
+			if !slices.Contains(faultKinds, k) {
+				t.Fatalf("CHAOS_FAULTS: unknown fault kind %q (kinds: %s)", k, strings.Join(faultKinds, ","))
+			}
+			cfg.kinds = append(cfg.kinds, k)
+		}
+	}
+	runChaos(t, cfg)
+}
 
-	c := startCluster(t, nodes)
+// TestChaosShort is the soak's short, fixed version for make test: 2
+// minutes, 2 nodes, seed 7, every fault kind once (WM_CHAOS_SHORT=1).
+func TestChaosShort(t *testing.T) {
+	if os.Getenv("WM_CHAOS_SHORT") != "1" {
+		t.Skip("the short fault-injection soak runs with WM_CHAOS_SHORT=1")
+	}
+	runChaos(t, runConfig{duration: 2 * time.Minute, nodes: 2, seed: 7, rate: 2, topics: 2, native: true, kinds: faultKinds})
+}
+
+func runChaos(t *testing.T, cfg runConfig) {
+	seed, duration, nodes, rate, ntopics := cfg.seed, cfg.duration, cfg.nodes, cfg.rate, cfg.topics
+	t.Logf("chaos: duration %s, %d nodes, seed %d (CHAOS_SEED=%d reproduces the fault schedule), %.0f events/s per topic, %d topics, faults %s",
+		duration, nodes, seed, seed, rate, ntopics, strings.Join(cfg.kinds, ","))
+	var extraEnv []string
+	if cfg.noFencing {
+		t.Log("chaos: WM_TEST_UNSAFE_NO_FENCING=1 on every node: outputs skip the fencing-token check (the checker must fail)")
+		extraEnv = append(extraEnv, "WM_TEST_UNSAFE_NO_FENCING=1")
+	}
+
+	c := startCluster(t, nodes, extraEnv...)
 	j := newJournal(t.Logf)
 	var topics []string
 	for i := 1; i <= ntopics; i++ {
 		topics = append(topics, fmt.Sprintf("chaos-%d-t%d", seed, i))
 	}
-	wl := &workload{t: t, c: c, j: j, topics: topics, native: map[string][]byte{}, rate: rate, poison: 0.05,
+	wl := &workload{t: t, c: c, j: j, topics: topics, native: map[string][]byte{}, rate: rate, poison: 0.05, slow: 0.01,
 		rng: rand.New(rand.NewSource(seed + 1))}
-	if os.Getenv("CHAOS_NATIVE") != "0" {
+	if cfg.native {
 		for _, topic := range topics {
 			wl.native[topic] = nativePackage(t, topic+"-out", "v1")
 		}
@@ -79,7 +128,7 @@ func TestChaos(t *testing.T) {
 	cancel()
 	before := c.nodeFigures()
 
-	plan := schedule(seed, duration, nodes)
+	plan := schedule(seed, duration, nodes, cfg.kinds)
 	for _, p := range plan {
 		t.Logf("planned: +%s %s node %d for %s", p.at, p.kind, p.target, p.down)
 	}
@@ -98,7 +147,9 @@ func TestChaos(t *testing.T) {
 	}
 	wg.Add(2)
 	go func() { defer wg.Done(); wl.churnLoop(runCtx, rand.New(rand.NewSource(seed+2))) }()
-	go func() { defer wg.Done(); runNemesis(runCtx, c, j, plan) }()
+	// The nemesis injects its whole plan, also when repairs ran late and
+	// the run is over meanwhile: every kind comes up as often as planned.
+	go func() { defer wg.Done(); runNemesis(context.Background(), c, j, plan) }()
 	<-runCtx.Done()
 	end := time.Now()
 	done := make(chan struct{})
@@ -128,6 +179,7 @@ func TestChaos(t *testing.T) {
 	}
 	conv.checked = 1
 	convTook := time.Since(convStart)
+	agree := c.temporalAgreement(j)
 
 	// Drain: wait until every required answer is there (or 4 minutes).
 	var v *verdict
@@ -147,10 +199,10 @@ func TestChaos(t *testing.T) {
 			break
 		}
 		t.Logf("drain: %d required answers missing", v.pending)
-		time.Sleep(10 * time.Second)
+		time.Sleep(5 * time.Second)
 	}
-	v.invariants = append(v.invariants, conv)
 	after := c.nodeFigures()
+	v.invariants = append(v.invariants, conv, agree, leaks(before, after))
 
 	// The report.
 	var r strings.Builder
@@ -166,12 +218,16 @@ func TestChaos(t *testing.T) {
 	}
 	nw := len(j.workers)
 	apiErr := fmt.Sprint(j.apiErrors)
+	injected := len(j.faults)
 	j.mu.Unlock()
-	fmt.Fprintf(&r, "faults injected: %d (", len(plan))
-	for _, k := range faultKinds {
+	fmt.Fprintf(&r, "faults injected: %d of %d planned (", injected, len(plan))
+	for _, k := range cfg.kinds {
 		fmt.Fprintf(&r, " %s=%d", k, kinds[k])
 	}
 	fmt.Fprintf(&r, " ); repairs that failed: %d\n", failedFaults)
+	if cfg.noFencing {
+		fmt.Fprintf(&r, "WM_TEST_UNSAFE_NO_FENCING=1: the nodes skipped the fencing-token check on outputs\n")
+	}
 	fmt.Fprintf(&r, "workers: %d (incl. short-lived); API call errors (retried): %s\n", nw, apiErr)
 	for _, l := range v.lines {
 		fmt.Fprintf(&r, "%s\n", l)
@@ -192,6 +248,15 @@ func TestChaos(t *testing.T) {
 	if path := os.Getenv("CHAOS_REPORT"); path != "" {
 		_ = os.WriteFile(path, []byte(r.String()), 0o644)
 	}
+	// Every counter-example, in a file kept with the stack's logs.
+	var all strings.Builder
+	all.WriteString(r.String())
+	for _, iv := range v.invariants {
+		for _, f := range iv.failures {
+			fmt.Fprintf(&all, "counter-example [%s]: %s\n", iv.name, f)
+		}
+	}
+	_ = os.WriteFile(filepath.Join(c.dir, "chaos-report.log"), []byte(all.String()), 0o644)
 	for _, iv := range v.invariants {
 		for i, f := range iv.failures {
 			if i >= 20 {
@@ -201,12 +266,12 @@ func TestChaos(t *testing.T) {
 			t.Logf("counter-example [%s]: %s", iv.name, f)
 		}
 	}
+	j.mu.Lock()
+	for _, f := range j.faults {
+		t.Logf("fault %s %s %s–%s %s", f.Kind, f.Target, j.rel(f.Start), j.rel(f.End), f.Err)
+	}
+	j.mu.Unlock()
 	if !v.ok() {
-		j.mu.Lock()
-		for _, f := range j.faults {
-			t.Logf("fault %s %s %s–%s %s", f.Kind, f.Target, j.rel(f.Start), j.rel(f.End), f.Err)
-		}
-		j.mu.Unlock()
 		t.Fatal("chaos: invariants violated (see the report)")
 	}
 }
@@ -286,34 +351,76 @@ func subscriptions(httpAddr string) (map[string]bool, error) {
 	return out, nil
 }
 
-// nodeFigures is each node's resident memory and goroutines (from its
-// /metrics), for the report: leaks show as growth between before and after.
-func (c *cluster) nodeFigures() string {
+// nodeFig is one node's resident memory (kB) and goroutines (from its
+// /metrics; -1 when unknown).
+type nodeFig struct {
+	id          string
+	pid         int
+	rssKB, gors int64
+}
+
+type figures []nodeFig
+
+func (fs figures) String() string {
 	var parts []string
+	for _, f := range fs {
+		parts = append(parts, fmt.Sprintf("%s(pid %d) rss %dkB goroutines %d", f.id, f.pid, f.rssKB, f.gors))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// nodeFigures is each node's resident memory and goroutines, for the leak
+// bound.
+func (c *cluster) nodeFigures() figures {
+	var out figures
 	for _, n := range c.nodes {
 		c.mu.Lock()
 		pid := n.proc.Cmd.Process.Pid
 		c.mu.Unlock()
-		rss := "?"
+		f := nodeFig{id: n.id, pid: pid, rssKB: -1, gors: -1}
 		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
 			for _, l := range strings.Split(string(b), "\n") {
-				if strings.HasPrefix(l, "VmRSS:") {
-					rss = strings.Join(strings.Fields(l)[1:], "")
+				if fs := strings.Fields(l); len(fs) >= 2 && fs[0] == "VmRSS:" {
+					f.rssKB, _ = strconv.ParseInt(fs[1], 10, 64)
 				}
 			}
 		}
-		gor := "?"
 		cl := http.Client{Timeout: 5 * time.Second}
 		if resp, err := cl.Get("http://" + n.httpAddr + "/metrics"); err == nil {
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 			resp.Body.Close()
 			for _, l := range strings.Split(string(b), "\n") {
-				if strings.HasPrefix(l, "go_goroutines ") {
-					gor = strings.TrimPrefix(l, "go_goroutines ")
+				if v, ok := strings.CutPrefix(l, "go_goroutines "); ok {
+					f.gors, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 				}
 			}
 		}
-		parts = append(parts, fmt.Sprintf("%s(pid %d) rss %s goroutines %s", n.id, pid, rss, gor))
+		out = append(out, f)
 	}
-	return strings.Join(parts, "; ")
+	return out
+}
+
+// leaks is the no-leak invariant: after the run and its drain, each node
+// holds at most leakGoroutines more goroutines and leakRSS times the
+// resident memory it had before the run. A node restarted during the run is
+// a new process compared with its predecessor's figures: its leaks count
+// from its restart on.
+func leaks(before, after figures) *invariant {
+	iv := &invariant{name: fmt.Sprintf("no leak (each node's goroutines at most +%d and RSS at most %.1f× their level before the run)", leakGoroutines, leakRSS)}
+	for i, a := range after {
+		if i >= len(before) {
+			break
+		}
+		b := before[i]
+		iv.checked++
+		switch {
+		case a.gors < 0 || a.rssKB < 0 || b.gors < 0 || b.rssKB < 0:
+			iv.fail("%s: figures unknown (before %+v, after %+v)", a.id, b, a)
+		case a.gors > b.gors+leakGoroutines:
+			iv.fail("%s: %d goroutines after the run, %d before", a.id, a.gors, b.gors)
+		case float64(a.rssKB) > leakRSS*float64(b.rssKB):
+			iv.fail("%s: RSS %d kB after the run, %d kB before", a.id, a.rssKB, b.rssKB)
+		}
+	}
+	return iv
 }

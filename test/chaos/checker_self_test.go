@@ -25,7 +25,8 @@ func TestCheckerCatchesViolations(t *testing.T) {
 		add("B", "gb", "g", false, segment{at(0), running})
 		add("S", "stopper", "", false, segment{at(0), running}, segment{at(100), stopped})
 		o := &observed{inputs: map[string][]input{}, byInput: map[string]map[string]*input{}, outputs: map[string][]output{}, deads: map[string][]dead{}}
-		o.inputs["t"] = []input{{id: "m1", at: at(1), copies: 1}, {id: "m2", at: at(2), copies: 1}, {id: "bad", at: at(3), poison: true, copies: 1}}
+		o.inputs["t"] = []input{{id: "m1", at: at(1), copies: 1}, {id: "m2", at: at(2), copies: 1}, {id: "bad", at: at(3), poison: true, copies: 1},
+			{id: "slow", at: at(3.5), slow: true, copies: 1}}
 		o.byInput["t"] = map[string]*input{}
 		for i := range o.inputs["t"] {
 			o.byInput["t"][o.inputs["t"][i].id] = &o.inputs["t"][i]
@@ -37,8 +38,11 @@ func TestCheckerCatchesViolations(t *testing.T) {
 			out("m1", "P", 1.1, "", 0, 0), out("m1", "A", 1.2, "1", 1.10, 1.15), out("m1", "B", 1.3, "2", 1.16, 1.2), out("m1", "S", 1.4, "", 0, 0),
 			out("m2", "A", 2.2, "3", 2.10, 2.15), out("m2", "S", 2.4, "", 0, 0),
 			out("bad", "A", 3.2, "5", 3.10, 3.15), out("bad", "B", 3.3, "6", 3.16, 3.2), out("bad", "S", 3.4, "", 0, 0),
+			out("slow", "A", 3.6, "7", 3.55, 3.58), out("slow", "B", 3.7, "8", 3.6, 3.65), out("slow", "S", 3.8, "", 0, 0),
 		}
 		o.deads["t"] = []dead{{id: "bad", worker: "P", reason: "worker_failed", at: at(4)}}
+		// The poison dead letter is replayed at t+50 s.
+		j.replays = []replay{{worker: "P", event: "bad", at: at(50), answered: at(50.5)}}
 		if broken {
 			// m2 never answered by P nor B; B's m2 ran inside A's with an
 			// older token; a dead letter of a healthy input; an output of
@@ -46,9 +50,14 @@ func TestCheckerCatchesViolations(t *testing.T) {
 			o.outputs["t"] = append(o.outputs["t"], out("m2", "B", 2.3, "2", 2.12, 2.14), out("m2", "S", 200, "", 0, 0))
 			o.deads["t"] = append(o.deads["t"], dead{id: "m1", worker: "S", reason: "internal", at: at(5)})
 			o.outputs["t"] = removeOutput(o.outputs["t"], "m2/P/0")
+			// The slow input is not dead-lettered (timeout) for P; the
+			// replayed poison input is not run again.
 		} else {
 			o.outputs["t"] = append(o.outputs["t"], out("m2", "P", 2.1, "", 0, 0), out("m2", "B", 2.3, "4", 2.16, 2.2))
+			o.deads["t"] = append(o.deads["t"], dead{id: "slow", worker: "P", reason: "timeout", at: at(40)},
+				dead{id: "bad", worker: "P", reason: "worker_failed", at: at(80)})
 		}
+		sort.SliceStable(o.deads["t"], func(a, b int) bool { return o.deads["t"][a].at.Before(o.deads["t"][b].at) })
 		// A stream is in time order.
 		sort.SliceStable(o.outputs["t"], func(a, b int) bool { return o.outputs["t"][a].at.Before(o.outputs["t"][b].at) })
 		return j, o
@@ -69,7 +78,8 @@ func TestCheckerCatchesViolations(t *testing.T) {
 		"no overlap":              "group g: m2/B/0",
 		"fencing":                 "group g: token 2 on output m2/B/0",
 		"no outputs by stopped":   "output m2/S/0 by stopper(S) at t+200.0s: stopped since t+100.0s",
-		"poison events dead-lett": "",
+		"poison and slow events":  "slow event slow (published t+3.5s) not dead-lettered for py(P)",
+		"replayed dead letters":   "dead letter bad of py(P) replayed at t+50.0s (answered t+50.5s) not run again",
 	}
 	for _, iv := range v.invariants {
 		for prefix, example := range want {
@@ -94,4 +104,63 @@ func removeOutput(outs []output, id string) []output {
 		}
 	}
 	return kept
+}
+
+// The leak bound: a node whose goroutines or RSS grew past the tolerance
+// fails, one within it passes, and unknown figures fail.
+func TestLeakBound(t *testing.T) {
+	before := figures{{id: "n1", rssKB: 50000, gors: 200}, {id: "n2", rssKB: 50000, gors: 200}, {id: "n3", rssKB: 50000, gors: 200}}
+	ok := figures{{id: "n1", rssKB: 60000, gors: 210}, {id: "n2", rssKB: 74000, gors: 225}, {id: "n3", rssKB: 40000, gors: 150}}
+	if iv := leaks(before, ok); len(iv.failures) != 0 || iv.checked != 3 {
+		t.Fatalf("within the tolerance: %v (%d checked)", iv.failures, iv.checked)
+	}
+	bad := figures{{id: "n1", rssKB: 60000, gors: 226}, {id: "n2", rssKB: 76000, gors: 200}, {id: "n3", rssKB: -1, gors: 200}}
+	iv := leaks(before, bad)
+	got := strings.Join(iv.failures, "\n")
+	for _, want := range []string{"n1: 226 goroutines after the run, 200 before", "n2: RSS 76000 kB after the run, 50000 kB before", "n3: figures unknown"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("want %q in %q", want, got)
+		}
+	}
+}
+
+// A worker stopped with an input still in its backlog — the input still
+// worked on (answered by another worker) within settle of the stop, though
+// the stopped worker had answered a later input meanwhile (a group's retries
+// and per-node queues reorder it) — is a backlog at stop (a WARN), not a
+// loss; an input whose last answer came long before the stop is a loss.
+func TestBacklogAtStopIsNotALoss(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	j := newJournal(t.Logf)
+	j.t0 = t0
+	j.workers["G"] = &wrec{id: "G", name: "ga", topic: "t", out: "t-out", segs: []segment{{at(0), running}, {at(100), stopped}}}
+	j.workers["O"] = &wrec{id: "O", name: "other", topic: "t", out: "t-out", segs: []segment{{at(0), running}}}
+	o := &observed{inputs: map[string][]input{}, byInput: map[string]map[string]*input{}, outputs: map[string][]output{}, deads: map[string][]dead{},
+		pel: map[string]map[string]string{}}
+	o.inputs["t"] = []input{{id: "lost", sid: "1-0", at: at(5), copies: 1}, {id: "queued", sid: "2-0", at: at(6), copies: 1}, {id: "later", sid: "3-0", at: at(7), copies: 1}}
+	o.byInput["t"] = map[string]*input{}
+	for i := range o.inputs["t"] {
+		o.byInput["t"][o.inputs["t"][i].id] = &o.inputs["t"][i]
+	}
+	out := func(in, w string, s float64) output {
+		return output{id: in + "/" + w + "/0", in: in, worker: w, at: at(s)}
+	}
+	// G answered "later" (published after both) before its stop; "lost"
+	// was last answered at t+5.1 (long before the stop), "queued" at t+80.
+	o.outputs["t"] = []output{out("lost", "O", 5.1), out("later", "O", 7.1), out("later", "G", 8), out("queued", "O", 80)}
+	v := check(j, o, []string{"t"})
+	for _, iv := range v.invariants {
+		got := strings.Join(iv.failures, "\n")
+		switch {
+		case strings.HasPrefix(iv.name, "no loss"):
+			if len(iv.failures) != 1 || !strings.Contains(got, "lost on t (published t+5.0s) never answered by ga(G)") || !strings.Contains(got, "entry 1-0 not pending (acked)") {
+				t.Errorf("no loss: %v", iv.failures)
+			}
+		case strings.HasPrefix(iv.name, "backlog"):
+			if len(iv.failures) != 1 || !strings.Contains(got, "queued on t (published t+6.0s) pending for ga(G)") {
+				t.Errorf("backlog: %v", iv.failures)
+			}
+		}
+	}
 }

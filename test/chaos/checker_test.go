@@ -22,6 +22,19 @@ var (
 	// deliveries, each failed attempt answered RETRY and redelivered by
 	// Redis after its processing timeout.
 	poisonSettle = time.Duration(maxAttempts)*(processingTimeout+time.Second) + workerTimeout + 10*time.Second
+	// slowSettle: a slow input is dead-lettered (timeout) for the slow
+	// worker after maxAttempts calls, each killed at twice WORKER_TIMEOUT
+	// at most (a hang inside a batch: engines/python/batch.go), each then
+	// redelivered after the processing timeout.
+	slowSettle = time.Duration(maxAttempts)*(processingTimeout+2*workerTimeout+time.Second) + 10*time.Second
+)
+
+// Leak tolerance: after the run and its drain, each node may hold at most
+// leakGoroutines more goroutines and leakRSS times the resident memory it
+// had before the run (after its workers were loaded).
+const (
+	leakGoroutines = 25
+	leakRSS        = 1.5
 )
 
 // faultReasons are dead-letter reasons a fault may force on a healthy
@@ -31,8 +44,10 @@ var faultReasons = map[string]bool{"lock_contention": true, "lock_error": true, 
 
 type input struct {
 	id     string
+	sid    string // stream entry id
 	at     time.Time
 	poison bool
+	slow   bool
 	copies int
 }
 
@@ -55,11 +70,29 @@ type observed struct {
 	byInput map[string]map[string]*input
 	outputs map[string][]output // output topic → outputs in stream order
 	deads   map[string][]dead   // topic → dead letters
+	// pel describes the input entries still pending in the broker (not
+	// acked), by topic and stream entry id (pendingEntries).
+	pel map[string]map[string]string
+}
+
+// broker tells whether the broker still holds input in (pending, not
+// acked) or not (acked, or never delivered).
+func (o *observed) broker(topic string, in *input) string {
+	if d, ok := o.pel[topic][in.sid]; ok {
+		return "entry " + in.sid + " " + d
+	}
+	return "entry " + in.sid + " not pending (acked)"
 }
 
 func observe(redisAddr string, topics []string) (*observed, error) {
-	o := &observed{inputs: map[string][]input{}, byInput: map[string]map[string]*input{}, outputs: map[string][]output{}, deads: map[string][]dead{}}
+	o := &observed{inputs: map[string][]input{}, byInput: map[string]map[string]*input{}, outputs: map[string][]output{}, deads: map[string][]dead{},
+		pel: map[string]map[string]string{}}
 	for _, topic := range topics {
+		pel, err := pendingEntries(redisAddr, topic)
+		if err != nil {
+			return nil, err
+		}
+		o.pel[topic] = pel
 		ins, err := readStream(redisAddr, topic)
 		if err != nil {
 			return nil, err
@@ -72,9 +105,10 @@ func observe(redisAddr string, topics []string) (*observed, error) {
 				o.inputs[topic][i].copies++
 				continue
 			}
-			in := input{id: id, at: e.at, copies: 1}
-			if d := e.data(); d != nil && d["poison"] == true {
-				in.poison = true
+			in := input{id: id, sid: e.sid, at: e.at, copies: 1}
+			if d := e.data(); d != nil {
+				in.poison = d["poison"] == true
+				in.slow = d["slow"] == true
 			}
 			idx[id] = len(o.inputs[topic])
 			o.inputs[topic] = append(o.inputs[topic], in)
@@ -165,15 +199,16 @@ func check(j *journal, o *observed, topics []string) *verdict {
 	defer j.mu.Unlock()
 	v := &verdict{}
 	loss := &invariant{name: "no loss (answered or dead-lettered by every worker running when published)"}
-	poisonIv := &invariant{name: "poison events dead-letter (worker_failed) for the poison worker, answered by the others"}
+	poisonIv := &invariant{name: "poison and slow events dead-letter (worker_failed, timeout) for the poison worker, answered by the others"}
 	deadIv := &invariant{name: "dead letters only for poison events or with a fault reason"}
 	overlap := &invariant{name: "no overlap of accepted executions in a group"}
 	fencing := &invariant{name: "fencing tokens on a group's outputs never go backwards nor repeat"}
 	stoppedIv := &invariant{name: "no outputs by stopped or deleted workers after the bound"}
+	replayIv := &invariant{name: "replayed dead letters run again (an output or a new dead letter of the worker)"}
 	backlog := &invariant{name: "backlog of a worker at its stop/delete (inputs it had not reached; reported, not failed)", warn: true}
-	v.invariants = []*invariant{loss, poisonIv, deadIv, overlap, fencing, stoppedIv, backlog}
+	v.invariants = []*invariant{loss, poisonIv, deadIv, overlap, fencing, stoppedIv, replayIv, backlog}
 
-	published, poisoned, inCopies := 0, 0, 0
+	published, poisoned, slowed, inCopies := 0, 0, 0, 0
 	answered := map[string]map[string]int{} // worker → input → output entries
 	outIDs := map[string]int{}
 	for _, topic := range topics {
@@ -182,6 +217,9 @@ func check(j *journal, o *observed, topics []string) *verdict {
 			inCopies += in.copies - 1
 			if in.poison {
 				poisoned++
+			}
+			if in.slow {
+				slowed++
 			}
 		}
 		for _, out := range o.outputs[topic] {
@@ -208,7 +246,7 @@ func check(j *journal, o *observed, topics []string) *verdict {
 	sort.Slice(ids, func(a, b int) bool { return j.workers[ids[a]].name < j.workers[ids[b]].name })
 
 	// No loss; poison; near-stop misses.
-	nearStop, required := 0, 0
+	nearStop, required, poisonMissing := 0, 0, 0
 	for _, wid := range ids {
 		w := j.workers[wid]
 		for _, in := range o.inputs[w.topic] {
@@ -217,24 +255,29 @@ func check(j *journal, o *observed, topics []string) *verdict {
 				continue
 			}
 			bound := settle
-			if w.poison && in.poison {
-				bound = poisonSettle
+			what, want := "", ""
+			switch {
+			case w.poison && in.poison:
+				bound, what, want = poisonSettle, "poison", "worker_failed"
+			case w.poison && in.slow:
+				bound, what, want = slowSettle, "slow", "timeout"
 			}
 			mustAnswer := until.IsZero() || until.Sub(in.at) >= bound
 			got := answered[wid][in.id] > 0
 			dl := deadOf[wid+"/"+in.id]
-			if w.poison && in.poison {
+			if what != "" {
 				poisonIv.checked++
 				if got {
-					poisonIv.fail("poison event %s answered by poison worker %s (published %s)", in.id, idOf(w), j.rel(in.at))
+					poisonIv.fail("%s event %s answered by poison worker %s (published %s)", what, in.id, idOf(w), j.rel(in.at))
 				}
 				if mustAnswer && len(dl) == 0 {
 					required++
-					poisonIv.fail("poison event %s (published %s) not dead-lettered for %s; answered by: %s; dead letters of it: %v", in.id, j.rel(in.at), idOf(w), whoAnswered(j, o, w.topic, in.id), deadsOf(o, w.topic, in.id))
+					poisonMissing++
+					poisonIv.fail("%s event %s (published %s) not dead-lettered for %s; answered by: %s; dead letters of it: %v; %s", what, in.id, j.rel(in.at), idOf(w), whoAnswered(j, o, w.topic, in.id), deadsOf(o, w.topic, in.id), o.broker(w.topic, &in))
 				}
 				for _, d := range dl {
-					if d.reason != "worker_failed" && !faultReasons[d.reason] {
-						poisonIv.fail("poison event %s dead-lettered for %s with reason %q", in.id, idOf(w), d.reason)
+					if d.reason != want && !faultReasons[d.reason] {
+						poisonIv.fail("%s event %s dead-lettered for %s with reason %q", what, in.id, idOf(w), d.reason)
 					}
 				}
 				continue
@@ -245,10 +288,11 @@ func check(j *journal, o *observed, topics []string) *verdict {
 				}
 				continue
 			}
-			if !until.IsZero() && !got && len(dl) == 0 && !answeredLater(o, w, in.at, until) {
+			if !until.IsZero() && !got && len(dl) == 0 && (!answeredLater(o, w, in.at, until) || liveAt(o, w.topic, &in, until.Add(-settle))) {
 				// Stopped or deleted with this input still in its backlog
-				// (it answered nothing published later before the stop):
-				// the other workers acked it meanwhile.
+				// (it answered nothing published later before the stop, or
+				// the input was still being worked on within settle of the
+				// stop): the other workers acked it meanwhile.
 				backlog.checked++
 				backlog.fail("%s on %s (published %s) pending for %s when it was stopped/deleted at %s; answered by: %s", in.id, w.topic, j.rel(in.at), idOf(w), j.rel(until), whoAnswered(j, o, w.topic, in.id))
 				continue
@@ -256,11 +300,11 @@ func check(j *journal, o *observed, topics []string) *verdict {
 			required++
 			loss.checked++
 			if !got && len(dl) == 0 {
-				loss.fail("%s on %s (published %s) never answered by %s (state %s until %s); answered by: %s", in.id, w.topic, j.rel(in.at), idOf(w), st, relOrEnd(j, until), whoAnswered(j, o, w.topic, in.id))
+				loss.fail("%s on %s (published %s) never answered by %s (state %s until %s); answered by: %s; %s", in.id, w.topic, j.rel(in.at), idOf(w), st, relOrEnd(j, until), whoAnswered(j, o, w.topic, in.id), o.broker(w.topic, &in))
 			}
 		}
 	}
-	missing := len(loss.failures)
+	missing := len(loss.failures) + poisonMissing
 
 	// Dead letters.
 	for _, topic := range topics {
@@ -270,6 +314,7 @@ func check(j *journal, o *observed, topics []string) *verdict {
 			w := j.workers[d.worker]
 			switch {
 			case in != nil && in.poison && w != nil && w.poison && d.reason == "worker_failed":
+			case in != nil && in.slow && w != nil && w.poison && d.reason == "timeout":
 			case faultReasons[d.reason]:
 			default:
 				deadIv.fail("dead letter of %s on %s for worker %s at %s: reason %q error %q", d.id, topic, idOf(w), j.rel(d.at), d.reason, d.err)
@@ -350,6 +395,44 @@ func check(j *journal, o *observed, topics []string) *verdict {
 		}
 	}
 
+	// Replays: each replayed dead letter is run again by its worker (an
+	// output or a new dead letter after the replay) when the worker stays
+	// running long enough afterwards.
+	for _, r := range j.replays {
+		w := j.workers[r.worker]
+		if w == nil {
+			continue
+		}
+		in := o.byInput[w.topic][r.event]
+		st, _, until := w.at(r.answered)
+		bound := settle
+		if in != nil && in.poison {
+			bound = poisonSettle
+		} else if in != nil && in.slow {
+			bound = slowSettle
+		}
+		if st != running || (!until.IsZero() && until.Sub(r.answered) < bound) {
+			continue
+		}
+		replayIv.checked++
+		again := false
+		for _, out := range o.outputs[w.topic] {
+			if out.worker == w.id && out.in == r.event && out.at.After(r.at) {
+				again = true
+			}
+		}
+		for _, d := range deadOf[w.id+"/"+r.event] {
+			if d.at.After(r.at) {
+				again = true
+			}
+		}
+		if !again {
+			required++
+			replayIv.fail("dead letter %s of %s replayed at %s (answered %s) not run again; dead letters of it: %v", r.event, idOf(w), j.rel(r.at), j.rel(r.answered), deadsOf(o, w.topic, r.event))
+		}
+	}
+	missing += len(replayIv.failures)
+
 	// Figures.
 	outEntries, dupEntries, multi := 0, 0, 0
 	for _, n := range outIDs {
@@ -364,8 +447,9 @@ func check(j *journal, o *observed, topics []string) *verdict {
 		}
 	}
 	v.pending = missing
-	v.addf("events published (distinct ids in the input streams): %d, of which poison %d; extra copies in the streams %d; publisher HTTP successes %d, given up %d",
-		published, poisoned, inCopies, j.published.Load(), j.pubFailed.Load())
+	v.addf("events published (distinct ids in the input streams): %d, of which poison %d, slow %d; extra copies in the streams (replays) %d; publisher HTTP successes %d, given up %d",
+		published, poisoned, slowed, inCopies, j.published.Load(), j.pubFailed.Load())
+	v.addf("dead letters replayed (answered by ReplayDeadLetters): %d", len(j.replays))
 	v.addf("answers required by the no-loss rule: %d; missed near a stop/delete (not required): %d", required, nearStop)
 	v.addf("output entries: %d, distinct output ids: %d, duplicate entries: %d (inputs answered more than once by one worker: %d)",
 		outEntries, len(outIDs), dupEntries, multi)
@@ -468,6 +552,21 @@ func deadsOf(o *observed, topic, id string) []string {
 		}
 	}
 	return out
+}
+
+// liveAt reports whether input in was still being worked on at or after
+// t: an output of it by any worker stored then, or its entry still pending
+// in the broker. A message acked before t has its last outputs before t.
+func liveAt(o *observed, topic string, in *input, t time.Time) bool {
+	if _, ok := o.pel[topic][in.sid]; ok {
+		return true
+	}
+	for _, out := range o.outputs[topic] {
+		if out.in == in.id && !out.at.Before(t) {
+			return true
+		}
+	}
+	return false
 }
 
 // answeredLater reports whether w answered, before until, an input of its

@@ -8,14 +8,20 @@ import (
 
 // Fault kinds the nemesis injects.
 const (
-	faultKill     = "kill9-node"
-	faultPause    = "sigstop-node"
-	faultDaprd    = "restart-daprd"
-	faultRedis    = "restart-redis"
-	faultTemporal = "restart-temporal"
+	faultKill        = "kill9-node"
+	faultPause       = "sigstop-node"
+	faultDaprd       = "restart-daprd"
+	faultRedis       = "restart-redis"
+	faultTemporal    = "restart-temporal"
+	faultCutRedis    = "cut-redis"
+	faultCutTemporal = "cut-temporal"
 )
 
-var faultKinds = []string{faultKill, faultPause, faultDaprd, faultRedis, faultTemporal}
+var faultKinds = []string{faultKill, faultPause, faultDaprd, faultRedis, faultTemporal, faultCutRedis, faultCutTemporal}
+
+// faultSlot is the mean time the schedule gives one fault (its injection,
+// its repair and a quiet time after).
+const faultSlot = 25 * time.Second
 
 // planned is one fault of the schedule: at offset from the nemesis start,
 // of kind on node index target, lasting down.
@@ -26,35 +32,55 @@ type planned struct {
 	down   time.Duration
 }
 
-// schedule draws the faults for a run of length d from seed: one fault
-// every 15–35 s, the kinds dealt in shuffled rounds so that every kind
-// comes up as often as the others. The same seed gives the same schedule.
-func schedule(seed int64, d time.Duration, nodes int) []planned {
+// schedule draws the faults for a run of length d from seed: whole rounds
+// of kinds (each kind once per round, in a shuffled order), as many rounds
+// as fit at one fault per faultSlot (at least one), spread evenly over the
+// run with a jitter of a quarter of their spacing. So every kind comes up
+// equally often: 3 times in a 10-minute run of the 7 kinds. The same seed
+// gives the same schedule.
+func schedule(seed int64, d time.Duration, nodes int, kinds []string) []planned {
 	rng := rand.New(rand.NewSource(seed))
+	rounds := int(d / (time.Duration(len(kinds)) * faultSlot))
+	if rounds < 1 {
+		rounds = 1
+	}
+	n := rounds * len(kinds)
+	// The last fault starts no later than d - 20 s, so that it is over
+	// before the run ends.
+	span := d - 20*time.Second
+	if span < d/2 {
+		span = d / 2
+	}
+	gap := span / time.Duration(n)
 	var out []planned
-	var deck []string
-	at := time.Duration(10+rng.Intn(10)) * time.Second
-	for at < d {
-		if len(deck) == 0 {
-			deck = append([]string(nil), faultKinds...)
-			rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
+	for r := 0; r < rounds; r++ {
+		deck := append([]string(nil), kinds...)
+		rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
+		for _, kind := range deck {
+			i := len(out)
+			at := gap/2 + time.Duration(i)*gap + time.Duration(rng.Int63n(int64(gap/2))) - gap/4
+			p := planned{at: at, kind: kind, target: rng.Intn(nodes)}
+			switch p.kind {
+			case faultKill:
+				p.down = time.Duration(2+rng.Intn(6)) * time.Second
+			case faultPause: // longer than the group lock's max age
+				p.down = lockMaxAge + time.Duration(2+rng.Intn(5))*time.Second
+			case faultDaprd:
+				p.down = time.Duration(1+rng.Intn(4)) * time.Second
+			case faultRedis:
+				p.down = time.Duration(1+rng.Intn(4)) * time.Second
+			case faultTemporal:
+				p.down = time.Duration(2+rng.Intn(5)) * time.Second
+			case faultCutRedis:
+				p.down = time.Duration(3+rng.Intn(13)) * time.Second
+			case faultCutTemporal: // about half of them longer than the node's Temporal lease (30 s)
+				p.down = time.Duration(10+rng.Intn(31)) * time.Second
+				if d < 5*time.Minute { // a short run: below the lease
+					p.down = time.Duration(5+rng.Intn(11)) * time.Second
+				}
+			}
+			out = append(out, p)
 		}
-		p := planned{at: at, kind: deck[0], target: rng.Intn(nodes)}
-		deck = deck[1:]
-		switch p.kind {
-		case faultKill:
-			p.down = time.Duration(2+rng.Intn(6)) * time.Second
-		case faultPause: // longer than the group lock's max age
-			p.down = lockMaxAge + time.Duration(2+rng.Intn(5))*time.Second
-		case faultDaprd:
-			p.down = time.Duration(1+rng.Intn(4)) * time.Second
-		case faultRedis:
-			p.down = time.Duration(1+rng.Intn(4)) * time.Second
-		case faultTemporal:
-			p.down = time.Duration(2+rng.Intn(5)) * time.Second
-		}
-		out = append(out, p)
-		at += time.Duration(15+rng.Intn(21)) * time.Second
 	}
 	return out
 }
@@ -89,6 +115,16 @@ func runNemesis(ctx context.Context, c *cluster, j *journal, plan []planned) {
 		case faultTemporal:
 			f.Target = "temporal"
 			err = c.restartTemporal(ctx, p.down)
+		case faultCutRedis:
+			f.Target = n.id + "-redis"
+			n.redis.setCut(true)
+			sleepCtx(ctx, p.down)
+			n.redis.setCut(false)
+		case faultCutTemporal:
+			f.Target = n.id + "-temporal"
+			n.temporal.setCut(true)
+			sleepCtx(ctx, p.down)
+			n.temporal.setCut(false)
 		}
 		cancel()
 		f.End = time.Now()

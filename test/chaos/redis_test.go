@@ -88,8 +88,9 @@ func (r *resp) read() (any, error) {
 // entry is one message of a topic's stream: the CloudEvent daprd stored
 // and the time Redis took it (from the entry id).
 type entry struct {
-	at time.Time
-	ce map[string]any
+	sid string // the stream entry id
+	at  time.Time
+	ce  map[string]any
 }
 
 func (e entry) str(k string) string {
@@ -135,7 +136,7 @@ func readStream(addr, key string) ([]entry, error) {
 			start = "(" + id
 			ms, _ := strconv.ParseInt(strings.SplitN(id, "-", 2)[0], 10, 64)
 			fields, _ := pair[1].([]any)
-			e := entry{at: time.UnixMilli(ms)}
+			e := entry{sid: id, at: time.UnixMilli(ms)}
 			for i := 0; i+1 < len(fields); i += 2 {
 				if f, _ := fields[i].(string); f == "data" {
 					raw, _ := fields[i+1].(string)
@@ -152,3 +153,59 @@ func readStream(addr, key string) ([]entry, error) {
 }
 
 func decodeJSON(r io.Reader, v any) error { return json.NewDecoder(io.LimitReader(r, 1<<20)).Decode(v) }
+
+// pendingEntries describes the entries of stream key still pending in its
+// consumer groups (delivered, not acked): entry id → "pending in group G,
+// delivered N times, idle D". The checker adds it to counter-examples: a
+// message the broker still holds was not acked, one it does not was.
+func pendingEntries(addr, key string) (map[string]string, error) {
+	r, err := dialRedis(addr)
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+	v, err := r.do("XINFO", "GROUPS", key)
+	if err != nil {
+		if strings.Contains(err.Error(), "no such key") {
+			return map[string]string{}, nil
+		}
+		return nil, fmt.Errorf("XINFO GROUPS %s: %w", key, err)
+	}
+	out := map[string]string{}
+	groups, _ := v.([]any)
+	for _, g := range groups {
+		fields, _ := g.([]any)
+		name := ""
+		for i := 0; i+1 < len(fields); i += 2 {
+			if f, _ := fields[i].(string); f == "name" {
+				name, _ = fields[i+1].(string)
+			}
+		}
+		if name == "" {
+			continue
+		}
+		start := "-"
+		for {
+			v, err := r.do("XPENDING", key, name, start, "+", "1000")
+			if err != nil {
+				return nil, fmt.Errorf("XPENDING %s %s: %w", key, name, err)
+			}
+			items, _ := v.([]any)
+			for _, it := range items {
+				f, _ := it.([]any)
+				if len(f) < 4 {
+					continue
+				}
+				id, _ := f[0].(string)
+				idle, _ := f[2].(int64)
+				n, _ := f[3].(int64)
+				out[id] = fmt.Sprintf("pending in group %s, delivered %d times, idle %s", name, n, (time.Duration(idle) * time.Millisecond).Round(time.Second))
+				start = "(" + id
+			}
+			if len(items) < 1000 {
+				break
+			}
+		}
+	}
+	return out, nil
+}

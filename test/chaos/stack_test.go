@@ -70,9 +70,13 @@ type node struct {
 	env      []string
 	daprd    *devstack.Proc
 	proc     *devstack.Proc
-	stopped  bool // SIGSTOPped
-	down     bool // killed, not yet restarted
-	daprDown bool
+	// redis and temporal are the node's own ways to Redis (its daprd's
+	// components point at it) and to Temporal (its TEMPORAL_ADDRESS): the
+	// nemesis cuts them to cut the node off.
+	redis, temporal *proxy
+	stopped         bool // SIGSTOPped
+	down            bool // killed, not yet restarted
+	daprDown        bool
 }
 
 func repoRoot() string {
@@ -103,7 +107,9 @@ func sandboxEnv(nodeID string) []string {
 		"WORKER_ENV=WORKMANAGER_NODE_ID=" + nodeID}
 }
 
-func startCluster(t *testing.T, nodes int) *cluster {
+// startCluster starts the stack, nodes nodes (with extraEnv added to each
+// node's environment) and the API.
+func startCluster(t *testing.T, nodes int, extraEnv ...string) *cluster {
 	t.Helper()
 	c := &cluster{t: t, dir: t.TempDir(), tools: filepath.Join(repoRoot(), ".tools", "bin")}
 	for _, b := range []string{"temporal", "daprd"} {
@@ -123,18 +129,23 @@ func startCluster(t *testing.T, nodes int) *cluster {
 	t.Cleanup(c.close)
 	for i := 1; i <= nodes; i++ {
 		n := &node{id: "n" + strconv.Itoa(i)}
-		sc, err := st.StartSidecar(ctx, "daprd-"+n.id)
+		if n.redis, err = newProxy(st.RedisAddr); err != nil {
+			t.Fatal(err)
+		}
+		if n.temporal, err = newProxy(st.TemporalAddr); err != nil {
+			t.Fatal(err)
+		}
+		grpcAddr, err := c.startNodeDaprd(ctx, n)
 		if err != nil {
 			t.Fatal(err)
 		}
-		n.daprd = sc.Proc
 		port, err := devstack.FreePort()
 		if err != nil {
 			t.Fatal(err)
 		}
 		n.httpAddr = "127.0.0.1:" + strconv.Itoa(port)
-		n.env = append(append(append(st.Env(), "DAPR_GRPC_ADDRESS="+sc.GRPCAddr, "WORKMANAGER_HTTP_ADDR="+n.httpAddr),
-			nodeSettings()...), sandboxEnv(n.id)...)
+		n.env = append(append(append(append(st.Env(), "DAPR_GRPC_ADDRESS="+grpcAddr, "WORKMANAGER_HTTP_ADDR="+n.httpAddr,
+			"TEMPORAL_ADDRESS="+n.temporal.addr()), nodeSettings()...), sandboxEnv(n.id)...), extraEnv...)
 		c.nodes = append(c.nodes, n)
 		if err := c.startNode(ctx, n); err != nil {
 			t.Fatal(err)
@@ -142,6 +153,45 @@ func startCluster(t *testing.T, nodes int) *cluster {
 	}
 	c.startAPI(ctx)
 	return c
+}
+
+// startNodeDaprd starts node n's daprd on free ports, its pub/sub and
+// state store pointed at n's Redis proxy (resources in dapr-<node id>),
+// and returns its gRPC address. A restart reuses its arguments.
+func (c *cluster) startNodeDaprd(ctx context.Context, n *node) (string, error) {
+	res := filepath.Join(c.dir, "dapr-"+n.id)
+	if err := devstack.WriteComponents(res, n.redis.addr(), time.Second, processingTimeout, 0); err != nil {
+		return "", err
+	}
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		var ports [4]int
+		for i := range ports {
+			if ports[i], err = devstack.FreePort(); err != nil {
+				return "", err
+			}
+		}
+		args := []string{"--app-id", devstack.AppID, "--dapr-grpc-port", strconv.Itoa(ports[0]), "--dapr-http-port", strconv.Itoa(ports[1]),
+			"--dapr-internal-grpc-port", strconv.Itoa(ports[2]), "--metrics-port", strconv.Itoa(ports[3]),
+			"--dapr-listen-addresses", "127.0.0.1", "--resources-path", res, "--log-level", "warn"}
+		var p *devstack.Proc
+		p, err = devstack.StartProc(c.dir, "daprd-"+n.id, nil, filepath.Join(c.tools, "daprd"), args...)
+		if err != nil {
+			return "", err
+		}
+		err = waitDaprd(ctx, p, "http://127.0.0.1:"+strconv.Itoa(ports[1])+"/v1.0/healthz/outbound")
+		if err == nil {
+			c.mu.Lock()
+			n.daprd = p
+			c.mu.Unlock()
+			return "127.0.0.1:" + strconv.Itoa(ports[0]), nil
+		}
+		p.Kill()
+		if !errors.Is(err, devstack.ErrPortInUse) {
+			break
+		}
+	}
+	return "", err
 }
 
 func (c *cluster) startNode(ctx context.Context, n *node) error {
@@ -450,12 +500,16 @@ func (c *cluster) close() {
 	}
 	c.mu.Lock()
 	var procs []*devstack.Proc
+	var proxies []*proxy
 	for _, n := range c.nodes {
 		if n.proc != nil {
 			_ = syscall.Kill(-n.proc.Cmd.Process.Pid, syscall.SIGCONT)
 			procs = append(procs, n.proc)
 		}
-		procs = append(procs, n.daprd)
+		if n.daprd != nil {
+			procs = append(procs, n.daprd)
+		}
+		proxies = append(proxies, n.redis, n.temporal)
 	}
 	procs = append(procs, c.extra...)
 	if c.temporal != nil {
@@ -469,6 +523,11 @@ func (c *cluster) close() {
 		p.Stop(5 * time.Second)
 	}
 	c.stack.Stop()
+	for _, p := range proxies {
+		if p != nil {
+			p.close()
+		}
+	}
 }
 
 func argAfter(args []string, flag string) string {

@@ -86,6 +86,13 @@ type fault struct {
 	Err          string
 }
 
+// replay is one dead letter the API answered as replayed: event to worker,
+// asked at at, answered at answered.
+type replay struct {
+	worker, event string
+	at, answered  time.Time
+}
+
 // journal is the harness's own record: what it asked of the API and what
 // was answered, and the faults injected. The checker reads it with what
 // Redis holds.
@@ -95,6 +102,7 @@ type journal struct {
 	workers   map[string]*wrec
 	faults    []fault
 	apiErrors map[string]int
+	replays   []replay
 	published atomic.Int64
 	pubFailed atomic.Int64
 	logf      func(string, ...any)
@@ -117,12 +125,17 @@ func (j *journal) worker(id string) *wrec {
 // fencing token it saw and its node. With poison, inputs whose data has
 // "poison" raise. Grouped workers sleep a little so that overlapping
 // executions would show.
+//
+// The poison worker is also the slow one: on inputs whose data has "slow"
+// it sleeps past WORKER_TIMEOUT (the node kills the call).
 func pythonWorker(name, out, version string, poison bool, sleepMS int) []byte {
 	fail := ""
 	if poison {
-		fail = `    if data.get("poison"):
+		fail = fmt.Sprintf(`    if data.get("poison"):
         raise ValueError("poisoned input " + event["id"])
-`
+    if data.get("slow"):
+        time.sleep(%g)
+`, (workerTimeout + 3*time.Second).Seconds())
 	}
 	return []byte(fmt.Sprintf(`
 import os, time
@@ -185,6 +198,7 @@ type workload struct {
 	rng    *rand.Rand
 	rate   float64 // events per second per topic
 	poison float64 // fraction of poison events
+	slow   float64 // fraction of slow events (the poison worker sleeps past its timeout)
 	seq    atomic.Int64
 }
 
@@ -310,6 +324,43 @@ func (wl *workload) load(ctx context.Context, w *wrec) error {
 	})
 }
 
+// rollback loads an earlier version's code again (RollbackWorker), as the
+// next version. The worker stays running.
+func (wl *workload) rollback(ctx context.Context, w *wrec, to int) error {
+	err := wl.call(ctx, "RollbackWorker", nil, 3*time.Minute, func(cctx context.Context) error {
+		_, err := wl.c.client.RollbackWorker(cctx, &pb.RollbackWorkerRequest{WorkerId: w.id, Version: int64(to)})
+		return err
+	})
+	if err == nil {
+		wl.j.mu.Lock()
+		w.version++
+		wl.j.mu.Unlock()
+	}
+	return err
+}
+
+// replayDead replays up to 20 of w's stored dead letters
+// (ReplayDeadLetters) and records which, and when, in the journal.
+func (wl *workload) replayDead(ctx context.Context, w *wrec) (int, error) {
+	var ids []string
+	start := time.Now()
+	err := wl.call(ctx, "ReplayDeadLetters", nil, 3*time.Minute, func(cctx context.Context) error {
+		r, err := wl.c.client.ReplayDeadLetters(cctx, &pb.ReplayDeadLettersRequest{WorkerId: w.id, Limit: 20})
+		if err == nil {
+			ids = append(ids, r.GetEventIds()...)
+		}
+		return err
+	})
+	// Ids of an attempt that failed after replaying some are lost to the
+	// journal: the checker only checks the replays it knows of.
+	wl.j.mu.Lock()
+	for _, id := range ids {
+		wl.j.replays = append(wl.j.replays, replay{worker: w.id, event: id, at: start, answered: time.Now()})
+	}
+	wl.j.mu.Unlock()
+	return len(ids), err
+}
+
 func (wl *workload) mark(w *wrec, st state) {
 	wl.j.mu.Lock()
 	w.set(time.Now(), st)
@@ -359,8 +410,11 @@ func (wl *workload) publishLoop(ctx context.Context, topic, prefix string, rng *
 		for range n {
 			id := fmt.Sprintf("%s-%06d", prefix, wl.seq.Add(1))
 			data := map[string]any{"n": id}
-			if rng.Float64() < wl.poison {
+			switch x := rng.Float64(); {
+			case x < wl.poison:
 				data["poison"] = true
+			case x < wl.poison+wl.slow:
+				data["slow"] = true
 			}
 			wl.publish(ctx, topic, id, data)
 		}
@@ -416,7 +470,7 @@ func (wl *workload) churnLoop(ctx context.Context, rng *rand.Rand) {
 		}
 		wl.j.mu.Unlock()
 		sort.Slice(long, func(a, b int) bool { return long[a].name < long[b].name })
-		switch k := rng.Intn(3); {
+		switch k := rng.Intn(5); {
 		case k == 0 && len(long) > 0:
 			w := long[rng.Intn(len(long))]
 			// Each operation runs to its answer even when the run ends
@@ -444,6 +498,35 @@ func (wl *workload) churnLoop(ctx context.Context, rng *rand.Rand) {
 			w := py[rng.Intn(len(py))]
 			err := wl.load(opCtx(), w)
 			wl.j.logf("%s churn: LoadCode %s v%d: %v", wl.j.rel(time.Now()), idOf(w), w.version, err)
+		case k == 2 && len(long) > 0:
+			var py []*wrec
+			for _, w := range long {
+				if w.kind == "python" && w.version > 1 {
+					py = append(py, w)
+				}
+			}
+			if len(py) == 0 {
+				continue
+			}
+			w := py[rng.Intn(len(py))]
+			to := 1 + rng.Intn(w.version-1)
+			err := wl.rollback(opCtx(), w, to)
+			wl.j.logf("%s churn: RollbackWorker %s to v%d (now v%d): %v", wl.j.rel(time.Now()), idOf(w), to, w.version, err)
+		case k == 3 && len(long) > 0:
+			// Mostly the poison worker's dead letters (poison and slow
+			// inputs), now and then another's (fault reasons).
+			var cands []*wrec
+			for _, w := range long {
+				if w.poison || rng.Intn(4) == 0 {
+					cands = append(cands, w)
+				}
+			}
+			if len(cands) == 0 {
+				continue
+			}
+			w := cands[rng.Intn(len(cands))]
+			n, err := wl.replayDead(opCtx(), w)
+			wl.j.logf("%s churn: ReplayDeadLetters %s: %d replayed: %v", wl.j.rel(time.Now()), idOf(w), n, err)
 		default:
 			tmp++
 			topic := wl.topics[rng.Intn(len(wl.topics))]
