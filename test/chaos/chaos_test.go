@@ -55,6 +55,10 @@ type runConfig struct {
 	native    bool     // a native worker per topic
 	kinds     []string // fault kinds the nemesis deals
 	noFencing bool     // WM_TEST_UNSAFE_NO_FENCING on the nodes (the checker's demo)
+	// For the demo: pause the node process only (CHAOS_PAUSE=node-only)
+	// and make grouped calls last groupSleep ms (CHAOS_GROUP_SLEEP_MS, 15).
+	pauseNodeOnly bool
+	groupSleep    int
 }
 
 func TestChaos(t *testing.T) {
@@ -71,7 +75,9 @@ func TestChaos(t *testing.T) {
 		kinds:    faultKinds,
 		// A test-only switch: the nodes skip the fencing-token check on
 		// outputs, so that the checker must fail (docs/reliability.md).
-		noFencing: os.Getenv("CHAOS_UNSAFE_NO_FENCING") == "1",
+		noFencing:     os.Getenv("CHAOS_UNSAFE_NO_FENCING") == "1",
+		pauseNodeOnly: os.Getenv("CHAOS_PAUSE") == "node-only",
+		groupSleep:    envInt("CHAOS_GROUP_SLEEP_MS", 15),
 	}
 	if s, err := strconv.ParseInt(os.Getenv("CHAOS_SEED"), 10, 64); err == nil {
 		cfg.seed = s
@@ -94,7 +100,7 @@ func TestChaosShort(t *testing.T) {
 	if os.Getenv("WM_CHAOS_SHORT") != "1" {
 		t.Skip("the short fault-injection soak runs with WM_CHAOS_SHORT=1")
 	}
-	runChaos(t, runConfig{duration: 2 * time.Minute, nodes: 2, seed: 7, rate: 2, topics: 2, native: true, kinds: faultKinds})
+	runChaos(t, runConfig{duration: 2 * time.Minute, nodes: 2, seed: 7, rate: 2, topics: 2, native: true, kinds: faultKinds, groupSleep: 15})
 }
 
 func runChaos(t *testing.T, cfg runConfig) {
@@ -108,13 +114,14 @@ func runChaos(t *testing.T, cfg runConfig) {
 	}
 
 	c := startCluster(t, nodes, extraEnv...)
+	c.pauseNodeOnly = cfg.pauseNodeOnly
 	j := newJournal(t.Logf)
 	var topics []string
 	for i := 1; i <= ntopics; i++ {
 		topics = append(topics, fmt.Sprintf("chaos-%d-t%d", seed, i))
 	}
 	wl := &workload{t: t, c: c, j: j, topics: topics, native: map[string][]byte{}, rate: rate, poison: 0.05, slow: 0.01,
-		rng: rand.New(rand.NewSource(seed + 1))}
+		groupSleep: cfg.groupSleep, rng: rand.New(rand.NewSource(seed + 1))}
 	if cfg.native {
 		for _, topic := range topics {
 			wl.native[topic] = nativePackage(t, topic+"-out", "v1")

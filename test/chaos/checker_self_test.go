@@ -73,13 +73,13 @@ func TestCheckerCatchesViolations(t *testing.T) {
 	j, o = build(true)
 	v := check(j, o, []string{"t"})
 	want := map[string]string{
-		"no loss":                 "m2 on t (published t+2.0s) never answered by py(P)",
-		"dead letters only":       `dead letter of m1 on t for worker stopper(S) at t+5.0s: reason "internal"`,
-		"no overlap":              "group g: m2/B/0",
-		"fencing":                 "group g: token 2 on output m2/B/0",
-		"no outputs by stopped":   "output m2/S/0 by stopper(S) at t+200.0s: stopped since t+100.0s",
-		"poison and slow events":  "slow event slow (published t+3.5s) not dead-lettered for py(P)",
-		"replayed dead letters":   "dead letter bad of py(P) replayed at t+50.0s (answered t+50.5s) not run again",
+		"no loss":                "m2 on t (published t+2.0s) never answered by py(P)",
+		"dead letters only":      `dead letter of m1 on t for worker stopper(S) at t+5.0s: reason "internal"`,
+		"no overlap":             "group g: m2/B/0",
+		"fencing":                "group g: token 2 on output m2/B/0",
+		"no outputs by stopped":  "output m2/S/0 by stopper(S) at t+200.0s: stopped since t+100.0s",
+		"poison and slow events": "slow event slow (published t+3.5s) not dead-lettered for py(P)",
+		"replayed dead letters":  "dead letter bad of py(P) replayed at t+50.0s (answered t+50.5s) not run again",
 	}
 	for _, iv := range v.invariants {
 		for prefix, example := range want {

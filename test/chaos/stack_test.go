@@ -57,6 +57,12 @@ type cluster struct {
 	temporal *devstack.Proc // our own after the first Temporal restart
 	extra    []*devstack.Proc
 
+	// pauseNodeOnly: sigstop-node stops the node process alone, not its
+	// worker processes (CHAOS_PAUSE=node-only): a grouped call in flight
+	// then finishes meanwhile and its reply waits for the node, as in
+	// TestStaleLockHolderOutputIsRefused — what a stale write needs.
+	pauseNodeOnly bool
+
 	api     *devstack.Proc
 	apiAddr string
 	conn    *grpc.ClientConn
@@ -337,6 +343,17 @@ func (c *cluster) pauseNode(ctx context.Context, n *node, d time.Duration) {
 	c.mu.Unlock()
 	// The worker processes run in sandboxes with process groups of their
 	// own: stop the node's group and every descendant, as a paused host.
+	if c.pauseNodeOnly {
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
+		defer func() {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+			c.mu.Lock()
+			n.stopped = false
+			c.mu.Unlock()
+		}()
+		sleepCtx(ctx, d)
+		return
+	}
 	_ = syscall.Kill(-pid, syscall.SIGSTOP)
 	desc := descendants(pid)
 	for _, d := range desc {

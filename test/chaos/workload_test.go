@@ -199,7 +199,9 @@ type workload struct {
 	rate   float64 // events per second per topic
 	poison float64 // fraction of poison events
 	slow   float64 // fraction of slow events (the poison worker sleeps past its timeout)
-	seq    atomic.Int64
+	// groupSleep is how long a grouped worker's call sleeps (ms).
+	groupSleep int
+	seq        atomic.Int64
 }
 
 // call runs one lifecycle call with retries for up to limit; the worker is
@@ -273,7 +275,7 @@ func (wl *workload) create(ctx context.Context, name, topic, group, kind string,
 func (wl *workload) code(w *wrec) []byte {
 	sleep := 0
 	if w.group != "" {
-		sleep = 15
+		sleep = wl.groupSleep
 	}
 	return pythonWorker(w.name, w.out, fmt.Sprintf("v%d", w.version), w.poison, sleep)
 }
