@@ -30,7 +30,7 @@ type config struct {
 	DeliveryRecordTTL time.Duration
 	LogLevel          slog.Level // LOG_LEVEL
 
-	// Auth is who may call (internal/auth; README "Authentication"):
+	// Auth is who may call (internal/auth; docs/api.md, "Authentication"):
 	// API_AUTH, API_TOKENS_FILE, API_JWT_*, API_TLS_*, API_CLIENT_CA_FILE,
 	// API_PUBLIC_HEALTH.
 	Auth auth.Settings

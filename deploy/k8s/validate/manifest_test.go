@@ -49,7 +49,7 @@ func notSet(name string) (why string, ok bool) {
 	switch {
 	case strings.HasPrefix(name, "WM_TEST_"):
 		// WM_TEST_PANIC_EXTENSION, WM_TEST_STATE_FAULT_FILE, …: test hooks
-		// (README, "Configuration"), never in production.
+		// (docs/configuration.md, "Test hooks"), never in production.
 		return "a test hook", true
 	case name == "CODE_URL_TEST_ALLOW_LOOPBACK":
 		// Admits loopback code URLs for the integration tests only.
