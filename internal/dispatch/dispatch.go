@@ -86,6 +86,12 @@ type Config struct {
 	UnsafeNoFencing bool
 	// ReconnectMin and ReconnectMax bound the backoff between reconnects.
 	ReconnectMin, ReconnectMax time.Duration
+	// RecordSaveRetry is how long the outcomes of a delivery whose workers
+	// have run are tried again when the state store cannot be reached
+	// (daprd restarting): a record that is not saved makes the redelivery
+	// run the workers again. Default 5s; keep it under the broker's
+	// processing timeout.
+	RecordSaveRetry time.Duration
 	// OnSubscription, when set, learns the state of each topic's
 	// subscription: an error when it could not be opened or was lost, nil
 	// when it is open or no longer wanted (the node's broker health check).
@@ -183,6 +189,9 @@ func New(ctx context.Context, log *slog.Logger, deps Deps, cfg Config) *Dispatch
 	}
 	if cfg.MaxOutputBytes <= 0 {
 		cfg.MaxOutputBytes = cfg.MaxEventBytes
+	}
+	if cfg.RecordSaveRetry <= 0 {
+		cfg.RecordSaveRetry = 5 * time.Second
 	}
 	if cfg.ReconnectMin <= 0 {
 		cfg.ReconnectMin = 100 * time.Millisecond

@@ -507,6 +507,42 @@ func TestStateStoreFailureGivesMessageBack(t *testing.T) {
 type failingStore struct {
 	state.Store
 	fail atomic.Bool
+	// putFailures: this many next writes fail as if daprd were away.
+	putFailures atomic.Int32
+}
+
+func (f *failingStore) Put(ctx context.Context, key string, value []byte, opts state.PutOptions) error {
+	if f.putFailures.Add(-1) >= 0 {
+		return errors.New("state store down")
+	}
+	return f.Store.Put(ctx, key, value, opts)
+}
+
+// The delivery record of a message whose worker has run is saved when the
+// state store comes back within RecordSaveRetry (a daprd restart), so a
+// redelivery finds it done and never runs the worker again; an outage
+// longer than that gives the message back (at-least-once).
+func TestRecordSaveOutlastsAShortStateOutage(t *testing.T) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	st := &failingStore{Store: state.NewMemoryStore()}
+	d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, RecordSaveRetry: 2 * time.Second})
+	c := &counting{}
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, c.instance("out"))
+	s := waitStream(t, b, "in")
+	st.putFailures.Store(3) // about 350 ms of backoff
+	s.In <- request("m", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess || c.n("m") != 1 {
+		t.Fatalf("ack %+v, calls %d: want SUCCESS after the store came back, one call", a, c.n("m"))
+	}
+	s.In <- request("m", "") // the broker's redelivery (the ack was lost with daprd)
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess || c.n("m") != 1 {
+		t.Fatalf("redelivery: ack %+v, calls %d: want SUCCESS from the record, still one call", a, c.n("m"))
+	}
+	st.putFailures.Store(1000) // longer than RecordSaveRetry
+	s.In <- request("m2", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckRetry || c.n("m2") != 1 {
+		t.Fatalf("long outage: ack %+v, calls %d: want RETRY", a, c.n("m2"))
+	}
 }
 
 func (f *failingStore) Get(ctx context.Context, key string) (state.Item, error) {

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/delivery"
+	"github.com/virtufin/workmanager/internal/state"
 )
 
 // message is one received event on its way through the workers of a topic.
@@ -279,7 +281,7 @@ func (d *Dispatcher) run(m *message) {
 	d.notRunnable(ctx, m, rec, now, updates)
 	if len(updates) > 0 {
 		updating := mono()
-		rec, err = d.Records.Update(ctx, m.key, rec, func(r *delivery.Record) {
+		rec, err = d.saveRecord(ctx, m, rec, func(r *delivery.Record) {
 			for id, u := range updates {
 				cur := r.Get(id)
 				if cur.Terminal() { // another node finished it meanwhile
@@ -299,6 +301,31 @@ func (d *Dispatcher) run(m *message) {
 	}
 	if d.complete(m, rec) {
 		status = AckSuccess
+	}
+}
+
+// saveRecord writes a delivery's outcomes into its record (change, applied
+// again on each try: it must be idempotent). When the state store cannot be
+// reached it tries again, backing off, for up to Config.RecordSaveRetry:
+// the workers have run, and a record left unsaved makes the redelivery run
+// them again (a duplicate at-least-once allows, avoidable when the outage
+// is a daprd restart of a second or two). A conflict that Update could not
+// settle is not retried here.
+func (d *Dispatcher) saveRecord(ctx context.Context, m *message, rec delivery.Record, change func(*delivery.Record)) (delivery.Record, error) {
+	deadline := time.Now().Add(d.cfg.RecordSaveRetry)
+	wait := 50 * time.Millisecond
+	for {
+		saved, err := d.Records.Update(ctx, m.key, rec, change)
+		if err == nil || errors.Is(err, state.ErrConflict) || time.Now().Add(wait).After(deadline) {
+			return saved, err
+		}
+		d.log.Debug("delivery record not saved; trying again", "topic", m.t.name, "event_id", m.id, "err", err, "in", wait)
+		select {
+		case <-ctx.Done():
+			return saved, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
 	}
 }
 
