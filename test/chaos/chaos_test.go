@@ -120,7 +120,7 @@ func runChaos(t *testing.T, cfg runConfig) {
 	for i := 1; i <= ntopics; i++ {
 		topics = append(topics, fmt.Sprintf("chaos-%d-t%d", seed, i))
 	}
-	wl := &workload{t: t, c: c, j: j, topics: topics, native: map[string][]byte{}, rate: rate, poison: 0.05, slow: 0.01,
+	wl := &workload{t: t, c: c, j: j, topics: topics, native: map[string][]byte{}, rate: rate, poison: 0.05, slow: 0.003,
 		groupSleep: cfg.groupSleep, rng: rand.New(rand.NewSource(seed + 1))}
 	if cfg.native {
 		for _, topic := range topics {

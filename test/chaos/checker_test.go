@@ -270,6 +270,11 @@ func check(j *journal, o *observed, topics []string) *verdict {
 				if got {
 					poisonIv.fail("%s event %s answered by poison worker %s (published %s)", what, in.id, idOf(w), j.rel(in.at))
 				}
+				if mustAnswer && len(dl) == 0 && !until.IsZero() && pendingAtStop(j, w, &in, until) == 1 {
+					backlog.checked++
+					backlog.fail("%s event %s on %s (published %s) not yet dead-lettered for %s and still pending in the broker when it was stopped/deleted at %s", what, in.id, w.topic, j.rel(in.at), idOf(w), j.rel(until))
+					continue
+				}
 				if mustAnswer && len(dl) == 0 {
 					required++
 					poisonMissing++
@@ -288,11 +293,9 @@ func check(j *journal, o *observed, topics []string) *verdict {
 				}
 				continue
 			}
-			if !until.IsZero() && !got && len(dl) == 0 && (!answeredLater(o, w, in.at, until) || liveAt(o, w.topic, &in, until.Add(-settle))) {
-				// Stopped or deleted with this input still in its backlog
-				// (it answered nothing published later before the stop, or
-				// the input was still being worked on within settle of the
-				// stop): the other workers acked it meanwhile.
+			if !until.IsZero() && !got && len(dl) == 0 && backlogAtStop(j, o, w, &in, until) {
+				// Stopped or deleted with this input still in its backlog:
+				// the other workers acked it meanwhile.
 				backlog.checked++
 				backlog.fail("%s on %s (published %s) pending for %s when it was stopped/deleted at %s; answered by: %s", in.id, w.topic, j.rel(in.at), idOf(w), j.rel(until), whoAnswered(j, o, w.topic, in.id))
 				continue
@@ -552,6 +555,38 @@ func deadsOf(o *observed, topic, id string) []string {
 		}
 	}
 	return out
+}
+
+// pendingAtStop tells whether input in's entry was pending in the broker
+// (delivered, not acked) just before the stop or delete of w that began at
+// until: 1 yes, 0 no, -1 unknown (no snapshot of that stop).
+func pendingAtStop(j *journal, w *wrec, in *input, until time.Time) int {
+	for _, s := range j.pendingAt[w.id] {
+		if !s.at.Before(until.Add(-5*time.Second)) && !s.at.After(until.Add(time.Second)) {
+			if s.ids[in.sid] {
+				return 1
+			}
+			return 0
+		}
+	}
+	return -1
+}
+
+// backlogAtStop decides whether an input w never answered was still in
+// w's backlog when w was stopped or deleted at until (so the stop dropped
+// it) rather than acked without w before (a loss). With a snapshot of the
+// broker's pending entries taken just before the stop, it is exactly
+// whether the entry was pending then; without one, the heuristics: w
+// answered nothing published later before the stop, or the input was
+// still being worked on within settle of the stop.
+func backlogAtStop(j *journal, o *observed, w *wrec, in *input, until time.Time) bool {
+	switch pendingAtStop(j, w, in, until) {
+	case 1:
+		return true
+	case 0:
+		return false
+	}
+	return !answeredLater(o, w, in.at, until) || liveAt(o, w.topic, in, until.Add(-settle))
 }
 
 // liveAt reports whether input in was still being worked on at or after

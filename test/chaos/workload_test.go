@@ -86,6 +86,13 @@ type fault struct {
 	Err          string
 }
 
+// pendingSnap is the set of a topic's input entries pending (unacked) in
+// the broker at a time.
+type pendingSnap struct {
+	at  time.Time
+	ids map[string]bool // stream entry ids
+}
+
 // replay is one dead letter the API answered as replayed: event to worker,
 // asked at at, answered at answered.
 type replay struct {
@@ -103,13 +110,17 @@ type journal struct {
 	faults    []fault
 	apiErrors map[string]int
 	replays   []replay
+	// pendingAt holds, per worker, the input entries of its topic the
+	// broker held unacked just before each StopWorker/DeleteWorker call:
+	// what the stop could drop from the worker's backlog.
+	pendingAt map[string][]pendingSnap
 	published atomic.Int64
 	pubFailed atomic.Int64
 	logf      func(string, ...any)
 }
 
 func newJournal(logf func(string, ...any)) *journal {
-	return &journal{t0: time.Now(), workers: map[string]*wrec{}, apiErrors: map[string]int{}, logf: logf}
+	return &journal{t0: time.Now(), workers: map[string]*wrec{}, apiErrors: map[string]int{}, pendingAt: map[string][]pendingSnap{}, logf: logf}
 }
 
 func (j *journal) rel(t time.Time) string { return fmt.Sprintf("t+%.1fs", t.Sub(j.t0).Seconds()) }
@@ -280,7 +291,25 @@ func (wl *workload) code(w *wrec) []byte {
 	return pythonWorker(w.name, w.out, fmt.Sprintf("v%d", w.version), w.poison, sleep)
 }
 
+// snapshotPending records the entries of w's topic the broker holds
+// unacked, just before a stop or delete of w.
+func (wl *workload) snapshotPending(w *wrec) {
+	pel, err := pendingEntries(wl.c.stack.RedisAddr, w.topic)
+	if err != nil {
+		wl.j.logf("%s pending entries of %s before stopping %s: %v", wl.j.rel(time.Now()), w.topic, idOf(w), err)
+		return
+	}
+	ids := make(map[string]bool, len(pel))
+	for id := range pel {
+		ids[id] = true
+	}
+	wl.j.mu.Lock()
+	wl.j.pendingAt[w.id] = append(wl.j.pendingAt[w.id], pendingSnap{at: time.Now(), ids: ids})
+	wl.j.mu.Unlock()
+}
+
 func (wl *workload) stop(ctx context.Context, w *wrec) error {
+	wl.snapshotPending(w)
 	err := wl.call(ctx, "StopWorker", w, 3*time.Minute, func(cctx context.Context) error {
 		_, err := wl.c.client.StopWorker(cctx, &pb.StopWorkerRequest{WorkerId: w.id})
 		return err
@@ -303,6 +332,7 @@ func (wl *workload) start(ctx context.Context, w *wrec) error {
 }
 
 func (wl *workload) remove(ctx context.Context, w *wrec) error {
+	wl.snapshotPending(w)
 	err := wl.call(ctx, "DeleteWorker", w, 3*time.Minute, func(cctx context.Context) error {
 		_, err := wl.c.client.DeleteWorker(cctx, &pb.DeleteWorkerRequest{WorkerId: w.id})
 		return err
