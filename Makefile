@@ -11,6 +11,10 @@ GRPCURL_VERSION := v1.9.3
 WORKFLOWCHECK_VERSION := v0.6.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TEST_TIMEOUT ?= 35m
+# Integration tests run this many at a time, each on a stack of its own
+# (TestSharedStack runs the rest one after another on one shared stack):
+# most of their time is spent waiting on timeouts, redeliveries and leases.
+INTEGRATION_PARALLEL ?= 4
 UNIT_PACKAGES = $$(go list ./... | grep -v /test/integration)
 REQUIRE_SANDBOX = $$([ "$$(id -u)" = 0 ] && echo 1)
 
@@ -27,7 +31,7 @@ run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 test: deps-test tools vet pytest k8s-validate daprd-test $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -race -count=1 -timeout 20m $(UNIT_PACKAGES)
 	$(MAKE) --no-print-directory fuzz-short
-	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -count=1 -timeout $(TEST_TIMEOUT) ./test/integration/
+	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -count=1 -timeout $(TEST_TIMEOUT) -parallel $(INTEGRATION_PARALLEL) ./test/integration/
 
 # The Kubernetes manifests (deploy/k8s), decoded strictly into their API
 # types and checked against the settings the node and the API read; a
@@ -48,7 +52,7 @@ unit: vet
 	go test -race -timeout 10m -short $(UNIT_PACKAGES)
 
 integration: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
-	go test -timeout $(TEST_TIMEOUT) -v ./test/integration/
+	go test -timeout $(TEST_TIMEOUT) -parallel $(INTEGRATION_PARALLEL) -v ./test/integration/
 
 bench: deps tools
 	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./engines/python/ ./engines/native/

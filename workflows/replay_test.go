@@ -9,7 +9,7 @@ import (
 // TestReplayRecordedHistory replays a worker lifecycle (create, stop, start,
 // load_code, delete) recorded on a real Temporal server against the current
 // code. Refresh it with `WM_RECORD_HISTORY=1 go test ./test/integration -run
-// TestReplayRealHistory`. Every change to workflow code from now on is
+// TestSharedStack/ReplayRealHistory`. Every change to workflow code from now on is
 // versioned (workflow.GetVersion) and the history it replaces is kept here
 // beside the new one: a deployment may have such workflows running.
 func TestReplayRecordedHistory(t *testing.T) {

@@ -34,8 +34,8 @@ import (
 
 // The control API serves the standard health service and reflection, so
 // grpcurl works without proto files.
-func TestHealthAndReflection(t *testing.T) {
-	e := newEnv(t, "")
+func testHealthAndReflection(t *testing.T) {
+	e := sharedEnv(t)
 	ctx := ctxT(t)
 	h, err := healthpb.NewHealthClient(e.conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "workmanager.v1.WorkManagerService"})
 	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
@@ -65,9 +65,10 @@ func TestHealthAndReflection(t *testing.T) {
 	}
 }
 
-// The README's temporal CLI commands control a worker through its workflow.
-func TestTemporalCLIControlsWorker(t *testing.T) {
-	e := newEnv(t, "")
+// The temporal CLI commands of docs/api.md ("Through Temporal directly")
+// control a worker through its workflow.
+func testTemporalCLIControlsWorker(t *testing.T) {
+	e := sharedEnv(t)
 	id := e.create(t, topicName(t, "in"), echoWorker("cli-out", "v1"))
 	cli := func(args ...string) string {
 		t.Helper()
@@ -108,9 +109,10 @@ func TestTemporalCLIControlsWorker(t *testing.T) {
 	}
 }
 
-// The README's example worker does what the walkthrough says.
-func TestExampleWorker(t *testing.T) {
-	e := newEnv(t, "")
+// The example worker does what the walkthroughs (README's with wmctl,
+// docs/api.md's with grpcurl) say.
+func testExampleWorker(t *testing.T) {
+	e := sharedEnv(t)
 	code, err := os.ReadFile(filepath.Join(repoRoot(), "examples", "python", "enrich", "worker.py"))
 	if err != nil {
 		t.Fatal(err)
@@ -132,6 +134,7 @@ func TestExampleWorker(t *testing.T) {
 // nothing: every LoadCode gets its own version, the final state is what the
 // last call said, and the workflow really continued as new.
 func TestConcurrentUpdatesAcrossContinueAsNew(t *testing.T) {
+	t.Parallel() // a stack of its own
 	e := newEnvWith(t, envConfig{apiEnv: []string{"WORKMANAGER_CONTINUE_AS_NEW_AFTER=3"}})
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := e.subscribe(out)
@@ -292,6 +295,7 @@ func TestAPIAuthentication(t *testing.T) {
 // not), code over API_MAX_CODE_BYTES is INVALID_ARGUMENT, and /health
 // says whether authentication is on, loudly when it is off.
 func TestAPILimitsAndHealth(t *testing.T) {
+	t.Parallel() // a stack of its own
 	port, err := devstack.FreePort()
 	if err != nil {
 		t.Fatal(err)

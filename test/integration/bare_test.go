@@ -37,7 +37,9 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	stopSharedStack()
+	os.Exit(code)
 }
 
 // bareSubscriberMain runs the bare republisher as a process of its own (as

@@ -17,7 +17,7 @@ import (
 // checkout's sdk/ and .tools/ and to this test's stack as .run/, with the
 // addresses of that stack; Debian's python3 (with pytest and mypy, which
 // `make test` installs) comes first on PATH.
-func TestPythonWorkersGuide(t *testing.T) {
+func testPythonWorkersGuide(t *testing.T) {
 	doc, err := os.ReadFile(filepath.Join(repoRoot(), "docs", "python-workers.md"))
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +34,7 @@ func TestPythonWorkersGuide(t *testing.T) {
 		t.Fatalf("no guide commands found:\n%s", script.String())
 	}
 
-	e := newEnv(t, "")
+	e := sharedEnv(t)
 	root := t.TempDir()
 	for name, target := range map[string]string{"sdk": filepath.Join(repoRoot(), "sdk"), ".tools": filepath.Join(repoRoot(), ".tools"), ".run": e.stack.Dir} {
 		if err := os.Symlink(target, filepath.Join(root, name)); err != nil {

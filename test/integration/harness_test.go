@@ -34,9 +34,17 @@ import (
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
 
-// env is one running stack plus node and API processes.
+// env is one test's handle on a running stack: t is the test, stackEnv the
+// stack it runs on — its own (newEnv, newEnvWith) or the package's shared
+// one (sharedEnv).
 type env struct {
-	t       testing.TB
+	t testing.TB
+	*stackEnv
+	onShared bool // the package's shared stack (sharedEnv)
+}
+
+// stackEnv is one running stack plus node and API processes.
+type stackEnv struct {
 	dir     string
 	stack   *devstack.Stack
 	bins    string
@@ -124,7 +132,7 @@ func newEnvWith(t testing.TB, c envConfig) *env {
 	if c.dir == "" {
 		c.dir = t.TempDir()
 	}
-	e := &env{t: t, dir: c.dir, bins: buildBinaries(t), apiEnv: c.apiEnv, nodeEnv: c.nodeEnv, shared: sharedRoot(t)}
+	e := &env{t: t, stackEnv: &stackEnv{dir: c.dir, bins: buildBinaries(t), apiEnv: c.apiEnv, nodeEnv: c.nodeEnv, shared: sharedRoot(t)}}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	st, err := devstack.Start(ctx, devstack.Options{Dir: c.dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"), Headless: !c.ui, // not StartT: a test may restart the stack on the same dir
@@ -203,8 +211,20 @@ func sharedRoot(t testing.TB) string {
 	return root
 }
 
-// workerDir is a fresh directory that sandboxed workers may write to.
+// workerDir is a fresh directory that sandboxed workers may write to: under
+// the test's temp root, or, on the shared stack, under the stack's.
 func workerDir(t testing.TB) string {
+	if v, ok := sharedTests.Load(t); ok {
+		d, err := os.MkdirTemp(v.(*env).shared, "worker-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(d) })
+		if err := os.Chmod(d, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
 	d := t.TempDir()
 	if err := os.Chmod(d, 0o777); err != nil {
 		t.Fatal(err)
@@ -431,15 +451,20 @@ func (e *env) stopAll() {
 
 func (e *env) close() {
 	if e.t.Failed() {
-		for _, p := range []string{"node", "node-b", "api", "daprd", "daprd-b", "temporal"} {
-			b, _ := os.ReadFile(filepath.Join(e.dir, p+".log"))
-			if len(b) > 6000 {
-				b = b[len(b)-6000:]
-			}
-			e.t.Logf("---- %s.log (tail) ----\n%s", p, b)
-		}
+		e.logTails(e.t)
 	}
 	e.stopAll()
+}
+
+// logTails prints the end of each process log of the stack to t.
+func (e *env) logTails(t testing.TB) {
+	for _, p := range []string{"node", "node-b", "api", "daprd", "daprd-b", "temporal"} {
+		b, _ := os.ReadFile(filepath.Join(e.dir, p+".log"))
+		if len(b) > 6000 {
+			b = b[len(b)-6000:]
+		}
+		t.Logf("---- %s.log (tail) ----\n%s", p, b)
+	}
 }
 
 // expectEvent waits for one event on ch.

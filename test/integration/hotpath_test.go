@@ -27,8 +27,8 @@ import (
 // topic keep being answered within seconds and the node stays ready. The
 // worker's own code is 3 MiB too: the node reads it from the state store
 // over the same connection.
-func TestOversizeEventDeadLettersAndTopicFlows(t *testing.T) {
-	e := newEnv(t, "")
+func testOversizeEventDeadLettersAndTopicFlows(t *testing.T) {
+	e := sharedEnv(t)
 	in, out := topicName(t, "in"), topicName(t, "out")
 	dead := collectFrom(e.subscribe(in + dispatch.DeadLetterSuffix))
 	o := &outputs{t: t, ch: e.subscribe(out), seen: map[string]bool{}}
@@ -98,6 +98,7 @@ func (e *env) lockRecord(t *testing.T, group string) (holder string, held bool) 
 // so the other node never runs the group beside it (no two calls of the
 // group overlap in time).
 func TestSIGTERMHolderKeepsItsGroupUntilReleased(t *testing.T) {
+	t.Parallel() // a stack of its own
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"SHUTDOWN_GRACE=20s", "WORKER_TIMEOUT=10s", "WORKER_MAX_ATTEMPTS=20", "WORKER_RETRY_BACKOFF=100ms",
 		"NODE_HEARTBEAT=1s"}}) // node B is node-b, node A has its default id
 	e.startNodeB(t, "WORKER_TIMEOUT=10s")

@@ -25,8 +25,8 @@ import (
 // after a client timeout and concurrent twins yield one worker; reusing the
 // id for other parameters or after the worker was deleted is
 // ALREADY_EXISTS; a create that failed (bad code) leaves the id usable.
-func TestCreateWithRequestIDMakesOneWorker(t *testing.T) {
-	e := newEnv(t, "")
+func testCreateWithRequestIDMakesOneWorker(t *testing.T) {
+	e := sharedEnv(t)
 	topic := topicName(t, "in")
 	req := func(rid string, code []byte) *pb.CreateWorkerRequest {
 		return &pb.CreateWorkerRequest{Code: pyCode(code), MimeType: "text/x-python", Topic: topic, RequestId: rid}
@@ -116,6 +116,7 @@ func TestCreateWithRequestIDMakesOneWorker(t *testing.T) {
 // meanwhile, and no message is lost: after StartWorker every one is
 // processed.
 func TestStopOfASlowWorkerIsBounded(t *testing.T) {
+	t.Parallel() // a stack of its own
 	const timeout = 5 * time.Second
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"WORKER_TIMEOUT=" + timeout.String(), "WORKER_MAX_CONCURRENCY=2", "WORKER_QUEUE_DEPTH=64"}})
 	in, out := topicName(t, "in"), topicName(t, "out")
@@ -224,6 +225,7 @@ func (p *tcpProxy) cut() {
 // meanwhile within its lease: it fences itself, and its daprd no longer
 // holds the worker's subscription.
 func TestPartitionedNodeStopsServingWithinItsLease(t *testing.T) {
+	t.Parallel() // a stack of its own
 	e := newEnv(t, "")
 	proxy := startProxy(t, e.stack.TemporalAddr)
 	_, scB := e.startNodeBWithSidecar(t, "TEMPORAL_ADDRESS="+proxy.addr, "RECONCILE_INTERVAL=0", "TEMPORAL_LEASE=4s")
@@ -259,8 +261,8 @@ func TestPartitionedNodeStopsServingWithinItsLease(t *testing.T) {
 // by that name in every RPC; the name is never given to a second worker
 // (also not concurrently, nor after a delete); a create that failed leaves
 // the name free.
-func TestWorkerNames(t *testing.T) {
-	e := newEnv(t, "")
+func testWorkerNames(t *testing.T) {
+	e := sharedEnv(t)
 	topic, out := topicName(t, "in"), topicName(t, "out")
 	create := func(name, rid string, code []byte) (*pb.CreateWorkerResponse, error) {
 		return e.client.CreateWorker(ctxT(t), &pb.CreateWorkerRequest{Code: pyCode(code), MimeType: "text/x-python", Topic: topic, Name: name, RequestId: rid})
@@ -356,6 +358,7 @@ func TestWorkerNames(t *testing.T) {
 // before (3: the failed load used up 2), and the history names the code
 // each version really ran.
 func TestHalfAppliedChangeLeavesOneTruth(t *testing.T) {
+	t.Parallel() // a stack of its own
 	faults := filepath.Join(t.TempDir(), "faults")
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"WM_TEST_STATE_FAULT_FILE=" + faults}})
 	in, out := topicName(t, "in"), topicName(t, "out")

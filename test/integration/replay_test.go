@@ -16,13 +16,13 @@ import (
 	"github.com/virtufin/workmanager/workflows"
 )
 
-// TestReplayRealHistory replays the histories a real server recorded for a
+// testReplayRealHistory replays the histories a real server recorded for a
 // worker's whole lifecycle and for a recovery against the current workflow
 // code: a non-deterministic change fails here. With WM_RECORD_HISTORY=1 it
 // also refreshes workflows/testdata/{worker,recovery}_history.json for the
 // unit replay test.
-func TestReplayRealHistory(t *testing.T) {
-	e := newEnv(t, "")
+func testReplayRealHistory(t *testing.T) {
+	e := sharedEnv(t)
 	id := e.create(t, topicName(t, "in"), echoWorker("replay-out", "v1"))
 	ctx := ctxT(t)
 	if _, err := e.client.StopWorker(ctx, &pb.StopWorkerRequest{WorkerId: id}); err != nil {
