@@ -258,13 +258,14 @@ func idOf(w *wrec) string {
 func (wl *workload) create(ctx context.Context, name, topic, group, kind string, poison bool) (*wrec, error) {
 	out := topic + "-out"
 	w := &wrec{name: name, topic: topic, out: out, group: group, kind: kind, poison: poison, version: 1}
-	req := &pb.CreateWorkerRequest{Topic: topic, Group: group, RequestId: "chaos-" + name}
+	req := &pb.CreateWorkerRequest{Topic: topic, Group: group, RequestId: "chaos-" + name, Name: name}
 	if kind == "native" {
 		req.Code, req.MimeType = content(wl.native[topic]), "application/x-native-dll"
 	} else {
 		req.Code, req.MimeType = content(wl.code(w)), "text/x-python"
 	}
 	var id string
+	began := time.Now()
 	err := wl.call(ctx, "CreateWorker", nil, 3*time.Minute, func(cctx context.Context) error {
 		r, err := wl.c.client.CreateWorker(cctx, req)
 		if err == nil {
@@ -273,7 +274,24 @@ func (wl *workload) create(ctx context.Context, name, topic, group, kind string,
 		return err
 	})
 	if err != nil {
-		return nil, err
+		// A create whose every call failed may still have happened (the
+		// API answers "it may still complete"): learn its outcome by name,
+		// or the journal would miss a worker that runs (and is never
+		// deleted).
+		var st pb.WorkerStatus
+		if id, st = wl.lookup(name); id == "" {
+			return nil, err
+		}
+		wl.j.logf("%s CreateWorker %s: gave up, but the worker exists (%s, %v)", wl.j.rel(time.Now()), name, id, st)
+		w.id = id
+		wl.j.mu.Lock()
+		w.set(began, uncertain)
+		if st == pb.WorkerStatus_WORKER_STATUS_RUNNING {
+			w.set(time.Now(), running)
+		}
+		wl.j.workers[id] = w
+		wl.j.mu.Unlock()
+		return w, nil
 	}
 	w.id = id
 	wl.j.mu.Lock()
@@ -281,6 +299,25 @@ func (wl *workload) create(ctx context.Context, name, topic, group, kind string,
 	wl.j.workers[id] = w
 	wl.j.mu.Unlock()
 	return w, nil
+}
+
+// lookup asks the API for the worker named name, retrying for up to two
+// minutes while the API fails: its id and status, or "" when it does not
+// exist.
+func (wl *workload) lookup(name string) (string, pb.WorkerStatus) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		r, err := wl.c.client.GetWorker(ctx, &pb.GetWorkerRequest{WorkerId: name})
+		cancel()
+		switch {
+		case err == nil:
+			return r.GetWorkerId(), r.GetStatus()
+		case status.Code(err) == codes.NotFound || time.Now().After(deadline):
+			return "", 0
+		}
+		time.Sleep(2 * time.Second)
+	}
 }
 
 func (wl *workload) code(w *wrec) []byte {
