@@ -12,7 +12,7 @@ limitations under the License.
 */
 
 // Package redisstreams is components-contrib v1.14.0's pubsub/redis (Redis
-// streams), copied whole, with five changes for WorkManager, each marked
+// streams), copied whole, with six changes for WorkManager, each marked
 // "WorkManager:" below:
 //
 //  1. XREADGROUP never blocks forever. Upstream passes readTimeout as BLOCK,
@@ -41,6 +41,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"strconv"
 	"strings"
@@ -354,17 +355,30 @@ func (r *redisStreams) reclaimPendingMessagesLoop(ctx context.Context, stream st
 	// Do an initial reclaim call
 	r.reclaimPendingMessages(ctx, stream, handler)
 
-	reclaimTicker := time.NewTicker(r.clientSettings.RedeliverInterval)
+	// WorkManager: each pause is the interval ±50 % at random, not a fixed
+	// ticker. Every daprd of the consumer group scans the pending list; the
+	// first whose scan comes after a message's processing timeout gets it.
+	// With fixed tickers the daprd whose phase comes first got nearly every
+	// redelivery, also the messages its node had just given back (a worker
+	// it cannot run): they bounced to it again and again.
+	reclaimTimer := time.NewTimer(jittered(r.clientSettings.RedeliverInterval))
+	defer reclaimTimer.Stop()
 
 	for {
 		select {
 		case <-ctx.Done():
 			return
 
-		case <-reclaimTicker.C:
+		case <-reclaimTimer.C:
 			r.reclaimPendingMessages(ctx, stream, handler)
+			reclaimTimer.Reset(jittered(r.clientSettings.RedeliverInterval))
 		}
 	}
+}
+
+// jittered is d ±50 %, uniformly at random.
+func jittered(d time.Duration) time.Duration {
+	return d/2 + rand.N(d+1)
 }
 
 // reclaimPendingMessages handles reclaiming messages that previously failed to process and

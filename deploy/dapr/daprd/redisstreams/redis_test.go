@@ -124,3 +124,20 @@ func TestReclaimWalksThePendingListPastItsFirstPage(t *testing.T) {
 		t.Errorf("redelivered %d messages, want only the %d failed ones: %v", len(seen), stale, seen)
 	}
 }
+
+// The redelivery scans of the daprds of one consumer group are spaced at
+// random, so which of them redelivers a message is random too.
+func TestRedeliveryScansAreJittered(t *testing.T) {
+	const d = time.Second
+	seen := map[time.Duration]bool{}
+	for range 1000 {
+		j := jittered(d)
+		if j < d/2 || j > 3*d/2 {
+			t.Fatalf("jittered(%s) = %s, outside [%s, %s]", d, j, d/2, 3*d/2)
+		}
+		seen[j.Round(100*time.Millisecond)] = true
+	}
+	if len(seen) < 8 {
+		t.Fatalf("jittered(%s) took only %d distinct values (rounded to 100ms) in 1000 draws", d, len(seen))
+	}
+}
