@@ -18,20 +18,36 @@ INTEGRATION_PARALLEL ?= 4
 UNIT_PACKAGES = $$(go list ./... | grep -v /test/integration)
 REQUIRE_SANDBOX = $$([ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: run test unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
+.PHONY: run test test-checks unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
 
 run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	bin/devstack $(RUN_FLAGS)
 
 # As root (the dev machines) every sandbox layer exists: the sandbox tests
 # must run, not skip.
-# Every package but the integration tests runs under the race detector
-# (what `make unit` runs, without -short); then the integration tests, on
-# the real Temporal, daprd, Redis, Python and Mono.
-test: deps-test tools vet pytest k8s-validate daprd-test $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
+# The integration tests (the real Temporal, daprd, Redis, Python and Mono;
+# mostly waiting on timeouts, redeliveries and leases) start first, in the
+# background, in a process group of their own; meanwhile the checks run:
+# vet, the DevKit's and the manifests' suites, our daprd component's test,
+# every other package under the race detector (what `make unit` runs,
+# without -short) and the fuzz targets. Then the integration log is shown.
+# A failed check stops the integration tests.
+INTEGRATION_LOG := .run/test/integration.log
+test: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
+	@mkdir -p $(dir $(INTEGRATION_LOG)); \
+	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) setsid go test -count=1 -timeout $(TEST_TIMEOUT) -parallel $(INTEGRATION_PARALLEL) ./test/integration/ \
+		> $(INTEGRATION_LOG) 2>&1 & integ=$$!; \
+	trap 'kill -TERM -- -$$integ 2>/dev/null' EXIT; \
+	echo "==> integration tests started in the background (log: $(INTEGRATION_LOG)); the checks run meanwhile"; \
+	rc=0; $(MAKE) --no-print-directory test-checks || rc=$$?; \
+	if [ $$rc != 0 ]; then echo "==> a check failed: stopping the integration tests"; exit $$rc; fi; \
+	echo "==> checks passed; waiting for the integration tests"; \
+	wait $$integ; irc=$$?; trap - EXIT; \
+	cat $(INTEGRATION_LOG); exit $$irc
+
+test-checks: vet pytest k8s-validate daprd-test
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -race -count=1 -timeout 20m $(UNIT_PACKAGES)
 	$(MAKE) --no-print-directory fuzz-short
-	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -count=1 -timeout $(TEST_TIMEOUT) -parallel $(INTEGRATION_PARALLEL) ./test/integration/
 
 # The Kubernetes manifests (deploy/k8s), decoded strictly into their API
 # types and checked against the settings the node and the API read; a

@@ -28,7 +28,9 @@ import (
 // loggingWorker is Python code that appends one JSON line per call to
 // logPath (worker name, event id, entry and exit times, fencing token),
 // fails on inputs whose data has "poison" when poison is set, and answers
-// with one event on outTopic.
+// with one event on outTopic. An input's data may hold the call: "until_file"
+// (the call appends its id to logPath + ".enter", then waits until that file
+// exists; see entered) and "sleep_ms".
 func loggingWorker(name, logPath, outTopic string, poison bool) []byte {
 	fail := ""
 	if poison {
@@ -41,14 +43,20 @@ import json, os, time
 def process(event):
     enter = time.time_ns()
     data = event.get("data") or {}
+    if data.get("until_file"):
+        with open(%[6]q + ".enter", "a") as f:
+            f.write(event["id"] + "\n")
+        give_up = time.time() + 120
+        while not os.path.exists(data["until_file"]) and time.time() < give_up:
+            time.sleep(0.02)
     if data.get("sleep_ms"):
         time.sleep(data["sleep_ms"] / 1000.0)
-    line = json.dumps({"w": %q, "id": event["id"], "enter": enter, "exit": time.time_ns(), "tok": event.get("fencingtoken"), "node": os.environ.get("WORKMANAGER_NODE_ID")})
-    with open(%q, "a") as f:
+    line = json.dumps({"w": %[1]q, "id": event["id"], "enter": enter, "exit": time.time_ns(), "tok": event.get("fencingtoken"), "node": os.environ.get("WORKMANAGER_NODE_ID")})
+    with open(%[2]q, "a") as f:
         f.write(line + "\n")
-%s
-    return {"type": %q, "data": {"w": %q}}
-`, name, logPath, fail, outTopic, name))
+%[3]s
+    return {"type": %[4]q, "data": {"w": %[5]q}}
+`, name, logPath, fail, outTopic, name, logPath))
 }
 
 type call struct {
@@ -58,6 +66,20 @@ type call struct {
 	Exit  int64  `json:"exit"`
 	Tok   string `json:"tok"`
 	Node  string `json:"node"` // WORKMANAGER_NODE_ID when set (node B)
+}
+
+// entered lists the ids of the calls of a loggingWorker that started
+// waiting for their "until_file" (logPath + ".enter").
+func entered(t *testing.T, logPath string) []string {
+	t.Helper()
+	b, err := os.ReadFile(logPath + ".enter")
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Fields(string(b))
 }
 
 // calls reads a loggingWorker's log.
