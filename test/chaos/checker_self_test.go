@@ -214,3 +214,39 @@ func TestBacklogAtStopFromThePendingSnapshot(t *testing.T) {
 		}
 	}
 }
+
+// A replayed dead letter that reaches a node while its worker is being
+// stopped is dead-lettered again as not_running: allowed; the same reason
+// on a dead letter never replayed, or while the worker runs, fails.
+func TestNotRunningDeadLetterOfAReplay(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	j := newJournal(t.Logf)
+	j.t0 = t0
+	j.workers["P"] = &wrec{id: "P", name: "py", topic: "t", out: "t-out", poison: true,
+		segs: []segment{{at(0), running}, {at(100), uncertain}, {at(102), stopped}, {at(110), running}}}
+	j.replays = []replay{{worker: "P", event: "bad", at: at(50), answered: at(50.5)}, {worker: "P", event: "bad2", at: at(50), answered: at(50.5)}}
+	o := &observed{inputs: map[string][]input{}, byInput: map[string]map[string]*input{}, outputs: map[string][]output{}, deads: map[string][]dead{},
+		pel: map[string]map[string]string{}}
+	o.inputs["t"] = []input{{id: "bad", sid: "1-0", at: at(5), poison: true, copies: 2}, {id: "bad2", sid: "2-0", at: at(6), poison: true, copies: 2},
+		{id: "bad3", sid: "3-0", at: at(7), poison: true, copies: 1}}
+	o.byInput["t"] = map[string]*input{}
+	for i := range o.inputs["t"] {
+		o.byInput["t"][o.inputs["t"][i].id] = &o.inputs["t"][i]
+	}
+	o.deads["t"] = []dead{{id: "bad", worker: "P", reason: "worker_failed", at: at(40)}, {id: "bad2", worker: "P", reason: "worker_failed", at: at(41)},
+		{id: "bad3", worker: "P", reason: "worker_failed", at: at(42)},
+		{id: "bad", worker: "P", reason: "not_running", at: at(99)},   // replayed, stop answered 3 s later: allowed
+		{id: "bad2", worker: "P", reason: "not_running", at: at(60)},  // replayed, but P ran: fails
+		{id: "bad3", worker: "P", reason: "not_running", at: at(101)}} // never replayed: fails
+	v := check(j, o, []string{"t"})
+	for _, iv := range v.invariants {
+		if !strings.HasPrefix(iv.name, "dead letters only") {
+			continue
+		}
+		got := strings.Join(iv.failures, "\n")
+		if len(iv.failures) != 2 || !strings.Contains(got, "dead letter of bad2") || !strings.Contains(got, "dead letter of bad3") {
+			t.Errorf("dead letters: %v", iv.failures)
+		}
+	}
+}

@@ -281,7 +281,7 @@ func check(j *journal, o *observed, topics []string) *verdict {
 					poisonIv.fail("%s event %s (published %s) not dead-lettered for %s; answered by: %s; dead letters of it: %v; %s", what, in.id, j.rel(in.at), idOf(w), whoAnswered(j, o, w.topic, in.id), deadsOf(o, w.topic, in.id), o.broker(w.topic, &in))
 				}
 				for _, d := range dl {
-					if d.reason != want && !faultReasons[d.reason] {
+					if d.reason != want && !faultReasons[d.reason] && !replayedWhileNotRunning(j, w, d) {
 						poisonIv.fail("%s event %s dead-lettered for %s with reason %q", what, in.id, idOf(w), d.reason)
 					}
 				}
@@ -318,6 +318,7 @@ func check(j *journal, o *observed, topics []string) *verdict {
 			switch {
 			case in != nil && in.poison && w != nil && w.poison && d.reason == "worker_failed":
 			case in != nil && in.slow && w != nil && w.poison && d.reason == "timeout":
+			case w != nil && replayedWhileNotRunning(j, w, d):
 			case faultReasons[d.reason]:
 			default:
 				deadIv.fail("dead letter of %s on %s for worker %s at %s: reason %q error %q", d.id, topic, idOf(w), j.rel(d.at), d.reason, d.err)
@@ -555,6 +556,32 @@ func deadsOf(o *observed, topic, id string) []string {
 		}
 	}
 	return out
+}
+
+// replayedWhileNotRunning tells whether dead letter d is a replay of a dead
+// letter to w (ReplayDeadLetters, earlier) that reached a node while w was
+// stopped or being stopped: the node dead-letters it again as not_running
+// ("replayed for worker …, which is not running on topic …").
+func replayedWhileNotRunning(j *journal, w *wrec, d dead) bool {
+	if d.reason != "not_running" {
+		return false
+	}
+	replayed := false
+	for _, r := range j.replays {
+		if r.worker == w.id && r.event == d.id && r.at.Before(d.at) {
+			replayed = true
+		}
+	}
+	if !replayed {
+		return false
+	}
+	// The node may learn of a stop a little before the API answers it.
+	for _, t := range []time.Time{d.at, d.at.Add(stopBound)} {
+		if st, _, _ := w.at(t); st != running {
+			return true
+		}
+	}
+	return false
 }
 
 // pendingAtStop tells whether input in's entry was pending in the broker
