@@ -45,7 +45,10 @@ test: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	wait $$integ; irc=$$?; trap - EXIT; \
 	cat $(INTEGRATION_LOG); exit $$irc
 
-test-checks: vet pytest k8s-validate daprd-test
+# The four independent checks at once (each one's output kept together),
+# then the unit tests and the fuzzing.
+test-checks:
+	@$(MAKE) --no-print-directory -j4 --output-sync=target vet pytest k8s-validate daprd-test
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -race -count=1 -timeout 20m $(UNIT_PACKAGES)
 	$(MAKE) --no-print-directory fuzz-short
 
