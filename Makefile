@@ -18,7 +18,7 @@ INTEGRATION_PARALLEL ?= 4
 UNIT_PACKAGES = $$(go list ./... | grep -v /test/integration)
 REQUIRE_SANDBOX = $$([ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: run test test-checks unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
+.PHONY: run test test-checks test-go unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
 
 run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	bin/devstack $(RUN_FLAGS)
@@ -45,10 +45,16 @@ test: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	wait $$integ; irc=$$?; trap - EXIT; \
 	cat $(INTEGRATION_LOG); exit $$irc
 
-# The four independent checks at once (each one's output kept together),
-# then the unit tests and the fuzzing.
+# The DevKit's pytest (minutes: venvs, pip, mypy) runs next to the Go
+# checks (their lines interleaved, each line whole).
 test-checks:
-	@$(MAKE) --no-print-directory -j4 --output-sync=target vet pytest k8s-validate daprd-test
+	@$(MAKE) --no-print-directory -j2 --output-sync=line pytest test-go
+
+# The Go checks: vet, the manifests' check and the daprd component's test,
+# then every package but the integration tests under the race detector,
+# then the fuzz targets.
+test-go:
+	@$(MAKE) --no-print-directory vet k8s-validate daprd-test
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -race -count=1 -timeout 20m $(UNIT_PACKAGES)
 	$(MAKE) --no-print-directory fuzz-short
 
