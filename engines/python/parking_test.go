@@ -117,6 +117,10 @@ func TestParkedRunnerDiesOrExpires(t *testing.T) {
 	}
 	got := loads(t, file)
 	killPid(t, got[len(got)-1])
+	// "Died meanwhile": gone before the load asks for it (a busy machine
+	// can leave a SIGKILLed process alive for a moment; a load that takes
+	// it then fails on its exit).
+	waitGone(t, got[len(got)-1])
 	inst = load(t, e, testSpec, code2)
 	if pid := itoa(pidOf(t, inst)); pid == got[len(got)-1] {
 		t.Fatal("a killed parked runner was handed to the load")
