@@ -52,6 +52,7 @@ func StartT(t testing.TB, o Options) (*Stack, *grpc.ClientConn) {
 		o.ToolsBin = bin
 	}
 	o.Headless = true
+	o.TemporalInMemory = true // a test's stack is never restarted
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	st, err := Start(ctx, o)

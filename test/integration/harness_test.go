@@ -119,6 +119,10 @@ type envConfig struct {
 	processingTimeout time.Duration
 	// ui serves the Temporal Web UI (e.stack.UIURL).
 	ui bool
+	// keepTemporalData puts Temporal's data in a file in dir, for a test
+	// that restarts Temporal on it (otherwise it is kept in memory, which
+	// halves the cost of every lifecycle call).
+	keepTemporalData bool
 }
 
 // newEnv starts a full stack in dir (a fresh temp dir when empty).
@@ -135,7 +139,7 @@ func newEnvWith(t testing.TB, c envConfig) *env {
 	e := &env{t: t, stackEnv: &stackEnv{dir: c.dir, bins: buildBinaries(t), apiEnv: c.apiEnv, nodeEnv: c.nodeEnv, shared: sharedRoot(t)}}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	st, err := devstack.Start(ctx, devstack.Options{Dir: c.dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"), Headless: !c.ui, // not StartT: a test may restart the stack on the same dir
+	st, err := devstack.Start(ctx, devstack.Options{Dir: c.dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"), Headless: !c.ui, TemporalInMemory: !c.keepTemporalData, // not StartT: a test may restart the stack on the same dir
 		RedisPort: c.redisPort, TemporalPort: c.temporalPort, RedeliverInterval: time.Second, ProcessingTimeout: cmp.Or(c.processingTimeout, 6*time.Second),
 		ExtraResources: c.resources, PoolSize: c.poolSize, DaprdEnv: c.daprdEnv, DaprAPIToken: c.daprAPIToken})
 	if err != nil {

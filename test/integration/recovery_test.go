@@ -96,12 +96,12 @@ func TestRecoveryAfterNodeKill(t *testing.T) {
 func TestRecoveryAfterWholeStackRestart(t *testing.T) {
 	t.Parallel() // a stack of its own
 	dir := t.TempDir()
-	e := newEnv(t, dir)
+	e := newEnvWith(t, envConfig{dir: dir, keepTemporalData: true})
 	f := setupRecovery(t, e)
 	ports := e.stack.Options
 	e.stopAll()
 
-	e2 := newEnvWith(t, envConfig{dir: dir, redisPort: ports.RedisPort, temporalPort: ports.TemporalPort})
+	e2 := newEnvWith(t, envConfig{dir: dir, redisPort: ports.RedisPort, temporalPort: ports.TemporalPort, keepTemporalData: true})
 	checkRecovered(t, e2, f)
 }
 
