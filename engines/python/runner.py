@@ -464,26 +464,64 @@ def _close_process_backdoors():
 
 
 # Where the sandbox offers the process lockdown filter (struct
-# sock_filter[], engines/sandbox.LockdownPath); absent outside a sandbox.
+# sock_filter[], engines/sandbox.LockdownPath) when it has the namespaces
+# layer; absent outside a sandbox.
 LOCKDOWN_PATH = "/etc/workmanager/lockdown-processes.bpf"
+# Without the namespaces layer (no bubblewrap) the sandbox passes the same
+# filter on an inherited pipe whose fd this variable names
+# (engines/sandbox.LockdownFDEnv).
+LOCKDOWN_FD_ENV = "WORKMANAGER_LOCKDOWN_FD"
 _SECCOMP_NR = {"x86_64": 317, "aarch64": 277}
 
 
-def _lockdown():
+def _lockdown_program():
+    """Reads the process lockdown filter the sandbox offers: (program,
+    where) or (None, why not). Takes the inherited pipe (and its variable)
+    away in any case, before any worker code runs. (None, None): none is
+    offered (SANDBOX=off, or no seccomp on this machine)."""
+    fd = os.environ.pop(LOCKDOWN_FD_ENV, None)
+    if fd is not None:
+        where = "fd %s ($%s)" % (fd, LOCKDOWN_FD_ENV)
+        try:
+            n = int(fd)
+            if n < 5:  # 0-2 stdio, 3-4 the protocol pipes
+                raise ValueError("not an inherited fd")
+        except ValueError as e:
+            return None, "reading %s: %s" % (where, e)
+        chunks = []
+        try:
+            while True:
+                b = os.read(n, 65536)
+                if not b:
+                    break
+                chunks.append(b)
+        except OSError as e:
+            return None, "reading %s: %s" % (where, e)
+        finally:
+            try:
+                os.close(n)
+            except OSError:
+                pass
+        return b"".join(chunks), where
+    try:
+        with open(LOCKDOWN_PATH, "rb") as f:
+            return f.read(), LOCKDOWN_PATH
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, "reading %s: %s" % (LOCKDOWN_PATH, e)
+
+
+def _lockdown(prog, where):
     """Installs the sandbox's process lockdown filter on the runner (it has
     one thread now; threads started later inherit it): from here on no
     program can be run and no process started (execve, fork, clone without
     CLONE_THREAD are refused by the kernel), whatever the worker's code
     reaches. Returns None, or why it could not (then no code is loaded)."""
-    try:
-        with open(LOCKDOWN_PATH, "rb") as f:
-            prog = f.read()
-    except FileNotFoundError:
-        return None  # not sandboxed (SANDBOX=off, or no seccomp layer)
-    except OSError as e:
-        return "reading %s: %s" % (LOCKDOWN_PATH, e)
+    if prog is None:
+        return where  # None: not offered (not sandboxed); else the error
     if not prog or len(prog) % 8:
-        return "malformed filter in %s" % LOCKDOWN_PATH
+        return "malformed filter in %s" % where
     nr = _SECCOMP_NR.get(os.uname().machine)
     if nr is None:
         return "not supported on %s" % os.uname().machine
@@ -779,10 +817,11 @@ def main():
         sys.path.append(devkit)
         packages.append("virtufin_worker")
     _guard = _Guard(packages)
+    prog, where = _lockdown_program()
     if not _guard._allows("subprocess"):
         _close_process_backdoors()
         global _lockdown_error
-        _lockdown_error = _lockdown()
+        _lockdown_error = _lockdown(prog, where)
     global _reader
     reader = _reader = _Reader(REQ_FD, spin_us / 1e6)
     _send(K_HELLO, sys.version.encode())

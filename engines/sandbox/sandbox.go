@@ -117,6 +117,7 @@ type Sandbox struct {
 	namespaces, setuid, filter, rlimits bool
 	program                             []byte // the seccomp filter as sock_filter[]
 	lockdown                            []byte // ProcessLockdownProgram, offered at LockdownPath
+	seccompable                         bool   // this kernel has seccomp filters (the lockdown without bwrap)
 	uids                                *uidAllocator
 }
 
@@ -201,6 +202,7 @@ func (s *Sandbox) detect(ctx context.Context) {
 		s.program = prog
 		s.lockdown, perr = ProcessLockdownProgram()
 	}
+	s.seccompable = kernelHasSeccomp()
 	if err := look(&c.Bwrap, "bwrap"); err != nil {
 		s.layers = append(s.layers, Layer{Name: LayerNamespaces, Detail: "bubblewrap (bwrap) not found: " + err.Error()})
 	} else if out, err := s.probe(ctx); err != nil {
@@ -223,6 +225,8 @@ func (s *Sandbox) detect(ctx context.Context) {
 	switch {
 	case perr != nil:
 		s.layers = append(s.layers, Layer{Name: LayerSeccomp, Detail: "assembling the filter: " + perr.Error()})
+	case !s.namespaces && s.seccompable:
+		s.layers = append(s.layers, Layer{Name: LayerSeccomp, Detail: "installed by bwrap: needs the namespaces layer (the process lockdown is still given to every process, on fd $" + LockdownFDEnv + ")"})
 	case !s.namespaces:
 		s.layers = append(s.layers, Layer{Name: LayerSeccomp, Detail: "installed by bwrap: needs the namespaces layer"})
 	default:
@@ -345,7 +349,18 @@ func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
 			cmd.Env = append(os.Environ(), spec.Env...)
 		}
 		cmd.ExtraFiles = spec.ExtraFiles
-		return cmd, func() {}, nil
+		if s.cfg.Mode == Off || s.lockdown == nil || !s.seccompable {
+			return cmd, func() {}, nil
+		}
+		// No bwrap to offer the lockdown at LockdownPath: it goes to the
+		// process on an inherited pipe, named by LockdownFDEnv.
+		r, err := pipeWith(s.lockdown)
+		if err != nil {
+			return nil, nil, err
+		}
+		cmd.ExtraFiles = append(append([]*os.File(nil), spec.ExtraFiles...), r)
+		cmd.Env = append(append([]string(nil), cmd.Env...), LockdownFDEnv+"="+strconv.Itoa(3+len(spec.ExtraFiles)))
+		return cmd, func() { r.Close() }, nil
 	}
 	uid, cleanup := 0, func() {}
 	mounted := ""
@@ -458,6 +473,20 @@ func parentDirs(dst string, made map[string]bool) []string {
 // start processes.
 const LockdownPath = "/etc/workmanager/lockdown-processes.bpf"
 
+// LockdownFDEnv names the inherited file descriptor (a pipe holding
+// ProcessLockdownProgram) that a sandbox without the namespaces layer
+// (SANDBOX=standard where bubblewrap cannot run) gives every process
+// instead of LockdownPath, when this kernel has seccomp: the lockdown does
+// not need bwrap, and the Python runner installs it from there.
+const LockdownFDEnv = "WORKMANAGER_LOCKDOWN_FD"
+
+// kernelHasSeccomp reports whether this kernel filters system calls
+// (/proc/self/status has a Seccomp_filters line with CONFIG_SECCOMP_FILTER).
+func kernelHasSeccomp() bool {
+	b, err := os.ReadFile("/proc/self/status")
+	return err == nil && bytes.Contains(b, []byte("\nSeccomp_filters:"))
+}
+
 // bwrapArgs builds bwrap's options; the seccomp program (and, for a
 // worker, the lockdown program offered at LockdownPath) go in as the fds
 // after the caller's extra files (returned to be passed on and closed).
@@ -516,17 +545,10 @@ func (s *Sandbox) bwrapArgs(worker bool, mounted string, readOnly []string, extr
 	}
 	var files []*os.File
 	data := func(b []byte) (int, error) {
-		r, w, err := os.Pipe()
+		r, err := pipeWith(b)
 		if err != nil {
-			return 0, fmt.Errorf("sandbox: %w", err)
+			return 0, err
 		}
-		// A program is a few hundred bytes: it fits the pipe's buffer.
-		if _, err := w.Write(b); err != nil {
-			r.Close()
-			w.Close()
-			return 0, fmt.Errorf("sandbox: seccomp program: %w", err)
-		}
-		w.Close()
 		files = append(files, r)
 		return 3 + extra + len(files) - 1, nil
 	}
@@ -546,6 +568,23 @@ func (s *Sandbox) bwrapArgs(worker bool, mounted string, readOnly []string, extr
 		}
 	}
 	return a, files, nil
+}
+
+// pipeWith returns the read end of a pipe that holds b (a seccomp
+// program: a few hundred bytes fit the pipe's buffer) and is closed for
+// writing.
+func pipeWith(b []byte) (*os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if _, err := w.Write(b); err != nil {
+		r.Close()
+		w.Close()
+		return nil, fmt.Errorf("sandbox: seccomp program: %w", err)
+	}
+	w.Close()
+	return r, nil
 }
 
 // auditArch is the AUDIT_ARCH_* value of the architectures the filters
