@@ -64,6 +64,11 @@ type Limits struct {
 // DefaultLimits are the limits when the configuration leaves them at zero.
 var DefaultLimits = Limits{AddressSpace: 2 << 30, FileSize: 100 << 20, OpenFiles: 256, Processes: 64}
 
+// DefaultUIDClaimDir is where node processes claim worker user ids (one
+// file per id, flock'd while a worker of that node holds it): every node
+// process on a host uses it, unless configured otherwise.
+const DefaultUIDClaimDir = "/run/workmanager/sandbox-uids"
+
 // DefaultTmpBytes and DefaultScratchBytes size /tmp and /scratch when
 // Config leaves them at zero.
 const (
@@ -87,7 +92,15 @@ type Config struct {
 	// the same on every node and after a restart unless another live
 	// worker held that one when it started (then it gets the next free).
 	UIDBase, UIDs int
-	Limits        Limits
+	// UIDClaimDir makes the ids unique on the host, not only in this node
+	// process: an id is used only under an exclusive flock on
+	// UIDClaimDir/<uid>, so node processes that share the directory never
+	// give one id to two live workers (default DefaultUIDClaimDir; "-":
+	// no claims, ids unique in this process only). Used with the user
+	// layer; when the directory cannot be made, strict refuses to start
+	// and standard logs it and goes without.
+	UIDClaimDir string
+	Limits      Limits
 	// TmpBytes and ScratchBytes are the sizes of the tmpfs mounted at /tmp
 	// and at /scratch (the working and home directory) in each worker
 	// process's sandbox (SANDBOX_TMP_BYTES, SANDBOX_SCRATCH_BYTES; 0:
@@ -163,6 +176,12 @@ func New(ctx context.Context, cfg Config) (*Sandbox, error) {
 	s.detect(ctx)
 	if s.setuid {
 		sweepMounts()
+		if err := s.claimUIDs(); err != nil {
+			if cfg.Mode == Strict {
+				return nil, err
+			}
+			cfg.Log.Warn("sandbox: worker user ids are unique in this node process only, not on the host: another node process on this host may give a worker's id to one of its workers", "error", err)
+		}
 	}
 	var missing []string
 	for _, l := range s.layers {
@@ -180,6 +199,33 @@ func New(ctx context.Context, cfg Config) (*Sandbox, error) {
 		cfg.Log.Info("sandbox layer", "layer", l.Name, "on", l.On, "detail", l.Detail)
 	}
 	return s, nil
+}
+
+// claimUIDs turns on the host-wide claims of user ids (Config.UIDClaimDir).
+func (s *Sandbox) claimUIDs() error {
+	dir := s.cfg.UIDClaimDir
+	if dir == "-" {
+		return nil
+	}
+	if dir == "" {
+		dir = DefaultUIDClaimDir
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("sandbox: the user id claim directory: %w", err)
+	}
+	probe, err := os.CreateTemp(dir, ".probe-")
+	if err != nil {
+		return fmt.Errorf("sandbox: the user id claim directory: %w", err)
+	}
+	probe.Close()
+	os.Remove(probe.Name())
+	s.uids.claimDir = dir
+	for i, l := range s.layers {
+		if l.Name == LayerUser {
+			s.layers[i].Detail += "; unique on this host (claimed in " + dir + ")"
+		}
+	}
+	return nil
 }
 
 // detect fills s.layers.

@@ -3,10 +3,13 @@ package sandbox
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 )
 
 // uidAllocator hands out the user ids of [base, base+n) so that no two
@@ -21,14 +24,23 @@ import (
 // the next free id is taken instead. The preference is not a secret and
 // need not be: it decides nothing but the order of the search. Safe for
 // concurrent use.
+//
+// With a claim directory (claimDir) the ids are unique on the host too:
+// an id is taken only with an exclusive flock on claimDir/<uid>, held
+// until the id is freed or the process ends (the kernel drops it even
+// when the node is killed), so node processes that share the directory
+// (every node on one host, by default /run/workmanager/sandbox-uids) never
+// give one id to two live workers. Another node's claim is skipped like a
+// held id.
 type uidAllocator struct {
-	mu     sync.Mutex
-	base   int
-	n      int
-	leases map[string]*uidLease
-	held   map[int]*uidLease
-	pinned map[*uidLease]bool // leases with no reference but pinned paths
-	anon   uint64
+	mu       sync.Mutex
+	base     int
+	n        int
+	claimDir string // "": ids unique in this process only
+	leases   map[string]*uidLease
+	held     map[int]*uidLease
+	pinned   map[*uidLease]bool // leases with no reference but pinned paths
+	anon     uint64
 }
 
 type uidLease struct {
@@ -36,6 +48,7 @@ type uidLease struct {
 	uid   int
 	refs  int
 	pins  []string
+	claim *os.File // the flock on claimDir/<uid>, when claimDir is set
 }
 
 func newUIDAllocator(base, n int) *uidAllocator {
@@ -58,11 +71,11 @@ func (a *uidAllocator) acquire(owner string) (int, func(), error) {
 	}
 	l := a.leases[owner]
 	if l == nil {
-		uid, err := a.take(start)
+		uid, claim, err := a.take(start)
 		if err != nil {
 			return 0, nil, err
 		}
-		l = &uidLease{owner: owner, uid: uid}
+		l = &uidLease{owner: owner, uid: uid, claim: claim}
 		a.leases[owner] = l
 		a.held[uid] = l
 	}
@@ -78,20 +91,55 @@ func (a *uidAllocator) preferred(owner string) int {
 	return int(binary.BigEndian.Uint64(sum[:8]) % uint64(a.n))
 }
 
-// take returns the first id not held, from offset start on. Callers hold
+// take returns the first id not held (here, or by another node process
+// sharing claimDir), from offset start on, with its claim. Callers hold
 // mu.
-func (a *uidAllocator) take(start int) (int, error) {
+func (a *uidAllocator) take(start int) (int, *os.File, error) {
+	var claimErr error
 	for attempt := 0; attempt < 2; attempt++ {
 		for i := 0; i < a.n; i++ {
 			uid := a.base + (start+i)%a.n
-			if a.held[uid] == nil {
-				return uid, nil
+			if a.held[uid] != nil {
+				continue
+			}
+			if a.claimDir == "" {
+				return uid, nil, nil
+			}
+			f, err := a.claim(uid)
+			if err == nil {
+				return uid, f, nil
+			}
+			if !errors.Is(err, syscall.EWOULDBLOCK) {
+				claimErr = err
 			}
 		}
 		a.sweep() // pinned paths removed since: their ids are free now
 	}
-	return 0, fmt.Errorf("sandbox: all %d worker user ids (%d..%d) are in use on this node; raise the range or run fewer workers here",
+	if claimErr != nil {
+		return 0, nil, fmt.Errorf("sandbox: no worker user id could be claimed in %s: %w", a.claimDir, claimErr)
+	}
+	return 0, nil, fmt.Errorf("sandbox: all %d worker user ids (%d..%d) are in use on this host; raise the range or run fewer workers here",
 		a.n, a.base, a.base+a.n-1)
+}
+
+// claim takes the exclusive flock on claimDir/<uid>; EWOULDBLOCK: another
+// node process holds it.
+func (a *uidAllocator) claim(uid int) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(a.claimDir, strconv.Itoa(uid)), os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // release gives back one reference of l. Callers do not hold mu.
@@ -123,6 +171,9 @@ func (a *uidAllocator) sweep() {
 		delete(a.pinned, l)
 		delete(a.leases, l.owner)
 		delete(a.held, l.uid)
+		if l.claim != nil {
+			l.claim.Close() // drops the flock: another node may take the id
+		}
 	}
 }
 
