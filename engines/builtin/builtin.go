@@ -75,16 +75,9 @@ type Config struct {
 // engine starts nothing: processes are started when a worker is loaded.
 func Registry(cfg Config) (*engines.Registry, error) {
 	reg := engines.NewRegistry()
-	reply := replyLimit(cfg)
 	for _, e := range []engines.Engine{
-		python.New(python.Config{Processes: cfg.PythonProcesses, DefaultTimeout: cfg.DefaultTimeout, MaxReplyBytes: reply,
-			SpinWait: cfg.PythonSpinWait, MaxBatch: cfg.PythonMaxBatch, Logger: cfg.Logger, Sandbox: cfg.Sandbox,
-			AllowedPackages: cfg.PythonAllowedPackages, Env: cfg.WorkerEnv, Gateway: cfg.Gateway, DevKitDir: cfg.PythonDevKitDir,
-			OnRestart: onRestart(cfg, "python")}),
-		native.New(native.Config{DefaultTimeout: cfg.DefaultTimeout, Gateway: cfg.Gateway, Logger: cfg.Logger,
-			Isolation: cfg.NativeIsolation, HostPath: cfg.NativeHostPath, TempDir: cfg.NativeTempDir,
-			MaxAbandonedCalls: cfg.NativeMaxAbandonedCalls, Sandbox: cfg.Sandbox, HostEnv: cfg.WorkerEnv,
-			MaxExtractedBytes: cfg.NativeMaxExtractedBytes, MaxReplyBytes: reply, OnRestart: onRestart(cfg, "native")}),
+		python.New(pythonConfig(cfg)),
+		native.New(nativeConfig(cfg)),
 		dotnet.New(dotnetConfig(cfg)),
 	} {
 		if err := reg.Register(e); err != nil {
@@ -92,6 +85,20 @@ func Registry(cfg Config) (*engines.Registry, error) {
 		}
 	}
 	return reg, nil
+}
+
+func pythonConfig(cfg Config) python.Config {
+	return python.Config{Processes: cfg.PythonProcesses, DefaultTimeout: cfg.DefaultTimeout, MaxReplyBytes: replyLimit(cfg),
+		SpinWait: cfg.PythonSpinWait, MaxBatch: cfg.PythonMaxBatch, Logger: cfg.Logger, Sandbox: cfg.Sandbox,
+		AllowedPackages: cfg.PythonAllowedPackages, Env: cfg.WorkerEnv, Gateway: cfg.Gateway, DevKitDir: cfg.PythonDevKitDir,
+		OnRestart: onRestart(cfg, "python")}
+}
+
+func nativeConfig(cfg Config) native.Config {
+	return native.Config{DefaultTimeout: cfg.DefaultTimeout, Gateway: cfg.Gateway, Logger: cfg.Logger,
+		Isolation: cfg.NativeIsolation, HostPath: cfg.NativeHostPath, TempDir: cfg.NativeTempDir,
+		MaxAbandonedCalls: cfg.NativeMaxAbandonedCalls, Sandbox: cfg.Sandbox, HostEnv: cfg.WorkerEnv,
+		MaxExtractedBytes: cfg.NativeMaxExtractedBytes, MaxReplyBytes: replyLimit(cfg), OnRestart: onRestart(cfg, "native")}
 }
 
 func dotnetConfig(cfg Config) dotnet.Config {
