@@ -49,8 +49,13 @@ type proc struct {
 	wbuf, rbuf []byte
 }
 
-// Buffers grown past keepBuf by one big message are dropped after use.
-const keepBuf = 1 << 20
+// keepBuf caps the frame buffers a host keeps between calls. A buffer up
+// to it is reused by the next call, so a large event or reply costs no
+// new buffer each time (the node's largest event by default, 1 MiB of
+// data, makes a frame of up to 1.4 MiB as base64); one grown past it by a
+// bigger message is dropped after use. A host thus holds at most two
+// buffers of keepBuf in the node, and only after calls that big.
+const keepBuf = 16 << 20
 
 // frameWriter appends to p.wbuf (an io.Writer for event.WriteJson).
 type frameWriter struct{ p *proc }
