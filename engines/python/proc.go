@@ -37,9 +37,15 @@ const (
 const (
 	headerSize = wire.HeaderSize
 	maxFrame   = wire.MaxFrame
-	// Buffers grown past keepBuf by one big message are dropped after use.
+	// A process's frame buffers start at initBuf and are kept for the
+	// next call up to keepBuf: a large event or reply reuses them instead
+	// of allocating afresh (the node's largest event by default, 1 MiB of
+	// data, makes a frame of up to 1.4 MiB as base64). One grown past
+	// keepBuf by a bigger message is dropped after use, so a process holds
+	// at most two buffers of keepBuf in the node, and only after calls
+	// that big (see README.md, Performance).
 	initBuf = 16 << 10
-	keepBuf = 1 << 20
+	keepBuf = 16 << 20
 	// maxRunnerSpin caps the runner's busy-poll for the next request.
 	maxRunnerSpin = 25 * time.Microsecond
 )
