@@ -480,7 +480,10 @@ func (s *Stack) startDaprdAs(ctx context.Context, name, appID string, appPort, g
 	}
 	args := []string{"--app-id", appID, "--dapr-grpc-port", strconv.Itoa(grpcPort), "--dapr-http-port", strconv.Itoa(httpPort),
 		"--dapr-internal-grpc-port", strconv.Itoa(internal), "--metrics-port", strconv.Itoa(metrics),
-		"--dapr-listen-addresses", "127.0.0.1", "--resources-path", res, "--log-level", "warn"}
+		"--dapr-listen-addresses", "127.0.0.1", "--resources-path", res, "--log-level", "warn",
+		// As deploy/k8s (dapr.io/max-body-size) and the node's default
+		// DAPR_MAX_BODY_BYTES: daprd's own default is 4 MiB.
+		"--max-body-size", "16Mi"}
 	if appPort != 0 {
 		args = append(args, "--app-port", strconv.Itoa(appPort), "--app-protocol", "http")
 	}

@@ -191,7 +191,7 @@ func TestRefusedOutputRetriesTheInput(t *testing.T) {
 	if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
 		t.Fatalf("redelivery ack %+v, want SUCCESS", a)
 	}
-	if len(pub.All()) != 1 || pub.All()[0].Topic != "out" || pub.All()[0].Event.ID() != "m1/w1/0" {
+	if len(pub.All()) != 1 || pub.All()[0].Topic != "out" || pub.All()[0].Event.ID() != "m1/w1/0/9f86d081" {
 		t.Fatalf("published %+v, want the one output of m1", pub.All())
 	}
 }

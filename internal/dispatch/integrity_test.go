@@ -216,8 +216,14 @@ func TestSameIDOtherSourceIsAnotherEvent(t *testing.T) {
 	if calls["test"] != 1 || calls["elsewhere"] != 1 {
 		t.Fatalf("calls %v, want one per source", calls)
 	}
-	if n := len(pub.On("out")); n != 2 {
+	outs := pub.On("out")
+	if n := len(outs); n != 2 {
 		t.Fatalf("%d outputs, want 2", n)
+	}
+	// Downstream, source+id is the identity: the two outputs must differ
+	// in it, or a worker on "out" would run only one of them.
+	if a, b := outs[0].Source()+" "+outs[0].ID(), outs[1].Source()+" "+outs[1].ID(); a == b {
+		t.Fatalf("both outputs are %q: a downstream worker would take the second for the first", a)
 	}
 }
 

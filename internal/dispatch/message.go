@@ -2,6 +2,8 @@ package dispatch
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -26,6 +28,7 @@ type message struct {
 	ev     event.Event
 	ec     event.EventContextV1
 	key    string // delivery record
+	srcTag string // sourceTag
 	// replayFor, when set, is the only worker this event is for (a replayed
 	// dead letter).
 	replayFor string
@@ -193,6 +196,7 @@ func (d *Dispatcher) decode(m *message, sources *sourceCache) (err error) {
 		delete(ext, deadletter.ReplayExtension) // workers see the event as first published
 	}
 	m.key = delivery.Key(m.req.GetSource(), m.id)
+	m.srcTag = sourceTag(m.req.GetSource())
 	return nil
 }
 
@@ -527,4 +531,14 @@ func (d *Dispatcher) rejectRaw(m *message, reason string, cause error) {
 	}
 	m.t.m.DeadLettered(reason)
 	status = AckSuccess
+}
+
+// sourceTag returns the part of an output's default id that tells inputs
+// with one id from two sources apart (CloudEvents: source+id is the
+// identity): the first 8 hex digits of the SHA-256 of the input's source.
+// Without it their outputs would share source and id, and a downstream
+// worker would run only one of them.
+func sourceTag(source string) string {
+	sum := sha256.Sum256([]byte(source))
+	return hex.EncodeToString(sum[:4])
 }

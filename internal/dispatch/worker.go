@@ -339,8 +339,9 @@ func (d *Dispatcher) checkOutputs(w *worker, m *message, outs []event.Event) (st
 	return "", nil
 }
 
-// completeOutput fills an output's defaults (id derived from the input id,
-// so a redelivery yields the same ids; source naming the worker), drops the
+// completeOutput fills an output's defaults (id derived from the input's
+// id and source, so a redelivery yields the same ids and two inputs with one
+// id from two sources do not; source naming the worker), drops the
 // control extensions the worker wrote (ControlExtension) and sets its
 // correlation id: the input's, copied when present and absent when absent.
 func (d *Dispatcher) completeOutput(w *worker, m *message, o *event.Event, i int) error {
@@ -356,7 +357,7 @@ func (d *Dispatcher) completeOutput(w *worker, m *message, o *event.Event, i int
 		return fmt.Errorf("%w: output %d has no type", engines.ErrWorkerFailed, i)
 	}
 	if oc.ID == "" {
-		oc.ID = m.id + "/" + w.ID + "/" + strconv.Itoa(i)
+		oc.ID = m.id + "/" + w.ID + "/" + strconv.Itoa(i) + "/" + m.srcTag
 	}
 	if oc.Source.URL == (url.URL{}) {
 		oc.Source = w.source

@@ -419,7 +419,7 @@ def process(event):
 		t.Fatalf("error event %+v, want stale_lock for the paused message", ev.Data)
 	}
 	waitFor(t, 60*time.Second, "all 13 outputs", func() bool { return outs.count() >= 13 })
-	if len(outs.get("slow/"+id+"/0")) == 0 {
+	if len(outs.get(firstOutputID("slow", id))) == 0 {
 		t.Fatal("the paused message was never processed under a fresh token")
 	}
 	if infra.countType("com.virtufin.workmanager.infra.grouplock.acquired") == 0 {

@@ -8,6 +8,8 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -352,6 +354,14 @@ func (e *env) publish(topic, id string, data any, correlationID string) {
 		ce["correlationid"] = correlationID
 	}
 	e.publishEvent(topic, ce)
+}
+
+// firstOutputID is the id the node gives the first output of worker for
+// the input inputID published by publish (source "integration-test"):
+// internal/dispatch's default, <input id>/<worker id>/<index>/<source tag>.
+func firstOutputID(inputID, worker string) string {
+	sum := sha256.Sum256([]byte("integration-test"))
+	return inputID + "/" + worker + "/0/" + hex.EncodeToString(sum[:4])
 }
 
 // publishEvent publishes ce (specversion and source defaulted) as a

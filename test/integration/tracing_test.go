@@ -159,8 +159,8 @@ def process(event):
 	tp := "00-" + traceID + "-" + parentID + "-01"
 	publishTraced(t, e, in, map[string]any{"id": "traced-1", "type": "test.input", "traceparent": tp, "tracestate": "wm=test",
 		"datacontenttype": "application/json", "data": map[string]any{"n": 1}}, tp)
-	waitFor(t, 60*time.Second, "the output of traced-1", func() bool { return len(outs.get("traced-1/"+id+"/0")) > 0 })
-	o := outs.get("traced-1/" + id + "/0")[0]
+	waitFor(t, 60*time.Second, "the output of traced-1", func() bool { return len(outs.get(firstOutputID("traced-1", id))) > 0 })
+	o := outs.get(firstOutputID("traced-1", id))[0]
 	var seen struct{ Traceparent string }
 	if err := json.Unmarshal(o.Data(), &seen); err != nil {
 		t.Fatal(err)
@@ -199,8 +199,8 @@ def process(event):
 	// it is logged, not asserted (it puts its own span there).
 	publishTraced(t, e, in, map[string]any{"id": "traced-2", "type": "test.input", "traceparent": tp,
 		"datacontenttype": "application/json", "data": map[string]any{"n": 2}}, "")
-	waitFor(t, 60*time.Second, "the output of traced-2", func() bool { return len(outs.get("traced-2/"+id+"/0")) > 0 })
-	if err := json.Unmarshal(outs.get("traced-2/" + id + "/0")[0].Data(), &seen); err != nil {
+	waitFor(t, 60*time.Second, "the output of traced-2", func() bool { return len(outs.get(firstOutputID("traced-2", id))) > 0 })
+	if err := json.Unmarshal(outs.get(firstOutputID("traced-2", id))[0].Data(), &seen); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("published with traceparent %s on the CloudEvent only; the worker saw %q", tp, seen.Traceparent)

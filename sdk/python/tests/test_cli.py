@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from conftest import subprocess_env
+from virtufin_worker._outputs import source_tag
+from virtufin_worker._wire import DEFAULT_SOURCE
 
 import virtufin_worker
 
@@ -73,7 +75,7 @@ def test_run_one_event(plain: Path, tmp_path: Path) -> None:
             "outputs": [
                 {
                     "specversion": "1.0",
-                    "id": "e1/w7/0",
+                    "id": "e1/w7/0/" + source_tag(DEFAULT_SOURCE),
                     "source": "workmanager/workers/w7",
                     "type": "out",
                     "datacontenttype": "application/json",

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from virtufin_worker._outputs import source_tag
+from virtufin_worker._wire import DEFAULT_SOURCE
 from virtufin_worker.harness import Harness, HarnessError, LoadError
 from virtufin_worker.testing import HarnessFactory
 
@@ -88,7 +90,7 @@ def test_plain_worker_file(tmp_path: Path) -> None:
     assert result.outputs == [
         {
             "specversion": "1.0",
-            "id": "in-1/w1/0",
+            "id": "in-1/w1/0/" + source_tag("shop"),
             "source": "workmanager/workers/w1",
             "type": "orders.accepted",
             "datacontenttype": "application/json",
@@ -304,7 +306,7 @@ def test_output_id_and_source_defaults_keep_the_workers(tmp_path: Path) -> None:
     with Harness(write(tmp_path, src), worker_id="wx") as h:
         outs = h.run(event(id="in")).outputs
     assert (outs[0]["id"], outs[0]["source"]) == ("mine", "urn:me")
-    assert (outs[1]["id"], outs[1]["source"]) == ("in/wx/1", "workmanager/workers/wx")
+    assert (outs[1]["id"], outs[1]["source"]) == ("in/wx/1/" + source_tag(DEFAULT_SOURCE), "workmanager/workers/wx")
 
 
 def test_too_many_outputs(tmp_path: Path) -> None:

@@ -8,13 +8,14 @@ from typing import Any
 import pytest
 
 from virtufin_worker._outputs import (
+    source_tag,
     OutputPolicy,
     OutputRefused,
     check_outputs,
     compile_pattern,
     data_size,
 )
-from virtufin_worker._wire import to_wire
+from virtufin_worker._wire import DEFAULT_SOURCE, to_wire
 
 
 @pytest.mark.parametrize(
@@ -60,7 +61,7 @@ def test_check_outputs_null_and_single() -> None:
     policy = OutputPolicy()
     wire = to_wire({"type": "t", "id": "i"})
     assert check_outputs(wire, None, policy) == []
-    assert check_outputs(wire, {"specversion": "1.0", "type": "x"}, policy)[0]["id"] == "i/local/0"
+    assert check_outputs(wire, {"specversion": "1.0", "type": "x"}, policy)[0]["id"] == "i/local/0/" + source_tag(DEFAULT_SOURCE)
 
 
 def test_extension_values_like_the_go_sdk() -> None:

@@ -7,7 +7,7 @@ Mirrors, in this order:
    checks attribute types and extension names and values);
 2. the dispatcher's ``checkOutputs`` (internal/dispatch/worker.go): at most
    ``MAX_OUTPUTS_PER_MESSAGE`` outputs; each completed (``id`` defaults to
-   ``<input id>/<worker id>/<index>``, ``source`` to
+   ``<input id>/<worker id>/<index>/<source tag>``, ``source`` to
    ``workmanager/workers/<worker id>``, ``correlationid`` copied from the
    input when present and removed when absent); each held to the worker's
    output policy (``workerpolicy.CheckOutput``: tenant prefix, reserved
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -253,6 +254,14 @@ def data_size(output: CloudEvent) -> int:
 # ---------------------------------------------------------------- checks
 
 
+def source_tag(source: str) -> str:
+    """The last part of an output's default id: the first 8 hex digits of
+    the SHA-256 of the input's source, so that two inputs with one id from
+    two sources (CloudEvents: source+id is the identity) give outputs with
+    different ids (internal/dispatch, ``sourceTag``)."""
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()[:8]
+
+
 def check_outputs(input: CloudEvent, result: Any, policy: OutputPolicy) -> list[CloudEvent]:
     """The completed outputs of input, or OutputRefused."""
     outs = decode_outputs(result)
@@ -262,7 +271,7 @@ def check_outputs(input: CloudEvent, result: Any, policy: OutputPolicy) -> list[
         )
     for i, out in enumerate(outs):
         if not out.get("id"):
-            out["id"] = f"{input['id']}/{policy.worker_id}/{i}"
+            out["id"] = f"{input['id']}/{policy.worker_id}/{i}/{source_tag(str(input.get('source', '')))}"
         if not out.get("source"):
             out["source"] = f"workmanager/workers/{policy.worker_id}"
         if CORRELATION_ID in input:
