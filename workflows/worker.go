@@ -485,7 +485,14 @@ func (e *entity) delete(ctx workflow.Context) error {
 	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Delete, activities.DeleteInput{Worker: e.st.Worker}).Get(ctx, nil); err != nil {
 		return err
 	}
-	e.syncNodes(ctx)
+	failed := e.syncNodes(ctx)
+	if len(failed) > 0 && workflow.GetVersion(ctx, "delete-failures-reported", workflow.DefaultVersion, 1) == 1 {
+		// The record is gone, so the deletion completes ("deleted" is
+		// published), but the live nodes that did not detach the worker are
+		// named in a not_applied error event; they detach it at their next
+		// reconcile.
+		_ = e.reportNodes(ctx, e.st.Worker, lifecycleevents.Deleted, failed)
+	}
 	if err := workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: e.st.Worker, Events: []activities.EventSpec{ev}}).Get(ctx, nil); err != nil {
 		return err
 	}
@@ -544,9 +551,13 @@ func strictKind(events []activities.EventSpec) lifecycleevents.Kind {
 }
 
 // reportNodes checks whether the nodes that did not apply a change of kind
-// are still alive (a node that left the cluster serves nothing, and
-// reconciles before it serves again). If some are, it publishes an error
-// event naming them and returns a NotApplied error; otherwise nil.
+// are still alive, in the cluster's membership (ListNodes): a node that left
+// it serves nothing, and fences and reconciles before it serves again
+// (services/reconcile.MemberGate), while a live member that is paused or
+// stuck may still serve the old state. If some are alive, or the members
+// could not be listed for the fan-out (node ""), it publishes an error event
+// (error_type not_applied) naming them and returns a NotApplied error;
+// otherwise nil.
 func (e *entity) reportNodes(ctx workflow.Context, w catalog.Worker, kind lifecycleevents.Kind, failed []nodeFailure) error {
 	if len(failed) == 0 {
 		return nil
@@ -559,19 +570,31 @@ func (e *entity) reportNodes(ctx workflow.Context, w catalog.Worker, kind lifecy
 		}
 	}
 	var ids, details []string
+	unknown := false
 	for _, f := range failed {
-		if slices.Contains(alive, f.node) {
+		switch {
+		case f.node == "":
+			unknown = true
+			details = append(details, fmt.Sprintf("cluster members: %v", f.err))
+		case slices.Contains(alive, f.node):
 			ids = append(ids, f.node)
 			details = append(details, fmt.Sprintf("node %s: %v", f.node, f.err))
 		}
 	}
-	if len(ids) == 0 {
+	if len(ids) == 0 && !unknown {
 		return nil
+	}
+	what := fmt.Sprintf("live node(s) %s did not apply it", strings.Join(ids, ", "))
+	if unknown {
+		what = "the live nodes could not be listed to apply it on each"
 	}
 	// The API shows msg to the caller; the nodes' errors go to the event
 	// (for operators) and the log only.
-	msg := fmt.Sprintf("worker %s: the change is persisted but live node(s) %s did not apply it, so %q is not announced; they apply it at their next reconcile (or repeat the operation)",
-		w.ID, strings.Join(ids, ", "), kind)
+	msg := fmt.Sprintf("worker %s: the change is persisted but %s, so %q is not announced; they apply it at their next reconcile (or repeat the operation)",
+		w.ID, what, kind)
+	if kind == lifecycleevents.Deleted {
+		msg = fmt.Sprintf("worker %s is deleted, but %s; they detach it at their next reconcile", w.ID, what)
+	}
 	workflow.GetLogger(ctx).Warn("change not applied on every live node", "worker_id", w.ID, "kind", kind, "nodes", details)
 	ev := e.event(ctx, lifecycleevents.Error)
 	ev.ErrorType, ev.ErrorMessage = "not_applied", msg+": "+strings.Join(details, "; ")
@@ -630,16 +653,22 @@ type nodeFailure struct {
 
 // syncNodes runs Activate (make this node match the persisted record) on
 // every live node's own task queue, after the change was persisted and
-// applied on the node that ran Apply; a failed Activate is retried. A node
-// that does not pick its task up in time (schedule-to-start) is gone or cut
-// off from Temporal, and is skipped: it fences itself within its lease, and
-// reconciles before it serves again. The nodes that picked the task up but
-// did not apply the change are returned.
+// applied on the node that ran Apply; a failed Activate is retried. The
+// nodes that did not apply the change are returned: those whose Activate
+// failed, and (issue 33 item 5) those that did not pick it up in time
+// (schedule-to-start): such a node is paused, stuck or cut off from
+// Temporal and may still serve the old state; reportNodes holds the event
+// back for it while it is still a member. When the members cannot be
+// listed, no other node was asked: one failure with node "" says so.
 func (e *entity) syncNodes(ctx workflow.Context) []nodeFailure {
 	log := workflow.GetLogger(ctx)
+	strict := workflow.GetVersion(ctx, "unconfirmed-nodes-not-applied", workflow.DefaultVersion, 1) == 1
 	var nodes []string
 	if err := workflow.ExecuteActivity(listCtx(ctx), a.ListNodes).Get(ctx, &nodes); err != nil {
-		log.Warn("cluster members unknown; other nodes catch up by reconcile", "err", err)
+		log.Warn("cluster members unknown: the change is not confirmed on the other nodes", "err", err)
+		if strict {
+			return []nodeFailure{{err: err}}
+		}
 		return nil
 	}
 	futures := make([]workflow.Future, len(nodes))
@@ -647,8 +676,8 @@ func (e *entity) syncNodes(ctx workflow.Context) []nodeFailure {
 		nctx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 			TaskQueue: NodeTaskQueue(n),
 			// A live node polls its queue all the time; one that does not
-			// pick the task up quickly is gone or stuck.
-			ScheduleToStartTimeout: 5 * time.Second,
+			// pick the task up quickly is gone, paused or stuck.
+			ScheduleToStartTimeout: ActivatePickUp,
 			StartToCloseTimeout:    ActivateTimeout,
 			RetryPolicy: &temporal.RetryPolicy{InitialInterval: 500 * time.Millisecond, BackoffCoefficient: 2, MaximumInterval: 10 * time.Second,
 				MaximumAttempts: 4, NonRetryableErrorTypes: []string{failure.InvalidArgument}},
@@ -662,7 +691,10 @@ func (e *entity) syncNodes(ctx workflow.Context) []nodeFailure {
 		switch {
 		case err == nil:
 		case errors.As(err, &te) && te.TimeoutType() == enumspb.TIMEOUT_TYPE_SCHEDULE_TO_START:
-			log.Warn("node did not pick the change up; it is gone or cut off (and fences itself)", "node_id", nodes[i], "err", err)
+			log.Warn("node did not pick the change up in time: gone, paused, stuck or cut off", "node_id", nodes[i], "err", err)
+			if strict {
+				failed = append(failed, nodeFailure{node: nodes[i], err: fmt.Errorf("did not pick the change up within %s (paused, stuck or cut off)", ActivatePickUp)})
+			}
 		default:
 			log.Warn("node did not apply the change", "node_id", nodes[i], "err", err)
 			failed = append(failed, nodeFailure{node: nodes[i], err: err})
@@ -670,6 +702,10 @@ func (e *entity) syncNodes(ctx workflow.Context) []nodeFailure {
 	}
 	return failed
 }
+
+// ActivatePickUp is how long a node has to pick up its Activate
+// (schedule-to-start).
+const ActivatePickUp = 5 * time.Second
 
 func (e *entity) upsertSearchAttributes(ctx workflow.Context) {
 	w := e.st.Worker

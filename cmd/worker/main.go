@@ -155,6 +155,9 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	go infra.Run(hotCtx)
 	store := state.NewDaprStore(daprClient, cfg.StateStore)
 	members := cluster.New(store, cfg.NodeID, 3*cfg.NodeHeartbeat)
+	members.LapseMargin = cfg.NodeHeartbeat // as SelfAlive and the gate below
+	// Set once the node exists, before anything can attach a worker.
+	var gate *reconcile.MemberGate
 	locks := grouplock.New(store, grouplock.Config{RetryBase: cfg.LockRetryBase, MaxRetries: cfg.LockMaxRetries, MaxAge: cfg.LockMaxAge, Node: cfg.NodeID,
 		HolderAlive: func(holder string) bool { node, _, _ := strings.Cut(holder, "/"); return members.SeenAlive(node) },
 		// Peers take the locks of a node they count as gone: past two
@@ -169,12 +172,15 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		Metrics: met, TracerProvider: tp, Propagator: prop},
 		dispatch.Config{PubSub: cfg.PubSub, NodeID: cfg.NodeID, MaxConcurrency: cfg.MaxConcurrency, QueueDepth: cfg.QueueDepth, QueueWait: cfg.QueueWait,
 			MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff, NotRunnableGrace: cfg.NotRunnableGrace,
-			MaxEventBytes: cfg.MaxEventBytes, MaxOutputs: cfg.MaxOutputs, MaxOutputBytes: cfg.MaxOutputBytes, Secrets: secretValues(os.Environ()), PanicOn: cfg.TestPanicExtension, UnsafeNoFencing: cfg.TestNoFencing, OnSubscription: broker.Subscribed})
+			MaxEventBytes: cfg.MaxEventBytes, MaxOutputs: cfg.MaxOutputs, MaxOutputBytes: cfg.MaxOutputBytes, Secrets: secretValues(os.Environ()), PanicOn: cfg.TestPanicExtension, UnsafeNoFencing: cfg.TestNoFencing, OnSubscription: broker.Subscribed,
+			// A node that is not a cluster member serves nothing (issue 33 item 5).
+			Serving: func() bool { return gate.Serving() }})
 	go broker.Probe(ctx, cfg.BrokerProbe, min(cfg.BrokerProbe, 5*time.Second), func(ctx context.Context) error {
 		return daprPub.Probe(ctx, cfg.NodeID)
 	})
 	n := node.New(log, cat, reg, disp, cfg.WorkerTimeout)
 	n.SetLogBudget(cfg.LogLinesPerSecond)
+	gate = reconcile.NewMemberGate(log, members, cfg.NodeHeartbeat, n, h)
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -241,6 +247,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	mctx, leave := context.WithCancel(context.WithoutCancel(ctx))
 	left := make(chan struct{})
 	go func() { members.Run(mctx, log, cfg.NodeHeartbeat); close(left) }()
+	go gate.Run(ctx, max(cfg.NodeHeartbeat/4, 50*time.Millisecond))
 	defer func() { leave(); <-left }() // leave before the connections close
 	log.Info("node started", "node_id", cfg.NodeID, "http", cfg.HTTPAddr, "temporal", cfg.TemporalAddress, "dapr", cfg.DaprGRPCAddress)
 

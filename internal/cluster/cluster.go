@@ -25,6 +25,10 @@ type Members struct {
 	// of Beat and, after a successful one, the live nodes (for /health).
 	OnBeat func(alive []string, err error)
 
+	// LapseMargin, when set before Run, is the margin of the lapses that
+	// Lapses counts (see Member).
+	LapseMargin time.Duration
+
 	store state.Store
 	self  string
 	ttl   time.Duration
@@ -33,6 +37,9 @@ type Members struct {
 	// beat is the time written by this node's last successful heartbeat
 	// (UnixNano; 0: none, or left since).
 	beat atomic.Int64
+	// lapses counts the successful heartbeats that found this node's
+	// previous one lapsed.
+	lapses atomic.Uint64
 }
 
 // New returns the membership as seen by node self; entries older than ttl
@@ -52,10 +59,26 @@ func (m *Members) Heartbeat(ctx context.Context) error {
 		ms[m.self] = at
 	})
 	if err == nil {
+		// Counted before the new beat makes this node a member again, so
+		// that whoever checks Member and Lapses together never sees a
+		// member whose lapse is not counted yet.
+		if b := m.beat.Load(); b != 0 && !m.Member(m.LapseMargin) {
+			m.lapses.Add(1)
+		}
 		m.beat.Store(at.UnixNano())
 	}
 	return err
 }
+
+// Lapses counts the times this node was a member, stopped being one
+// (Member(LapseMargin) false: heartbeats failing, the process paused, the
+// store unreachable) and became one again with a later heartbeat. Peers may
+// have counted it as gone meanwhile, and lifecycle changes may have been
+// announced without it (the worker workflow waits only for live members):
+// a node must reconcile after each lapse before it serves again
+// (services/reconcile.MemberGate). The count is raised before the heartbeat
+// that ends the lapse is recorded.
+func (m *Members) Lapses() uint64 { return m.lapses.Load() }
 
 // Member reports whether the other nodes still count this node as alive,
 // with a margin: its last heartbeat is younger than the TTL less one

@@ -96,6 +96,15 @@ type Config struct {
 	// subscription: an error when it could not be opened or was lost, nil
 	// when it is open or no longer wanted (the node's broker health check).
 	OnSubscription func(topic string, err error)
+	// Serving, when set, tells whether this node may serve messages now
+	// (reconcile.MemberGate: a node that is not a cluster member, or has
+	// not reconciled since it became one again, may hold an old state of a
+	// worker that was stopped meanwhile). While it is false no attempt
+	// starts and no output is published: a message is given back (RETRY),
+	// not lost, and an attempt that finished meanwhile is given back
+	// unpublished (not counted). It is checked for every message and
+	// before each attempt and its publishing, so it must be cheap.
+	Serving func() bool
 }
 
 // Deps are the services the hot path uses.
@@ -118,6 +127,9 @@ type Deps struct {
 	// TracerProvider: W3C Trace Context).
 	Propagator propagation.TextMapPropagator
 }
+
+// serving reports whether the node may serve messages now (Config.Serving).
+func (d *Dispatcher) serving() bool { return d.cfg.Serving == nil || d.cfg.Serving() }
 
 // Worker identifies a worker to the hot path.
 type Worker struct {

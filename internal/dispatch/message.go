@@ -215,6 +215,12 @@ func (d *Dispatcher) run(m *message) {
 		}
 		d.ack(m, status)
 	}()
+	if !d.serving() {
+		// Not a cluster member, or not reconciled since it became one
+		// again: given back (RETRY) for a node that serves the current
+		// state.
+		return
+	}
 	ctx := d.ctx
 	rec, err := d.Records.Load(ctx, m.key)
 	now := time.Now()

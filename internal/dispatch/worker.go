@@ -124,6 +124,11 @@ func (d *Dispatcher) serve(w *worker) {
 				return
 			default:
 			}
+			if !d.serving() { // see run: given back, not an attempt
+				j.r.outcome = outcomeCut
+				j.m.wg.Done()
+				continue
+			}
 			start := time.Now()
 			w.m.QueueWait.Observe(seconds(j.r.queued, monoOf(start)))
 			w.m.Received.Inc()
@@ -211,6 +216,13 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 	// published whole or not at all.
 	if reason, err := d.checkOutputs(w, m, outs); err != nil {
 		r.outcome, r.reason, r.err = outcomeFailed, reason, err
+		return
+	}
+	if !d.serving() {
+		// Lost the cluster membership during the call (paused, store
+		// unreachable): a stop may have been announced meanwhile, so
+		// nothing is published; the message comes back (see run).
+		r.outcome = outcomeCut
 		return
 	}
 	var tp, ts string

@@ -40,7 +40,9 @@ type Node struct {
 	attached map[string]string // worker id → code sha256 attached
 	policy   map[string]dispatch.Worker
 	broken   map[string]brokenWorker
-	fenced   atomic.Bool
+	fenced   atomic.Bool // some holder fences the node
+	fenceMu  sync.Mutex
+	fencers  map[string]bool // who fences it (FenceBy)
 	// logLines is each worker's log budget per second (0: unlimited);
 	// budgets holds the budget of each worker, shared by its reloads.
 	logLines int
@@ -415,13 +417,31 @@ func (n *Node) reconcileOne(ctx context.Context, id string) (catalog.Status, err
 	return w.Status, nil
 }
 
+// Fence holders: why a node is fenced. Each lifts its own fence; the node
+// serves again once none holds one.
+const (
+	// FenceLease: cut off from Temporal (reconcile.LeaseLoop).
+	FenceLease = "lease"
+	// FenceMembership: not a cluster member (reconcile.MemberGate).
+	FenceMembership = "membership"
+)
+
 // Fence stops this node serving any worker until Unfence: every attached
 // worker is detached (its subscription closed, so its messages go to the
 // other nodes), and Apply, Sync and Reconcile attach nothing meanwhile. A
 // node that can no longer confirm its assignments (cut off from Temporal)
-// fences itself.
-func (n *Node) Fence(ctx context.Context) {
+// fences itself. Fence is FenceBy(ctx, FenceLease).
+func (n *Node) Fence(ctx context.Context) { n.FenceBy(ctx, FenceLease) }
+
+// FenceBy fences the node (see Fence) on behalf of holder.
+func (n *Node) FenceBy(ctx context.Context, holder string) {
+	n.fenceMu.Lock()
+	if n.fencers == nil {
+		n.fencers = map[string]bool{}
+	}
+	n.fencers[holder] = true
 	n.fenced.Store(true)
+	n.fenceMu.Unlock()
 	n.mu.Lock()
 	ids := make([]string, 0, len(n.attached))
 	for id := range n.attached {
@@ -442,12 +462,31 @@ func (n *Node) Fence(ctx context.Context) {
 	}
 }
 
-// Unfence lets the node serve again; the caller reconciles it against the
-// catalog next.
-func (n *Node) Unfence() { n.fenced.Store(false) }
+// Unfence lifts the lease's fence (UnfenceBy(FenceLease)); the caller
+// reconciles the node against the catalog next.
+func (n *Node) Unfence() { n.UnfenceBy(FenceLease) }
 
-// Fenced reports whether the node is fenced.
-func (n *Node) Fenced() bool { return n.fenced.Load() }
+// UnfenceBy lifts holder's fence: the node serves again once no holder
+// fences it. The caller reconciles it against the catalog next.
+func (n *Node) UnfenceBy(holder string) {
+	n.fenceMu.Lock()
+	defer n.fenceMu.Unlock()
+	delete(n.fencers, holder)
+	n.fenced.Store(len(n.fencers) > 0)
+}
+
+// Fenced reports whether the lease fences the node (FencedBy(FenceLease)).
+func (n *Node) Fenced() bool { return n.FencedBy(FenceLease) }
+
+// FencedBy reports whether holder fences the node.
+func (n *Node) FencedBy(holder string) bool {
+	n.fenceMu.Lock()
+	defer n.fenceMu.Unlock()
+	return n.fencers[holder]
+}
+
+// Serving reports whether no holder fences the node.
+func (n *Node) Serving() bool { return !n.fenced.Load() }
 
 // Shutdown detaches every worker.
 func (n *Node) Shutdown(ctx context.Context) {

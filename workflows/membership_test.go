@@ -1,0 +1,184 @@
+package workflows
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/stretchr/testify/mock"
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/testsuite"
+
+	"github.com/virtufin/workmanager/activities"
+	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/failure"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
+)
+
+// events records what an environment emits: the kinds of each Emit, and
+// the error events.
+type events struct {
+	kinds  [][]lifecycleevents.Kind
+	errors []activities.EventSpec
+}
+
+func (s *WorkerWorkflowSuite) recordingEnv(ev *events) *testsuite.TestWorkflowEnvironment {
+	env := s.envWithEmit(func(in activities.EmitInput) error {
+		var ks []lifecycleevents.Kind
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, e := range in.Events {
+			ks = append(ks, e.Kind)
+			if e.Kind == lifecycleevents.Error {
+				ev.errors = append(ev.errors, e)
+			}
+		}
+		ev.kinds = append(ev.kinds, ks)
+		return nil
+	})
+	s.prepareAnyCode(env)
+	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
+	return env
+}
+
+// unpicked answers Activate on node n's queue as a node that never picks
+// its task up (paused, stuck): a schedule-to-start timeout.
+func unpicked(n string) func(context.Context, string) error {
+	return func(ctx context.Context, _ string) error {
+		if activity.GetInfo(ctx).TaskQueue == NodeTaskQueue(n) {
+			return temporal.NewTimeoutError(enumspb.TIMEOUT_TYPE_SCHEDULE_TO_START, nil)
+		}
+		return nil
+	}
+}
+
+func runningWorker() catalog.Worker {
+	w := newWorker()
+	w.Status, w.CodeVersion = catalog.StatusRunning, 1
+	return w
+}
+
+// Issue 33 item 5: a live member whose Activate is not picked up in time
+// (SIGSTOPped, stuck) may still serve the worker: "stopped" is not
+// announced, an error event (not_applied) names it, and the stop fails as
+// NotApplied (the API's UNAVAILABLE).
+func (s *WorkerWorkflowSuite) TestUnpickedActivateOnALiveNodeIsNotApplied() {
+	var ev events
+	env := s.recordingEnv(&ev)
+	env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1", "n2"}, nil)
+	env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(unpicked("n2"))
+	var stop updater
+	env.RegisterDelayedCallback(func() { env.UpdateWorkflow(UpdateStop, "s1", callback(&stop)) }, time.Second)
+	env.RegisterDelayedCallback(func() { env.CancelWorkflow() }, 2*time.Minute)
+	env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: runningWorker(), Created: true}})
+
+	s.Require().Error(stop.err)
+	s.Equal(NotApplied, failure.Kind(stop.err))
+	s.ErrorContains(stop.err, "node(s) n2 did not apply it")
+	s.Equal([][]lifecycleevents.Kind{{lifecycleevents.Error}}, ev.kinds, "no stopped")
+	s.Require().Len(ev.errors, 1)
+	s.Equal("not_applied", ev.errors[0].ErrorType)
+	s.Contains(ev.errors[0].ErrorMessage, "node n2: did not pick the change up")
+}
+
+// Issue 33 item 5: the same for a code update ("code_updated").
+func (s *WorkerWorkflowSuite) TestUnpickedActivateHoldsCodeUpdatedBack() {
+	var ev events
+	env := s.recordingEnv(&ev)
+	env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1", "n2"}, nil)
+	env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(unpicked("n2"))
+	var load updater
+	env.RegisterDelayedCallback(func() {
+		env.UpdateWorkflow(UpdateLoadCode, "l1", callback(&load), catalog.CodeRef{SHA256: sha2, SourceKind: "content"})
+	}, time.Second)
+	env.RegisterDelayedCallback(func() { env.CancelWorkflow() }, 2*time.Minute)
+	env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: runningWorker(), Created: true}})
+
+	s.Equal(NotApplied, failure.Kind(load.err), "got %v", load.err)
+	s.Equal([][]lifecycleevents.Kind{{lifecycleevents.Error}}, ev.kinds, "no code_updated")
+}
+
+// Issue 33 item 5: a node that did not pick its Activate up and has left
+// the membership since (it serves nothing until it fenced and reconciled:
+// reconcile.MemberGate) does not hold the event back.
+func (s *WorkerWorkflowSuite) TestUnpickedActivateOnAGoneNodeDoesNotHoldTheEventBack() {
+	var ev events
+	env := s.recordingEnv(&ev)
+	lists := 0
+	env.OnActivity(a.ListNodes, mock.Anything).Return(func(context.Context) ([]string, error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if lists++; lists == 1 {
+			return []string{"n1", "n2"}, nil
+		}
+		return []string{"n1"}, nil
+	})
+	env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(unpicked("n2"))
+	var stop updater
+	env.RegisterDelayedCallback(func() { env.UpdateWorkflow(UpdateStop, "s1", callback(&stop)) }, time.Second)
+	env.RegisterDelayedCallback(func() { env.CancelWorkflow() }, 2*time.Minute)
+	env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: runningWorker(), Created: true}})
+
+	s.NoError(stop.err)
+	s.Equal([][]lifecycleevents.Kind{{lifecycleevents.Stopped}}, ev.kinds)
+}
+
+// Issue 33 item 5: when the members cannot be listed, no other node was
+// asked to apply the change: it cannot be confirmed, so "stopped" is not
+// announced (NotApplied); the repeat announces it once they can be.
+func (s *WorkerWorkflowSuite) TestUnlistedMembersAreNotApplied() {
+	var ev events
+	env := s.recordingEnv(&ev)
+	down := true
+	env.OnActivity(a.ListNodes, mock.Anything).Return(func(context.Context) ([]string, error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if down {
+			return nil, errors.New("redis: connection refused")
+		}
+		return []string{"n1"}, nil
+	})
+	env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(nil)
+	var stop, again updater
+	env.RegisterDelayedCallback(func() { env.UpdateWorkflow(UpdateStop, "s1", callback(&stop)) }, time.Second)
+	env.RegisterDelayedCallback(func() {
+		s.mu.Lock()
+		down = false
+		s.mu.Unlock()
+		env.UpdateWorkflow(UpdateStop, "s2", callback(&again))
+	}, time.Minute)
+	env.RegisterDelayedCallback(func() { env.CancelWorkflow() }, 2*time.Minute)
+	env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: runningWorker(), Created: true}})
+
+	s.Require().Error(stop.err)
+	s.Equal(NotApplied, failure.Kind(stop.err))
+	s.ErrorContains(stop.err, "could not be listed")
+	s.NoError(again.err)
+	s.Equal([][]lifecycleevents.Kind{{lifecycleevents.Error}, {lifecycleevents.Stopped}}, ev.kinds)
+	s.Require().Len(ev.errors, 1)
+	s.Equal("not_applied", ev.errors[0].ErrorType)
+}
+
+// Issue 33 item 5: a delete completes (the record is gone) even when a
+// live node did not detach the worker, but that node is named in a
+// not_applied error event before "deleted".
+func (s *WorkerWorkflowSuite) TestDeleteReportsNodesThatDidNotDetach() {
+	var ev events
+	env := s.recordingEnv(&ev)
+	env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
+	env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1", "n2"}, nil)
+	env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(unpicked("n2"))
+	var del updater
+	env.RegisterDelayedCallback(func() { env.UpdateWorkflow(UpdateDelete, "d1", callback(&del)) }, time.Second)
+	env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: runningWorker(), Created: true}})
+
+	s.NoError(del.err)
+	s.True(env.IsWorkflowCompleted())
+	s.Equal([][]lifecycleevents.Kind{{lifecycleevents.Error}, {lifecycleevents.Deleted}}, ev.kinds)
+	s.Require().Len(ev.errors, 1)
+	s.Equal("not_applied", ev.errors[0].ErrorType)
+	s.Contains(ev.errors[0].ErrorMessage, "n2")
+	s.Contains(ev.errors[0].ErrorMessage, "is deleted")
+}
