@@ -71,7 +71,7 @@ daprd-test:
 
 # The Python DevKit's own suite (sdk/python), with Debian's pytest and mypy.
 pytest: deps-test
-	cd sdk/python && PYTHONPATH=src PYTHONDONTWRITEBYTECODE=1 timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests
+	cd sdk/python && PYTHONPATH=src PYTHONDONTWRITEBYTECODE=1 timeout 900 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests
 
 unit: vet
 	go test -race -timeout 10m -short $(UNIT_PACKAGES)
