@@ -67,6 +67,24 @@ func testOversizeEventDeadLettersAndTopicFlows(t *testing.T) {
 	}
 }
 
+// A structured CloudEvent whose data has no datacontenttype (JSON, as
+// CloudEvents' JSON format implies) reaches the worker with its data:
+// daprd 1.14 dropped such data on its way to a gRPC subscriber, silently
+// (our Redis streams component now gives it the JSON type, see
+// deploy/dapr/daprd/redisstreams). Found by trying issue 30's cases with curl
+// on make run.
+func testDataWithoutContentType(t *testing.T) {
+	e := sharedEnv(t)
+	in, out := topicName(t, "in"), topicName(t, "out")
+	outs := e.subscribe(out)
+	e.create(t, in, echoWorker(out, "v1"))
+	e.publishEvent(in, map[string]any{"id": "no-ct", "type": "test.input", "data": map[string]any{"n": 5, "s": "x"}})
+	d := decodeOut(t, expectEvent(t, outs, 30*time.Second).Data())
+	if d.Input["n"] != float64(5) || d.Input["s"] != "x" {
+		t.Fatalf("the worker saw data %v, want {n:5 s:x}", d.Input)
+	}
+}
+
 // lockRecord reads a default-tenant group's lock record through daprd.
 func (e *env) lockRecord(t *testing.T, group string) (holder string, held bool) {
 	t.Helper()

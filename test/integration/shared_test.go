@@ -198,6 +198,7 @@ func TestSharedStack(t *testing.T) {
 		{"WorkerNames", testWorkerNames},
 		{"HungWorkerTimesOut", testHungWorkerTimesOut},
 		{"OversizeEventDeadLettersAndTopicFlows", testOversizeEventDeadLettersAndTopicFlows},
+		{"DataWithoutContentType", testDataWithoutContentType},
 		{"ReplayRealHistory", testReplayRealHistory},
 		{"PythonWorkersGuide", testPythonWorkersGuide},
 	} {

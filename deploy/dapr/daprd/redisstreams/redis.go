@@ -12,7 +12,7 @@ limitations under the License.
 */
 
 // Package redisstreams is components-contrib v1.14.0's pubsub/redis (Redis
-// streams), copied whole, with six changes for WorkManager, each marked
+// streams), copied whole, with seven changes for WorkManager, each marked
 // "WorkManager:" below:
 //
 //  1. XREADGROUP never blocks forever. Upstream passes readTimeout as BLOCK,
@@ -32,11 +32,15 @@ limitations under the License.
 //     as such: upstream's errors.Is check never matches it, so each idle
 //     read was logged as an error and paused by change 2, delaying a message
 //     that arrived during the pause by up to a second.
+//  5. A structured CloudEvent with data and no datacontenttype is read as
+//     application/json (withJSONContentType): daprd 1.14 drops the data of
+//     such an event on its way to a gRPC subscriber.
 //
 // main.go registers it as "pubsub.redis" in place of the upstream one.
 package redisstreams
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -232,6 +236,8 @@ func (r *redisStreams) createRedisMessageWrapper(ctx context.Context, stream str
 			data = v
 		}
 	}
+
+	data = withJSONContentType(data)
 
 	var metadata map[string]string
 	if metadataValue, exists := msg.Values["metadata"]; exists && metadataValue != nil {
@@ -527,4 +533,35 @@ func (r *redisStreams) GetComponentMetadata() (metadataInfo contribMetadata.Meta
 	metadataStruct := rediscomponent.Settings{}
 	contribMetadata.GetMetadataInfoFromStructType(reflect.TypeOf(metadataStruct), &metadataInfo, contribMetadata.PubSubType)
 	return
+}
+
+// WorkManager: withJSONContentType gives a structured CloudEvent that
+// carries data but no datacontenttype the type "application/json", which
+// is what CloudEvents' JSON format implies. daprd 1.14 hands such an
+// event's data to a gRPC subscriber only when its datacontenttype says
+// text or JSON, and drops it otherwise
+// (pkg/runtime/pubsub/subscriptions.go, GRPCEnvelopeFromSubscriptionMessage):
+// the worker got the event with no data, silently. Anything else (raw
+// payloads, data_base64, an explicit datacontenttype) is left as it is;
+// the common case costs two byte searches.
+func withJSONContentType(data []byte) []byte {
+	if bytes.Contains(data, []byte(`"datacontenttype"`)) || !bytes.Contains(data, []byte(`"data"`)) {
+		return data
+	}
+	var ce map[string]json.RawMessage
+	if json.Unmarshal(data, &ce) != nil {
+		return data
+	}
+	if _, ok := ce["specversion"]; !ok {
+		return data
+	}
+	if d, ok := ce["data"]; !ok || string(d) == "null" {
+		return data
+	}
+	ce["datacontenttype"] = json.RawMessage(`"application/json"`)
+	out, err := json.Marshal(ce)
+	if err != nil {
+		return data
+	}
+	return out
 }
