@@ -191,7 +191,18 @@ func (in *Instance) runCalls(ctx context.Context, s *procpool.Slot[*proc], calls
 // returns the others (not sent, or unanswered after a failure that may not
 // be theirs; failed is then true).
 func (in *Instance) runBatch(ctx context.Context, s *procpool.Slot[*proc], calls []*call) (rest []*call, failed bool) {
-	p, err := in.pool.ProcBy(ctx, s, time.Now().Add(in.timeout))
+	// An event's deadline: the worker's timeout from when it can start
+	// (from, the previous reply), or ctx's deadline if that is earlier.
+	deadline := func(from time.Time) time.Time {
+		d := from.Add(in.timeout)
+		if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
+			d = cd
+		}
+		return d
+	}
+	// A start of the slot's process is waited for until the first
+	// event's deadline at most, as in run.
+	p, err := in.pool.ProcBy(ctx, s, deadline(time.Now()))
 	if err != nil {
 		in.pool.Release(s)
 		err = fmt.Errorf("%w: the worker process could not be restarted: %w", engines.ErrWorkerFailed, err)
@@ -231,13 +242,6 @@ func (in *Instance) runBatch(ctx context.Context, s *procpool.Slot[*proc], calls
 	}
 	// Each event gets the whole timeout from the previous reply on.
 	start := time.Now()
-	deadline := func(from time.Time) time.Time {
-		d := from.Add(in.timeout)
-		if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
-			d = cd
-		}
-		return d
-	}
 	if !p.Arm(ctx, deadline(start)) {
 		in.pool.Release(s)
 		err := fmt.Errorf("%w: the deadline passed before the call started", engines.ErrTimeout)

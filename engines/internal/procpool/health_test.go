@@ -169,3 +169,84 @@ func TestHangingStartCostsACallOnlyItsDeadline(t *testing.T) {
 		t.Fatalf("after the start finished: %v, %v", p, err)
 	}
 }
+
+// TestHangingReplacementCostsACallOnlyItsDeadline is issue 34's item 6 on
+// item 5's path: the replacement of a process that died while idle
+// follows the rule of an empty slot's start. When it hangs, each call
+// waits for it only until its own deadline (it used to wait, with the
+// slot, for as long as ctx allowed: the whole load timeout, as no
+// production ctx has a deadline); the start goes on in the background,
+// its process serves the slot's next call once it is up, and its restart
+// is reported then.
+func TestHangingReplacementCostsACallOnlyItsDeadline(t *testing.T) {
+	f := &fakes{}
+	var rs restarts
+	pl, logs := newPool(t, 1, f, func(c *Config[*fakeProc]) { c.OnRestart = rs.record })
+	if errs := pl.Fill(ctxFor(t, 5*time.Second)); errs != nil {
+		t.Fatalf("Fill: %v", errs)
+	}
+	release := make(chan struct{})
+	var starts atomic.Int32
+	pl.cfg.Start = func(ctx context.Context) (*fakeProc, error) {
+		starts.Add(1)
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return f.start(ctx)
+	}
+	s, first := acquire(t, pl)
+	pl.Release(s)
+	first.exit() // dies while idle; its replacement's start hangs
+
+	for i := range 3 {
+		start := time.Now()
+		s, err := pl.Acquire(ctxFor(t, time.Second))
+		if err != nil {
+			t.Fatalf("call %d: Acquire: %v (the slot is held by the replacement)", i, err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := pl.ProcBy(context.Background(), s, time.Now().Add(100*time.Millisecond))
+			done <- err
+		}()
+		select {
+		case err = <-done:
+		case <-time.After(3 * time.Second):
+			close(release) // the start ends: the slot can be given back
+			<-done
+			pl.Release(s)
+			t.Fatalf("call %d: ProcBy with a 100ms deadline still waited for the hanging start after 3s", i)
+		}
+		pl.Release(s)
+		if !errors.Is(err, ErrCannotStart) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("call %d: ProcBy = %v, want ErrCannotStart at the deadline", i, err)
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Fatalf("call %d took %v against a 100ms deadline", i, took)
+		}
+	}
+	if n := starts.Load(); n != 1 {
+		t.Errorf("%d starts for one replacement, want 1 (the calls wait for the one in progress)", n)
+	}
+	if got := rs.all(); len(got) != 0 {
+		t.Errorf("OnRestart saw %q before the replacement was up", got)
+	}
+	close(release)
+	s, err := pl.Acquire(ctxFor(t, time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pl.Release(s)
+	p, err := pl.ProcBy(context.Background(), s, time.Now().Add(time.Second))
+	if err != nil || p == nil || p == first || p.exited() {
+		t.Fatalf("after the start finished: %v, %v", p, err)
+	}
+	if got := rs.all(); !slices.Equal(got, []string{"exited while idle: <nil>"}) {
+		t.Errorf("OnRestart saw %q", got)
+	}
+	if !strings.Contains(logs.String(), `reason="exited while idle"`) {
+		t.Errorf("log = %q", logs.String())
+	}
+}

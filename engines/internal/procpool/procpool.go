@@ -112,7 +112,10 @@ type Slot[P Process] struct {
 	nextTry  time.Time
 	// starting delivers the result of a start that a call gave up
 	// waiting for (ProcBy's deadline); the next call takes it.
-	starting chan startResult[P]
+	// startReason is why that start was made ("exited while idle"; ""
+	// for an empty slot's), for the log and OnRestart once it is over.
+	starting    chan startResult[P]
+	startReason string
 }
 
 type startResult[P Process] struct {
@@ -261,32 +264,36 @@ func (pl *Pool[P]) AcquireUnless(ctx context.Context, stop, stop2 <-chan struct{
 }
 
 // Proc returns the slot's process, ready for a call. A process that
-// exited while it was idle is retired and replaced now (the call is not
-// charged with its death). A slot whose last restart failed has none:
-// then Proc starts one now, bounded by ctx and by Close, unless the slot
-// is backing off after failed starts (Config.RestartBackoff): then it
-// fails at once with an error wrapping ErrCannotStart and the last
-// start's error. On an error the slot stays empty and still has to be
-// given back.
+// exited while it was idle is retired and replaced now (the call does not
+// fail as if the process had died under it). A slot whose last restart
+// failed has none: then Proc starts one now. Either start is bounded by
+// ctx and by Close, unless the slot is backing off after failed starts
+// (Config.RestartBackoff): then it fails at once with an error wrapping
+// ErrCannotStart and the last start's error. On an error the slot stays
+// empty and still has to be given back.
 func (pl *Pool[P]) Proc(ctx context.Context, s *Slot[P]) (P, error) {
 	return pl.ProcBy(ctx, s, time.Time{})
 }
 
 // ProcBy is Proc for a call that must be answered by deadline (zero:
-// none): a start it makes, or finds in progress, is waited for only until
+// none): a start it makes (an empty slot's, or the replacement of a
+// process that died idle), or finds in progress, is waited for only until
 // then; the start goes on in the background (bounded by Close and by
 // Config.Start's own limit) and the slot's next call takes its process.
 // A worker whose start hangs thus costs each call at most its own
-// deadline, not the start's timeout.
+// deadline, not the start's timeout; one whose start fails makes the
+// slot back off like a failed restart.
 func (pl *Pool[P]) ProcBy(ctx context.Context, s *Slot[P], deadline time.Time) (P, error) {
 	var zero P
 	reason := ""
 	if s.starting != nil {
+		reason = s.startReason
 		r, err := pl.waitStart(ctx, s, s.starting, deadline)
 		if err != nil {
 			return zero, err
 		}
-		return pl.started(s, r, "")
+		s.startReason = ""
+		return pl.started(s, r, reason)
 	}
 	if s.p != zero {
 		select {
@@ -306,9 +313,7 @@ func (pl *Pool[P]) ProcBy(ctx context.Context, s *Slot[P], deadline time.Time) (
 				ErrCannotStart, s.failures, s.lastErr, wait.Round(time.Millisecond))
 		}
 	}
-	// Replacing a process that died idle is like waiting for a free one:
-	// the call's time has not started (only ctx bounds it).
-	if deadline.IsZero() || reason != "" {
+	if deadline.IsZero() {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		stop := context.AfterFunc(pl.ctx, cancel)
@@ -327,6 +332,7 @@ func (pl *Pool[P]) ProcBy(ctx context.Context, s *Slot[P], deadline time.Time) (
 	}()
 	r, err := pl.waitStart(ctx, s, ch, deadline)
 	if err != nil {
+		s.startReason = reason
 		return zero, err
 	}
 	return pl.started(s, r, reason)
