@@ -275,6 +275,7 @@ func (c *checker) run(pubsubType string, nodeReads, apiReads map[string]bool) {
 		c.deployment(d)
 	}
 	c.pdbs(node, api)
+	c.onePerHost(node)
 	if node.Spec.Replicas == nil || *node.Spec.Replicas < 2 || api.Spec.Replicas == nil || *api.Spec.Replicas < 2 {
 		c.errorf("the nodes and the API need at least 2 replicas each")
 	}
@@ -861,4 +862,22 @@ func (c *checker) namespace() {
 			c.errorf("%s: Secret %s in namespace %q, the manifests deploy to %q", secretsExample, s.Name, s.Namespace, ns.Name)
 		}
 	}
+}
+
+// onePerHost: the node pods never share a host (a required pod
+// anti-affinity on the hostname that selects them): sandbox user ids are
+// unique among the node processes of a host only when they share
+// /run/workmanager/sandbox-uids, and each container has a /run of its own
+// (docs/security.md, "User ids and containers").
+func (c *checker) onePerHost(d *appsv1.Deployment) {
+	a := d.Spec.Template.Spec.Affinity
+	if a != nil && a.PodAntiAffinity != nil {
+		for _, term := range a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution {
+			sel, err := metav1.LabelSelectorAsSelector(term.LabelSelector)
+			if err == nil && term.TopologyKey == "kubernetes.io/hostname" && sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+				return
+			}
+		}
+	}
+	c.errorf("%s: its pods may share a host (no required pod anti-affinity on kubernetes.io/hostname selecting them): two node containers on one host can give one sandbox user id to two tenants' workers", d.Name)
 }
