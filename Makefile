@@ -111,7 +111,7 @@ FUZZTIME_SHORT ?= 20000x
 FUZZ_TARGETS := \
 	./internal/codesource/:FuzzValidateURL ./internal/codesource/:FuzzClassify \
 	./internal/codesource/:FuzzParseLooseIPv4 \
-	./engines/native/:FuzzDecodeResponse \
+	./engines/native/:FuzzDecodeResponse ./engines/python/:FuzzReadFrame ./engines/dotnet/:FuzzReadFrame \
 	./engines/native/internal/hostproto/:FuzzReadFrame ./engines/native/internal/hostproto/:FuzzParseResult \
 	./engines/native/internal/hostproto/:FuzzParseGatewayCall \
 	./engines/internal/wire/:FuzzDecodeOutputs ./engines/internal/wire/:FuzzDecodeError \
