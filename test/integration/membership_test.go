@@ -1,0 +1,259 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/virtufin/workmanager/internal/devstack"
+	"github.com/virtufin/workmanager/internal/health"
+	"github.com/virtufin/workmanager/internal/infraevents"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
+	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+	"github.com/virtufin/workmanager/services/reconcile"
+)
+
+// Issue 33 item 5, on the real stack: "stopped" is not announced while a
+// live member (node B, SIGSTOPped: it cannot pick its Activate up) may still
+// serve the worker; StopWorker answers UNAVAILABLE and a not_applied error
+// event names B. Once B runs again, the repeated stop is announced. A node
+// paused for longer than the membership TTL no longer holds the event back,
+// and when it runs again it serves none of the stopped worker's messages
+// (it is not a member, then fences and reconciles first). Reconcile is off
+// (RECONCILE_INTERVAL=0): nothing but the membership gate brings B back to
+// the catalog.
+//
+// Timing. Temporal hands a task to a poller that was already waiting when
+// B was paused (the paused process never runs it: a workflow task, Apply or
+// ListNodes would be held for their timeouts, an Activate for
+// ActivateTimeout instead of failing its 5 s pick-up), so the first stop is
+// sent only once B's outstanding long polls have expired (the server's
+// matching.longPollExpirationInterval, 1 min). B must still be a member
+// then: NODE_HEARTBEAT=40s (TTL 2 min), and B is paused right after one of
+// its heartbeats.
+func TestStopWaitsForPausedMemberAndLapsedNodeServesNothing(t *testing.T) {
+	t.Parallel() // a stack of its own
+	const heartbeat, ttl = 40 * time.Second, 3 * 40 * time.Second
+	const longPoll = time.Minute // Temporal's matching.longPollExpirationInterval
+	nodeEnv := []string{"RECONCILE_INTERVAL=0", "NODE_HEARTBEAT=" + heartbeat.String()}
+	e := newEnvWith(t, envConfig{nodeEnv: nodeEnv})
+	beatsOfB := beatsOf(e.subscribe(infraevents.HeartbeatTopic), "node-b")
+	nodeB, bURL := e.startNodeBAt(t)
+	in, out := topicName(t, "in"), topicName(t, "out")
+	outs := collectFrom(e.subscribe(out))
+	code := []byte(fmt.Sprintf(`
+import os
+def process(event):
+    return {"type": %q, "data": {"in": event["id"], "node": os.environ.get("WORKMANAGER_NODE_ID", "node-a")}}
+`, out))
+	id := e.createWith(t, &pb.CreateWorkerRequest{Code: pyCode(code), Topic: in})
+	pid := nodeB.Cmd.Process.Pid
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+	servedByB := func(round string) {
+		t.Helper()
+		i := 0
+		waitFor(t, 60*time.Second, "an output of node B ("+round+")", func() bool {
+			e.publish(in, fmt.Sprintf("%s-%d", round, i), map[string]any{"n": i}, "")
+			i++
+			time.Sleep(200 * time.Millisecond) // pace the probes
+			return outputsFrom(outs, "node-b", round+"-") > 0
+		})
+	}
+
+	// 1. B paused for less than the TTL: a live member that did not apply
+	// the stop.
+	servedByB("before")
+	since := time.Now()
+	waitFor(t, 2*heartbeat, "a heartbeat of node B", func() bool { return beatsOfB.after(since) })
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	// Not an assertion: B's polls that were waiting when it was paused
+	// expire within longPoll; until then the server may hand them tasks.
+	time.Sleep(longPoll + 10*time.Second)
+	_, err := e.client.StopWorker(ctxT(t), &pb.StopWorkerRequest{WorkerId: id})
+	t.Logf("the stop answered %s after B's pause (TTL %s): %v", time.Since(paused).Round(time.Second), ttl, err)
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "node-b") {
+		t.Fatalf("StopWorker with node B paused: %v; want UNAVAILABLE naming node-b", err)
+	}
+	// Published before the API answers; the subscription may lag.
+	waitFor(t, 30*time.Second, "the not_applied error event", func() bool {
+		_, ok := e.lifecycleEventOf(id, lifecycleevents.Error)
+		return ok
+	})
+	if ev, _ := e.lifecycleEventOf(id, lifecycleevents.Error); ev.Data.ErrorType != "not_applied" || !strings.Contains(ev.Data.ErrorMessage, "node-b") {
+		t.Fatalf("error event %+v; want not_applied naming node-b", ev.Data)
+	}
+	if _, ok := e.lifecycleEventOf(id, lifecycleevents.Stopped); ok {
+		t.Fatal("stopped announced while node B, a live member, did not apply the stop")
+	}
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "the repeated stop to succeed", func() bool {
+		_, err := e.client.StopWorker(ctxT(t), &pb.StopWorkerRequest{WorkerId: id})
+		return err == nil
+	})
+	waitFor(t, 30*time.Second, "the stopped event", func() bool { _, ok := e.lifecycleEventOf(id, lifecycleevents.Stopped); return ok })
+
+	// 2. B paused for longer than the TTL: gone from the membership, it no
+	// longer holds the stop back, and it serves nothing when it runs again.
+	if _, err := e.client.StartWorker(ctxT(t), &pb.StartWorkerRequest{WorkerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	servedByB("again")
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ttl+2*heartbeat, "node A to count node B as gone", func() bool {
+		c := e.healthReport(t).Checks[health.Cluster]
+		return c.Status == health.Healthy && !strings.Contains(c.Detail, "node-b")
+	})
+	stopsBefore := e.countLifecycle(id, lifecycleevents.Stopped)
+	if _, err := e.client.StopWorker(ctxT(t), &pb.StopWorkerRequest{WorkerId: id}); err != nil {
+		t.Fatalf("StopWorker with node B gone from the membership: %v", err)
+	}
+	waitFor(t, 30*time.Second, "the second stopped event", func() bool { return e.countLifecycle(id, lifecycleevents.Stopped) > stopsBefore })
+	// Published while B is paused (its daprd hands them to B, the only
+	// node still subscribed) and right after it runs again.
+	for i := range 3 {
+		e.publish(in, fmt.Sprintf("paused-%d", i), map[string]any{"n": i}, "")
+	}
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		e.publish(in, fmt.Sprintf("resumed-%d", i), map[string]any{"n": i}, "")
+	}
+	waitFor(t, 60*time.Second, "node B a member again and reconciled", func() bool {
+		c, ok := healthAt(t, bURL).Checks[reconcile.Membership]
+		return ok && c.Status == health.Healthy && strings.Contains(c.Detail, "reconciled")
+	})
+	// Then B serves again, and its subscription of the stopped worker is
+	// gone: a bounded wait (over two of Redis' 6 s redeliveries) for
+	// outputs the stopped worker must not make.
+	reconciled := time.Now()
+	for {
+		if n := outputsFrom(outs, "", "paused-") + outputsFrom(outs, "", "resumed-"); n > 0 {
+			t.Fatalf("%d output(s) of the stopped worker after it was announced stopped", n)
+		}
+		if time.Since(reconciled) > 15*time.Second {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// beats records when node's heartbeats (infraevents.HeartbeatTopic) arrive.
+type beats struct {
+	mu   sync.Mutex
+	last time.Time
+}
+
+func beatsOf(ch <-chan event.Event, node string) *beats {
+	b := &beats{}
+	go func() {
+		for ev := range ch {
+			var d struct {
+				Node string `json:"node"`
+			}
+			if ev.DataAs(&d) == nil && d.Node == node {
+				b.mu.Lock()
+				b.last = time.Now()
+				b.mu.Unlock()
+			}
+		}
+	}()
+	return b
+}
+
+// after reports whether a heartbeat arrived after t.
+func (b *beats) after(t time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.last.After(t)
+}
+
+// outputsFrom counts the outputs of node ("": any) for inputs whose id
+// starts with prefix.
+func outputsFrom(c *collect, node, prefix string) int {
+	n := 0
+	for _, ev := range c.all() {
+		var d struct{ In, Node string }
+		if (ev.DataAs(&d) == nil) && strings.HasPrefix(d.In, prefix) && (node == "" || d.Node == node) {
+			n++
+		}
+	}
+	return n
+}
+
+// lifecycleEventOf returns worker id's first lifecycle event of kind.
+func (e *env) lifecycleEventOf(id string, kind lifecycleevents.Kind) (lifecycleEvent, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, l := range e.lifecycle {
+		if l.Data.WorkerID == id && l.Type == lifecycleevents.TypePrefix+string(kind) {
+			return l, true
+		}
+	}
+	return lifecycleEvent{}, false
+}
+
+func (e *env) countLifecycle(id string, kind lifecycleevents.Kind) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, l := range e.lifecycle {
+		if l.Data.WorkerID == id && l.Type == lifecycleevents.TypePrefix+string(kind) {
+			n++
+		}
+	}
+	return n
+}
+
+// healthAt reads /health of the node at url.
+func healthAt(t *testing.T, url string) health.Report {
+	t.Helper()
+	var r health.Report
+	resp, err := http.Get(url + "/health")
+	if err != nil {
+		return r
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	_ = json.Unmarshal(b, &r)
+	return r
+}
+
+// startNodeBAt is startNodeB that also returns node B's base URL.
+func (e *env) startNodeBAt(t *testing.T) (*devstack.Proc, string) {
+	t.Helper()
+	ctx := ctxT(t)
+	sc, err := e.stack.StartSidecar(ctx, "daprd-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, addr := e.onFreePort(func(addr string) (*devstack.Proc, error) {
+		p, err := devstack.StartProc(e.dir, "node-b", e.withSandbox(append(append(e.stack.Env(), "DAPR_GRPC_ADDRESS="+sc.GRPCAddr,
+			"WORKMANAGER_HTTP_ADDR="+addr, "WORKER_TIMEOUT=2s", "LOG_LEVEL=debug", "WORKMANAGER_NODE_ID=node-b"), e.nodeEnv...)),
+			filepath.Join(e.bins, "worker"))
+		if err != nil {
+			return nil, err
+		}
+		return p, devstack.WaitHTTP(ctx, p, "http://"+addr+"/readyz", 90*time.Second)
+	})
+	t.Cleanup(p.Kill)
+	return p, "http://" + addr
+}
