@@ -1,7 +1,10 @@
 package sandbox_test
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -10,27 +13,32 @@ import (
 
 // Issue 32, round two, gap 3: user ids were unique per node process only:
 // two node processes on one host (or privileged replicas on one
-// Kubernetes host) gave the same worker, or two colliding ones, one id,
-// since the preferred id is a public hash of the worker id. Node
-// processes that share the claim directory never do now, and an id comes
-// free for the other node once its worker left.
+// Kubernetes host) could give two workers whose preferred ids collide one
+// id, since the preferred id is a public hash of the worker id. Node
+// processes that share the claim directory never do now; one worker run
+// by both keeps one id (its files on a shared writable path stay its own:
+// a group's workers run on every node), and an id comes free for the
+// other node once its worker left.
 func TestTwoNodesOnOneHostNeverShareAUID(t *testing.T) {
 	dir := t.TempDir()
 	n1 := strict(t, sandbox.Config{UIDClaimDir: dir})
 	n2 := strict(t, sandbox.Config{UIDClaimDir: dir})
 	const w = "acme.ef5e0277-16f9-5675-886d-f87dfa59b5ae"
+	other := collidingOwner(t, w)
 	a := start(t, n1, w, "id -u; exec sleep 60")
-	b := start(t, n2, w, "id -u; exec sleep 60")
-	if a == b {
-		t.Fatalf("two node processes on one host gave %s to a live worker each", a)
+	if b := start(t, n2, w, "id -u; exec sleep 60"); a != b {
+		t.Fatalf("one worker on two node processes of one host: ids %s and %s; want one", a, b)
+	}
+	if c := start(t, n2, other, "id -u; exec sleep 60"); c == a {
+		t.Fatalf("two node processes on one host gave %s to two live workers (%s on n1, %s on n2)", a, w, other)
 	}
 	if !layerDetail(n1, "unique on this host (claimed in "+dir+")") {
 		t.Errorf("layers %v; want the user layer to say where ids are claimed", n1.Layers())
 	}
-	// Without claims (the old behaviour) both take the preferred id.
+	// Without claims (the old behaviour) the colliding workers share it.
 	o1 := strict(t, sandbox.Config{UIDClaimDir: "-"})
 	o2 := strict(t, sandbox.Config{UIDClaimDir: "-"})
-	if x, y := start(t, o1, w+"-x", "id -u; exec sleep 60"), start(t, o2, w+"-x", "id -u; exec sleep 60"); x != y {
+	if x, y := start(t, o1, w, "id -u; exec sleep 60"), start(t, o2, other, "id -u; exec sleep 60"); x != y {
 		t.Errorf("without claims: %s and %s; the test no longer shows the collision", x, y)
 	}
 	// A released id can be claimed by the other node.
@@ -49,6 +57,24 @@ func TestTwoNodesOnOneHostNeverShareAUID(t *testing.T) {
 	if m, _ := filepath.Glob(filepath.Join(dir, "*")); len(m) < 3 {
 		t.Errorf("claim files %v; want one per id used", m)
 	}
+}
+
+// collidingOwner finds a worker id whose preferred user id (the sandbox's
+// public hash, SHA-256 mod the default 50,000 ids) is w's.
+func collidingOwner(t *testing.T, w string) string {
+	t.Helper()
+	pref := func(s string) uint64 {
+		sum := sha256.Sum256([]byte(s))
+		return binary.BigEndian.Uint64(sum[:8]) % 50000
+	}
+	want := pref(w)
+	for i := 0; i < 2_000_000; i++ {
+		if o := "globex.w" + strconv.Itoa(i); pref(o) == want {
+			return o
+		}
+	}
+	t.Fatal("no colliding worker id found")
+	return ""
 }
 
 func layerDetail(s *sandbox.Sandbox, want string) bool {

@@ -26,12 +26,13 @@ import (
 // concurrent use.
 //
 // With a claim directory (claimDir) the ids are unique on the host too:
-// an id is taken only with an exclusive flock on claimDir/<uid>, held
-// until the id is freed or the process ends (the kernel drops it even
-// when the node is killed), so node processes that share the directory
-// (every node on one host, by default /run/workmanager/sandbox-uids) never
-// give one id to two live workers. Another node's claim is skipped like a
-// held id.
+// an id is taken only with a flock on claimDir/<uid>, which names the
+// worker it is for and is held until the id is freed or the process ends
+// (the kernel drops it even when the node is killed), so node processes
+// that share the directory (every node on one host, by default
+// /run/workmanager/sandbox-uids) never give one id to two live workers,
+// while one worker run by several of them keeps one id (claim). Another
+// worker's claim is skipped like a held id.
 type uidAllocator struct {
 	mu       sync.Mutex
 	base     int
@@ -71,7 +72,7 @@ func (a *uidAllocator) acquire(owner string) (int, func(), error) {
 	}
 	l := a.leases[owner]
 	if l == nil {
-		uid, claim, err := a.take(start)
+		uid, claim, err := a.take(start, owner)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -94,7 +95,7 @@ func (a *uidAllocator) preferred(owner string) int {
 // take returns the first id not held (here, or by another node process
 // sharing claimDir), from offset start on, with its claim. Callers hold
 // mu.
-func (a *uidAllocator) take(start int) (int, *os.File, error) {
+func (a *uidAllocator) take(start int, owner string) (int, *os.File, error) {
 	var claimErr error
 	for attempt := 0; attempt < 2; attempt++ {
 		for i := 0; i < a.n; i++ {
@@ -105,7 +106,7 @@ func (a *uidAllocator) take(start int) (int, *os.File, error) {
 			if a.claimDir == "" {
 				return uid, nil, nil
 			}
-			f, err := a.claim(uid)
+			f, err := a.claim(uid, owner)
 			if err == nil {
 				return uid, f, nil
 			}
@@ -122,24 +123,53 @@ func (a *uidAllocator) take(start int) (int, *os.File, error) {
 		a.n, a.base, a.base+a.n-1)
 }
 
-// claim takes the exclusive flock on claimDir/<uid>; EWOULDBLOCK: another
-// node process holds it.
-func (a *uidAllocator) claim(uid int) (*os.File, error) {
+// claim claims claimDir/<uid> for owner (a worker id): the file names its
+// owner, and every node process that runs that worker holds a shared
+// flock on it, so the same worker keeps one id on every node of a host
+// (its files on shared writable paths stay its own) while no other worker
+// can take the id. A free file (no lock) is taken with an exclusive flock,
+// its owner written, then shared; a file held for another owner is
+// EWOULDBLOCK. The owner is read again once the shared lock is held: a
+// claim that changed hands meanwhile (flock's downgrade is not atomic) is
+// given up.
+func (a *uidAllocator) claim(uid int, owner string) (*os.File, error) {
 	f, err := os.OpenFile(filepath.Join(a.claimDir, strconv.Itoa(uid)), os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	for {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err != syscall.EINTR {
-			break
+	if err := flock(f, syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
+		if err := f.Truncate(0); err != nil {
+			f.Close()
+			return nil, err
 		}
-	}
-	if err != nil {
+		if _, err := f.WriteAt([]byte(owner), 0); err != nil {
+			f.Close()
+			return nil, err
+		}
+	} else if !errors.Is(err, syscall.EWOULDBLOCK) {
 		f.Close()
 		return nil, err
 	}
+	if err := flock(f, syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, err
+	}
+	buf := make([]byte, len(owner)+1)
+	n, _ := f.ReadAt(buf, 0)
+	if string(buf[:n]) != owner {
+		f.Close() // another worker's id
+		return nil, syscall.EWOULDBLOCK
+	}
 	return f, nil
+}
+
+func flock(f *os.File, how int) error {
+	for {
+		err := syscall.Flock(int(f.Fd()), how)
+		if err != syscall.EINTR {
+			return err
+		}
+	}
 }
 
 // release gives back one reference of l. Callers do not hold mu.
