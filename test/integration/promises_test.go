@@ -259,8 +259,13 @@ func TestPartitionedNodeStopsServingWithinItsLease(t *testing.T) {
 	}
 
 	proxy.cut()
-	if _, err := e.client.StopWorker(ctxT(t), &pb.StopWorkerRequest{WorkerId: id}); err != nil {
-		t.Fatalf("StopWorker with node B cut off: %v", err)
+	// Node B is still a cluster member (its heartbeats go through Dapr), so
+	// the stop, persisted, is not announced while B may still serve the
+	// worker: UNAVAILABLE naming B (issue 33 item 5); OK once B had fallen
+	// out of the membership.
+	if _, err := e.client.StopWorker(ctxT(t), &pb.StopWorkerRequest{WorkerId: id}); err != nil &&
+		!(status.Code(err) == codes.Unavailable && strings.Contains(err.Error(), "node-b")) {
+		t.Fatalf("StopWorker with node B cut off: %v; want OK, or UNAVAILABLE naming node-b", err)
 	}
 	// Node B missed the stop; within its lease (4 s, checked every 1 s) it
 	// fences itself and closes the worker's subscription on its daprd.
