@@ -355,8 +355,12 @@ func (c *collect) countType(typ string) int {
 // its node renews the lease.)
 func TestStaleLockHolderOutputIsRefused(t *testing.T) {
 	t.Parallel() // a stack of its own
+	// NODE_HEARTBEAT=5s: the 6 s pause outlasts the lock's max age but not
+	// the node's membership (15 s), so what refuses the resumed holder's
+	// output is the lock's fencing (stale_lock); past its membership, the
+	// node would drop the call's output before that (issue 33 item 5).
 	lockEnv := []string{"GROUP_LOCK_MAX_AGE_MS=3000", "GROUP_LOCK_RETRY_BASE_DELAY_MS=200", "GROUP_LOCK_MAX_RETRIES=4",
-		"WORKER_TIMEOUT=2s", "WORKER_RETRY_BACKOFF=100ms"}
+		"WORKER_TIMEOUT=2s", "WORKER_RETRY_BACKOFF=100ms", "NODE_HEARTBEAT=5s"}
 	e := newEnvWith(t, envConfig{nodeEnv: lockEnv})
 	nodeB := e.startNodeB(t)
 	dir := workerDir(t)
