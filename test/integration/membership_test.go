@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,7 +15,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/virtufin/workmanager/internal/devstack"
 	"github.com/virtufin/workmanager/internal/health"
 	"github.com/virtufin/workmanager/internal/infraevents"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
@@ -49,7 +47,7 @@ func TestStopWaitsForPausedMemberAndLapsedNodeServesNothing(t *testing.T) {
 	nodeEnv := []string{"RECONCILE_INTERVAL=0", "NODE_HEARTBEAT=" + heartbeat.String()}
 	e := newEnvWith(t, envConfig{nodeEnv: nodeEnv})
 	beatsOfB := beatsOf(e.subscribe(infraevents.HeartbeatTopic), "node-b")
-	nodeB, bURL := e.startNodeBAt(t)
+	nodeB, _, bURL := e.startNodeBFull(t) // its nodeEnv sets NODE_HEARTBEAT and RECONCILE_INTERVAL
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := collectFrom(e.subscribe(out))
 	code := []byte(fmt.Sprintf(`
@@ -235,25 +233,4 @@ func healthAt(t *testing.T, url string) health.Report {
 	b, _ := io.ReadAll(resp.Body)
 	_ = json.Unmarshal(b, &r)
 	return r
-}
-
-// startNodeBAt is startNodeB that also returns node B's base URL.
-func (e *env) startNodeBAt(t *testing.T) (*devstack.Proc, string) {
-	t.Helper()
-	ctx := ctxT(t)
-	sc, err := e.stack.StartSidecar(ctx, "daprd-b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, addr := e.onFreePort(func(addr string) (*devstack.Proc, error) {
-		p, err := devstack.StartProc(e.dir, "node-b", e.withSandbox(append(append(e.stack.Env(), "DAPR_GRPC_ADDRESS="+sc.GRPCAddr,
-			"WORKMANAGER_HTTP_ADDR="+addr, "WORKER_TIMEOUT=2s", "LOG_LEVEL=debug", "WORKMANAGER_NODE_ID=node-b"), e.nodeEnv...)),
-			filepath.Join(e.bins, "worker"))
-		if err != nil {
-			return nil, err
-		}
-		return p, devstack.WaitHTTP(ctx, p, "http://"+addr+"/readyz", 90*time.Second)
-	})
-	t.Cleanup(p.Kill)
-	return p, "http://" + addr
 }
