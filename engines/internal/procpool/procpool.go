@@ -143,6 +143,8 @@ type Pool[P Process] struct {
 	killAll bool           // Close gave up waiting: kill every process
 	procs   map[P]struct{} // live processes, for Close
 	wg      sync.WaitGroup // calls in flight and restarts
+
+	now func() time.Time // the backoff's clock (time.Now; tests set their own)
 }
 
 // New returns a pool with cfg.Size empty slots; Fill starts their processes.
@@ -154,6 +156,7 @@ func New[P Process](cfg Config[P]) *Pool[P] {
 		closed:    make(chan struct{}),
 		closeDone: make(chan struct{}),
 		procs:     map[P]struct{}{},
+		now:       time.Now,
 	}
 	if pl.cfg.RestartBackoff == 0 {
 		pl.cfg.RestartBackoff = DefaultRestartBackoff
@@ -308,7 +311,7 @@ func (pl *Pool[P]) ProcBy(ctx context.Context, s *Slot[P], deadline time.Time) (
 		}
 	}
 	if s.failures > 0 {
-		if wait := time.Until(s.nextTry); wait > 0 {
+		if wait := s.nextTry.Sub(pl.now()); wait > 0 {
 			return zero, fmt.Errorf("%w: %d start(s) failed in a row, the last with: %w (next try in %v)",
 				ErrCannotStart, s.failures, s.lastErr, wait.Round(time.Millisecond))
 		}
@@ -394,7 +397,7 @@ func (pl *Pool[P]) startFailed(s *Slot[P], err error) {
 	if s.failures < 32 {
 		d = min(pl.cfg.RestartBackoff<<(s.failures-1), d)
 	}
-	s.nextTry = time.Now().Add(d)
+	s.nextTry = pl.now().Add(d)
 }
 
 // Release gives the slot back with its process as it is, and ends the call.
