@@ -390,7 +390,7 @@ func TestStopOfGroupedWorkerDoesNotRunTheWaiters(t *testing.T) {
 		s.In <- request(fmt.Sprintf("m%d", i), "")
 	}
 	<-entered
-	time.Sleep(50 * time.Millisecond) // the other three wait for the group
+	time.Sleep(50 * time.Millisecond)   // the other three wait for the group
 	d.Detach(context.Background(), "w") // waits for the one running, not the waiters: ran stays at one
 	got := map[dispatch.Ack]int{}
 	for range 4 {
