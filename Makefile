@@ -9,6 +9,7 @@ PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.0
 GRPCURL_VERSION := v1.9.3
 WORKFLOWCHECK_VERSION := v0.6.0
+GOTESTSUM_VERSION := v1.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TEST_TIMEOUT ?= 35m
 # Integration tests run this many at a time, each on a stack of its own
@@ -32,10 +33,14 @@ run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 # every other package under the race detector (what `make unit` runs,
 # without -short) and the fuzz targets. Then the integration log is shown.
 # A failed check stops the integration tests.
+# gotestsum runs them (its output is go test's) to keep each test's time in
+# $(INTEGRATION_JSON); the slowest are listed at the end.
 INTEGRATION_LOG := .run/test/integration.log
-test: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
+INTEGRATION_JSON := .run/test/integration.json
+test: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp $(TOOLS)/gotestsum-$(GOTESTSUM_VERSION).stamp
 	@mkdir -p $(dir $(INTEGRATION_LOG)); \
-	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) setsid go test -count=1 -timeout $(TEST_TIMEOUT) -parallel $(INTEGRATION_PARALLEL) ./test/integration/ \
+	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) setsid $(TOOLS)/gotestsum --format standard-quiet --jsonfile $(INTEGRATION_JSON) -- \
+		-count=1 -timeout $(TEST_TIMEOUT) -parallel $(INTEGRATION_PARALLEL) ./test/integration/ \
 		> $(INTEGRATION_LOG) 2>&1 & integ=$$!; \
 	trap 'kill -TERM -- -$$integ 2>/dev/null' EXIT; \
 	echo "==> integration tests started in the background (log: $(INTEGRATION_LOG)); the checks run meanwhile"; \
@@ -43,7 +48,10 @@ test: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	if [ $$rc != 0 ]; then echo "==> a check failed: stopping the integration tests"; exit $$rc; fi; \
 	echo "==> checks passed; waiting for the integration tests"; \
 	wait $$integ; irc=$$?; trap - EXIT; \
-	cat $(INTEGRATION_LOG); exit $$irc
+	cat $(INTEGRATION_LOG); \
+	echo "==> the slowest integration tests (seconds; all in $(INTEGRATION_JSON)):"; \
+	$(TOOLS)/gotestsum tool slowest --jsonfile $(INTEGRATION_JSON) --threshold 20s | head -40; \
+	exit $$irc
 
 # The DevKit's pytest (minutes: venvs, pip, mypy) runs next to the Go
 # checks (their lines interleaved, each line whole).
@@ -191,6 +199,13 @@ $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp:
 	@mkdir -p $(TOOLS)
 	@$(STEP) "building grpcurl $(GRPCURL_VERSION) (first run only)" "~40 s" \
 		$(SETUP_LOGS)/grpcurl.log -- env GOBIN=$(TOOLS) go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
+	@touch $@
+
+# gotestsum: runs the integration tests and keeps each test's time.
+$(TOOLS)/gotestsum-$(GOTESTSUM_VERSION).stamp:
+	@mkdir -p $(TOOLS)
+	@$(STEP) "building gotestsum $(GOTESTSUM_VERSION) (first run only)" "~15 s" \
+		$(SETUP_LOGS)/gotestsum.log -- env GOBIN=$(TOOLS) go install gotest.tools/gotestsum@$(GOTESTSUM_VERSION)
 	@touch $@
 
 $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp:
