@@ -9,13 +9,16 @@ PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.0
 GRPCURL_VERSION := v1.9.3
 WORKFLOWCHECK_VERSION := v0.6.0
-GOTESTSUM_VERSION := v1.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TEST_TIMEOUT ?= 35m
-# Integration tests run this many at a time, each on a stack of its own
-# (TestSharedStack runs the rest one after another on one shared stack):
-# most of their time is spent waiting on timeouts, redeliveries and leases.
-INTEGRATION_PARALLEL ?= 4
+# Integration tests run this many at a time, longest first (the package's
+# own scheduler, test/integration/schedule_test.go; go test's -parallel is
+# set above the number of tests so that it does not choose), each on a
+# stack of its own (TestSharedStack runs the rest one after another on one
+# shared stack): most of their time is spent waiting on timeouts,
+# redeliveries and leases.
+INTEGRATION_PARALLEL ?= 5
+INTEGRATION_FLAGS = -parallel 64
 UNIT_PACKAGES = $$(go list ./... | grep -v /test/integration)
 REQUIRE_SANDBOX = $$([ "$$(id -u)" = 0 ] && echo 1)
 
@@ -33,14 +36,14 @@ run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 # every other package under the race detector (what `make unit` runs,
 # without -short) and the fuzz targets. Then the integration log is shown.
 # A failed check stops the integration tests.
-# gotestsum runs them (its output is go test's) to keep each test's time in
-# $(INTEGRATION_JSON); the slowest are listed at the end.
+# Each test's own time (its wait for a turn left out) goes to
+# $(INTEGRATION_TIMES), the slowest first; its head is shown at the end.
 INTEGRATION_LOG := .run/test/integration.log
-INTEGRATION_JSON := .run/test/integration.json
-test: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp $(TOOLS)/gotestsum-$(GOTESTSUM_VERSION).stamp
-	@mkdir -p $(dir $(INTEGRATION_LOG)); \
-	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) setsid $(TOOLS)/gotestsum --format standard-quiet --jsonfile $(INTEGRATION_JSON) -- \
-		-count=1 -timeout $(TEST_TIMEOUT) -parallel $(INTEGRATION_PARALLEL) ./test/integration/ \
+INTEGRATION_TIMES := .run/test/integration-times.txt
+test: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
+	@mkdir -p $(dir $(INTEGRATION_LOG)); rm -f $(INTEGRATION_TIMES); \
+	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) WM_INTEGRATION_PARALLEL=$(INTEGRATION_PARALLEL) WM_INTEGRATION_TIMES=$(CURDIR)/$(INTEGRATION_TIMES) \
+		setsid go test -count=1 -timeout $(TEST_TIMEOUT) $(INTEGRATION_FLAGS) ./test/integration/ \
 		> $(INTEGRATION_LOG) 2>&1 & integ=$$!; \
 	trap 'kill -TERM -- -$$integ 2>/dev/null' EXIT; \
 	echo "==> integration tests started in the background (log: $(INTEGRATION_LOG)); the checks run meanwhile"; \
@@ -49,8 +52,7 @@ test: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp $(TOOLS)/gotests
 	echo "==> checks passed; waiting for the integration tests"; \
 	wait $$integ; irc=$$?; trap - EXIT; \
 	cat $(INTEGRATION_LOG); \
-	echo "==> the slowest integration tests (seconds; all in $(INTEGRATION_JSON)):"; \
-	$(TOOLS)/gotestsum tool slowest --jsonfile $(INTEGRATION_JSON) --threshold 20s | head -40; \
+	if [ -f $(INTEGRATION_TIMES) ]; then head -25 $(INTEGRATION_TIMES); echo "    (all: $(INTEGRATION_TIMES))"; fi; \
 	exit $$irc
 
 # The DevKit's pytest (minutes: venvs, pip, mypy) runs next to the Go
@@ -85,7 +87,7 @@ unit: vet
 	go test -race -timeout 10m -short $(UNIT_PACKAGES)
 
 integration: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
-	go test -timeout $(TEST_TIMEOUT) -parallel $(INTEGRATION_PARALLEL) -v ./test/integration/
+	WM_INTEGRATION_PARALLEL=$(INTEGRATION_PARALLEL) go test -timeout $(TEST_TIMEOUT) $(INTEGRATION_FLAGS) -v ./test/integration/
 
 bench: deps tools
 	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./engines/python/ ./engines/native/
@@ -199,13 +201,6 @@ $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp:
 	@mkdir -p $(TOOLS)
 	@$(STEP) "building grpcurl $(GRPCURL_VERSION) (first run only)" "~40 s" \
 		$(SETUP_LOGS)/grpcurl.log -- env GOBIN=$(TOOLS) go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
-	@touch $@
-
-# gotestsum: runs the integration tests and keeps each test's time.
-$(TOOLS)/gotestsum-$(GOTESTSUM_VERSION).stamp:
-	@mkdir -p $(TOOLS)
-	@$(STEP) "building gotestsum $(GOTESTSUM_VERSION) (first run only)" "~15 s" \
-		$(SETUP_LOGS)/gotestsum.log -- env GOBIN=$(TOOLS) go install gotest.tools/gotestsum@$(GOTESTSUM_VERSION)
 	@touch $@
 
 $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp:

@@ -72,6 +72,10 @@ type Options struct {
 	// ExtraResources are more Dapr resource files (name → YAML), e.g. an
 	// HTTPEndpoint that workers reach through the gateway.
 	ExtraResources map[string]string
+	// TemporalDynamicConfig are more of the dev server's dynamic config
+	// values, each "key=JSON value" (temporal server start-dev
+	// --dynamic-config-value), e.g. matching.longPollExpirationInterval="10s".
+	TemporalDynamicConfig []string
 }
 
 // Stack is a running set of servers.
@@ -353,6 +357,9 @@ func (s *Stack) startTemporal(ctx context.Context) error {
 		"--http-port", strconv.Itoa(httpPort), "--metrics-port", strconv.Itoa(metricsPort),
 		// Several updates may be in flight on one worker workflow.
 		"--dynamic-config-value", "history.maxInFlightUpdates=100",
+	}
+	for _, kv := range s.TemporalDynamicConfig {
+		args = append(args, "--dynamic-config-value", kv)
 	}
 	if !s.TemporalInMemory {
 		// WAL with synchronous=NORMAL: a write is in the log (the OS's page

@@ -134,7 +134,7 @@ func testExampleWorker(t *testing.T) {
 // nothing: every LoadCode gets its own version, the final state is what the
 // last call said, and the workflow really continued as new.
 func TestConcurrentUpdatesAcrossContinueAsNew(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{apiEnv: []string{"WORKMANAGER_CONTINUE_AS_NEW_AFTER=3"}})
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := e.subscribe(out)
@@ -251,7 +251,7 @@ func newEnvWithTokens(t *testing.T, tokens []apiToken, apiEnv ...string) *env {
 // UNAUTHENTICATED (the health service too, unless API_PUBLIC_HEALTH), a
 // reader reads but cannot create, and a refused create leaves nothing.
 func TestAPIAuthentication(t *testing.T) {
-	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
+	inTurn(t) // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	e := newEnvWithTokens(t, []apiToken{{"reader-token-0123456789", "reader", "default", "viewer"}})
 	dial := func(creds ...grpc.DialOption) *grpc.ClientConn {
 		conn, err := grpc.NewClient(e.apiAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, creds...)...)
@@ -295,7 +295,7 @@ func TestAPIAuthentication(t *testing.T) {
 // not), code over API_MAX_CODE_BYTES is INVALID_ARGUMENT, and /health
 // says whether authentication is on, loudly when it is off.
 func TestAPILimitsAndHealth(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	port, err := devstack.FreePort()
 	if err != nil {
 		t.Fatal(err)
@@ -375,7 +375,7 @@ func TestAPILimitsAndHealth(t *testing.T) {
 // bearer token still does over TLS, a TLS caller with neither is
 // UNAUTHENTICATED, and plaintext gets no answer.
 func TestAPIMutualTLS(t *testing.T) {
-	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
+	inTurn(t) // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	e := newEnv(t, "")
 	certs, err := devstack.DevTLS(t.TempDir())
 	if err != nil {

@@ -39,6 +39,9 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	stopSharedStack()
+	if err := turns.writeTimes(); err != nil {
+		fmt.Fprintln(os.Stderr, "integration times:", err)
+	}
 	os.Exit(code)
 }
 

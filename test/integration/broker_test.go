@@ -63,7 +63,7 @@ func (e *env) readyz(t *testing.T) (int, string) {
 // Degraded with the reason and /readyz fails after the grace; both recover
 // by themselves when the broker returns, and no message is lost.
 func TestHealthTracksBrokerOutage(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"BROKER_PROBE_INTERVAL=500ms", "BROKER_READY_GRACE=3s"}})
 	in, out := topicName(t, "in"), topicName(t, "out")
 	e.create(t, in, echoWorker(out, "v1"))

@@ -23,7 +23,7 @@ import (
 // nothing is persisted for either; a pinned URL from the allowed server
 // works end to end.
 func TestCodeURLSources(t *testing.T) {
-	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
+	inTurn(t) // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	e := newEnv(t, "")
 	out := topicName(t, "out")
 	code := echoWorker(out, "from-url")

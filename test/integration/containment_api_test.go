@@ -24,7 +24,7 @@ import (
 // guard, a connection to daprd's port fails in the sandbox's network
 // namespace.
 func TestGatewayIsNoProxyToDaprd(t *testing.T) {
-	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
+	inTurn(t) // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"WORKER_MAX_ATTEMPTS=1", "PYTHON_ALLOWED_PACKAGES=os,socket"}})
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := collectFrom(e.subscribe(out))

@@ -17,7 +17,7 @@ import (
 // the process lockdown filter, and /tmp and /scratch end with ENOSPC at
 // their 64 MiB instead of taking the node's memory and disk.
 func TestContainmentSandboxOnTheRealStack(t *testing.T) {
-	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
+	inTurn(t) // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"WORKER_MAX_ATTEMPTS=1"}})
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := collectFrom(e.subscribe(out))

@@ -186,7 +186,7 @@ func (c *collect) get(id string) []event.Event {
 // after the poison worker is fixed, ReplayDeadLetters brings its dead
 // letters back and each is processed once, by that worker only.
 func TestPoisonMessagesDeadLetterAndReplay(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"WORKER_MAX_ATTEMPTS=3", "WORKER_RETRY_BACKOFF=200ms"}})
 	dir := workerDir(t)
 	in, out := topicName(t, "in"), topicName(t, "out")
@@ -274,7 +274,7 @@ func TestPoisonMessagesDeadLetterAndReplay(t *testing.T) {
 // Undecodable and oversized events go to <topic>-dead at once; the
 // well-formed messages around them are processed.
 func TestUndecodableAndOversizedEventsDeadLetter(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"MAX_EVENT_BYTES=4096"}})
 	in, out := topicName(t, "in"), topicName(t, "out")
 	dead := collectFrom(e.subscribe(in + dispatch.DeadLetterSuffix))
@@ -299,7 +299,7 @@ func TestUndecodableAndOversizedEventsDeadLetter(t *testing.T) {
 // cannot be stolen), a message is retried with the configured backoff and
 // ends in <topic>-dead with lock_contention after its attempts.
 func TestLockContentionDeadLetters(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	// WORKER_TIMEOUT below the max age, or the node refuses to start.
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"GROUP_LOCK_RETRY_BASE_DELAY_MS=50", "GROUP_LOCK_MAX_RETRIES=2",
 		"WORKER_MAX_ATTEMPTS=2", "WORKER_RETRY_BACKOFF=100ms", "GROUP_LOCK_MAX_AGE_MS=5000", "WORKER_TIMEOUT=2s", "WORKMANAGER_NODE_ID=node-a"}})
@@ -354,7 +354,7 @@ func (c *collect) countType(typ string) int {
 // workmanager.infra.grouplock. (A call that merely runs long keeps its lock:
 // its node renews the lease.)
 func TestStaleLockHolderOutputIsRefused(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	// NODE_HEARTBEAT=5s: the 6 s pause outlasts the lock's max age but not
 	// the node's membership (15 s), so what refuses the resumed holder's
 	// output is the lock's fencing (stale_lock); past its membership, the
@@ -524,7 +524,7 @@ func envInt(name string, def int) int {
 // worker runs alongside. The fencing tokens of the group's executions are
 // all distinct.
 func TestGroupMutualExclusionAcrossNodes(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	// NODE_HEARTBEAT=5s (membership 15 s): with the harness's 1 s, a node
 	// starved of CPU next to the rest of make test could lapse for 3 s
 	// mid-call, and a call whose node lost its membership publishes nothing
@@ -618,7 +618,7 @@ func (e *env) publishPaced(topic, prefix string, n, rate int, data map[string]an
 // (no call is cut off: every message is processed exactly once), the
 // messages it gives back are processed by the other node, nothing is lost.
 func TestSIGTERMDrainsInFlightMessages(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"SHUTDOWN_GRACE=20s"}})
 	e.startNodeB(t)
 	dir := workerDir(t)
@@ -665,7 +665,7 @@ func refusing(code []byte) []byte {
 // node that can has processed them; the other worker on the topic runs
 // each message exactly once.
 func TestWorkerUnrunnableOnOneNodeLosesNothing(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{})
 	dir := workerDir(t)
 	in, out := topicName(t, "in"), topicName(t, "out")
@@ -702,7 +702,7 @@ func TestWorkerUnrunnableOnOneNodeLosesNothing(t *testing.T) {
 // processed every message; duplicates are only messages that were in flight
 // on the killed node, and the test reports their count.
 func TestKillNodeLosesNothing(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{})
 	e.startNodeB(t)
 	dir := workerDir(t)
@@ -775,7 +775,7 @@ func (e *env) publishVia(t *testing.T, httpAddr, topic, id string, data any) {
 // of a stream lose nothing: the node's streams reconnect by themselves and
 // every message is processed.
 func TestDaprdAndRedisRestartsLoseNothing(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{})
 	ctx := ctxT(t)
 	pubSide, err := e.stack.StartSidecar(ctx, "daprd-publisher") // publishes while the node's daprd is away
@@ -818,7 +818,7 @@ func TestDaprdAndRedisRestartsLoseNothing(t *testing.T) {
 // A hung worker on a shared topic delays only its own messages: the other
 // worker's latency from publish to output stays under a second (p99).
 func TestHungWorkerDoesNotDelayOthers(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{})
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := e.subscribe(out)
@@ -867,7 +867,7 @@ func TestHungWorkerDoesNotDelayOthers(t *testing.T) {
 // including the raw streaming subscriptions — so processing works; a call
 // without it is refused.
 func TestDaprAPITokenIsSent(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{daprAPIToken: "dev-token-" + strconv.FormatInt(time.Now().UnixNano(), 36)})
 	in, out := topicName(t, "in"), topicName(t, "out")
 	o := &outputs{t: t, ch: e.subscribe(out), seen: map[string]bool{}}
@@ -888,7 +888,7 @@ func TestDaprAPITokenIsSent(t *testing.T) {
 // after its attempts the input is on <topic>-dead with reason panic, and the
 // node keeps serving the other inputs.
 func TestHotPathPanicIsAFailedAttempt(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"WM_TEST_PANIC_EXTENSION=wmtestpanic", "WORKER_MAX_ATTEMPTS=2", "WORKER_RETRY_BACKOFF=100ms"}})
 	in, out := topicName(t, "in"), topicName(t, "out")
 	dead := collectFrom(e.subscribe(in + dispatch.DeadLetterSuffix))

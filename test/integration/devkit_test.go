@@ -74,7 +74,7 @@ process = Quotes(Command, %q)
 // process published events; outputs carry the correlation id; problems
 // are error responses.
 func TestDevKitWorkers(t *testing.T) {
-	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
+	inTurn(t) // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	var quotes atomic.Int32
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -196,7 +196,7 @@ func findInput(evs []event.Event, id string) (event.Event, bool) {
 // `python -m virtufin_worker run` with the same worker id and topic; the
 // outputs (id, source, type, data, correlation id) are the same.
 func TestDevKitHarnessMatchesTheNode(t *testing.T) {
-	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
+	inTurn(t) // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	e := newEnv(t, "")
 	in, out := topicName(t, "in"), topicName(t, "out")
 	code := []byte(fmt.Sprintf(devkitCommandWorker, out))

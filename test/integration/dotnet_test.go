@@ -165,7 +165,7 @@ func dotnetPackage(t *testing.T, id, src string) []byte {
 // compile error names its line; a throwing worker yields worker.error; a
 // worker that ends its host is restarted and the node keeps serving.
 func TestDotnetWorkers(t *testing.T) {
-	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
+	inTurn(t) // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	var quotes atomic.Int32
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		quotes.Add(1)

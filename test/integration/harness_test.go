@@ -125,6 +125,9 @@ type envConfig struct {
 	// that restarts Temporal on it (otherwise it is kept in memory, which
 	// halves the cost of every lifecycle call).
 	keepTemporalData bool
+	// temporalDynamicConfig are more dynamic config values of the
+	// Temporal dev server ("key=JSON value").
+	temporalDynamicConfig []string
 }
 
 // newEnv starts a full stack in dir (a fresh temp dir when empty).
@@ -143,7 +146,8 @@ func newEnvWith(t testing.TB, c envConfig) *env {
 	defer cancel()
 	st, err := devstack.Start(ctx, devstack.Options{Dir: c.dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"), Headless: !c.ui, TemporalInMemory: !c.keepTemporalData, // not StartT: a test may restart the stack on the same dir
 		RedisPort: c.redisPort, TemporalPort: c.temporalPort, RedeliverInterval: time.Second, ProcessingTimeout: cmp.Or(c.processingTimeout, 6*time.Second),
-		ExtraResources: c.resources, PoolSize: c.poolSize, DaprdEnv: c.daprdEnv, DaprAPIToken: c.daprAPIToken})
+		ExtraResources: c.resources, PoolSize: c.poolSize, DaprdEnv: c.daprdEnv, DaprAPIToken: c.daprAPIToken,
+		TemporalDynamicConfig: c.temporalDynamicConfig})
 	if err != nil {
 		t.Fatal(err)
 	}

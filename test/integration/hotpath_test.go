@@ -116,7 +116,7 @@ func (e *env) lockRecord(t *testing.T, group string) (holder string, held bool) 
 // so the other node never runs the group beside it (no two calls of the
 // group overlap in time).
 func TestSIGTERMHolderKeepsItsGroupUntilReleased(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"SHUTDOWN_GRACE=20s", "WORKER_TIMEOUT=10s", "WORKER_MAX_ATTEMPTS=20", "WORKER_RETRY_BACKOFF=100ms",
 		"NODE_HEARTBEAT=1s"}}) // node B is node-b, node A has its default id
 	e.startNodeB(t, "WORKER_TIMEOUT=10s")

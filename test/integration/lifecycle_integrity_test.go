@@ -19,7 +19,7 @@ import (
 // after the operation timeout), and the events are answered by the OK'd
 // caller's code.
 func TestConcurrentNamedCreatesRunTheAnsweredCode(t *testing.T) {
-	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
+	inTurn(t) // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	e := newEnv(t, "")
 	const rounds = 3
 	for _, withRequestIDs := range []bool{true, false} {

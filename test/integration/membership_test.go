@@ -36,16 +36,18 @@ import (
 // B was paused (the paused process never runs it: a workflow task, Apply or
 // ListNodes would be held for their timeouts, an Activate for
 // ActivateTimeout instead of failing its 5 s pick-up), so the first stop is
-// sent only once B's outstanding long polls have expired (the server's
-// matching.longPollExpirationInterval, 1 min). B must still be a member
-// then: NODE_HEARTBEAT=40s (TTL 2 min), and B is paused right after one of
-// its heartbeats.
+// sent only once B's outstanding long polls have expired: the stack's
+// Temporal server ends a long poll after 10 s
+// (matching.longPollExpirationInterval, 1 min by default; this shortens
+// the test by minutes). B must still be a member then: NODE_HEARTBEAT=20s
+// (TTL 1 min), and B is paused right after one of its heartbeats.
 func TestStopWaitsForPausedMemberAndLapsedNodeServesNothing(t *testing.T) {
-	t.Parallel() // a stack of its own
-	const heartbeat, ttl = 40 * time.Second, 3 * 40 * time.Second
-	const longPoll = time.Minute // Temporal's matching.longPollExpirationInterval
+	inTurn(t) // a stack of its own
+	const heartbeat, ttl = 20 * time.Second, 3 * 20 * time.Second
+	const longPoll = 10 * time.Second // the stack's matching.longPollExpirationInterval
 	nodeEnv := []string{"RECONCILE_INTERVAL=0", "NODE_HEARTBEAT=" + heartbeat.String()}
-	e := newEnvWith(t, envConfig{nodeEnv: nodeEnv})
+	e := newEnvWith(t, envConfig{nodeEnv: nodeEnv,
+		temporalDynamicConfig: []string{fmt.Sprintf("matching.longPollExpirationInterval=%q", longPoll.String())}})
 	beatsOfB := beatsOf(e.subscribe(infraevents.HeartbeatTopic), "node-b")
 	nodeB, _, bURL := e.startNodeBFull(t) // its nodeEnv sets NODE_HEARTBEAT and RECONCILE_INTERVAL
 	in, out := topicName(t, "in"), topicName(t, "out")

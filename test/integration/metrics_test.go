@@ -107,7 +107,7 @@ type expectedSample struct {
 // groups and the Python engine are exact; the Temporal SDK's own metrics
 // are there too.
 func TestMetrics(t *testing.T) {
-	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
+	inTurn(t) // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"WORKER_MAX_ATTEMPTS=2", "WORKER_RETRY_BACKOFF=100ms", "WORKER_MAX_CONCURRENCY=4",
 		"GROUP_LOCK_RETRY_BASE_DELAY_MS=50", "GROUP_LOCK_MAX_RETRIES=1", "GROUP_LOCK_MAX_AGE_MS=5000", "WORKMANAGER_NODE_ID=node-m"}})
 	in, out, lockedIn := topicName(t, "in"), topicName(t, "out"), topicName(t, "locked")

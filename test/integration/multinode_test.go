@@ -25,7 +25,7 @@ import (
 // processing and keeps applying lifecycle operations (waiting at most the
 // schedule-to-start timeout for the dead node until its membership expires).
 func TestSecondNodeTakesOver(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	noReconcile := []string{"RECONCILE_INTERVAL=0"}
 	e := newEnvWith(t, envConfig{nodeEnv: noReconcile})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

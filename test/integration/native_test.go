@@ -72,7 +72,7 @@ type nativeOut struct {
 // service invocation) exercised, hot reload under load with no lost or torn
 // calls, and stop cleans up its extracted files and library mapping.
 func TestNativeWorkerEndToEnd(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	var gatewayCalls atomic.Int32
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		gatewayCalls.Add(1)

@@ -116,7 +116,7 @@ func testCreateWithRequestIDMakesOneWorker(t *testing.T) {
 // meanwhile, and no message is lost: after StartWorker every one is
 // processed.
 func TestStopOfASlowWorkerIsBounded(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"WORKER_TIMEOUT=30s", "WORKER_MAX_CONCURRENCY=2", "WORKER_QUEUE_DEPTH=64"}})
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := collectFrom(e.subscribe(out))
@@ -235,7 +235,7 @@ func (p *tcpProxy) cut() {
 // meanwhile within its lease: it fences itself, and its daprd no longer
 // holds the worker's subscription.
 func TestPartitionedNodeStopsServingWithinItsLease(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnv(t, "")
 	proxy := startProxy(t, e.stack.TemporalAddr)
 	_, scB := e.startNodeBWithSidecar(t, "TEMPORAL_ADDRESS="+proxy.addr, "RECONCILE_INTERVAL=0", "TEMPORAL_LEASE=4s")
@@ -373,7 +373,7 @@ func testWorkerNames(t *testing.T) {
 // before (3: the failed load used up 2), and the history names the code
 // each version really ran.
 func TestHalfAppliedChangeLeavesOneTruth(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	faults := filepath.Join(t.TempDir(), "faults")
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"WM_TEST_STATE_FAULT_FILE=" + faults}})
 	in, out := topicName(t, "in"), topicName(t, "out")

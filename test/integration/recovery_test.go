@@ -79,7 +79,7 @@ func checkRecovered(t *testing.T, e *env, f recoveryFixture) {
 // Done when 4 and 5 (node kill): workers come back in their saved state
 // before /readyz passes; deleted ones stay gone.
 func TestRecoveryAfterNodeKill(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnv(t, "")
 	f := setupRecovery(t, e)
 	e.killNode()
@@ -94,7 +94,7 @@ func TestRecoveryAfterNodeKill(t *testing.T) {
 // Done when 5 (whole stack): stop and restart Redis, Temporal, daprd, node
 // and API on the same data directory.
 func TestRecoveryAfterWholeStackRestart(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	dir := t.TempDir()
 	e := newEnvWith(t, envConfig{dir: dir, keepTemporalData: true})
 	f := setupRecovery(t, e)
@@ -108,7 +108,7 @@ func TestRecoveryAfterWholeStackRestart(t *testing.T) {
 // One broken worker does not stop the recovery of the others: its code is
 // removed from the store behind WorkManager's back.
 func TestRecoveryCountsBrokenWorker(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnv(t, "")
 	good := e.create(t, topicName(t, "good"), echoWorker("x-out", "v1"))
 	broken := e.create(t, topicName(t, "broken"), []byte("def process(event):\n    return None\n"))
@@ -164,7 +164,7 @@ func testHungWorkerTimesOut(t *testing.T) {
 // is lost: those published before the kill (some in flight) and after the
 // restart are all answered.
 func TestStreamReconnectsAfterDaprdRestart(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnv(t, "")
 	in, out := topicName(t, "in"), topicName(t, "out")
 	e.create(t, in, echoWorker(out, "v1"))

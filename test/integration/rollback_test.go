@@ -14,7 +14,7 @@ import (
 // Issue 14, done when: rollback to an earlier version serves that
 // version's code to the next message; the history says what, who, when.
 func TestRollbackWorker(t *testing.T) {
-	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
+	inTurn(t) // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	e := newEnvWith(t, envConfig{apiEnv: []string{"CODE_GC_GRACE=2s"}})
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := e.subscribe(out)

@@ -22,7 +22,7 @@ import (
 // its error; the other worker on the topic keeps serving every message;
 // /health reports the layers.
 func TestSandboxOnTheRealStack(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{nodeEnv: []string{"WORKER_MAX_ATTEMPTS=1", "WORKER_LOG_LINES_PER_SECOND=20"}})
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := collectFrom(e.subscribe(out))

@@ -181,7 +181,7 @@ func (p *packageTB) cleanup() {
 // (sharedEnv); as a whole it runs next to the other parallel tests, each on
 // a stack of its own. `go test -run TestSharedStack/StopAndStart` runs one.
 func TestSharedStack(t *testing.T) {
-	t.Parallel()
+	inTurn(t)
 	t.Cleanup(stopSharedStack)
 	for _, tc := range []struct {
 		name string

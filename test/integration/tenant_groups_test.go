@@ -20,7 +20,7 @@ import (
 // run side by side (before, globex could serialize and starve acme's
 // group), and each tenant's fencing tokens are a sequence of its own.
 func TestGroupsOfTwoTenantsAreTheirOwn(t *testing.T) {
-	t.Parallel() // functional: runs next to the other parallel tests after the serial ones
+	inTurn(t) // functional: runs next to the other parallel tests after the serial ones
 	e := newEnvWithTokens(t, []apiToken{
 		{"acme-operator-token-02", "operator", "acme", "alice"},
 		{"globex-operator-token2", "operator", "globex", "bob"},

@@ -24,7 +24,7 @@ import (
 // WorkerTenant search attribute, lifecycle events carry the tenant, and
 // the default tenant (the dev token) keeps bare ids and any topic.
 func TestTenants(t *testing.T) {
-	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
+	inTurn(t) // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	e := newEnvWithTokens(t, []apiToken{
 		{"acme-operator-token-01", "operator", "acme", "alice"},
 		{"acme-reader-token-0001", "reader", "acme", "ann"},

@@ -119,7 +119,7 @@ func traceparent(t *testing.T, tp any) (traceID, spanID string) {
 // the worker's span. CreateWorker is one trace from the API's server span
 // through the Temporal update to the node's activities.
 func TestTraces(t *testing.T) {
-	t.Parallel()
+	inTurn(t)
 	recv, addr := startOTLPReceiver(t)
 	otel := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + addr, "OTEL_EXPORTER_OTLP_INSECURE=true", "OTEL_BSP_SCHEDULE_DELAY=100"}
 	e := newEnvWith(t, envConfig{nodeEnv: otel, apiEnv: otel})

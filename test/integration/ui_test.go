@@ -29,7 +29,7 @@ const updateScreenshotsEnv = "WM_UPDATE_SCREENSHOTS"
 // chromium-headless-shell): the workflow list found by search attributes,
 // and one worker's life (its updates and activities) in its history.
 func TestTemporalUIScreenshots(t *testing.T) {
-	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
+	inTurn(t) // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	chromium, err := exec.LookPath("chromium-headless-shell")
 	if err != nil {
 		t.Fatalf("chromium-headless-shell is not installed (make test installs it): %v", err)

@@ -176,7 +176,7 @@ func waitSubscribedVia(t *testing.T, httpAddr, topic string) {
 // delete, completion, the credential lookups, and the exit codes of the bad
 // paths.
 func TestWmctl(t *testing.T) {
-	t.Parallel() // functional, no timing assertions: runs next to the other parallel tests after the serial ones
+	inTurn(t) // functional, no timing assertions: runs next to the other parallel tests after the serial ones
 	e := newEnv(t, "")
 	w := newWmctl(t, e)
 	in, out := topicName(t, "in"), topicName(t, "out")

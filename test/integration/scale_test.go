@@ -1,7 +1,3 @@
-// The file's name starts with "a_" so that Go lists it first: its test,
-// the package's longest, is then the first of the parallel tests to start
-// instead of the last.
-
 package integration
 
 import (
@@ -76,7 +72,7 @@ func (e *env) redisClients(t *testing.T) (total, readers int) {
 // reader per subscribed topic, plus a fixed allowance for publishes, state
 // and redelivery scans that does not grow with cycles.
 func TestManyTopicsSurviveStopStartCycles(t *testing.T) {
-	t.Parallel() // a stack of its own
+	inTurn(t) // a stack of its own
 	cfg := scaleFromEnv(t)
 	// A pool sized like the manifest's rule (topics + 100), not the
 	// manifest's 1,100, so that a leak would exhaust it within the test.
