@@ -34,8 +34,10 @@ run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 # background, in a process group of their own; meanwhile the checks run:
 # vet, the DevKit's and the manifests' suites, our daprd component's test,
 # every other package under the race detector (what `make unit` runs,
-# without -short) and the fuzz targets. Then the integration log is shown.
-# A failed check stops the integration tests.
+# without -short) and the fuzz targets, at a lower CPU priority (nice 5):
+# the integration tests, the longer path, and their timeouts come first on
+# a busy machine. Then the integration log is shown. A failed check stops
+# the integration tests.
 # Each test's own time (its wait for a turn left out) goes to
 # $(INTEGRATION_TIMES), the slowest first; its head is shown at the end.
 INTEGRATION_LOG := .run/test/integration.log
@@ -47,7 +49,7 @@ test: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 		> $(INTEGRATION_LOG) 2>&1 & integ=$$!; \
 	trap 'kill -TERM -- -$$integ 2>/dev/null' EXIT; \
 	echo "==> integration tests started in the background (log: $(INTEGRATION_LOG)); the checks run meanwhile"; \
-	rc=0; $(MAKE) --no-print-directory test-checks || rc=$$?; \
+	rc=0; nice -n 5 $(MAKE) --no-print-directory test-checks || rc=$$?; \
 	if [ $$rc != 0 ]; then echo "==> a check failed: stopping the integration tests"; exit $$rc; fi; \
 	echo "==> checks passed; waiting for the integration tests"; \
 	wait $$integ; irc=$$?; trap - EXIT; \

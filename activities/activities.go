@@ -10,6 +10,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
+
+	"go.temporal.io/sdk/activity"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/catalog"
@@ -203,9 +206,42 @@ func (a *Activities) ListNodes(ctx context.Context) ([]string, error) {
 
 // Activate makes this node match a persisted worker (recovery, and on every
 // node after each lifecycle change). It re-reads the record so that a change
-// made since the list was taken wins.
+// made since the list was taken wins. It heartbeats while it works
+// (workflows.ActivateHeartbeat): a node that stops running it (paused,
+// frozen, cut off after it picked the task up) is noticed within the
+// heartbeat timeout instead of the whole ActivateTimeout.
 func (a *Activities) Activate(ctx context.Context, id string) error {
+	defer heartbeatWhileRunning(ctx)()
 	return classify(a.Node.Sync(ctx, id))
+}
+
+// heartbeatInterval is how often heartbeatWhileRunning records a heartbeat
+// (the SDK sends them to the server at most every 80 % of the timeout).
+const heartbeatInterval = 2 * time.Second
+
+// heartbeatWhileRunning records the activity's heartbeat every
+// heartbeatInterval until the returned stop is called; outside an activity
+// (unit tests) it does nothing.
+func heartbeatWhileRunning(ctx context.Context) (stop func()) {
+	if !activity.IsActivity(ctx) {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(heartbeatInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				activity.RecordHeartbeat(ctx)
+			}
+		}
+	}()
+	return func() { close(done) }
 }
 
 func (a *Activities) emit(ctx context.Context, w catalog.Worker, events []EventSpec) error {

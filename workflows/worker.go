@@ -645,6 +645,14 @@ func listCtx(ctx workflow.Context) workflow.Context {
 // calls in flight (up to WORKER_TIMEOUT).
 const ActivateTimeout = 5 * time.Minute
 
+// ActivateHeartbeat is how long a node's Activate may go without a
+// heartbeat (activities.Activate sends one every 2 s while it works): a
+// node that picked the task up and then stopped running it (SIGSTOPped,
+// frozen, cut off from Temporal) fails the attempt within this, not
+// within ActivateTimeout. Its retry goes to a node that polls again, or
+// ends at its pick-up timeout (ActivatePickUp).
+const ActivateHeartbeat = 20 * time.Second
+
 // nodeFailure is a live node that did not apply a change.
 type nodeFailure struct {
 	node string
@@ -679,6 +687,7 @@ func (e *entity) syncNodes(ctx workflow.Context) []nodeFailure {
 			// pick the task up quickly is gone, paused or stuck.
 			ScheduleToStartTimeout: ActivatePickUp,
 			StartToCloseTimeout:    ActivateTimeout,
+			HeartbeatTimeout:       ActivateHeartbeat,
 			RetryPolicy: &temporal.RetryPolicy{InitialInterval: 500 * time.Millisecond, BackoffCoefficient: 2, MaximumInterval: 10 * time.Second,
 				MaximumAttempts: 4, NonRetryableErrorTypes: []string{failure.InvalidArgument}},
 		})

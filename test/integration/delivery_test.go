@@ -815,8 +815,12 @@ func TestDaprdAndRedisRestartsLoseNothing(t *testing.T) {
 	}
 }
 
-// A hung worker on a shared topic delays only its own messages: the other
-// worker's latency from publish to output stays under a second (p99).
+// A hung worker on a shared topic delays only its own messages. Were the
+// other worker's messages held behind the hung one's, each would wait for
+// at least one hung attempt to time out (WORKER_TIMEOUT, 2 s on the test
+// stacks), and with 400 of them most would; so the fast worker's p99 from
+// publish to output must stay below that timeout. (A 1 s bound failed on a
+// machine at load 21 with p99 1.24 s: the load, not the hung worker.)
 func TestHungWorkerDoesNotDelayOthers(t *testing.T) {
 	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{})
@@ -858,8 +862,8 @@ func TestHungWorkerDoesNotDelayOthers(t *testing.T) {
 	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 	p50, p99 := ds[len(ds)/2], ds[len(ds)*99/100]
 	t.Logf("fast worker next to a hung one: p50 %s, p99 %s over %d messages", p50, p99, n)
-	if p99 > time.Second {
-		t.Fatalf("p99 %s: the hung worker delays the other one", p99)
+	if hungAttempt := 2 * time.Second; p99 >= hungAttempt {
+		t.Fatalf("p99 %s, not below one hung attempt (%s): the hung worker delays the other one", p99, hungAttempt)
 	}
 }
 

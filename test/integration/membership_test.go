@@ -32,21 +32,24 @@ import (
 // (RECONCILE_INTERVAL=0): nothing but the membership gate brings B back to
 // the catalog.
 //
-// Timing. Temporal hands a task to a poller that was already waiting when
-// B was paused (the paused process never runs it: a workflow task, Apply or
-// ListNodes would be held for their timeouts, an Activate for
-// ActivateTimeout instead of failing its 5 s pick-up), so the first stop is
-// sent only once B's outstanding long polls have expired: the stack's
-// Temporal server ends a long poll after 10 s
-// (matching.longPollExpirationInterval, 1 min by default; this shortens
-// the test by minutes). B must still be a member then: NODE_HEARTBEAT=20s
-// (TTL 1 min), and B is paused right after one of its heartbeats.
+// Timing. B is paused right after one of its heartbeats (NODE_HEARTBEAT=20s,
+// TTL 1 min) and the stop is sent at once. Temporal may still hand tasks to
+// the polls B had open when it was paused (the stack's server ends a long
+// poll after 10 s, matching.longPollExpirationInterval; 1 min by default).
+// The stop's Activate for B then either finds no poll of B and ends at its
+// 5 s pick-up, or is picked up by such a poll and never run: that attempt
+// fails when its heartbeats stop (workflows.ActivateHeartbeat, 20 s)
+// instead of at ActivateTimeout (5 min: the API answered DEADLINE_EXCEEDED
+// then), and its retry ends at the pick-up. Either way the stop answers
+// while B is still a member (15 to 25 s in the runs so far).
 func TestStopWaitsForPausedMemberAndLapsedNodeServesNothing(t *testing.T) {
 	inTurn(t) // a stack of its own
 	const heartbeat, ttl = 20 * time.Second, 3 * 20 * time.Second
 	const longPoll = 10 * time.Second // the stack's matching.longPollExpirationInterval
 	nodeEnv := []string{"RECONCILE_INTERVAL=0", "NODE_HEARTBEAT=" + heartbeat.String()}
 	e := newEnvWith(t, envConfig{nodeEnv: nodeEnv,
+		// Bounds the stop below; without the heartbeat it would take 5 min.
+		apiEnv:                []string{"WORKMANAGER_OPERATION_TIMEOUT=2m"},
 		temporalDynamicConfig: []string{fmt.Sprintf("matching.longPollExpirationInterval=%q", longPoll.String())}})
 	beatsOfB := beatsOf(e.subscribe(infraevents.HeartbeatTopic), "node-b")
 	nodeB, _, bURL := e.startNodeBFull(t) // its nodeEnv sets NODE_HEARTBEAT and RECONCILE_INTERVAL
@@ -80,9 +83,6 @@ def process(event):
 		t.Fatal(err)
 	}
 	paused := time.Now()
-	// Not an assertion: B's polls that were waiting when it was paused
-	// expire within longPoll; until then the server may hand them tasks.
-	time.Sleep(longPoll + 10*time.Second)
 	_, err := e.client.StopWorker(ctxT(t), &pb.StopWorkerRequest{WorkerId: id})
 	t.Logf("the stop answered %s after B's pause (TTL %s): %v", time.Since(paused).Round(time.Second), ttl, err)
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "node-b") {

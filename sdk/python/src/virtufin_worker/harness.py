@@ -13,8 +13,9 @@ the node's output completion, output policy and limits to the result::
 Like the node: worker code may import only the runner's safe standard
 library subset, ``virtufin_worker`` and ``allowed_packages`` (empty by
 default); a call longer than ``timeout`` (30 s) is killed and fails with
-reason ``timeout``; a runner that dies or times out is restarted with the
-same code before the next event. The worker's stdout and stderr go to this
+reason ``timeout``; starting the interpreter and loading the code may take
+up to 60 s, as on the node; a runner that dies or times out is restarted
+with the same code before the next event. The worker's stdout and stderr go to this
 process's stderr.
 """
 
@@ -45,6 +46,10 @@ from .gateway import encode_body
 
 TIMEOUT = "timeout"
 DEFAULT_TIMEOUT = 30.0
+# How long starting the interpreter and loading the code may take: the
+# node's own bound (engines/python DefaultLoadTimeout), so that a slow
+# start on a busy machine fails here only where it would fail there.
+LOAD_TIMEOUT = 60.0
 
 GatewayStub = Union[Callable[[bytes], Any], Any]
 """A stub's answer: a JSON value (sent as JSON), bytes (sent as they are),
@@ -202,7 +207,7 @@ class Harness:
             proc = _process.RunnerProcess(self.python, allowed_packages=self._allowed_packages, env=self._env)
         except OSError as e:
             raise HarnessError(f"starting {self.python}: {e}") from None
-        deadline = time.monotonic() + max(self.timeout, 10.0)
+        deadline = time.monotonic() + max(self.timeout, LOAD_TIMEOUT)
         hello = False
         try:
             proc.send(_process.LOAD, self.source)
