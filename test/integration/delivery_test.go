@@ -422,7 +422,20 @@ def process(event):
 	if ev.Data.ErrorType != "stale_lock" {
 		t.Fatalf("error event %+v, want stale_lock for the paused message", ev.Data)
 	}
-	waitFor(t, 60*time.Second, "all 13 outputs", func() bool { return outs.count() >= 13 })
+	// Each of the 13 inputs answered (by id: a duplicate output must not
+	// stand in for the paused message's, which comes last).
+	want := []string{firstOutputID("slow", id)}
+	for i := range 12 {
+		want = append(want, firstOutputID("next"+strconv.Itoa(i), id))
+	}
+	waitFor(t, 60*time.Second, "an output for each of the 13 inputs", func() bool {
+		for _, oid := range want {
+			if len(outs.get(oid)) == 0 {
+				return false
+			}
+		}
+		return true
+	})
 	if len(outs.get(firstOutputID("slow", id))) == 0 {
 		t.Fatal("the paused message was never processed under a fresh token")
 	}
