@@ -48,6 +48,7 @@ func TestCodeURLSources(t *testing.T) {
 	for _, c := range []struct{ url, rule string }{
 		{"http://10.0.0.1/w.py", `address_class: address "10.0.0.1" is private`},
 		{"http://169.254.169.254/latest/meta-data/", "metadata"},
+		{"http://metadata.google.internal/computeMetadata/v1/", "metadata_host"}, // by name, before any DNS (issue 23)
 		{"http://[::ffff:10.0.0.1]/w.py", "ipv4_mapped:private"},
 		{"http://0x7f000001/w.py", "non_canonical_address"},
 		{"http://user:pw@example.com/w.py", "userinfo"},
@@ -55,7 +56,8 @@ func TestCodeURLSources(t *testing.T) {
 		{srv.URL + "/redirect", "redirect"},
 	} {
 		err := create("refused", c.url)
-		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), c.rule) || strings.Contains(err.Error(), "pw@") {
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), c.rule) || strings.Contains(err.Error(), "pw@") ||
+			strings.Contains(err.Error(), "scheduledEventID") {
 			t.Fatalf("%s: got %v, want PERMISSION_DENIED naming %q", c.url, err, c.rule)
 		}
 		if _, err := e.client.GetWorker(ctx, &pb.GetWorkerRequest{WorkerId: "refused"}); status.Code(err) != codes.NotFound {
