@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -95,7 +94,12 @@ func TestNativeHostBinary(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "native-host")
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	// go test puts its GOROOT/bin first on PATH (runtime.GOROOT is empty
+	// in a -trimpath build, as make test's).
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if out, err := exec.CommandContext(ctx, goBin, "build", "-o", bin, "../../cmd/native-host").CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/native-host: %v\n%s", err, out)
 	}
@@ -108,6 +112,6 @@ func TestNativeHostBinary(t *testing.T) {
 	if got["worker_id"] != "w-native" || got["env_worker_id"] != "w-native" {
 		t.Fatalf("identity in the host = %v", got)
 	}
-	err := e.Check(ctx, testSpec, packageOf(t, flagsNoFree, nil))
+	err = e.Check(ctx, testSpec, packageOf(t, flagsNoFree, nil))
 	checkInvalid(t, "Check in the host", err, "does not export FreeResult")
 }
