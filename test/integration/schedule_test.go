@@ -21,8 +21,8 @@ import (
 // it above the number of tests, so that this scheduler alone decides).
 
 // expectedSeconds are the tests that take longest, with their time in a
-// make test run on the 2-core development machine (gotestsum's list at
-// the end of make test; .run/test/integration.json). A test not listed
+// make test run on the 2-core development machine (the list make test
+// prints at its end, .run/test/integration-times.txt). A test not listed
 // counts as short. Only the order matters, not the figures.
 var expectedSeconds = map[string]int{
 	"TestManyTopicsSurviveStopStartCycles":                   360,
