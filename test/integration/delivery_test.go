@@ -355,12 +355,14 @@ func (c *collect) countType(typ string) int {
 // its node renews the lease.)
 func TestStaleLockHolderOutputIsRefused(t *testing.T) {
 	inTurn(t) // a stack of its own
-	// NODE_HEARTBEAT=5s: the 6 s pause outlasts the lock's max age but not
-	// the node's membership (15 s), so what refuses the resumed holder's
-	// output is the lock's fencing (stale_lock); past its membership, the
-	// node would drop the call's output before that (issue 33 item 5).
+	// NODE_HEARTBEAT=10s: the 6 s pause outlasts the lock's max age but not
+	// the node's membership (a node counts itself out after two silent
+	// heartbeats: 20 s; with 5 s, 10 s, a node slow to resume under a CPU
+	// hog lapsed first), so what refuses the resumed holder's output is
+	// the lock's fencing (stale_lock); past its membership, the node would
+	// drop the call's output before that (issue 33 item 5).
 	lockEnv := []string{"GROUP_LOCK_MAX_AGE_MS=3000", "GROUP_LOCK_RETRY_BASE_DELAY_MS=200", "GROUP_LOCK_MAX_RETRIES=4",
-		"WORKER_TIMEOUT=2s", "WORKER_RETRY_BACKOFF=100ms", "NODE_HEARTBEAT=5s"}
+		"WORKER_TIMEOUT=2s", "WORKER_RETRY_BACKOFF=100ms", "NODE_HEARTBEAT=10s"}
 	e := newEnvWith(t, envConfig{nodeEnv: lockEnv})
 	nodeB := e.startNodeB(t)
 	dir := workerDir(t)
@@ -789,7 +791,12 @@ func (e *env) publishVia(t *testing.T, httpAddr, topic, id string, data any) {
 // every message is processed, once unless it was in flight at the fault.
 func TestDaprdAndRedisRestartsLoseNothing(t *testing.T) {
 	inTurn(t) // a stack of its own
-	e := newEnvWith(t, envConfig{})
+	// NODE_HEARTBEAT=5s: the node's heartbeats go through daprd's state
+	// API, so with the harness's 1 s (a 3 s TTL) a daprd restart on a
+	// loaded machine made the node lapse, fence itself and run every call
+	// of those seconds again (m60-m87 twice, under a CPU hog); the daprd
+	// restart is what this test is about, not a membership lapse.
+	e := newEnvWith(t, envConfig{nodeEnv: []string{"NODE_HEARTBEAT=5s"}})
 	ctx := ctxT(t)
 	pubSide, err := e.stack.StartSidecar(ctx, "daprd-publisher") // publishes while the node's daprd is away
 	if err != nil {
