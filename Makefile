@@ -28,9 +28,10 @@ INTEGRATION_FLAGS = -parallel 64
 UNIT_PACKAGES = $$(go list ./... | grep -v /test/integration)
 REQUIRE_SANDBOX = $$([ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: run test test-checks test-go unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
+.PHONY: run test test-tools test-checks test-go unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
 
-run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
+run: deps
+	@$(MAKE) --no-print-directory -j4 tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	bin/devstack $(RUN_FLAGS)
 
 # As root (the dev machines) every sandbox layer exists: the sandbox tests
@@ -48,7 +49,7 @@ run: deps tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 # $(INTEGRATION_TIMES), the slowest first; its head is shown at the end.
 INTEGRATION_LOG := .run/test/integration.log
 INTEGRATION_TIMES := .run/test/integration-times.txt
-test: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
+test: deps-test test-tools
 	@mkdir -p $(dir $(INTEGRATION_LOG)); rm -f $(INTEGRATION_TIMES); \
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) WM_INTEGRATION_PARALLEL=$(INTEGRATION_PARALLEL) WM_INTEGRATION_TIMES=$(CURDIR)/$(INTEGRATION_TIMES) \
 		setsid go test -count=1 -timeout $(TEST_TIMEOUT) $(INTEGRATION_FLAGS) ./test/integration/ \
@@ -91,7 +92,7 @@ daprd-test:
 pytest: deps-test
 	cd sdk/python && PYTHONPATH=src PYTHONDONTWRITEBYTECODE=1 timeout 900 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests
 
-unit: vet
+unit: vet tools
 	go test -race -timeout 10m -short $(UNIT_PACKAGES)
 
 integration: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
@@ -125,7 +126,7 @@ chaos: deps tools build
 # "context deadline exceeded" when a duration ends while a worker is busy
 # (golang/go#75804, fixed in Go 1.27; it failed CI once on a loaded machine).
 FUZZTIME ?= 30s
-FUZZTIME_SHORT ?= 20000x
+FUZZTIME_SHORT ?= 5000x
 FUZZ_TARGETS := \
 	./internal/codesource/:FuzzValidateURL ./internal/codesource/:FuzzClassify \
 	./internal/codesource/:FuzzParseLooseIPv4 \
@@ -186,6 +187,11 @@ deps-test: deps
 	if [ -n "$$missing" ]; then $(APT_INSTALL); fi
 
 tools: $(TOOLS)/temporal-$(TEMPORAL_CLI_VERSION).stamp $(TOOLS)/daprd
+
+# What make test builds, side by side (-j4): the tool builds do not depend
+# on each other, and each link is mostly one core's work.
+test-tools:
+	@$(MAKE) --no-print-directory -j4 tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp
 
 # The temporal CLI (dev server + Web UI), pinned; rebuilt when the pin changes.
 $(TOOLS)/temporal-$(TEMPORAL_CLI_VERSION).stamp:

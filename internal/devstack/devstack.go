@@ -23,6 +23,12 @@ import (
 	"syscall"
 	"time"
 
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/operatorservice/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
 	"github.com/virtufin/workmanager/deploy/dapr/components"
 )
 
@@ -381,37 +387,63 @@ func (s *Stack) startTemporal(ctx context.Context) error {
 		return err
 	}
 	s.procs = append(s.procs, p)
+	conn, err := grpc.NewClient(s.TemporalAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("temporal dev server at %s: %w", s.TemporalAddr, err)
+	}
+	defer conn.Close()
+	// Asked in-process over gRPC, as `temporal operator cluster health`
+	// does: the CLI (a 250 MB binary) cost about 0.2 CPU-seconds per
+	// poll, and a start-up on a busy machine polls dozens of times.
+	health := healthpb.NewHealthClient(conn)
 	if err := waitFor(ctx, p, 60*time.Second, func() error {
-		out, err := exec.CommandContext(ctx, filepath.Join(s.ToolsBin, "temporal"), "operator", "cluster", "health",
-			"--address", s.TemporalAddr, "--command-timeout", "2s").CombinedOutput()
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		resp, err := health.Check(cctx, &healthpb.HealthCheckRequest{Service: temporalHealthService})
 		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
+			return err
+		}
+		if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			return fmt.Errorf("frontend %s", resp.GetStatus())
 		}
 		return nil
 	}); err != nil {
 		return err
 	}
-	return s.ensureSearchAttributes(ctx)
+	return s.ensureSearchAttributes(ctx, operatorservice.NewOperatorServiceClient(conn))
 }
+
+// temporalHealthService is the gRPC health service name of Temporal's
+// frontend.
+const temporalHealthService = "temporal.api.workflowservice.v1.WorkflowService"
 
 // ensureSearchAttributes registers the search attributes a database made
 // by an older version lacks: --search-attribute takes effect only when
 // the dev server creates its database.
-func (s *Stack) ensureSearchAttributes(ctx context.Context) error {
-	out, err := exec.CommandContext(ctx, filepath.Join(s.ToolsBin, "temporal"), "operator", "search-attribute", "list",
-		"--address", s.TemporalAddr, "--command-timeout", "5s").CombinedOutput()
+func (s *Stack) ensureSearchAttributes(ctx context.Context, op operatorservice.OperatorServiceClient) error {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	list, err := op.ListSearchAttributes(cctx, &operatorservice.ListSearchAttributesRequest{Namespace: "default"})
 	if err != nil {
-		return fmt.Errorf("temporal operator search-attribute list: %v: %s", err, out)
+		return fmt.Errorf("listing the Temporal search attributes: %w", err)
 	}
+	missing := map[string]enumspb.IndexedValueType{}
 	for _, sa := range SearchAttributes {
 		name, typ, _ := strings.Cut(sa, "=")
-		if strings.Contains(string(out), name) {
+		if _, ok := list.GetCustomAttributes()[name]; ok {
 			continue
 		}
-		if out, err := exec.CommandContext(ctx, filepath.Join(s.ToolsBin, "temporal"), "operator", "search-attribute", "create",
-			"--name", name, "--type", typ, "--address", s.TemporalAddr, "--command-timeout", "5s").CombinedOutput(); err != nil {
-			return fmt.Errorf("registering search attribute %s: %v: %s", name, err, out)
+		v, err := enumspb.IndexedValueTypeFromString(typ)
+		if err != nil {
+			return fmt.Errorf("search attribute %s: %w", name, err)
 		}
+		missing[name] = v
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if _, err := op.AddSearchAttributes(cctx, &operatorservice.AddSearchAttributesRequest{Namespace: "default", SearchAttributes: missing}); err != nil {
+		return fmt.Errorf("registering the Temporal search attributes %v: %w", missing, err)
 	}
 	return nil
 }
