@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"testing"
 	"time"
@@ -19,8 +18,12 @@ import (
 // `make run`) has them all after startTemporal, which waits for the
 // frontend over gRPC (no CLI polls).
 func TestTemporalOnAnOldDatabaseGetsTheSearchAttributes(t *testing.T) {
-	_, file, _, _ := runtime.Caller(0)
-	tools := filepath.Join(filepath.Dir(file), "..", "..", ".tools", "bin")
+	// go test runs in the package's directory (runtime.Caller's path is
+	// the module's, not the checkout's, under -trimpath).
+	tools, err := filepath.Abs(filepath.Join("..", "..", ".tools", "bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := os.Stat(filepath.Join(tools, "temporal")); err != nil {
 		t.Fatalf("the temporal CLI is built by `make tools` (make test does it first): %v", err)
 	}
