@@ -32,13 +32,16 @@ func lockedDispatcher(t *testing.T, b *dispatchtest.Broker, pub *publishtest.Rec
 // published under its token. Before, the peer took the unwritten lock after
 // the max age and the output was refused as stale_lock.
 func TestCallLongerThanLockMaxAgeKeepsItsLock(t *testing.T) {
-	const maxAge = 300 * time.Millisecond
+	// The lease is renewed every maxAge/3 on the wall clock: with 300 ms,
+	// one renewal delayed past the max age by a CPU hog next to make test
+	// let the peer in (CI-like run 14). 1.5 s leaves a renewal 1 s late.
+	const maxAge = 1500 * time.Millisecond
 	b, pub, st := dispatchtest.NewBroker(), &publishtest.Recorder{}, state.NewMemoryStore()
 	d := lockedDispatcher(t, b, pub, st, grouplock.Config{RetryBase: time.Millisecond, MaxAge: maxAge, Node: "n1"})
 	entered := make(chan struct{})
 	d.Attach(dispatch.Worker{ID: "w", Topic: "in", Group: "g"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
 		close(entered)
-		time.Sleep(4 * maxAge)
+		time.Sleep(2 * maxAge)
 		return outputs("out")(in)
 	}})
 	s := waitStream(t, b, "in")
