@@ -41,10 +41,13 @@ run: deps
 # background, in a process group of their own; meanwhile the checks run:
 # vet, the DevKit's and the manifests' suites, our daprd component's test,
 # every other package under the race detector (what `make unit` runs,
-# without -short) and the fuzz targets, at a lower CPU priority (nice 5):
-# the integration tests, the longer path, and their timeouts come first on
-# a busy machine. Then the integration log is shown. A failed check stops
-# the integration tests.
+# without -short) and the fuzz targets, at a lower CPU priority (nice 5).
+# The integration tests run in a session of their own (setsid): where the
+# kernel groups the scheduler by session (autogroup, on here), that gives
+# them half the machine however busy the checks keep the other half, and
+# the nice orders the checks only against what else runs in make's own
+# session. Then the integration log is shown. A failed check stops the
+# integration tests.
 # Each test's own time (its wait for a turn left out) goes to
 # $(INTEGRATION_TIMES), the slowest first; its head is shown at the end.
 INTEGRATION_LOG := .run/test/integration.log
