@@ -31,7 +31,7 @@ REQUIRE_SANDBOX = $$([ "$$(id -u)" = 0 ] && echo 1)
 .PHONY: run test test-tools test-checks test-go test-race unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
 
 run: deps
-	@$(MAKE) --no-print-directory -j4 tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
+	@$(MAKE) --no-print-directory -s -j4 tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	bin/devstack $(RUN_FLAGS)
 
 # As root (the dev machines) every sandbox layer exists: the sandbox tests
@@ -197,7 +197,7 @@ tools: $(TOOLS)/temporal-$(TEMPORAL_CLI_VERSION).stamp $(TOOLS)/daprd
 # What make test builds, side by side (-j4): the tool builds do not depend
 # on each other, and each link is mostly one core's work.
 test-tools:
-	@$(MAKE) --no-print-directory -j4 tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp
+	@$(MAKE) --no-print-directory -s -j4 tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp
 
 # The temporal CLI (dev server + Web UI), pinned; rebuilt when the pin changes.
 $(TOOLS)/temporal-$(TEMPORAL_CLI_VERSION).stamp:

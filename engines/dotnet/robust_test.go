@@ -164,13 +164,20 @@ func TestDeadIdleHostIsReplaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := int(enginetest.DataOf(t, out)["pid"].(float64))
+	if n := len(inst.(*Instance).pool.Tracked()); n != 1 {
+		t.Fatalf("the pool holds %d hosts, want 1", n)
+	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); syscall.Kill(pid, 0) == nil && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
+	// Wait until the engine has seen the exit (the host's Done closed),
+	// not for a time: 100 ms after the reap was not enough under a CPU
+	// hog (CI-like run 17), and the call then went to the dead host.
+	for deadline := time.Now().Add(10 * time.Second); !inst.(*Instance).pool.AllExited(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the killed host's exit was not seen in 10s")
+		}
 	}
-	time.Sleep(100 * time.Millisecond) // reaped
 	if err := robustCall(inst, "pid"); err != nil {
 		t.Fatalf("the call after the host died idle: %v", err)
 	}

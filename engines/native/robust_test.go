@@ -112,6 +112,12 @@ func TestIsolatedHostThatDiedIdleIsReplaced(t *testing.T) {
 	e := newTestEngine(t, hostConfig(Config{Isolation: IsolationProcess}))
 	inst := load(t, e, testSpec, packageOf(t, flagsEcho, nil))
 	mustCall(t, inst, typed("test.exitsoon", nil))
-	time.Sleep(800 * time.Millisecond) // exited (200ms) and reaped (+200ms)
+	// The host exits 200 ms after the call: wait until the engine has
+	// seen it (its Done closed), not for a time.
+	for deadline := time.Now().Add(10 * time.Second); !inst.(*hostInstance).pool.AllExited(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the host's exit was not seen in 10s")
+		}
+	}
 	mustCall(t, inst, typed("test.stats", nil))
 }

@@ -12,3 +12,7 @@ func Waiting(inst engines.Instance) int {
 	defer in.mu.Unlock()
 	return len(in.waiting)
 }
+
+// AllExited reports whether every runner process inst holds has exited
+// and been seen to (its Done closed).
+func AllExited(inst engines.Instance) bool { return inst.(*Instance).pool.AllExited() }

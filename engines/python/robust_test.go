@@ -127,10 +127,13 @@ func TestDeadIdleProcessIsReplaced(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); alive(pid) && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
+	// Until the engine has seen the exit, not for a time (100 ms after
+	// the reap was too short for .NET's twin of this test under a hog).
+	for deadline := time.Now().Add(10 * time.Second); !python.AllExited(inst); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the killed runner's exit was not seen in 10s")
+		}
 	}
-	time.Sleep(100 * time.Millisecond) // reaped and flushed
 	if pid2 := pidOf(t, inst); pid2 == pid {
 		t.Fatalf("still pid %d", pid)
 	}

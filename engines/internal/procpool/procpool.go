@@ -472,6 +472,31 @@ func (pl *Pool[P]) Track(p P) bool {
 	return true
 }
 
+// Tracked returns the processes the pool holds (started, not yet
+// retired): for tests that wait on one's exit.
+func (pl *Pool[P]) Tracked() []P {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	out := make([]P, 0, len(pl.procs))
+	for p := range pl.procs {
+		out = append(out, p)
+	}
+	return out
+}
+
+// AllExited reports whether every process the pool holds has exited (its
+// Done closed): for tests that wait until a death has been seen.
+func (pl *Pool[P]) AllExited() bool {
+	for _, p := range pl.Tracked() {
+		select {
+		case <-p.Done():
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 // Untrack forgets a process that Start retired after all.
 func (pl *Pool[P]) Untrack(p P) {
 	pl.mu.Lock()
