@@ -26,6 +26,7 @@ import (
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/operatorservice/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -387,7 +388,14 @@ func (s *Stack) startTemporal(ctx context.Context) error {
 		return err
 	}
 	s.procs = append(s.procs, p)
-	conn, err := grpc.NewClient(s.TemporalAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Reconnects at most 250 ms apart: gRPC's default backoff grows to
+	// minutes, so a server that came up after a few failed dials would be
+	// seen seconds late.
+	conn, err := grpc.NewClient(s.TemporalAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, MaxDelay: 250 * time.Millisecond},
+			MinConnectTimeout: 2 * time.Second,
+		}))
 	if err != nil {
 		return fmt.Errorf("temporal dev server at %s: %w", s.TemporalAddr, err)
 	}
