@@ -12,6 +12,19 @@ import (
 	"github.com/virtufin/workmanager/engines"
 )
 
+// WaitFor polls cond until it holds, failing the test after 30 s with
+// what it waited for: engines' tests wait on conditions, not for times.
+func WaitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
 // Load loads code with a bounded context and closes the instance when the
 // test ends. Engines' own tests use it for what the suite does not cover.
 func Load(t testing.TB, e engines.Engine, spec engines.Spec, code []byte) engines.Instance {

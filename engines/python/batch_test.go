@@ -15,6 +15,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/engines/python"
 )
 
@@ -80,7 +81,7 @@ func runQueuedWith(t *testing.T, inst engines.Instance, evs []*event.Event, ownC
 			res[i].out, res[i].err = inst.Process(ctx, ev)
 		}()
 	}
-	waitFor(t, "every call to queue", func() bool { return python.Waiting(inst) == len(evs) })
+	enginetest.WaitFor(t, "every call to queue", func() bool { return python.Waiting(inst) == len(evs) })
 	if err := os.WriteFile(gate+".go", nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -101,19 +102,8 @@ func holdProcess(t *testing.T, ctx context.Context, inst engines.Instance) (gate
 		_, err := inst.Process(ctx, jsonEvent("gate", map[string]any{"gate": gate}))
 		done <- err
 	}()
-	waitFor(t, "the gate event to run", func() bool { _, err := os.Stat(gate + ".in"); return err == nil })
+	enginetest.WaitFor(t, "the gate event to run", func() bool { _, err := os.Stat(gate + ".in"); return err == nil })
 	return gate, done
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func numbered(n int, extra map[int]map[string]any) []*event.Event {
@@ -351,7 +341,7 @@ func TestWaitingCallsAreGivenBack(t *testing.T) {
 			errs <- err
 		}()
 	}
-	waitFor(t, "every call to queue", func() bool { return python.Waiting(inst) == n })
+	enginetest.WaitFor(t, "every call to queue", func() bool { return python.Waiting(inst) == n })
 	close(giveBack)
 	for range n {
 		if err := <-errs; !errors.Is(err, engines.ErrGivenBack) {

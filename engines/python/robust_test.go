@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/engines/python"
 )
 
@@ -129,11 +130,7 @@ func TestDeadIdleProcessIsReplaced(t *testing.T) {
 	}
 	// Until the engine has seen the exit, not for a time (100 ms after
 	// the reap was too short for .NET's twin of this test under a hog).
-	for deadline := time.Now().Add(10 * time.Second); !python.AllExited(inst); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the killed runner's exit was not seen in 10s")
-		}
-	}
+	enginetest.WaitFor(t, "the engine to see the killed runner's exit", func() bool { return python.AllExited(inst) })
 	if pid2 := pidOf(t, inst); pid2 == pid {
 		t.Fatalf("still pid %d", pid)
 	}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,7 +75,7 @@ func TestTemporalOnAnOldDatabaseGetsTheSearchAttributes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, sa := range SearchAttributes {
-		name := sa[:len(sa)-len("=Keyword")]
+		name, _, _ := strings.Cut(sa, "=")
 		if _, ok := list.GetCustomAttributes()[name]; !ok {
 			t.Errorf("search attribute %s missing after the start: %v", name, list.GetCustomAttributes())
 		}

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -477,17 +478,15 @@ func (pl *Pool[P]) Track(p P) bool {
 func (pl *Pool[P]) Tracked() []P {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
-	out := make([]P, 0, len(pl.procs))
-	for p := range pl.procs {
-		out = append(out, p)
-	}
-	return out
+	return slices.Collect(maps.Keys(pl.procs))
 }
 
 // AllExited reports whether every process the pool holds has exited (its
 // Done closed): for tests that wait until a death has been seen.
 func (pl *Pool[P]) AllExited() bool {
-	for _, p := range pl.Tracked() {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	for p := range pl.procs {
 		select {
 		case <-p.Done():
 		default:
