@@ -50,11 +50,13 @@ run: deps
 # integration tests.
 # Each test's own time (its wait for a turn left out) goes to
 # $(INTEGRATION_TIMES), the slowest first; its head is shown at the end.
+# A failed test's full stack logs are kept in $(FAILED_LOGS).
 INTEGRATION_LOG := .run/test/integration.log
 INTEGRATION_TIMES := .run/test/integration-times.txt
+FAILED_LOGS := .run/test/failed
 test: deps-test test-tools
-	@mkdir -p $(dir $(INTEGRATION_LOG)); rm -f $(INTEGRATION_TIMES); \
-	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) WM_INTEGRATION_PARALLEL=$(INTEGRATION_PARALLEL) WM_INTEGRATION_TIMES=$(CURDIR)/$(INTEGRATION_TIMES) \
+	@mkdir -p $(dir $(INTEGRATION_LOG)); rm -rf $(INTEGRATION_TIMES) $(FAILED_LOGS); \
+	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) WM_INTEGRATION_PARALLEL=$(INTEGRATION_PARALLEL) WM_INTEGRATION_TIMES=$(CURDIR)/$(INTEGRATION_TIMES) WM_FAILED_LOGS=$(CURDIR)/$(FAILED_LOGS) \
 		setsid go test -count=1 -timeout $(TEST_TIMEOUT) $(INTEGRATION_FLAGS) ./test/integration/ \
 		> $(INTEGRATION_LOG) 2>&1 & integ=$$!; \
 	trap 'kill -TERM -- -$$integ 2>/dev/null' EXIT; \

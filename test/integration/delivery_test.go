@@ -829,16 +829,103 @@ func TestDaprdAndRedisRestartsLoseNothing(t *testing.T) {
 	// run). Those are the few published just before a fault.
 	near := func(i, fault int) bool { return i >= fault-10 && i < fault+2 }
 	inFlightAtAFault := func(i int) bool { return near(i, daprdAt) || near(i, redisAt) }
-	byID := countByID(calls(t, log))
+	cs := calls(t, log)
+	byID := countByID(cs)
+	explained := documentedReruns(t, filepath.Join(e.dir, "node.log"), cs)
 	for i, id := range ids {
 		switch n := byID[id]; {
 		case n == 1:
 		case n > 1 && inFlightAtAFault(i):
 			t.Logf("%s processed %d times: in flight at a fault", id, n)
+		case n > 1 && explained[id] != "":
+			t.Logf("%s processed %d times: %s", id, n, explained[id])
 		default:
-			t.Errorf("%s processed %d times, want once", id, n)
+			t.Errorf("%s processed %d times, want once; the node's log about it:\n%s", id, n, nodeLogAbout(t, filepath.Join(e.dir, "node.log"), id))
 		}
 	}
+}
+
+// documentedReruns names, by event id, the calls of cs that the node's log
+// shows were made again for one of the documented reasons
+// (docs/architecture.md, "At least once"): the delivery record not saved
+// after the call, or the node fencing itself (membership lapsed or
+// Temporal's lease lost) while the call ran or before its record was
+// written. On a starved machine these happen a while after a restart, not
+// only to the messages in flight at it.
+func documentedReruns(t *testing.T, nodeLog string, cs []call) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(nodeLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	var fences []time.Time
+	for line := range strings.Lines(string(b)) {
+		switch {
+		case strings.Contains(line, `msg="delivery record not saved`):
+			if id := logField(line, "event_id"); id != "" {
+				out[id] = "its delivery record was not saved (" + strings.TrimSpace(logField(line, "err")) + ")"
+			}
+		case strings.Contains(line, "fencing this node"), strings.Contains(line, "no longer a cluster member"):
+			if at, err := time.Parse(time.RFC3339Nano, logField(line, "time")); err == nil {
+				fences = append(fences, at)
+			}
+		}
+	}
+	first := map[string]call{}
+	for _, c := range cs {
+		if f, ok := first[c.ID]; !ok || c.Enter < f.Enter {
+			first[c.ID] = c
+		}
+	}
+	for id, c := range first {
+		for _, f := range fences {
+			// Fenced while it ran, or before its record was written
+			// (tried for 5 s).
+			if !f.Before(time.Unix(0, c.Enter).Add(-time.Second)) && !f.After(time.Unix(0, c.Exit).Add(6*time.Second)) && out[id] == "" {
+				out[id] = "the node fenced itself at " + f.Format("15:04:05.000") + ", while it ran or before its record was written"
+			}
+		}
+	}
+	return out
+}
+
+// logField reads key=value (value bare or quoted) from a slog text line.
+func logField(line, key string) string {
+	i := strings.Index(line, " "+key+"=")
+	if i < 0 && strings.HasPrefix(line, key+"=") {
+		i = -1
+	} else if i < 0 {
+		return ""
+	}
+	v := line[i+len(key)+2:]
+	if strings.HasPrefix(v, `"`) {
+		if s, err := strconv.QuotedPrefix(v); err == nil {
+			u, _ := strconv.Unquote(s)
+			return u
+		}
+	}
+	if j := strings.IndexAny(v, " \n"); j >= 0 {
+		v = v[:j]
+	}
+	return v
+}
+
+// nodeLogAbout lists the lines of the node's log that name event id, and
+// those about fencing, membership and the delivery record (at most 40).
+func nodeLogAbout(t *testing.T, nodeLog, id string) string {
+	b, _ := os.ReadFile(nodeLog)
+	var keep []string
+	for line := range strings.Lines(string(b)) {
+		if logField(line, "event_id") == id || strings.Contains(line, "fenc") || strings.Contains(line, "cluster member") ||
+			strings.Contains(line, "lease") || strings.Contains(line, "heartbeat") {
+			keep = append(keep, strings.TrimRight(line, "\n"))
+		}
+	}
+	if len(keep) > 40 {
+		keep = append(keep[:20], append([]string{"…"}, keep[len(keep)-20:]...)...)
+	}
+	return strings.Join(keep, "\n")
 }
 
 // A hung worker on a shared topic delays only its own messages. Were the

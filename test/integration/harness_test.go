@@ -472,6 +472,35 @@ func (e *env) close() {
 		e.logTails(e.t)
 	}
 	e.stopAll()
+	if e.t.Failed() {
+		e.keepLogs(e.t)
+	}
+}
+
+// keepLogs copies every process log of a failed test's stack (and its
+// workers' files) into $WM_FAILED_LOGS/<test name>, which make test sets
+// to .run/test/failed: the tails printed above are often not enough.
+func (e *env) keepLogs(t testing.TB) {
+	root := os.Getenv("WM_FAILED_LOGS")
+	if root == "" {
+		return
+	}
+	dst := filepath.Join(root, strings.ReplaceAll(t.Name(), "/", "_"))
+	_ = filepath.WalkDir(e.dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".log") {
+			return nil
+		}
+		rel, _ := filepath.Rel(e.dir, path)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil
+		}
+		if os.MkdirAll(filepath.Dir(filepath.Join(dst, rel)), 0o755) == nil {
+			_ = os.WriteFile(filepath.Join(dst, rel), b, 0o644)
+		}
+		return nil
+	})
+	t.Logf("the stack's full logs: %s", dst)
 }
 
 // logTails prints the end of each process log of the stack to t.

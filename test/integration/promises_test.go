@@ -375,7 +375,12 @@ func testWorkerNames(t *testing.T) {
 func TestHalfAppliedChangeLeavesOneTruth(t *testing.T) {
 	inTurn(t) // a stack of its own
 	faults := filepath.Join(t.TempDir(), "faults")
-	e := newEnvWith(t, envConfig{nodeEnv: []string{"WM_TEST_STATE_FAULT_FILE=" + faults}})
+	// The failing LoadCode runs Apply's eight attempts, each attaching v2
+	// and putting v1 back, which took 75 s on a busy CI machine: over the
+	// API's default 60 s, so the answer was DeadlineExceeded while the
+	// workflow was still putting v1 back. The test is about the outcome,
+	// so the API waits long enough to give it.
+	e := newEnvWith(t, envConfig{nodeEnv: []string{"WM_TEST_STATE_FAULT_FILE=" + faults}, apiEnv: []string{"WORKMANAGER_OPERATION_TIMEOUT=4m"}})
 	in, out := topicName(t, "in"), topicName(t, "out")
 	v1, v2, v3 := echoWorker(out, "v1"), echoWorker(out, "v2"), echoWorker(out, "v3")
 	id := e.createWith(t, &pb.CreateWorkerRequest{Code: pyCode(v1), Topic: in})
@@ -396,7 +401,9 @@ func TestHalfAppliedChangeLeavesOneTruth(t *testing.T) {
 	if err := os.WriteFile(faults, []byte("workmanager/workers/"+id+"/history\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.client.LoadCode(ctxT(t), &pb.LoadCodeRequest{WorkerId: id, Code: pyCode(v2)}); err == nil {
+	loadCtx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := e.client.LoadCode(loadCtx, &pb.LoadCodeRequest{WorkerId: id, Code: pyCode(v2)}); err == nil {
 		t.Fatal("LoadCode succeeded while the history could not be written")
 	} else {
 		t.Logf("LoadCode while the history cannot be written: %v", err)
