@@ -848,7 +848,8 @@ func TestDaprdAndRedisRestartsLoseNothing(t *testing.T) {
 // documentedReruns names, by event id, the calls of cs that the node's log
 // shows were made again for one of the documented reasons
 // (docs/architecture.md, "At least once"): the delivery record not saved
-// after the call, or the node fencing itself (membership lapsed or
+// after the call, a failed attempt (its effects, here the log line, stay),
+// or the node fencing itself (membership lapsed or
 // Temporal's lease lost) while the call ran or before its record was
 // written. On a starved machine these happen a while after a restart, not
 // only to the messages in flight at it.
@@ -865,6 +866,12 @@ func documentedReruns(t *testing.T, nodeLog string, cs []call) map[string]string
 		case strings.Contains(line, `msg="delivery record not saved`):
 			if id := logField(line, "event_id"); id != "" {
 				out[id] = "its delivery record was not saved (" + strings.TrimSpace(logField(line, "err")) + ")"
+			}
+		case strings.Contains(line, `msg="worker attempt failed"`):
+			// A call that wrote its log line and then failed (on a starved
+			// machine, mostly WORKER_TIMEOUT: 2 s here) is tried again.
+			if id := logField(line, "event_id"); id != "" && out[id] == "" {
+				out[id] = "an attempt failed (" + logField(line, "error_type") + ": " + logField(line, "err") + ") and was made again"
 			}
 		case strings.Contains(line, "fencing this node"), strings.Contains(line, "no longer a cluster member"):
 			if at, err := time.Parse(time.RFC3339Nano, logField(line, "time")); err == nil {
