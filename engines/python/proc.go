@@ -3,6 +3,7 @@ package python
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -166,20 +167,28 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 	}
 	p := &proc{maxReply: e.cfg.MaxReplyBytes}
 	p.Init(pipes, spec.Logger, spec.WorkerID)
+	info, err := e.probe(context.Background(), interp)
+	if err != nil {
+		pipes.CloseChildEnds()
+		pipes.CloseParentEnds()
+		return nil, err
+	}
+	syspath, err := json.Marshal(info.path)
+	if err != nil {
+		pipes.CloseChildEnds()
+		pipes.CloseParentEnds()
+		return nil, fmt.Errorf("python engine: %w", err)
+	}
 	// -I: isolated (no user site, no current directory on sys.path, PYTHON*
-	// variables ignored); -B: no bytecode written; -u: unbuffered output.
-	args := []string{"-I", "-B", "-u", "-c", runnerSource, strconv.Itoa(e.runnerSpinMicros()), strings.Join(e.cfg.AllowedPackages, ","), e.cfg.DevKitDir}
+	// variables ignored); -S: no site module (the runner sets the sys.path
+	// the interpreter's site would, see interpInfo); -B: no bytecode
+	// written; -u: unbuffered output.
+	args := []string{"-I", "-S", "-B", "-u", "-c", runnerSource, strconv.Itoa(e.runnerSpinMicros()), strings.Join(e.cfg.AllowedPackages, ","), e.cfg.DevKitDir, string(syspath)}
 	var cmd *exec.Cmd
 	var release func()
 	if e.cfg.Sandbox != nil {
-		ro, err := e.readOnly(context.Background(), interp)
-		if err != nil {
-			pipes.CloseChildEnds()
-			pipes.CloseParentEnds()
-			return nil, err
-		}
 		cmd, release, err = e.cfg.Sandbox.Command(sandbox.Spec{
-			Owner: spec.WorkerID, Path: interp, Args: args, Env: e.workerEnv(spec), ReadOnly: ro, ExtraFiles: pipes.ChildEnds(),
+			Owner: spec.WorkerID, Path: interp, Args: args, Env: e.workerEnv(spec), ReadOnly: info.ro, ExtraFiles: pipes.ChildEnds(),
 		})
 		if err != nil {
 			pipes.CloseChildEnds()

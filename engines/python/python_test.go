@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -22,6 +23,8 @@ import (
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/engines/python"
+	"github.com/virtufin/workmanager/engines/sandbox"
+	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
 )
 
 const echoBody = `
@@ -666,5 +669,55 @@ func TestBadInterpreter(t *testing.T) {
 	err := e.Check(context.Background(), testSpec, fixtures.Echo)
 	if err == nil || errors.Is(err, engines.ErrInvalidCode) {
 		t.Fatalf("Check with a missing interpreter = %v, want a non-code error", err)
+	}
+}
+
+// The runner starts without the site module (-S) but with the sys.path
+// the interpreter's site makes: a package in site-packages and a module in
+// a directory a .pth file lists import, and the executable line of a .pth
+// file does not run in the worker's process — sandboxed or not.
+func TestSitePackagesWithoutPthCode(t *testing.T) {
+	base := t.TempDir()
+	venv := filepath.Join(base, "venv")
+	if out, err := exec.Command("python3", "-m", "venv", "--without-pip", venv).CombinedOutput(); err != nil {
+		t.Fatalf("python3 -m venv: %v\n%s", err, out)
+	}
+	site, err := filepath.Glob(filepath.Join(venv, "lib", "python3*", "site-packages"))
+	if err != nil || len(site) != 1 {
+		t.Fatalf("the venv's site-packages: %v %v", site, err)
+	}
+	extra := filepath.Join(venv, "extra") // inside the venv: a sandboxed runner reads its prefix
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(site[0], "wmsitepkg"), 0o755))
+	must(os.MkdirAll(extra, 0o755))
+	must(os.WriteFile(filepath.Join(site[0], "wmsitepkg", "__init__.py"), []byte("VALUE = 'from site-packages'\n"), 0o644))
+	must(os.WriteFile(filepath.Join(extra, "wmpthmod.py"), []byte("VALUE = 'from a .pth directory'\n"), 0o644))
+	must(os.WriteFile(filepath.Join(site[0], "wm.pth"), []byte(extra+"\nimport builtins; builtins.WM_PTH_RAN = True\n"), 0o644))
+	code := `import wmsitepkg, wmpthmod
+def process(event):
+    return {"type": "out", "data": {"pkg": wmsitepkg.VALUE, "dir": wmpthmod.VALUE, "pth_ran": "WM_PTH_RAN" in __builtins__}}
+`
+	for name, sb := range map[string]*sandbox.Sandbox{"plain": nil, "sandboxed": sandboxtest.Strict(t)} {
+		t.Run(name, func(t *testing.T) {
+			cfg := python.Config{Interpreter: filepath.Join(venv, "bin", "python3"), AllowedPackages: []string{"wmsitepkg", "wmpthmod"}}
+			if sb != nil {
+				cfg.Sandbox = sb
+			}
+			inst := load(t, newEngine(t, cfg), testSpec, code)
+			out := mustCall(t, inst, jsonEvent("in", map[string]any{}))
+			var got map[string]any
+			if len(out) != 1 || out[0].DataAs(&got) != nil {
+				t.Fatalf("outputs %v", out)
+			}
+			want := map[string]any{"pkg": "from site-packages", "dir": "from a .pth directory", "pth_ran": false}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("got %v, want %v", got, want)
+			}
+		})
 	}
 }

@@ -1,7 +1,8 @@
 # WorkManager Python runner.
 #
 # Started by engines/python as
-# `python -I -B -u -c <this file> <spin µs> <allowed packages> <DevKit dir>`. It
+# `python -I -S -B -u -c <this file> <spin µs> <allowed packages> <DevKit dir>
+# <sys.path as JSON>`. It
 # serves exactly one worker: it says hello ('H'), loads the worker's code once
 # ('L'), then answers events ('E') in order until its request pipe reaches
 # EOF. The node may write several events at once (a batch): their replies
@@ -812,6 +813,10 @@ def main():
     # The directory holding the DevKit (the virtufin_worker package) that
     # the node ships: importable by every worker without shipping it.
     devkit = sys.argv[3] if len(sys.argv) > 3 else ""
+    # The interpreter's sys.path as its site module would make it (the
+    # runner starts with -S; the node asked the interpreter once).
+    if len(sys.argv) > 4 and sys.argv[4]:
+        sys.path[:] = json.loads(sys.argv[4])
     packages = [p.strip() for p in allowed.split(",") if p.strip()]
     if devkit:
         sys.path.append(devkit)
