@@ -7,7 +7,10 @@ SHELL := /bin/bash
 # cache serves a fresh clone elsewhere (CI) what an earlier build of the
 # same sources compiled; without it each clone compiles every package of
 # the module again, four ways (vet, race, tests, binaries).
-GOFLAGS ?= -trimpath
+# -ldflags=-w: no DWARF tables; a link costs ~20% less CPU (make test links
+# about sixty test binaries), and stack traces and race reports keep their
+# file:line (they come from the symbol table, not DWARF).
+GOFLAGS ?= -trimpath -ldflags=-w
 export GOFLAGS
 TOOLS := $(CURDIR)/.tools/bin
 TEMPORAL_CLI_VERSION := v1.5.1
