@@ -83,6 +83,17 @@ type Options struct {
 	// values, each "key=JSON value" (temporal server start-dev
 	// --dynamic-config-value), e.g. matching.longPollExpirationInterval="10s".
 	TemporalDynamicConfig []string
+	// TemporalNamespaces are created, with the search attributes, when the
+	// dev server creates its database (besides "default").
+	TemporalNamespaces []string
+	// ExternalTemporal is the host:port of a Temporal server the stack uses
+	// instead of starting one (Start leaves it alone, Stop too); Namespace
+	// is the namespace its processes use there. Tests share one dev server
+	// this way, a namespace each (StartTemporal).
+	ExternalTemporal string
+	// Namespace is the Temporal namespace of the stack's processes
+	// (TEMPORAL_NAMESPACE; empty: "default").
+	Namespace string
 }
 
 // Stack is a running set of servers.
@@ -270,8 +281,10 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	if err := s.withFreePorts(ctx, s.startRedis, &s.RedisPort); err != nil {
 		return nil, err
 	}
-	if err := s.withFreePorts(ctx, s.startTemporal, &s.TemporalPort, &s.UIPort); err != nil {
-		return nil, err
+	if o.ExternalTemporal == "" {
+		if err := s.withFreePorts(ctx, s.startTemporal, &s.TemporalPort, &s.UIPort); err != nil {
+			return nil, err
+		}
 	}
 	if err := s.withFreePorts(ctx, s.StartDaprd, &s.DaprGRPCPort, &s.DaprHTTPPort); err != nil {
 		return nil, err
@@ -307,9 +320,29 @@ func (s *Stack) withFreePorts(ctx context.Context, start func(context.Context) e
 	return err
 }
 
+// StartTemporal starts only a Temporal dev server (o's Dir, ToolsBin,
+// ports, Headless, TemporalInMemory, TemporalDynamicConfig and
+// TemporalNamespaces count): a server several stacks share through
+// Options.ExternalTemporal, a namespace each. Stop stops it.
+func StartTemporal(ctx context.Context, o Options) (*Stack, error) {
+	if err := os.MkdirAll(filepath.Join(o.Dir, "temporal"), 0o755); err != nil {
+		return nil, err
+	}
+	s := &Stack{Options: o}
+	s.ExternalTemporal = ""
+	if err := s.withFreePorts(ctx, s.startTemporal, &s.TemporalPort, &s.UIPort); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
 func (s *Stack) setAddrs() {
 	s.RedisAddr = fmt.Sprintf("127.0.0.1:%d", s.RedisPort)
 	s.TemporalAddr = fmt.Sprintf("127.0.0.1:%d", s.TemporalPort)
+	if s.ExternalTemporal != "" {
+		s.TemporalAddr = s.ExternalTemporal
+	}
 	s.DaprGRPCAddr = fmt.Sprintf("127.0.0.1:%d", s.DaprGRPCPort)
 	s.DaprHTTPAddr = fmt.Sprintf("127.0.0.1:%d", s.DaprHTTPPort)
 	s.UIURL = ""
@@ -382,6 +415,9 @@ func (s *Stack) startTemporal(ctx context.Context) error {
 	}
 	for _, sa := range SearchAttributes {
 		args = append(args, "--search-attribute", sa)
+	}
+	for _, ns := range s.TemporalNamespaces {
+		args = append(args, "--namespace", ns)
 	}
 	p, err := StartProc(s.Dir, "temporal", nil, filepath.Join(s.ToolsBin, "temporal"), args...)
 	if err != nil {
@@ -639,10 +675,19 @@ func waitFor(ctx context.Context, p *Proc, limit time.Duration, check func() err
 	return fmt.Errorf("%s not ready after %s: %v\n%s", p.Name, limit, last, p.Tail())
 }
 
+// TemporalNamespace is the namespace the stack's processes use.
+func (s *Stack) TemporalNamespace() string {
+	if s.Namespace == "" {
+		return "default"
+	}
+	return s.Namespace
+}
+
 // Env is the environment that points a node or the API at this stack.
 func (s *Stack) Env() []string {
 	env := []string{
 		"TEMPORAL_ADDRESS=" + s.TemporalAddr,
+		"TEMPORAL_NAMESPACE=" + s.TemporalNamespace(),
 		"DAPR_GRPC_ADDRESS=" + s.DaprGRPCAddr,
 		"DAPR_PUBSUB=" + PubSubName,
 		"DAPR_STATESTORE=" + StateName,

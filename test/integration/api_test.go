@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"go.temporal.io/sdk/client"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -74,7 +73,7 @@ func testTemporalCLIControlsWorker(t *testing.T) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		args = append(args, "--address", e.stack.TemporalAddr, "--workflow-id", workflows.WorkflowID(id))
+		args = append(args, "--address", e.stack.TemporalAddr, "--namespace", e.stack.TemporalNamespace(), "--workflow-id", workflows.WorkflowID(id))
 		out, err := exec.CommandContext(ctx, filepath.Join(repoRoot(), ".tools", "bin", "temporal"), args...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("temporal %v: %v\n%s", args, err, out)
@@ -97,7 +96,7 @@ func testTemporalCLIControlsWorker(t *testing.T) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		out, _ := exec.CommandContext(ctx, filepath.Join(repoRoot(), ".tools", "bin", "temporal"), "workflow", "list",
-			"--address", e.stack.TemporalAddr, "--query", "WorkerId='"+id+"' AND WorkerStatus='RUNNING'").CombinedOutput()
+			"--address", e.stack.TemporalAddr, "--namespace", e.stack.TemporalNamespace(), "--query", "WorkerId='"+id+"' AND WorkerStatus='RUNNING'").CombinedOutput()
 		cancel()
 		if strings.Contains(string(out), workflows.WorkflowID(id)) {
 			break
@@ -139,11 +138,7 @@ func TestConcurrentUpdatesAcrossContinueAsNew(t *testing.T) {
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := e.subscribe(out)
 	id := e.create(t, in, echoWorker(out, "v0"))
-	tc, err := client.Dial(client.Options{HostPort: e.stack.TemporalAddr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tc.Close()
+	tc := e.temporalClient(t)
 	first, err := tc.DescribeWorkflowExecution(ctxT(t), workflows.WorkflowID(id), "")
 	if err != nil {
 		t.Fatal(err)

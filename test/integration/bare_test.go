@@ -39,6 +39,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	stopSharedStack()
+	sharedTemporal.stop()
 	if err := turns.writeTimes(); err != nil {
 		fmt.Fprintln(os.Stderr, "integration times:", err)
 	}

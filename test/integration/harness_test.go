@@ -26,6 +26,7 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
+	"go.temporal.io/sdk/client"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -128,6 +129,11 @@ type envConfig struct {
 	// temporalDynamicConfig are more dynamic config values of the
 	// Temporal dev server ("key=JSON value").
 	temporalDynamicConfig []string
+	// ownTemporal starts a Temporal dev server for this stack alone. Without
+	// it (and without ui, keepTemporalData, temporalPort or
+	// temporalDynamicConfig, which need one of their own) the stack uses a
+	// namespace of its own on the package's shared server (sharedTemporal).
+	ownTemporal bool
 }
 
 // newEnv starts a full stack in dir (a fresh temp dir when empty).
@@ -144,10 +150,14 @@ func newEnvWith(t testing.TB, c envConfig) *env {
 	e := &env{t: t, stackEnv: &stackEnv{dir: c.dir, bins: buildBinaries(t), apiEnv: c.apiEnv, nodeEnv: c.nodeEnv, shared: sharedRoot(t)}}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	var externalTemporal, namespace string
+	if !c.ownTemporal && !c.ui && !c.keepTemporalData && c.temporalPort == 0 && len(c.temporalDynamicConfig) == 0 {
+		externalTemporal, namespace = sharedTemporal.namespaceFor(t, c.dir)
+	}
 	st, err := devstack.Start(ctx, devstack.Options{Dir: c.dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"), Headless: !c.ui, TemporalInMemory: !c.keepTemporalData, // not StartT: a test may restart the stack on the same dir
 		RedisPort: c.redisPort, TemporalPort: c.temporalPort, RedeliverInterval: time.Second, ProcessingTimeout: cmp.Or(c.processingTimeout, 6*time.Second),
 		ExtraResources: c.resources, PoolSize: c.poolSize, DaprdEnv: c.daprdEnv, DaprAPIToken: c.daprAPIToken,
-		TemporalDynamicConfig: c.temporalDynamicConfig})
+		TemporalDynamicConfig: c.temporalDynamicConfig, ExternalTemporal: externalTemporal, Namespace: namespace})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,6 +165,88 @@ func newEnvWith(t testing.TB, c envConfig) *env {
 	t.Cleanup(e.close)
 	e.startProcesses()
 	return e
+}
+
+// sharedTemporal is the package's shared Temporal dev server: a stack that
+// does not restart, cut off or configure Temporal uses a namespace of its
+// own there instead of starting a server (about 2 CPU-seconds of start-up
+// and idle polling per stack, on a machine the suite keeps busy). The
+// server creates its namespaces when it starts (with the search
+// attributes); a stack restarted on the same dir keeps its namespace.
+// Started by the first stack that needs it, stopped by TestMain.
+var sharedTemporal = &temporalServer{}
+
+type temporalServer struct {
+	once  sync.Once
+	stack *devstack.Stack
+	err   error
+	dir   string
+	mu    sync.Mutex
+	byDir map[string]string
+	next  int
+}
+
+// sharedNamespaces is how many namespaces the shared server has: more than
+// the package's stacks; a stack beyond them starts its own server.
+const sharedNamespaces = 96
+
+func sharedNamespace(i int) string { return fmt.Sprintf("wm-test-%02d", i) }
+
+// namespaceFor returns the shared server's address and dir's namespace
+// there, or empty strings when none is left (the stack then starts its
+// own server).
+func (s *temporalServer) namespaceFor(t testing.TB, dir string) (addr, namespace string) {
+	t.Helper()
+	s.once.Do(func() {
+		s.dir, s.err = os.MkdirTemp("", "wm-shared-temporal-")
+		if s.err != nil {
+			return
+		}
+		names := make([]string, sharedNamespaces)
+		for i := range names {
+			names[i] = sharedNamespace(i + 1)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		s.stack, s.err = devstack.StartTemporal(ctx, devstack.Options{Dir: s.dir, ToolsBin: filepath.Join(repoRoot(), ".tools", "bin"),
+			Headless: true, TemporalInMemory: true, TemporalNamespaces: names})
+		s.byDir = map[string]string{}
+	})
+	if s.err != nil {
+		t.Fatalf("the shared Temporal dev server: %v", s.err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ns, ok := s.byDir[dir]; ok {
+		return s.stack.TemporalAddr, ns
+	}
+	if s.next >= sharedNamespaces {
+		return "", ""
+	}
+	s.next++
+	s.byDir[dir] = sharedNamespace(s.next)
+	return s.stack.TemporalAddr, s.byDir[dir]
+}
+
+// stop stops the shared server (TestMain, after the tests).
+func (s *temporalServer) stop() {
+	if s.stack != nil {
+		s.stack.Stop()
+	}
+	if s.dir != "" {
+		os.RemoveAll(s.dir)
+	}
+}
+
+// temporalClient is a Temporal client on the stack's server and namespace.
+func (e *env) temporalClient(t testing.TB) client.Client {
+	t.Helper()
+	tc, err := client.Dial(client.Options{HostPort: e.stack.TemporalAddr, Namespace: e.stack.TemporalNamespace()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tc.Close)
+	return tc
 }
 
 func (e *env) startProcesses() {

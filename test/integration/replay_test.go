@@ -40,11 +40,7 @@ func testReplayRealHistory(t *testing.T) {
 	if _, err := e.client.DeleteWorker(ctx, &pb.DeleteWorkerRequest{WorkerId: id}); err != nil {
 		t.Fatal(err)
 	}
-	tc, err := client.Dial(client.Options{HostPort: e.stack.TemporalAddr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tc.Close()
+	tc := e.temporalClient(t)
 	replay(t, history(t, tc, workflows.WorkflowID(id)), workflows.WorkerWorkflow, "worker_history.json")
 	replay(t, history(t, tc, workflows.RecoveryWorkflowID), workflows.RecoveryWorkflow, "recovery_history.json")
 }

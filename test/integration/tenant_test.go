@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"go.temporal.io/api/workflowservice/v1"
-	"go.temporal.io/sdk/client"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -149,11 +148,7 @@ func TestTenants(t *testing.T) {
 	if ev := e.waitLifecycle(id, lifecycleevents.Started, 30*time.Second); ev.Data.Tenant != "acme" {
 		t.Fatalf("lifecycle event tenant %q", ev.Data.Tenant)
 	}
-	tc, err := client.Dial(client.Options{HostPort: e.stack.TemporalAddr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tc.Close()
+	tc := e.temporalClient(t)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := tc.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{Query: "WorkerTenant = 'acme'"})

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"go.temporal.io/sdk/client"
 
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 	"github.com/virtufin/workmanager/workflows"
@@ -51,11 +50,7 @@ func TestTemporalUIScreenshots(t *testing.T) {
 	}
 	e.createWith(t, &pb.CreateWorkerRequest{Topic: "invoices", Name: "invoice-mailer", Code: pyCode(echoWorker("invoice.sent", "v1"))})
 
-	tc, err := client.Dial(client.Options{HostPort: e.stack.TemporalAddr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tc.Close()
+	tc := e.temporalClient(t)
 	desc, err := tc.DescribeWorkflowExecution(ctxT(t), workflows.WorkflowID(id), "")
 	if err != nil {
 		t.Fatal(err)
