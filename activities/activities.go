@@ -144,7 +144,9 @@ type ApplyInput struct {
 // or detach), then persists the record (and history entry). The node goes
 // first so that a worker whose code cannot be attached is never persisted.
 // Its lifecycle events are published by Emit, once every node applied it.
+// It heartbeats while it works (workflows.ApplyHeartbeat), as Activate.
 func (a *Activities) Apply(ctx context.Context, in ApplyInput) error {
+	defer heartbeatWhileRunning(ctx)()
 	return classify(a.Node.Apply(ctx, in.Worker, in.History))
 }
 

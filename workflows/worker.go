@@ -255,6 +255,30 @@ func activityCtx(ctx workflow.Context) workflow.Context {
 	})
 }
 
+// applyCtx is activityCtx for Apply, which heartbeats while it works
+// (activities.Apply): Apply goes to any node polling the shared task
+// queue, and a node paused or frozen with a poll open can be handed the
+// task and never run it. The attempt then fails within ApplyHeartbeat
+// instead of the whole minute, and its retry goes to a node that polls (a
+// paused node held a stop's Apply for 61 s on a busy CI machine).
+func applyCtx(ctx workflow.Context) workflow.Context {
+	return workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		StartToCloseTimeout: time.Minute,
+		HeartbeatTimeout:    ApplyHeartbeat,
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval:        200 * time.Millisecond,
+			BackoffCoefficient:     2,
+			MaximumInterval:        10 * time.Second,
+			MaximumAttempts:        8,
+			NonRetryableErrorTypes: []string{failure.InvalidArgument},
+		},
+	})
+}
+
+// ApplyHeartbeat is how long Apply may go without a heartbeat (it sends
+// one every 2 s while it works), as ActivateHeartbeat.
+const ApplyHeartbeat = 20 * time.Second
+
 // prepareCtx is activityCtx with room for an engine's load check: a .NET
 // compile may take up to its engine's 120 s load timeout.
 func prepareCtx(ctx workflow.Context) workflow.Context {
@@ -509,7 +533,7 @@ func (e *entity) delete(ctx workflow.Context) error {
 // persisted; the node applies it at its next reconcile). applied tells
 // whether the change was persisted, also when a later step failed.
 func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ...activities.EventSpec) (applied bool, err error) {
-	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Apply, in).Get(ctx, nil); err != nil {
+	if err := workflow.ExecuteActivity(applyCtx(ctx), a.Apply, in).Get(ctx, nil); err != nil {
 		if workflow.GetVersion(ctx, "apply-failure-reads-record", workflow.DefaultVersion, 1) == workflow.DefaultVersion {
 			return false, err
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/stretchr/testify/suite"
 	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/workflow"
@@ -156,6 +157,27 @@ func (s *WorkerWorkflowSuite) TestValidatorsRejectWithoutActivities() {
 	s.NoError(create.err)
 	s.ErrorContains(again.reject, "already exists")
 	s.ErrorContains(badSHA.reject, "sha256")
+}
+
+// Apply goes to any node of the shared task queue: it must heartbeat, so
+// that a node paused with a poll open loses it within ApplyHeartbeat.
+func (s *WorkerWorkflowSuite) TestApplyHasAHeartbeatTimeout() {
+	s.prepareAnyCode(s.env)
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
+	var heartbeat time.Duration
+	s.env.SetOnActivityStartedListener(func(info *activity.Info, _ context.Context, _ converter.EncodedValues) {
+		if info.ActivityType.Name == "Apply" {
+			heartbeat = info.HeartbeatTimeout
+		}
+	})
+	var create updater
+	s.env.RegisterDelayedCallback(func() {
+		s.update(UpdateCreate, &create, CreateRequest{Ref: catalog.CodeRef{SHA256: sha1, SourceKind: "content"}})
+	}, time.Second)
+	s.env.RegisterDelayedCallback(func() { s.env.CancelWorkflow() }, 2*time.Second)
+	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: newWorker()}})
+	s.NoError(create.err)
+	s.Equal(ApplyHeartbeat, heartbeat)
 }
 
 func (s *WorkerWorkflowSuite) TestFailedCreateEndsWorkflow() {

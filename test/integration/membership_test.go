@@ -40,8 +40,12 @@ import (
 // 5 s pick-up, or is picked up by such a poll and never run: that attempt
 // fails when its heartbeats stop (workflows.ActivateHeartbeat, 20 s)
 // instead of at ActivateTimeout (5 min: the API answered DEADLINE_EXCEEDED
-// then), and its retry ends at the pick-up. Either way the stop answers
-// while B is still a member (15 to 25 s in the runs so far).
+// then), and its retry ends at the pick-up. The stop's Apply (any node may
+// pick it up) can land on such a poll too: it heartbeats the same way
+// (workflows.ApplyHeartbeat, 20 s; with its one-minute StartToClose the
+// stop answered after 67 s on a busy CI machine, when B was no longer a
+// member). Either way the stop answers while B is still a member (15 to
+// 25 s in the runs so far, 45 s when both land on B's polls).
 func TestStopWaitsForPausedMemberAndLapsedNodeServesNothing(t *testing.T) {
 	inTurn(t) // a stack of its own
 	const heartbeat, ttl = 20 * time.Second, 3 * 20 * time.Second
