@@ -149,8 +149,15 @@ func (m *Members) Alive(ctx context.Context) ([]string, error) {
 // Leaving lets peers take this node's group locks at once: end ctx only
 // once the node released them (after draining its messages), not when the
 // shutdown signal arrives.
+//
+// A failed heartbeat is tried again after a fifth of the interval (until
+// one succeeds), not after a whole one: a node is a member for the TTL
+// less one interval after its last heartbeat (three intervals less one),
+// so one failure followed by a full interval was a lapse — the node fenced
+// itself and ran its calls in flight again because daprd restarted for a
+// second (CI-like run 24).
 func (m *Members) Run(ctx context.Context, log *slog.Logger, interval time.Duration) {
-	t := time.NewTicker(interval)
+	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
 		select {
@@ -162,9 +169,12 @@ func (m *Members) Run(ctx context.Context, log *slog.Logger, interval time.Durat
 			}
 			return
 		case <-t.C:
+			next := interval
 			if err := m.Beat(ctx); err != nil && ctx.Err() == nil {
-				log.Warn("cluster heartbeat", "node_id", m.self, "err", err)
+				next = max(interval/5, 50*time.Millisecond)
+				log.Warn("cluster heartbeat", "node_id", m.self, "err", err, "retry_in", next)
 			}
+			t.Reset(next)
 		}
 	}
 }

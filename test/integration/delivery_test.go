@@ -787,12 +787,14 @@ func (e *env) publishVia(t *testing.T, httpAddr, topic, id string, data any) {
 // every message is processed, once unless it was in flight at the fault.
 func TestDaprdAndRedisRestartsLoseNothing(t *testing.T) {
 	inTurn(t) // a stack of its own
-	// NODE_HEARTBEAT=5s: the node's heartbeats go through daprd's state
+	// NODE_HEARTBEAT=10s: the node's heartbeats go through daprd's state
 	// API, so with the harness's 1 s (a 3 s TTL) a daprd restart on a
 	// loaded machine made the node lapse, fence itself and run every call
-	// of those seconds again (m60-m87 twice, under a CPU hog); the daprd
-	// restart is what this test is about, not a membership lapse.
-	e := newEnvWith(t, envConfig{nodeEnv: []string{"NODE_HEARTBEAT=5s"}})
+	// of those seconds again (m60-m87 twice, under a CPU hog), and with
+	// 5 s daprd was still down after 15 s in CI-like run 24 (m215 twice);
+	// the daprd restart is what this test is about, not a membership
+	// lapse (a rerun a lapse explains is accepted below all the same).
+	e := newEnvWith(t, envConfig{nodeEnv: []string{"NODE_HEARTBEAT=10s"}})
 	ctx := ctxT(t)
 	pubSide, err := e.stack.StartSidecar(ctx, "daprd-publisher") // publishes while the node's daprd is away
 	if err != nil {
@@ -840,7 +842,13 @@ func TestDaprdAndRedisRestartsLoseNothing(t *testing.T) {
 		case n > 1 && explained[id] != "":
 			t.Logf("%s processed %d times: %s", id, n, explained[id])
 		default:
-			t.Errorf("%s processed %d times, want once; the node's log about it:\n%s", id, n, nodeLogAbout(t, filepath.Join(e.dir, "node.log"), id))
+			var ran []string
+			for _, c := range cs {
+				if c.ID == id {
+					ran = append(ran, time.Unix(0, c.Enter).UTC().Format("15:04:05.000")+"–"+time.Unix(0, c.Exit).UTC().Format("15:04:05.000"))
+				}
+			}
+			t.Errorf("%s processed %d times (%s), want once; the node's log about it:\n%s", id, n, strings.Join(ran, ", "), nodeLogAbout(t, filepath.Join(e.dir, "node.log"), id))
 		}
 	}
 }
@@ -860,7 +868,8 @@ func documentedReruns(t *testing.T, nodeLog string, cs []call) map[string]string
 		t.Fatal(err)
 	}
 	out := map[string]string{}
-	var fences []time.Time
+	type span struct{ from, to time.Time }
+	var fences []span
 	for line := range strings.Lines(string(b)) {
 		switch {
 		case strings.Contains(line, `msg="delivery record not saved`):
@@ -875,7 +884,14 @@ func documentedReruns(t *testing.T, nodeLog string, cs []call) map[string]string
 			}
 		case strings.Contains(line, "fencing this node"), strings.Contains(line, "no longer a cluster member"):
 			if at, err := time.Parse(time.RFC3339Nano, logField(line, "time")); err == nil {
-				fences = append(fences, at)
+				fences = append(fences, span{at, at})
+			}
+		case strings.Contains(line, "a cluster member again after a lapse"):
+			// A lapse the node saw only once it was over (daprd was down
+			// for longer than the TTL): it fenced and unfenced itself,
+			// then reconciled (seconds on a busy machine), then logged.
+			if at, err := time.Parse(time.RFC3339Nano, logField(line, "time")); err == nil {
+				fences = append(fences, span{at.Add(-10 * time.Second), at})
 			}
 		}
 	}
@@ -889,8 +905,8 @@ func documentedReruns(t *testing.T, nodeLog string, cs []call) map[string]string
 		for _, f := range fences {
 			// Fenced while it ran, or before its record was written
 			// (tried for 5 s).
-			if !f.Before(time.Unix(0, c.Enter).Add(-time.Second)) && !f.After(time.Unix(0, c.Exit).Add(6*time.Second)) && out[id] == "" {
-				out[id] = "the node fenced itself at " + f.Format("15:04:05.000") + ", while it ran or before its record was written"
+			if !f.to.Before(time.Unix(0, c.Enter).Add(-time.Second)) && !f.from.After(time.Unix(0, c.Exit).Add(6*time.Second)) && out[id] == "" {
+				out[id] = "the node fenced itself at " + f.to.Format("15:04:05.000") + ", while it ran or before its record was written"
 			}
 		}
 	}
