@@ -212,6 +212,50 @@ def process(event):
 	}
 }
 
+// The runner makes an event loop only for code that defines async code or
+// names asyncio (importing asyncio is half of a start's cost). An
+// awaitable from other code is awaited without a loop when it finishes
+// without suspending, and fails with a clear error when it would wait.
+func TestAwaitableWithoutEventLoop(t *testing.T) {
+	e := newEngine(t, python.Config{})
+	// types.coroutine marks the generator's code as a coroutine when the
+	// module runs, after the runner looked at the code.
+	inst := load(t, e, testSpec, `
+import types
+
+@types.coroutine
+def _done(event):
+    return {"type": "gen.done", "data": {"id": event["id"]}}
+    yield
+
+@types.coroutine
+def _waits(event):
+    yield "a future"
+    return {"type": "never"}
+
+def process(event):
+    return _waits(event) if event["data"]["wait"] else _done(event)
+`)
+	out := mustCall(t, inst, jsonEvent("gen", map[string]any{"wait": false}))
+	if len(out) != 1 || out[0].Type() != "gen.done" {
+		t.Fatalf("outputs = %v", out)
+	}
+	if _, err := call(t, inst, jsonEvent("gen", map[string]any{"wait": true})); err == nil || !strings.Contains(err.Error(), "waits for an event loop") {
+		t.Fatalf("an awaitable that waits, without a loop: %v", err)
+	}
+	// A sync process that uses the runner's loop through asyncio has one.
+	inst = load(t, e, testSpec, `
+import asyncio
+
+def process(event):
+    asyncio.get_event_loop().run_until_complete(asyncio.sleep(0))
+    return {"type": "loop.used"}
+`)
+	if out := mustCall(t, inst, jsonEvent("loop", nil)); len(out) != 1 || out[0].Type() != "loop.used" {
+		t.Fatalf("outputs = %v", out)
+	}
+}
+
 func TestBytesDataRoundTrip(t *testing.T) {
 	e := newEngine(t, python.Config{})
 	inst := load(t, e, testSpec, `

@@ -14,7 +14,6 @@
 # A frame is: uint32 little-endian payload length, 1 byte kind, payload.
 # stdout/stderr belong to the worker (they are forwarded to the Go logger).
 
-import asyncio
 import base64
 import gc
 import inspect
@@ -625,6 +624,41 @@ _is_async = False
 _loop = None
 
 
+# Code flags of coroutine code: async def, generator-based coroutines,
+# async generators.
+_CO_ASYNC = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def _needs_loop(code):
+    """Whether the worker's code can need an event loop: it defines async
+    code or names asyncio, anywhere (functions and classes included)."""
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        if c.co_flags & _CO_ASYNC or "asyncio" in c.co_names:
+            return True
+        todo.extend(k for k in c.co_consts if type(k) is types.CodeType)
+    return False
+
+
+def _await_without_loop(aw):
+    """The value of an awaitable that needs no event loop (it finishes
+    without suspending), for code the runner made no loop for."""
+    # A generator-based coroutine (types.coroutine) is its own iterator.
+    it = aw if type(aw) is types.GeneratorType else aw.__await__()
+    try:
+        it.send(None)
+    except StopIteration as s:
+        return s.value
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+    raise RuntimeError(
+        "process returned an awaitable that waits for an event loop, and this worker has none: "
+        "the runner makes one for code that defines async functions or uses asyncio"
+    )
+
+
 def _load(source):
     global _process, _is_async, _loop
     text = source.decode("utf-8", "replace")
@@ -651,9 +685,14 @@ def _load(source):
     mod.__file__ = FILENAME
     mod.__dict__["__builtins__"] = _restricted_builtins(_guard)
     sys.modules[MODULE] = mod
-    # The event loop (a socketpair inside) exists before the audit hook.
-    _loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(_loop)
+    # The event loop (a socketpair inside) exists before the audit hook,
+    # made only for code that can need it: importing asyncio is half the
+    # cost of a runner's start.
+    if _needs_loop(code):
+        import asyncio
+
+        _loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(_loop)
     sys.addaudithook(_guard.hook)
     try:
         exec(code, mod.__dict__)
@@ -786,7 +825,10 @@ def _handle_event(payload):
             and type(result) is not list
             and inspect.isawaitable(result)
         ):
-            result = _loop.run_until_complete(result)
+            if _loop is not None:
+                result = _loop.run_until_complete(result)
+            else:
+                result = _await_without_loop(result)
     except BaseException as e:  # SystemExit too: the runner keeps serving
         _in_event = False
         _send_error(type(e).__name__, _exc_message(e), _format_tb(e))
