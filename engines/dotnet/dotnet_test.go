@@ -134,6 +134,11 @@ func TestConformanceSource(t *testing.T) {
 			Raise: fixture(t, "raise"), Hang: fixture(t, "hang"), Invalid: fixture(t, "invalid"),
 		},
 		Wait: time.Minute,
+		// The Timeout case's first, ordinary call on the hang worker runs
+		// under this timeout too; Mono compiles the worker's path on it,
+		// which took over the default 500 ms under a CPU hog (CI-like
+		// run 28).
+		HangTimeout: 3 * time.Second,
 	})
 }
 
@@ -148,6 +153,11 @@ func TestConformancePackage(t *testing.T) {
 			Invalid: []byte("this is neither a zip archive nor a .NET assembly"),
 		},
 		Wait: time.Minute,
+		// The Timeout case's first, ordinary call on the hang worker runs
+		// under this timeout too; Mono compiles the worker's path on it,
+		// which took over the default 500 ms under a CPU hog (CI-like
+		// run 28).
+		HangTimeout: 3 * time.Second,
 	})
 }
 
