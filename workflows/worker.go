@@ -262,17 +262,10 @@ func activityCtx(ctx workflow.Context) workflow.Context {
 // instead of the whole minute, and its retry goes to a node that polls (a
 // paused node held a stop's Apply for 61 s on a busy CI machine).
 func applyCtx(ctx workflow.Context) workflow.Context {
-	return workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-		StartToCloseTimeout: time.Minute,
-		HeartbeatTimeout:    ApplyHeartbeat,
-		RetryPolicy: &temporal.RetryPolicy{
-			InitialInterval:        200 * time.Millisecond,
-			BackoffCoefficient:     2,
-			MaximumInterval:        10 * time.Second,
-			MaximumAttempts:        8,
-			NonRetryableErrorTypes: []string{failure.InvalidArgument},
-		},
-	})
+	ctx = activityCtx(ctx)
+	o := workflow.GetActivityOptions(ctx)
+	o.HeartbeatTimeout = ApplyHeartbeat
+	return workflow.WithActivityOptions(ctx, o)
 }
 
 // ApplyHeartbeat is how long Apply may go without a heartbeat (it sends

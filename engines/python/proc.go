@@ -3,7 +3,6 @@ package python
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -173,17 +172,11 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 		pipes.CloseParentEnds()
 		return nil, err
 	}
-	syspath, err := json.Marshal(info.path)
-	if err != nil {
-		pipes.CloseChildEnds()
-		pipes.CloseParentEnds()
-		return nil, fmt.Errorf("python engine: %w", err)
-	}
 	// -I: isolated (no user site, no current directory on sys.path, PYTHON*
 	// variables ignored); -S: no site module (the runner sets the sys.path
 	// the interpreter's site would, see interpInfo); -B: no bytecode
 	// written; -u: unbuffered output.
-	args := []string{"-I", "-S", "-B", "-u", "-c", runnerSource, strconv.Itoa(e.runnerSpinMicros()), strings.Join(e.cfg.AllowedPackages, ","), e.cfg.DevKitDir, string(syspath)}
+	args := []string{"-I", "-S", "-B", "-u", "-c", runnerSource, strconv.Itoa(e.runnerSpinMicros()), strings.Join(e.cfg.AllowedPackages, ","), e.cfg.DevKitDir, info.path}
 	var cmd *exec.Cmd
 	var release func()
 	if e.cfg.Sandbox != nil {

@@ -261,8 +261,8 @@ type interpInfo struct {
 	// that site-packages' .pth files list. The runner starts with -S (no
 	// site module: a start costs ~0.1 CPU-second less where a .pth file
 	// imports packages, and no .pth code runs in a worker's process) and
-	// sets this path itself.
-	path []string
+	// sets this path itself; it is the runner's argument, as JSON.
+	path string
 }
 
 // probe asks interp, once per Engine, for its prefixes and sys.path.
@@ -270,19 +270,27 @@ func (e *Engine) probe(ctx context.Context, interp string) (interpInfo, error) {
 	e.probeOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		out, err := exec.CommandContext(ctx, interp, "-I", "-c", "import json, sys; print(json.dumps([sys.prefix, sys.base_prefix, sys.path]))").Output()
+		out, err := exec.CommandContext(ctx, interp, "-I", "-c",
+			`import json, sys; print(json.dumps({"prefix": sys.prefix, "base_prefix": sys.base_prefix, "path": sys.path}))`).Output()
 		if err != nil {
 			e.probeErr = fmt.Errorf("python engine: asking %s for its prefix and path: %w", interp, err)
 			return
 		}
-		var got []json.RawMessage
-		var prefix, base string
-		var path []string
-		if err := json.Unmarshal(out, &got); err != nil || len(got) != 3 ||
-			json.Unmarshal(got[0], &prefix) != nil || json.Unmarshal(got[1], &base) != nil || json.Unmarshal(got[2], &path) != nil {
-			e.probeErr = fmt.Errorf("python engine: %s answered %q to the prefix and path probe", interp, out)
+		var got struct {
+			Prefix     string   `json:"prefix"`
+			BasePrefix string   `json:"base_prefix"`
+			Path       []string `json:"path"`
+		}
+		if err := json.Unmarshal(out, &got); err != nil {
+			e.probeErr = fmt.Errorf("python engine: %s answered %q to the prefix and path probe: %w", interp, out, err)
 			return
 		}
+		path, err := json.Marshal(got.Path)
+		if err != nil {
+			e.probeErr = fmt.Errorf("python engine: %w", err)
+			return
+		}
+		e.probed.path = string(path)
 		seen := map[string]bool{}
 		add := func(p string) {
 			if p = filepath.Clean(p); p != "/" && p != "." && !seen[p] {
@@ -290,8 +298,8 @@ func (e *Engine) probe(ctx context.Context, interp string) (interpInfo, error) {
 				e.probed.ro = append(e.probed.ro, p)
 			}
 		}
-		add(prefix)
-		add(base)
+		add(got.Prefix)
+		add(got.BasePrefix)
 		add(filepath.Dir(interp))
 		if real, err := filepath.EvalSymlinks(interp); err == nil {
 			add(filepath.Dir(real))
@@ -299,7 +307,6 @@ func (e *Engine) probe(ctx context.Context, interp string) (interpInfo, error) {
 		if e.cfg.DevKitDir != "" {
 			add(e.cfg.DevKitDir)
 		}
-		e.probed.path = path
 	})
 	return e.probed, e.probeErr
 }
