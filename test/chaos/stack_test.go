@@ -498,10 +498,20 @@ func (n *node) health() string {
 	return r.Status
 }
 
+// keepDir makes the directory a run's logs are kept in.
+func keepDir(test string) (string, error) {
+	if base := os.Getenv("WM_FAILED_LOGS"); base != "" {
+		dir := filepath.Join(base, test)
+		return dir, os.MkdirAll(dir, 0o755)
+	}
+	return os.MkdirTemp("", "chaos-logs-")
+}
+
 func (c *cluster) close() {
 	if c.t.Failed() || os.Getenv("CHAOS_KEEP_LOGS") != "" {
-		// The stack's logs outlive the test's temp dir.
-		keep, err := os.MkdirTemp("", "chaos-logs-")
+		// The stack's logs outlive the test's temp dir: in
+		// $WM_FAILED_LOGS/<test> under make test, else in /tmp.
+		keep, err := keepDir(c.t.Name())
 		if err == nil {
 			logs, _ := filepath.Glob(filepath.Join(c.dir, "*.log"))
 			for _, l := range logs {
