@@ -31,7 +31,7 @@ INTEGRATION_FLAGS = -parallel 64
 UNIT_PACKAGES = $$(go list ./... | grep -v /test/integration)
 REQUIRE_SANDBOX = $$([ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: run test test-tools test-checks test-go test-race unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
+.PHONY: run test test-tools test-checks test-static test-go test-race unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
 
 run: deps
 	@$(MAKE) --no-print-directory -s -j4 tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
@@ -49,10 +49,10 @@ run: deps
 # kernel groups the scheduler by session (autogroup, on here), that gives
 # them half the machine however busy the checks keep the other half, and
 # the nice orders the checks only against what else runs in make's own
-# session. When the checks have passed, the short fault-injection soak
-# (TestChaosShort) runs, in a session of its own too, on the cores they
-# leave. Then the integration log and the soak's report are shown. A failed
-# check stops the integration tests.
+# session. The short fault-injection soak (TestChaosShort: a stack of its
+# own, mostly waiting on its 2-minute schedule) starts beside them, in a
+# session of its own too. Then the integration log and the soak's report
+# are shown. A failed check stops the integration tests and the soak.
 # Each test's own time (its wait for a turn left out) goes to
 # $(INTEGRATION_TIMES), the slowest first; its head is shown at the end.
 # A failed test's full stack logs are kept in $(FAILED_LOGS).
@@ -60,8 +60,7 @@ INTEGRATION_LOG := .run/test/integration.log
 INTEGRATION_TIMES := .run/test/integration-times.txt
 FAILED_LOGS := .run/test/failed
 # The soak's 2-minute fixed version (issue 25, test/chaos): every fault kind
-# once on a stack of its own, started when the checks have passed (the
-# cores they leave are what it runs on), its report shown at the end.
+# once on a stack of its own, its report shown at the end.
 CHAOS_LOG := .run/test/chaos.log
 CHAOS_REPORT := .run/test/chaos-report.txt
 test: deps-test test-tools
@@ -69,14 +68,13 @@ test: deps-test test-tools
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) WM_INTEGRATION_PARALLEL=$(INTEGRATION_PARALLEL) WM_INTEGRATION_TIMES=$(CURDIR)/$(INTEGRATION_TIMES) WM_FAILED_LOGS=$(CURDIR)/$(FAILED_LOGS) \
 		setsid go test -count=1 -timeout $(TEST_TIMEOUT) $(INTEGRATION_FLAGS) ./test/integration/ \
 		> $(INTEGRATION_LOG) 2>&1 & integ=$$!; \
-	trap 'kill -TERM -- -$$integ 2>/dev/null' EXIT; \
-	echo "==> integration tests started in the background (log: $(INTEGRATION_LOG)); the checks run meanwhile"; \
-	rc=0; nice -n 5 $(MAKE) --no-print-directory test-checks || rc=$$?; \
-	if [ $$rc != 0 ]; then echo "==> a check failed: stopping the integration tests"; exit $$rc; fi; \
-	echo "==> checks passed after $$SECONDS s; the short fault-injection soak (TestChaosShort, about 3 min; log: $(CHAOS_LOG)) runs while the integration tests finish"; \
 	WM_CHAOS_SHORT=1 CHAOS_REPORT=$(CURDIR)/$(CHAOS_REPORT) WM_FAILED_LOGS=$(CURDIR)/$(FAILED_LOGS) \
 		setsid go test -count=1 -timeout 12m -run 'TestChaosShort$$' -v ./test/chaos/ > $(CHAOS_LOG) 2>&1 & chaos=$$!; \
 	trap 'kill -TERM -- -$$integ -$$chaos 2>/dev/null' EXIT; \
+	echo "==> integration tests (log: $(INTEGRATION_LOG)) and the short fault-injection soak (TestChaosShort, about 3 min; log: $(CHAOS_LOG)) started in the background; the checks run meanwhile"; \
+	rc=0; nice -n 5 $(MAKE) --no-print-directory test-checks || rc=$$?; \
+	if [ $$rc != 0 ]; then echo "==> a check failed after $$SECONDS s: stopping the integration tests and the soak"; exit $$rc; fi; \
+	echo "==> checks passed after $$SECONDS s"; \
 	wait $$chaos; crc=$$?; echo "==> the short soak ended after $$SECONDS s"; \
 	wait $$integ; irc=$$?; trap - EXIT; echo "==> the integration tests ended after $$SECONDS s"; \
 	cat $(INTEGRATION_LOG); \
@@ -85,18 +83,22 @@ test: deps-test test-tools
 	else echo "==> TestChaosShort failed ($(CHAOS_LOG)):"; cat $(CHAOS_LOG); fi; \
 	[ $$irc = 0 ] && [ $$crc = 0 ]
 
-# The DevKit's pytest (minutes: venvs, pip, mypy) runs next to the Go
-# checks (their lines interleaved, each line whole).
+# The checks, side by side (their lines interleaved, each line whole): the
+# DevKit's pytest, the static checks, every package but the integration
+# tests under the race detector, and the fuzz targets. The race tests are
+# the longest: nothing waits before them (the engines' race tests mostly
+# wait on their child processes, so the others fill the cores).
 test-checks:
-	@$(MAKE) --no-print-directory -j2 --output-sync=line pytest test-go
+	@$(MAKE) --no-print-directory -j4 --output-sync=line pytest test-static test-race fuzz-short
 
-# The Go checks: vet, the manifests' check and the daprd component's test,
-# then every package but the integration tests under the race detector
-# next to the fuzz targets (the engines' race tests mostly wait on their
-# child processes: alone, at the end of a run, they left a core idle).
-test-go:
+# The Go checks without the race tests and fuzzing: vet, the manifests'
+# check and the daprd component's test.
+test-static:
 	@$(MAKE) --no-print-directory vet k8s-validate daprd-test
-	@$(MAKE) --no-print-directory -j2 --output-sync=line test-race fuzz-short
+
+# All the Go checks.
+test-go:
+	@$(MAKE) --no-print-directory -j3 --output-sync=line test-static test-race fuzz-short
 
 test-race:
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -race -count=1 -timeout 20m $(UNIT_PACKAGES)

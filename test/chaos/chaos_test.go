@@ -241,6 +241,9 @@ func runChaos(t *testing.T, cfg runConfig) {
 	}
 	fmt.Fprintf(&r, "converged %s after the nemesis stopped; drain took %s\n", convTook.Round(time.Second), time.Since(drainStart).Round(time.Second))
 	fmt.Fprintf(&r, "nodes before: %s\nnodes after:  %s\n", before, after)
+	if l := c.keepSlowHistories(j); l != "" {
+		fmt.Fprintf(&r, "%s\n", l)
+	}
 	for _, iv := range v.invariants {
 		res := "PASS"
 		switch {

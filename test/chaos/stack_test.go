@@ -52,6 +52,10 @@ type cluster struct {
 	tools string
 	stack *devstack.Stack
 
+	// keepLogs keeps the stack's logs also when the test passes (a slow
+	// lifecycle call's history is among them).
+	keepLogs bool
+
 	mu       sync.Mutex
 	nodes    []*node
 	temporal *devstack.Proc // our own after the first Temporal restart
@@ -508,7 +512,7 @@ func keepDir(test string) (string, error) {
 }
 
 func (c *cluster) close() {
-	if c.t.Failed() || os.Getenv("CHAOS_KEEP_LOGS") != "" {
+	if c.t.Failed() || c.keepLogs || os.Getenv("CHAOS_KEEP_LOGS") != "" {
 		// The stack's logs outlive the test's temp dir: in
 		// $WM_FAILED_LOGS/<test> under make test, else in /tmp.
 		keep, err := keepDir(c.t.Name())

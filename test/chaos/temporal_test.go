@@ -2,11 +2,16 @@ package chaos
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/client"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/virtufin/workmanager/internal/catalog"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
@@ -97,4 +102,82 @@ func statusOf(s catalog.Status) pb.WorkerStatus {
 		return pb.WorkerStatus_WORKER_STATUS_STOPPED
 	}
 	return pb.WorkerStatus(-1)
+}
+
+// keepSlowHistories writes the workflow history of every worker a slow
+// lifecycle call was about (all runs, newest first, back through
+// continue-as-new) to history-<name>.jsonl in the stack's directory, and
+// makes the stack keep its logs: what finding 10 lacked to be explained.
+// It returns the report's line, or "" when no call was slow.
+func (c *cluster) keepSlowHistories(j *journal) string {
+	j.mu.Lock()
+	slow := append([]slowCallRec(nil), j.slow...)
+	j.mu.Unlock()
+	if len(slow) == 0 {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var b strings.Builder
+	fmt.Fprintf(&b, "lifecycle calls slower than %s (their workflows' histories are kept with the logs):", slowCall)
+	tc, err := client.DialContext(ctx, client.Options{HostPort: c.stack.TemporalAddr, Namespace: "default"})
+	if err != nil {
+		fmt.Fprintf(&b, " (Temporal: %v)", err)
+		tc = nil
+	} else {
+		defer tc.Close()
+	}
+	done := map[string]bool{}
+	for _, s := range slow {
+		fmt.Fprintf(&b, " %s %s at %s took %s (%v);", s.what, s.name, j.rel(s.at), s.took.Round(time.Second), s.err)
+		if tc == nil || done[s.name] {
+			continue
+		}
+		done[s.name] = true
+		r, err := c.client.GetWorker(ctx, &pb.GetWorkerRequest{WorkerId: s.name})
+		if err != nil {
+			continue
+		}
+		if err := writeHistories(ctx, tc, workflows.WorkflowID(r.GetWorkerId()), filepath.Join(c.dir, "history-"+s.name+".jsonl.log")); err != nil {
+			fmt.Fprintf(&b, " (history of %s: %v)", s.name, err)
+		}
+	}
+	c.keepLogs = true
+	return b.String()
+}
+
+// writeHistories writes every event of the workflow's runs, newest run
+// first, as JSON lines.
+func writeHistories(ctx context.Context, tc client.Client, wfID, path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	runID := ""
+	for range 20 {
+		it := tc.GetWorkflowHistory(ctx, wfID, runID, false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+		prev := ""
+		for it.HasNext() {
+			ev, err := it.Next()
+			if err != nil {
+				return err
+			}
+			if a := ev.GetWorkflowExecutionStartedEventAttributes(); a != nil {
+				prev = a.GetContinuedExecutionRunId()
+			}
+			line, err := protojson.Marshal(ev)
+			if err != nil {
+				return err
+			}
+			if _, err := f.Write(append(line, '\n')); err != nil {
+				return err
+			}
+		}
+		if prev == "" {
+			return nil
+		}
+		runID = prev
+	}
+	return nil
 }

@@ -109,6 +109,7 @@ type journal struct {
 	workers   map[string]*wrec
 	faults    []fault
 	apiErrors map[string]int
+	slow      []slowCallRec
 	replays   []replay
 	// pendingAt holds, per worker, the input entries of its topic the
 	// broker held unacked just before each StopWorker/DeleteWorker call:
@@ -117,6 +118,19 @@ type journal struct {
 	published atomic.Int64
 	pubFailed atomic.Int64
 	logf      func(string, ...any)
+}
+
+// slowCall is how long a lifecycle call may take, retries included,
+// before the journal keeps it (finding 10 of docs/reliability.md: a
+// CreateWorker that answered after minutes).
+const slowCall = time.Minute
+
+// slowCallRec is one lifecycle call that took longer than slowCall.
+type slowCallRec struct {
+	what, name string
+	at         time.Time
+	took       time.Duration
+	err        error
 }
 
 func newJournal(logf func(string, ...any)) *journal {
@@ -215,9 +229,20 @@ type workload struct {
 	seq        atomic.Int64
 }
 
-// call runs one lifecycle call with retries for up to limit; the worker is
-// uncertain from the first attempt until an answer.
-func (wl *workload) call(ctx context.Context, what string, w *wrec, limit time.Duration, fn func(context.Context) error) error {
+// call runs one lifecycle call of the worker named name with retries for
+// up to limit; the worker w (nil: not yet known, or the call does not make
+// it uncertain) is uncertain from the first attempt until an answer. A
+// call that took longer than slowCall in all is journaled: its worker's
+// workflow history is kept with the stack's logs.
+func (wl *workload) call(ctx context.Context, what, name string, w *wrec, limit time.Duration, fn func(context.Context) error) (err error) {
+	began := time.Now()
+	defer func() {
+		if took := time.Since(began); took > slowCall {
+			wl.j.mu.Lock()
+			wl.j.slow = append(wl.j.slow, slowCallRec{what: what, name: name, at: began, took: took, err: err})
+			wl.j.mu.Unlock()
+		}
+	}()
 	deadline := time.Now().Add(limit)
 	if w != nil {
 		wl.j.mu.Lock()
@@ -226,7 +251,7 @@ func (wl *workload) call(ctx context.Context, what string, w *wrec, limit time.D
 	}
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 45*time.Second)
-		err := fn(cctx)
+		err = fn(cctx)
 		cancel()
 		if err == nil {
 			return nil
@@ -266,7 +291,7 @@ func (wl *workload) create(ctx context.Context, name, topic, group, kind string,
 	}
 	var id string
 	began := time.Now()
-	err := wl.call(ctx, "CreateWorker", nil, 3*time.Minute, func(cctx context.Context) error {
+	err := wl.call(ctx, "CreateWorker", name, nil, 3*time.Minute, func(cctx context.Context) error {
 		r, err := wl.c.client.CreateWorker(cctx, req)
 		if err == nil {
 			id = r.GetWorkerId()
@@ -347,7 +372,7 @@ func (wl *workload) snapshotPending(w *wrec) {
 
 func (wl *workload) stop(ctx context.Context, w *wrec) error {
 	wl.snapshotPending(w)
-	err := wl.call(ctx, "StopWorker", w, 3*time.Minute, func(cctx context.Context) error {
+	err := wl.call(ctx, "StopWorker", w.name, w, 3*time.Minute, func(cctx context.Context) error {
 		_, err := wl.c.client.StopWorker(cctx, &pb.StopWorkerRequest{WorkerId: w.id})
 		return err
 	})
@@ -358,7 +383,7 @@ func (wl *workload) stop(ctx context.Context, w *wrec) error {
 }
 
 func (wl *workload) start(ctx context.Context, w *wrec) error {
-	err := wl.call(ctx, "StartWorker", w, 3*time.Minute, func(cctx context.Context) error {
+	err := wl.call(ctx, "StartWorker", w.name, w, 3*time.Minute, func(cctx context.Context) error {
 		_, err := wl.c.client.StartWorker(cctx, &pb.StartWorkerRequest{WorkerId: w.id})
 		return err
 	})
@@ -370,7 +395,7 @@ func (wl *workload) start(ctx context.Context, w *wrec) error {
 
 func (wl *workload) remove(ctx context.Context, w *wrec) error {
 	wl.snapshotPending(w)
-	err := wl.call(ctx, "DeleteWorker", w, 3*time.Minute, func(cctx context.Context) error {
+	err := wl.call(ctx, "DeleteWorker", w.name, w, 3*time.Minute, func(cctx context.Context) error {
 		_, err := wl.c.client.DeleteWorker(cctx, &pb.DeleteWorkerRequest{WorkerId: w.id})
 		return err
 	})
@@ -387,7 +412,7 @@ func (wl *workload) load(ctx context.Context, w *wrec) error {
 	w.version++
 	code := wl.code(w)
 	wl.j.mu.Unlock()
-	return wl.call(ctx, "LoadCode", nil, 3*time.Minute, func(cctx context.Context) error {
+	return wl.call(ctx, "LoadCode", w.name, nil, 3*time.Minute, func(cctx context.Context) error {
 		_, err := wl.c.client.LoadCode(cctx, &pb.LoadCodeRequest{WorkerId: w.id, Code: content(code)})
 		return err
 	})
@@ -396,7 +421,7 @@ func (wl *workload) load(ctx context.Context, w *wrec) error {
 // rollback loads an earlier version's code again (RollbackWorker), as the
 // next version. The worker stays running.
 func (wl *workload) rollback(ctx context.Context, w *wrec, to int) error {
-	err := wl.call(ctx, "RollbackWorker", nil, 3*time.Minute, func(cctx context.Context) error {
+	err := wl.call(ctx, "RollbackWorker", w.name, nil, 3*time.Minute, func(cctx context.Context) error {
 		_, err := wl.c.client.RollbackWorker(cctx, &pb.RollbackWorkerRequest{WorkerId: w.id, Version: int64(to)})
 		return err
 	})
@@ -413,7 +438,7 @@ func (wl *workload) rollback(ctx context.Context, w *wrec, to int) error {
 func (wl *workload) replayDead(ctx context.Context, w *wrec) (int, error) {
 	var ids []string
 	start := time.Now()
-	err := wl.call(ctx, "ReplayDeadLetters", nil, 3*time.Minute, func(cctx context.Context) error {
+	err := wl.call(ctx, "ReplayDeadLetters", w.name, nil, 3*time.Minute, func(cctx context.Context) error {
 		r, err := wl.c.client.ReplayDeadLetters(cctx, &pb.ReplayDeadLettersRequest{WorkerId: w.id, Limit: 20})
 		if err == nil {
 			ids = append(ids, r.GetEventIds()...)
