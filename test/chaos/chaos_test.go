@@ -210,6 +210,15 @@ func runChaos(t *testing.T, cfg runConfig) {
 	}
 	after := c.nodeFigures()
 	v.invariants = append(v.invariants, conv, agree, leaks(before, after))
+	if evs, err := readStream(c.stack.RedisAddr, lifecycleTopic); err != nil {
+		iv := &invariant{name: "every lifecycle call answered OK has its event on " + lifecycleTopic}
+		iv.fail("reading %s: %v", lifecycleTopic, err)
+		v.invariants = append(v.invariants, iv)
+	} else {
+		iv, line := lifecycleAnnounced(j, evs)
+		v.invariants = append(v.invariants, iv)
+		v.addf("%s", line)
+	}
 
 	// The report.
 	var r strings.Builder

@@ -250,3 +250,28 @@ func TestNotRunningDeadLetterOfAReplay(t *testing.T) {
 		}
 	}
 }
+
+// The lifecycle check fails for an answered call without its event, and
+// for fewer code_updated events than answered code changes.
+func TestLifecycleAnnouncedCatchesAMissingEvent(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	j := newJournal(t.Logf)
+	j.t0 = t0
+	for _, c := range []string{"CreateWorker", "StopWorker", "StartWorker", "LoadCode", "RollbackWorker", "DeleteWorker"} {
+		j.answered = append(j.answered, answeredCall{what: c, name: "py", id: "W", at: t0})
+	}
+	ev := func(kind, id string) entry {
+		return entry{ce: map[string]any{"type": lifecycleTypePrefix + kind, "data": map[string]any{"worker_id": id}}}
+	}
+	all := []entry{ev("created", "W"), ev("stopped", "W"), ev("started", "W"), ev("code_updated", "W"), ev("code_updated", "W"),
+		ev("deleted", "W"), ev("dead_lettered", "W"), ev("created", "other")}
+	if iv, line := lifecycleAnnounced(j, all); len(iv.failures) != 0 || iv.checked != 6 {
+		t.Fatalf("complete history: failures %v, checked %d (%s)", iv.failures, iv.checked, line)
+	}
+	// No "stopped" for W, one code_updated for two code changes.
+	broken := []entry{all[0], all[2], all[3], all[5], ev("stopped", "other")}
+	iv, _ := lifecycleAnnounced(j, broken)
+	if len(iv.failures) != 2 || !strings.Contains(iv.failures[0], `StopWorker of py(W)`) || !strings.Contains(iv.failures[1], "2 code changes answered, 1 code_updated") {
+		t.Fatalf("broken history: failures %q, want the missing stopped event and the missing code_updated", iv.failures)
+	}
+}

@@ -644,3 +644,64 @@ func answeredLater(o *observed, w *wrec, t, until time.Time) bool {
 	}
 	return false
 }
+
+// lifecycleKinds maps each lifecycle call to the event it announces.
+var lifecycleKinds = map[string]string{
+	"CreateWorker": "created", "StartWorker": "started", "StopWorker": "stopped",
+	"DeleteWorker": "deleted", "LoadCode": "code_updated", "RollbackWorker": "code_updated",
+}
+
+// lifecycleAnnounced checks the lifecycle topic (workmanager.lifecycle,
+// what a user subscribes to): every lifecycle call the API answered OK has
+// its event for that worker ("created" for CreateWorker, "code_updated"
+// for LoadCode and RollbackWorker, …), however many faults the change
+// met. A change a live node did not apply fails the call (NotApplied) and
+// is announced only when it is repeated and applied; the harness repeats
+// failed calls, so an answered call is announced. The figures line counts
+// the events by kind.
+func lifecycleAnnounced(j *journal, events []entry) (*invariant, string) {
+	iv := &invariant{name: "every lifecycle call answered OK has its event on " + lifecycleTopic}
+	seen := map[string]map[string]int{} // worker id → kind → events
+	kinds := map[string]int{}
+	for _, e := range events {
+		kind, ok := strings.CutPrefix(e.str("type"), lifecycleTypePrefix)
+		if !ok {
+			continue
+		}
+		kinds[kind]++
+		id, _ := e.data()["worker_id"].(string)
+		if seen[id] == nil {
+			seen[id] = map[string]int{}
+		}
+		seen[id][kind]++
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	need := map[string]map[string]int{} // worker id → kind → answered calls
+	for _, a := range j.answered {
+		iv.checked++
+		kind := lifecycleKinds[a.what]
+		if need[a.id] == nil {
+			need[a.id] = map[string]int{}
+		}
+		need[a.id][kind]++
+		if seen[a.id][kind] == 0 {
+			iv.fail("%s of %s(%s) answered at %s: no %q event for it on %s (its events: %v)",
+				a.what, a.name, a.id, j.rel(a.at), kind, lifecycleTopic, seen[a.id])
+		}
+	}
+	// A code_updated event per answered load or rollback, not just one:
+	// each is a new version.
+	for id, byKind := range need {
+		if n := byKind["code_updated"]; n > 0 && seen[id]["code_updated"] > 0 && seen[id]["code_updated"] < n {
+			iv.fail("worker %s: %d code changes answered, %d code_updated events", id, n, seen[id]["code_updated"])
+		}
+	}
+	return iv, fmt.Sprintf("lifecycle events by kind: %v", kinds)
+}
+
+// The lifecycle topic and its event types (internal/lifecycleevents).
+const (
+	lifecycleTopic      = "workmanager.lifecycle"
+	lifecycleTypePrefix = "com.virtufin.workmanager.lifecycle."
+)

@@ -110,6 +110,9 @@ type journal struct {
 	faults    []fault
 	apiErrors map[string]int
 	slow      []slowCallRec
+	// answered holds every lifecycle call the API answered OK: each must
+	// have its lifecycle event (lifecycleAnnounced).
+	answered []answeredCall
 	replays   []replay
 	// pendingAt holds, per worker, the input entries of its topic the
 	// broker held unacked just before each StopWorker/DeleteWorker call:
@@ -124,6 +127,19 @@ type journal struct {
 // before the journal keeps it (finding 10 of docs/reliability.md: a
 // CreateWorker that answered after minutes).
 const slowCall = time.Minute
+
+// answeredCall is a lifecycle call the API answered OK.
+type answeredCall struct {
+	what, name, id string
+	at             time.Time
+}
+
+// answer journals a lifecycle call the API answered OK.
+func (j *journal) answer(what string, w *wrec) {
+	j.mu.Lock()
+	j.answered = append(j.answered, answeredCall{what: what, name: w.name, id: w.id, at: time.Now()})
+	j.mu.Unlock()
+}
 
 // slowCallRec is one lifecycle call that took longer than slowCall.
 type slowCallRec struct {
@@ -319,6 +335,7 @@ func (wl *workload) create(ctx context.Context, name, topic, group, kind string,
 		return w, nil
 	}
 	w.id = id
+	wl.j.answer("CreateWorker", w)
 	wl.j.mu.Lock()
 	w.set(time.Now(), running)
 	wl.j.workers[id] = w
@@ -377,6 +394,7 @@ func (wl *workload) stop(ctx context.Context, w *wrec) error {
 		return err
 	})
 	if err == nil {
+		wl.j.answer("StopWorker", w)
 		wl.mark(w, stopped)
 	}
 	return err
@@ -388,6 +406,7 @@ func (wl *workload) start(ctx context.Context, w *wrec) error {
 		return err
 	})
 	if err == nil {
+		wl.j.answer("StartWorker", w)
 		wl.mark(w, running)
 	}
 	return err
@@ -400,6 +419,7 @@ func (wl *workload) remove(ctx context.Context, w *wrec) error {
 		return err
 	})
 	if err == nil {
+		wl.j.answer("DeleteWorker", w)
 		wl.mark(w, deleted)
 	}
 	return err
@@ -412,10 +432,14 @@ func (wl *workload) load(ctx context.Context, w *wrec) error {
 	w.version++
 	code := wl.code(w)
 	wl.j.mu.Unlock()
-	return wl.call(ctx, "LoadCode", w.name, nil, 3*time.Minute, func(cctx context.Context) error {
+	err := wl.call(ctx, "LoadCode", w.name, nil, 3*time.Minute, func(cctx context.Context) error {
 		_, err := wl.c.client.LoadCode(cctx, &pb.LoadCodeRequest{WorkerId: w.id, Code: content(code)})
 		return err
 	})
+	if err == nil {
+		wl.j.answer("LoadCode", w)
+	}
+	return err
 }
 
 // rollback loads an earlier version's code again (RollbackWorker), as the
@@ -426,6 +450,7 @@ func (wl *workload) rollback(ctx context.Context, w *wrec, to int) error {
 		return err
 	})
 	if err == nil {
+		wl.j.answer("RollbackWorker", w)
 		wl.j.mu.Lock()
 		w.version++
 		wl.j.mu.Unlock()
