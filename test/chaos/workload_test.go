@@ -113,7 +113,7 @@ type journal struct {
 	// answered holds every lifecycle call the API answered OK: each must
 	// have its lifecycle event (lifecycleAnnounced).
 	answered []answeredCall
-	replays   []replay
+	replays  []replay
 	// pendingAt holds, per worker, the input entries of its topic the
 	// broker held unacked just before each StopWorker/DeleteWorker call:
 	// what the stop could drop from the worker's backlog.
