@@ -31,7 +31,7 @@ INTEGRATION_FLAGS = -parallel 64
 UNIT_PACKAGES = $$(go list ./... | grep -v /test/integration)
 REQUIRE_SANDBOX = $$([ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: run test test-tools test-checks test-go test-race unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
+.PHONY: run test test-tools test-checks test-go test-race chaos-short unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
 
 run: deps
 	@$(MAKE) --no-print-directory -s -j4 tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
@@ -49,47 +49,46 @@ run: deps
 # kernel groups the scheduler by session (autogroup, on here), that gives
 # them half the machine however busy the checks keep the other half, and
 # the nice orders the checks only against what else runs in make's own
-# session. The short fault-injection soak (TestChaosShort: a stack of its
-# own, mostly waiting on its 2-minute schedule) runs beside them in the
-# same session (so the checks keep their half). Then the integration log
-# and the soak's report are shown. A failed check stops the integration
-# tests and the soak.
+# session. Then the integration log is shown. A failed check stops the
+# integration tests.
 # Each test's own time (its wait for a turn left out) goes to
 # $(INTEGRATION_TIMES), the slowest first; its head is shown at the end.
 # A failed test's full stack logs are kept in $(FAILED_LOGS).
 INTEGRATION_LOG := .run/test/integration.log
 INTEGRATION_TIMES := .run/test/integration-times.txt
 FAILED_LOGS := .run/test/failed
-# The soak's 2-minute fixed version (issue 25, test/chaos): every fault kind
-# once on a stack of its own, its report shown at the end.
 CHAOS_LOG := .run/test/chaos.log
 CHAOS_REPORT := .run/test/chaos-report.txt
 TEST_T0 := .run/test/t0
-INTEGRATION_RC := .run/test/integration.rc
-CHAOS_RC := .run/test/chaos.rc
 # Seconds since make test began (for the "==> ... after N s" lines).
 SINCE_T0 = $$(( $$(date +%s) - $$(cat $(CURDIR)/$(TEST_T0)) ))
 test: deps-test test-tools
-	@mkdir -p $(dir $(INTEGRATION_LOG)); rm -rf $(INTEGRATION_TIMES) $(FAILED_LOGS) $(CHAOS_REPORT) $(INTEGRATION_RC) $(CHAOS_RC); date +%s > $(TEST_T0); \
+	@mkdir -p $(dir $(INTEGRATION_LOG)); rm -rf $(INTEGRATION_TIMES) $(FAILED_LOGS); date +%s > $(TEST_T0); \
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) WM_INTEGRATION_PARALLEL=$(INTEGRATION_PARALLEL) WM_INTEGRATION_TIMES=$(CURDIR)/$(INTEGRATION_TIMES) WM_FAILED_LOGS=$(CURDIR)/$(FAILED_LOGS) \
-	WM_CHAOS_SHORT=1 CHAOS_REPORT=$(CURDIR)/$(CHAOS_REPORT) setsid bash -c '\
-		{ go test -count=1 -timeout $(TEST_TIMEOUT) $(INTEGRATION_FLAGS) ./test/integration/ > $(INTEGRATION_LOG) 2>&1; echo $$? > $(INTEGRATION_RC); \
-		  echo "==> the integration tests ended after $(SINCE_T0) s"; } & \
-		{ go test -count=1 -timeout 12m -run "TestChaosShort\$$" -v ./test/chaos/ > $(CHAOS_LOG) 2>&1; echo $$? > $(CHAOS_RC); \
-		  echo "==> the short soak ended after $(SINCE_T0) s"; } & \
-		wait' & bg=$$!; \
-	trap 'kill -TERM -- -$$bg 2>/dev/null' EXIT; \
-	echo "==> integration tests (log: $(INTEGRATION_LOG)) and the short fault-injection soak (TestChaosShort, about 4 min; log: $(CHAOS_LOG)) started in the background; the checks run meanwhile"; \
+		setsid go test -count=1 -timeout $(TEST_TIMEOUT) $(INTEGRATION_FLAGS) ./test/integration/ \
+		> $(INTEGRATION_LOG) 2>&1 & integ=$$!; \
+	trap 'kill -TERM -- -$$integ 2>/dev/null' EXIT; \
+	echo "==> integration tests started in the background (log: $(INTEGRATION_LOG)); the checks run meanwhile"; \
 	rc=0; nice -n 5 $(MAKE) --no-print-directory test-checks || rc=$$?; \
-	if [ $$rc != 0 ]; then echo "==> a check failed after $(SINCE_T0) s: stopping the integration tests and the soak"; exit $$rc; fi; \
-	echo "==> checks passed after $(SINCE_T0) s"; \
-	wait $$bg; trap - EXIT; irc=$$(cat $(INTEGRATION_RC) 2>/dev/null || echo 1); crc=$$(cat $(CHAOS_RC) 2>/dev/null || echo 1); \
+	if [ $$rc != 0 ]; then echo "==> a check failed after $(SINCE_T0) s: stopping the integration tests"; exit $$rc; fi; \
+	echo "==> checks passed after $(SINCE_T0) s; waiting for the integration tests"; \
+	wait $$integ; irc=$$?; trap - EXIT; \
 	cat $(INTEGRATION_LOG); \
 	if [ -f $(INTEGRATION_TIMES) ]; then head -25 $(INTEGRATION_TIMES); echo "    (all: $(INTEGRATION_TIMES))"; fi; \
-	if [ $$crc = 0 ]; then echo "==> TestChaosShort passed:"; cat $(CHAOS_REPORT); \
-	else echo "==> TestChaosShort failed ($(CHAOS_LOG)):"; cat $(CHAOS_LOG); fi; \
 	echo "==> make test took $(SINCE_T0) s"; \
-	[ $$irc = 0 ] && [ $$crc = 0 ]
+	exit $$irc
+
+# The fault-injection soak's 2-minute fixed version (issue 25, test/chaos:
+# every fault kind once, 2 nodes, seed 7) on a stack of its own, its report
+# at the end; about 3 minutes alone. Not part of make test yet: beside it,
+# it made make test take 833 s and starved the race tests (CI-like run 32;
+# docs/reliability.md).
+chaos-short: deps tools
+	@mkdir -p $(dir $(CHAOS_LOG)); rm -f $(CHAOS_REPORT); \
+	if WM_CHAOS_SHORT=1 CHAOS_REPORT=$(CURDIR)/$(CHAOS_REPORT) WM_FAILED_LOGS=$(CURDIR)/$(FAILED_LOGS) \
+		go test -count=1 -timeout 12m -run 'TestChaosShort$$' -v ./test/chaos/ > $(CHAOS_LOG) 2>&1; \
+	then echo "==> TestChaosShort passed:"; cat $(CHAOS_REPORT); \
+	else echo "==> TestChaosShort failed ($(CHAOS_LOG)):"; cat $(CHAOS_LOG); exit 1; fi
 
 # The DevKit's pytest (a minute alone: venvs, pip, mypy) runs next to the
 # Go checks (their lines interleaved, each line whole).

@@ -133,7 +133,9 @@ func TestConformanceSource(t *testing.T) {
 			Echo: fixture(t, "echo"), Multi: fixture(t, "multi"), None: fixture(t, "none"),
 			Raise: fixture(t, "raise"), Hang: fixture(t, "hang"), Invalid: fixture(t, "invalid"),
 		},
-		Wait: time.Minute,
+		// A bound for a hang: one Check compiles with Mono, which took over
+		// a minute on a starved machine (CI-like run 31).
+		Wait: 3 * time.Minute,
 		// The Timeout case's first, ordinary call on the hang worker runs
 		// under this timeout too; Mono compiles the worker's path on it,
 		// which took over the default 500 ms under a CPU hog (CI-like
@@ -152,7 +154,9 @@ func TestConformancePackage(t *testing.T) {
 			Echo: pkg("echo"), Multi: pkg("multi"), None: pkg("none"), Raise: pkg("raise"), Hang: pkg("hang"),
 			Invalid: []byte("this is neither a zip archive nor a .NET assembly"),
 		},
-		Wait: time.Minute,
+		// A bound for a hang: one Check compiles with Mono, which took over
+		// a minute on a starved machine (CI-like run 31).
+		Wait: 3 * time.Minute,
 		// The Timeout case's first, ordinary call on the hang worker runs
 		// under this timeout too; Mono compiles the worker's path on it,
 		// which took over the default 500 ms under a CPU hog (CI-like

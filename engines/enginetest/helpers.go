@@ -29,7 +29,10 @@ func WaitFor(t testing.TB, what string, cond func() bool) {
 // test ends. Engines' own tests use it for what the suite does not cover.
 func Load(t testing.TB, e engines.Engine, spec engines.Spec, code []byte) engines.Instance {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// A bound for a hang: the product gives a .NET load 120 s (a first load
+	// compiles the worker host with Mono, which took over 30 s on a starved
+	// machine: CI-like run 32).
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	inst, err := e.Load(ctx, spec, code)
 	if err != nil {
