@@ -77,7 +77,12 @@ func TestManyTopicsSurviveStopStartCycles(t *testing.T) {
 	// A pool sized like the manifest's rule (topics + 100), not the
 	// manifest's 1,100, so that a leak would exhaust it within the test.
 	e := newEnvWith(t, envConfig{poolSize: cfg.topics + 100 + 10,
-		nodeEnv: []string{"RECONCILE_INTERVAL=0", "LOG_LEVEL=info"},
+		// NODE_HEARTBEAT=5s (membership 15 s): with the harness's 1 s, the
+		// node, busy with 300 workers on a machine kept busy by a soak,
+		// missed its heartbeats for 3 s, fenced itself and spent 4 minutes
+		// reconciling 300 workers while the test's messages waited
+		// (CI-like run under load 1); no node dies here.
+		nodeEnv: []string{"RECONCILE_INTERVAL=0", "LOG_LEVEL=info", "NODE_HEARTBEAT=5s"},
 		// A lifecycle call may wait its turn behind hundreds of others on
 		// a busy machine: this test is about scale, not latency.
 		apiEnv:   []string{"WORKMANAGER_OPERATION_TIMEOUT=3m"},
