@@ -106,7 +106,7 @@ func statusOf(s catalog.Status) pb.WorkerStatus {
 
 // keepSlowHistories writes the workflow history of every worker a slow
 // lifecycle call was about (all runs, newest first, back through
-// continue-as-new) to history-<name>.jsonl in the stack's directory, and
+// continue-as-new) to history-<name>.jsonl.log in the stack's directory, and
 // makes the stack keep its logs: what finding 10 lacked to be explained.
 // It returns the report's line, or "" when no call was slow.
 func (c *cluster) keepSlowHistories(j *journal) string {

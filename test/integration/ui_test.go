@@ -87,11 +87,12 @@ func TestTemporalUIScreenshots(t *testing.T) {
 }
 
 // screenshot opens page in browser (a viewport 1440 wide and height
-// high), waits (at most a minute) until its text
+// high), waits (at most three minutes, a bound for a hang: the page took
+// over one under a soak's load, run under load 1) until its text
 // holds every string of want, and writes a PNG of the window to path.
 func screenshot(t *testing.T, browser context.Context, page string, height int64, want []string, path string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(browser, time.Minute)
+	ctx, cancel := context.WithTimeout(browser, 3*time.Minute)
 	defer cancel()
 	ctx, cancelTab := chromedp.NewContext(ctx)
 	defer cancelTab()
