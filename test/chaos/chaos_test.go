@@ -28,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
 
@@ -210,9 +211,9 @@ func runChaos(t *testing.T, cfg runConfig) {
 	}
 	after := c.nodeFigures()
 	v.invariants = append(v.invariants, conv, agree, leaks(before, after))
-	if evs, err := readStream(c.stack.RedisAddr, lifecycleTopic); err != nil {
-		iv := &invariant{name: "every lifecycle call answered OK has its event on " + lifecycleTopic}
-		iv.fail("reading %s: %v", lifecycleTopic, err)
+	if evs, err := readStream(c.stack.RedisAddr, lifecycleevents.Topic); err != nil {
+		iv := &invariant{name: "every lifecycle call answered OK has its event on " + lifecycleevents.Topic}
+		iv.fail("reading %s: %v", lifecycleevents.Topic, err)
 		v.invariants = append(v.invariants, iv)
 	} else {
 		iv, line := lifecycleAnnounced(j, evs)

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 )
 
 // The checker must be able to fail: on a made-up history with one
@@ -261,7 +263,7 @@ func TestLifecycleAnnouncedCatchesAMissingEvent(t *testing.T) {
 		j.answered = append(j.answered, answeredCall{what: c, name: "py", id: "W", at: t0})
 	}
 	ev := func(kind, id string) entry {
-		return entry{ce: map[string]any{"type": lifecycleTypePrefix + kind, "data": map[string]any{"worker_id": id}}}
+		return entry{ce: map[string]any{"type": lifecycleevents.TypePrefix + kind, "data": map[string]any{"worker_id": id}}}
 	}
 	all := []entry{ev("created", "W"), ev("stopped", "W"), ev("started", "W"), ev("code_updated", "W"), ev("code_updated", "W"),
 		ev("deleted", "W"), ev("dead_lettered", "W"), ev("created", "other")}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 )
 
 // Bounds of the checker, from the node settings (stack_test.go).
@@ -646,9 +648,9 @@ func answeredLater(o *observed, w *wrec, t, until time.Time) bool {
 }
 
 // lifecycleKinds maps each lifecycle call to the event it announces.
-var lifecycleKinds = map[string]string{
-	"CreateWorker": "created", "StartWorker": "started", "StopWorker": "stopped",
-	"DeleteWorker": "deleted", "LoadCode": "code_updated", "RollbackWorker": "code_updated",
+var lifecycleKinds = map[string]lifecycleevents.Kind{
+	"CreateWorker": lifecycleevents.Created, "StartWorker": lifecycleevents.Started, "StopWorker": lifecycleevents.Stopped,
+	"DeleteWorker": lifecycleevents.Deleted, "LoadCode": lifecycleevents.CodeUpdated, "RollbackWorker": lifecycleevents.CodeUpdated,
 }
 
 // lifecycleAnnounced checks the lifecycle topic (workmanager.lifecycle,
@@ -660,48 +662,42 @@ var lifecycleKinds = map[string]string{
 // failed calls, so an answered call is announced. The figures line counts
 // the events by kind.
 func lifecycleAnnounced(j *journal, events []entry) (*invariant, string) {
-	iv := &invariant{name: "every lifecycle call answered OK has its event on " + lifecycleTopic}
-	seen := map[string]map[string]int{} // worker id → kind → events
-	kinds := map[string]int{}
+	iv := &invariant{name: "every lifecycle call answered OK has its event on " + lifecycleevents.Topic}
+	seen := map[string]map[lifecycleevents.Kind]int{} // worker id → kind → events
+	kinds := map[lifecycleevents.Kind]int{}
 	for _, e := range events {
-		kind, ok := strings.CutPrefix(e.str("type"), lifecycleTypePrefix)
+		k, ok := strings.CutPrefix(e.str("type"), lifecycleevents.TypePrefix)
 		if !ok {
 			continue
 		}
+		kind := lifecycleevents.Kind(k)
 		kinds[kind]++
 		id, _ := e.data()["worker_id"].(string)
 		if seen[id] == nil {
-			seen[id] = map[string]int{}
+			seen[id] = map[lifecycleevents.Kind]int{}
 		}
 		seen[id][kind]++
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	need := map[string]map[string]int{} // worker id → kind → answered calls
+	codeChanges := map[string]int{} // worker id → answered loads and rollbacks
 	for _, a := range j.answered {
 		iv.checked++
 		kind := lifecycleKinds[a.what]
-		if need[a.id] == nil {
-			need[a.id] = map[string]int{}
+		if kind == lifecycleevents.CodeUpdated {
+			codeChanges[a.id]++
 		}
-		need[a.id][kind]++
 		if seen[a.id][kind] == 0 {
 			iv.fail("%s of %s(%s) answered at %s: no %q event for it on %s (its events: %v)",
-				a.what, a.name, a.id, j.rel(a.at), kind, lifecycleTopic, seen[a.id])
+				a.what, a.name, a.id, j.rel(a.at), kind, lifecycleevents.Topic, seen[a.id])
 		}
 	}
 	// A code_updated event per answered load or rollback, not just one:
 	// each is a new version.
-	for id, byKind := range need {
-		if n := byKind["code_updated"]; n > 0 && seen[id]["code_updated"] > 0 && seen[id]["code_updated"] < n {
-			iv.fail("worker %s: %d code changes answered, %d code_updated events", id, n, seen[id]["code_updated"])
+	for id, n := range codeChanges {
+		if got := seen[id][lifecycleevents.CodeUpdated]; got > 0 && got < n {
+			iv.fail("worker %s: %d code changes answered, %d code_updated events", id, n, got)
 		}
 	}
 	return iv, fmt.Sprintf("lifecycle events by kind: %v", kinds)
 }
-
-// The lifecycle topic and its event types (internal/lifecycleevents).
-const (
-	lifecycleTopic      = "workmanager.lifecycle"
-	lifecycleTypePrefix = "com.virtufin.workmanager.lifecycle."
-)
