@@ -68,6 +68,7 @@ type PrepareCodeInput struct {
 // pass (a node that cannot check this code, a check cut off by the
 // activity's timeout) the retry finds it still there.
 func (a *Activities) PrepareCode(ctx context.Context, in PrepareCodeInput) (catalog.CodeRef, error) {
+	defer heartbeatWhileRunning(ctx)()
 	if in.Create {
 		_, err := a.Catalog.GetWorker(ctx, in.Worker.ID)
 		switch {

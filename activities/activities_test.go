@@ -8,10 +8,14 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/testsuite"
 
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/cluster"
@@ -262,5 +266,37 @@ func TestPrepareCodePinsAnUnpinnedURL(t *testing.T) {
 	}
 	if got, err := f.Catalog.GetCode(ctx, ref.SHA256); err != nil || string(got) != "good" {
 		t.Fatalf("stored %q %v", got, err)
+	}
+}
+
+// PrepareCode heartbeats while it fetches and checks: the workflow gives it
+// a heartbeat timeout (workflows.ApplyHeartbeat), so that an attempt lost
+// with its node fails in seconds, and a slow fetch or .NET compile must
+// not be taken for a lost attempt.
+func TestPrepareCodeHeartbeatsWhileItWorks(t *testing.T) {
+	f := newFixture(t)
+	body := []byte("good")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		time.Sleep(heartbeatInterval + heartbeatInterval/2) // a slow source
+		_, _ = w.Write(body)
+	}))
+	defer srv.Close()
+	f.acts.Fetcher = codesource.Fetcher{Policy: codesource.Policy{AllowLoopback: true}}
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestActivityEnvironment()
+	env.RegisterActivity(f.acts)
+	var beats atomic.Int32
+	env.SetOnActivityHeartbeatListener(func(*activity.Info, converter.EncodedValues) { beats.Add(1) })
+	ref := catalog.CodeRef{SourceKind: "url", URL: srv.URL + "/w.py", SHA256: catalog.SHA256(body)}
+	v, err := env.ExecuteActivity(f.acts.PrepareCode, PrepareCodeInput{Worker: worker(catalog.StatusRunning, ""), Ref: ref})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got catalog.CodeRef
+	if err := v.Get(&got); err != nil || got.SHA256 != ref.SHA256 {
+		t.Fatalf("ref %+v %v", got, err)
+	}
+	if beats.Load() == 0 {
+		t.Fatalf("PrepareCode sent no heartbeat in %v of work", heartbeatInterval+heartbeatInterval/2)
 	}
 }

@@ -273,10 +273,16 @@ func applyCtx(ctx workflow.Context) workflow.Context {
 const ApplyHeartbeat = 20 * time.Second
 
 // prepareCtx is activityCtx with room for an engine's load check: a .NET
-// compile may take up to its engine's 120 s load timeout.
+// compile may take up to its engine's 120 s load timeout. PrepareCode
+// heartbeats like Apply and goes to any node as well: an attempt handed to
+// a node that is then paused or cut off from Temporal fails within
+// ApplyHeartbeat, not after the whole 3 minutes (a LoadCode of the
+// 60-minute soak waited 3 min for such an attempt; docs/reliability.md,
+// finding 12).
 func prepareCtx(ctx workflow.Context) workflow.Context {
 	return workflow.WithActivityOptions(activityCtx(ctx), workflow.ActivityOptions{
 		StartToCloseTimeout: 3 * time.Minute,
+		HeartbeatTimeout:    ApplyHeartbeat,
 		RetryPolicy: &temporal.RetryPolicy{
 			InitialInterval:        200 * time.Millisecond,
 			BackoffCoefficient:     2,

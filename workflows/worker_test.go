@@ -159,16 +159,17 @@ func (s *WorkerWorkflowSuite) TestValidatorsRejectWithoutActivities() {
 	s.ErrorContains(badSHA.reject, "sha256")
 }
 
-// Apply goes to any node of the shared task queue: it must heartbeat, so
-// that a node paused with a poll open loses it within ApplyHeartbeat.
-func (s *WorkerWorkflowSuite) TestApplyHasAHeartbeatTimeout() {
+// PrepareCode and Apply go to any node of the shared task queue: they must
+// heartbeat, so that a node paused or cut off from Temporal with a poll
+// open loses them within ApplyHeartbeat (PrepareCode had none, and a lost
+// attempt held a LoadCode for its 3-minute StartToClose: finding 12 of
+// docs/reliability.md).
+func (s *WorkerWorkflowSuite) TestApplyAndPrepareCodeHaveAHeartbeatTimeout() {
 	s.prepareAnyCode(s.env)
 	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
-	var heartbeat time.Duration
+	heartbeat := map[string]time.Duration{}
 	s.env.SetOnActivityStartedListener(func(info *activity.Info, _ context.Context, _ converter.EncodedValues) {
-		if info.ActivityType.Name == "Apply" {
-			heartbeat = info.HeartbeatTimeout
-		}
+		heartbeat[info.ActivityType.Name] = info.HeartbeatTimeout
 	})
 	var create updater
 	s.env.RegisterDelayedCallback(func() {
@@ -177,7 +178,8 @@ func (s *WorkerWorkflowSuite) TestApplyHasAHeartbeatTimeout() {
 	s.env.RegisterDelayedCallback(func() { s.env.CancelWorkflow() }, 2*time.Second)
 	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: newWorker()}})
 	s.NoError(create.err)
-	s.Equal(ApplyHeartbeat, heartbeat)
+	s.Equal(ApplyHeartbeat, heartbeat["Apply"])
+	s.Equal(ApplyHeartbeat, heartbeat["PrepareCode"])
 }
 
 func (s *WorkerWorkflowSuite) TestFailedCreateEndsWorkflow() {
