@@ -43,6 +43,12 @@ type Worker struct {
 	FirstNotRunnableMS int64 `json:"nrf,omitempty"`
 	// NextMS is the earliest time (unix ms) of the next attempt (backoff).
 	NextMS int64 `json:"n,omitempty"`
+	// Reason and Error are the last attempt's dead-letter reason and
+	// public error text, kept only when the attempts are used up and the
+	// dead letter was not recorded: the delivery that records it then
+	// says why the attempts failed, not a generic reason.
+	Reason string `json:"r,omitempty"`
+	Error  string `json:"e,omitempty"`
 }
 
 // Terminal reports whether the worker is finished with the message.

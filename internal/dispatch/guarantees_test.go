@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -858,5 +859,47 @@ func TestUnsafeNoFencingLetsStaleOutputThrough(t *testing.T) {
 	outs := pub.On("out")
 	if len(outs) != 1 || outs[0].Extensions()[dispatch.FencingExtension] != "1" || d.Stats().StaleRefused != 0 {
 		t.Fatalf("outputs %v, stale refused %d; want the stale output with token 1", outs, d.Stats().StaleRefused)
+	}
+}
+
+// A dead letter whose save fails after the last attempt is made on the
+// redelivery with that attempt's reason and error, not a generic
+// worker_failed (soak finding 13: a timed-out input was dead-lettered as
+// worker_failed); a second failed save keeps them too.
+func TestDeadLetterMadeOnRedeliveryKeepsTheAttemptsReason(t *testing.T) {
+	b, pub, st := dispatchtest.NewBroker(), &publishtest.Recorder{}, state.NewMemoryStore()
+	d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, MaxAttempts: 1})
+	var failures atomic.Int32
+	pub.FailWhen(func(topic string, _ *event.Event) error {
+		if topic == "in-dead" && failures.Add(1) <= 2 {
+			return errors.New("broker down")
+		}
+		return nil
+	})
+	slow := &dispatchtest.FuncInstance{Fn: func(*event.Event) ([]event.Event, error) {
+		return nil, fmt.Errorf("%w: no answer within 1s", engines.ErrTimeout)
+	}}
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, slow)
+	s := waitStream(t, b, "in")
+	for i, want := range []dispatch.Ack{dispatch.AckRetry, dispatch.AckRetry, dispatch.AckSuccess} {
+		s.In <- request("slow", "")
+		if a := waitAck(t, b); a.ID != "slow" || a.Status != want {
+			t.Fatalf("delivery %d: ack %+v, want %v", i+1, a, want)
+		}
+	}
+	dead := pub.On("in-dead")
+	if len(dead) != 1 {
+		t.Fatalf("%d dead letters", len(dead))
+	}
+	ext := dead[0].Extensions()
+	if ext[dispatch.DeadLetterReasonExtension] != "timeout" {
+		t.Fatalf("dead letter reason %v, want timeout", ext[dispatch.DeadLetterReasonExtension])
+	}
+	if e := fmt.Sprint(ext[dispatch.DeadLetterErrorExtension]); !strings.Contains(e, "no answer within 1s") || strings.Count(e, "attempts exhausted") != 1 {
+		t.Fatalf("dead letter error %q: want the attempt's error once", e)
+	}
+	entries, err := d.DeadLetters.List(context.Background(), "w", deadletter.Filter{}, 0)
+	if err != nil || len(entries) != 1 || entries[0].Reason != "timeout" {
+		t.Fatalf("stored dead letters %+v %v", entries, err)
 	}
 }

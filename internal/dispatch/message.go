@@ -252,8 +252,16 @@ func (d *Dispatcher) run(m *message) {
 			continue
 		case s.Attempts >= d.maxAttempts(w.Worker):
 			// Its attempts are used up but the dead letter was not recorded
-			// (the node stopped in between): dead-letter it now.
-			results = append(results, result{w: w, outcome: outcomeFailed, reason: reasonWorkerFailed, err: fmt.Errorf("attempts exhausted"), exhausted: true})
+			// (saving it failed, or the node stopped in between):
+			// dead-letter it now, with the last attempt's reason and error.
+			reason, cause := s.Reason, "attempts exhausted"
+			if reason == "" { // a record from before Reason was kept
+				reason = reasonWorkerFailed
+			}
+			if s.Error != "" {
+				cause = "attempts exhausted: " + s.Error
+			}
+			results = append(results, result{w: w, outcome: outcomeFailed, reason: reason, err: errors.New(cause), exhausted: true})
 			continue
 		case s.NextMS > now.UnixMilli():
 			results = append(results, result{w: w, outcome: outcomeDeferred})
@@ -410,7 +418,13 @@ func (d *Dispatcher) settle(ctx context.Context, m *message, rec delivery.Record
 	if s.Attempts >= limit {
 		if err := d.deadLetter(ctx, m, r.w.Worker, r.reason, s.Attempts, r.err, r.trace); err != nil {
 			d.log.Warn("dead letter not published; the message will be redelivered", append([]any{"worker_id", r.w.ID, "event_id", m.id, "err", err}, logAttrs(m, r.trace)...)...)
-			updates[r.w.ID] = s // attempts are used up: the next delivery dead-letters it
+			// Attempts are used up: the next delivery dead-letters it, with
+			// the reason and error of the last attempt (an exhausted
+			// result carries the record's already).
+			if !r.exhausted {
+				s.Reason, s.Error = r.reason, d.publicText(fmt.Sprint(r.err))
+			}
+			updates[r.w.ID] = s
 			return
 		}
 		r.w.m.DeadLettered(r.reason)
