@@ -70,6 +70,7 @@ type config struct {
 	LockMaxRetries     int           // GROUP_LOCK_MAX_RETRIES
 	LockMaxAge         time.Duration // GROUP_LOCK_MAX_AGE_MS: longer than WORKER_TIMEOUT
 	ShutdownGrace      time.Duration // SHUTDOWN_GRACE: how long SIGTERM waits for in-flight messages
+	DebugPprof         bool          // DEBUG_PPROF: serve Go's /debug/pprof/ profiles on WORKMANAGER_HTTP_ADDR (off by default)
 	TestPanicExtension string        // WM_TEST_PANIC_EXTENSION: test hook, a hot-path panic for inputs with this extension (never in production)
 	TestStateFaultFile string        // WM_TEST_STATE_FAULT_FILE: test hook, catalog writes to keys with a prefix listed in this file fail (never in production)
 	TestNoFencing      bool          // WM_TEST_UNSAFE_NO_FENCING: test hook, outputs of grouped calls skip the fencing-token check (the chaos soak's demo that its checker can fail; never in production)
@@ -139,6 +140,7 @@ func loadConfig() (config, error) {
 		TestPanicExtension:  r.String("WM_TEST_PANIC_EXTENSION", ""),
 		TestStateFaultFile:  r.String("WM_TEST_STATE_FAULT_FILE", ""),
 		TestNoFencing:       r.Bool("WM_TEST_UNSAFE_NO_FENCING", false),
+		DebugPprof:          r.Bool("DEBUG_PPROF", false),
 	}
 	if err := r.Err(); err != nil {
 		return c, err

@@ -19,7 +19,7 @@ func TestHTTPHandlerServesMetricsAndHealth(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
 	m.Worker("w1", "python", "", 4).Received.Inc()
-	srv := httptest.NewServer(httpHandler(health.New(), reg, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	srv := httptest.NewServer(httpHandler(health.New(), reg, slog.New(slog.NewTextHandler(io.Discard, nil)), false))
 	defer srv.Close()
 
 	get := func(path string) (int, string, string) {
@@ -50,5 +50,24 @@ func TestHTTPHandlerServesMetricsAndHealth(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode == http.StatusOK {
 		t.Fatal("POST /metrics answered 200, want only GET")
+	}
+}
+
+// Go's profiles are served only with DEBUG_PPROF: off, /debug/pprof/ is the
+// health handler's 404; on, a heap profile comes back.
+func TestHTTPHandlerServesProfilesOnlyWhenAsked(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, on := range []bool{false, true} {
+		srv := httptest.NewServer(httpHandler(health.New(), prometheus.NewRegistry(), log, on))
+		resp, err := http.Get(srv.URL + "/debug/pprof/heap?debug=1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		srv.Close()
+		if served := resp.StatusCode == http.StatusOK && strings.Contains(string(b), "heap profile"); served != on {
+			t.Fatalf("DEBUG_PPROF %v: /debug/pprof/heap answered %d %.80q", on, resp.StatusCode, b)
+		}
 	}
 }

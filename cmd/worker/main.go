@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"time"
@@ -190,7 +191,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		}
 	}()
 
-	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: httpHandler(h, promReg, log), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: httpHandler(h, promReg, log, cfg.DebugPprof), ReadHeaderTimeout: 5 * time.Second}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("health listener: %w", err)
@@ -290,13 +291,21 @@ func daprOptions(cfg config) daprconn.Options {
 }
 
 // httpHandler serves the node's health endpoints (/health, /healthz,
-// /readyz) and its metrics (/metrics, Prometheus text format).
-func httpHandler(h *health.State, reg *prometheus.Registry, log *slog.Logger) http.Handler {
+// /readyz), its metrics (/metrics, Prometheus text format) and, with
+// DEBUG_PPROF, Go's profiles (/debug/pprof/: heap, goroutine, CPU).
+func httpHandler(h *health.State, reg *prometheus.Registry, log *slog.Logger, debugPprof bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
 		ErrorLog:      slog.NewLogLogger(log.With("component", "metrics").Handler(), slog.LevelWarn),
 		ErrorHandling: promhttp.ContinueOnError, // a failing collector costs its metrics, not the scrape
 	}))
+	if debugPprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index) // heap, goroutine, allocs… by name
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	mux.Handle("/", h.Handler())
 	return mux
 }

@@ -134,7 +134,7 @@ func runChaos(t *testing.T, cfg runConfig) {
 		t.Fatal(err)
 	}
 	cancel()
-	before := c.nodeFigures()
+	before := c.nodeFigures("before")
 
 	plan := schedule(seed, duration, nodes, cfg.kinds)
 	for _, p := range plan {
@@ -209,7 +209,7 @@ func runChaos(t *testing.T, cfg runConfig) {
 		t.Logf("drain: %d required answers missing", v.pending)
 		time.Sleep(5 * time.Second)
 	}
-	after := c.nodeFigures()
+	after := c.nodeFigures("after")
 	v.invariants = append(v.invariants, conv, agree, leaks(before, after))
 	if evs, err := readStream(c.stack.RedisAddr, lifecycleevents.Topic); err != nil {
 		iv := &invariant{name: "every lifecycle call answered OK has its event on " + lifecycleevents.Topic}
@@ -371,12 +371,12 @@ func subscriptions(httpAddr string) (map[string]bool, error) {
 	return out, nil
 }
 
-// nodeFig is one node's resident memory (kB) and goroutines (from its
-// /metrics; -1 when unknown).
+// nodeFig is one node's resident memory (kB), live Go heap (kB, right
+// after a collection) and goroutines (from its /metrics); -1 when unknown.
 type nodeFig struct {
-	id          string
-	pid         int
-	rssKB, gors int64
+	id                  string
+	pid                 int
+	rssKB, heapKB, gors int64
 }
 
 type figures []nodeFig
@@ -384,20 +384,30 @@ type figures []nodeFig
 func (fs figures) String() string {
 	var parts []string
 	for _, f := range fs {
-		parts = append(parts, fmt.Sprintf("%s(pid %d) rss %dkB goroutines %d", f.id, f.pid, f.rssKB, f.gors))
+		parts = append(parts, fmt.Sprintf("%s(pid %d) rss %dkB live heap %dkB goroutines %d", f.id, f.pid, f.rssKB, f.heapKB, f.gors))
 	}
 	return strings.Join(parts, "; ")
 }
 
-// nodeFigures is each node's resident memory and goroutines, for the leak
-// bound.
-func (c *cluster) nodeFigures() figures {
+// nodeFigures is each node's resident memory, live heap and goroutines,
+// for the leak bound. Each node's heap profile (taken after a collection,
+// DEBUG_PPROF) is written to heap-<node>-<label>.pb.gz in the stack's
+// directory, kept with the logs (go tool pprof -diff_base compares two).
+func (c *cluster) nodeFigures(label string) figures {
 	var out figures
+	cl := http.Client{Timeout: 30 * time.Second}
 	for _, n := range c.nodes {
 		c.mu.Lock()
 		pid := n.proc.Cmd.Process.Pid
 		c.mu.Unlock()
-		f := nodeFig{id: n.id, pid: pid, rssKB: -1, gors: -1}
+		f := nodeFig{id: n.id, pid: pid, rssKB: -1, heapKB: -1, gors: -1}
+		if resp, err := cl.Get("http://" + n.httpAddr + "/debug/pprof/heap?gc=1"); err == nil {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				_ = os.WriteFile(filepath.Join(c.dir, fmt.Sprintf("heap-%s-%s.pb.gz", n.id, label)), b, 0o644)
+			}
+		}
 		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
 			for _, l := range strings.Split(string(b), "\n") {
 				if fs := strings.Fields(l); len(fs) >= 2 && fs[0] == "VmRSS:" {
@@ -405,13 +415,19 @@ func (c *cluster) nodeFigures() figures {
 				}
 			}
 		}
-		cl := http.Client{Timeout: 5 * time.Second}
+		// Read right after the profile's collection: heap_alloc is then
+		// the live heap (and what little was allocated since).
 		if resp, err := cl.Get("http://" + n.httpAddr + "/metrics"); err == nil {
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 			resp.Body.Close()
 			for _, l := range strings.Split(string(b), "\n") {
 				if v, ok := strings.CutPrefix(l, "go_goroutines "); ok {
 					f.gors, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				}
+				if v, ok := strings.CutPrefix(l, "go_memstats_heap_alloc_bytes "); ok {
+					if x, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+						f.heapKB = int64(x / 1024)
+					}
 				}
 			}
 		}
@@ -439,7 +455,7 @@ func leaks(before, after figures) *invariant {
 		case a.gors > b.gors+leakGoroutines:
 			iv.fail("%s: %d goroutines after the run, %d before", a.id, a.gors, b.gors)
 		case float64(a.rssKB) > leakRSS*float64(b.rssKB):
-			iv.fail("%s: RSS %d kB after the run, %d kB before", a.id, a.rssKB, b.rssKB)
+			iv.fail("%s: RSS %d kB after the run, %d kB before (live Go heap %d kB after, %d kB before)", a.id, a.rssKB, b.rssKB, a.heapKB, b.heapKB)
 		}
 	}
 	return iv

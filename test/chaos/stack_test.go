@@ -39,6 +39,7 @@ func nodeSettings() []string {
 		"GROUP_LOCK_MAX_AGE_MS=" + strconv.Itoa(int(lockMaxAge/time.Millisecond)),
 		"GROUP_LOCK_RETRY_BASE_DELAY_MS=20", "GROUP_LOCK_MAX_RETRIES=10",
 		"WORKER_QUEUE_DEPTH=64", "SHUTDOWN_GRACE=5s",
+		"DEBUG_PPROF=1", // heap profiles before and after the run (nodeFigures)
 	}
 }
 
@@ -518,6 +519,8 @@ func (c *cluster) close() {
 		keep, err := keepDir(c.t.Name())
 		if err == nil {
 			logs, _ := filepath.Glob(filepath.Join(c.dir, "*.log"))
+			profiles, _ := filepath.Glob(filepath.Join(c.dir, "*.pb.gz"))
+			logs = append(logs, profiles...)
 			for _, l := range logs {
 				if b, err := os.ReadFile(l); err == nil {
 					_ = os.WriteFile(filepath.Join(keep, filepath.Base(l)), b, 0o644)
