@@ -397,10 +397,6 @@ func (c *cluster) nodeFigures(label string) figures {
 	var out figures
 	cl := http.Client{Timeout: 30 * time.Second}
 	for _, n := range c.nodes {
-		c.mu.Lock()
-		pid := n.proc.Cmd.Process.Pid
-		c.mu.Unlock()
-		f := nodeFig{id: n.id, pid: pid, rssKB: -1, heapKB: -1, gors: -1}
 		if resp, err := cl.Get("http://" + n.httpAddr + "/debug/pprof/heap?gc=1"); err == nil {
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 			resp.Body.Close()
@@ -408,6 +404,15 @@ func (c *cluster) nodeFigures(label string) figures {
 				_ = os.WriteFile(filepath.Join(c.dir, fmt.Sprintf("heap-%s-%s.pb.gz", n.id, label)), b, 0o644)
 			}
 		}
+	}
+	// After the collection, a few seconds for the runtime's scavenger to
+	// give freed memory back before RSS is read.
+	time.Sleep(10 * time.Second)
+	for _, n := range c.nodes {
+		c.mu.Lock()
+		pid := n.proc.Cmd.Process.Pid
+		c.mu.Unlock()
+		f := nodeFig{id: n.id, pid: pid, rssKB: -1, heapKB: -1, gors: -1}
 		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
 			for _, l := range strings.Split(string(b), "\n") {
 				if fs := strings.Fields(l); len(fs) >= 2 && fs[0] == "VmRSS:" {
@@ -415,8 +420,9 @@ func (c *cluster) nodeFigures(label string) figures {
 				}
 			}
 		}
-		// Read right after the profile's collection: heap_alloc is then
-		// the live heap (and what little was allocated since).
+		// Read soon after the profile's collection on an idle node:
+		// heap_alloc is then the live heap (and what little was allocated
+		// since).
 		if resp, err := cl.Get("http://" + n.httpAddr + "/metrics"); err == nil {
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 			resp.Body.Close()
@@ -437,12 +443,13 @@ func (c *cluster) nodeFigures(label string) figures {
 }
 
 // leaks is the no-leak invariant: after the run and its drain, each node
-// holds at most leakGoroutines more goroutines and leakRSS times the
-// resident memory it had before the run. A node restarted during the run is
-// a new process compared with its predecessor's figures: its leaks count
-// from its restart on.
+// holds at most leakGoroutines more goroutines, leakHeap times the live
+// heap and leakRSS times the resident memory it had before the run. A node
+// restarted during the run is a new process compared with its
+// predecessor's figures: its leaks count from its restart on.
 func leaks(before, after figures) *invariant {
-	iv := &invariant{name: fmt.Sprintf("no leak (each node's goroutines at most +%d and RSS at most %.1f× their level before the run)", leakGoroutines, leakRSS)}
+	iv := &invariant{name: fmt.Sprintf("no leak (each node's goroutines at most +%d, live Go heap at most %.1f× and RSS at most %.1f× their level before the run)",
+		leakGoroutines, leakHeap, leakRSS)}
 	for i, a := range after {
 		if i >= len(before) {
 			break
@@ -450,10 +457,12 @@ func leaks(before, after figures) *invariant {
 		b := before[i]
 		iv.checked++
 		switch {
-		case a.gors < 0 || a.rssKB < 0 || b.gors < 0 || b.rssKB < 0:
+		case a.gors < 0 || a.rssKB < 0 || a.heapKB < 0 || b.gors < 0 || b.rssKB < 0 || b.heapKB < 0:
 			iv.fail("%s: figures unknown (before %+v, after %+v)", a.id, b, a)
 		case a.gors > b.gors+leakGoroutines:
 			iv.fail("%s: %d goroutines after the run, %d before", a.id, a.gors, b.gors)
+		case float64(a.heapKB) > leakHeap*float64(b.heapKB):
+			iv.fail("%s: live Go heap %d kB after the run, %d kB before (heap profiles heap-%s-before/after.pb.gz with the logs)", a.id, a.heapKB, b.heapKB, a.id)
 		case float64(a.rssKB) > leakRSS*float64(b.rssKB):
 			iv.fail("%s: RSS %d kB after the run, %d kB before (live Go heap %d kB after, %d kB before)", a.id, a.rssKB, b.rssKB, a.heapKB, b.heapKB)
 		}

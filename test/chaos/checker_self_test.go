@@ -108,18 +108,22 @@ func removeOutput(outs []output, id string) []output {
 	return kept
 }
 
-// The leak bound: a node whose goroutines or RSS grew past the tolerance
-// fails, one within it passes, and unknown figures fail.
+// The leak bound: a node whose goroutines, live heap or RSS grew past the
+// tolerance fails, one within it passes, and unknown figures fail.
 func TestLeakBound(t *testing.T) {
-	before := figures{{id: "n1", rssKB: 50000, gors: 200}, {id: "n2", rssKB: 50000, gors: 200}, {id: "n3", rssKB: 50000, gors: 200}}
-	ok := figures{{id: "n1", rssKB: 60000, gors: 210}, {id: "n2", rssKB: 74000, gors: 225}, {id: "n3", rssKB: 40000, gors: 150}}
-	if iv := leaks(before, ok); len(iv.failures) != 0 || iv.checked != 3 {
+	n := func(id string, rss, heap, gors int64) nodeFig {
+		return nodeFig{id: id, rssKB: rss, heapKB: heap, gors: gors}
+	}
+	before := figures{n("n1", 50000, 10000, 200), n("n2", 50000, 10000, 200), n("n3", 50000, 10000, 200), n("n4", 50000, 10000, 200)}
+	ok := figures{n("n1", 60000, 12000, 210), n("n2", 99000, 15000, 225), n("n3", 40000, 8000, 150), n("n4", 82000, 14000, 200)}
+	if iv := leaks(before, ok); len(iv.failures) != 0 || iv.checked != 4 {
 		t.Fatalf("within the tolerance: %v (%d checked)", iv.failures, iv.checked)
 	}
-	bad := figures{{id: "n1", rssKB: 60000, gors: 226}, {id: "n2", rssKB: 76000, gors: 200}, {id: "n3", rssKB: -1, gors: 200}}
+	bad := figures{n("n1", 60000, 10000, 226), n("n2", 101000, 10000, 200), n("n3", 50000, -1, 200), n("n4", 60000, 15100, 200)}
 	iv := leaks(before, bad)
 	got := strings.Join(iv.failures, "\n")
-	for _, want := range []string{"n1: 226 goroutines after the run, 200 before", "n2: RSS 76000 kB after the run, 50000 kB before", "n3: figures unknown"} {
+	for _, want := range []string{"n1: 226 goroutines after the run, 200 before", "n2: RSS 101000 kB after the run, 50000 kB before",
+		"n3: figures unknown", "n4: live Go heap 15100 kB after the run, 10000 kB before"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("want %q in %q", want, got)
 		}
