@@ -31,25 +31,11 @@ INTEGRATION_FLAGS = -parallel 64
 UNIT_PACKAGES = $$(go list ./... | grep -v /test/integration)
 REQUIRE_SANDBOX = $$([ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: run run-builds test test-tools test-checks test-go test-race chaos-short unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
+.PHONY: run test test-tools test-checks test-go test-race chaos-short unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
 
-# make run builds one thing at a time: on a cold Go build cache, builds
-# side by side each compile the dependencies they share (gRPC, protobuf,
-# the Temporal SDK, OpenTelemetry…) instead of reusing one another's, and
-# four at once took longer than one after another (docs/development.md).
-# The Debian packages install meanwhile (apt waits on the network and
-# dpkg, the builds on the CPU), unless sudo would ask for a password.
-run:
-	@if [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; then \
-		$(MAKE) --no-print-directory -s -j2 deps run-builds; \
-	else $(MAKE) --no-print-directory -s deps && $(MAKE) --no-print-directory -s run-builds; fi
+run: deps
+	@$(MAKE) --no-print-directory -s -j4 tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	bin/devstack $(RUN_FLAGS)
-
-run-builds:
-	@$(MAKE) --no-print-directory -s build
-	@$(MAKE) --no-print-directory -s $(TOOLS)/temporal-$(TEMPORAL_CLI_VERSION).stamp
-	@$(MAKE) --no-print-directory -s $(TOOLS)/daprd
-	@$(MAKE) --no-print-directory -s $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 
 # As root (the dev machines) every sandbox layer exists: the sandbox tests
 # must run, not skip.
