@@ -371,8 +371,8 @@ func subscriptions(httpAddr string) (map[string]bool, error) {
 	return out, nil
 }
 
-// nodeFig is one node's resident memory (kB), live Go heap (kB, right
-// after a collection) and goroutines (from its /metrics); -1 when unknown.
+// nodeFig is one node's resident memory (kB), live Go heap (kB, soon
+// after two collections) and goroutines (from its /metrics); -1 when unknown.
 type nodeFig struct {
 	id                  string
 	pid                 int
@@ -390,9 +390,10 @@ func (fs figures) String() string {
 }
 
 // nodeFigures is each node's resident memory, live heap and goroutines,
-// for the leak bound. Each node's heap profile (taken after a collection,
-// DEBUG_PPROF) is written to heap-<node>-<label>.pb.gz in the stack's
-// directory, kept with the logs (go tool pprof -diff_base compares two).
+// for the leak bound. Each node's heap profile (taken after the second of
+// two collections, DEBUG_PPROF) is written to heap-<node>-<label>.pb.gz in
+// the stack's directory, kept with the logs (go tool pprof -diff_base
+// compares two).
 func (c *cluster) nodeFigures(label string) figures {
 	var out figures
 	cl := http.Client{Timeout: 30 * time.Second}
@@ -400,17 +401,21 @@ func (c *cluster) nodeFigures(label string) figures {
 		// Two collections: what sync.Pools hold (gRPC's buffers after a
 		// backlog: most of what grew in the 60-minute run) survives the
 		// first as their victim cache and is freed by the second.
+		var profile []byte
 		for range 2 {
 			if resp, err := cl.Get("http://" + n.httpAddr + "/debug/pprof/heap?gc=1"); err == nil {
 				b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 				resp.Body.Close()
 				if resp.StatusCode == http.StatusOK {
-					_ = os.WriteFile(filepath.Join(c.dir, fmt.Sprintf("heap-%s-%s.pb.gz", n.id, label)), b, 0o644)
+					profile = b
 				}
 			}
 		}
+		if profile != nil {
+			_ = os.WriteFile(filepath.Join(c.dir, fmt.Sprintf("heap-%s-%s.pb.gz", n.id, label)), profile, 0o644)
+		}
 	}
-	// After the collection, a few seconds for the runtime's scavenger to
+	// After the collections, a few seconds for the runtime's scavenger to
 	// give freed memory back before RSS is read.
 	time.Sleep(10 * time.Second)
 	for _, n := range c.nodes {
@@ -425,7 +430,7 @@ func (c *cluster) nodeFigures(label string) figures {
 				}
 			}
 		}
-		// Read soon after the profile's collection on an idle node:
+		// Read soon after the profiles' collections on an idle node:
 		// heap_alloc is then the live heap (and what little was allocated
 		// since).
 		if resp, err := cl.Get("http://" + n.httpAddr + "/metrics"); err == nil {
