@@ -2,7 +2,9 @@
 // slog.Handler that passes at most a budget of records per second (with a
 // burst of one second's worth) and drops the rest, counting them; the
 // first record let through after drops is preceded by one that says how
-// many were dropped and which setting bounds them.
+// many were dropped and which setting bounds them, and when none comes
+// within a second (a worker that flooded, then went quiet) that notice is
+// written on its own.
 package logbudget
 
 import (
@@ -16,6 +18,10 @@ import (
 
 // Setting names the limit in the drop notice.
 const Setting = "WORKER_LOG_LINES_PER_SECOND"
+
+// flushAfter is how long drops wait for a record to be let through before
+// their notice is written on its own.
+var flushAfter = time.Second
 
 // Budget is shared by the handlers of one worker (WithAttrs/WithGroup keep
 // it).
@@ -55,18 +61,32 @@ func (h *handler) Handle(ctx context.Context, r slog.Record) error {
 		return h.inner.Handle(ctx, r)
 	}
 	if !b.limit.AllowN(b.now(), 1) {
-		b.pending.Add(1)
 		b.dropped.Add(1)
+		if b.pending.Add(1) == 1 {
+			// The first drop since the last notice: if no record is let
+			// through within flushAfter, say so anyway.
+			inner := h.inner
+			time.AfterFunc(flushAfter, func() { _ = b.notice(context.Background(), inner, 0) })
+		}
 		return nil
 	}
-	if n := b.pending.Swap(0); n > 0 {
-		notice := slog.NewRecord(b.now(), slog.LevelWarn, "worker log lines dropped: over the budget", r.PC)
-		notice.AddAttrs(slog.Int64("dropped", n), slog.Int("budget_per_second", b.perSec), slog.String("setting", Setting))
-		if err := h.inner.Handle(ctx, notice); err != nil {
-			return err
-		}
+	if err := b.notice(ctx, h.inner, r.PC); err != nil {
+		return err
 	}
 	return h.inner.Handle(ctx, r)
+}
+
+// notice writes to inner how many records were dropped since the last
+// notice, if any were: once, whichever of the next record and the timer
+// comes first.
+func (b *Budget) notice(ctx context.Context, inner slog.Handler, pc uintptr) error {
+	n := b.pending.Swap(0)
+	if n == 0 {
+		return nil
+	}
+	notice := slog.NewRecord(b.now(), slog.LevelWarn, "worker log lines dropped: over the budget", pc)
+	notice.AddAttrs(slog.Int64("dropped", n), slog.Int("budget_per_second", b.perSec), slog.String("setting", Setting))
+	return inner.Handle(ctx, notice)
 }
 
 func (h *handler) WithAttrs(as []slog.Attr) slog.Handler {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 // A flood is cut to the budget; the drops are counted and announced once
 // logging is allowed again.
 func TestFloodIsCutAndCounted(t *testing.T) {
+	defer logbudget.SetFlushAfter(time.Hour)() // no notice on its own here
 	var buf bytes.Buffer
 	b := logbudget.New(10)
 	log := slog.New(b.Handler(slog.NewTextHandler(&buf, nil))).With("worker_id", "w")
@@ -38,6 +40,7 @@ func TestFloodIsCutAndCounted(t *testing.T) {
 }
 
 func TestDropsAreAnnouncedWhenLoggingResumes(t *testing.T) {
+	defer logbudget.SetFlushAfter(time.Hour)() // no notice on its own here
 	var buf bytes.Buffer
 	b := logbudget.New(10)
 	now := time.Unix(1000, 0)
@@ -53,4 +56,54 @@ func TestDropsAreAnnouncedWhenLoggingResumes(t *testing.T) {
 		!strings.Contains(out, "setting=WORKER_LOG_LINES_PER_SECOND") || !strings.HasSuffix(strings.TrimSpace(out), "msg=after") {
 		t.Fatalf("log:\n%s", out)
 	}
+}
+
+// A worker that floods and then goes quiet still has its drops announced,
+// once, a moment later (TestSandboxOnTheRealStack waited for a notice that
+// came only if the flooding worker logged again).
+func TestDropsAreAnnouncedWhenTheWorkerGoesQuiet(t *testing.T) {
+	defer logbudget.SetFlushAfter(20 * time.Millisecond)()
+	var buf syncBuffer
+	b := logbudget.New(10)
+	now := time.Unix(1000, 0)
+	b.SetClock(func() time.Time { return now })
+	log := slog.New(b.Handler(slog.NewTextHandler(&buf, nil))).With("worker_id", "w")
+	for range 25 {
+		log.Info("line")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(buf.String(), "worker log lines dropped") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no drop notice without a later record; log:\n%s", buf.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	out := buf.String()
+	if !strings.Contains(out, "dropped=15") || !strings.Contains(out, "worker_id=w") {
+		t.Fatalf("notice without its count or the worker's id:\n%s", out)
+	}
+	// The next record let through does not announce the same drops again.
+	now = now.Add(time.Second)
+	log.Info("after")
+	if n := strings.Count(buf.String(), "worker log lines dropped"); n != 1 {
+		t.Fatalf("%d notices, want 1:\n%s", n, buf.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the notice's timer goroutine.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
 }
