@@ -5,7 +5,6 @@ import (
 
 	"github.com/dapr/components-contrib/nameresolution/kubernetes"
 	"github.com/dapr/components-contrib/nameresolution/mdns"
-	kafkaPubSub "github.com/dapr/components-contrib/pubsub/kafka"
 	redisPubSub "github.com/dapr/components-contrib/pubsub/redis"
 	redisState "github.com/dapr/components-contrib/state/redis"
 	nrLoader "github.com/dapr/dapr/pkg/components/nameresolution"
@@ -14,6 +13,10 @@ import (
 
 	"github.com/virtufin/workmanager/deploy/dapr/daprd/redisstreams"
 )
+
+// optionalComponents are registered after the others: components built in
+// only with a build tag (components_kafka.go).
+var optionalComponents []func()
 
 // registerComponents registers the only components this daprd has: the
 // ones WorkManager uses and documents. Add a component by adding one line
@@ -27,8 +30,10 @@ func registerComponents() {
 	} else {
 		pubsubLoader.DefaultRegistry.RegisterComponent(redisstreams.NewRedisStreams, "redis")
 	}
-	pubsubLoader.DefaultRegistry.RegisterComponent(kafkaPubSub.NewKafka, "kafka") // deploy/k8s/overlays/kafka
 	stateLoader.DefaultRegistry.RegisterComponent(redisState.NewRedisStateStore, "redis")
 	nrLoader.DefaultRegistry.RegisterComponent(mdns.NewResolver, "mdns")             // self-hosted
 	nrLoader.DefaultRegistry.RegisterComponent(kubernetes.NewResolver, "kubernetes") // Kubernetes
+	for _, register := range optionalComponents {
+		register()
+	}
 }

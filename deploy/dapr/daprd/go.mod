@@ -449,3 +449,12 @@ replace github.com/stretchr/testify => github.com/stretchr/testify v1.8.4
 // This ensures that go.mod and go.sum are up-to-date for each go.mod file.
 
 require github.com/dapr/dapr v1.14.0
+
+// Modules in the graph that provide no package daprd builds, replaced by
+// empty stand-ins so that a fresh machine does not fetch and unpack them
+// (about 700 MB): internal/nomodule/README.md.
+replace (
+	github.com/Azure/azure-sdk-for-go => ./internal/nomodule/azure-sdk-for-go
+	github.com/pierrec/lz4 => ./internal/nomodule/lz4
+	google.golang.org/genproto => ./internal/nomodule/genproto
+)

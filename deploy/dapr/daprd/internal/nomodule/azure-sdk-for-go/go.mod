@@ -1,0 +1,1 @@
+module github.com/Azure/azure-sdk-for-go

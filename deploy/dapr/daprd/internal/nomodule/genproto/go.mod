@@ -1,0 +1,1 @@
+module google.golang.org/genproto
