@@ -31,17 +31,25 @@ INTEGRATION_FLAGS = -parallel 64
 UNIT_PACKAGES = $$(go list ./... | grep -v /test/integration)
 REQUIRE_SANDBOX = $$([ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: run test test-tools test-checks test-go test-race chaos-short unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
+.PHONY: run grpcurl test test-tools test-checks test-go test-race chaos-short unit integration bench fuzz fuzz-short pytest deps deps-test tools proto build clean vet k8s-validate daprd-test
 
-run: deps
-	@$(MAKE) --no-print-directory -s -j4 tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
+# The Debian packages install while the Go builds compile (no build needs
+# them: nothing here uses cgo); grpcurl is not built (bin/wmctl is the CLI;
+# `make grpcurl` or `make test` builds it). On a fresh machine that is
+# about 5 minutes, mostly the cold compile (docs/development.md).
+run:
+	@$(MAKE) --no-print-directory -s -j4 deps tools build
 	bin/devstack $(RUN_FLAGS)
+
+grpcurl: $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 
 # As root (the dev machines) every sandbox layer exists: the sandbox tests
 # must run, not skip.
 # The integration tests (the real Temporal, daprd, Redis, Python and Mono;
-# mostly waiting on timeouts, redeliveries and leases) start first, in the
-# background, in a process group of their own; meanwhile the checks run:
+# mostly waiting on timeouts, redeliveries and leases) and, beside them,
+# the soak's 2-minute version (TestChaosShort) start first, in the
+# background, in a process group of their own (deploy/setup/stack-tests),
+# on the binaries of bin/ (WM_BIN_DIR: built once); meanwhile the checks run:
 # vet, the DevKit's and the manifests' suites, our daprd component's test,
 # every other package under the race detector (what `make unit` runs,
 # without -short) and the fuzz targets, at a lower CPU priority (nice 5).
@@ -49,8 +57,8 @@ run: deps
 # kernel groups the scheduler by session (autogroup, on here), that gives
 # them half the machine however busy the checks keep the other half, and
 # the nice orders the checks only against what else runs in make's own
-# session. Then the integration log is shown. A failed check stops the
-# integration tests.
+# session. Then the integration log and the soak's report are shown. A
+# failed check stops the integration tests and the soak.
 # Each test's own time (its wait for a turn left out) goes to
 # $(INTEGRATION_TIMES), the slowest first; its head is shown at the end.
 # A failed test's full stack logs are kept in $(FAILED_LOGS).
@@ -62,27 +70,28 @@ CHAOS_REPORT := .run/test/chaos-report.txt
 TEST_T0 := .run/test/t0
 # Seconds since make test began (for the "==> ... after N s" lines).
 SINCE_T0 = $$(( $$(date +%s) - $$(cat $(CURDIR)/$(TEST_T0)) ))
-test: deps-test test-tools
+test: test-tools
 	@mkdir -p $(dir $(INTEGRATION_LOG)); rm -rf $(INTEGRATION_TIMES) $(FAILED_LOGS); date +%s > $(TEST_T0); \
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) WM_INTEGRATION_PARALLEL=$(INTEGRATION_PARALLEL) WM_INTEGRATION_TIMES=$(CURDIR)/$(INTEGRATION_TIMES) WM_FAILED_LOGS=$(CURDIR)/$(FAILED_LOGS) \
-		setsid go test -count=1 -timeout $(TEST_TIMEOUT) $(INTEGRATION_FLAGS) ./test/integration/ \
-		> $(INTEGRATION_LOG) 2>&1 & integ=$$!; \
+	WM_BIN_DIR=$(CURDIR)/bin setsid deploy/setup/stack-tests $(CURDIR)/$(dir $(INTEGRATION_LOG)) -- -count=1 -timeout $(TEST_TIMEOUT) $(INTEGRATION_FLAGS) \
+		& integ=$$!; \
 	trap 'kill -TERM -- -$$integ 2>/dev/null' EXIT; \
-	echo "==> integration tests started in the background (log: $(INTEGRATION_LOG)); the checks run meanwhile"; \
+	echo "==> integration tests and the 2-minute soak started in the background (logs: $(INTEGRATION_LOG), $(CHAOS_LOG)); the checks run meanwhile"; \
 	rc=0; nice -n 5 $(MAKE) --no-print-directory test-checks || rc=$$?; \
-	if [ $$rc != 0 ]; then echo "==> a check failed after $(SINCE_T0) s: stopping the integration tests"; exit $$rc; fi; \
-	echo "==> checks passed after $(SINCE_T0) s; waiting for the integration tests"; \
+	if [ $$rc != 0 ]; then echo "==> a check failed after $(SINCE_T0) s: stopping the integration tests and the soak"; exit $$rc; fi; \
+	echo "==> checks passed after $(SINCE_T0) s; waiting for the integration tests and the soak"; \
 	wait $$integ; irc=$$?; trap - EXIT; \
 	cat $(INTEGRATION_LOG); \
 	if [ -f $(INTEGRATION_TIMES) ]; then head -25 $(INTEGRATION_TIMES); echo "    (all: $(INTEGRATION_TIMES))"; fi; \
+	if [ "$$(cat $(CHAOS_LOG:.log=.rc) 2>/dev/null)" = 0 ]; then echo "==> TestChaosShort passed:"; cat $(CHAOS_REPORT); \
+	else echo "==> TestChaosShort failed ($(CHAOS_LOG)):"; tail -n 300 $(CHAOS_LOG); fi; \
 	echo "==> make test took $(SINCE_T0) s"; \
 	exit $$irc
 
 # The fault-injection soak's 2-minute fixed version (issue 25, test/chaos:
 # every fault kind once, 2 nodes, seed 7) on a stack of its own, its report
-# at the end; about 3 minutes alone. Not part of make test yet: beside it,
-# it made make test take 833 s and starved the race tests (CI-like run 32;
-# docs/reliability.md).
+# at the end; about 3 minutes alone. make test runs it too, beside the
+# integration tests (deploy/setup/stack-tests).
 chaos-short: deps tools
 	@mkdir -p $(dir $(CHAOS_LOG)); rm -f $(CHAOS_REPORT); \
 	if WM_CHAOS_SHORT=1 CHAOS_REPORT=$(CURDIR)/$(CHAOS_REPORT) WM_FAILED_LOGS=$(CURDIR)/$(FAILED_LOGS) \
@@ -100,10 +109,12 @@ test-checks:
 # next to the fuzz targets (the engines' race tests mostly wait on their
 # child processes: alone, at the end of a run, they left a core idle).
 # (Run side by side with the rest, the race tests' own timeouts failed on
-# a starved machine: CI-like run 31.)
+# a starved machine: CI-like run 31.) The two get two job slots of their
+# own, not test-checks' (MAKEFLAGS= : without it make warns "-j2 forced in
+# submake" each run).
 test-go:
 	@$(MAKE) --no-print-directory vet k8s-validate daprd-test
-	@$(MAKE) --no-print-directory -j2 --output-sync=line test-race fuzz-short
+	@MAKEFLAGS= $(MAKE) --no-print-directory -j2 --output-sync=line test-race fuzz-short
 
 test-race:
 	WM_REQUIRE_SANDBOX=$(REQUIRE_SANDBOX) go test -race -count=1 -timeout 20m $(UNIT_PACKAGES)
@@ -170,8 +181,10 @@ fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		go test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) "$${t%%:*}" || exit 1; \
 	done
+# make test's short run: one instrumented binary per package and a fuzz
+# cache of its own, emptied each run (deploy/setup/fuzz-short says why).
 fuzz-short:
-	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_SHORT)
+	@deploy/setup/fuzz-short $(FUZZTIME_SHORT) $(CURDIR)/.run/test/fuzz $(FUZZ_TARGETS)
 
 # gofmt and go vet, plus workflowcheck: workflow code must stay deterministic.
 vet: $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp
@@ -219,10 +232,11 @@ deps-test: deps
 
 tools: $(TOOLS)/temporal-$(TEMPORAL_CLI_VERSION).stamp $(TOOLS)/daprd
 
-# What make test builds, side by side (-j4): the tool builds do not depend
-# on each other, and each link is mostly one core's work.
+# What make test installs and builds, side by side (-j5): the Debian
+# packages and the tool builds do not depend on each other, and each link
+# is mostly one core's work.
 test-tools:
-	@$(MAKE) --no-print-directory -s -j4 tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp
+	@$(MAKE) --no-print-directory -s -j5 deps-test tools build $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp
 
 # The temporal CLI (dev server + Web UI), pinned; rebuilt when the pin changes.
 $(TOOLS)/temporal-$(TEMPORAL_CLI_VERSION).stamp:

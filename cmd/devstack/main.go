@@ -99,10 +99,16 @@ func run(o devstack.Options, bins, apiAddr, apiHealthAddr, nodeAddr string, mtls
 	if err != nil {
 		return err
 	}
+	// make run does not build grpcurl (wmctl is the CLI; make test and
+	// `make grpcurl` build it): say how to get it when it is not there yet.
+	grpcurl := filepath.Join(".tools", "bin", "grpcurl")
+	if _, err := os.Stat(grpcurl); err != nil {
+		grpcurl = "make grpcurl && " + grpcurl
+	}
 	fmt.Printf(`
 WorkManager is running (data and logs in %s):
   control API (gRPC)   %s        needs a bearer token: the dev token (admin, default tenant) is in %s
-                       .tools/bin/grpcurl %s -H "authorization: Bearer $(cat %s)" %s list
+                       %s %s -H "authorization: Bearer $(cat %s)" %s list
                        %s list      (the CLI, cmd/wmctl/README.md; events: add 'events --follow --dapr %s')
   API health           http://%s/health   (authentication mode, Temporal, state store)
   node health          http://%s/health   (/healthz, /readyz; Prometheus metrics at /metrics)
@@ -111,11 +117,11 @@ WorkManager is running (data and logs in %s):
   daprd gRPC / HTTP    %s / %s
   Redis                %s
 Press Ctrl-C to stop; 'make run' again resumes with the same workers.
-`, o.Dir, apiAddr, filepath.Join(o.Dir, "dev-token"), grpcurlTransport, relOrAbs(filepath.Join(o.Dir, "dev-token")), apiAddr, wmctl, s.DaprGRPCAddr, apiHealthAddr, nodeAddr, s.TemporalAddr, s.UIURL, s.DaprGRPCAddr, s.DaprHTTPAddr, s.RedisAddr)
+`, o.Dir, apiAddr, filepath.Join(o.Dir, "dev-token"), grpcurl, grpcurlTransport, relOrAbs(filepath.Join(o.Dir, "dev-token")), apiAddr, wmctl, s.DaprGRPCAddr, apiHealthAddr, nodeAddr, s.TemporalAddr, s.UIURL, s.DaprGRPCAddr, s.DaprHTTPAddr, s.RedisAddr)
 	if mtls {
 		fmt.Printf(`  The API serves TLS and takes client certificates (dev CA and certificates in %s):
-                       .tools/bin/grpcurl -cacert %s -cert %s -key %s %s list
-`, filepath.Dir(certs.CA), relOrAbs(certs.CA), relOrAbs(certs.ClientCert), relOrAbs(certs.ClientKey), apiAddr)
+                       %s -cacert %s -cert %s -key %s %s list
+`, filepath.Dir(certs.CA), grpcurl, relOrAbs(certs.CA), relOrAbs(certs.ClientCert), relOrAbs(certs.ClientKey), apiAddr)
 	}
 	if o.DaprAPIToken != "" {
 		fmt.Println("  daprd requires its API token: send header 'dapr-api-token: $DAPR_API_TOKEN' to daprd")

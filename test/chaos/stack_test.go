@@ -95,8 +95,18 @@ func repoRoot() string {
 	return filepath.Join(wd, "..", "..")
 }
 
-// buildBinaries builds the node and the API into a temp dir.
+// buildBinaries builds the node and the API into a temp dir, or uses
+// those in $WM_BIN_DIR (make test builds bin/ once for the integration
+// tests and the soak).
 func buildBinaries(t *testing.T) string {
+	if dir := os.Getenv("WM_BIN_DIR"); dir != "" {
+		for _, name := range []string{"worker", "api", "native-host"} {
+			if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+				t.Fatalf("WM_BIN_DIR=%s: %v (make build makes them)", dir, err)
+			}
+		}
+		return dir
+	}
 	dir := t.TempDir()
 	cmd := exec.Command("go", "build", "-o", dir, "./cmd/worker", "./cmd/api", "./cmd/native-host")
 	cmd.Dir = repoRoot()

@@ -87,9 +87,14 @@ func repoRoot() string {
 }
 
 // buildBinaries builds cmd/worker, cmd/api, cmd/native-host and cmd/wmctl
-// once per test binary.
+// once per test binary, or uses those in $WM_BIN_DIR (make test builds
+// bin/ once for this package and the soak's).
 func buildBinaries(t testing.TB) string {
 	buildOnce.Do(func() {
+		if dir := os.Getenv("WM_BIN_DIR"); dir != "" {
+			binDir, buildErr = prebuilt(dir, "worker", "api", "native-host", "wmctl")
+			return
+		}
 		binDir, buildErr = os.MkdirTemp("", "wm-bin-")
 		if buildErr != nil {
 			return
@@ -105,6 +110,16 @@ func buildBinaries(t testing.TB) string {
 		t.Fatal(buildErr)
 	}
 	return binDir
+}
+
+// prebuilt checks that dir holds the named binaries.
+func prebuilt(dir string, names ...string) (string, error) {
+	for _, name := range names {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return "", fmt.Errorf("WM_BIN_DIR=%s: %w (make build makes them)", dir, err)
+		}
+	}
+	return dir, nil
 }
 
 // envConfig shapes an env; the zero value is a fresh stack on free ports.
