@@ -1,7 +1,6 @@
 package dispatch_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -25,6 +24,7 @@ import (
 	"github.com/virtufin/workmanager/internal/dispatch/dispatchtest"
 	"github.com/virtufin/workmanager/internal/publish/publishtest"
 	"github.com/virtufin/workmanager/internal/state"
+	"github.com/virtufin/workmanager/internal/testsink"
 	"github.com/virtufin/workmanager/internal/tracing"
 )
 
@@ -36,13 +36,13 @@ const (
 
 // tracedDispatcher is a dispatcher tracing into an in-memory recorder,
 // logging into buf.
-func tracedDispatcher(t *testing.T, cfg dispatch.Config) (*dispatch.Dispatcher, *dispatchtest.Broker, *publishtest.Recorder, *tracetest.SpanRecorder, *syncBuffer) {
+func tracedDispatcher(t *testing.T, cfg dispatch.Config) (*dispatch.Dispatcher, *dispatchtest.Broker, *publishtest.Recorder, *tracetest.SpanRecorder, *testsink.Buffer) {
 	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	deps := testDeps(b, pub, state.NewMemoryStore())
 	deps.TracerProvider, deps.Propagator = tp, propagation.TraceContext{}
-	buf := &syncBuffer{}
+	buf := &testsink.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	log := slog.New(tracing.LogHandler(slog.NewTextHandler(buf, nil)))
@@ -51,18 +51,6 @@ func tracedDispatcher(t *testing.T, cfg dispatch.Config) (*dispatch.Dispatcher, 
 	}
 	return dispatch.New(ctx, log, deps, cfg), b, pub, rec, buf
 }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 func tracedRequest(id, traceparent, tracestate string) *dispatchtestRequest {
 	req := request(id, "corr-9")

@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/virtufin/workmanager/internal/logbudget"
+	"github.com/virtufin/workmanager/internal/testsink"
 )
 
 // A flood is cut to the budget; the drops are counted and announced once
@@ -63,7 +63,7 @@ func TestDropsAreAnnouncedWhenLoggingResumes(t *testing.T) {
 // came only if the flooding worker logged again).
 func TestDropsAreAnnouncedWhenTheWorkerGoesQuiet(t *testing.T) {
 	defer logbudget.SetFlushAfter(20 * time.Millisecond)()
-	var buf syncBuffer
+	var buf testsink.Buffer
 	b := logbudget.New(10)
 	now := time.Unix(1000, 0)
 	b.SetClock(func() time.Time { return now })
@@ -88,22 +88,4 @@ func TestDropsAreAnnouncedWhenTheWorkerGoesQuiet(t *testing.T) {
 	if n := strings.Count(buf.String(), "worker log lines dropped"); n != 1 {
 		t.Fatalf("%d notices, want 1:\n%s", n, buf.String())
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the notice's timer goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
 }
