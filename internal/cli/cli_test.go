@@ -250,6 +250,11 @@ func TestCommandsExitCodesAndMessages(t *testing.T) {
 		{[]string{"create", "x.py"}, env, 2, `required flag(s) "topic" not set`},
 		{[]string{"replay-dead"}, env, 2, "exactly one of"},
 		{[]string{"events"}, env, 2, "--follow"},
+		// --worker by name needs the API; an unresolved name is an error,
+		// not a filter that silently matches nothing.
+		{[]string{"events", "--follow", "--worker", "nope"}, env, 3, `wmctl: worker "nope" not found`},
+		{[]string{"events", "--follow", "--worker", "pricer", "--addr", "127.0.0.1:1"}, env, 6,
+			`wmctl: the API at 127.0.0.1:1 (looking up --worker "pricer"; pass the worker's id to follow without the API) is not reachable`},
 		{[]string{"logs", "w-1"}, env, 1, ".run/node.log"},
 	} {
 		r := run(t, c.env, "", c.args...)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/virtufin/workmanager/internal/daprconn"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
+	"github.com/virtufin/workmanager/internal/tenant"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
 
@@ -69,7 +70,11 @@ func (a *app) eventsCmd() *cobra.Command {
 			cutoff := time.Now().Add(-since)
 			filter := ""
 			if worker != "" {
-				filter = a.resolveWorker(cmd.Context(), worker)
+				id, err := a.resolveWorker(cmd.Context(), worker)
+				if err != nil {
+					return err
+				}
+				filter = id
 			}
 			conn, err := daprconn.Dial(a.cfg.Dapr, daprconn.Options{Token: a.cfg.DaprToken})
 			if err != nil {
@@ -81,25 +86,31 @@ func (a *app) eventsCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.BoolVarP(&follow, "follow", "f", false, "stream the events (required)")
-	f.StringVar(&worker, "worker", "", "only this worker's events (id or name)")
+	f.StringVar(&worker, "worker", "", "only this worker's events: an id, or a name looked up through the API")
 	f.DurationVar(&since, "since", 5*time.Second, "also show events up to this long before the start that daprd still delivers")
 	return cmd
 }
 
-// resolveWorker turns a worker name into its id through the API; when that
-// fails (a deleted worker, no API at hand) ref is taken as the id.
-func (a *app) resolveWorker(ctx context.Context, ref string) string {
-	id := ref
-	_ = a.apiCall(ctx, "", func(ctx context.Context, c pb.WorkManagerServiceClient) error {
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
+// resolveWorker returns the id whose events --worker asks for. A worker id
+// is taken as it is (no API needed: a deleted worker's events, or a user
+// with daprd only); a name is looked up through the API within --timeout,
+// and a lookup that fails is an error: filtering on an unresolved name
+// would silently show nothing.
+func (a *app) resolveWorker(ctx context.Context, ref string) (string, error) {
+	if _, _, ok := tenant.ParseWorkerID(ref); ok {
+		return ref, nil
+	}
+	var id string
+	err := a.apiCall(ctx, "", func(ctx context.Context, c pb.WorkManagerServiceClient) error {
 		w, err := c.GetWorker(ctx, &pb.GetWorkerRequest{WorkerId: ref})
-		if err == nil && w.GetWorkerId() != "" {
-			id = w.GetWorkerId()
-		}
+		id = w.GetWorkerId()
 		return err
 	})
-	return id
+	var re *remoteError
+	if errors.As(err, &re) {
+		re.what += fmt.Sprintf(" (looking up --worker %q; pass the worker's id to follow without the API)", ref)
+	}
+	return id, err
 }
 
 // follow prints the events of topic until ctx ends (nil) or the stream

@@ -18,6 +18,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
+	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
 
 // fakeDapr serves the two daprd RPCs wmctl uses: it streams events to one
@@ -219,5 +220,22 @@ func TestPublish(t *testing.T) {
 	}
 	if r := run(t, map[string]string{"DAPR_GRPC_ADDRESS": addr}, "", "publish", "orders", "--data", "{not json"); r.code != 2 {
 		t.Errorf("bad --data: exit %d %q", r.code, r.err)
+	}
+}
+
+// TestEventsWorkerResolution: --worker takes an id as it is (no API
+// needed) and a name through the API.
+func TestEventsWorkerResolution(t *testing.T) {
+	f := startFake(t, nil)
+	f.add(&pb.Worker{WorkerId: "w-1", Name: "pricer", Topic: "orders"})
+	a := &app{io: IO{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}}, cfg: Config{Addr: "127.0.0.1:1", Token: goodToken, Timeout: 5 * time.Second}}
+	for _, id := range []string{"6f1c2f6e-8a51-4f0e-9a43-0c7a3c1f2b11", "acme.6f1c2f6e-8a51-4f0e-9a43-0c7a3c1f2b11"} {
+		if got, err := a.resolveWorker(context.Background(), id); err != nil || got != id {
+			t.Errorf("resolveWorker(%q) without an API = %q, %v; want the id itself", id, got, err)
+		}
+	}
+	a = &app{io: a.io, cfg: Config{Addr: f.addr, Token: goodToken, Timeout: 5 * time.Second}}
+	if got, err := a.resolveWorker(context.Background(), "pricer"); err != nil || got != "w-1" {
+		t.Errorf("resolveWorker(pricer) = %q, %v; want w-1", got, err)
 	}
 }

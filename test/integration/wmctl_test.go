@@ -17,6 +17,7 @@ import (
 
 	"github.com/virtufin/workmanager/internal/devstack"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
+	"github.com/virtufin/workmanager/internal/testsink"
 )
 
 // wmctlRun runs the built wmctl binary against one env.
@@ -232,7 +233,7 @@ def process(event):
 	evCtx, evCancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer evCancel()
 	events := w.command(evCtx, "events", "--follow", "--dapr", side.GRPCAddr, "--worker", "wmctl-py", "-o", "json")
-	var evErr strings.Builder
+	var evErr testsink.Buffer
 	events.Stderr = &evErr
 	stdout, err := events.StdoutPipe()
 	if err != nil {
@@ -275,9 +276,12 @@ def process(event):
 		}
 		return false
 	}
-	waitFor(t, 60*time.Second, "stopped and started lines from wmctl events", func() bool {
-		return seen(lifecycleevents.Stopped) && seen(lifecycleevents.Started)
-	})
+	for deadline := time.Now().Add(60 * time.Second); !seen(lifecycleevents.Stopped) || !seen(lifecycleevents.Started); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for the stopped and started lines of worker %s from wmctl events; it printed %q, on stderr %q", id, lines.all(), evErr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	_ = events.Process.Signal(syscall.SIGINT)
 	select {
 	case <-readDone:
