@@ -10,7 +10,11 @@ SHELL := /bin/bash
 # -ldflags=-w: no DWARF tables; a link costs ~20% less CPU (make test links
 # about sixty test binaries), and stack traces and race reports keep their
 # file:line (they come from the symbol table, not DWARF).
-GOFLAGS ?= -trimpath -ldflags=-w
+# -gcflags=all=-dwarf=false: nor does the compiler generate the DWARF the
+# linker would drop: a cold build of the temporal CLI took 213 CPU-seconds
+# against 241 (12 % less; 112 s against 126 s alone on 2 cores). For a
+# debugger (Delve): GOFLAGS=-trimpath make build.
+GOFLAGS ?= -trimpath -ldflags=-w -gcflags=all=-dwarf=false
 export GOFLAGS
 TOOLS := $(CURDIR)/.tools/bin
 TEMPORAL_CLI_VERSION := v1.5.1
