@@ -228,17 +228,28 @@ func (s *Server) DeleteWorker(ctx context.Context, req *pb.DeleteWorkerRequest) 
 	return &pb.DeleteWorkerResponse{}, nil
 }
 
-// GetWorker implements pb.WorkManagerServiceServer.
+// GetWorker implements pb.WorkManagerServiceServer. The worker's workflow
+// answers (its state, also in the middle of a change). When its query
+// cannot be answered (the workflow task it needs failed or timed out, as
+// Temporal's "query timed out before a worker could process it", or
+// Temporal is unavailable), the persisted record answers instead, as
+// ListWorkers does: a read does not fail because one workflow task did.
 func (s *Server) GetWorker(ctx context.Context, req *pb.GetWorkerRequest) (*pb.Worker, error) {
 	id, display, err := resolve(ctx, req.GetWorkerId())
 	if err != nil {
 		return nil, err
 	}
 	st, err := s.state(ctx, id)
-	if err != nil {
-		return nil, named(err, display)
+	if err == nil {
+		return toProto(st.Worker), nil
 	}
-	return toProto(st.Worker), nil
+	if c := status.Code(err); c == codes.DeadlineExceeded || c == codes.Unavailable {
+		if w, cerr := s.catalog.GetWorker(ctx, id); cerr == nil {
+			s.log.Warn("GetWorker answered from the catalog: the workflow's query failed", "worker_id", id, "err", err)
+			return toProto(w), nil
+		}
+	}
+	return nil, named(err, display)
 }
 
 // ListWorkers implements pb.WorkManagerServiceServer.
