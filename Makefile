@@ -151,7 +151,7 @@ integration: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	WM_INTEGRATION_PARALLEL=$(INTEGRATION_PARALLEL) go test -timeout $(TEST_TIMEOUT) $(INTEGRATION_FLAGS) -v ./test/integration/
 
 bench: deps tools
-	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./engines/python/ ./engines/native/
+	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./internal/node/ ./engines/python/ ./engines/native/
 	# End to end through the real daprd and Redis: bare subscriber vs. workers
 	# with and without a group, in alternating rounds (-benchtime 1x: one full
 	# comparison; WM_BENCH_MESSAGES / WM_BENCH_ROUNDS size it).

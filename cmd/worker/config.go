@@ -13,6 +13,7 @@ import (
 	"github.com/virtufin/workmanager/internal/codesource"
 	"github.com/virtufin/workmanager/internal/envconfig"
 	"github.com/virtufin/workmanager/internal/grouplock"
+	"github.com/virtufin/workmanager/internal/node"
 )
 
 // config is the node's typed configuration, read from the environment.
@@ -27,6 +28,7 @@ type config struct {
 	PythonSpinWait      time.Duration // PYTHON_SPIN_WAIT (negative: never spin)
 	PythonMaxBatch      int           // PYTHON_MAX_BATCH (1: no batches)
 	ReconcileInterval   time.Duration // RECONCILE_INTERVAL (0 disables)
+	ReconcileParallel   int           // RECONCILE_PARALLELISM: workers a reconcile brings up at a time
 	TemporalLease       time.Duration // TEMPORAL_LEASE (0 disables)
 	NodeID              string        // WORKMANAGER_NODE_ID (default: <hostname>-<pid>)
 	NodeHeartbeat       time.Duration // NODE_HEARTBEAT; a node silent for 3 heartbeats counts as gone
@@ -89,6 +91,7 @@ func loadConfig() (config, error) {
 		PythonSpinWait:     r.Duration("PYTHON_SPIN_WAIT", 0),
 		PythonMaxBatch:     r.Int("PYTHON_MAX_BATCH", 16),
 		ReconcileInterval:  r.Duration("RECONCILE_INTERVAL", 30*time.Second),
+		ReconcileParallel:  r.Int("RECONCILE_PARALLELISM", node.DefaultReconcileParallelism),
 		TemporalLease:      r.Duration("TEMPORAL_LEASE", 30*time.Second),
 		NodeID:             r.String("WORKMANAGER_NODE_ID", defaultNodeID()),
 		NodeHeartbeat:      r.Duration("NODE_HEARTBEAT", 5*time.Second),
@@ -213,6 +216,8 @@ func (c config) validate() error {
 		return fmt.Errorf("TEMPORAL_LEASE must be 0 (off) or at least 1s, got %s", c.TemporalLease)
 	case c.ReconcileInterval < 0:
 		return fmt.Errorf("RECONCILE_INTERVAL must not be negative, got %s", c.ReconcileInterval)
+	case c.ReconcileParallel < 1 || c.ReconcileParallel > 64:
+		return fmt.Errorf("RECONCILE_PARALLELISM must be 1 to 64, got %d", c.ReconcileParallel)
 	case c.NativeIsolation != "" && c.NativeIsolation != "in-process" && c.NativeIsolation != "process" && c.NativeIsolation != "always":
 		return fmt.Errorf(`NATIVE_ISOLATION must be "in-process", "process" or "always" (the same as "process": every native worker in a sandboxed host), got %q`, c.NativeIsolation)
 	case c.GatewayTimeout <= 0:

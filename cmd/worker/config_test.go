@@ -20,14 +20,15 @@ func TestConfigDefaultsAndBadValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.WorkerTimeout != 30*time.Second || c.MaxConcurrency != 8 || !c.RecoveryOnStart || c.BrokerProbe != 2*time.Second || c.BrokerReadyGrace != 15*time.Second {
+	if c.WorkerTimeout != 30*time.Second || c.MaxConcurrency != 8 || !c.RecoveryOnStart || c.BrokerProbe != 2*time.Second || c.BrokerReadyGrace != 15*time.Second || c.ReconcileParallel != 4 {
 		t.Fatalf("defaults: %+v", c)
 	}
 	for name, tc := range map[string]struct{ env, value, want string }{
-		"unparsable": {"BROKER_PROBE_INTERVAL", "often", `BROKER_PROBE_INTERVAL="often"`},
-		"zero probe": {"BROKER_PROBE_INTERVAL", "0s", "BROKER_PROBE_INTERVAL must be positive"},
-		"negative":   {"BROKER_READY_GRACE", "-1s", "BROKER_READY_GRACE must not be negative"},
-		"bad bool":   {"WORKER_RECOVERY_ON_START", "maybe", `WORKER_RECOVERY_ON_START="maybe"`},
+		"unparsable":               {"BROKER_PROBE_INTERVAL", "often", `BROKER_PROBE_INTERVAL="often"`},
+		"zero probe":               {"BROKER_PROBE_INTERVAL", "0s", "BROKER_PROBE_INTERVAL must be positive"},
+		"negative":                 {"BROKER_READY_GRACE", "-1s", "BROKER_READY_GRACE must not be negative"},
+		"bad bool":                 {"WORKER_RECOVERY_ON_START", "maybe", `WORKER_RECOVERY_ON_START="maybe"`},
+		"no reconcile parallelism": {"RECONCILE_PARALLELISM", "0", "RECONCILE_PARALLELISM must be 1 to 64, got 0"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv(tc.env, tc.value)

@@ -181,6 +181,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	})
 	n := node.New(log, cat, reg, disp, cfg.WorkerTimeout)
 	n.SetLogBudget(cfg.LogLinesPerSecond)
+	n.SetReconcileParallelism(cfg.ReconcileParallel)
 	gate = reconcile.NewMemberGate(log, members, cfg.NodeHeartbeat, n, h)
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -89,7 +89,7 @@ func TestFenceDuringLoadLeavesNothingServed(t *testing.T) {
 }
 
 // Issue 30 item 1, found by the chaos soak (issue 25): a node reconciling
-// (as at start-up) attaches its workers one at a time, and the first attach
+// (as at start-up) attaches its workers a few at a time, and the first attach
 // on a topic subscribes to it. A message that arrives while another worker
 // of the topic still loads is not acked without it (RETRY); once every
 // worker is attached, it is acked.

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/dispatch"
@@ -54,6 +56,8 @@ type Node struct {
 	// Reconcile.
 	expectMu sync.Mutex
 	expected bool
+	// parallelism is how many workers Reconcile brings up at a time.
+	parallelism int
 }
 
 // SetLogBudget bounds what each worker's code may log, in lines per second
@@ -100,7 +104,8 @@ const (
 // New returns a Node. timeout bounds one message in a worker (0: engine default).
 func New(log *slog.Logger, cat *catalog.Catalog, reg *engines.Registry, disp *dispatch.Dispatcher, timeout time.Duration) *Node {
 	return &Node{log: log, catalog: cat, engines: reg, disp: disp, timeout: timeout, now: time.Now,
-		locks: map[string]*workerLock{}, attached: map[string]string{}, policy: map[string]dispatch.Worker{}, broken: map[string]brokenWorker{}}
+		locks: map[string]*workerLock{}, attached: map[string]string{}, policy: map[string]dispatch.Worker{}, broken: map[string]brokenWorker{},
+		parallelism: DefaultReconcileParallelism}
 }
 
 // lockWorker takes worker id's lock; the returned function gives it back.
@@ -287,13 +292,29 @@ type ReconcileResult struct {
 	Errors                   []error
 }
 
+// DefaultReconcileParallelism is how many workers Reconcile brings up at a
+// time: a node that lapsed or restarts in a cluster loads every worker it
+// serves again (a Python or .NET load is mostly a child process starting),
+// and one at a time that took minutes for a few hundred workers.
+const DefaultReconcileParallelism = 4
+
+// SetReconcileParallelism sets how many workers Reconcile brings up at a
+// time (below 1: DefaultReconcileParallelism). Call it before serving.
+func (n *Node) SetReconcileParallelism(p int) {
+	if p < 1 {
+		p = DefaultReconcileParallelism
+	}
+	n.parallelism = p
+}
+
 // Reconcile makes the node match the catalog: RUNNING workers attached with
-// their current code, everything else detached. It takes one worker at a
-// time, each under its own lock and from its record as read under that
-// lock, so lifecycle operations on other workers go on meanwhile. One broken
-// worker does not stop the others: it is counted and its error returned in
-// the result, and its load is retried with backoff (ReconcileBackoffBase
-// doubling to ReconcileBackoffMax) while its record stays the same.
+// their current code, everything else detached. It takes up to
+// SetReconcileParallelism workers at a time, each under its own lock and
+// from its record as read under that lock, so lifecycle operations on other
+// workers go on meanwhile. One broken worker does not stop the others: it
+// is counted and its error returned in the result, and its load is retried
+// with backoff (ReconcileBackoffBase doubling to ReconcileBackoffMax) while
+// its record stays the same.
 func (n *Node) Reconcile(ctx context.Context) (ReconcileResult, error) {
 	ids, err := n.catalog.WorkerIDs(ctx)
 	if err != nil {
@@ -304,21 +325,32 @@ func (n *Node) Reconcile(ctx context.Context) (ReconcileResult, error) {
 		n.expected = true
 		n.expectMu.Unlock()
 	}
-	var res ReconcileResult
+	var (
+		res   ReconcileResult
+		resMu sync.Mutex
+		g     errgroup.Group
+	)
+	g.SetLimit(max(n.parallelism, 1))
 	known := map[string]bool{}
 	for _, id := range ids {
 		known[id] = true
-		status, err := n.reconcileOne(ctx, id)
-		switch {
-		case err != nil:
-			res.Failed++
-			res.Errors = append(res.Errors, err)
-		case status == catalog.StatusRunning:
-			res.Running++
-		case status == catalog.StatusStopped:
-			res.Stopped++
-		}
+		g.Go(func() error {
+			status, err := n.reconcileOne(ctx, id)
+			resMu.Lock()
+			defer resMu.Unlock()
+			switch {
+			case err != nil:
+				res.Failed++
+				res.Errors = append(res.Errors, err)
+			case status == catalog.StatusRunning:
+				res.Running++
+			case status == catalog.StatusStopped:
+				res.Stopped++
+			}
+			return nil
+		})
 	}
+	_ = g.Wait() // each worker's error is in res
 	n.mu.Lock()
 	var stale []string
 	for id := range n.attached {

@@ -193,3 +193,42 @@ func waitUntil(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// Reconcile brings up to its parallelism of workers up at a time (a node
+// back from a lapse loads every worker again: one at a time took minutes
+// for a few hundred), never more, and all of them in the end.
+func TestReconcileLoadsWorkersInParallel(t *testing.T) {
+	f, ctx := nodetest.New(t), context.Background()
+	f.Node.SetReconcileParallelism(3)
+	slow, _ := f.Catalog.PutCode(ctx, []byte(nodetest.SlowCode))
+	for _, id := range []string{"w1", "w2", "w3", "w4", "w5", "w6", "w7"} {
+		w := nodetest.Worker(catalog.StatusRunning, slow)
+		w.ID = id
+		if err := f.Catalog.SaveWorker(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan node.ReconcileResult, 1)
+	go func() {
+		res, err := f.Node.Reconcile(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	// Three loads wait at once (one at a time would stop at one).
+	waitUntil(t, func() bool { return f.Engine.Attempts() == 3 })
+	f.Engine.Release()
+	res := <-done
+	if res.Running != 7 || res.Failed != 0 || f.Engine.Loads() != 7 {
+		t.Fatalf("result %+v, %d loads; want 7 running", res, f.Engine.Loads())
+	}
+	if m := f.Engine.MaxInFlight(); m != 3 {
+		t.Fatalf("%d loads at once, want 3 (the parallelism)", m)
+	}
+	for _, id := range []string{"w1", "w4", "w7"} {
+		if !f.Dispatcher.Attached(id) {
+			t.Fatalf("%s not attached", id)
+		}
+	}
+}

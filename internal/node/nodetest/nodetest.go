@@ -41,6 +41,8 @@ type Engine struct {
 	mu       sync.Mutex
 	loads    int
 	attempts int
+	inFlight int // Load calls not returned yet
+	maxIn    int // the most there were at once
 	slow     chan struct{}
 	slowOnce sync.Once
 }
@@ -59,6 +61,13 @@ func (e *Engine) gate() chan struct{} {
 
 // Release lets every Load of SlowCode finish.
 func (e *Engine) Release() { close(e.gate()) }
+
+// MaxInFlight is the most Load calls that were running at once.
+func (e *Engine) MaxInFlight() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.maxIn
+}
 
 // Loads counts the instances loaded so far.
 func (e *Engine) Loads() int {
@@ -84,7 +93,14 @@ func (e *Engine) Check(_ context.Context, _ engines.Spec, code []byte) error {
 func (e *Engine) Load(ctx context.Context, s engines.Spec, code []byte) (engines.Instance, error) {
 	e.mu.Lock()
 	e.attempts++
+	e.inFlight++
+	e.maxIn = max(e.maxIn, e.inFlight)
 	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.inFlight--
+		e.mu.Unlock()
+	}()
 	if string(code) == SlowCode {
 		select {
 		case <-e.gate():
@@ -118,8 +134,9 @@ type Fixture struct {
 	Events     *lifecycleevents.Emitter
 }
 
-// New builds a Fixture whose node is shut down when the test ends.
-func New(t testing.TB) *Fixture {
+// New builds a Fixture whose node is shut down when the test ends; extra
+// engines are registered beside the test engine (a benchmark's real one).
+func New(t testing.TB, extra ...engines.Engine) *Fixture {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -127,8 +144,10 @@ func New(t testing.TB) *Fixture {
 	f := &Fixture{Store: state.NewMemoryStore(), Engine: &Engine{}, Published: &publishtest.Recorder{}, Broker: dispatchtest.NewBroker()}
 	f.Catalog = catalog.New(f.Store)
 	reg := engines.NewRegistry()
-	if err := reg.Register(f.Engine); err != nil {
-		t.Fatal(err)
+	for _, e := range append([]engines.Engine{f.Engine}, extra...) {
+		if err := reg.Register(e); err != nil {
+			t.Fatal(err)
+		}
 	}
 	f.Events = lifecycleevents.NewEmitter(f.Published)
 	f.Dispatcher = dispatch.New(ctx, log, dispatch.Deps{Sub: f.Broker, Pub: f.Published, Events: f.Events,
