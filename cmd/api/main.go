@@ -79,6 +79,14 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	}
 	defer tc.Close()
 
+	// Pre-authentication memory: the receive limit is a code-carrying
+	// RPC's; connections and streams are bounded; auth's tap refuses calls
+	// without valid credentials (JWTs verified) before their message is
+	// read, and the transport's guard (under TLS) closes a connection
+	// whose client declares a message over its method's limit (small for
+	// every method but the code-carrying ones) before gRPC reads it.
+	transport := api.Transport{MaxRecvBytes: cfg.MaxCodeBytes + api.MaxRequestOverhead}
+	cfg.Auth.WrapCredentials = transport.Credentials
 	opts, authn, err := auth.ServerOptions(ctx, cfg.Auth, log)
 	if err != nil {
 		return err
@@ -89,10 +97,6 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		log.Info("api authentication", "methods", authn.Methods(), "tls", cfg.Auth.TLSCertFile != "", "public_health", cfg.Auth.PublicHealth)
 	}
 	limiter, readLimiter := rateLimits(cfg)
-	// Pre-authentication memory: the receive limit is a code-carrying
-	// RPC's; connections and streams are bounded; auth's tap refuses calls
-	// without valid credentials before their message is read.
-	transport := api.Transport{MaxRecvBytes: cfg.MaxCodeBytes + api.MaxRequestOverhead}
 	opts = append(opts, grpc.ChainUnaryInterceptor(limiter.UnaryInterceptor(), readLimiter.UnaryInterceptor()))
 	opts = append(opts, transport.ServerOptions()...)
 	if tr.On() {

@@ -22,6 +22,10 @@ type Settings struct {
 	TLSKeyFile   string // API_TLS_KEY_FILE
 	ClientCAFile string // API_CLIENT_CA_FILE (mTLS)
 	PublicHealth bool   // API_PUBLIC_HEALTH
+	// WrapCredentials, when set, wraps the server's transport credentials
+	// (TLS, or plaintext when nil is passed): the API's transport adds its
+	// per-method message guard there (api.Transport.Credentials).
+	WrapCredentials func(credentials.TransportCredentials) credentials.TransportCredentials
 }
 
 // Validate checks the settings' shape (files are read by ServerOptions).
@@ -38,8 +42,8 @@ func (s Settings) Validate() error {
 }
 
 // ServerOptions builds the gRPC server's options from s: TLS credentials
-// (requesting client certificates when a client CA is set), the
-// authentication tap (TapHandle) and interceptors.
+// (requesting client certificates when a client CA is set; wrapped by
+// s.WrapCredentials), the authentication tap (TapHandle) and interceptors.
 func ServerOptions(ctx context.Context, s Settings, log *slog.Logger) ([]grpc.ServerOption, *Authenticator, error) {
 	cfg := Config{Off: s.Off, ClientCertificates: s.ClientCAFile != "", Log: log}
 	if s.PublicHealth {
@@ -63,6 +67,7 @@ func ServerOptions(ctx context.Context, s Settings, log *slog.Logger) ([]grpc.Se
 	// The tap refuses what it can before any message is read; the
 	// interceptors decide.
 	opts := []grpc.ServerOption{grpc.InTapHandle(a.TapHandle()), grpc.ChainUnaryInterceptor(a.UnaryInterceptor()), grpc.ChainStreamInterceptor(a.StreamInterceptor())}
+	var creds credentials.TransportCredentials // nil: plaintext
 	if s.TLSCertFile != "" {
 		cert, err := tls.LoadX509KeyPair(s.TLSCertFile, s.TLSKeyFile)
 		if err != nil {
@@ -82,7 +87,13 @@ func ServerOptions(ctx context.Context, s Settings, log *slog.Logger) ([]grpc.Se
 			// presented must verify.
 			tc.ClientCAs, tc.ClientAuth = pool, tls.VerifyClientCertIfGiven
 		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
+		creds = credentials.NewTLS(tc)
+	}
+	if s.WrapCredentials != nil {
+		creds = s.WrapCredentials(creds)
+	}
+	if creds != nil {
+		opts = append(opts, grpc.Creds(creds))
 	}
 	return opts, a, nil
 }

@@ -21,10 +21,12 @@ import (
 // whole before any interceptor runs, up to the server's one receive limit
 // (gRPC-Go has no per-method one), so pre-authentication memory is bounded
 // by refusing calls at their stream's headers (auth.TapHandle: no
-// credentials, an unknown token, a method the caller may not call) and by
-// bounding connections and streams: at most Connections × Streams messages
-// of up to the receive limit are in flight, and only from callers with
-// credentials.
+// credentials, an unknown token, a JWT that does not verify, a method the
+// caller may not call), by the message guard (Credentials: every method
+// but the code-carrying ones gets MaxOtherMessageBytes, before the read,
+// public health and reflection included) and by bounding connections and
+// streams: at most Connections × Streams messages of up to the receive
+// limit are in flight, and only from callers who may send code.
 type Transport struct {
 	// MaxRecvBytes is the server's receive limit: the largest message,
 	// a code-carrying RPC's (API_MAX_CODE_BYTES + MaxRequestOverhead).
