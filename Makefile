@@ -205,7 +205,7 @@ vet: $(TOOLS)/workflowcheck-$(WORKFLOWCHECK_VERSION).stamp
 
 build:
 	@$(STEP) "building WorkManager (bin/)" "~5 s warm" $(SETUP_LOGS)/build.log -- \
-		env $(BUILD_ENV) go build -o bin/ ./cmd/worker ./cmd/api ./cmd/native-host ./cmd/devstack ./cmd/wmctl
+		env $(BUILD_ENV) go build -o bin/ ./cmd/worker ./cmd/api ./cmd/native-host ./cmd/sandbox-exec ./cmd/devstack ./cmd/wmctl
 
 # Debian packages, installed only when a command is missing: `deps` what
 # running needs, `deps-test` what only the tests add (pytest and mypy for

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"go.temporal.io/sdk/activity"
 
@@ -261,17 +262,50 @@ func (a *Activities) emit(ctx context.Context, w catalog.Worker, events []EventS
 // classify turns errors caused by the request into non-retryable
 // InvalidArgument (or, for a refused code source, PermissionDenied)
 // application errors; everything else stays retryable.
+// Its text is cut to maxFailureText: a failure is stored in the
+// workflow's history and sent to the caller, and a worker's error (an
+// import error, a compiler's output) may be of any size.
 func classify(err error) error {
 	if err == nil {
 		return nil
 	}
 	if errors.Is(err, codesource.ErrForbidden) {
-		return failure.New(failure.PermissionDenied, err.Error())
+		return failure.New(failure.PermissionDenied, cutText(err.Error(), maxFailureText))
 	}
 	for _, bad := range []error{engines.ErrInvalidCode, engines.ErrUnknownMIMEType, codesource.ErrInvalid, catalog.ErrInvalidSpec} {
 		if errors.Is(err, bad) {
-			return failure.New(failure.InvalidArgument, err.Error())
+			return failure.New(failure.InvalidArgument, cutText(err.Error(), maxFailureText))
 		}
+	}
+	if len(err.Error()) > maxFailureText {
+		return &cutError{text: cutText(err.Error(), maxFailureText), err: err}
 	}
 	return err
 }
+
+// maxFailureText bounds the text of an activity's error.
+const maxFailureText = 16 << 10
+
+// cutText is s cut to at most n bytes (not inside a UTF-8 sequence),
+// ending in "..." when it was cut; it does not share s's memory then.
+func cutText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	n -= 3
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
+}
+
+// cutError is an error whose text was cut. errors.Is still sees the error
+// it was cut from, but it has no Unwrap: Temporal's failure converter
+// would add that error, whole, as the failure's cause.
+type cutError struct {
+	text string
+	err  error
+}
+
+func (e *cutError) Error() string        { return e.text }
+func (e *cutError) Is(target error) bool { return errors.Is(e.err, target) }

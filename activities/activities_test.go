@@ -16,7 +16,9 @@ import (
 	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/cluster"
 	"github.com/virtufin/workmanager/internal/codesource"
@@ -298,5 +300,41 @@ func TestPrepareCodeHeartbeatsWhileItWorks(t *testing.T) {
 	}
 	if beats.Load() == 0 {
 		t.Fatalf("PrepareCode sent no heartbeat in %v of work", heartbeatInterval+heartbeatInterval/2)
+	}
+}
+
+// Issue 42, item 5: an error of any size (a worker's 20 MB import error)
+// becomes a Temporal failure of a few KiB, of the same kind, that starts
+// as the error does.
+func TestClassifyBoundsTheText(t *testing.T) {
+	huge := strings.Repeat("x", 20<<20)
+	errStore := errors.New("state store")
+	for _, c := range []struct {
+		cause error
+		kind  string
+	}{
+		{engines.ErrInvalidCode, failure.InvalidArgument},
+		{codesource.ErrForbidden, failure.PermissionDenied},
+		{errStore, ""},
+	} {
+		in := fmt.Errorf("%w: ImportError: %s", c.cause, huge)
+		err := classify(in)
+		if n := len(err.Error()); n > maxFailureText+256 {
+			t.Errorf("%v: a failure of %d bytes", c.cause, n)
+		}
+		if failure.Kind(err) != c.kind {
+			t.Errorf("%v: kind %q, want %q", c.cause, failure.Kind(err), c.kind)
+		}
+		if msg := failure.Message(err); !strings.HasPrefix(msg, in.Error()[:100]) {
+			t.Errorf("%v: message %.100q", c.cause, msg)
+		}
+		if c.kind == "" && !errors.Is(err, errStore) {
+			t.Errorf("the cause of a retryable error is lost: %.100v", err)
+		}
+		// What Temporal stores and sends: the failure and its causes.
+		f := temporal.GetDefaultFailureConverter().ErrorToFailure(err)
+		if n := proto.Size(f); n > maxFailureText+1024 {
+			t.Errorf("%v: the Temporal failure is %d bytes", c.cause, n)
+		}
 	}
 }

@@ -7,10 +7,20 @@ import (
 
 // ErrReplyTooLarge is wrapped (with ErrWorkerFailed) by a call whose reply
 // is larger than the engine's reply limit (MaxReplyBytes in each engine's
-// Config). The engines enforce it while they read a reply, before they
-// allocate for it, so a worker cannot make the node hold more than the
-// limit for one call.
+// Config), or whose decoding would take more than it. The engines enforce
+// it while they read a reply, before they allocate for it, and before
+// they decode it (wire.DecodeOutputs, the native engine's verifier charge
+// each output's attributes and extensions), so a worker cannot make the
+// node's heap grow by more than ReplyMemoryMultiple times the limit for
+// one call.
 var ErrReplyTooLarge = errors.New("the reply is larger than the node's output limit")
+
+// ReplyMemoryMultiple bounds what one reply may cost the node's heap, as a
+// multiple of the reply limit: the frame (read as its bytes arrive, at most
+// twice the limit allocated) and its decoding (at most the limit).
+// docs/security.md states it; the engines' TestReplyDecodingIsBounded
+// measure it.
+const ReplyMemoryMultiple = 3
 
 // Reply limit parts: what a reply may add to the outputs' data.
 const (

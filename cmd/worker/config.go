@@ -52,6 +52,7 @@ type config struct {
 	SandboxWritable     []string          // SANDBOX_WRITABLE_PATHS: host paths bound read-write into every worker sandbox
 	SandboxTmpBytes     uint64            // SANDBOX_TMP_BYTES: size of each worker process's /tmp
 	SandboxScratchBytes uint64            // SANDBOX_SCRATCH_BYTES: size of each worker process's /scratch
+	SandboxExec         string            // SANDBOX_EXEC_PATH: cmd/sandbox-exec (default: sandbox-exec next to this binary)
 	PythonAllowed       []string          // PYTHON_ALLOWED_PACKAGES
 	WorkerEnv           []string          // WORKER_ENV: space-separated KEY=VALUE given to every worker process
 	CodeURLs            codesource.Policy // CODE_URL_*: how the node fetches URL code sources (envconfig.CodeURLs)
@@ -121,6 +122,7 @@ func loadConfig() (config, error) {
 		SandboxWritable:     r.List("SANDBOX_WRITABLE_PATHS", ","),
 		SandboxTmpBytes:     uint64(r.Int("SANDBOX_TMP_BYTES", sandbox.DefaultTmpBytes)),
 		SandboxScratchBytes: uint64(r.Int("SANDBOX_SCRATCH_BYTES", sandbox.DefaultScratchBytes)),
+		SandboxExec:         r.String("SANDBOX_EXEC_PATH", ""),
 		PythonAllowed:       r.List("PYTHON_ALLOWED_PACKAGES", ","),
 		CodeURLs:            r.CodeURLs(),
 		WorkerEnv:           strings.Fields(r.String("WORKER_ENV", "")),

@@ -60,6 +60,10 @@ func main() {
 }
 
 func run(ctx context.Context, log *slog.Logger, cfg config) error {
+	// What the node's parent left open must not reach worker processes.
+	if err := sandbox.MarkInheritedCloseOnExec(); err != nil {
+		return err
+	}
 	// Traces: on when OTEL_EXPORTER_OTLP_ENDPOINT is set (internal/tracing).
 	tr, err := tracing.Setup(ctx, log, "workmanager-node", attribute.String("service.instance.id", cfg.NodeID))
 	if err != nil {
@@ -98,7 +102,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	met := metrics.New(promReg)
 
 	mode, _ := sandbox.ParseMode(cfg.Sandbox) // validated
-	sb, err := sandbox.New(ctx, sandbox.Config{Mode: mode, Limits: cfg.SandboxLimits, Writable: cfg.SandboxWritable,
+	sb, err := sandbox.New(ctx, sandbox.Config{Mode: mode, Limits: cfg.SandboxLimits, Writable: cfg.SandboxWritable, Exec: cfg.SandboxExec,
 		TmpBytes: cfg.SandboxTmpBytes, ScratchBytes: cfg.SandboxScratchBytes, Log: log})
 	if err != nil {
 		return err

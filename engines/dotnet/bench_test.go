@@ -127,7 +127,7 @@ func BenchmarkDotnetCompile(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		if _, err := rt.compile(ctx, b.TempDir(), append(src, fmt.Sprintf("\n// %d %d\n", i, time.Now().UnixNano())...)); err != nil {
+		if _, err := rt.compile(ctx, b.TempDir(), append(src, fmt.Sprintf("\n// %d %d\n", i, time.Now().UnixNano())...), e.compilerFor(engines.Spec{WorkerID: "bench"})); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -74,6 +74,14 @@ type Config struct {
 	// by the host on all its threads before the worker's assembly is
 	// loaded (README.md). It is only used with a Sandbox (not Off).
 	NoLockdown bool
+	// CompilerLimits bound one compile of a C# source worker (mcs on
+	// Mono), which runs in Sandbox as a user id of its own with an empty
+	// environment, or, with no Sandbox or SANDBOX=off, as the node under
+	// prlimit. Zero fields: DefaultCompilerMemory (address space),
+	// DefaultCompilerCPUSeconds, DefaultCompilerFileSize (the assembly);
+	// open files and processes are the Sandbox's. A source that takes the
+	// compiler past one is refused as invalid code naming the limit.
+	CompilerLimits sandbox.Limits
 	// Env holds extra KEY=VALUE entries for every host process.
 	Env []string
 	// MaxPackageBytes bounds the extracted size of a package (0: 256 MiB).
@@ -147,7 +155,14 @@ func New(cfg Config) *Engine {
 	e := &Engine{cfg: cfg}
 	e.parking.TTL, e.parking.Max = ParkTTL, ParkMax
 	if !cfg.NoLockdown && cfg.Sandbox != nil && cfg.Sandbox.Mode() != sandbox.Off {
-		prog, err := sandbox.LockdownProgram()
+		lockdown := sandbox.LockdownProgram
+		if !cfg.Sandbox.HasNamespaces() {
+			// The host shares the node's network and IPC namespaces: only
+			// AF_UNIX sockets, no memfd or SysV shared memory, and the
+			// refusals of the filter bubblewrap would have installed.
+			lockdown = sandbox.NoNamespacesLockdownProgram
+		}
+		prog, err := lockdown()
 		if err != nil {
 			// Only an architecture the seccomp library does not know.
 			cfg.Logger.Warn("dotnet engine: no lockdown filter for .NET hosts", "error", err)
@@ -252,7 +267,7 @@ func (e *Engine) prepare(ctx context.Context, spec engines.Spec, code []byte) (*
 	}
 	switch spec.MIMEType {
 	case MIMESource:
-		return rt.compile(ctx, e.cfg.CacheDir, code)
+		return rt.compile(ctx, e.cfg.CacheDir, code, e.compilerFor(spec))
 	case MIMEPackage:
 		return rt.unpack(e.cfg.CacheDir, code, e.cfg.MaxPackageBytes)
 	default:

@@ -109,7 +109,7 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 		var out []event.Event
 		var werr error
 		if kind == kindResult {
-			out, werr = wire.DecodeOutputs(payload)
+			out, werr = wire.DecodeOutputs(payload, p.maxReply)
 		} else {
 			werr = wire.DecodeError(engines.ErrWorkerFailed, payload)
 		}

@@ -12,8 +12,11 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/sandbox"
 	dotnetdevkit "github.com/virtufin/workmanager/sdk/dotnet"
 )
 
@@ -189,31 +192,307 @@ type diagnostics []diagnostic
 // mcsLine matches `path(line,col): error CS1002: ; expected`.
 var mcsLine = regexp.MustCompile(`^(.*)\((\d+),(\d+)\): (error|warning) (CS\d+): (.*)$`)
 
-// mcsRun runs the compiler with args; a failed compilation returns its
-// diagnostics and an error.
+// mcsRun runs the compiler with args as the node (the DevKit and the
+// host: the node's own sources, not a worker's); a failed compilation
+// returns its diagnostics and an error. Its output is kept up to
+// compilerOutputBytes.
 func (rt *runtime) mcsRun(ctx context.Context, args []string) (diagnostics, error) {
 	cmd := exec.CommandContext(ctx, rt.mcs, append([]string{"-debug-", "-optimize+"}, args...)...)
-	var out bytes.Buffer
-	cmd.Stdout = &out
-	cmd.Stderr = &out
+	out := &boundedBuffer{max: compilerOutputBytes}
+	cmd.Stdout = out
+	cmd.Stderr = out
 	cmd.Env = append(os.Environ(), "LANG=C.UTF-8")
 	err := cmd.Run()
-	var diags diagnostics
-	for _, l := range strings.Split(out.String(), "\n") {
-		if m := mcsLine.FindStringSubmatch(strings.TrimSpace(l)); m != nil {
-			diags = append(diags, diagnostic{file: m[1], line: m[2], column: m[3], severity: m[4], code: m[5], message: m[6]})
-		}
-	}
+	diags := parseDiagnostics(out.String())
 	if ctx.Err() != nil {
 		return diags, fmt.Errorf("the compiler did not finish: %w", ctx.Err())
 	}
 	if err != nil {
 		if len(diags) == 0 {
-			return nil, fmt.Errorf("%s failed (%v): %s", filepath.Base(rt.mcs), err, strings.TrimSpace(out.String()))
+			return nil, fmt.Errorf("%s failed (%v): %s", filepath.Base(rt.mcs), err, out.text(maxFailureText))
 		}
 		return diags, fmt.Errorf("%s failed", filepath.Base(rt.mcs))
 	}
 	return diags, nil
+}
+
+func parseDiagnostics(out string) diagnostics {
+	var diags diagnostics
+	for _, l := range strings.Split(out, "\n") {
+		if m := mcsLine.FindStringSubmatch(strings.TrimSpace(l)); m != nil {
+			diags = append(diags, diagnostic{file: m[1], line: m[2], column: m[3], severity: m[4], code: m[5], message: m[6]})
+		}
+	}
+	return diags
+}
+
+// Bounds of one compile of a worker's C# source (Config.CompilerLimits
+// sets others). mcs on Mono compiles an ordinary worker in about 0.2 CPU
+// seconds with a peak of about 55 MiB resident and needs an address space
+// of about 96 MiB (README.md has the measurements); a source that needs
+// more than the defaults is refused as invalid code, naming the limit.
+const (
+	// DefaultCompilerMemory is the compiler's address space (RLIMIT_AS).
+	DefaultCompilerMemory = 512 << 20
+	// DefaultCompilerCPUSeconds is its CPU time (RLIMIT_CPU).
+	DefaultCompilerCPUSeconds = 30
+	// DefaultCompilerFileSize bounds the assembly it writes (RLIMIT_FSIZE).
+	DefaultCompilerFileSize = 64 << 20
+	// compilerOutputBytes is what is kept of its stdout and stderr
+	// together; the rest is counted and dropped.
+	compilerOutputBytes = 64 << 10
+	// maxFailureText bounds the compiler's output quoted in an error that
+	// is not a list of diagnostics.
+	maxFailureText = 4 << 10
+)
+
+// compilerEnv is the compiler's whole environment: nothing of the node's.
+var compilerEnv = []string{"LANG=C.UTF-8", "MONO_DISABLE_SHARED_AREA=1"}
+
+// compiler is how a worker's C# source is compiled: inside the sandbox
+// (sb, not Off) as a user id of its own, or, with no sandbox or
+// SANDBOX=off, as the node under prlimit when there is one; in both cases
+// with an empty environment and limits.
+type compiler struct {
+	sb *sandbox.Sandbox
+	// owner is the sandbox owner the compile runs as (a user id of its
+	// own, not the worker's: the worker's running hosts do not share the
+	// compiler's process limit).
+	owner  string
+	limits sandbox.Limits
+}
+
+// compilerFor is how the source of the worker spec describes is compiled.
+func (e *Engine) compilerFor(spec engines.Spec) compiler {
+	l := e.cfg.CompilerLimits
+	if l.AddressSpace == 0 {
+		l.AddressSpace = DefaultCompilerMemory
+	}
+	if l.CPUSeconds == 0 {
+		l.CPUSeconds = DefaultCompilerCPUSeconds
+	}
+	if l.FileSize == 0 {
+		l.FileSize = DefaultCompilerFileSize
+	}
+	return compiler{sb: e.cfg.Sandbox, owner: spec.WorkerID + "\x00mcs", limits: l}
+}
+
+func (c compiler) sandboxed() bool { return c.sb != nil && c.sb.Mode() != sandbox.Off }
+
+// Where the source and output directories are inside the sandbox.
+const (
+	compileSrcDir = "/compile/src"
+	compileOutDir = "/compile/out"
+)
+
+// command is the compiler with args, reading srcDir and writing outDir
+// (host paths; args name them as compileSrcDir and compileOutDir when
+// sandboxed), and the function to call once it has exited.
+func (c compiler) command(rt *runtime, args []string, srcDir, outDir string) (*exec.Cmd, func(), error) {
+	if !c.sandboxed() {
+		path := rt.mcs
+		if pl, err := exec.LookPath("prlimit"); err == nil {
+			l := c.limits
+			pa := []string{"--core=0"}
+			for _, x := range []struct {
+				flag string
+				v    uint64
+			}{{"as", l.AddressSpace}, {"fsize", l.FileSize}, {"nofile", l.OpenFiles}, {"nproc", l.Processes}} {
+				if x.v > 0 {
+					pa = append(pa, fmt.Sprintf("--%s=%d", x.flag, x.v))
+				}
+			}
+			if l.CPUSeconds > 0 { // SIGXCPU at the limit, as in the sandbox
+				pa = append(pa, fmt.Sprintf("--cpu=%d:%d", l.CPUSeconds, l.CPUSeconds+1))
+			}
+			path, args = pl, append(append(pa, "--", rt.mcs), args...)
+		}
+		cmd := exec.Command(path, args...)
+		cmd.Env = compilerEnv
+		cmd.Dir = srcDir
+		return cmd, func() {}, nil
+	}
+	ro := []string{"/etc/mono", rt.dir}
+	for _, p := range []string{rt.mcs, rt.mono} {
+		// A runtime installed outside /usr (/opt/mono/bin/mono): its prefix.
+		if prefix := filepath.Dir(filepath.Dir(p)); prefix != "/" && prefix != "/usr" && !strings.HasPrefix(prefix, "/usr/") {
+			ro = append(ro, prefix)
+		}
+	}
+	limits := c.limits
+	cmd, release, err := c.sb.Command(sandbox.Spec{
+		Owner: c.owner, Path: rt.mcs, Args: args, Env: compilerEnv, ReadOnly: ro,
+		Binds: []sandbox.Bind{
+			{Src: srcDir, Dst: compileSrcDir},
+			{Src: outDir, Dst: compileOutDir, Writable: true},
+		},
+		Limits: &limits,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if uid, ok := c.sb.UID(c.owner); ok {
+		if err := os.Chown(outDir, uid, uid); err != nil {
+			release()
+			return nil, nil, err
+		}
+	}
+	return cmd, release, nil
+}
+
+// boundedBuffer keeps the first max bytes written to it and counts the
+// rest.
+type boundedBuffer struct {
+	max     int
+	b       []byte
+	dropped int64
+}
+
+func (w *boundedBuffer) Write(p []byte) (int, error) {
+	n := min(len(p), w.max-len(w.b))
+	w.b = append(w.b, p[:n]...)
+	w.dropped += int64(len(p) - n)
+	return len(p), nil
+}
+
+func (w *boundedBuffer) String() string { return string(w.b) }
+
+// text is what was kept, cut to limit bytes, trimmed, with a note of what
+// was left out.
+func (w *boundedBuffer) text(limit int) string {
+	s := strings.TrimSpace(string(w.b))
+	more := w.dropped
+	if len(s) > limit {
+		more += int64(len(s) - limit)
+		s = strings.ToValidUTF8(s[:limit], "")
+	}
+	if more > 0 {
+		s += fmt.Sprintf(" … (%d more bytes)", more)
+	}
+	return s
+}
+
+// outOfMemory reports whether the compiler's output says Mono ran out of
+// memory: an OutOfMemoryException (mcs's internal compiler error CS0584,
+// or unhandled) or the runtime's own allocation failure. Only lines the
+// runtime writes match (a diagnostic starts with its file name).
+func outOfMemory(out string) bool {
+	for _, l := range strings.Split(out, "\n") {
+		l = strings.TrimSpace(l)
+		switch {
+		case strings.HasPrefix(l, "System.OutOfMemoryException"),
+			strings.HasPrefix(l, "[ERROR] FATAL UNHANDLED EXCEPTION: System.OutOfMemoryException"),
+			strings.HasPrefix(l, "Could not allocate "),
+			strings.HasPrefix(l, "Error: Garbage collector could not allocate"):
+			return true
+		}
+		if m := mcsLine.FindStringSubmatch(l); m != nil && m[5] == "CS0584" && strings.HasPrefix(m[6], "Internal compiler error: Out of memory") {
+			return true
+		}
+		if strings.HasPrefix(l, "error CS0584: Internal compiler error: Out of memory") {
+			return true
+		}
+	}
+	return false
+}
+
+// signalOf is the signal that ended the compiler, if one did: directly, or
+// as bwrap reports its child's (exit status 128+n; mcs itself exits 0 or
+// 1).
+func signalOf(st *os.ProcessState) syscall.Signal {
+	ws, ok := st.Sys().(syscall.WaitStatus)
+	if !ok {
+		return 0
+	}
+	if ws.Signaled() {
+		return ws.Signal()
+	}
+	if code := ws.ExitStatus(); code > 128 && code < 128+65 {
+		return syscall.Signal(code - 128)
+	}
+	return 0
+}
+
+// runCompiler compiles srcDir/Worker.cs into outDir/Worker.dll with c.
+// Compile errors, and a source that takes the compiler past a limit, are
+// ErrInvalidCode.
+func (rt *runtime) runCompiler(ctx context.Context, c compiler, srcDir, outDir string) error {
+	shownSrc, shownOut := srcDir, outDir
+	if c.sandboxed() {
+		shownSrc, shownOut = compileSrcDir, compileOutDir
+	}
+	args := []string{"-debug-", "-optimize+", "-target:library", "-out:" + filepath.Join(shownOut, "Worker.dll"),
+		"-r:" + rt.devKit(), "-r:System.Net.Http.dll", "-r:Microsoft.CSharp.dll", "-r:System.Numerics.dll",
+		filepath.Join(shownSrc, sourceFile)}
+	cmd, release, err := c.command(rt, args, srcDir, outDir)
+	if err != nil {
+		return fmt.Errorf("dotnet engine: compiling the C# source: %w", err)
+	}
+	out := &boundedBuffer{max: compilerOutputBytes}
+	cmd.Stdout, cmd.Stderr = out, out
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
+	cmd.WaitDelay = time.Second
+	if err := cmd.Start(); err != nil {
+		release()
+		return fmt.Errorf("dotnet engine: starting the C# compiler: %w", err)
+	}
+	pid := cmd.Process.Pid
+	stop := context.AfterFunc(ctx, func() { syscall.Kill(-pid, syscall.SIGKILL) })
+	werr := cmd.Wait()
+	stop()
+	release()
+	st := cmd.ProcessState
+	if ctx.Err() != nil {
+		return engines.ContextError(ctx, "dotnet", "compiling the C# source")
+	}
+	if werr == nil {
+		return nil
+	}
+	if st == nil { // not an exit status: the output could not be copied
+		return fmt.Errorf("dotnet engine: compiling the C# source: %w", werr)
+	}
+	l := c.limits
+	sig := signalOf(st)
+	// The CPU limit shows as SIGXCPU (Mono does not handle it); a SIGKILL
+	// at the CPU limit would be the hard limit a second later. The CPU
+	// time the node sees is the compiler's only without the sandbox (bwrap
+	// does not pass on its children's usage).
+	cpu := st.UserTime() + st.SystemTime()
+	text := out.String()
+	switch {
+	case l.CPUSeconds > 0 && (sig == syscall.SIGXCPU || sig == syscall.SIGKILL && cpu >= time.Duration(l.CPUSeconds)*time.Second):
+		return fmt.Errorf("%w: the C# compiler exceeded its CPU time limit of %d s compiling this source", engines.ErrInvalidCode, l.CPUSeconds)
+	case l.AddressSpace > 0 && (outOfMemory(text) || sig == syscall.SIGKILL):
+		// SIGKILL: the memory cgroup's OOM killer (the sandbox's memory
+		// layer), whose bound is above the address space's.
+		return fmt.Errorf("%w: the C# compiler exceeded its memory limit of %s compiling this source (string constants that double, huge initializers?)", engines.ErrInvalidCode, bytesText(l.AddressSpace))
+	case l.FileSize > 0 && (sig == syscall.SIGXFSZ || fileAtLeast(filepath.Join(outDir, "Worker.dll"), l.FileSize)):
+		return fmt.Errorf("%w: the assembly compiled from this source exceeds the compiler's file size limit of %s", engines.ErrInvalidCode, bytesText(l.FileSize))
+	}
+	if sum := parseDiagnostics(text).summary(shownSrc); sum != "" {
+		return fmt.Errorf("%w: compile error%s", engines.ErrInvalidCode, sum)
+	}
+	return fmt.Errorf("dotnet engine: compiling the C# source: %s failed (%v): %s", filepath.Base(rt.mcs), werr, out.text(maxFailureText))
+}
+
+// bytesText is n in MiB, KiB or bytes, whichever is whole.
+func bytesText(n uint64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// fileAtLeast reports whether p is a file of n bytes or more.
+func fileAtLeast(p string, n uint64) bool {
+	st, err := os.Lstat(p)
+	return err == nil && uint64(st.Size()) >= n
 }
 
 // maxDiagnostics bounds the errors quoted in one message.
@@ -259,11 +538,12 @@ type workerCode struct {
 // messages.
 const sourceFile = "Worker.cs"
 
-// compile compiles a C# source worker into <cache>/cs-<key>/Worker.dll,
-// unless it is there already (Check then Load, a reload of the same code,
-// another node sharing the cache). Compiler errors are ErrInvalidCode with
-// Worker.cs:line:column for each.
-func (rt *runtime) compile(ctx context.Context, cache string, code []byte) (*workerCode, error) {
+// compile compiles a C# source worker into <cache>/cs-<key>/Worker.dll
+// with c, unless it is there already (Check then Load, a reload of the
+// same code, another node sharing the cache). Compiler errors are
+// ErrInvalidCode with Worker.cs:line:column for each, and so is a source
+// that takes the compiler past one of its limits.
+func (rt *runtime) compile(ctx context.Context, cache string, code []byte, c compiler) (*workerCode, error) {
 	if len(bytes.TrimSpace(code)) == 0 {
 		return nil, fmt.Errorf("%w: the C# source is empty", engines.ErrInvalidCode)
 	}
@@ -276,28 +556,51 @@ func (rt *runtime) compile(ctx context.Context, cache string, code []byte) (*wor
 	if _, err := os.Stat(dll); err == nil {
 		return w, nil
 	}
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return nil, fmt.Errorf("dotnet engine: cache directory: %w", err)
+	}
 	tmp, err := os.MkdirTemp(cache, ".cs-")
 	if err != nil {
 		return nil, fmt.Errorf("dotnet engine: cache directory: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	src := filepath.Join(tmp, sourceFile)
-	if err := os.WriteFile(src, code, 0o644); err != nil {
+	// The compiler reads src (its own copy of the source) and writes out,
+	// which is its user id's while it runs.
+	srcDir, outDir := filepath.Join(tmp, "src"), filepath.Join(tmp, "out")
+	for _, d := range []string{srcDir, outDir} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return nil, fmt.Errorf("dotnet engine: %w", err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(srcDir, sourceFile), code, 0o644); err != nil {
 		return nil, fmt.Errorf("dotnet engine: %w", err)
 	}
-	diags, err := rt.mcsRun(ctx, []string{"-target:library", "-out:" + filepath.Join(tmp, "Worker.dll"),
-		"-r:" + rt.devKit(), "-r:System.Net.Http.dll", "-r:Microsoft.CSharp.dll", "-r:System.Numerics.dll", src})
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, engines.ContextError(ctx, "dotnet", "compiling the C# source")
-		}
-		if len(diags) == 0 {
-			return nil, fmt.Errorf("dotnet engine: compiling the C# source: %w", err)
-		}
-		return nil, fmt.Errorf("%w: compile error%s", engines.ErrInvalidCode, diags.summary(tmp))
+	if err := rt.runCompiler(ctx, c, srcDir, outDir); err != nil {
+		return nil, err
 	}
-	if err := os.Remove(src); err != nil {
+	// The assembly becomes the node's, read-only for everyone else, before
+	// it moves into place.
+	built := filepath.Join(outDir, "Worker.dll")
+	st, err := os.Lstat(built)
+	if err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("dotnet engine: the C# compiler succeeded but wrote no assembly (%v)", err)
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Nlink != 1 {
+		return nil, fmt.Errorf("dotnet engine: the C# compiler's assembly has %d links", sys.Nlink)
+	}
+	if err := os.Lchown(built, os.Getuid(), os.Getgid()); err != nil {
 		return nil, fmt.Errorf("dotnet engine: %w", err)
+	}
+	if err := os.Chmod(built, 0o644); err != nil {
+		return nil, fmt.Errorf("dotnet engine: %w", err)
+	}
+	if err := os.Rename(built, filepath.Join(tmp, "Worker.dll")); err != nil {
+		return nil, fmt.Errorf("dotnet engine: %w", err)
+	}
+	for _, d := range []string{srcDir, outDir} {
+		if err := os.RemoveAll(d); err != nil {
+			return nil, fmt.Errorf("dotnet engine: %w", err)
+		}
 	}
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return nil, fmt.Errorf("dotnet engine: %w", err)

@@ -52,10 +52,16 @@ type hostProc struct {
 }
 
 // Kill kills the host process and every process its library started
-// (its process group). Safe from any goroutine.
+// (its process group), and closes the engine's ends of the protocol pipes:
+// a read or write in progress ends at once. A process the library started
+// that left the group (setsid) survives the kill and may hold the host's
+// ends for as long as it lives; nothing waits for it to let go (no EOF is
+// awaited). Safe from any goroutine.
 func (p *hostProc) Kill() {
 	p.killed.Store(true)
 	p.group.Kill()
+	p.reqW.Close()
+	p.respR.Close()
 }
 
 // CloseRequests closes the request pipe: the host sees EOF and exits.
@@ -86,9 +92,17 @@ type tailLog struct {
 	lines []string
 }
 
-const tailLines = 200
+const (
+	tailLines = 200
+	// tailWidth bounds a kept line, as wire.LineLogger's tail does (the
+	// whole line is still logged).
+	tailWidth = 300
+)
 
 func (t *tailLog) add(s string) {
+	if len(s) > tailWidth {
+		s = s[:tailWidth] + "..." // a copy: the long line is not kept
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(t.lines) == tailLines {
@@ -181,9 +195,13 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 		cmd.ExtraFiles = pipes.ChildEnds()
 	}
 	cmd.Stdout, cmd.Stderr = outW, outW
+	// Wait never waits for what the host's children hold open.
+	cmd.WaitDelay = time.Second
 	// A process group of its own: a timeout or Close kills whatever the
 	// library forked too, which would otherwise keep the reply pipe open
-	// (without a PID namespace nothing else ends it).
+	// (without a PID namespace nothing else ends it). What escapes the
+	// group (setsid) is not waited for: Kill closes the pipes, and the
+	// output reader is closed once the host was reaped.
 	childproc.SetGroup(cmd)
 	err = cmd.Start()
 	pipes.CloseChildEnds()
@@ -218,6 +236,9 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 		select {
 		case <-outDone:
 		case <-time.After(200 * time.Millisecond):
+			// A process that left the host's group still holds the
+			// output pipe: stop reading it.
+			outR.Close()
 		}
 		close(p.done)
 	}()

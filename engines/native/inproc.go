@@ -43,6 +43,12 @@ type inprocInstance struct {
 	calls     sync.WaitGroup // native calls in flight
 	abandoned atomic.Int32   // calls that timed out and still run in native code
 	released  chan struct{}  // closed once the library is unloaded
+	// slots holds a token for each call in native code, running or
+	// abandoned (at most MaxAbandonedCalls): a call takes one before it
+	// starts and gives it back when the native code returns. Any call may
+	// hang, so this is what bounds the abandoned calls, also when many
+	// arrive together (a check of abandoned alone let them all in).
+	slots chan struct{}
 }
 
 var _ engines.Instance = (*inprocInstance)(nil)
@@ -65,6 +71,7 @@ func (e *Engine) loadInProcess(spec engines.Spec, p *pkg, abi loader.ABI) (engin
 		wlog:     log.With("worker_id", spec.WorkerID),
 		dir:      dir,
 		released: make(chan struct{}),
+		slots:    make(chan struct{}, e.cfg.MaxAbandonedCalls),
 	}
 	in.ctx, in.cancel = context.WithCancel(context.Background())
 	in.sinkID = loader.RegisterSink(in)
@@ -178,9 +185,6 @@ func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event
 	if !in.enter() {
 		return nil, ErrClosed
 	}
-	if f := engines.FenceFrom(ctx); f != nil {
-		in.fence.Store(f)
-	}
 	c := callPool.Get().(*pcall)
 	var err error
 	if c.input, err = c.enc.encode(ev); err != nil {
@@ -198,6 +202,18 @@ func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event
 		in.calls.Done()
 		putCall(c)
 		return nil, engines.ContextError(ctx, "native", "before the call started")
+	}
+	select {
+	case in.slots <- struct{}{}:
+	default:
+		if err = in.waitSlot(ctx, c.timer, &wait); err != nil {
+			in.calls.Done()
+			putCall(c)
+			return nil, err
+		}
+	}
+	if f := engines.FenceFrom(ctx); f != nil {
+		in.fence.Store(f)
 	}
 	c.in = in
 	c.state.Store(callRunning)
@@ -229,6 +245,32 @@ func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event
 	return nil, engines.ContextError(ctx, "native", "during the call (it keeps running in native code)")
 }
 
+// waitSlot waits for a call slot (every one is held by a call in native
+// code) until the call's deadline (*wait, which it reduces by the time
+// spent) or ctx ends. A call that gets none never starts.
+func (in *inprocInstance) waitSlot(ctx context.Context, t *time.Timer, wait *time.Duration) error {
+	start := time.Now()
+	t.Reset(*wait)
+	defer t.Stop()
+	select {
+	case in.slots <- struct{}{}:
+		if *wait -= time.Since(start); *wait <= 0 {
+			<-in.slots
+			break
+		}
+		return nil
+	case <-t.C:
+	case <-ctx.Done():
+		return engines.ContextError(ctx, "native", "waiting for a free native call slot (the call did not start)")
+	case <-in.ctx.Done(): // Close
+		return ErrClosed
+	}
+	n := in.abandoned.Load()
+	return fmt.Errorf("%w after %v waiting for a free native call slot (the call did not start): "+
+		"the worker's %d slots (MaxAbandonedCalls) were all held by calls in native code, %d of them abandoned at their timeout",
+		engines.ErrTimeout, time.Since(start).Round(time.Millisecond), in.e.cfg.MaxAbandonedCalls, n)
+}
+
 func finish(c *pcall) ([]event.Event, error) {
 	out, err := c.result, c.err
 	putCall(c)
@@ -251,13 +293,16 @@ func (in *inprocInstance) run(c *pcall) {
 	}
 	in.lib.FreeOut(c.slots.Out)
 	c.slots = loader.CallSlots{}
-	in.calls.Done()
 	c.result, c.err = withCode(rc, out, err)
 	if c.state.CompareAndSwap(callRunning, callDone) {
+		<-in.slots
+		in.calls.Done()
 		c.done <- struct{}{}
 		return
 	}
-	in.abandoned.Add(-1) // the caller had given up on it
+	in.abandoned.Add(-1) // the caller had given up on it (before its slot is free)
+	<-in.slots
+	in.calls.Done()
 	putCall(c)
 }
 

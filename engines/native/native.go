@@ -71,8 +71,11 @@ type Config struct {
 	Isolation Isolation
 	// MaxAbandonedCalls bounds, per loaded in-process worker, the calls that
 	// timed out and are still running in native code (each keeps an OS
-	// thread until it returns). Past it the worker's calls fail at once with
-	// a worker-failed error that says so, instead of leaking threads until
+	// thread until it returns). Since any call may hang, it bounds the
+	// worker's calls in native code at once: a call past it waits for one
+	// to return (until its own deadline; it has not started). Once that
+	// many calls were abandoned, the worker's calls fail at once with a
+	// worker-failed error that says so, instead of leaking threads until
 	// the node dies; they work again when an abandoned call returns.
 	// Default 4. Process isolation has no such limit (a timed-out host
 	// process is killed).
@@ -156,10 +159,12 @@ func New(cfg Config) *Engine {
 }
 
 // Info implements engines.Engine. With in-process isolation (the default)
-// the capabilities are those of in-process workers: a worker's manifest may
-// still ask for process isolation, which only makes it safer.
+// the capabilities are those of in-process workers (at most
+// MaxAbandonedCalls calls of one worker in native code at once): a
+// worker's manifest may still ask for process isolation, which only makes
+// it safer.
 func (e *Engine) Info() engines.Info {
-	caps := engines.Capabilities{InProcess: true, Interruptible: false, ParallelCalls: 0}
+	caps := engines.Capabilities{InProcess: true, Interruptible: false, ParallelCalls: e.cfg.MaxAbandonedCalls}
 	if e.cfg.Isolation == IsolationProcess {
 		caps = engines.Capabilities{InProcess: false, Interruptible: true, ParallelCalls: e.cfg.HostProcesses}
 	}

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,7 +45,7 @@ func TestConformanceProcessIsolation(t *testing.T) {
 
 func TestInfo(t *testing.T) {
 	in := New(Config{}).Info()
-	if !in.Capabilities.InProcess || in.Capabilities.Interruptible || in.Capabilities.ParallelCalls != 0 {
+	if !in.Capabilities.InProcess || in.Capabilities.Interruptible || in.Capabilities.ParallelCalls != DefaultMaxAbandonedCalls {
 		t.Errorf("in-process capabilities = %+v", in.Capabilities)
 	}
 	out := New(Config{Isolation: IsolationProcess, HostProcesses: 3}).Info()
@@ -699,5 +700,107 @@ func TestAbandonedNativeCallsAreBounded(t *testing.T) {
 			t.Fatalf("calls still refused a minute after the abandoned ones were due to return: %v", err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestConcurrentAbandonedCallsAreBounded is issue 42's item 8: calls that
+// arrive together all passed the old check (no call had timed out yet) and
+// all hung, so 8 calls were abandoned against a limit of 2. Now every call
+// holds one of MaxAbandonedCalls slots while it is in native code (taken
+// before it starts): measured in the library, never more than the limit
+// run (and hang) at once; the calls that found no slot time out waiting for
+// one or are refused, and none of them reaches native code.
+func TestConcurrentAbandonedCallsAreBounded(t *testing.T) {
+	const limit, callers = 2, 8
+	e := newTestEngine(t, Config{MaxAbandonedCalls: limit})
+	spec := testSpec
+	spec.Timeout = 100 * time.Millisecond
+	inst := load(t, e, spec, packageOf(t, flagsEcho, nil))
+	in := inst.(*inprocInstance)
+
+	var maxAbandoned atomic.Int32
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() { // the engine's own count, sampled
+		defer close(sampled)
+		for {
+			if n := in.abandoned.Load(); n > maxAbandoned.Load() {
+				maxAbandoned.Store(n)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	start := make(chan struct{})
+	errs := make(chan error, callers)
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, err := call(t, inst, typed("test.sleep", 1500))
+			errs <- err
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if !errors.Is(err, engines.ErrTimeout) && !errors.Is(err, engines.ErrWorkerFailed) {
+			t.Errorf("a hanging call: %v, want a timeout or a refusal", err)
+		}
+	}
+	// The abandoned calls return after their 1.5 s (generously bounded
+	// for a loaded machine); then the library says how many ran at once.
+	var got map[string]any
+	deadline := time.Now().Add(time.Minute)
+	for {
+		out, err := call(t, inst, typed("test.sleepstats", nil))
+		if err == nil {
+			got = enginetest.DataOf(t, out)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("calls still refused a minute after the abandoned ones were due to return: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(stop)
+	<-sampled
+	if m := got["max"].(float64); m > limit || m < 1 {
+		t.Errorf("%v hanging calls were in native code at once, want 1..%d (MaxAbandonedCalls)", m, limit)
+	}
+	if n := maxAbandoned.Load(); n > limit {
+		t.Errorf("the engine counted %d abandoned calls at once, want at most %d", n, limit)
+	}
+}
+
+// TestCallsPastTheSlotsWait: calls past MaxAbandonedCalls that are not
+// refused wait for a slot (within their deadline) and all succeed, with
+// never more than the limit in native code.
+func TestCallsPastTheSlotsWait(t *testing.T) {
+	const limit, callers = 2, 8
+	e := newTestEngine(t, Config{MaxAbandonedCalls: limit})
+	spec := testSpec
+	spec.Timeout = 20 * time.Second
+	inst := load(t, e, spec, packageOf(t, flagsEcho, nil))
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := call(t, inst, typed("test.sleep", 50)); err != nil {
+				t.Errorf("a call: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	got := enginetest.DataOf(t, mustCall(t, inst, typed("test.sleepstats", nil)))
+	if m := got["max"].(float64); m > limit || m < 1 || got["sleeping"] != 0.0 {
+		t.Errorf("sleep stats %v, want at most %d at once and none sleeping now", got, limit)
 	}
 }

@@ -274,7 +274,7 @@ func (in *Instance) runBatch(ctx context.Context, s *procpool.Slot[*proc], calls
 			err = p.writeFrame()
 			continue
 		case kindResult:
-			c.finish(wire.DecodeOutputs(payload))
+			c.finish(wire.DecodeOutputs(payload, p.maxReply))
 		case kindError:
 			c.finish(nil, wire.DecodeError(engines.ErrWorkerFailed, payload))
 		default:

@@ -18,17 +18,20 @@ func TestGuardAuditHookRefusesSocketsCtypesAndFrames(t *testing.T) {
 	code := `
 import asyncio
 
+# asyncio's own globals: a route to socket and sys that the interpreter
+# layer leaves open (docs/security.md); the audit hook is what refuses.
+be = asyncio.base_events.BaseEventLoop.__init__.__globals__
+
 def attempt(kind):
-    be = asyncio.base_events
     if kind == "socket":
-        be.socket.socket(be.socket.AF_INET, be.socket.SOCK_STREAM).close()
+        be["socket"].socket(be["socket"].AF_INET, be["socket"].SOCK_STREAM).close()
         return "socket"
     if kind == "ctypes":
-        ctypes = be.sys.modules["importlib"].import_module("ctypes")
+        ctypes = be["sys"].modules["importlib"].import_module("ctypes")
         ctypes.CDLL(None)
         return "ctypes"
     if kind == "getframe":
-        return str(be.sys._getframe(0))
+        return str(be["sys"]._getframe(0))
 
 def process(event):
     try:

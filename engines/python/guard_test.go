@@ -139,15 +139,17 @@ func TestValidatePackages(t *testing.T) {
 }
 
 // forkExecSh is worker code that starts /bin/sh through the function
-// subprocess.Popen uses, reached from the safe subset
-// (asyncio.base_events.subprocess._fork_exec, Python 3.11's signature):
+// subprocess.Popen uses, reached from the safe subset (asyncio's globals'
+// subprocess._fork_exec, Python 3.11's signature):
 // it raises no audit event of its own. Its "run" kind returns what the
 // shell printed.
 const forkExecSh = `
 import asyncio, json
 
+be = asyncio.base_events.BaseEventLoop.__init__.__globals__
+
 def run(fe):
-    os_ = asyncio.base_events.os
+    os_ = be["os"]
     err_r, err_w = os_.pipe()
     out_r, out_w = os_.pipe()
     pid = fe([b"/bin/sh", b"-c", b"echo pwned"], [b"/bin/sh"], True, (err_w, out_w), None, None,
@@ -160,14 +162,14 @@ def run(fe):
 
 def process(event):
     kind = event["data"]["kind"]
-    sp = asyncio.base_events.subprocess
+    sp = be["subprocess"]
     if kind == "asyncio-fork-exec":
         return {"type": "r", "data": run(sp._fork_exec)}
     if kind == "posixsubprocess-fork-exec":
-        return {"type": "r", "data": run(asyncio.base_events.sys.modules["_posixsubprocess"].fork_exec)}
+        return {"type": "r", "data": run(be["sys"].modules["_posixsubprocess"].fork_exec)}
     if kind == "posixsubprocess-reimport":
         real = json.__dict__["__builtins__"]["__import__"]   # the real __import__
-        asyncio.base_events.sys.modules.pop("_posixsubprocess", None)
+        be["sys"].modules.pop("_posixsubprocess", None)
         return {"type": "r", "data": run(real("_posixsubprocess").fork_exec)}
     return {"type": "ok"}
 `

@@ -161,7 +161,7 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 		var out []event.Event
 		var werr error
 		if kind == kindResult {
-			out, werr = wire.DecodeOutputs(payload)
+			out, werr = wire.DecodeOutputs(payload, p.maxReply)
 		} else {
 			werr = wire.DecodeError(engines.ErrWorkerFailed, payload)
 		}

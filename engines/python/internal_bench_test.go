@@ -24,7 +24,7 @@ func BenchmarkGoSideCodec(b *testing.B) {
 		if err := event.WriteJson(&ev, &fb); err != nil {
 			b.Fatal(err)
 		}
-		out, err := wire.DecodeOutputs(reply)
+		out, err := wire.DecodeOutputs(reply, 0)
 		if err != nil || len(out) != 1 {
 			b.Fatal(err)
 		}

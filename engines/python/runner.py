@@ -307,13 +307,17 @@ def _exc_message(exc):
 
 # ---------------------------------------------------------------- guard
 #
-# The interpreter layer of the sandbox (see docs/security.md): the worker's
-# code gets its own builtins whose __import__ admits only the safe standard
-# library subset below and the top-level packages of PYTHON_ALLOWED_PACKAGES,
-# and an audit hook (which cannot be removed once added) refuses process
-# creation, signals, sockets and ctypes unless the matching module is allowed.
-# This is not a security boundary on its own (CPython says so): the OS layers
-# around the process are.
+# The interpreter layer of the sandbox (see docs/security.md, "Interpreter
+# layer", for exactly what it does and does not promise): the worker's code
+# gets its own builtins whose __import__ admits only the safe standard
+# library subset below and the top-level packages of PYTHON_ALLOWED_PACKAGES
+# and hands out views of modules without the refused modules they hold as
+# attributes (logging.os), and an audit hook refuses process creation,
+# signals, sockets and ctypes unless the matching module is allowed. The
+# hook and its tables live only in a closure that nothing in Python refers
+# to once it is installed (not in this module's globals, which worker code
+# can reach). This is not a security boundary on its own (CPython says so):
+# the OS layers around the process are.
 
 # The safe subset of the standard library: no files beyond open(), no
 # processes, no network, no native code. An entry admits the module and its
@@ -360,6 +364,13 @@ _CAPABILITIES = (
     ),
 )
 
+# Refused whatever is allowed: walking the garbage collector's objects and
+# trace or profile functions reach every function and frame, the audit
+# hook's closure included.
+_ALWAYS_DENIED = frozenset(
+    ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.settrace", "sys.setprofile")
+)
+
 # Introspection that reaches the runner's frames and code: refused when the
 # worker's own code does it (the runner formats tracebacks with it).
 _FRAME_EVENTS = frozenset(("object.__getattr__", "sys._getframe", "sys._current_frames", "object.__setattr__"))
@@ -373,24 +384,12 @@ _FRAME_ATTRS = frozenset(("tb_frame", "__code__", "gi_frame", "cr_frame", "ag_fr
 _PROCESS_MODULES = frozenset(("_posixsubprocess",))
 
 
-class _Guard:
-    __slots__ = ("allowed", "denied_events", "denied_imports", "busy")
+def _allows_in(allowed):
+    """The function telling whether allowed (a frozenset of entries as in
+    SAFE_STDLIB) admits a module name: an entry admits the module and its
+    submodules."""
 
-    def __init__(self, allowed_packages):
-        self.allowed = SAFE_STDLIB | frozenset(allowed_packages)
-        self.denied_events = {}
-        self.denied_imports = {}
-        for module, what, events in _CAPABILITIES:
-            if not self._allows(module):
-                for e in events:
-                    self.denied_events[e] = (module, what)
-                if module == "subprocess":
-                    for m in _PROCESS_MODULES:
-                        self.denied_imports[m] = (module, what)
-        self.busy = False
-
-    def _allows(self, name):
-        allowed = self.allowed
+    def allows(name):
         while True:
             if name in allowed:
                 return True
@@ -399,49 +398,153 @@ class _Guard:
                 return False
             name = name[:i]
 
-    def importer(self, real_import):
-        allows = self._allows
+    return allows
 
-        def __import__(name, globals=None, locals=None, fromlist=(), level=0):
-            if level == 0 and not allows(name):
-                if not (fromlist and all(allows(name + "." + f) for f in fromlist if f != "*")):
-                    raise ImportError(
-                        "import of %r is not allowed: it is not in the safe standard library subset "
-                        "and its top-level package %r is not in PYTHON_ALLOWED_PACKAGES"
-                        % (name, name.partition(".")[0]),
-                        name=name,
+
+def _make_hook(
+    allows,
+    always=_ALWAYS_DENIED,
+    frame_events=_FRAME_EVENTS,
+    frame_attrs=_FRAME_ATTRS,
+    filename=FILENAME,
+    getframe=sys._getframe,
+    frame_type=types.FrameType,
+    refuse=PermissionError,
+    type=type,
+    len=len,
+):
+    """The audit hook for a worker whose allowed modules allows admits.
+
+    Everything the hook uses is bound here, in its closure (frozen sets,
+    tuples, and the builtins it calls): rebinding the runner's globals or
+    the builtins changes nothing, and the closure's cells are reachable only
+    through the hook, to which nothing in Python refers once _load has
+    installed it (the interpreter keeps it in C)."""
+    refused = tuple((m, what, events) for m, what, events in _CAPABILITIES if not allows(m))
+    denied = frozenset().union(*[events for _, _, events in refused])
+    imports = tuple((m, what, _PROCESS_MODULES) for m, what, _ in refused if m == "subprocess")
+    own = None  # the hook's code, below
+
+    def hook(event, args):
+        if event in denied:
+            for module, what, events in refused:
+                if event in events:
+                    raise refuse(
+                        "%s is not allowed in a worker (audit event %s; allowed only when %r is in PYTHON_ALLOWED_PACKAGES)"
+                        % (what, event, module)
                     )
-            return real_import(name, globals, locals, fromlist, level)
-
-        return __import__
-
-    def hook(self, event, args):
-        d = self.denied_events.get(event)
-        if d is not None:
-            raise PermissionError(
-                "%s is not allowed in a worker (audit event %s; allowed only when %r is in PYTHON_ALLOWED_PACKAGES)"
-                % (d[1], event, d[0])
+        if event in always:
+            raise refuse(
+                "walking the garbage collector's objects or tracing frames is not allowed in a worker (audit event %s)"
+                % event
             )
-        if event == "import" and self.denied_imports:
-            d = self.denied_imports.get(args[0])
-            if d is not None:
-                raise PermissionError(
-                    "%s is not allowed in a worker (audit event import %s; allowed only when %r is in PYTHON_ALLOWED_PACKAGES)"
-                    % (d[1], args[0], d[0])
-                )
-        if event in _FRAME_EVENTS and not self.busy:
-            if event.startswith("object.") and (len(args) < 2 or args[1] not in _FRAME_ATTRS):
-                return
-            self.busy = True  # _getframe raises an audit event itself
-            try:
-                f = sys._getframe(1)
-            finally:
-                self.busy = False
-            if f is not None and f.f_code.co_filename == FILENAME:
-                raise PermissionError(
+        if imports and event == "import":
+            for module, what, names in imports:
+                if args[0] in names:
+                    raise refuse(
+                        "%s is not allowed in a worker (audit event import %s; allowed only when %r is in PYTHON_ALLOWED_PACKAGES)"
+                        % (what, args[0], module)
+                    )
+        if event in frame_events:
+            attr = event[0] == "o"  # object.__getattr__ / __setattr__
+            if attr:
+                if len(args) < 2 or args[1] not in frame_attrs:
+                    return
+            elif event == "sys._getframe":
+                # getframe(0) below raises this event with the hook's own
+                # frame (CPython 3.11+; f_code on it raises
+                # object.__getattr__, returned from above): let the hook
+                # look at itself without recursing, and without any state
+                # (a flag would be one more thing to reach, and racy).
+                if not args:
+                    return  # before 3.11: no frame to tell the hook's own by
+                if type(args[0]) is frame_type and args[0].f_code is own:
+                    return
+            caller = getframe(0).f_back
+            if caller is not None and caller.f_code.co_filename == filename:
+                raise refuse(
                     "introspecting frames and code (%s %s) is not allowed in a worker"
-                    % (event, args[1] if event.startswith("object.") and len(args) > 1 else "")
+                    % (event, args[1] if attr and len(args) > 1 else "")
                 )
+
+    own = hook.__code__
+    return hook
+
+
+def _make_views(allows):
+    """The function that gives worker code its view of an imported module:
+    the module itself when it holds no modules, else a module object with a
+    copy of its attributes as they are on the first import, less those whose
+    values are modules; those come on use, as views too when allows admits
+    their names and as an AttributeError when not. Attribute reads cost what
+    they cost on the module (a plain module object); setting an attribute
+    sets it in the view only."""
+    module_type = types.ModuleType
+    modules = sys.modules
+    cache = {}
+
+    def view(m):
+        if not isinstance(m, module_type):
+            return m
+        v = cache.get(m)
+        if v is None:
+            v = cache[m] = make(m)
+        return v
+
+    def make(m):
+        d = m.__dict__
+        values = list(d.values())
+        if "__path__" not in d and not any(isinstance(x, module_type) for x in values):
+            return m  # a plain module holding no modules: nothing to hide
+        name = m.__name__
+        v = module_type(name)
+        vd = v.__dict__
+        for k, x in list(d.items()):
+            if not isinstance(x, module_type):
+                vd[k] = x
+
+        def __getattr__(attr):
+            x = getattr(m, attr)
+            if isinstance(x, module_type):
+                sub = x.__dict__.get("__name__")
+                # Admitted by its own name, or as a submodule of this one
+                # (os.path, which is posixpath, when os is allowed); not
+                # as a module this one merely imported (logging.os).
+                dotted = name + "." + attr
+                if not (type(sub) is str and allows(sub)) and not (modules.get(dotted) is x and allows(dotted)):
+                    raise AttributeError(
+                        "module %r has no attribute %r in a worker: it is the module %r, which a worker may not import "
+                        "(not in the safe standard library subset or PYTHON_ALLOWED_PACKAGES)" % (name, attr, sub),
+                        name=attr,
+                        obj=v,
+                    )
+                x = vd[attr] = view(x)
+            return x
+
+        vd["__getattr__"] = __getattr__
+        return v
+
+    return view
+
+
+def _make_importer(allows, real_import, view):
+    """The worker's __import__: the name check, then view."""
+
+    def __import__(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and not allows(name):
+            # `from package import module` of an allowed submodule of a
+            # refused package (from urllib import parse) is admitted; `from
+            # package import *` is not.
+            if not fromlist or "*" in fromlist or not all(allows(name + "." + f) for f in fromlist):
+                raise ImportError(
+                    "import of %r is not allowed: it is not in the safe standard library subset "
+                    "and its top-level package %r is not in PYTHON_ALLOWED_PACKAGES"
+                    % (name, name.partition(".")[0]),
+                    name=name,
+                )
+        return view(real_import(name, globals, locals, fromlist, level))
+
+    return __import__
 
 
 def _denied_fork_exec(*args, **kwargs):
@@ -467,63 +570,84 @@ def _close_process_backdoors():
 # sock_filter[], engines/sandbox.LockdownPath) when it has the namespaces
 # layer; absent outside a sandbox.
 LOCKDOWN_PATH = "/etc/workmanager/lockdown-processes.bpf"
-# Without the namespaces layer (no bubblewrap) the sandbox passes the same
-# filter on an inherited pipe whose fd this variable names
-# (engines/sandbox.LockdownFDEnv).
+# Without the namespaces layer (no bubblewrap) the sandbox passes its
+# lockdown on inherited pipes whose fds these variables name
+# (engines/sandbox.LockdownFDEnv: processes and network,
+# NetworkLockdownFDEnv: network only, for a worker that may start
+# processes).
 LOCKDOWN_FD_ENV = "WORKMANAGER_LOCKDOWN_FD"
+NETWORK_LOCKDOWN_FD_ENV = "WORKMANAGER_NETWORK_LOCKDOWN_FD"
 _SECCOMP_NR = {"x86_64": 317, "aarch64": 277}
 
 
-def _lockdown_program():
-    """Reads the process lockdown filter the sandbox offers: (program,
-    where) or (None, why not). Takes the inherited pipe (and its variable)
-    away in any case, before any worker code runs. (None, None): none is
-    offered (SANDBOX=off, or no seccomp on this machine)."""
-    fd = os.environ.pop(LOCKDOWN_FD_ENV, None)
-    if fd is not None:
-        where = "fd %s ($%s)" % (fd, LOCKDOWN_FD_ENV)
+def _read_inherited(env):
+    """Reads the filter on the inherited pipe that the variable env names:
+    (program, where), (None, why not), or (None, None) when env is not set.
+    Takes the pipe and the variable away in any case."""
+    fd = os.environ.pop(env, None)
+    if fd is None:
+        return None, None
+    where = "fd %s ($%s)" % (fd, env)
+    try:
+        n = int(fd)
+        if n < 5:  # 0-2 stdio, 3-4 the protocol pipes
+            raise ValueError("not an inherited fd")
+    except ValueError as e:
+        return None, "reading %s: %s" % (where, e)
+    chunks = []
+    try:
+        while True:
+            b = os.read(n, 65536)
+            if not b:
+                break
+            chunks.append(b)
+    except OSError as e:
+        return None, "reading %s: %s" % (where, e)
+    finally:
         try:
-            n = int(fd)
-            if n < 5:  # 0-2 stdio, 3-4 the protocol pipes
-                raise ValueError("not an inherited fd")
-        except ValueError as e:
-            return None, "reading %s: %s" % (where, e)
-        chunks = []
-        try:
-            while True:
-                b = os.read(n, 65536)
-                if not b:
-                    break
-                chunks.append(b)
-        except OSError as e:
-            return None, "reading %s: %s" % (where, e)
-        finally:
-            try:
-                os.close(n)
-            except OSError:
-                pass
-        return b"".join(chunks), where
+            os.close(n)
+        except OSError:
+            pass
+    return b"".join(chunks), where
+
+
+def _lockdown_programs():
+    """Reads the filters the sandbox offers, before any worker code runs:
+    ((program, where), (network program, where)), each (None, why not) on
+    an error and (None, None) when not offered (SANDBOX=off, no seccomp on
+    this machine; the network program only without the namespaces
+    layer)."""
+    network = _read_inherited(NETWORK_LOCKDOWN_FD_ENV)
+    offered = _read_inherited(LOCKDOWN_FD_ENV)
+    if offered != (None, None):
+        return offered, network
     try:
         with open(LOCKDOWN_PATH, "rb") as f:
-            return f.read(), LOCKDOWN_PATH
+            return (f.read(), LOCKDOWN_PATH), network
     except FileNotFoundError:
-        return None, None
+        return (None, None), network
     except OSError as e:
-        return None, "reading %s: %s" % (LOCKDOWN_PATH, e)
+        return (None, "reading %s: %s" % (LOCKDOWN_PATH, e)), network
 
 
-def _lockdown(prog, where):
-    """Installs the sandbox's process lockdown filter on the runner (it has
-    one thread now; threads started later inherit it): from here on no
-    program can be run and no process started (execve, fork, clone without
-    CLONE_THREAD are refused by the kernel), whatever the worker's code
-    reaches. Returns None, or why it could not (then no code is loaded)."""
-    if prog is None:
-        return where  # None: not offered (not sandboxed); else the error
-    if not prog or len(prog) % 8:
+def _lockdown(prog, where, sandboxed):
+    """In a sandbox (sandboxed: it offered a filter), makes the runner not
+    dumpable, so that /proc/self/mem (and every /proc/self file that is
+    not world-readable) belongs to root and the worker's own user id cannot
+    write its memory through it, and installs prog, the sandbox's lockdown
+    filter, on the runner (it has one thread now; threads started later
+    inherit it): from here on the kernel refuses what the filter refuses
+    (processes and programs; without the namespaces layer every socket but
+    AF_UNIX), whatever the worker's code reaches. Returns None, or why it
+    could not (then no code is loaded)."""
+    if not sandboxed:
+        return None
+    if prog is None and where is not None:
+        return where  # the error
+    if prog is not None and (not prog or len(prog) % 8):
         return "malformed filter in %s" % where
     nr = _SECCOMP_NR.get(os.uname().machine)
-    if nr is None:
+    if prog is not None and nr is None:
         return "not supported on %s" % os.uname().machine
     try:
         import ctypes
@@ -531,13 +655,18 @@ def _lockdown(prog, where):
         return "ctypes is not available: %s" % e
     try:
         libc = ctypes.CDLL(None, use_errno=True)
+        c_long = ctypes.c_long
+        # PR_SET_DUMPABLE 0.
+        if libc.prctl(c_long(4), c_long(0), c_long(0), c_long(0), c_long(0)) != 0:
+            return "prctl(PR_SET_DUMPABLE): errno %d" % ctypes.get_errno()
+        if prog is None:
+            return None
 
         class _Fprog(ctypes.Structure):
             _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
         buf = ctypes.create_string_buffer(prog, len(prog))
         fprog = _Fprog(len(prog) // 8, ctypes.addressof(buf))
-        c_long = ctypes.c_long
         # PR_SET_NO_NEW_PRIVS (setpriv has set it already; required).
         if libc.prctl(c_long(38), c_long(1), c_long(0), c_long(0), c_long(0)) != 0:
             return "prctl(PR_SET_NO_NEW_PRIVS): errno %d" % ctypes.get_errno()
@@ -551,17 +680,20 @@ def _lockdown(prog, where):
     return None
 
 
-def _restricted_builtins(guard):
+def _restricted_builtins(importer):
     import builtins
 
     b = dict(builtins.__dict__)
     for name in ("__loader__", "__spec__", "breakpoint", "help", "input", "exit", "quit", "copyright", "credits", "license"):
         b.pop(name, None)
-    b["__import__"] = guard.importer(builtins.__import__)
+    b["__import__"] = importer
     return b
 
 
-_guard = None
+# The worker's __import__ (_make_importer), and the audit hook until _load
+# installs it (then nothing here refers to it).
+_worker_import = None
+_pending_hook = []
 _lockdown_error = None
 
 # ---------------------------------------------------------------- host module
@@ -683,7 +815,7 @@ def _load(source):
 
     mod = types.ModuleType(MODULE)
     mod.__file__ = FILENAME
-    mod.__dict__["__builtins__"] = _restricted_builtins(_guard)
+    mod.__dict__["__builtins__"] = _restricted_builtins(_worker_import)
     sys.modules[MODULE] = mod
     # The event loop (a socketpair inside) exists before the audit hook,
     # made only for code that can need it: importing asyncio is half the
@@ -693,7 +825,10 @@ def _load(source):
 
         _loop = asyncio.new_event_loop()
         asyncio.set_event_loop(_loop)
-    sys.addaudithook(_guard.hook)
+    if _pending_hook:
+        # Installed straight from the list: no name here (or in this
+        # frame, which worker code could inspect) keeps it.
+        sys.addaudithook(_pending_hook.pop())
     try:
         exec(code, mod.__dict__)
     except BaseException as e:
@@ -846,7 +981,7 @@ def _handle_event(payload):
 
 
 def main():
-    global _guard
+    global _worker_import, _lockdown_error
     # The protocol pipes must not leak into processes the worker starts.
     os.set_inheritable(REQ_FD, False)
     os.set_inheritable(RESP_FD, False)
@@ -863,12 +998,23 @@ def main():
     if devkit:
         sys.path.append(devkit)
         packages.append("virtufin_worker")
-    _guard = _Guard(packages)
-    prog, where = _lockdown_program()
-    if not _guard._allows("subprocess"):
+    allows = _allows_in(SAFE_STDLIB | frozenset(packages))
+    import builtins
+
+    _worker_import = _make_importer(allows, builtins.__import__, _make_views(allows))
+    # Made here, installed by _load right before the worker's code (after
+    # the runner's own ctypes and event loop); main's frame, which worker
+    # code could inspect, never names it.
+    _pending_hook.append(_make_hook(allows))
+    (prog, where), network = _lockdown_programs()
+    sandboxed = prog is not None or where is not None or network != (None, None)
+    if not allows("subprocess"):
         _close_process_backdoors()
-        global _lockdown_error
-        _lockdown_error = _lockdown(prog, where)
+        _lockdown_error = _lockdown(prog, where, sandboxed)
+    else:
+        # Processes allowed: no process lockdown, but without the
+        # namespaces layer the network part all the same.
+        _lockdown_error = _lockdown(network[0], network[1], sandboxed)
     global _reader
     reader = _reader = _Reader(REQ_FD, spin_us / 1e6)
     _send(K_HELLO, sys.version.encode())

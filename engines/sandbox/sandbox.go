@@ -82,6 +82,11 @@ type Config struct {
 	// Bwrap, Setpriv and Prlimit are the tools' paths (default: looked up
 	// on PATH).
 	Bwrap, Setpriv, Prlimit string
+	// Exec is cmd/sandbox-exec, the first program of every worker process
+	// (SANDBOX_EXEC_PATH; default: sandbox-exec next to this program's
+	// executable): it joins the process's memory cgroup and keeps only the
+	// descriptors the node passes on purpose (package execstep).
+	Exec string
 	// UIDBase and UIDs: each worker's processes run as a user id of that
 	// worker within [UIDBase, UIDBase+UIDs) (default 200000 and 50000),
 	// so that RLIMIT_NPROC holds per worker and workers cannot signal or
@@ -132,6 +137,8 @@ type Sandbox struct {
 	lockdown                            []byte // ProcessLockdownProgram, offered at LockdownPath
 	seccompable                         bool   // this kernel has seccomp filters (the lockdown without bwrap)
 	uids                                *uidAllocator
+	exec                                string // cmd/sandbox-exec, when found
+	mem                                 *memcg // per-process memory cgroups, when usable
 }
 
 // Layer names.
@@ -141,6 +148,12 @@ const (
 	LayerSeccomp    = "seccomp"
 	LayerLimits     = "limits"
 	LayerEnv        = "environment"
+	// LayerDescriptors: every worker process starts with only the
+	// descriptors the node passes it (cmd/sandbox-exec).
+	LayerDescriptors = "descriptors"
+	// LayerMemory: a memory cgroup per worker process, which counts what
+	// RLIMIT_AS does not (memfd and shared-memory pages, its tmpfs).
+	LayerMemory = "memory"
 )
 
 // New detects the layers this machine allows and checks them against the
@@ -242,8 +255,33 @@ func (s *Sandbox) detect(ctx context.Context) {
 		return nil
 	}
 	c := &s.cfg
+	if c.Exec == "" {
+		if exe, err := os.Executable(); err == nil {
+			c.Exec = filepath.Join(filepath.Dir(exe), "sandbox-exec")
+		}
+	}
+	if err := look(&c.Exec, c.Exec); err != nil {
+		s.layers = append(s.layers, Layer{Name: LayerDescriptors, Detail: "cmd/sandbox-exec not found (SANDBOX_EXEC_PATH): worker processes may inherit descriptors the node holds without close-on-exec: " + err.Error()})
+	} else {
+		s.exec = c.Exec
+		s.layers = append(s.layers, Layer{Name: LayerDescriptors, On: true, Detail: "only the descriptors the node passes on purpose (" + c.Exec + ")"})
+	}
+	memLimit := s.memoryLimit(c.Limits)
+	switch {
+	case s.exec == "":
+		s.layers = append(s.layers, Layer{Name: LayerMemory, Detail: "needs cmd/sandbox-exec; memfd_create, shmget and shmat are refused instead (with the seccomp layer)"})
+	case os.Geteuid() != 0:
+		s.layers = append(s.layers, Layer{Name: LayerMemory, Detail: "the node is not root: no memory cgroup per worker process; memfd_create, shmget and shmat are refused instead (with the seccomp layer)"})
+	default:
+		if m, err := detectMemcg(); err != nil {
+			s.layers = append(s.layers, Layer{Name: LayerMemory, Detail: "no usable memory cgroup (" + err.Error() + "); memfd_create, shmget and shmat are refused instead (with the seccomp layer)"})
+		} else {
+			s.mem = m
+			s.layers = append(s.layers, Layer{Name: LayerMemory, On: true, Detail: fmt.Sprintf("a memory cgroup (v%d) per worker process under %s, limited to %d B (address space + /tmp + /scratch), counting memfd, shared-memory and tmpfs pages", m.version, m.parent, memLimit)})
+		}
+	}
 	// Seccomp program first: the namespace probe runs with it.
-	prog, perr := program()
+	prog, perr := program(s.mem != nil)
 	if perr == nil {
 		s.program = prog
 		s.lockdown, perr = ProcessLockdownProgram()
@@ -272,7 +310,7 @@ func (s *Sandbox) detect(ctx context.Context) {
 	case perr != nil:
 		s.layers = append(s.layers, Layer{Name: LayerSeccomp, Detail: "assembling the filter: " + perr.Error()})
 	case !s.namespaces && s.seccompable:
-		s.layers = append(s.layers, Layer{Name: LayerSeccomp, Detail: "installed by bwrap: needs the namespaces layer (the process lockdown is still given to every process, on fd $" + LockdownFDEnv + ")"})
+		s.layers = append(s.layers, Layer{Name: LayerSeccomp, Detail: "installed by bwrap: needs the namespaces layer (every process is still given a lockdown on fd $" + LockdownFDEnv + " that carries its refusals and refuses every socket but AF_UNIX, memfd and SysV shared memory)"})
 	case !s.namespaces:
 		s.layers = append(s.layers, Layer{Name: LayerSeccomp, Detail: "installed by bwrap: needs the namespaces layer"})
 	default:
@@ -286,6 +324,11 @@ func (s *Sandbox) detect(ctx context.Context) {
 		s.layers = append(s.layers, Layer{Name: LayerLimits, On: true, Detail: c.Limits.String()})
 	}
 	s.layers = append(s.layers, Layer{Name: LayerEnv, On: true, Detail: "empty except the documented worker variables"})
+	// descriptors and memory (detected first: the filter depends on the
+	// memory layer) are listed last, after the layers they complete.
+	for i := 0; i < 2; i++ {
+		s.layers = append(s.layers[1:], s.layers[0])
+	}
 }
 
 func (l Limits) String() string {
@@ -314,6 +357,12 @@ func (s *Sandbox) probe(ctx context.Context) (string, error) {
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
+
+// HasNamespaces reports whether worker processes get namespaces of their
+// own (bubblewrap): without them a process shares the node's network and
+// IPC namespaces, and its own lockdown must refuse more
+// (NoNamespacesLockdownProgram).
+func (s *Sandbox) HasNamespaces() bool { return s.namespaces }
 
 // Layers reports the layers and whether each is on.
 func (s *Sandbox) Layers() []Layer { return append([]Layer(nil), s.layers...) }
@@ -373,10 +422,35 @@ type Spec struct {
 	Binds []Bind
 	// ExtraFiles become fds 3, 4, ... as with exec.Cmd.
 	ExtraFiles []*os.File
+	// Limits, when set, replace the sandbox's limits for this process
+	// field by field (a zero field keeps the sandbox's): the .NET engine's
+	// C# compiler runs under tighter ones than a worker.
+	Limits *Limits
 }
 
-// Bind is a read-only bind mount of Src at Dst.
-type Bind struct{ Src, Dst string }
+// Bind is a bind mount of Src at Dst, read-only unless Writable (a
+// directory the process writes its result into, such as a compiler's
+// output; give it to the process's user id first, see UID).
+type Bind struct {
+	Src, Dst string
+	Writable bool
+}
+
+// with is l with the non-zero fields of o, if any.
+func (l Limits) with(o *Limits) Limits {
+	if o == nil {
+		return l
+	}
+	for _, f := range []struct{ dst, src *uint64 }{
+		{&l.AddressSpace, &o.AddressSpace}, {&l.FileSize, &o.FileSize}, {&l.OpenFiles, &o.OpenFiles},
+		{&l.Processes, &o.Processes}, {&l.CPUSeconds, &o.CPUSeconds},
+	} {
+		if *f.src != 0 {
+			*f.dst = *f.src
+		}
+	}
+	return l
+}
 
 // Command returns the command that runs spec inside the layers, and a
 // function that releases what the sandbox holds for it (its /tmp and
@@ -384,29 +458,36 @@ type Bind struct{ Src, Dst string }
 // process has exited. The caller
 // may set Stdout, Stderr, SysProcAttr (keep Setpgid) and WaitDelay.
 func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
+	limits := s.cfg.Limits.with(spec.Limits)
 	if s.cfg.Mode == Off || !s.namespaces {
 		path, args := spec.Path, spec.Args
 		if s.rlimits && s.cfg.Mode != Off {
-			path, args = s.cfg.Prlimit, append(s.prlimitArgs(), append([]string{"--", spec.Path}, spec.Args...)...)
+			path, args = s.cfg.Prlimit, append(s.prlimitArgs(limits), append([]string{"--", spec.Path}, spec.Args...)...)
 		}
-		cmd := exec.Command(path, args...)
-		cmd.Env = spec.Env
 		if s.cfg.Mode == Off {
+			cmd := exec.Command(path, args...)
 			cmd.Env = append(os.Environ(), spec.Env...)
-		}
-		cmd.ExtraFiles = spec.ExtraFiles
-		if s.cfg.Mode == Off || s.lockdown == nil || !s.seccompable {
+			cmd.ExtraFiles = spec.ExtraFiles
 			return cmd, func() {}, nil
 		}
-		// No bwrap to offer the lockdown at LockdownPath: it goes to the
-		// process on an inherited pipe, named by LockdownFDEnv.
-		r, err := pipeWith(s.lockdown)
+		env, extra := spec.Env, spec.ExtraFiles
+		closeLockdown := func() {}
+		if s.lockdown != nil && s.seccompable {
+			// No bwrap to offer the lockdown at LockdownPath: it goes to the
+			// process on inherited pipes, named by LockdownFDEnv and
+			// NetworkLockdownFDEnv, with the network refused (lockdown.go).
+			var err error
+			if extra, env, closeLockdown, err = s.offerLockdownWithoutNamespaces(spec.ExtraFiles, env); err != nil {
+				return nil, nil, err
+			}
+		}
+		cmd, release, err := s.command(path, args, extra, limits)
 		if err != nil {
+			closeLockdown()
 			return nil, nil, err
 		}
-		cmd.ExtraFiles = append(append([]*os.File(nil), spec.ExtraFiles...), r)
-		cmd.Env = append(append([]string(nil), cmd.Env...), LockdownFDEnv+"="+strconv.Itoa(3+len(spec.ExtraFiles)))
-		return cmd, func() { r.Close() }, nil
+		cmd.Env = env
+		return cmd, func() { closeLockdown(); release() }, nil
 	}
 	uid, cleanup := 0, func() {}
 	mounted := ""
@@ -425,7 +506,11 @@ func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
 	args, files, err := s.bwrapArgs(true, mounted, spec.ReadOnly, len(spec.ExtraFiles))
 	made := map[string]bool{}
 	for _, b := range spec.Binds {
-		args = append(append(args, parentDirs(b.Dst, made)...), "--ro-bind", b.Src, b.Dst)
+		bind := "--ro-bind"
+		if b.Writable {
+			bind = "--bind"
+		}
+		args = append(append(args, parentDirs(b.Dst, made)...), bind, b.Src, b.Dst)
 	}
 	if err != nil {
 		cleanup()
@@ -434,7 +519,7 @@ func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
 	args = append(args, "--")
 	if s.rlimits {
 		args = append(args, s.cfg.Prlimit)
-		args = append(args, s.prlimitArgs()...)
+		args = append(args, s.prlimitArgs(limits)...)
 		args = append(args, "--")
 	}
 	if s.setuid {
@@ -443,10 +528,49 @@ func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
 	}
 	args = append(args, spec.Path)
 	args = append(args, spec.Args...)
-	cmd := exec.Command(s.cfg.Bwrap, args...)
+	cmd, release, err := s.command(s.cfg.Bwrap, args, append(append([]*os.File(nil), spec.ExtraFiles...), files...), limits)
+	if err != nil {
+		closeAll(files)
+		cleanup()
+		return nil, nil, err
+	}
 	cmd.Env = spec.Env
-	cmd.ExtraFiles = append(append([]*os.File(nil), spec.ExtraFiles...), files...)
-	return cmd, func() { closeAll(files); cleanup() }, nil
+	// The tmpfs pages are charged to the cgroup: unmount first.
+	return cmd, func() { closeAll(files); cleanup(); release() }, nil
+}
+
+// command is the command that runs path with args and the extra files,
+// behind cmd/sandbox-exec when there is one: in a memory cgroup of its own
+// (the memory layer), with every descriptor of the node but the ones
+// passed (0, 1, 2 and the extra files) closed before path runs. The
+// function returned removes the cgroup; call it once the process has
+// exited.
+func (s *Sandbox) command(path string, args []string, extra []*os.File, limits Limits) (*exec.Cmd, func(), error) {
+	if s.exec == "" {
+		cmd := exec.Command(path, args...)
+		cmd.ExtraFiles = extra
+		return cmd, func() {}, nil
+	}
+	procs, release := "-", func() {}
+	if limit := s.memoryLimit(limits); s.mem != nil && limit > 0 {
+		var err error
+		if procs, release, err = s.mem.create(limit); err != nil {
+			return nil, nil, err
+		}
+	}
+	cmd := exec.Command(s.exec, append([]string{strconv.Itoa(3 + len(extra)), procs, path}, args...)...)
+	cmd.ExtraFiles = extra
+	return cmd, release, nil
+}
+
+// memoryLimit is the memory cgroup limit of a process with limits: its
+// address space and its /tmp and /scratch (0: none, when the address
+// space is unlimited).
+func (s *Sandbox) memoryLimit(l Limits) uint64 {
+	if l.AddressSpace == 0 {
+		return 0
+	}
+	return l.AddressSpace + s.cfg.TmpBytes + s.cfg.ScratchBytes
 }
 
 // UID is the user id owner's processes run as, when the user layer is on
@@ -481,8 +605,7 @@ func (s *Sandbox) Own(path, owner string) error {
 	})
 }
 
-func (s *Sandbox) prlimitArgs() []string {
-	l := s.cfg.Limits
+func (s *Sandbox) prlimitArgs(l Limits) []string {
 	var a []string
 	add := func(flag string, v uint64) {
 		if v > 0 {
@@ -493,9 +616,21 @@ func (s *Sandbox) prlimitArgs() []string {
 	add("fsize", l.FileSize)
 	add("nofile", l.OpenFiles)
 	add("nproc", l.Processes)
-	add("cpu", l.CPUSeconds)
-	return a
+	if l.CPUSeconds > 0 {
+		// SIGXCPU at the limit (which ends the process and says why:
+		// bwrap exits 128+24), SIGKILL one second later (a process that
+		// handles SIGXCPU); a soft limit equal to the hard one is SIGKILL.
+		a = append(a, fmt.Sprintf("--cpu=%d:%d", l.CPUSeconds, l.CPUSeconds+1))
+	}
+	// Never the node's: no core files (a worker's memory, written where
+	// the node's core pattern says), and no more locked memory than
+	// WorkerMemlockBytes (locked pages cannot be reclaimed or swapped).
+	return append(a, "--core=0", fmt.Sprintf("--memlock=%d", WorkerMemlockBytes))
 }
+
+// WorkerMemlockBytes is every worker process's RLIMIT_MEMLOCK (soft and
+// hard): the kernel's default for an unprivileged user.
+const WorkerMemlockBytes = 64 << 10
 
 // parentDirs makes the missing parents of a bind's destination 0755:
 // bwrap would make them 0700 (root's), which the worker's own user id
@@ -665,22 +800,52 @@ var deniedSyscalls = []string{
 // kernel interfaces (netfilter, mounts) that root alone may use.
 const cloneNamespaces = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 
+// Socket address families a worker process may use (socket and
+// socketpair's first argument): AF_UNIX (runtimes' own socket pairs),
+// AF_INET and AF_INET6 (loopback only, in the sandbox's empty network
+// namespace) and AF_NETLINK (the C library's interface queries). Any other
+// (AF_VSOCK to the host or its hypervisor, AF_PACKET, AF_ALG, AF_XDP,
+// Bluetooth, ...) gets EAFNOSUPPORT, as from a kernel without it.
+var allowedFamilies = []uint64{1, 2, 10, 16}
+
+// memorySyscalls are refused (EPERM) when the memory layer is off: memfd
+// and SysV shared-memory pages are not counted in RLIMIT_AS, so without a
+// memory cgroup they would let a worker hold any amount of the node's
+// memory.
+var memorySyscalls = []string{"memfd_create", "shmget", "shmat"}
+
 // program assembles the filter as struct sock_filter[] for bwrap --seccomp.
-// Besides deniedSyscalls it refuses clone with namespace flags (EPERM) and
+// Besides deniedSyscalls it refuses clone with namespace flags (EPERM),
 // clone3 (ENOSYS: its flags are behind a pointer the filter cannot read,
-// and the C library falls back to clone, whose flags it can).
-func program() ([]byte, error) {
+// and the C library falls back to clone, whose flags it can), sockets of
+// families other than allowedFamilies (EAFNOSUPPORT) and, without a memory
+// cgroup (memCgroup false), memorySyscalls.
+func program(memCgroup bool) ([]byte, error) {
+	denied := deniedSyscalls
+	if !memCgroup {
+		denied = append(append([]string(nil), deniedSyscalls...), memorySyscalls...)
+	}
+	var families seccomp.ArgumentConditions
+	for _, f := range allowedFamilies {
+		families = append(families, seccomp.Condition{Argument: 0, Operation: seccomp.NotEqual, Value: f})
+	}
 	return assemble(seccomp.Policy{
 		DefaultAction: seccomp.ActionAllow,
 		Syscalls: []seccomp.SyscallGroup{
 			{
 				Action: seccomp.ActionErrno,
-				Names:  deniedSyscalls,
+				Names:  denied,
 				NamesWithCondtions: []seccomp.NameWithConditions{
 					{Name: "clone", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.BitsSet, Value: cloneNamespaces}}},
 				},
 			},
 			{Action: seccomp.ActionErrno | seccomp.Action(syscall.ENOSYS), Names: []string{"clone3"}},
+			{Action: seccomp.ActionErrno | seccomp.Action(syscall.EAFNOSUPPORT), NamesWithCondtions: []seccomp.NameWithConditions{
+				// NotEqual compares all 64 bits: a family with any of the
+				// upper 32 bits set (which the kernel's int drops) is refused.
+				{Name: "socket", Conditions: families},
+				{Name: "socketpair", Conditions: families},
+			}},
 		},
 	})
 }
@@ -711,7 +876,10 @@ func lockdown(ipSockets bool) ([]byte, error) {
 	if ipSockets {
 		conds = append(conds,
 			seccomp.NameWithConditions{Name: "socket", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.Equal, Value: afInet}}},
-			seccomp.NameWithConditions{Name: "socket", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.Equal, Value: afInet6}}})
+			seccomp.NameWithConditions{Name: "socket", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.Equal, Value: afInet6}}},
+			// Equal compares all 64 bits, and the kernel's int family drops
+			// the upper 32: AF_INET with an upper bit set would pass.
+			seccomp.NameWithConditions{Name: "socket", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.GreaterThan, Value: 0xffffffff}}})
 	}
 	return assemble(seccomp.Policy{
 		DefaultAction: seccomp.ActionAllow,

@@ -51,7 +51,7 @@ func TestOffRunsUnconfined(t *testing.T) {
 
 // Strict either has every layer or refuses to start, naming what is missing.
 func TestStrictHasEveryLayerOrRefuses(t *testing.T) {
-	s, err := sandbox.New(context.Background(), sandbox.Config{Mode: sandbox.Strict, Log: quiet()})
+	s, err := sandbox.New(context.Background(), sandbox.Config{Mode: sandbox.Strict, Log: quiet(), Exec: sandboxtest.ExecPath(t)})
 	if err != nil {
 		if !strings.Contains(err.Error(), "SANDBOX=strict") {
 			t.Fatalf("refusal does not say why: %v", err)
@@ -68,7 +68,7 @@ func TestStrictHasEveryLayerOrRefuses(t *testing.T) {
 	for _, l := range s.Layers() {
 		names = append(names, l.Name)
 	}
-	for _, want := range []string{sandbox.LayerNamespaces, sandbox.LayerUser, sandbox.LayerSeccomp, sandbox.LayerLimits, sandbox.LayerEnv} {
+	for _, want := range []string{sandbox.LayerNamespaces, sandbox.LayerUser, sandbox.LayerSeccomp, sandbox.LayerLimits, sandbox.LayerEnv, sandbox.LayerDescriptors, sandbox.LayerMemory} {
 		if !slices.Contains(names, want) {
 			t.Errorf("layer %s missing from %v", want, names)
 		}
@@ -102,6 +102,9 @@ func TestStrictHasEveryLayerOrRefuses(t *testing.T) {
 func strict(t *testing.T, cfg sandbox.Config) *sandbox.Sandbox {
 	t.Helper()
 	cfg.Mode, cfg.Log = sandbox.Strict, quiet()
+	if cfg.Exec == "" {
+		cfg.Exec = sandboxtest.ExecPath(t)
+	}
 	s, err := sandbox.New(context.Background(), cfg)
 	if err != nil {
 		if os.Getenv(sandboxtest.RequireEnv) != "" {

@@ -53,7 +53,7 @@ func TestFilterDecisions(t *testing.T) {
 		newUser, newNet, thread, sigchld = 0x10000000, 0x40000000, 0x10000, 17
 		threadFlags                      = 0x3d0f00 // what glibc's pthread_create passes
 	)
-	prog, err := program()
+	prog, err := program(false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,6 +98,79 @@ func TestFilterDecisions(t *testing.T) {
 	} {
 		if got := run(t, lock, x8664, c.nr, c.arg0); got != c.want {
 			t.Errorf("lockdown %s: %#x, want %#x", c.name, got, c.want)
+		}
+	}
+}
+
+// Issue 42 items 2 and 8: the filter allows only the socket families a
+// worker needs (a family with upper bits set, which the kernel's int
+// drops, is refused too), refuses memfd and SysV shared memory when no
+// memory cgroup counts them, and the lockdown's IP-socket rule cannot be
+// passed with upper bits either.
+func TestFilterFamiliesAndMemory(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		t.Skip("system call numbers below are x86-64's")
+	}
+	const (
+		allow, eperm                = 0x7fff0000, 0x00050000 | uint32(syscall.EPERM)
+		eafnosupport                = 0x00050000 | uint32(syscall.EAFNOSUPPORT)
+		x8664                       = 0xc000003e
+		socket, socketpair          = 41, 53
+		memfdCreate, shmget, shmat  = 319, 29, 30
+		afUnix, afInet, afInet6     = 1, 2, 10
+		afNetlink, afPacket, afVsok = 16, 17, 40
+	)
+	withCgroup, err := program(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	without, err := program(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name          string
+		nr            uint32
+		arg0          uint64
+		cgroup, plain uint32
+	}{
+		{"socket AF_UNIX", socket, afUnix, allow, allow},
+		{"socket AF_INET", socket, afInet, allow, allow},
+		{"socket AF_INET6", socket, afInet6, allow, allow},
+		{"socket AF_NETLINK", socket, afNetlink, allow, allow},
+		{"socket AF_VSOCK", socket, afVsok, eafnosupport, eafnosupport},
+		{"socket AF_PACKET", socket, afPacket, eafnosupport, eafnosupport},
+		{"socket AF_ALG", socket, 38, eafnosupport, eafnosupport},
+		{"socket AF_UNIX with upper bits", socket, afUnix | 1<<32, eafnosupport, eafnosupport},
+		{"socketpair AF_UNIX", socketpair, afUnix, allow, allow},
+		{"socketpair AF_VSOCK", socketpair, afVsok, eafnosupport, eafnosupport},
+		{"memfd_create", memfdCreate, 0, allow, eperm},
+		{"shmget", shmget, 0, allow, eperm},
+		{"shmat", shmat, 0, allow, eperm},
+	} {
+		if got := run(t, withCgroup, x8664, c.nr, c.arg0); got != c.cgroup {
+			t.Errorf("with a memory cgroup, %s: %#x, want %#x", c.name, got, c.cgroup)
+		}
+		if got := run(t, without, x8664, c.nr, c.arg0); got != c.plain {
+			t.Errorf("without a memory cgroup, %s: %#x, want %#x", c.name, got, c.plain)
+		}
+	}
+	lock, err := LockdownProgram()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		arg0 uint64
+		want uint32
+	}{
+		{"AF_INET", afInet, eperm},
+		{"AF_INET with upper bits", afInet | 1<<32, eperm},
+		{"AF_INET6 with upper bits", afInet6 | 1<<40, eperm},
+		{"AF_UNIX", afUnix, allow},
+	} {
+		if got := run(t, lock, x8664, socket, c.arg0); got != c.want {
+			t.Errorf("lockdown socket %s: %#x, want %#x", c.name, got, c.want)
 		}
 	}
 }

@@ -1,13 +1,84 @@
 package dispatch
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/cloudevents/sdk-go/v2/types"
 	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 )
+
+// Bounds of an input's attributes (all but its data), checked before
+// anything reads them: a worker copies the input's id (into its outputs'
+// ids), its correlation id and trace state into every output, so an
+// unbounded attribute would be multiplied by MAX_OUTPUTS_PER_MESSAGE. An
+// input over them is dead-lettered at once, reason too_large.
+const (
+	// MaxInputIDBytes bounds an input's id.
+	MaxInputIDBytes = 1 << 10
+	// MaxInputAttributeBytes bounds an input's attributes and extensions
+	// together (id, source, type, content type, each extension's name and
+	// value).
+	MaxInputAttributeBytes = 8 << 10
+	// maxPlainOutputID: an input id up to this long is used as it is in
+	// its outputs' default ids, a longer one by its hash.
+	maxPlainOutputID = 64
+)
+
+// checkInputAttributes says why req's attributes are over the bounds
+// above (nil: they are not).
+func checkInputAttributes(req *runtimev1.TopicEventRequest) error {
+	if n := len(req.GetId()); n > MaxInputIDBytes {
+		return fmt.Errorf("the event's id is %d bytes, more than %d", n, MaxInputIDBytes)
+	}
+	n := len(req.GetId()) + len(req.GetSource()) + len(req.GetType()) + len(req.GetSpecVersion()) + len(req.GetDataContentType())
+	for k, v := range req.GetExtensions().GetFields() {
+		if n > MaxInputAttributeBytes {
+			break
+		}
+		n += len(k) + valueSize(v)
+	}
+	if n > MaxInputAttributeBytes {
+		return fmt.Errorf("the event's attributes and extensions take %d bytes or more, more than %d", n, MaxInputAttributeBytes)
+	}
+	return nil
+}
+
+// valueSize is about the size of an extension's value as it is published.
+func valueSize(v *structpb.Value) int {
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StringValue:
+		return len(k.StringValue)
+	case *structpb.Value_StructValue, *structpb.Value_ListValue:
+		return proto.Size(v)
+	default:
+		return 8
+	}
+}
+
+// outputIDBase is the part of an output's default id that names its
+// input: the input's id when it is short, else a hash of it (the same for
+// every delivery: deduplication downstream relies on output ids).
+func outputIDBase(id string) string {
+	if len(id) <= maxPlainOutputID {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return "sha256:" + hex.EncodeToString(sum[:16])
+}
+
+// logID is an event id as it is logged: an id from a message that was not
+// checked yet may be of any size.
+func logID(id string) string {
+	if len(id) <= 2*maxPlainOutputID {
+		return id
+	}
+	return id[:maxPlainOutputID] + "... (" + outputIDBase(id) + ")"
+}
 
 // sourceCache remembers the last parsed source: the events of one topic
 // usually share it, and parsing a URI reference is the costliest step of

@@ -139,7 +139,7 @@ func (d *Dispatcher) receive(t *topic, st Stream, req *runtimev1.TopicEventReque
 			t.mu.Unlock()
 			d.inflight.Add(-1)
 			d.stats.duplicates.Add(1)
-			d.log.Info("event delivered again while in flight; both deliveries are answered together", "topic", t.name, "event_id", id)
+			d.log.Info("event delivered again while in flight; both deliveries are answered together", "topic", t.name, "event_id", logID(id))
 			return
 		}
 		// Another event with this id: daprd now waits for its answer
@@ -152,7 +152,7 @@ func (d *Dispatcher) receive(t *topic, st Stream, req *runtimev1.TopicEventReque
 			d.inflight.Add(-1)
 		}
 		d.log.Info("another event with the id of one in flight (other source): held until that one is settled", "topic", t.name,
-			"event_id", id, "source", req.GetSource(), "in_flight_source", cur.req.GetSource())
+			"event_id", logID(id), "source", logID(req.GetSource()), "in_flight_source", logID(cur.req.GetSource()))
 		return
 	}
 	if id != "" {
@@ -168,6 +168,10 @@ func (d *Dispatcher) receive(t *topic, st Stream, req *runtimev1.TopicEventReque
 func (d *Dispatcher) start(m *message, sources *sourceCache) {
 	if n := len(m.req.GetData()); n > d.cfg.MaxEventBytes {
 		go d.rejectRaw(m, reasonTooLarge, fmt.Errorf("event data is %d bytes, more than MAX_EVENT_BYTES %d", n, d.cfg.MaxEventBytes))
+		return
+	}
+	if err := checkInputAttributes(m.req); err != nil {
+		go d.rejectRaw(m, reasonTooLarge, err)
 		return
 	}
 	if err := d.decode(m, sources); err != nil {
@@ -527,7 +531,7 @@ func (d *Dispatcher) ack(m *message, status Ack) {
 
 func (d *Dispatcher) ackRaw(st Stream, id string, status Ack) {
 	if err := st.Ack(id, status); err != nil {
-		d.log.Warn("ack failed; the broker will redeliver", "event_id", id, "err", err)
+		d.log.Warn("ack failed; the broker will redeliver", "event_id", logID(id), "err", err)
 	}
 }
 
@@ -540,13 +544,13 @@ func (d *Dispatcher) rejectRaw(m *message, reason string, cause error) {
 	defer func() {
 		if p := recover(); p != nil {
 			d.stats.panics.Add(1)
-			d.log.Error("panic while dead-lettering", "event_id", m.id, "panic", p, "stack", string(debug.Stack()))
+			d.log.Error("panic while dead-lettering", "event_id", logID(m.id), "panic", p, "stack", string(debug.Stack()))
 		}
 		d.ack(m, status)
 	}()
-	d.log.Warn("event cannot be processed; sending it to the dead-letter topic", "topic", m.t.name, "event_id", m.id, "reason", reason, "err", cause)
+	d.log.Warn("event cannot be processed; sending it to the dead-letter topic", "topic", m.t.name, "event_id", logID(m.id), "reason", reason, "err", d.publicText(cause.Error()))
 	if err := d.deadLetterRaw(d.ctx, m, reason, cause); err != nil {
-		d.log.Warn("dead letter not published; the message will be redelivered", "event_id", m.id, "err", err)
+		d.log.Warn("dead letter not published; the message will be redelivered", "event_id", logID(m.id), "err", err)
 		return
 	}
 	m.t.m.DeadLettered(reason)

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"regexp"
 	"strings"
+	"unicode/utf8"
 )
 
 // Error texts leave the node on shared topics (lifecycle events, dead
@@ -16,7 +17,24 @@ import (
 // (not the path part of a URL).
 var nodePath = regexp.MustCompile(`(^|[\s"'(=\[])(/[^\s"'():,\]/]+){2,}`)
 
+// maxErrorScan bounds what publicText reads of a text: its secrets and
+// paths are replaced in its first maxErrorScan bytes only (paths shrink,
+// so more than maxErrorText of them), never over all of a worker's error
+// report, which may be as large as a reply.
+const maxErrorScan = 8 * maxErrorText
+
 func (d *Dispatcher) publicText(s string) string {
+	cut := false
+	if len(s) > maxErrorScan {
+		s, cut = cutText(s, maxErrorScan), true
+		// A secret cut in two by the bound would not be recognised
+		// below: its start is dropped.
+		for _, secret := range d.cfg.Secrets {
+			if len(secret) >= 6 {
+				s = trimSecretStart(s, secret)
+			}
+		}
+	}
 	for _, secret := range d.cfg.Secrets {
 		if len(secret) >= 6 {
 			s = strings.ReplaceAll(s, secret, "[redacted]")
@@ -29,8 +47,29 @@ func (d *Dispatcher) publicText(s string) string {
 		}
 		return lead + ".../" + m[strings.LastIndexByte(m, '/')+1:]
 	})
-	if len(s) <= maxErrorText {
+	if len(s) <= maxErrorText && !cut {
 		return s
 	}
-	return s[:maxErrorText-3] + "..."
+	return cutText(s, maxErrorText-3) + "..."
+}
+
+// cutText is s cut to at most n bytes, not inside a UTF-8 sequence.
+func cutText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// trimSecretStart drops the end of s when it is the start of secret.
+func trimSecretStart(s, secret string) string {
+	for k := min(len(secret)-1, len(s)); k > 0; k-- {
+		if strings.HasSuffix(s, secret[:k]) {
+			return s[:len(s)-k]
+		}
+	}
+	return s
 }

@@ -2,12 +2,14 @@ package dispatch
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"net/url"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -336,9 +338,13 @@ func (d *Dispatcher) checkOutputs(w *worker, m *message, outs []event.Event) (st
 	if n := len(outs); n > d.cfg.MaxOutputs {
 		return reasonOutputLimit, fmt.Errorf("%w: %d outputs, more than MAX_OUTPUTS_PER_MESSAGE %d", engines.ErrWorkerFailed, n, d.cfg.MaxOutputs)
 	}
+	idBase := ""
+	if len(outs) > 0 {
+		idBase = outputIDBase(m.id)
+	}
 	for i := range outs {
 		o := &outs[i]
-		if err := d.completeOutput(w, m, o, i); err != nil {
+		if err := d.completeOutput(w, m, o, i, idBase); err != nil {
 			return reasonWorkerFailed, err
 		}
 		if err := workerpolicy.CheckOutput(w.TopicPrefix, w.AllowedOutputs, w.Topic, o.Type()); err != nil {
@@ -347,16 +353,66 @@ func (d *Dispatcher) checkOutputs(w *worker, m *message, outs []event.Event) (st
 		if n := len(o.DataEncoded); n > d.cfg.MaxOutputBytes {
 			return reasonOutputLimit, fmt.Errorf("%w: output %d: %d bytes of data, more than MAX_OUTPUT_BYTES %d", engines.ErrWorkerFailed, i, n, d.cfg.MaxOutputBytes)
 		}
+		if n := attributesSize(o.Context.(*event.EventContextV1), MaxOutputAttributeBytes); n > MaxOutputAttributeBytes {
+			return reasonOutputLimit, fmt.Errorf("%w: output %d: its attributes and extensions take %d bytes or more, more than %d", engines.ErrWorkerFailed, i, n, MaxOutputAttributeBytes)
+		}
 	}
 	return "", nil
 }
 
+// MaxOutputAttributeBytes bounds an output's attributes and extensions
+// (its encoded size beyond its data, as the reply limit allows for it),
+// the input's correlation id included.
+const MaxOutputAttributeBytes = engines.ReplyOutputOverhead
+
+// urlSize is about the length of u as a string (without building it).
+func urlSize(u *url.URL) int {
+	n := len(u.Scheme) + len(u.Opaque) + len(u.Host) + len(u.Path) + len(u.RawPath) + len(u.RawQuery) + len(u.Fragment) + len(u.RawFragment) + 8
+	if u.User != nil {
+		n += len(u.User.String())
+	}
+	return n
+}
+
+// attributesSize is about the size of ec's attributes and extensions as
+// they are published; it stops counting above limit.
+func attributesSize(ec *event.EventContextV1, limit int) int {
+	const perAttribute = 6                                                         // quotes, colon, comma
+	n := len(ec.ID) + len(ec.Type) + urlSize(&ec.Source.URL) + 5*perAttribute + 40 // specversion, time
+	if ec.Subject != nil {
+		n += len(*ec.Subject) + perAttribute
+	}
+	if ec.DataContentType != nil {
+		n += len(*ec.DataContentType) + perAttribute
+	}
+	if ec.DataSchema != nil {
+		n += urlSize(&ec.DataSchema.URL) + perAttribute
+	}
+	for k, v := range ec.Extensions {
+		if n > limit {
+			break
+		}
+		n += len(k) + perAttribute
+		switch v := v.(type) {
+		case string:
+			n += len(v)
+		case []byte:
+			n += base64.StdEncoding.EncodedLen(len(v))
+		default:
+			s, _ := types.Format(v)
+			n += len(s)
+		}
+	}
+	return n
+}
+
 // completeOutput fills an output's defaults (id derived from the input's
-// id and source, so a redelivery yields the same ids and two inputs with one
-// id from two sources do not; source naming the worker), drops the
+// id (idBase: outputIDBase, a hash of a long id) and source, so a
+// redelivery yields the same ids and two inputs with one id from two
+// sources do not; source naming the worker), drops the
 // control extensions the worker wrote (ControlExtension) and sets its
 // correlation id: the input's, copied when present and absent when absent.
-func (d *Dispatcher) completeOutput(w *worker, m *message, o *event.Event, i int) error {
+func (d *Dispatcher) completeOutput(w *worker, m *message, o *event.Event, i int, idBase string) error {
 	if o.Context == nil {
 		return fmt.Errorf("%w: output %d is empty", engines.ErrWorkerFailed, i)
 	}
@@ -369,7 +425,7 @@ func (d *Dispatcher) completeOutput(w *worker, m *message, o *event.Event, i int
 		return fmt.Errorf("%w: output %d has no type", engines.ErrWorkerFailed, i)
 	}
 	if oc.ID == "" {
-		oc.ID = m.id + "/" + w.ID + "/" + strconv.Itoa(i) + "/" + m.srcTag
+		oc.ID = idBase + "/" + w.ID + "/" + strconv.Itoa(i) + "/" + m.srcTag
 	}
 	if oc.Source.URL == (url.URL{}) {
 		oc.Source = w.source
@@ -466,16 +522,21 @@ func (d *Dispatcher) deadLetter(ctx context.Context, m *message, w Worker, reaso
 func (d *Dispatcher) deadLetterRaw(ctx context.Context, m *message, reason string, cause error) error {
 	req := m.req
 	ev := event.New(event.CloudEventsVersionV1)
+	// Attributes over the input bounds (checkInputAttributes) are not
+	// carried: an id by its hash, a source or type by the node's, an
+	// extension when it would not fit.
 	ev.SetID(req.GetId())
 	if ev.ID() == "" {
 		ev.SetID("undecodable-" + uuid.NewString())
+	} else if len(ev.ID()) > MaxInputIDBytes {
+		ev.SetID("too-large-" + outputIDBase(ev.ID()))
 	}
 	ev.SetSource("workmanager/nodes/" + d.cfg.NodeID)
-	if src := types.ParseURIRef(req.GetSource()); req.GetSource() != "" && src != nil {
-		ev.SetSource(req.GetSource())
+	if src := req.GetSource(); src != "" && len(src) <= MaxInputAttributeBytes/2 && types.ParseURIRef(src) != nil {
+		ev.SetSource(src)
 	}
 	ev.SetType(req.GetType())
-	if ev.Type() == "" {
+	if ev.Type() == "" || len(ev.Type()) > MaxInputAttributeBytes/4 {
 		ev.SetType("com.virtufin.workmanager.deadletter.raw")
 	}
 	data := req.GetData()
@@ -488,15 +549,18 @@ func (d *Dispatcher) deadLetterRaw(ctx context.Context, m *message, reason strin
 		data = data[:d.cfg.MaxEventBytes]
 	}
 	_ = ev.SetData("application/octet-stream", data)
-	for k, v := range req.GetExtensions().GetFields() {
-		if s := v.GetStringValue(); s != "" && validExtensionName(k) && !isSpecAttribute(k) {
+	fields := req.GetExtensions().GetFields()
+	room := MaxInputAttributeBytes
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		if s := fields[k].GetStringValue(); s != "" && validExtensionName(k) && !isSpecAttribute(k) && len(k)+len(s) <= room {
 			ev.SetExtension(k, s)
+			room -= len(k) + len(s)
 		}
 	}
 	ev.SetExtension(DeadLetterReasonExtension, reason)
 	ev.SetExtension(DeadLetterAttemptsExtension, int32(0))
 	ev.SetExtension(DeadLetterErrorExtension, d.publicText(cause.Error()))
-	if ct := req.GetDataContentType(); ct != "" {
+	if ct := req.GetDataContentType(); ct != "" && len(ct) <= 256 {
 		ev.SetExtension("deadlettercontenttype", ct)
 	}
 	// Stored first, as in deadLetter.

@@ -100,7 +100,7 @@ func repoRoot() string {
 // tests and the soak).
 func buildBinaries(t *testing.T) string {
 	if dir := os.Getenv("WM_BIN_DIR"); dir != "" {
-		for _, name := range []string{"worker", "api", "native-host"} {
+		for _, name := range []string{"worker", "api", "native-host", "sandbox-exec"} {
 			if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
 				t.Fatalf("WM_BIN_DIR=%s: %v (make build makes them)", dir, err)
 			}
@@ -108,7 +108,7 @@ func buildBinaries(t *testing.T) string {
 		return dir
 	}
 	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir, "./cmd/worker", "./cmd/api", "./cmd/native-host")
+	cmd := exec.Command("go", "build", "-o", dir, "./cmd/worker", "./cmd/api", "./cmd/native-host", "./cmd/sandbox-exec")
 	cmd.Dir = repoRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)

@@ -12,8 +12,9 @@ import (
 
 // Issue 32 items 2 and 3 on the real stack, as a new user's worker would
 // try them (the node in the strict sandbox, PYTHON_ALLOWED_PACKAGES=os: no
-// subprocess capability): starting /bin/sh through
-// asyncio.base_events.subprocess._fork_exec is refused, the runner carries
+// subprocess capability): starting /bin/sh through subprocess._fork_exec,
+// reached through asyncio's globals (the module attribute
+// asyncio.base_events.subprocess is hidden since issue 42), is refused, the runner carries
 // the process lockdown filter, and /tmp and /scratch end with ENOSPC at
 // their 64 MiB instead of taking the node's memory and disk.
 func TestContainmentSandboxOnTheRealStack(t *testing.T) {
@@ -26,9 +27,10 @@ import asyncio
 
 def attempt(kind):
     if kind == "fork-exec":
-        os_ = asyncio.base_events.os
+        be = asyncio.base_events.BaseEventLoop.__init__.__globals__
+        os_ = be["os"]
         r, w = os_.pipe()
-        pid = asyncio.base_events.subprocess._fork_exec([b"/bin/sh", b"-c", b"echo pwned"], [b"/bin/sh"], True, (w,), None, None,
+        pid = be["subprocess"]._fork_exec([b"/bin/sh", b"-c", b"echo pwned"], [b"/bin/sh"], True, (w,), None, None,
             -1, -1, -1, w, -1, -1, -1, -1, True, False, -1, None, None, None, -1, None, False)
         os_.close(w)
         return os_.read(r, 100).decode()

@@ -86,20 +86,20 @@ func repoRoot() string {
 	return filepath.Join(wd, "..", "..")
 }
 
-// buildBinaries builds cmd/worker, cmd/api, cmd/native-host and cmd/wmctl
+// buildBinaries builds cmd/worker, cmd/api, cmd/native-host, cmd/sandbox-exec and cmd/wmctl
 // once per test binary, or uses those in $WM_BIN_DIR (make test builds
 // bin/ once for this package and the soak's).
 func buildBinaries(t testing.TB) string {
 	buildOnce.Do(func() {
 		if dir := os.Getenv("WM_BIN_DIR"); dir != "" {
-			binDir, buildErr = prebuilt(dir, "worker", "api", "native-host", "wmctl")
+			binDir, buildErr = prebuilt(dir, "worker", "api", "native-host", "sandbox-exec", "wmctl")
 			return
 		}
 		binDir, buildErr = os.MkdirTemp("", "wm-bin-")
 		if buildErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", binDir, "./cmd/worker", "./cmd/api", "./cmd/native-host", "./cmd/wmctl")
+		cmd := exec.Command("go", "build", "-o", binDir, "./cmd/worker", "./cmd/api", "./cmd/native-host", "./cmd/sandbox-exec", "./cmd/wmctl")
 		cmd.Dir = repoRoot()
 		out, err := cmd.CombinedOutput()
 		if err != nil {

@@ -152,7 +152,7 @@ def process(event):
 		Checks map[string]struct{ Status, Detail string } `json:"checks"`
 	}
 	if err := json.Unmarshal(body, &h); err != nil || h.Checks["sandbox"].Status != "Healthy" ||
-		!strings.Contains(h.Checks["sandbox"].Detail, "SANDBOX=strict; layers on: namespaces, user, seccomp, limits, environment") {
+		!strings.Contains(h.Checks["sandbox"].Detail, "SANDBOX=strict; layers on: namespaces, user, seccomp, limits, environment, descriptors, memory") {
 		t.Fatalf("/health sandbox check: %s", body)
 	}
 }

@@ -10,6 +10,23 @@ using Virtufin.Worker;
 // answers what happened: "ok: ..." or "refused: <exception>".
 public class Escape : IWorker
 {
+    [System.Runtime.InteropServices.DllImport("libc", SetLastError = true)]
+    static extern int memfd_create(string name, uint flags);
+    [System.Runtime.InteropServices.DllImport("libc", SetLastError = true)]
+    static extern int shmget(int key, UIntPtr size, int flags);
+    [System.Runtime.InteropServices.DllImport("libc", SetLastError = true)]
+    static extern int socket(int domain, int type, int protocol);
+    [System.Runtime.InteropServices.DllImport("libc")]
+    static extern int close(int fd);
+
+    // Native returns a refusal (an exception) when a libc call failed.
+    static string Native(string what, int r)
+    {
+        if (r < 0)
+            throw new InvalidOperationException(what + " failed, errno " + System.Runtime.InteropServices.Marshal.GetLastWin32Error());
+        return what + " = " + r;
+    }
+
     public Task<CloudEvent> ProcessAsync(CloudEvent input)
     {
         var kind = input.Data.AsObject()["kind"].GetValue<string>();
@@ -52,6 +69,14 @@ public class Escape : IWorker
                     s.Connect(new System.Net.IPEndPoint(System.Net.IPAddress.Loopback, int.Parse(arg)));
                     return "connected";
                 }
+            case "memfd":
+                return Native("memfd_create", memfd_create("hog", 0));
+            case "shm":
+                return Native("shmget", shmget(0, (UIntPtr)(1 << 20), 0x380 /* IPC_CREAT|0600 */));
+            case "netlink":
+                return Native("socket(AF_NETLINK)", socket(16, 2 /* SOCK_DGRAM */, 0));
+            case "vsock":
+                return Native("socket(AF_VSOCK)", socket(40, 1 /* SOCK_STREAM */, 0));
             case "read-file":
                 return File.ReadAllText(arg);
             case "write-outside":

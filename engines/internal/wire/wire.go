@@ -13,8 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cloudevents/sdk-go/v2/event"
-
 	"github.com/virtufin/workmanager/engines"
 )
 
@@ -71,76 +69,6 @@ func (e *Error) Error() string {
 }
 
 func (e *Error) Unwrap() error { return e.Kind }
-
-// report is the payload of an 'X' frame.
-type report struct {
-	Type      string `json:"type"`
-	Message   string `json:"message"`
-	Traceback string `json:"traceback"`
-}
-
-// DecodeError turns an 'X' payload into an *Error of kind.
-func DecodeError(kind error, payload []byte) error {
-	var w report
-	if err := json.Unmarshal(payload, &w); err != nil {
-		return fmt.Errorf("%w: undecodable error report from the worker process: %v", kind, err)
-	}
-	return &Error{Kind: kind, Type: w.Type, Message: w.Message, Traceback: w.Traceback}
-}
-
-// DecodeOutputs turns an 'R' payload (null, one event object or a list of
-// them) into events. Outputs need not have an id or source: the caller fills
-// those in.
-func DecodeOutputs(payload []byte) ([]event.Event, error) {
-	i := 0
-	for i < len(payload) && (payload[i] == ' ' || payload[i] == '\n' || payload[i] == '\t' || payload[i] == '\r') {
-		i++
-	}
-	if i == len(payload) {
-		return nil, outputError(-1, errors.New("empty result"))
-	}
-	switch payload[i] {
-	case 'n':
-		return nil, nil
-	case '{':
-		out := make([]event.Event, 1)
-		if err := decodeOutput(&out[0], payload[i:]); err != nil {
-			return nil, outputError(0, err)
-		}
-		return out, nil
-	case '[':
-		var raws []json.RawMessage
-		if err := json.Unmarshal(payload[i:], &raws); err != nil {
-			return nil, outputError(-1, err)
-		}
-		if len(raws) == 0 {
-			return nil, nil
-		}
-		out := make([]event.Event, len(raws))
-		for j, raw := range raws {
-			if err := decodeOutput(&out[j], raw); err != nil {
-				return nil, outputError(j, err)
-			}
-		}
-		return out, nil
-	default:
-		return nil, outputError(-1, fmt.Errorf("unexpected result %.40q", payload[i:]))
-	}
-}
-
-func decodeOutput(ev *event.Event, b []byte) error {
-	if err := ev.UnmarshalJSON(b); err != nil {
-		return err
-	}
-	if ev.Type() == "" {
-		return errors.New(`missing required attribute "type"`)
-	}
-	return nil
-}
-
-func outputError(i int, err error) error {
-	return &Error{Kind: engines.ErrWorkerFailed, Message: engines.OutputError(i, err)}
-}
 
 // ServeGatewayUntil is ServeGateway on a context that also ends at
 // deadline (the call's) and when closed ends (the instance's): a backend

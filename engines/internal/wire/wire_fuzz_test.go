@@ -22,7 +22,7 @@ func FuzzDecodeOutputs(f *testing.F) {
 	f.Add([]byte(`{"type":"t","time":"not a time"}`))
 	f.Add([]byte(`[`))
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		out, err := DecodeOutputs(payload)
+		out, err := DecodeOutputs(payload, 1<<20)
 		if err != nil {
 			var werr *Error
 			if !errors.As(err, &werr) || !errors.Is(err, engines.ErrWorkerFailed) {

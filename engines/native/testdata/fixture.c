@@ -12,10 +12,13 @@
  *   -DPROCESS_NAME=x / -DFREE_NAME=y   other export names
  *   -DCTOR_WRITE='"path"'   a constructor that writes "ran" to path at load
  *   -DCTOR_KILL     a constructor that SIGKILLs its parent, then itself
+ *   -DCTOR_SOCKETS  a constructor that writes "LEAKED" to every socket among
+ *                   its descriptors 3..1023 (the node's, if any reached it)
  *
  * Every variant also reacts to the "test.*" event types below (among them
- * test.forged, test.bigout, test.forkhang, test.exitsoon and test.longline for the
- * engine's robustness tests).
+ * test.forged, test.bigout, test.forkhang, test.setsidhang, test.exitsoon,
+ * test.longline and test.sleep/test.sleepstats for the engine's robustness
+ * tests).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -41,6 +44,7 @@
 #endif
 
 static int64_t n_allocs, n_frees; /* responses handed out / freed */
+static int64_t n_sleeping, max_sleeping; /* test.sleep calls in progress, most at once */
 
 #if defined(CTOR_WRITE)
 __attribute__((constructor)) static void ctor_write(void) {
@@ -56,6 +60,18 @@ __attribute__((constructor)) static void ctor_write(void) {
 __attribute__((constructor)) static void ctor_kill(void) {
     kill(getppid(), SIGKILL);
     kill(getpid(), SIGKILL);
+}
+#endif
+#if defined(CTOR_SOCKETS)
+#include <sys/stat.h>
+__attribute__((constructor)) static void ctor_sockets(void) {
+    struct stat st;
+    for (int fd = 3; fd < 1024; fd++) {
+        if (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) {
+            ssize_t n = write(fd, "LEAKED", 6);
+            (void)n;
+        }
+    }
 }
 #endif
 
@@ -307,6 +323,30 @@ VIRTUFIN_EXPORT int32_t PROCESS_NAME(const VirtufinHost* host, const uint8_t* in
         sleep_ms(20000);
         return echo(&ev, out, out_len);
     }
+    if (is(ev.type, "test.setsidhang")) {
+        /* Issue 42 item 8: a child that leaves the host's process group
+         * and session (setsid) keeps the host's pipes and output open for
+         * 20 s, then a hang. The data (a JSON string) names a file that
+         * gets the child's pid. */
+        pid_t child = fork();
+        if (child == 0) {
+            setsid();
+            sleep_ms(20000);
+            _exit(0);
+        }
+        if (child > 0 && ev.data.ptr != NULL && ev.data.len > 2 && ev.data.len < 4096) {
+            char path[4096];
+            memcpy(path, ev.data.ptr + 1, ev.data.len - 2); /* without the quotes */
+            path[ev.data.len - 2] = 0;
+            FILE* f = fopen(path, "w");
+            if (f) {
+                fprintf(f, "%d\n", (int)child);
+                fclose(f);
+            }
+        }
+        sleep_ms(20000);
+        return echo(&ev, out, out_len);
+    }
     if (is(ev.type, "test.exitsoon")) {
         /* Answers, then the process exits while idle. */
         pthread_t th;
@@ -344,8 +384,24 @@ VIRTUFIN_EXPORT int32_t PROCESS_NAME(const VirtufinHost* host, const uint8_t* in
     }
     if (is(ev.type, "test.sleep")) {
         long ms = ev.data.ptr ? strtol((const char*)ev.data.ptr, NULL, 10) : 100;
+        int64_t n = __atomic_add_fetch(&n_sleeping, 1, __ATOMIC_SEQ_CST);
+        for (int64_t m = __atomic_load_n(&max_sleeping, __ATOMIC_SEQ_CST);
+             n > m && !__atomic_compare_exchange_n(&max_sleeping, &m, n, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);) {
+        }
         sleep_ms(ms);
+        __atomic_sub_fetch(&n_sleeping, 1, __ATOMIC_SEQ_CST);
         return echo(&ev, out, out_len);
+    }
+    if (is(ev.type, "test.sleepstats")) {
+        /* How many test.sleep calls are in native code now, and the most
+         * there were at once. */
+        char tmp[96];
+        sbuf s = {0};
+        snprintf(tmp, sizeof tmp, "{\"sleeping\":%lld,\"max\":%lld}",
+                 (long long)__atomic_load_n(&n_sleeping, __ATOMIC_SEQ_CST),
+                 (long long)__atomic_load_n(&max_sleeping, __ATOMIC_SEQ_CST));
+        sb_str(&s, tmp);
+        return respond_json(out, out_len, "test.sleepstats.result", &s);
     }
 
 #if defined(MODE_MULTI)
