@@ -60,9 +60,7 @@ func run(o devstack.Options, bins, apiAddr, apiHealthAddr, nodeAddr string, mtls
 		return err
 	}
 	defer s.Stop()
-	// A fixed node id: after a crash the restarted node takes over its own
-	// task queue and cluster entry instead of waiting for the old one to expire.
-	node, err := s.StartNode(filepath.Join(bins, "worker"), nodeAddr, "WORKMANAGER_NODE_ID=local", "WORKER_TIMEOUT=10s")
+	node, err := s.StartNode(filepath.Join(bins, "worker"), nodeAddr, devstack.NodeEnv(os.Getenv)...)
 	if err != nil {
 		return err
 	}

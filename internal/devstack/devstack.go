@@ -808,3 +808,20 @@ func (b Bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 
 // RequireTransportSecurity implements credentials.PerRPCCredentials.
 func (Bearer) RequireTransportSecurity() bool { return false }
+
+// NodeEnv is what `make run`'s node gets on top of the stack's
+// environment (getenv is os.Getenv): a fixed node id (after a crash the
+// restarted node takes over its own task queue and cluster entry instead
+// of waiting for the old one to expire), WORKER_TIMEOUT 10s (a delivery
+// ends before the broker's 15 s hands it out again), and native workers
+// isolated in a sandboxed host process unless NATIVE_ISOLATION says
+// otherwise, as deploy/k8s runs them: a native worker that crashes costs
+// its host process, never the stack (in-process, the faster choice, must
+// be asked for: NATIVE_ISOLATION=in-process make run).
+func NodeEnv(getenv func(string) string) []string {
+	env := []string{"WORKMANAGER_NODE_ID=local", "WORKER_TIMEOUT=10s"}
+	if getenv("NATIVE_ISOLATION") == "" {
+		env = append(env, "NATIVE_ISOLATION=process")
+	}
+	return env
+}

@@ -66,3 +66,31 @@ func TestWithFreePortsRetriesOnlyPortConflicts(t *testing.T) {
 		t.Fatalf("a non-port error must not be retried: err=%v calls=%d", err, calls)
 	}
 }
+
+// Issue 44 item 1 (first part): make run's node runs native workers in a
+// sandboxed host process unless NATIVE_ISOLATION asks for in-process.
+func TestNodeEnvIsolatesNativeWorkersByDefault(t *testing.T) {
+	has := func(env []string, kv string) bool {
+		for _, e := range env {
+			if e == kv {
+				return true
+			}
+		}
+		return false
+	}
+	env := NodeEnv(func(string) string { return "" })
+	if !has(env, "NATIVE_ISOLATION=process") || !has(env, "WORKMANAGER_NODE_ID=local") || !has(env, "WORKER_TIMEOUT=10s") {
+		t.Fatalf("default: %v", env)
+	}
+	env = NodeEnv(func(k string) string {
+		if k == "NATIVE_ISOLATION" {
+			return "in-process"
+		}
+		return ""
+	})
+	for _, e := range env {
+		if len(e) > 17 && e[:17] == "NATIVE_ISOLATION=" {
+			t.Fatalf("the user's NATIVE_ISOLATION is overridden: %v", env)
+		}
+	}
+}
