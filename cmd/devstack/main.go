@@ -8,9 +8,11 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -55,6 +57,20 @@ func run(o devstack.Options, bins, apiAddr, apiHealthAddr, nodeAddr string, mtls
 		return err
 	}
 	o.Dir = abs
+	loop := func(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
+	ports := []devstack.Port{
+		{Addr: loop(o.RedisPort), What: "Redis", Flag: "-redis-port"},
+		{Addr: loop(o.TemporalPort), What: "the Temporal frontend", Flag: "-temporal-port"},
+		{Addr: loop(o.UIPort), What: "the Temporal Web UI", Flag: "-ui-port"},
+		{Addr: loop(o.DaprGRPCPort), What: "daprd's gRPC API", Flag: "-dapr-grpc-port"},
+		{Addr: loop(o.DaprHTTPPort), What: "daprd's HTTP API", Flag: "-dapr-http-port"},
+		{Addr: apiAddr, What: "the control API", Flag: "-api-addr"},
+		{Addr: apiHealthAddr, What: "the control API's health", Flag: "-api-health-addr"},
+		{Addr: nodeAddr, What: "the node's health", Flag: "-node-addr"},
+	}
+	if err := devstack.CheckPortsFree(ports); err != nil {
+		return err
+	}
 	s, err := devstack.Start(ctx, o)
 	if err != nil {
 		return err

@@ -825,3 +825,24 @@ func NodeEnv(getenv func(string) string) []string {
 	}
 	return env
 }
+
+// Port is one address a stack will listen on, named for a person: what
+// listens there and the devstack flag that moves it.
+type Port struct {
+	Addr, What, Flag string
+}
+
+// CheckPortsFree fails at once, naming the first address of ports that
+// something already listens on (another `make run`, usually), instead of
+// starting servers that cannot bind and a stack that attaches to the
+// other one's.
+func CheckPortsFree(ports []Port) error {
+	for _, p := range ports {
+		ln, err := net.Listen("tcp", p.Addr)
+		if err != nil {
+			return fmt.Errorf("%s (%s) is already in use (%v): is another `make run` going? Stop it, or move this one: make run RUN_FLAGS=\"%s PORT\"", p.Addr, p.What, err, p.Flag)
+		}
+		ln.Close()
+	}
+	return nil
+}

@@ -94,3 +94,26 @@ func TestNodeEnvIsolatesNativeWorkersByDefault(t *testing.T) {
 		}
 	}
 }
+
+// Issue 44 item 7: a port in use is named at once, with the flag that
+// moves it; free ports pass.
+func TestCheckPortsFreeNamesThePortInUse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	freeAddr := free.Addr().String()
+	free.Close()
+	if err := CheckPortsFree([]Port{{Addr: freeAddr, What: "Redis", Flag: "-redis-port"}}); err != nil {
+		t.Fatalf("a free port: %v", err)
+	}
+	err = CheckPortsFree([]Port{{Addr: freeAddr, What: "Redis", Flag: "-redis-port"}, {Addr: ln.Addr().String(), What: "the control API", Flag: "-api-addr"}})
+	if err == nil || !strings.Contains(err.Error(), ln.Addr().String()+" (the control API) is already in use") || !strings.Contains(err.Error(), "-api-addr") {
+		t.Fatalf("a port in use: %v", err)
+	}
+}
