@@ -19,9 +19,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/daprconn"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/tenant"
+	"github.com/virtufin/workmanager/internal/workerpolicy"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
 
@@ -290,6 +292,16 @@ the event).`,
   wmctl publish orders --id o-1 --data @order.json`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
+			// The rules a worker's topic follows, and never WorkManager's
+			// own topics: a lifecycle event or a dead letter sent by hand
+			// would be taken for a real one.
+			if err := catalog.ValidateTopic(args[0]); err != nil {
+				return usageErr(err)
+			}
+			if workerpolicy.Reserved(args[0]) {
+				return usageErr(fmt.Errorf("topic %q is reserved (%s* and *%s carry WorkManager's own lifecycle events and dead letters); "+
+					"to send a dead letter to its worker again use wmctl replay-dead", args[0], workerpolicy.ReservedPrefix, workerpolicy.DeadSuffix))
+			}
 			ev := event.New(event.CloudEventsVersionV1)
 			if id == "" {
 				id = uuid.NewString()

@@ -221,6 +221,23 @@ func TestPublish(t *testing.T) {
 	if r := run(t, map[string]string{"DAPR_GRPC_ADDRESS": addr}, "", "publish", "orders", "--data", "{not json"); r.code != 2 {
 		t.Errorf("bad --data: exit %d %q", r.code, r.err)
 	}
+	// Issue 44 item 5: a topic a worker could not have, and WorkManager's
+	// own topics, are refused before anything is published.
+	for topic, want := range map[string]string{
+		"my topic":              "must match",
+		"workmanager.lifecycle": "is reserved",
+		"orders-dead":           "is reserved",
+	} {
+		if r := run(t, map[string]string{"DAPR_GRPC_ADDRESS": addr}, "", "publish", topic, "--type", "x"); r.code != 2 || !strings.Contains(r.err, want) {
+			t.Errorf("publish %q: exit %d %q, want 2 and %q", topic, r.code, r.err, want)
+		}
+	}
+	f.mu.Lock()
+	n := len(f.published)
+	f.mu.Unlock()
+	if n != 2 {
+		t.Errorf("%d events published, want the 2 valid ones", n)
+	}
 }
 
 // TestEventsWorkerResolution: --worker takes an id as it is (no API
