@@ -2,15 +2,11 @@ package sandbox_test
 
 import (
 	"bytes"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/virtufin/workmanager/engines/sandbox"
 	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
@@ -33,50 +29,6 @@ for fd in range(3, 1024):
     except OSError:
         pass
 `
-
-// LeakyDescriptors is a node holding what an in-process native library
-// or its own parent leaves it: a TCP connection to a loopback listener and
-// an open file, both without close-on-exec. It returns the listener's
-// accepted side (whatever reaches it) and the file's path.
-func leakyDescriptors(t *testing.T) (accepted <-chan []byte, file string) {
-	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	got := make(chan []byte, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		var buf bytes.Buffer
-		_ = c.SetReadDeadline(time.Now().Add(time.Minute))
-		_, _ = io.Copy(&buf, c)
-		got <- buf.Bytes()
-	}()
-	// syscall.Socket, not net.Dial: no SOCK_CLOEXEC, as C code opens them.
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().(*net.TCPAddr)
-	if err := syscall.Connect(fd, &syscall.SockaddrInet4{Port: addr.Port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	file = filepath.Join(t.TempDir(), "node-secret")
-	if err := os.WriteFile(file, []byte("secret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ffd, err := syscall.Open(file, syscall.O_RDWR, 0) // no O_CLOEXEC
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Close(fd); syscall.Close(ffd) })
-	return got, file
-}
 
 // runProbe runs fdProbe in s and returns its output.
 func runProbe(t *testing.T, s *sandbox.Sandbox) string {
@@ -110,47 +62,29 @@ func TestNodeDescriptorsDoNotReachTheWorker(t *testing.T) {
 		{"control: standard without bubblewrap or sandbox-exec", sandbox.Config{Mode: sandbox.Standard, Bwrap: "/nonexistent/bwrap", Exec: "/nonexistent/sandbox-exec"}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			accepted, file := leakyDescriptors(t)
+			leak := sandboxtest.NodeDescriptors(t)
 			c.cfg.Log = quiet()
 			s := sandboxtest.New(t, c.cfg)
 			out := runProbe(t, s)
-			// The node closes its side: whatever the worker wrote is there.
-			var reached []byte
+			var held []string
 			for _, l := range strings.Split(out, "\n") {
 				f := strings.Fields(l)
 				if len(f) != 2 {
 					continue
 				}
-				if n, err := strconv.Atoi(f[0]); err == nil && n > 2 && (strings.HasPrefix(f[1], "socket:") || f[1] == file) {
-					t.Logf("the worker holds fd %s -> %s", f[0], f[1])
-					reached = append(reached, 'x')
+				if n, err := strconv.Atoi(f[0]); err == nil && n > 2 && (strings.HasPrefix(f[1], "socket:") || f[1] == leak.File) {
+					held = append(held, l)
 				}
 			}
-			// Close the node's connection so the listener's copy ends.
-			for fd := 3; fd < 1024; fd++ {
-				if target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err == nil && strings.HasPrefix(target, "socket:") {
-					if sa, err := syscall.Getpeername(fd); err == nil {
-						if in4, ok := sa.(*syscall.SockaddrInet4); ok && in4.Addr == [4]byte{127, 0, 0, 1} {
-							_ = syscall.Shutdown(fd, syscall.SHUT_WR)
-						}
-					}
-				}
-			}
-			var wrote []byte
-			select {
-			case wrote = <-accepted:
-			case <-time.After(30 * time.Second):
-				t.Fatal("the listener's connection did not end")
-			}
-			secret, _ := os.ReadFile(file)
+			wrote, file := leak.Reached(t)
 			if c.leaks {
-				if len(reached) == 0 || !bytes.Contains(wrote, []byte("LEAKED")) {
+				if len(held) == 0 || !bytes.Contains(wrote, []byte("LEAKED")) {
 					t.Fatalf("control: the probe did not find the leaked descriptors (it cannot prove anything): %s", out)
 				}
 				return
 			}
-			if len(reached) > 0 || len(wrote) > 0 || !bytes.Equal(secret, []byte("secret")) {
-				t.Fatalf("a node descriptor reached the worker: listener got %q, file holds %q; probe:\n%s", wrote, secret, out)
+			if len(held) > 0 || len(wrote) > 0 || file != "secret" {
+				t.Fatalf("a node descriptor reached the worker: it holds %q, the listener got %q, the file holds %q; probe:\n%s", held, wrote, file, out)
 			}
 		})
 	}

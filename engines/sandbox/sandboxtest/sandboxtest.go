@@ -163,24 +163,34 @@ func (l *Leak) Holders() []string {
 	return found
 }
 
+// Reached shuts this process's side of the connection and returns what
+// the listener received through it and what the file holds ("secret"
+// unless something wrote it). Once only.
+func (l *Leak) Reached(tb testing.TB) (received []byte, file string) {
+	tb.Helper()
+	_ = syscall.Shutdown(l.sock, syscall.SHUT_WR)
+	select {
+	case received = <-l.received:
+	case <-time.After(time.Minute):
+		tb.Fatal("the listener's connection did not end")
+	}
+	b, _ := os.ReadFile(l.File)
+	return received, string(b)
+}
+
 // Check fails tb if another process holds the leaked socket or file, or
-// (after this process shuts its side) anything reached the listener or
-// the file changed. Call it while the worker's processes run; once only.
+// anything reached the listener or the file changed. Call it while the
+// worker's processes run; once only.
 func (l *Leak) Check(tb testing.TB) {
 	tb.Helper()
 	if h := l.Holders(); len(h) > 0 {
 		tb.Errorf("a node descriptor reached a worker process: %s", strings.Join(h, "; "))
 	}
-	_ = syscall.Shutdown(l.sock, syscall.SHUT_WR)
-	select {
-	case got := <-l.received:
-		if len(got) > 0 {
-			tb.Errorf("the node's loopback listener received %q from a worker", got)
-		}
-	case <-time.After(time.Minute):
-		tb.Error("the listener's connection did not end")
+	got, file := l.Reached(tb)
+	if len(got) > 0 {
+		tb.Errorf("the node's loopback listener received %q from a worker", got)
 	}
-	if b, _ := os.ReadFile(l.File); string(b) != "secret" {
-		tb.Errorf("the node's open file was written: %q", b)
+	if file != "secret" {
+		tb.Errorf("the node's open file was written: %q", file)
 	}
 }
