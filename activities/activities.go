@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/catalog"
@@ -32,8 +33,9 @@ type Node interface {
 	// Apply attaches (or detaches, when stopped) w, then persists it and
 	// history (when not nil).
 	Apply(ctx context.Context, w catalog.Worker, history *catalog.HistoryEntry) error
-	// Remove detaches the worker id, then deletes its record.
-	Remove(ctx context.Context, id string) error
+	// Remove detaches the worker, then deletes its record (refused when
+	// the record is another incarnation's: catalog.RemoveWorker).
+	Remove(ctx context.Context, w catalog.Worker) error
 	// Sync makes this node match the persisted record of id.
 	Sync(ctx context.Context, id string) error
 }
@@ -166,7 +168,7 @@ func (a *Activities) Delete(ctx context.Context, in DeleteInput) error {
 	if err := a.Catalog.OrphanHistory(ctx, in.Worker.ID); err != nil {
 		return err
 	}
-	return a.Node.Remove(ctx, in.Worker.ID)
+	return classify(a.Node.Remove(ctx, in.Worker))
 }
 
 // EmitInput names lifecycle events of a worker.
@@ -182,9 +184,17 @@ func (a *Activities) Emit(ctx context.Context, in EmitInput) error {
 }
 
 // ListWorkerIDsPage returns the ids on one page of the worker index
-// (recovery takes the pages one by one).
+// (recoveries recorded before ListWorkerIDsChunk take the pages one by
+// one).
 func (a *Activities) ListWorkerIDsPage(ctx context.Context, page int) ([]string, error) {
 	return a.Catalog.WorkerIDsPage(ctx, page)
+}
+
+// ListWorkerIDsChunk returns the ids of one chunk of the worker index, at
+// most catalog.IndexChunkBytes of them whatever the number of workers, and
+// the cursor of the next chunk (recovery takes the index chunk by chunk).
+func (a *Activities) ListWorkerIDsChunk(ctx context.Context, cur catalog.IndexCursor) (catalog.IndexChunk, error) {
+	return a.Catalog.WorkerIDsChunk(ctx, cur, catalog.IndexChunkBytes)
 }
 
 // ListWorkerIDs returns the ids of every persisted worker (the recovery of
@@ -269,6 +279,11 @@ func classify(err error) error {
 	if err == nil {
 		return nil
 	}
+	if errors.Is(err, catalog.ErrStale) {
+		// A late attempt of a change the catalog has moved past: trying it
+		// again never succeeds.
+		return temporal.NewNonRetryableApplicationError(cutText(err.Error(), maxFailureText), StaleWrite, nil)
+	}
 	if errors.Is(err, codesource.ErrForbidden) {
 		return failure.New(failure.PermissionDenied, cutText(err.Error(), maxFailureText))
 	}
@@ -282,6 +297,10 @@ func classify(err error) error {
 	}
 	return err
 }
+
+// StaleWrite is the application error type (non-retryable) of a change
+// that the catalog has moved past (catalog.ErrStale).
+const StaleWrite = "StaleWrite"
 
 // maxFailureText bounds the text of an activity's error.
 const maxFailureText = 16 << 10

@@ -27,12 +27,12 @@ func (n *flakyNode) Check(ctx context.Context, w catalog.Worker, code []byte) er
 	return n.Node.Check(ctx, w, code)
 }
 
-func (n *flakyNode) Remove(ctx context.Context, id string) error {
+func (n *flakyNode) Remove(ctx context.Context, w catalog.Worker) error {
 	if n.removes++; n.removes == 1 {
-		n.cutOff(id)
+		n.cutOff(w.ID)
 		return errors.New("context deadline exceeded")
 	}
-	return n.Node.Remove(ctx, id)
+	return n.Node.Remove(ctx, w)
 }
 
 // Issue 33 item 4: a check that fails for a reason other than the code

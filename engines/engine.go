@@ -120,9 +120,9 @@ func OutputError(i int, err error) string {
 // A call made while the worker holds its group's lock carries the lock's
 // Fence in ctx (FenceFrom): the Gateway checks it before calling and sends
 // the token along, so that a stale holder reaches no backend. Engines pass
-// the ctx of the Process call (or, when their host calls cannot tell which
-// call they belong to, the Fence of the worker's latest call: a grouped
-// worker runs one call at a time) to Call.
+// the ctx of the Process call, or that call's Fence, to Call (never another
+// call's: the in-process native engine tells calls apart by their host
+// struct, and refuses the host calls of a call it abandoned at its timeout).
 type Gateway interface {
 	Call(ctx context.Context, service, method string, request []byte) ([]byte, error)
 }

@@ -10,7 +10,10 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/virtufin/workmanager/activities"
 	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/failure"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 )
 
 // RecoveryWorkflowID is fixed: starting recovery while one runs joins it, so
@@ -46,7 +49,16 @@ type RecoveryInput struct {
 	// one page, whatever the number of workers.
 	Paged    bool
 	NextPage int
-	Done     RecoveryResult
+	// Chunked tells that the index is taken a chunk at a time
+	// (catalog.IndexChunkBytes at most): Cursor is where the next chunk
+	// starts once Pending is done. Pending then holds at most one chunk,
+	// whatever the number of workers and the size of a page.
+	Chunked bool
+	Cursor  catalog.IndexCursor
+	Done    RecoveryResult
+	// ContinueAsNewAfter is given to the worker workflows recovery starts
+	// (WorkerInput.ContinueAsNewAfter, the API's setting).
+	ContinueAsNewAfter int
 	// Batch and Run override DefaultRecoveryBatch and DefaultRecoveryRun
 	// (tests).
 	Batch, Run int
@@ -59,7 +71,10 @@ type RecoveryInput struct {
 // of Batch ids, and the workflow continues as new every Run workers, so the
 // list, the history and the concurrency stay bounded whatever the number of
 // workers. One broken worker does not stop the others: it is logged and
-// counted.
+// counted. From version "recovery-window" on (recoverWindow) the index is
+// listed in bounded chunks, up to Batch workers are recovered at once with
+// no batch waiting for its slowest, a run also continues as new after
+// RecoveryRunBudget, and a worker not recovered gets an error event.
 func RecoveryWorkflow(ctx workflow.Context, in RecoveryInput) (RecoveryResult, error) {
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		StartToCloseTimeout: time.Minute,
@@ -67,12 +82,18 @@ func RecoveryWorkflow(ctx workflow.Context, in RecoveryInput) (RecoveryResult, e
 			InitialInterval: 200 * time.Millisecond, MaximumInterval: 2 * time.Second, MaximumAttempts: 3,
 		},
 	})
+	// The worker workflows recovery starts get the configured bound
+	// (recoverOne reads it from the context).
+	ctx = workflow.WithValue(ctx, continueAsNewAfterKey{}, in.ContinueAsNewAfter)
 	batch, run := in.Batch, in.Run
 	if batch <= 0 {
 		batch = DefaultRecoveryBatch
 	}
 	if run <= 0 {
 		run = DefaultRecoveryRun
+	}
+	if workflow.GetVersion(ctx, "recovery-window", workflow.DefaultVersion, 1) == 1 {
+		return recoverWindow(ctx, actx, in, batch, run)
 	}
 	if !in.Listed && !in.Paged {
 		if workflow.GetVersion(ctx, "paged-index", workflow.DefaultVersion, 1) == workflow.DefaultVersion {
@@ -110,6 +131,138 @@ func RecoveryWorkflow(ctx workflow.Context, in RecoveryInput) (RecoveryResult, e
 	return in.Done, nil
 }
 
+// Bounds of one recovery run (issue 43 item 2). A run starts no worker
+// after RecoveryRunBudget; it then waits for the workers in flight, each
+// done within RecoveryWorkerBound (and the bounded publication of its
+// failure event), and continues as new with what is left. So every run
+// ends well within RecoveryRunTimeout and carries its progress on, however
+// slowly the workers load: a run that timed out would be started again
+// from the first worker by the next node's RunRecovery.
+const (
+	RecoveryRunBudget = 3 * time.Minute
+	// RecoveryWorkerBound bounds one worker's Activate in recovery, all
+	// attempts together; a worker not activated by then is counted as
+	// failed (an error event says why) and the node's reconcile tries it
+	// again.
+	RecoveryWorkerBound = ActivateTimeout
+)
+
+// RecoveryFailedType is the error_type of the error event of a worker
+// that recovery could not bring back.
+const RecoveryFailedType = "not_recovered"
+
+// recoverWindow is RecoveryWorkflow from version "recovery-window" on: the
+// index is taken a chunk at a time; up to batch workers are recovered at
+// once, a finished one making room for the next (one slow worker holds
+// one place, not a batch); the run continues as new after run workers or
+// RecoveryRunBudget, whichever comes first.
+func recoverWindow(ctx, lctx workflow.Context, in RecoveryInput, batch, run int) (RecoveryResult, error) {
+	if in.Paged { // continued from a run that took whole pages
+		in.Paged, in.Chunked, in.Cursor, in.NextPage = false, true, catalog.IndexCursor{Page: in.NextPage}, 0
+	}
+	if !in.Listed {
+		in.Chunked = true
+	}
+	began := workflow.Now(ctx)
+	due := func(started int) bool {
+		return started >= run || workflow.Now(ctx).Sub(began) >= RecoveryRunBudget || workflow.GetInfo(ctx).GetContinueAsNewSuggested()
+	}
+	sel := workflow.NewSelector(ctx)
+	var ready []catalog.Worker // read, not started yet
+	inflight, started := 0, 0
+	for {
+		if inflight < batch && !due(started) {
+			switch {
+			case len(ready) > 0:
+				w := ready[0]
+				ready = ready[1:]
+				inflight++
+				started++
+				sel.AddFuture(recoverOne(ctx, recoveryActivateCtx(ctx), w), func(f workflow.Future) {
+					inflight--
+					count(ctx, w.ID, f.Get(ctx, nil), &in.Done)
+				})
+				continue
+			case len(in.Pending) > 0:
+				n := min(batch, len(in.Pending))
+				if err := workflow.ExecuteActivity(lctx, a.GetWorkers, in.Pending[:n]).Get(ctx, &ready); err != nil {
+					return in.Done, err
+				}
+				in.Pending = in.Pending[n:]
+				continue
+			case in.Chunked && !in.Cursor.Done():
+				var ch catalog.IndexChunk
+				if err := workflow.ExecuteActivity(lctx, a.ListWorkerIDsChunk, in.Cursor).Get(ctx, &ch); err != nil {
+					return in.Done, err
+				}
+				in.Pending, in.Cursor = ch.IDs, ch.Next
+				continue
+			}
+		}
+		if inflight == 0 {
+			break
+		}
+		sel.Select(ctx)
+	}
+	if len(ready) == 0 && len(in.Pending) == 0 && (!in.Chunked || in.Cursor.Done()) {
+		return in.Done, nil
+	}
+	left := make([]string, 0, len(ready)+len(in.Pending))
+	for _, w := range ready { // read again by the next run
+		left = append(left, w.ID)
+	}
+	in.Pending = append(left, in.Pending...)
+	return RecoveryResult{}, workflow.NewContinueAsNewError(ctx, RecoveryWorkflow, in)
+}
+
+// recoveryActivateCtx gives recovery's Activate the node fan-out's timeout
+// and heartbeat (syncNodes), all attempts bounded by RecoveryWorkerBound,
+// and has recoverOne publish an error event for a worker not recovered.
+func recoveryActivateCtx(ctx workflow.Context) workflow.Context {
+	ctx = workflow.WithValue(ctx, reportFailureKey{}, true)
+	return workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		ScheduleToCloseTimeout: RecoveryWorkerBound,
+		StartToCloseTimeout:    ActivateTimeout,
+		HeartbeatTimeout:       ActivateHeartbeat,
+		RetryPolicy: &temporal.RetryPolicy{InitialInterval: 500 * time.Millisecond, BackoffCoefficient: 2, MaximumInterval: 10 * time.Second,
+			MaximumAttempts: 4, NonRetryableErrorTypes: []string{failure.InvalidArgument}},
+	})
+}
+
+// reportFailureKey marks a context whose recoverOne publishes an error
+// event for a worker it could not recover.
+type reportFailureKey struct{}
+
+// reportNotRecovered publishes the error event of a worker recovery could
+// not bring back, with the reason. Publishing is bounded: a broker outage
+// must not hold the recovery (the failure is logged and counted anyway).
+func reportNotRecovered(ctx workflow.Context, w catalog.Worker, cause error) {
+	ectx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		ScheduleToCloseTimeout: time.Minute,
+		StartToCloseTimeout:    30 * time.Second,
+		RetryPolicy:            &temporal.RetryPolicy{InitialInterval: 200 * time.Millisecond, BackoffCoefficient: 2, MaximumInterval: 10 * time.Second},
+	})
+	x := workflow.GetInfo(ctx).WorkflowExecution
+	ev := activities.EventSpec{ID: eventID(WorkflowID(w.ID), x.RunID, 0, lifecycleevents.Error), Kind: lifecycleevents.Error, ErrorType: RecoveryFailedType,
+		ErrorMessage: fmt.Sprintf("worker %s was not recovered: %v; nodes try it again at their next reconcile (or repeat an operation on it)", w.ID, cause)}
+	if err := workflow.ExecuteActivity(ectx, a.Emit, activities.EmitInput{Worker: w, Events: []activities.EventSpec{ev}}).Get(ctx, nil); err != nil {
+		workflow.GetLogger(ctx).Warn("not_recovered event not published", "worker_id", w.ID, "err", err)
+	}
+}
+
+// count adds one worker's outcome to res.
+func count(ctx workflow.Context, id string, err error, res *RecoveryResult) {
+	if err != nil {
+		workflow.GetLogger(ctx).Error("worker not recovered", "worker_id", id, "err", err)
+		res.Failed++
+		if len(res.FailedIDs) < MaxFailedIDs {
+			res.FailedIDs = append(res.FailedIDs, id)
+		}
+		return
+	}
+	res.Recovered++
+}
+
 // recoverBatch recovers ws concurrently and adds the outcome to res.
 func recoverBatch(ctx, actx workflow.Context, ws []catalog.Worker, res *RecoveryResult) {
 	futures := make([]workflow.Future, len(ws))
@@ -142,15 +295,24 @@ func recoverOne(ctx, actx workflow.Context, w catalog.Worker) workflow.Future {
 			// started again from the record.
 			WorkflowIDReusePolicy: enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE_FAILED_ONLY,
 		})
-		child := workflow.ExecuteChildWorkflow(cctx, WorkerWorkflow, WorkerInput{State: WorkerState{Worker: w, Created: true}, Recovered: true})
-		if err := child.GetChildWorkflowExecution().Get(ctx, nil); err != nil && !temporal.IsWorkflowExecutionAlreadyStartedError(err) {
-			set.Set(nil, err)
-			return
+		bound, _ := ctx.Value(continueAsNewAfterKey{}).(int)
+		child := workflow.ExecuteChildWorkflow(cctx, WorkerWorkflow, WorkerInput{State: WorkerState{Worker: w, Created: true}, Recovered: true,
+			ContinueAsNewAfter: bound})
+		err := child.GetChildWorkflowExecution().Get(ctx, nil)
+		if err == nil || temporal.IsWorkflowExecutionAlreadyStartedError(err) {
+			err = workflow.ExecuteActivity(actx, a.Activate, w.ID).Get(ctx, nil)
 		}
-		set.Set(nil, workflow.ExecuteActivity(actx, a.Activate, w.ID).Get(ctx, nil))
+		if report, _ := actx.Value(reportFailureKey{}).(bool); report && err != nil {
+			reportNotRecovered(ctx, w, err)
+		}
+		set.Set(nil, err)
 	})
 	return f
 }
+
+// continueAsNewAfterKey carries RecoveryInput.ContinueAsNewAfter to
+// recoverOne.
+type continueAsNewAfterKey struct{}
 
 // RecoveryRunTimeout bounds one run of the recovery workflow (at most
 // DefaultRecoveryRun workers), so that a stuck recovery does not keep every
@@ -161,13 +323,20 @@ const RecoveryRunTimeout = 10 * time.Minute
 // RunRecovery executes the recovery workflow under its fixed ID, joining one
 // that is already running (only one recovery runs in the cluster).
 func RunRecovery(ctx context.Context, c client.Client) (RecoveryResult, error) {
+	return RunRecoveryWith(ctx, c, RecoveryInput{})
+}
+
+// RunRecoveryWith is RunRecovery starting from in (its ContinueAsNewAfter:
+// the bound of the worker workflows it starts). A recovery joined keeps
+// the input it was started with.
+func RunRecoveryWith(ctx context.Context, c client.Client, in RecoveryInput) (RecoveryResult, error) {
 	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
 		ID:                       RecoveryWorkflowID,
 		TaskQueue:                TaskQueue,
 		WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING,
 		WorkflowIDReusePolicy:    enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
 		WorkflowRunTimeout:       RecoveryRunTimeout,
-	}, RecoveryWorkflow, RecoveryInput{})
+	}, RecoveryWorkflow, in)
 	if err != nil {
 		return RecoveryResult{}, fmt.Errorf("start recovery: %w", err)
 	}

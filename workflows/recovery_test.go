@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/mock"
 	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/workflow"
 
@@ -30,6 +32,13 @@ type recoveryEnv struct {
 	pages     []int // index pages listed, in order
 	onPage    func(id string) int
 	getErr    error // GetWorkers fails with it when set
+	// slowIDs' Activate takes slowFor (workflow time) every attempt, then
+	// fails when slowFails is set (a worker that cannot load in time).
+	slowIDs   map[string]bool
+	slowFor   time.Duration
+	slowFails bool
+	infos     []activity.Info        // Activate attempts' activity info
+	emitted   []activities.EmitInput // events recovery published
 }
 
 func newRecoveryEnv(n int, deleted, broken map[string]bool) *recoveryEnv {
@@ -52,6 +61,18 @@ func newRecoveryEnv(n int, deleted, broken map[string]bool) *recoveryEnv {
 			}
 		}
 		return ids, nil
+	})
+	r.env.OnActivity(a.ListWorkerIDsChunk, mock.Anything, mock.Anything).Return(func(_ context.Context, cur catalog.IndexCursor) (catalog.IndexChunk, error) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.pages = append(r.pages, cur.Page)
+		ch := catalog.IndexChunk{Next: catalog.IndexCursor{Page: cur.Page + 1}}
+		for _, id := range r.ids { // a page's ids in one chunk
+			if r.onPage(id) == cur.Page {
+				ch.IDs = append(ch.IDs, id)
+			}
+		}
+		return ch, nil
 	})
 	r.env.OnActivity(a.GetWorkers, mock.Anything, mock.Anything).Return(
 		func(_ context.Context, ids []string) ([]catalog.Worker, error) {
@@ -77,7 +98,27 @@ func newRecoveryEnv(n int, deleted, broken map[string]bool) *recoveryEnv {
 			}
 			return WorkerState{}, nil
 		})
-	r.env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(func(_ context.Context, id string) error {
+	r.env.OnActivity(a.Emit, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.EmitInput) error {
+		r.mu.Lock()
+		r.emitted = append(r.emitted, in)
+		r.mu.Unlock()
+		return nil
+	})
+	r.env.OnActivity(a.Activate, mock.Anything, mock.MatchedBy(func(id string) bool { return r.slowIDs[id] })).AfterFn(func() time.Duration { return r.slowFor }).Return(
+		func(ctx context.Context, id string) error {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.infos = append(r.infos, activity.GetInfo(ctx))
+			if r.slowFails {
+				return errors.New("engine load timed out")
+			}
+			r.activated = append(r.activated, id)
+			return nil
+		})
+	r.env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(func(ctx context.Context, id string) error {
+		r.mu.Lock()
+		r.infos = append(r.infos, activity.GetInfo(ctx))
+		r.mu.Unlock()
 		if broken[id] {
 			return failure.New(failure.InvalidArgument, "engine refused the code")
 		}
@@ -89,9 +130,10 @@ func newRecoveryEnv(n int, deleted, broken map[string]bool) *recoveryEnv {
 	return r
 }
 
-// Recovery takes the workers in batches, continues as new every Run
-// workers carrying what is left and the counts, and a deleted or broken
-// worker neither stops it nor is counted as recovered.
+// Recovery reads the workers in batches, recovers up to Batch at once,
+// continues as new every Run workers started carrying what is left (the
+// records read but not started are read again) and the counts, and a
+// deleted or broken worker neither stops it nor is counted as recovered.
 func TestRecoveryPagesAndContinuesAsNew(t *testing.T) {
 	deleted, broken := map[string]bool{"w1": true}, map[string]bool{"w5": true}
 	r := newRecoveryEnv(7, deleted, broken)
@@ -101,9 +143,9 @@ func TestRecoveryPagesAndContinuesAsNew(t *testing.T) {
 	require.True(t, errors.As(r.env.GetWorkflowError(), &can), "want continue-as-new, got %v", r.env.GetWorkflowError())
 	var next RecoveryInput
 	require.NoError(t, converterDecode(can, &next))
-	require.Equal(t, RecoveryInput{Paged: true, NextPage: 1, Pending: []string{"w4", "w5", "w6"}, Done: RecoveryResult{Recovered: 3}, Batch: 2, Run: 4}, next)
-	require.Equal(t, [][]string{{"w0", "w1"}, {"w2", "w3"}}, r.batches)
-	require.Equal(t, 3, r.children)
+	require.Equal(t, RecoveryInput{Chunked: true, Cursor: catalog.IndexCursor{Page: 1}, Pending: []string{"w5", "w6"}, Done: RecoveryResult{Recovered: 4}, Batch: 2, Run: 4}, next)
+	require.Equal(t, [][]string{{"w0", "w1"}, {"w2", "w3"}, {"w4", "w5"}}, r.batches)
+	require.Equal(t, 4, r.children)
 	require.Zero(t, r.fromStale, "every run recovery starts re-reads the catalog first")
 
 	// The next run finishes the list without listing again.
@@ -114,8 +156,10 @@ func TestRecoveryPagesAndContinuesAsNew(t *testing.T) {
 	var res RecoveryResult
 	require.NoError(t, r2.env.GetWorkflowResult(&res))
 	require.Equal(t, RecoveryResult{Recovered: 5, Failed: 1, FailedIDs: []string{"w5"}}, res)
-	require.Equal(t, [][]string{{"w4", "w5"}, {"w6"}}, r2.batches)
-	require.Equal(t, []string{"w4", "w6"}, r2.activated)
+	require.Equal(t, [][]string{{"w5", "w6"}}, r2.batches)
+	require.Equal(t, []string{"w6"}, r2.activated)
+	require.Len(t, r2.emitted, 1, "an error event for the broken worker")
+	require.Equal(t, "w5", r2.emitted[0].Worker.ID)
 	require.Equal(t, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, r2.pages, "the next run goes on with the next page")
 }
 

@@ -86,6 +86,11 @@ type WorkerState struct {
 	// LoadCode that failed (its history entry may have been written): the
 	// next LoadCode never uses a number twice.
 	LastVersion int64
+	// LastRevision is the highest record revision handed out
+	// (catalog.Worker.Revision), also by a change that failed: every Apply
+	// writes a new one, so a late attempt of an older change is refused
+	// by the catalog.
+	LastRevision int64
 	// CreateFailed tells that this run's create failed: the run ends, and
 	// the worker id is free for a new create once it has ended.
 	CreateFailed bool
@@ -109,6 +114,12 @@ type CreateRequest struct {
 // at its next reconcile, or when the operation is repeated.
 const NotApplied = "NotApplied"
 
+// ContinueAsNewDue is the application error type (retryable) with which
+// the validators refuse an update once the run is due to continue as new:
+// the updates in flight finish, the run continues as new, and the caller
+// sends the update again, to the new run (services/api does).
+const ContinueAsNewDue = "ContinueAsNewDue"
+
 // errNotCreated ends a workflow that was started but never created.
 var errNotCreated = errors.New("worker was never created")
 
@@ -118,11 +129,13 @@ type entity struct {
 	updates  int
 	failed   error
 	createID string
+	// canAfter is WorkerInput.ContinueAsNewAfter.
+	canAfter int
 }
 
 // WorkerWorkflow is the entity workflow of one worker.
 func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
-	e := &entity{st: in.State, mu: workflow.NewMutex(ctx), createID: in.CreateID}
+	e := &entity{st: in.State, mu: workflow.NewMutex(ctx), createID: in.CreateID, canAfter: in.ContinueAsNewAfter}
 	reread := in.Recovered && workflow.GetVersion(ctx, "recovered-rereads-catalog", workflow.DefaultVersion, 1) == 1
 	if reread {
 		// Held before the update handlers exist, so that no update (not
@@ -171,14 +184,8 @@ func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
 			}
 		}
 	}
-	continueAsNew := func() bool {
-		if workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
-			return true
-		}
-		return in.ContinueAsNewAfter > 0 && e.updates >= in.ContinueAsNewAfter
-	}
 	if err := workflow.Await(ctx, func() bool {
-		return (e.st.Deleted || continueAsNew()) && workflow.AllHandlersFinished(ctx)
+		return (e.st.Deleted || e.continueAsNewDue(ctx)) && workflow.AllHandlersFinished(ctx)
 	}); err != nil {
 		return e.st, err
 	}
@@ -190,13 +197,29 @@ func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
 	return e.st, workflow.NewContinueAsNewError(ctx, WorkerWorkflow, next)
 }
 
+// continueAsNewDue tells that the run should continue as new: the server
+// suggests it, or the run handled its ContinueAsNewAfter updates. It does
+// so once no handler runs; meanwhile the validators refuse new updates
+// (ContinueAsNewDue), so that a steady stream of updates cannot postpone
+// it without end.
+func (e *entity) continueAsNewDue(ctx workflow.Context) bool {
+	if workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
+		return true
+	}
+	return e.canAfter > 0 && e.updates >= e.canAfter
+}
+
 func (e *entity) registerUpdates(ctx workflow.Context) error {
-	alive := func() error {
+	// Validators do not run on replay, so what they refuse may change
+	// without a version.
+	alive := func(ctx workflow.Context) error {
 		switch {
 		case e.st.Deleted:
 			return failure.New(failure.NotFound, fmt.Sprintf("worker %s is deleted", e.st.Worker.ID))
 		case !e.st.Created:
 			return failure.New(failure.NotFound, fmt.Sprintf("worker %s is not created", e.st.Worker.ID))
+		case e.continueAsNewDue(ctx):
+			return temporal.NewApplicationError(fmt.Sprintf("worker %s: its workflow is continuing as new; send the update again", e.st.Worker.ID), ContinueAsNewDue)
 		}
 		return nil
 	}
@@ -214,10 +237,10 @@ func (e *entity) registerUpdates(ctx workflow.Context) error {
 			}
 			return nil
 		}},
-		{UpdateStart, e.start, func(workflow.Context) error { return alive() }},
-		{UpdateStop, e.stop, func(workflow.Context) error { return alive() }},
-		{UpdateLoadCode, e.loadCode, func(_ workflow.Context, r catalog.CodeRef) error {
-			if err := alive(); err != nil {
+		{UpdateStart, e.start, func(ctx workflow.Context) error { return alive(ctx) }},
+		{UpdateStop, e.stop, func(ctx workflow.Context) error { return alive(ctx) }},
+		{UpdateLoadCode, e.loadCode, func(ctx workflow.Context, r catalog.CodeRef) error {
+			if err := alive(ctx); err != nil {
 				return err
 			}
 			// An unpinned URL (CODE_URL_ALLOW_UNPINNED, checked by the API)
@@ -230,7 +253,7 @@ func (e *entity) registerUpdates(ctx workflow.Context) error {
 			}
 			return nil
 		}},
-		{UpdateDelete, e.delete, func(workflow.Context) error { return alive() }},
+		{UpdateDelete, e.delete, func(ctx workflow.Context) error { return alive(ctx) }},
 	}
 	for _, h := range handlers {
 		if err := workflow.SetUpdateHandlerWithOptions(ctx, h.name, h.fn, workflow.UpdateHandlerOptions{Validator: h.validate}); err != nil {
@@ -370,8 +393,16 @@ func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker
 		return catalog.Worker{}, err
 	}
 	in.Worker.Status, in.Worker.CreatedAt = catalog.StatusRunning, in.Worker.UpdatedAt
+	// The worker's incarnation is this run: its tombstone never lets a late
+	// write of this create back, while a create in a new run may follow a
+	// failed one.
+	in.Worker.Incarnation = workflow.GetInfo(ctx).WorkflowExecution.RunID
+	e.revise(&in.Worker)
 	if applied, err := e.apply(ctx, in, e.event(ctx, lifecycleevents.Created), e.event(ctx, lifecycleevents.Started)); err != nil {
-		if applied {
+		// Not applied: the record was read back and is not there, but an
+		// attempt of Apply still running (its node paused) may write it
+		// later; the undo's tombstone refuses that write.
+		if applied || workflow.GetVersion(ctx, "failed-create-always-undone", workflow.DefaultVersion, 1) == 1 {
 			e.undoCreate(ctx, in.Worker)
 		}
 		e.failed, e.st.CreateFailed = err, true
@@ -413,11 +444,13 @@ func (e *entity) withCodeFor(ctx workflow.Context, ref catalog.CodeRef, version 
 	}, nil
 }
 
-// undoCreate removes a worker whose create failed after Apply persisted and
-// attached it (its events could not be published), so that a failed create
-// leaves nothing behind: not in the catalog, not on any node.
+// undoCreate removes a worker whose create failed (Apply may have
+// persisted and attached it, or may still), so that a failed create leaves
+// nothing behind: not in the catalog (a tombstone of this incarnation
+// instead), not on any node. It is retried until the store answers: a
+// record left behind would be a worker the API reported as not created.
 func (e *entity) undoCreate(ctx workflow.Context, w catalog.Worker) {
-	err := workflow.ExecuteActivity(activityCtx(ctx), a.Delete, activities.DeleteInput{Worker: w}).Get(ctx, nil)
+	err := workflow.ExecuteActivity(untilDoneCtx(ctx), a.Delete, activities.DeleteInput{Worker: w}).Get(ctx, nil)
 	if err != nil {
 		workflow.GetLogger(ctx).Error("failed create not undone; recovery will bring the worker back", "worker_id", w.ID, "err", err)
 		return
@@ -440,6 +473,7 @@ func (e *entity) setStatus(ctx workflow.Context, status catalog.Status, kind lif
 	}
 	w := e.st.Worker
 	w.Status, w.UpdatedAt = status, workflow.Now(ctx).UTC()
+	e.revise(&w)
 	if _, err := e.apply(ctx, activities.ApplyInput{Worker: w}, e.event(ctx, kind)); err != nil {
 		if isNotApplied(err) { // persisted: the workflow follows the record
 			e.st.Worker = w
@@ -488,6 +522,7 @@ func (e *entity) loadCode(ctx workflow.Context, ref catalog.CodeRef) (catalog.Wo
 		return catalog.Worker{}, err
 	}
 	e.st.LastVersion = version
+	e.revise(&in.Worker)
 	if _, err := e.apply(ctx, in, e.event(ctx, lifecycleevents.CodeUpdated)); err != nil {
 		if isNotApplied(err) { // persisted: the workflow follows the record
 			e.st.Worker = in.Worker
@@ -628,14 +663,35 @@ func (e *entity) reportNodes(ctx workflow.Context, w catalog.Worker, kind lifecy
 }
 
 // persisted reports whether the catalog holds exactly w (the change Apply
-// was asked to save). An unreadable catalog counts as not persisted.
+// was asked to save). The read is retried until the store answers: a
+// guess would finish a change that was not made, or abandon one that was
+// (a failed create left served).
 func (e *entity) persisted(ctx workflow.Context, w catalog.Worker) bool {
 	var ws []catalog.Worker
-	if err := workflow.ExecuteActivity(activityCtx(ctx), a.GetWorkers, []string{w.ID}).Get(ctx, &ws); err != nil || len(ws) != 1 {
+	if err := workflow.ExecuteActivity(untilDoneCtx(ctx), a.GetWorkers, []string{w.ID}).Get(ctx, &ws); err != nil || len(ws) != 1 {
 		return false
 	}
 	got := ws[0]
 	return got.Status == w.Status && got.CodeVersion == w.CodeVersion && got.CodeSHA256 == w.CodeSHA256 && got.UpdatedAt.Equal(w.UpdatedAt)
+}
+
+// revise gives w the next record revision (catalog.Worker.Revision).
+func (e *entity) revise(w *catalog.Worker) {
+	e.st.LastRevision = max(e.st.Worker.Revision, e.st.LastRevision) + 1
+	w.Revision = e.st.LastRevision
+}
+
+// untilDoneCtx is activityCtx retried until the activity succeeds (or fails
+// for good), for the state-store reads and writes a change cannot be left
+// without.
+func untilDoneCtx(ctx workflow.Context) workflow.Context {
+	ctx = activityCtx(ctx)
+	o := workflow.GetActivityOptions(ctx)
+	p := *o.RetryPolicy
+	p.MaximumAttempts, p.MaximumInterval = 0, 30*time.Second
+	p.NonRetryableErrorTypes = append(slices.Clone(p.NonRetryableErrorTypes), activities.StaleWrite)
+	o.RetryPolicy = &p
+	return workflow.WithActivityOptions(ctx, o)
 }
 
 // emitCtx retries publishing until the broker takes the events: the change

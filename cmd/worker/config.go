@@ -22,6 +22,7 @@ type config struct {
 	HTTPAddr            string        // WORKMANAGER_HTTP_ADDR
 	PubSub              string        // DAPR_PUBSUB
 	RecoveryOnStart     bool          // WORKER_RECOVERY_ON_START
+	ContinueAsNewAfter  int           // WORKMANAGER_CONTINUE_AS_NEW_AFTER: given to the worker workflows recovery starts (as the API's)
 	MaxConcurrency      int           // WORKER_MAX_CONCURRENCY
 	WorkerTimeout       time.Duration // WORKER_TIMEOUT
 	PythonProcesses     int           // PYTHON_PROCESSES
@@ -86,6 +87,7 @@ func loadConfig() (config, error) {
 		HTTPAddr:           r.String("WORKMANAGER_HTTP_ADDR", "127.0.0.1:8080"),
 		PubSub:             r.String("DAPR_PUBSUB", "pubsub"),
 		RecoveryOnStart:    r.Bool("WORKER_RECOVERY_ON_START", true),
+		ContinueAsNewAfter: r.Int("WORKMANAGER_CONTINUE_AS_NEW_AFTER", 0),
 		MaxConcurrency:     r.Int("WORKER_MAX_CONCURRENCY", 8),
 		WorkerTimeout:      r.Duration("WORKER_TIMEOUT", 30*time.Second),
 		PythonProcesses:    r.Int("PYTHON_PROCESSES", 1),
@@ -172,6 +174,9 @@ func secretValues(environ []string) []string {
 }
 
 func (c config) validate() error {
+	if c.ContinueAsNewAfter < 0 {
+		return fmt.Errorf("WORKMANAGER_CONTINUE_AS_NEW_AFTER must not be negative, got %d", c.ContinueAsNewAfter)
+	}
 	if err := c.CodeURLs.Validate(); err != nil {
 		return fmt.Errorf("CODE_URL_*: %w", err)
 	}

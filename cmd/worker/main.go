@@ -165,9 +165,18 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	var gate *reconcile.MemberGate
 	locks := grouplock.New(store, grouplock.Config{RetryBase: cfg.LockRetryBase, MaxRetries: cfg.LockMaxRetries, MaxAge: cfg.LockMaxAge, Node: cfg.NodeID,
 		HolderAlive: func(holder string) bool { node, _, _ := strings.Cut(holder, "/"); return members.SeenAlive(node) },
+		// That view is as old as this node's last heartbeat: read the
+		// membership again before taking a lock from a node counted gone.
+		ConfirmGone: func(ctx context.Context, holder string) (bool, error) {
+			node, _, _ := strings.Cut(holder, "/")
+			alive, err := members.AliveNow(ctx, node)
+			return !alive, err
+		},
 		// Peers take the locks of a node they count as gone: past two
-		// missed heartbeats, Check reads the store before every output.
-		SelfAlive: func() bool { return members.Member(cfg.NodeHeartbeat) },
+		// missed heartbeats, and for two heartbeats after a lapse ends
+		// (until every peer has seen it back), Check reads the store
+		// before every output.
+		SelfAlive: func() bool { return members.Settled(cfg.NodeHeartbeat, 2*cfg.NodeHeartbeat) },
 		OnEvent: func(e grouplock.Event) {
 			met.GroupLockEvent(e)
 			infra.Emit(infraevents.GroupLockTopic, "grouplock."+e.Kind, e)
@@ -216,6 +225,9 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		return fmt.Errorf("temporal: %w", err)
 	}
 	defer tc.Close()
+	// A record whose workflow completed (a deleted worker written back) is
+	// not served (issue 43 item 1).
+	n.SetWorkflowCheck(reconcile.WorkflowDeleted(tc))
 	acts := &activities.Activities{Catalog: cat, Node: n, Events: events, Members: members,
 		Fetcher: codesource.Fetcher{Policy: cfg.CodeURLs}}
 	w := worker.New(tc, workflows.TaskQueue, worker.Options{})
@@ -259,7 +271,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 
 	// Recovery (or, when it is off, this node's first reconcile), tried
 	// again until it succeeds: /readyz waits for it.
-	go reconcile.RecoverLoop(ctx, log, tc, n, h, cfg.RecoveryOnStart, 5*time.Second, met.RecoveryDone)
+	go reconcile.RecoverLoop(ctx, log, tc, n, h, cfg.RecoveryOnStart, cfg.ContinueAsNewAfter, 5*time.Second, met.RecoveryDone)
 	go reconcile.ReconcileLoop(ctx, log, n, cfg.ReconcileInterval)
 	h.GateReadiness(reconcile.Temporal, cfg.TemporalLease)
 	go reconcile.LeaseLoop(ctx, log, func(ctx context.Context) error {

@@ -26,29 +26,39 @@ type inprocInstance struct {
 	wlog    *slog.Logger // the worker's own log lines (worker_id attached)
 	lib     *loader.Library
 	dir     string
-	host    *loader.Host
-	sinkID  uintptr
 	env     *envEntry
 
 	ctx    context.Context // cancelled by Close: aborts gateway calls
 	cancel context.CancelFunc
-	// fence is the group lock of the latest call (nil for a worker without
-	// a group). Host calls cannot tell which call they come from, and a
-	// grouped worker runs one call at a time; a call abandoned at its
-	// timeout keeps seeing its own, released, lock until the next call.
-	fence atomic.Pointer[engines.Fence]
 
 	mu        sync.Mutex
 	closing   bool
 	calls     sync.WaitGroup // native calls in flight
 	abandoned atomic.Int32   // calls that timed out and still run in native code
 	released  chan struct{}  // closed once the library is unloaded
-	// slots holds a token for each call in native code, running or
-	// abandoned (at most MaxAbandonedCalls): a call takes one before it
-	// starts and gives it back when the native code returns. Any call may
-	// hang, so this is what bounds the abandoned calls, also when many
-	// arrive together (a check of abandoned alone let them all in).
-	slots chan struct{}
+	// slots holds the free call slots: there are MaxAbandonedCalls, a call
+	// takes one before it starts and gives it back when the native code
+	// returns. Any call may hang, so this is what bounds the calls in
+	// native code, running or abandoned, also when many arrive together
+	// (a check of abandoned alone let them all in).
+	slots chan *callSlot
+	all   []*callSlot // every slot, for release
+}
+
+// callSlot is a place for one call in native code. Each has its own host
+// struct, whose engine_ptr routes the host calls made with it here: a host
+// call is known to come from the call that holds the slot (host calls
+// cannot tell otherwise), and runs under that call's group lock, not the
+// lock of whatever call came last.
+type callSlot struct {
+	in     *inprocInstance
+	sinkID uintptr
+	host   *loader.Host
+	// call is the call holding the slot and fence its group lock (nil:
+	// none). Once that call is abandoned at its timeout the lock no longer
+	// covers it, and its gateway calls are refused.
+	call  atomic.Pointer[pcall]
+	fence atomic.Pointer[engines.Fence]
 }
 
 var _ engines.Instance = (*inprocInstance)(nil)
@@ -71,17 +81,21 @@ func (e *Engine) loadInProcess(spec engines.Spec, p *pkg, abi loader.ABI) (engin
 		wlog:     log.With("worker_id", spec.WorkerID),
 		dir:      dir,
 		released: make(chan struct{}),
-		slots:    make(chan struct{}, e.cfg.MaxAbandonedCalls),
+		slots:    make(chan *callSlot, e.cfg.MaxAbandonedCalls),
 	}
 	in.ctx, in.cancel = context.WithCancel(context.Background())
-	in.sinkID = loader.RegisterSink(in)
 	// The identity variables are set before dlopen so that the library's
 	// initialisers see them.
 	in.env = pushIdentity(spec.WorkerID, spec.Group, spec.Topic)
-	in.host = rt.NewHost(abi, in.sinkID, spec.WorkerID, spec.Group, spec.Topic)
-	if in.host == nil {
-		in.release()
-		return nil, errors.New("native engine: out of memory allocating the host struct")
+	for range e.cfg.MaxAbandonedCalls {
+		cs := &callSlot{in: in}
+		cs.sinkID = loader.RegisterSink(cs)
+		in.all = append(in.all, cs)
+		if cs.host = rt.NewHost(abi, cs.sinkID, spec.WorkerID, spec.Group, spec.Topic); cs.host == nil {
+			in.release()
+			return nil, errors.New("native engine: out of memory allocating the host struct")
+		}
+		in.slots <- cs
 	}
 	if in.lib, err = openLibrary(libPath, p.manifest); err != nil {
 		in.release()
@@ -91,14 +105,23 @@ func (e *Engine) loadInProcess(spec engines.Spec, p *pkg, abi loader.ABI) (engin
 }
 
 // HostLog implements loader.Sink.
-func (in *inprocInstance) HostLog(level int32, msg string) {
-	in.wlog.Log(context.Background(), slogLevel(level), msg)
+func (cs *callSlot) HostLog(level int32, msg string) {
+	cs.in.wlog.Log(context.Background(), slogLevel(level), msg)
 }
 
-// HostGateway implements loader.Sink.
-func (in *inprocInstance) HostGateway(service, method string, req []byte) ([]byte, int32) {
+// HostGateway implements loader.Sink: the call holding the slot makes a
+// gateway call under its own group lock; once that call was abandoned
+// (its lock no longer covers it) the gateway call is refused.
+func (cs *callSlot) HostGateway(service, method string, req []byte) ([]byte, int32) {
+	in := cs.in
 	ctx := in.ctx
-	if f := in.fence.Load(); f != nil {
+	if f := cs.fence.Load(); f != nil {
+		if c := cs.call.Load(); c == nil || c.state.Load() != callRunning {
+			in.log.Warn("native engine: gateway call of an abandoned call refused",
+				"worker_id", in.spec.WorkerID, "group", f.Group, "token", f.Token)
+			return []byte(fmt.Sprintf("gateway call refused: this call was abandoned at its timeout and no longer holds the lock of group %s (token %d)",
+				f.Group, f.Token)), loader.GatewayError
+		}
 		ctx = engines.WithFence(ctx, f)
 	}
 	ctx, cancel := context.WithTimeout(ctx, in.e.gatewayTimeout(in.spec))
@@ -111,6 +134,7 @@ func (in *inprocInstance) HostGateway(service, method string, req []byte) ([]byt
 // cannot be interrupted): whoever finishes second recycles the call.
 type pcall struct {
 	in     *inprocInstance
+	slot   *callSlot // held from before the call starts until the native code returns
 	enc    *encoder
 	input  []byte
 	slots  loader.CallSlots
@@ -134,7 +158,7 @@ var callPool = sync.Pool{New: func() any {
 }}
 
 func putCall(c *pcall) {
-	c.in, c.input, c.result, c.err = nil, nil, nil, nil
+	c.in, c.slot, c.input, c.result, c.err = nil, nil, nil, nil, nil
 	callPool.Put(c)
 }
 
@@ -204,19 +228,18 @@ func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event
 		return nil, engines.ContextError(ctx, "native", "before the call started")
 	}
 	select {
-	case in.slots <- struct{}{}:
+	case c.slot = <-in.slots:
 	default:
-		if err = in.waitSlot(ctx, c.timer, &wait); err != nil {
+		if c.slot, err = in.waitSlot(ctx, c.timer, &wait); err != nil {
 			in.calls.Done()
 			putCall(c)
 			return nil, err
 		}
 	}
-	if f := engines.FenceFrom(ctx); f != nil {
-		in.fence.Store(f)
-	}
 	c.in = in
 	c.state.Store(callRunning)
+	c.slot.fence.Store(engines.FenceFrom(ctx))
+	c.slot.call.Store(c)
 	dispatch(c)
 	c.timer.Reset(wait)
 	var why string
@@ -234,7 +257,8 @@ func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event
 		<-c.done // it finished just now
 		return finish(c)
 	}
-	// c belongs to the native goroutine now.
+	// c belongs to the native goroutine now; its lock no longer covers it
+	// (callSlot.HostGateway).
 	in.abandoned.Add(1)
 	in.log.Warn("native worker call abandoned; the call keeps running in native code",
 		"worker_id", in.spec.WorkerID, "reason", why, "after", wait)
@@ -248,25 +272,25 @@ func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event
 // waitSlot waits for a call slot (every one is held by a call in native
 // code) until the call's deadline (*wait, which it reduces by the time
 // spent) or ctx ends. A call that gets none never starts.
-func (in *inprocInstance) waitSlot(ctx context.Context, t *time.Timer, wait *time.Duration) error {
+func (in *inprocInstance) waitSlot(ctx context.Context, t *time.Timer, wait *time.Duration) (*callSlot, error) {
 	start := time.Now()
 	t.Reset(*wait)
 	defer t.Stop()
 	select {
-	case in.slots <- struct{}{}:
+	case cs := <-in.slots:
 		if *wait -= time.Since(start); *wait <= 0 {
-			<-in.slots
+			in.slots <- cs
 			break
 		}
-		return nil
+		return cs, nil
 	case <-t.C:
 	case <-ctx.Done():
-		return engines.ContextError(ctx, "native", "waiting for a free native call slot (the call did not start)")
+		return nil, engines.ContextError(ctx, "native", "waiting for a free native call slot (the call did not start)")
 	case <-in.ctx.Done(): // Close
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	n := in.abandoned.Load()
-	return fmt.Errorf("%w after %v waiting for a free native call slot (the call did not start): "+
+	return nil, fmt.Errorf("%w after %v waiting for a free native call slot (the call did not start): "+
 		"the worker's %d slots (MaxAbandonedCalls) were all held by calls in native code, %d of them abandoned at their timeout",
 		engines.ErrTimeout, time.Since(start).Round(time.Millisecond), in.e.cfg.MaxAbandonedCalls, n)
 }
@@ -281,7 +305,8 @@ func finish(c *pcall) ([]event.Event, error) {
 // buffer, then hands the result to the caller (or recycles c if the caller
 // has gone).
 func (in *inprocInstance) run(c *pcall) {
-	rc := in.lib.Call(in.host.Addr(), c.input, &c.slots)
+	cs := c.slot
+	rc := in.lib.Call(cs.host.Addr(), c.input, &c.slots)
 	var out []event.Event
 	var err error
 	buf, berr := c.slots.Bytes()
@@ -295,13 +320,13 @@ func (in *inprocInstance) run(c *pcall) {
 	c.slots = loader.CallSlots{}
 	c.result, c.err = withCode(rc, out, err)
 	if c.state.CompareAndSwap(callRunning, callDone) {
-		<-in.slots
+		in.slots <- cs
 		in.calls.Done()
 		c.done <- struct{}{}
 		return
 	}
 	in.abandoned.Add(-1) // the caller had given up on it (before its slot is free)
-	<-in.slots
+	in.slots <- cs
 	in.calls.Done()
 	putCall(c)
 }
@@ -344,14 +369,18 @@ func (in *inprocInstance) Close(ctx context.Context) error {
 // release unloads everything; it runs once, when no call is in flight.
 func (in *inprocInstance) release() {
 	in.cancel()
-	loader.UnregisterSink(in.sinkID)
+	for _, cs := range in.all {
+		loader.UnregisterSink(cs.sinkID)
+	}
 	if in.lib != nil {
 		if err := in.lib.Close(); err != nil {
 			in.log.Warn("native engine: dlclose failed", "worker_id", in.spec.WorkerID, "error", err)
 		}
 	}
 	popIdentity(in.env)
-	in.host.Release()
+	for _, cs := range in.all {
+		cs.host.Release()
+	}
 	if err := in.e.removeExtracted(in.dir); err != nil {
 		in.log.Warn("native engine: removing the extracted package", "worker_id", in.spec.WorkerID, "error", err)
 	}

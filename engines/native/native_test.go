@@ -499,8 +499,10 @@ func TestCloseReleasesEverything(t *testing.T) {
 	if _, err := call(t, inst, typed("test.stats", nil)); !errors.Is(err, engines.ErrClosed) {
 		t.Fatalf("Process after Close = %v, want ErrClosed", err)
 	}
-	if loader.Registered(inst.(*inprocInstance).sinkID) {
-		t.Fatal("the engine_ptr handle is still registered after Close")
+	for _, cs := range inst.(*inprocInstance).all {
+		if loader.Registered(cs.sinkID) {
+			t.Fatal("an engine_ptr handle is still registered after Close")
+		}
 	}
 }
 

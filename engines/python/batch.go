@@ -30,7 +30,10 @@ import (
 // earlier); each caller gets its own outputs or error and returns as soon
 // as its reply is in; a gateway call answers for the event it belongs to,
 // under that call's ctx (its fence). Only calls with the same cancellation
-// (ctx.Done()) share a batch, so one cancellation ends exactly its calls.
+// (ctx.Done()) share a batch, so one cancellation ends exactly its calls,
+// and a stop (engines.GiveBack) gives back the calls a leader took along
+// but has not sent yet. An event's time starts when the reply before it is
+// in, before that reply is decoded.
 //
 // When a batch fails half-way (a timeout or a crash), which of the
 // unanswered events caused it is unknown: the runner may have finished one
@@ -171,19 +174,47 @@ func (in *Instance) runCalls(ctx context.Context, s *procpool.Slot[*proc], calls
 			rest, failed = in.runBatch(ctx, s, calls)
 			alone = alone || failed
 		}
-		if len(rest) == 0 {
+		// The calls not sent yet wait for a process again; those given back
+		// meanwhile (a stop) come back now instead of running after it.
+		calls = givenBack(rest)
+		var err error
+		for len(calls) > 0 {
+			s, err = in.pool.AcquireUnless(ctx, nil, calls[0].giveBack)
+			if !errors.Is(err, procpool.ErrStopped) {
+				break
+			}
+			calls = givenBack(calls)
+		}
+		if len(calls) == 0 {
 			return
 		}
-		calls = rest
-		var err error
-		if s, err = in.pool.Acquire(ctx); err != nil {
+		if err != nil {
 			err = acquireError(ctx, err)
 			for _, c := range calls {
 				c.finish(nil, err)
 			}
 			return
 		}
+		if calls = givenBack(calls); len(calls) == 0 {
+			in.pool.Release(s)
+			return
+		}
 	}
+}
+
+// givenBack finishes the calls whose give-back channel closed (they have
+// not started, or start again from the beginning) with ErrGivenBack and
+// returns the others, in order, in the same backing array.
+func givenBack(calls []*call) []*call {
+	kept := calls[:0]
+	for _, c := range calls {
+		if isClosed(c.giveBack) {
+			c.finish(nil, fmt.Errorf("python engine: %w", engines.ErrGivenBack))
+			continue
+		}
+		kept = append(kept, c)
+	}
+	return kept
 }
 
 // runBatch sends as many of calls as fit in one batch to the slot's process
@@ -212,6 +243,8 @@ func (in *Instance) runBatch(ctx context.Context, s *procpool.Slot[*proc], calls
 		return nil, false
 	}
 
+	// Calls given back while the process started are not sent.
+	calls = givenBack(calls)
 	// Encode: one frame per event, until the batch is full.
 	sent := make([]*call, 0, len(calls))
 	p.wbuf.reset(kindEvent)
@@ -273,20 +306,27 @@ func (in *Instance) runBatch(ctx context.Context, s *procpool.Slot[*proc], calls
 			p.wbuf.Write(reply)
 			err = p.writeFrame()
 			continue
-		case kindResult:
-			c.finish(wire.DecodeOutputs(payload, p.maxReply))
-		case kindError:
-			c.finish(nil, wire.DecodeError(engines.ErrWorkerFailed, payload))
+		case kindResult, kindError:
 		default:
 			err = errProtocol
 			continue
 		}
+		// The next event runs from now on: its deadline moves before this
+		// reply is decoded (a slow decode is not charged to it), and after
+		// the last reply the deadline ends.
 		answered++
 		now := time.Now()
 		in.lastEvent.Store(int64(now.Sub(start)))
 		start = now
 		if answered < len(sent) {
 			p.Rearm(deadline(start))
+		} else {
+			p.Disarm()
+		}
+		if kind == kindResult {
+			c.finish(decodeOutputs(payload, p.maxReply))
+		} else {
+			c.finish(nil, wire.DecodeError(engines.ErrWorkerFailed, payload))
 		}
 	}
 	p.Disarm()
@@ -312,6 +352,10 @@ func (in *Instance) runBatch(ctx context.Context, s *procpool.Slot[*proc], calls
 	}
 	return append(unanswered, rest...), true
 }
+
+// decodeOutputs decodes a batched event's reply (a variable so that a test
+// can make it slow).
+var decodeOutputs = wire.DecodeOutputs
 
 // errProtocol marks an unexpected frame in a batch's replies.
 var errProtocol = errors.New("protocol error")

@@ -1,6 +1,15 @@
 package python
 
-import "github.com/virtufin/workmanager/engines"
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/internal/wire"
+)
 
 // BatchedCalls is how many of inst's calls went in a batch of two or more.
 func BatchedCalls(inst engines.Instance) int64 { return inst.(*Instance).batched.Load() }
@@ -16,3 +25,15 @@ func Waiting(inst engines.Instance) int {
 // AllExited reports whether every runner process inst holds has exited
 // and been seen to (its Done closed).
 func AllExited(inst engines.Instance) bool { return inst.(*Instance).pool.AllExited() }
+
+// SlowDecode makes the decoding of a batched event's reply that contains
+// match take d longer, until the test ends.
+func SlowDecode(t testing.TB, match string, d time.Duration) {
+	decodeOutputs = func(payload []byte, limit int) ([]event.Event, error) {
+		if bytes.Contains(payload, []byte(match)) {
+			time.Sleep(d)
+		}
+		return wire.DecodeOutputs(payload, limit)
+	}
+	t.Cleanup(func() { decodeOutputs = wire.DecodeOutputs })
+}

@@ -61,7 +61,27 @@ type Worker struct {
 	// TopicPrefix confines the worker's input and output topics (the
 	// tenant's prefix when it was created; "" for any topic).
 	TopicPrefix string `json:"topic_prefix,omitempty"`
+	// Revision numbers the writes of the record within its incarnation
+	// (the entity workflow hands out a new one for every change it
+	// applies): a write older than the stored record's is refused
+	// (ErrStale). 0 in records written before revisions.
+	Revision int64 `json:"revision,omitempty"`
+	// Incarnation is the run id of the workflow run that created the
+	// worker ("" before incarnations): a write of another incarnation never
+	// replaces the record, and a tombstone refuses every write of its own.
+	Incarnation string `json:"incarnation,omitempty"`
+	// Deleted marks a tombstone: what stays of a deleted worker's record,
+	// so that a late write of its incarnation is refused. GetWorker
+	// answers ErrNotFound for it.
+	Deleted bool `json:"deleted,omitempty"`
+	// Retired lists the deleted incarnations of the id (the last
+	// maxRetired): none of them is ever written again. SaveWorker keeps it.
+	Retired []string `json:"retired,omitempty"`
 }
+
+// maxRetired bounds Worker.Retired (an id is created again only after a
+// failed create, once per request).
+const maxRetired = 32
 
 // TenantName is w's tenant, the default one for records older than
 // tenants.
@@ -114,6 +134,11 @@ const (
 // ErrNotFound: no such worker.
 var ErrNotFound = errors.New("worker not found")
 
+// ErrStale: a write of a worker's record that the stored record has
+// overtaken (an older revision, another incarnation, or a deleted worker's
+// incarnation): a late attempt of a change the workflow has moved past.
+var ErrStale = errors.New("stale worker record write")
+
 // StagingTTL bounds how long uploaded code waits for its workflow to take it.
 const StagingTTL = 15 * time.Minute
 
@@ -158,14 +183,19 @@ func SHA256(b []byte) string {
 func workerKey(id string) string  { return workersPrefix + id }
 func historyKey(id string) string { return workersPrefix + id + "/history" }
 
-// SaveWorker writes the record and makes sure the worker is in the index
-// and in its tenant's.
+// SaveWorker makes sure the worker is in the index and in its tenant's,
+// then writes the record: the commit point, so a record is never left
+// unindexed (an index entry without a record is skipped by every list).
+// The write is conditional (ETag-guarded): it is refused with ErrStale
+// when the stored record has moved past w (CheckWrite), so a late attempt
+// of an older change never replaces a newer record or brings a deleted
+// worker back.
 func (c *Catalog) SaveWorker(ctx context.Context, w Worker) error {
-	b, err := json.Marshal(w)
+	cur, etag, err := c.stored(ctx, w.ID)
 	if err != nil {
-		return fmt.Errorf("encode worker %s: %w", w.ID, err)
+		return err
 	}
-	if err := c.store.Put(ctx, workerKey(w.ID), b, state.PutOptions{}); err != nil {
+	if err := admit(cur, w); err != nil {
 		return err
 	}
 	if err := c.updateIndex(ctx, indexPage(w.ID), func(ids []string) ([]string, bool) {
@@ -176,30 +206,132 @@ func (c *Catalog) SaveWorker(ctx context.Context, w Worker) error {
 	}); err != nil {
 		return err
 	}
-	return c.addToTenantIndex(ctx, w.ID)
+	if err := c.addToTenantIndex(ctx, w.ID); err != nil {
+		return err
+	}
+	for conflicts := 0; ; conflicts++ {
+		if conflicts > 0 {
+			if err := state.ConflictBackoff(ctx, conflicts); err != nil {
+				return err
+			}
+			if cur, etag, err = c.stored(ctx, w.ID); err != nil {
+				return err
+			}
+			if err := admit(cur, w); err != nil {
+				return err
+			}
+		}
+		w.Retired = nil
+		if cur != nil {
+			w.Retired = cur.Retired
+		}
+		b, err := json.Marshal(w)
+		if err != nil {
+			return fmt.Errorf("encode worker %s: %w", w.ID, err)
+		}
+		err = c.store.Put(ctx, workerKey(w.ID), b, state.PutOptions{ETag: etag, IfAbsent: etag == ""})
+		if !errors.Is(err, state.ErrConflict) {
+			return err
+		}
+	}
 }
 
-// GetWorker returns ErrNotFound for an unknown id.
-func (c *Catalog) GetWorker(ctx context.Context, id string) (Worker, error) {
+// CheckWrite returns ErrStale when the stored record has moved past w: a
+// newer revision of w's incarnation, another live incarnation, or w's
+// incarnation deleted.
+func (c *Catalog) CheckWrite(ctx context.Context, w Worker) error {
+	cur, _, err := c.stored(ctx, w.ID)
+	if err != nil {
+		return err
+	}
+	return admit(cur, w)
+}
+
+// CheckRemove returns ErrStale when the record is another, live
+// incarnation's than w's (RemoveWorker would refuse it).
+func (c *Catalog) CheckRemove(ctx context.Context, w Worker) error {
+	cur, _, err := c.stored(ctx, w.ID)
+	if err != nil {
+		return err
+	}
+	if cur != nil && !cur.Deleted && cur.Incarnation != w.Incarnation {
+		return fmt.Errorf("%w: worker %s is incarnation %q, not %q", ErrStale, w.ID, cur.Incarnation, w.Incarnation)
+	}
+	return nil
+}
+
+// admit is CheckWrite of w over cur, the stored record (nil: none).
+func admit(cur *Worker, w Worker) error {
+	switch {
+	case cur == nil:
+		return nil
+	case slices.Contains(cur.Retired, w.Incarnation):
+		return fmt.Errorf("%w: worker %s (incarnation %q) was deleted", ErrStale, w.ID, w.Incarnation)
+	case cur.Deleted:
+		return nil // a create of a new incarnation
+	case cur.Incarnation != w.Incarnation:
+		return fmt.Errorf("%w: worker %s is incarnation %q, not %q", ErrStale, w.ID, cur.Incarnation, w.Incarnation)
+	case w.Revision < cur.Revision:
+		return fmt.Errorf("%w: worker %s is at revision %d, the write is of revision %d", ErrStale, w.ID, cur.Revision, w.Revision)
+	}
+	return nil
+}
+
+// stored reads worker id's key as it is: its record or tombstone (nil when
+// absent) and ETag.
+func (c *Catalog) stored(ctx context.Context, id string) (*Worker, string, error) {
 	it, err := c.store.Get(ctx, workerKey(id))
 	if errors.Is(err, state.ErrNotFound) {
-		return Worker{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+		return nil, "", nil
 	}
 	if err != nil {
-		return Worker{}, err
+		return nil, "", err
 	}
 	var w Worker
 	if err := json.Unmarshal(it.Value, &w); err != nil {
-		return Worker{}, fmt.Errorf("decode worker %s: %w", id, err)
+		return nil, "", fmt.Errorf("decode worker %s: %w", id, err)
 	}
-	return w, nil
+	return &w, it.ETag, nil
 }
 
-// DeleteWorker removes the record, its history and its index entries. Code
-// blobs are content-addressed and may be shared: the worker's become
-// candidates for SweepCode, which deletes those no history names any more
-// once a grace period has passed.
+// GetWorker returns ErrNotFound for an unknown id (or a deleted one).
+func (c *Catalog) GetWorker(ctx context.Context, id string) (Worker, error) {
+	w, _, err := c.stored(ctx, id)
+	if err != nil {
+		return Worker{}, err
+	}
+	if w == nil || w.Deleted {
+		return Worker{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	return *w, nil
+}
+
+// DeleteWorker is RemoveWorker of the incarnation the catalog holds.
 func (c *Catalog) DeleteWorker(ctx context.Context, id string) error {
+	cur, _, err := c.stored(ctx, id)
+	if err != nil {
+		return err
+	}
+	w := Worker{ID: id}
+	if cur != nil {
+		w.Incarnation = cur.Incarnation
+	}
+	return c.RemoveWorker(ctx, w)
+}
+
+// RemoveWorker removes w's history and index entries and replaces its
+// record with a tombstone that refuses every later write of w's
+// incarnation (kept for ever: a small value per deleted worker), also when
+// no record was written (a failed create's undo). It is refused with
+// ErrStale when the record is another, live incarnation's. Code blobs are
+// content-addressed and may be shared: the worker's become candidates for
+// SweepCode, which deletes those no history names any more once a grace
+// period has passed.
+func (c *Catalog) RemoveWorker(ctx context.Context, w Worker) error {
+	id := w.ID
+	if err := c.CheckRemove(ctx, w); err != nil {
+		return err
+	}
 	history, err := c.History(ctx, id)
 	if err != nil {
 		return err
@@ -226,7 +358,37 @@ func (c *Catalog) DeleteWorker(ctx context.Context, id string) error {
 	if err := c.store.Delete(ctx, historyKey(id), ""); err != nil {
 		return err
 	}
-	return c.store.Delete(ctx, workerKey(id), "")
+	for conflicts := 0; ; conflicts++ {
+		if err := state.ConflictBackoff(ctx, conflicts); err != nil {
+			return err
+		}
+		cur, etag, err := c.stored(ctx, id)
+		if err != nil {
+			return err
+		}
+		tomb := Worker{ID: id, Incarnation: w.Incarnation, Revision: w.Revision, Tenant: w.Tenant, Deleted: true}
+		if cur != nil {
+			if !cur.Deleted && cur.Incarnation != w.Incarnation {
+				return fmt.Errorf("%w: worker %s is incarnation %q, not %q", ErrStale, id, cur.Incarnation, w.Incarnation)
+			}
+			if cur.Deleted && slices.Contains(cur.Retired, w.Incarnation) {
+				return nil
+			}
+			tomb.Revision, tomb.Retired = max(tomb.Revision, cur.Revision), slices.Clone(cur.Retired)
+		}
+		if !slices.Contains(tomb.Retired, w.Incarnation) {
+			tomb.Retired = append(tomb.Retired, w.Incarnation)
+		}
+		tomb.Retired = tomb.Retired[max(0, len(tomb.Retired)-maxRetired):]
+		b, err := json.Marshal(tomb)
+		if err != nil {
+			return err
+		}
+		err = c.store.Put(ctx, workerKey(id), b, state.PutOptions{ETag: etag, IfAbsent: etag == ""})
+		if !errors.Is(err, state.ErrConflict) {
+			return err
+		}
+	}
 }
 
 // ListWorkers returns every worker in the index, oldest first.

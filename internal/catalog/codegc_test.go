@@ -1,6 +1,7 @@
 package catalog
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strconv"
@@ -194,6 +195,16 @@ func (f *failDeleteOnce) Delete(ctx context.Context, key, etag string) error {
 		return errors.New("store unavailable")
 	}
 	return f.Store.Delete(ctx, key, etag)
+}
+
+// Put fails the first write of the key's tombstone (the removal of a
+// worker's record, issue 43 item 1).
+func (f *failDeleteOnce) Put(ctx context.Context, key string, value []byte, opts state.PutOptions) error {
+	if key == f.key && !f.failed && bytes.Contains(value, []byte(`"deleted":true`)) {
+		f.failed = true
+		return errors.New("store unavailable")
+	}
+	return f.Store.Put(ctx, key, value, opts)
 }
 
 // Issue 33 item 7: DeleteWorker itself marks the worker's code before it

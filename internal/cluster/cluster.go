@@ -40,6 +40,9 @@ type Members struct {
 	// lapses counts the successful heartbeats that found this node's
 	// previous one lapsed.
 	lapses atomic.Uint64
+	// lapseEnd is the time written by the heartbeat that ended the last
+	// lapse (UnixNano; 0: none).
+	lapseEnd atomic.Int64
 }
 
 // New returns the membership as seen by node self; entries older than ttl
@@ -63,6 +66,7 @@ func (m *Members) Heartbeat(ctx context.Context) error {
 		// that whoever checks Member and Lapses together never sees a
 		// member whose lapse is not counted yet.
 		if b := m.beat.Load(); b != 0 && !m.Member(m.LapseMargin) {
+			m.lapseEnd.Store(at.UnixNano())
 			m.lapses.Add(1)
 		}
 		m.beat.Store(at.UnixNano())
@@ -90,6 +94,35 @@ func (m *Members) Lapses() uint64 { return m.lapses.Load() }
 func (m *Members) Member(margin time.Duration) bool {
 	b := m.beat.Load()
 	return b != 0 && m.now().Before(time.Unix(0, b).Add(m.ttl-margin))
+}
+
+// Settled reports whether the other nodes surely count this node as alive:
+// it is a member (Member(margin)) and its last lapse, if any, ended at
+// least settle ago. A peer counts a node gone from its own last view of the
+// membership (SeenAlive), refreshed only at its own heartbeats, so for up
+// to one heartbeat interval (more while its heartbeats fail) after this
+// node's lapse ended a peer may still count it gone and take its group
+// locks: until then a holder must look at the store before it acts under
+// one (grouplock.Config.SelfAlive; cmd/worker passes two intervals).
+func (m *Members) Settled(margin, settle time.Duration) bool {
+	if !m.Member(margin) {
+		return false
+	}
+	e := m.lapseEnd.Load()
+	return e == 0 || !m.now().Before(time.Unix(0, e).Add(settle))
+}
+
+// AliveNow reads the membership and reports whether node sent a heartbeat
+// within the TTL: unlike SeenAlive (this node's view at its last
+// heartbeat), it sees a node whose heartbeats came back since
+// (grouplock.Config.ConfirmGone).
+func (m *Members) AliveNow(ctx context.Context, node string) (bool, error) {
+	ms, err := m.read(ctx)
+	if err != nil {
+		return false, err
+	}
+	seen, ok := ms[node]
+	return ok && seen.After(m.now().Add(-m.ttl)), nil
 }
 
 // Beat sends a heartbeat and reports it to OnBeat.

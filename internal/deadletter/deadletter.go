@@ -35,6 +35,20 @@ const ReplayExtension = "workmanagerreplay"
 // MaxIndex caps an owner's index; the oldest entries are dropped beyond it.
 const MaxIndex = 10000
 
+// Size bounds, well under what daprd accepts in one save (its
+// --max-body-size: 4 MiB by default, 16 MiB in the manifests), so that a
+// dead letter is always stored and its event never comes back for ever:
+// an owner's index is kept under MaxIndexBytes (the oldest entries are
+// dropped, as beyond MaxIndex); an entry over MaxEntryBytes is stored
+// without its event and raw bytes, its error cut (Truncated, not
+// replayable); an id or source over MaxIDBytes is stored as
+// "too-large-sha256:<hash>" (Truncated).
+const (
+	MaxIndexBytes = 1 << 20
+	MaxEntryBytes = 2 << 20
+	MaxIDBytes    = 1024
+)
+
 const (
 	entryPrefix = state.KeyPrefix + "deadletter/"
 	indexPrefix = state.KeyPrefix + "deadletters/"
@@ -63,6 +77,10 @@ type Entry struct {
 	// AtMS is when the message was given up on (unix ms; Add fills in now
 	// when 0).
 	AtMS int64 `json:"at_ms"`
+	// Truncated: the entry was too large to store whole (MaxEntryBytes,
+	// MaxIDBytes): its event and raw bytes are left out, or its id or
+	// source replaced by a hash.
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // Owner is the index e belongs to: its worker, or TopicOwner(e.Topic).
@@ -120,6 +138,7 @@ type Store struct {
 	ttl      time.Duration
 	maxIndex int
 	now      func() time.Time
+	replay   replayKey // the replay marker's key (replay.go)
 }
 
 // NewStore keeps dead letters in st for ttl (0: kept until removed or
@@ -130,8 +149,40 @@ func NewStore(st state.Store, ttl time.Duration) *Store {
 }
 
 func entryKey(owner, source, id string) string {
-	h := sha256.Sum256([]byte(source + "\x00" + id))
+	h := sha256.Sum256([]byte(boundedID(source) + "\x00" + boundedID(id)))
 	return entryPrefix + owner + "/" + hex.EncodeToString(h[:16])
+}
+
+// boundedID is s, or its hash when s is over MaxIDBytes.
+func boundedID(s string) string {
+	if len(s) <= MaxIDBytes {
+		return s
+	}
+	h := sha256.Sum256([]byte(s))
+	return "too-large-sha256:" + hex.EncodeToString(h[:])
+}
+
+// fit bounds e to what the store takes (see MaxEntryBytes) and returns its
+// encoding.
+func fit(e *Entry) ([]byte, error) {
+	if id, src := boundedID(e.EventID), boundedID(e.Source); id != e.EventID || src != e.Source {
+		e.EventID, e.Source, e.Truncated = id, src, true
+	}
+	b, err := json.Marshal(e)
+	if err != nil || len(b) <= MaxEntryBytes {
+		return b, err
+	}
+	e.Event, e.Raw, e.Truncated = nil, nil, true
+	if len(e.Error) > MaxIDBytes {
+		e.Error = e.Error[:MaxIDBytes]
+	}
+	return json.Marshal(e)
+}
+
+// refBytes is r's share of its index's encoding.
+func refBytes(r ref) int {
+	b, _ := json.Marshal(r)
+	return len(b) + 1
 }
 
 func indexKey(owner string) string { return indexPrefix + owner }
@@ -149,7 +200,7 @@ func (s *Store) Add(ctx context.Context, e Entry) error {
 	if e.AtMS == 0 {
 		e.AtMS = s.now().UnixMilli()
 	}
-	b, err := json.Marshal(e)
+	b, err := fit(&e)
 	if err != nil {
 		return fmt.Errorf("dead letter %s: %w", e.EventID, err)
 	}
@@ -173,12 +224,18 @@ func (s *Store) Add(ctx context.Context, e Entry) error {
 			}
 		}
 		kept = append(kept, r)
-		if over := len(kept) - s.maxIndex; over > 0 {
-			for _, old := range kept[:over] {
-				dropped = append(dropped, old.Key)
+		over := max(len(kept)-s.maxIndex, 0)
+		size := 64 // the index's own fields
+		for i := len(kept) - 1; i >= over; i-- {
+			if size += refBytes(kept[i]); size > MaxIndexBytes && i < len(kept)-1 {
+				over = i + 1 // the older entries do not fit
+				break
 			}
-			kept = kept[over:]
 		}
+		for _, old := range kept[:over] {
+			dropped = append(dropped, old.Key)
+		}
+		kept = kept[over:]
 		x.Entries = kept
 		return true
 	})

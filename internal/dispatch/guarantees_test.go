@@ -113,7 +113,8 @@ func TestReplayedEventRunsOnlyForItsWorker(t *testing.T) {
 	s := waitStream(t, b, "in")
 	req := request("r1", "")
 	req.Extensions = nil
-	req.Extensions, _ = structpb.NewStruct(map[string]any{deadletter.ReplayExtension: "a"})
+	req.Extensions, _ = structpb.NewStruct(map[string]any{deadletter.ReplayExtension: "a",
+		deadletter.ReplaySignatureExtension: signReplay(t, d, "r1", "a", "in")})
 	s.In <- req
 	if ack := waitAck(t, b); ack.Status != dispatch.AckSuccess {
 		t.Fatalf("ack %+v", ack)
@@ -132,7 +133,8 @@ func TestReplayForStoppedWorkerDeadLettersAgain(t *testing.T) {
 	d.Attach(dispatch.Worker{ID: "a", Topic: "in"}, c.instance("a.out"))
 	s := waitStream(t, b, "in")
 	req := request("r1", "")
-	req.Extensions, _ = structpb.NewStruct(map[string]any{deadletter.ReplayExtension: "gone"})
+	req.Extensions, _ = structpb.NewStruct(map[string]any{deadletter.ReplayExtension: "gone",
+		deadletter.ReplaySignatureExtension: signReplay(t, d, "r1", "gone", "in")})
 	s.In <- req
 	if ack := waitAck(t, b); ack.Status != dispatch.AckSuccess {
 		t.Fatalf("ack %+v", ack)

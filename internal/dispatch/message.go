@@ -24,14 +24,15 @@ type message struct {
 	t      *topic
 	id     string
 	req    *runtimev1.TopicEventRequest
-	stream Stream
+	stream Stream // where its answer goes: a redelivery on a newer stream moves it there (guarded by t.mu)
 	ev     event.Event
 	ec     event.EventContextV1
 	key    string // delivery record
 	srcTag string // sourceTag
 	// replayFor, when set, is the only worker this event is for (a replayed
-	// dead letter).
-	replayFor string
+	// dead letter); replaySig signs it (deadletter.ReplaySignatureExtension).
+	// run honours the marker only with a valid signature.
+	replayFor, replaySig string
 	// correlation is the input's correlation id (hasCorrelation: present).
 	correlation    any
 	hasCorrelation bool
@@ -135,7 +136,14 @@ func (d *Dispatcher) receive(t *topic, st Stream, req *runtimev1.TopicEventReque
 		if last.req.GetSource() == req.GetSource() {
 			// The same event again: answer this delivery together with
 			// the one in flight instead of running the event twice at once.
-			last.dups++
+			// A delivery on another stream (the subscription reconnected)
+			// is answered there: the old stream is closed, and daprd forgot
+			// what it delivered on it.
+			if last.stream != st {
+				last.stream, last.dups = st, 0
+			} else {
+				last.dups++
+			}
 			t.mu.Unlock()
 			d.inflight.Add(-1)
 			d.stats.duplicates.Add(1)
@@ -197,8 +205,11 @@ func (d *Dispatcher) decode(m *message, sources *sourceCache) (err error) {
 	m.correlation, m.hasCorrelation = ext[CorrelationExtension]
 	if r, ok := ext[deadletter.ReplayExtension].(string); ok {
 		m.replayFor = r
-		delete(ext, deadletter.ReplayExtension) // workers see the event as first published
+		m.replaySig, _ = ext[deadletter.ReplaySignatureExtension].(string)
 	}
+	// Workers see the event as first published.
+	delete(ext, deadletter.ReplayExtension)
+	delete(ext, deadletter.ReplaySignatureExtension)
 	m.key = delivery.Key(m.req.GetSource(), m.id)
 	m.srcTag = sourceTag(m.req.GetSource())
 	return nil
@@ -233,6 +244,22 @@ func (d *Dispatcher) run(m *message) {
 		m.t.m.RecordLoadError.Inc()
 		d.log.Warn("delivery record unavailable; the message will be redelivered", "topic", m.t.name, "event_id", m.id, "err", err)
 		return
+	}
+	if m.replayFor != "" {
+		// Only the replay path (ReplayDeadLetters) may narrow an event to
+		// one worker, or file it under one: a marker a producer set without
+		// the signature (or signed for another event, worker or topic) is
+		// ignored, and the event is an ordinary one.
+		ok, err := d.DeadLetters.VerifyReplay(ctx, m.req.GetSource(), m.id, m.replayFor, m.t.name, m.replaySig)
+		if err != nil {
+			d.log.Warn("replay marker not checked (replay key unavailable); the message will be redelivered", "topic", m.t.name, "event_id", m.id, "err", err)
+			return
+		}
+		if !ok {
+			d.log.Warn("replay marker without a valid signature ignored: the event goes to every worker of its topic", "topic", m.t.name,
+				"event_id", logID(m.id), "source", logID(m.req.GetSource()), "marker", logID(m.replayFor))
+			m.replayFor = ""
+		}
 	}
 	if m.replayFor != "" && !m.t.runs(m.replayFor) {
 		// A replay for a worker no longer running (stopped or deleted since):
@@ -504,7 +531,7 @@ func (d *Dispatcher) ack(m *message, status Ack) {
 	case t.inflight[m.id] == m:
 		delete(t.inflight, m.id)
 	}
-	n := 1 + m.dups
+	n, st := 1+m.dups, m.stream
 	if superseded {
 		n = 0 // daprd awaits next's answer under this id, not this one's
 	}
@@ -521,7 +548,7 @@ func (d *Dispatcher) ack(m *message, status Ack) {
 		t.m.HandledRetry.Observe(handled)
 	}
 	for range n {
-		d.ackRaw(m.stream, m.id, status)
+		d.ackRaw(st, m.id, status)
 	}
 	d.inflight.Add(-1)
 	if next != nil {

@@ -177,6 +177,13 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 			r.outcome, r.reason, r.err = outcomeFailed, reasonLockError, err
 			if errors.Is(err, grouplock.ErrContended) {
 				r.reason = reasonLockContention
+			} else {
+				// The store failed under the lock: not the worker's
+				// failure, and not an attempt (a flapping store must not
+				// dead-letter grouped messages); given back.
+				r.outcome = outcomeDeferred
+				d.log.Warn("group lock not taken: state store error; the message is given back, not counted as an attempt",
+					append([]any{"group", w.Group, "worker_id", w.ID, "err", err}, logAttrs(m, r.trace)...)...)
 			}
 			if ctx.Err() != nil || w.isStopped() {
 				r.outcome = outcomeCut // stopped while waiting: given back, not an attempt
@@ -190,7 +197,7 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 		lease.KeepAlive(ctx)
 		defer func() {
 			if err := lease.Release(context.WithoutCancel(ctx)); err != nil {
-				d.log.Warn("group lock not released; this node takes it back on its next message of the group, other nodes after its max age",
+				d.log.Warn("group lock not released after retries; this node takes it back on its next message of the group, other nodes once it leaves the cluster membership or after 10 × GROUP_LOCK_MAX_AGE_MS (GROUP_LOCK_MAX_AGE_MS if nothing was published under it)",
 					append([]any{"group", w.Group, "worker_id", w.ID, "err", err}, logAttrs(m, r.trace)...)...)
 			}
 		}()
@@ -244,7 +251,9 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 					r.outcome, r.reason, r.err = outcomeFailed, reasonStaleLock, fmt.Errorf("output %d refused: %w", i, err)
 					return
 				}
-				r.outcome, r.reason, r.err = outcomeFailed, reasonLockError, err
+				// A store error while checking: not an attempt, as above
+				// (the outputs before this one went out, and go out again).
+				r.outcome, r.reason, r.err = outcomeDeferred, reasonLockError, err
 				return
 			}
 		}

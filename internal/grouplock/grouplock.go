@@ -117,8 +117,15 @@ type Config struct {
 	// alive (cluster membership); a lock whose holder is gone may be taken
 	// at once, written or not. Nil: every holder counts as alive.
 	HolderAlive func(holder string) bool
-	// SelfAlive, when set, tells whether the other nodes still count this
-	// process as alive (its cluster membership is current). When it is
+	// ConfirmGone, when set, is asked before a lock whose holder
+	// HolderAlive counts as gone is taken: HolderAlive may answer from this
+	// process's last view of the membership, which lags a holder whose
+	// heartbeats just came back, so ConfirmGone reads the membership again
+	// (true: still gone). Its error ends Acquire like a store error.
+	ConfirmGone func(ctx context.Context, holder string) (bool, error)
+	// SelfAlive, when set, tells whether the other nodes surely count this
+	// process as alive (its cluster membership is current, and not just
+	// back after a lapse that peers may not have seen end yet). When it is
 	// not, they may take its locks (HolderAlive), written or not: every
 	// Check then reads the store instead of trusting the lease, so that a
 	// holder whose lock may have been taken does not act under it. Nil:
@@ -302,6 +309,16 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 	}
 	now := l.cfg.Now()
 	age := now.Sub(time.UnixMilli(rec.AcquiredMs))
+	var gone bool
+	if rec.Held && (l.cfg.Node == "" || rec.Node != l.cfg.Node) && l.cfg.HolderAlive != nil && !l.cfg.HolderAlive(rec.Holder) {
+		gone = true
+		if l.cfg.ConfirmGone != nil {
+			// This process's view may predate the holder's return.
+			if gone, err = l.cfg.ConfirmGone(ctx, rec.Holder); err != nil {
+				return nil, rec, fmt.Errorf("grouplock: is %s gone: %w", rec.Holder, err)
+			}
+		}
+	}
 	var take bool
 	switch {
 	case !rec.Held:
@@ -313,7 +330,7 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 		// outage). Without this the process would lock itself out of its
 		// own group until WrittenMaxAge.
 		take = true
-	case l.cfg.HolderAlive != nil && !l.cfg.HolderAlive(rec.Holder):
+	case gone:
 		// Its holder's process is gone: nothing can still write under its
 		// token, whatever it wrote before, so waiting for the max age (or
 		// the written max age) would only stall the group.
@@ -363,6 +380,7 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 		return nil, rec, nil // another acquirer (or a marker) came first
 	}
 	if err != nil {
+		l.undo(ctx, key, next)
 		return nil, rec, err
 	}
 	lease := &Lease{Group: group, Holder: holder, Token: next.Token, locks: l, acquired: time.UnixMilli(next.AcquiredMs)}
@@ -372,6 +390,25 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 	}
 	l.emit(ev)
 	return lease, rec, nil
+}
+
+// undoTimeout bounds undo's store calls.
+const undoTimeout = 5 * time.Second
+
+// undo frees next, the lock this process tried to write, when the write
+// returned an error but may have landed anyway (a stop cancelled Acquire
+// during the call, a timeout): no lease holds it, and peers could take it
+// only after MaxAge. Best effort, on a context that outlives ctx's
+// cancellation; the token is kept, so it still only grows.
+func (l *Locks) undo(ctx context.Context, key string, next record) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+	defer cancel()
+	rec, etag, err := l.read(ctx, key)
+	if err != nil || !rec.Held || rec.Token != next.Token || rec.Holder != next.Holder || rec.AcquiredMs != next.AcquiredMs {
+		return
+	}
+	rec.Held = false
+	_ = l.put(ctx, key, rec, etag)
 }
 
 // read returns the group's record and ETag; an absent key is the zero record

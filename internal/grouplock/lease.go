@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -158,16 +159,27 @@ func (ls *Lease) Check(ctx context.Context) error {
 	return nil
 }
 
+// Bounds of the retries of a lease's writes: updateTries writes per update
+// when they conflict, pausing (full jitter) up to state.ConflictBackoffMax
+// in between; releaseTries updates per Release when they fail, pausing
+// RetryBase/4, RetryBase/2, ... (1.9 s in all at the default RetryBase).
+const (
+	updateTries  = 5
+	releaseTries = 5
+)
+
 // update re-reads the lock and, while it still shows this lease, applies
 // change and writes the record back guarded by its ETag, reading again after
 // a conflict (e.g. a waiter marker written meanwhile); change returning false
-// skips the write. It reports whether the lease was still current.
+// skips the write. It reports whether the lease was still current. Conflicts
+// are tried updateTries times with short pauses: daprd's Redis state store
+// reports every failed ETag-guarded write as an ETag mismatch, so a conflict
+// that persists is the store failing, and returned as an error (wrapping
+// state.ErrConflict).
 func (ls *Lease) update(ctx context.Context, change func(*record) bool) (bool, error) {
 	l := ls.locks
 	key := Key(ls.Group)
-	// Conflicts here come from waiter markers changing the ETag; the
-	// holder retries at once (no backoff): its lock is on the hot path.
-	for {
+	for try := 1; ; try++ {
 		rec, etag, err := l.read(ctx, key)
 		if err != nil {
 			return false, err
@@ -179,13 +191,16 @@ func (ls *Lease) update(ctx context.Context, change func(*record) bool) (bool, e
 			return true, nil
 		}
 		err = l.put(ctx, key, rec, etag)
-		if errors.Is(err, state.ErrConflict) {
-			if err := ctx.Err(); err != nil {
-				return false, err
-			}
-			continue
+		if !errors.Is(err, state.ErrConflict) {
+			return err == nil, err
 		}
-		return err == nil, err
+		if try == updateTries {
+			return false, fmt.Errorf("grouplock %s token %d: %d writes conflicted (a failing store): %w", ls.Group, ls.Token, try, err)
+		}
+		pause := min(state.ConflictBackoffBase<<(try-1), state.ConflictBackoffMax)
+		if err := l.cfg.Sleep(ctx, rand.N(pause)+1); err != nil {
+			return false, err
+		}
 	}
 }
 
@@ -194,7 +209,9 @@ func (ls *Lease) update(ctx context.Context, change func(*record) bool) (bool, e
 // next caller of this process; KeepAlive's renewals stop first. A lease that was stolen leaves the new
 // holder's lock alone and is not an error. ctx should not be one the caller
 // has already cancelled (e.g. on shutdown), or the lock stays held in the
-// store until it may be stolen. After a store error the local slot is freed
+// store until it may be stolen. A failing write is tried releaseTries times,
+// backing off (RetryBase/4, doubling): a lock left written blocks other
+// nodes for WrittenMaxAge. After a store error the local slot is freed
 // anyway and Release may be called again; later calls after success do
 // nothing.
 func (ls *Lease) Release(ctx context.Context) error {
@@ -219,8 +236,22 @@ func (ls *Lease) Release(ctx context.Context) error {
 		return nil
 	}
 	current, err := ls.update(ctx, func(rec *record) bool { rec.Held = false; return true })
-	if err != nil {
-		return err
+	for try := 1; err != nil; try++ {
+		if try == releaseTries {
+			return err
+		}
+		// The lease mutex is not held while pausing (a Check returns
+		// ErrStale at once, as the lease is ending).
+		ls.mu.Unlock()
+		serr := l.cfg.Sleep(ctx, backoff(max(l.cfg.RetryBase/4, time.Millisecond), try-1))
+		ls.mu.Lock()
+		if serr != nil {
+			return err
+		}
+		if ls.released { // a concurrent Release succeeded meanwhile
+			return nil
+		}
+		current, err = ls.update(ctx, func(rec *record) bool { rec.Held = false; return true })
 	}
 	ls.released = true
 	if current {

@@ -58,6 +58,10 @@ type Node struct {
 	expected bool
 	// parallelism is how many workers Reconcile brings up at a time.
 	parallelism int
+	// wfCheck asks whether a worker's workflow completed
+	// (SetWorkflowCheck); checked holds its answers (under mu).
+	wfCheck WorkflowCheck
+	checked map[string]checkedRecord
 }
 
 // SetLogBudget bounds what each worker's code may log, in lines per second
@@ -150,8 +154,16 @@ func (n *Node) Check(ctx context.Context, w catalog.Worker, code []byte) error {
 // code is attached), a STOPPED one is detached; then the history entry (when
 // not nil) and the record are saved. The node goes first so that a worker
 // whose code cannot be attached is never persisted. It is idempotent.
+//
+// A change the catalog has moved past (a late attempt of an older change,
+// or of a deleted worker: catalog.CheckWrite) is refused with
+// catalog.ErrStale before the node acts on it; one overtaken while it ran
+// leaves the node matching the record again.
 func (n *Node) Apply(ctx context.Context, w catalog.Worker, history *catalog.HistoryEntry) error {
 	defer n.lockWorker(w.ID)()
+	if err := n.catalog.CheckWrite(ctx, w); err != nil {
+		return err
+	}
 	if err := n.apply(ctx, w); err != nil {
 		return err
 	}
@@ -165,7 +177,13 @@ func (n *Node) Apply(ctx context.Context, w catalog.Worker, history *catalog.His
 			return err
 		}
 	}
-	return n.catalog.SaveWorker(ctx, w)
+	err := n.catalog.SaveWorker(ctx, w)
+	if errors.Is(err, catalog.ErrStale) {
+		if serr := n.sync(ctx, w.ID); serr != nil {
+			n.log.Error("node not brought back to the record after a stale change", "worker_id", w.ID, "err", serr)
+		}
+	}
+	return err
 }
 
 // hotPath is how the dispatcher knows w (Engine names its engine in the
@@ -245,11 +263,77 @@ func (n *Node) load(ctx context.Context, w catalog.Worker) (engines.Instance, er
 
 // Remove detaches a worker (no-op when it is not attached) and then deletes
 // its record, under the same lock (see Apply).
-func (n *Node) Remove(ctx context.Context, id string) error {
+// A removal of another incarnation than the record's (a late attempt) is
+// refused with catalog.ErrStale and leaves the node matching the record.
+func (n *Node) Remove(ctx context.Context, w catalog.Worker) error {
+	id := w.ID
 	defer n.lockWorker(id)()
+	if err := n.catalog.CheckRemove(ctx, w); err != nil {
+		return err
+	}
 	n.remove(ctx, id)
 	n.disp.ClearUnrunnable(id)
-	return n.catalog.DeleteWorker(ctx, id)
+	err := n.catalog.RemoveWorker(ctx, w)
+	if errors.Is(err, catalog.ErrStale) {
+		if serr := n.sync(ctx, id); serr != nil {
+			n.log.Error("node not brought back to the record after a stale removal", "worker_id", id, "err", serr)
+		}
+	}
+	return err
+}
+
+// WorkflowCheck tells whether worker id's entity workflow has completed
+// (the worker was deleted).
+type WorkflowCheck func(ctx context.Context, id string) (deleted bool, err error)
+
+// SetWorkflowCheck makes Reconcile and Sync ask check before they serve a
+// RUNNING record they have not checked yet (each incarnation and revision
+// once): a record whose workflow completed is a deleted worker written
+// back (by a late write of a node of an older version, or one that
+// outlived its tombstone) and is not served; an unanswered check serves
+// it and asks again next time. Call it before serving.
+func (n *Node) SetWorkflowCheck(check WorkflowCheck) { n.wfCheck = check }
+
+// recordKey names one revision of a record for the workflow check.
+type recordKey struct {
+	incarnation string
+	revision    int64
+}
+
+// closedWorkflow tells whether w is a RUNNING record whose workflow has
+// completed (SetWorkflowCheck); the caller holds w's lock.
+func (n *Node) closedWorkflow(ctx context.Context, w catalog.Worker) bool {
+	if n.wfCheck == nil || w.Status != catalog.StatusRunning {
+		return false
+	}
+	key := recordKey{w.Incarnation, w.Revision}
+	n.mu.Lock()
+	checked, ok := n.checked[w.ID]
+	n.mu.Unlock()
+	if ok && checked.key == key {
+		return checked.closed
+	}
+	closed, err := n.wfCheck(ctx, w.ID)
+	if err != nil {
+		n.log.Warn("could not ask whether the worker's workflow is open; serving its record", "worker_id", w.ID, "err", err)
+		return false
+	}
+	if closed {
+		n.log.Error("record of a worker whose workflow has completed (deleted): not served", "worker_id", w.ID,
+			"incarnation", w.Incarnation, "revision", w.Revision)
+	}
+	n.mu.Lock()
+	if n.checked == nil {
+		n.checked = map[string]checkedRecord{}
+	}
+	n.checked[w.ID] = checkedRecord{key: key, closed: closed}
+	n.mu.Unlock()
+	return closed
+}
+
+type checkedRecord struct {
+	key    recordKey
+	closed bool
 }
 
 // remove detaches worker id; the caller holds its lock.
@@ -383,6 +467,12 @@ func (n *Node) expectRunning(ctx context.Context, ids []string) bool {
 		return false
 	}
 	for _, w := range ws {
+		n.mu.Lock()
+		c, ok := n.checked[w.ID]
+		n.mu.Unlock()
+		if ok && c.closed && c.key == (recordKey{w.Incarnation, w.Revision}) {
+			continue // refused (closedWorkflow)
+		}
 		if w.Status == catalog.StatusRunning && !n.disp.Attached(w.ID) {
 			n.disp.SetUnrunnable(n.hotPath(w))
 		}
@@ -420,9 +510,13 @@ func (n *Node) expectOnce(ctx context.Context) {
 func (n *Node) reconcileOne(ctx context.Context, id string) (catalog.Status, error) {
 	defer n.lockWorker(id)()
 	w, err := n.catalog.GetWorker(ctx, id)
+	if err == nil && n.closedWorkflow(ctx, w) {
+		err = catalog.ErrNotFound
+	}
 	if errors.Is(err, catalog.ErrNotFound) {
 		n.remove(ctx, id)
 		n.disp.ClearUnrunnable(id)
+		n.forgetChecked(id, err)
 		return "", nil
 	}
 	if err != nil {
@@ -533,14 +627,34 @@ func (n *Node) Shutdown(ctx context.Context) {
 // (detached when it is gone), reading the record under the worker's lock.
 func (n *Node) Sync(ctx context.Context, id string) error {
 	defer n.lockWorker(id)()
+	return n.sync(ctx, id)
+}
+
+// sync is Sync; the caller holds id's lock.
+func (n *Node) sync(ctx context.Context, id string) error {
 	w, err := n.catalog.GetWorker(ctx, id)
+	if err == nil && n.closedWorkflow(ctx, w) {
+		err = catalog.ErrNotFound
+	}
 	if errors.Is(err, catalog.ErrNotFound) {
 		n.remove(ctx, id)
 		n.disp.ClearUnrunnable(id)
+		n.forgetChecked(id, err)
 		return nil
 	}
 	if err != nil {
 		return err
 	}
 	return n.apply(ctx, w)
+}
+
+// forgetChecked drops the workflow check's answer for a worker the catalog
+// no longer has (err is not a refusal of its record).
+func (n *Node) forgetChecked(id string, err error) {
+	if err == catalog.ErrNotFound { //nolint:errorlint // the refusal itself, unwrapped
+		return
+	}
+	n.mu.Lock()
+	delete(n.checked, id)
+	n.mu.Unlock()
 }

@@ -27,7 +27,7 @@ func TestApplyAndRemoveOrderNodeBeforeCatalog(t *testing.T) {
 	if got, err := f.Catalog.GetWorker(ctx, w.ID); err != nil || got.Status != catalog.StatusRunning || !f.Dispatcher.Attached(w.ID) {
 		t.Fatalf("after Apply: record %+v %v, attached %v", got, err, f.Dispatcher.Attached(w.ID))
 	}
-	if err := f.Node.Remove(ctx, w.ID); err != nil {
+	if err := f.Node.Remove(ctx, w); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.Catalog.GetWorker(ctx, w.ID); !errors.Is(err, catalog.ErrNotFound) || f.Dispatcher.Attached(w.ID) {

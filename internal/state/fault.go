@@ -29,3 +29,20 @@ func (f faultFile) Put(ctx context.Context, key string, value []byte, opts PutOp
 	}
 	return f.Store.Put(ctx, key, value, opts)
 }
+
+// WithMaxValueBytes returns st whose Puts of a value over max bytes fail, as
+// daprd refuses a save larger than its --max-body-size (the write is not
+// made). A test hook for the writes that must fit the store.
+func WithMaxValueBytes(st Store, max int) Store { return maxValue{Store: st, max: max} }
+
+type maxValue struct {
+	Store
+	max int
+}
+
+func (m maxValue) Put(ctx context.Context, key string, value []byte, opts PutOptions) error {
+	if len(value) > m.max {
+		return fmt.Errorf("state put %q: injected fault: %d bytes over the store's limit of %d", key, len(value), m.max)
+	}
+	return m.Store.Put(ctx, key, value, opts)
+}

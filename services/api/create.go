@@ -103,9 +103,15 @@ func memo(w catalog.Worker) map[string]any {
 //     of this request (same request id): its outcome, once it is known;
 //   - an earlier create with this id failed: once its run has closed, the
 //     request is tried again in a new run (so a corrected request succeeds
-//     and a repeated bad one fails with its own error).
-func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.CodeRef, rid string) (*pb.CreateWorkerResponse, error) {
+//     and a repeated bad one fails with its own error: restage puts the
+//     uploaded body back first, since a run that refuses code drops it).
+func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.CodeRef, rid string, restage func(context.Context) error) (*pb.CreateWorkerResponse, error) {
 	for attempt := 1; ; attempt++ {
+		if attempt > 1 {
+			if err := restage(ctx); err != nil {
+				return nil, err
+			}
+		}
 		_, err := s.create(ctx, w, ref, rid, attempt)
 		var started *serviceerror.WorkflowExecutionAlreadyStarted
 		if errors.As(err, &started) {
@@ -159,8 +165,13 @@ func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.C
 // waits for that run to close: a live worker's run never does). A name
 // whose earlier create failed is free again once that run has closed:
 // then it waits for the close and tries once more.
-func (s *Server) createNamed(ctx context.Context, w catalog.Worker, ref catalog.CodeRef) (*pb.CreateWorkerResponse, error) {
+func (s *Server) createNamed(ctx context.Context, w catalog.Worker, ref catalog.CodeRef, restage func(context.Context) error) (*pb.CreateWorkerResponse, error) {
 	for try := 0; ; try++ {
+		if try > 0 {
+			if err := restage(ctx); err != nil {
+				return nil, err
+			}
+		}
 		_, err := s.create(ctx, w, ref, "", 0)
 		if err == nil {
 			return &pb.CreateWorkerResponse{WorkerId: w.ID}, nil

@@ -197,6 +197,13 @@ func (s *Server) replay(ctx context.Context, w catalog.Worker, e deadletter.Entr
 	if topic == "" {
 		topic = w.Topic
 	}
+	// Signed for this event, worker and topic: a node honours only a
+	// marker the replay path signed (a producer cannot forge one).
+	sig, err := s.opts.DeadLetters.SignReplay(ctx, ev.Source(), ev.ID(), w.ID, topic)
+	if err != nil {
+		return false, storeStatus(err, "read the replay key")
+	}
+	ev.SetExtension(deadletter.ReplaySignatureExtension, sig)
 	if err := s.opts.Deliveries.Reset(ctx, delivery.Key(e.Source, e.EventID), w.ID); err != nil {
 		return false, storeStatus(err, fmt.Sprintf("reset delivery record of event %s", e.EventID))
 	}

@@ -133,11 +133,18 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 	case rid != "":
 		w.ID = RequestWorkerID(p.Tenant, rid)
 	}
+	// A create tried again in a new run stages the body again: the first
+	// run's PrepareCode dropped it when it refused the code, and a twin or
+	// another request with the same body may have too.
+	restage := func(ctx context.Context) error {
+		_, err := s.stage(ctx, req.GetCode())
+		return err
+	}
 	if rid != "" {
-		return s.createOnce(ctx, w, ref, rid)
+		return s.createOnce(ctx, w, ref, rid, restage)
 	}
 	if name != "" {
-		return s.createNamed(ctx, w, ref)
+		return s.createNamed(ctx, w, ref, restage)
 	}
 	if _, err := s.create(ctx, w, ref, "", 0); err != nil {
 		return nil, s.status(err, w.ID)
@@ -215,13 +222,10 @@ func (s *Server) DeleteWorker(ctx context.Context, req *pb.DeleteWorkerRequest) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	h, err := s.temporal.UpdateWorkflow(ctx, client.UpdateWorkflowOptions{
+	err = s.sendUpdate(ctx, client.UpdateWorkflowOptions{
 		WorkflowID: workflows.WorkflowID(id), UpdateName: workflows.UpdateDelete,
 		WaitForStage: client.WorkflowUpdateStageCompleted,
-	})
-	if err == nil {
-		err = h.Get(ctx, nil)
-	}
+	}, nil)
 	if err != nil {
 		return nil, s.status(err, display)
 	}
@@ -330,7 +334,7 @@ func (s *Server) GetWorkerHistory(ctx context.Context, req *pb.GetWorkerHistoryR
 
 // RecoverWorkers implements pb.WorkManagerServiceServer.
 func (s *Server) RecoverWorkers(ctx context.Context, _ *pb.RecoverWorkersRequest) (*pb.RecoverWorkersResponse, error) {
-	res, err := workflows.RunRecovery(ctx, s.temporal)
+	res, err := workflows.RunRecoveryWith(ctx, s.temporal, workflows.RecoveryInput{ContinueAsNewAfter: s.opts.ContinueAsNewAfter})
 	if err != nil {
 		return nil, s.status(err, "")
 	}
@@ -376,18 +380,41 @@ func (s *Server) update(ctx context.Context, ref, name string, args ...any) (*pb
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	h, err := s.temporal.UpdateWorkflow(ctx, client.UpdateWorkflowOptions{
+	var w catalog.Worker
+	if err := s.sendUpdate(ctx, client.UpdateWorkflowOptions{
 		WorkflowID: workflows.WorkflowID(id), UpdateName: name, Args: args,
 		WaitForStage: client.WorkflowUpdateStageCompleted,
-	})
-	if err != nil {
-		return nil, s.status(err, display)
-	}
-	var w catalog.Worker
-	if err := h.Get(ctx, &w); err != nil {
+	}, &w); err != nil {
 		return nil, s.status(err, display)
 	}
 	return toProto(w), nil
+}
+
+// sendUpdate sends an update and waits for its outcome (into out, when
+// set). A run that is due to continue as new refuses new updates with
+// workflows.ContinueAsNewDue until its updates in flight have finished
+// and it continued as new: the update is sent again (by workflow id, so
+// to the new run), backing off, until it is taken or ctx ends. A refused
+// update left no trace in the workflow, so sending it again is safe.
+func (s *Server) sendUpdate(ctx context.Context, o client.UpdateWorkflowOptions, out any) error {
+	wait := 20 * time.Millisecond
+	for {
+		h, err := s.temporal.UpdateWorkflow(ctx, o)
+		if err == nil {
+			err = h.Get(ctx, out)
+		}
+		if failure.Kind(err) != workflows.ContinueAsNewDue {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
 
 // state queries a worker's workflow; a deleted or never-created worker is

@@ -20,9 +20,11 @@ import (
 // Recover runs the recovery workflow and then reconciles this node, keeping
 // the health state's recovery check up to date. Broken workers are counted,
 // not fatal; failing to run recovery at all makes the node Unhealthy.
-func Recover(ctx context.Context, log *slog.Logger, c client.Client, n *node.Node, h *health.State) error {
+// continueAsNewAfter is the bound of the worker workflows recovery starts
+// (WORKMANAGER_CONTINUE_AS_NEW_AFTER, as the API gives new ones).
+func Recover(ctx context.Context, log *slog.Logger, c client.Client, n *node.Node, h *health.State, continueAsNewAfter int) error {
 	h.Set(health.Recovery, health.Degraded, "recovery running")
-	res, err := workflows.RunRecovery(ctx, c)
+	res, err := workflows.RunRecoveryWith(ctx, c, workflows.RecoveryInput{ContinueAsNewAfter: continueAsNewAfter})
 	if err != nil {
 		h.Set(health.Recovery, health.Unhealthy, err.Error())
 		return err
@@ -54,15 +56,15 @@ const RecoveryRetryMax = 2 * time.Minute
 // again after retry, doubling up to RecoveryRetryMax, until it succeeds or
 // ctx ends: a recovery that failed once (Temporal or the state store not
 // up yet) does not leave /readyz failing for ever. done, when set, is told
-// the outcome of every recovery attempt.
-func RecoverLoop(ctx context.Context, log *slog.Logger, c client.Client, n *node.Node, h *health.State, recoverAll bool, retry time.Duration,
-	done func(time.Duration, error)) {
+// the outcome of every recovery attempt; continueAsNewAfter is Recover's.
+func RecoverLoop(ctx context.Context, log *slog.Logger, c client.Client, n *node.Node, h *health.State, recoverAll bool, continueAsNewAfter int,
+	retry time.Duration, done func(time.Duration, error)) {
 	wait := retry
 	for {
 		began := time.Now()
 		var err error
 		if recoverAll {
-			err = Recover(ctx, log, c, n, h)
+			err = Recover(ctx, log, c, n, h, continueAsNewAfter)
 		} else {
 			h.Set(health.Recovery, health.Degraded, "recovery on start disabled; reconciling this node")
 			var rec node.ReconcileResult

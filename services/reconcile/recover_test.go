@@ -39,7 +39,7 @@ func TestRecoverLoopRetriesAFailedRecovery(t *testing.T) {
 	h := health.New()
 	var mu sync.Mutex
 	var outcomes []error
-	reconcile.RecoverLoop(ctx, slog.New(slog.NewTextHandler(io.Discard, nil)), tc, f.Node, h, true, 10*time.Millisecond, func(_ time.Duration, err error) {
+	reconcile.RecoverLoop(ctx, slog.New(slog.NewTextHandler(io.Discard, nil)), tc, f.Node, h, true, 0, 10*time.Millisecond, func(_ time.Duration, err error) {
 		mu.Lock()
 		outcomes = append(outcomes, err)
 		mu.Unlock()
@@ -65,7 +65,7 @@ func TestRecoverLoopWithRecoveryOffReconcilesTheNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := health.New()
-	reconcile.RecoverLoop(ctx, slog.New(slog.NewTextHandler(io.Discard, nil)), mocks.NewClient(t), f.Node, h, false, 10*time.Millisecond, nil)
+	reconcile.RecoverLoop(ctx, slog.New(slog.NewTextHandler(io.Discard, nil)), mocks.NewClient(t), f.Node, h, false, 0, 10*time.Millisecond, nil)
 	if f.Engine.Loads() != 1 {
 		t.Fatalf("loads %d: the node did not reconcile", f.Engine.Loads())
 	}

@@ -260,3 +260,57 @@ func TestHangingReplacementCostsACallOnlyItsDeadline(t *testing.T) {
 		t.Errorf("log = %q", logs.String())
 	}
 }
+
+// TestBackgroundStartThatDiedIsNotHandedOut is issue 43's item 12: a
+// process started in the background after a call gave up waiting for it,
+// and that exited before the slot's next call, is not handed to that call
+// (which would fail as if the process had died under it): it is retired
+// and replaced, as a process that died while idle.
+func TestBackgroundStartThatDiedIsNotHandedOut(t *testing.T) {
+	f := &fakes{}
+	var rs restarts
+	pl, _ := newPool(t, 1, f, func(c *Config[*fakeProc]) { c.OnRestart = rs.record })
+	if errs := pl.Fill(ctxFor(t, 5*time.Second)); errs != nil {
+		t.Fatalf("Fill: %v", errs)
+	}
+	release := make(chan struct{})
+	started := make(chan *fakeProc, 4)
+	pl.cfg.Start = func(ctx context.Context) (*fakeProc, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		p, err := f.start(ctx)
+		started <- p
+		return p, err
+	}
+	s, first := acquire(t, pl)
+	pl.Release(s)
+	first.exit() // dies while idle; its replacement's start hangs
+
+	s, err := pl.Acquire(ctxFor(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pl.ProcBy(context.Background(), s, time.Now().Add(50*time.Millisecond)); !errors.Is(err, ErrCannotStart) {
+		t.Fatalf("ProcBy = %v, want ErrCannotStart at the deadline", err)
+	}
+	pl.Release(s)
+	close(release) // the start finishes in the background...
+	bg := <-started
+	bg.exit() // ... and its process dies before the next call
+
+	s, err = pl.Acquire(ctxFor(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pl.Release(s)
+	p, err := pl.ProcBy(context.Background(), s, time.Now().Add(5*time.Second))
+	if err != nil || p == nil || p == bg || p.exited() {
+		t.Fatalf("the next call got %v (dead background start %v), %v: want a live process", p, bg, err)
+	}
+	if bg.retires.Load() == 0 {
+		t.Error("the dead background start was not retired")
+	}
+}

@@ -283,7 +283,8 @@ func (pl *Pool[P]) Proc(ctx context.Context, s *Slot[P]) (P, error) {
 // none): a start it makes (an empty slot's, or the replacement of a
 // process that died idle), or finds in progress, is waited for only until
 // then; the start goes on in the background (bounded by Close and by
-// Config.Start's own limit) and the slot's next call takes its process.
+// Config.Start's own limit) and the slot's next call takes its process,
+// unless it has exited by then: it is then replaced like one that died idle.
 // A worker whose start hangs thus costs each call at most its own
 // deadline, not the start's timeout; one whose start fails makes the
 // slot back off like a failed restart.
@@ -297,7 +298,17 @@ func (pl *Pool[P]) ProcBy(ctx context.Context, s *Slot[P], deadline time.Time) (
 			return zero, err
 		}
 		s.startReason = ""
-		return pl.started(s, r, reason)
+		p, err := pl.started(s, r, reason)
+		if err != nil {
+			return zero, err
+		}
+		select {
+		case <-p.Done():
+			// It died after its start, before this call: replaced below,
+			// not handed out.
+		default:
+			return p, nil
+		}
 	}
 	if s.p != zero {
 		select {

@@ -18,7 +18,8 @@
  * Every variant also reacts to the "test.*" event types below (among them
  * test.forged, test.bigout, test.forkhang, test.setsidhang, test.exitsoon,
  * test.longline and test.sleep/test.sleepstats for the engine's robustness
- * tests).
+ * tests; test.gateway waits for the file named by its "gwwaitfile"
+ * extension before it calls).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -215,6 +216,16 @@ static int32_t gateway(const VirtufinHost* host, const vf_event* ev, uint8_t** o
     uint8_t* resp = NULL;
     int32_t resp_len = 0;
     vf_str method = vf_event_find_extension(ev, "gwmethod");
+    /* "gwwaitfile": wait until that file exists before calling (a call the
+     * engine may meanwhile have abandoned at its timeout). */
+    vf_str wait = vf_event_find_extension(ev, "gwwaitfile");
+    if (wait.ptr) {
+        char path[512];
+        size_t n = wait.len < sizeof path - 1 ? wait.len : sizeof path - 1;
+        memcpy(path, wait.ptr, n);
+        path[n] = 0;
+        while (access(path, F_OK) != 0) sleep_ms(5);
+    }
     int32_t code = host->gateway_call(host->engine_ptr, "svc", method.ptr ? method.ptr : "do/it", ev->data.ptr,
                                       (int32_t)ev->data.len, &resp, &resp_len);
     sbuf s = {0};

@@ -138,11 +138,23 @@ type Fixture struct {
 // engines are registered beside the test engine (a benchmark's real one).
 func New(t testing.TB, extra ...engines.Engine) *Fixture {
 	t.Helper()
+	return NewOnStore(t, nil, extra...)
+}
+
+// NewOnStore is New whose catalog (and so the node) goes through
+// wrap(Store), a store that injects faults; Store stays the memory store
+// underneath, to read what was written.
+func NewOnStore(t testing.TB, wrap func(state.Store) state.Store, extra ...engines.Engine) *Fixture {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	f := &Fixture{Store: state.NewMemoryStore(), Engine: &Engine{}, Published: &publishtest.Recorder{}, Broker: dispatchtest.NewBroker()}
-	f.Catalog = catalog.New(f.Store)
+	var st state.Store = f.Store
+	if wrap != nil {
+		st = wrap(st)
+	}
+	f.Catalog = catalog.New(st)
 	reg := engines.NewRegistry()
 	for _, e := range append([]engines.Engine{f.Engine}, extra...) {
 		if err := reg.Register(e); err != nil {

@@ -1,0 +1,62 @@
+package api
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/mock"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/mocks"
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/virtufin/workmanager/internal/catalog"
+	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+	"github.com/virtufin/workmanager/workflows"
+)
+
+// Issue 43 item 5: a run due to continue as new refuses new updates with a
+// retryable ContinueAsNewDue; the API sends the update again (to the new
+// run) instead of failing the call. The refusal may come from
+// UpdateWorkflow itself or from the handle.
+func TestUpdateRefusedWhileContinuingAsNewIsSentAgain(t *testing.T) {
+	id := "6203c8ee-cf77-4964-8144-e0bcaf0e2b6a"
+	due := temporal.NewApplicationError("worker w: its workflow is continuing as new; send the update again", workflows.ContinueAsNewDue)
+	for name, call := range map[string]func(*Server) error{
+		"stop": func(s *Server) error {
+			_, err := s.StopWorker(context.Background(), &pb.StopWorkerRequest{WorkerId: id})
+			return err
+		},
+		"delete": func(s *Server) error {
+			_, err := s.DeleteWorker(context.Background(), &pb.DeleteWorkerRequest{WorkerId: id})
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			tc := mocks.NewClient(t)
+			refusedByHandle := mocks.NewWorkflowUpdateHandle(t)
+			refusedByHandle.On("Get", mock.Anything, mock.Anything).Return(due).Once()
+			ok := mocks.NewWorkflowUpdateHandle(t)
+			ok.On("Get", mock.Anything, mock.Anything).Return(func(_ context.Context, out any) error {
+				if w, isWorker := out.(*catalog.Worker); isWorker {
+					*w = catalog.Worker{ID: id, Status: catalog.StatusStopped}
+				}
+				return nil
+			}).Once()
+			calls := 0
+			tc.On("UpdateWorkflow", mock.Anything, mock.Anything).Return(func(context.Context, client.UpdateWorkflowOptions) (client.WorkflowUpdateHandle, error) {
+				calls++
+				switch calls {
+				case 1:
+					return nil, due
+				case 2:
+					return refusedByHandle, nil
+				}
+				return ok, nil
+			}).Times(3)
+			s, _ := newServer(t, tc)
+			if err := call(s); err != nil {
+				t.Fatalf("got %v after %d updates, want the third one's answer", err, calls)
+			}
+		})
+	}
+}
