@@ -395,8 +395,11 @@ func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker
 	in.Worker.Status, in.Worker.CreatedAt = catalog.StatusRunning, in.Worker.UpdatedAt
 	// The worker's incarnation is this run: its tombstone never lets a late
 	// write of this create back, while a create in a new run may follow a
-	// failed one.
-	in.Worker.Incarnation = workflow.GetInfo(ctx).WorkflowExecution.RunID
+	// failed one. Versioned: a run created before incarnations replays
+	// without one, as its record was written ("" never conflicts with "").
+	if workflow.GetVersion(ctx, "worker-incarnation", workflow.DefaultVersion, 1) == 1 {
+		in.Worker.Incarnation = workflow.GetInfo(ctx).WorkflowExecution.RunID
+	}
 	e.revise(&in.Worker)
 	if applied, err := e.apply(ctx, in, e.event(ctx, lifecycleevents.Created), e.event(ctx, lifecycleevents.Started)); err != nil {
 		// Not applied: the record was read back and is not there, but an
