@@ -3,6 +3,8 @@ package native
 import (
 	"errors"
 	"fmt"
+	"net/url"
+	"strconv"
 	"time"
 	"unsafe"
 
@@ -274,7 +276,7 @@ func decodeEvent(ce *abi.CloudEvent) (event.Event, error) {
 		c = c1
 		if v := ce.Source(); len(v) > 0 {
 			if err := c.SetSource(string(v)); err != nil {
-				return event.Event{}, fmt.Errorf("source: %w", err)
+				return event.Event{}, fmt.Errorf("source %s: %w", quoteShort(v), urlCause(err))
 			}
 		}
 	case event.CloudEventsVersionV03:
@@ -283,7 +285,7 @@ func decodeEvent(ce *abi.CloudEvent) (event.Event, error) {
 		c.SetType(string(typ))
 		if v := ce.Source(); len(v) > 0 {
 			if err := c.SetSource(string(v)); err != nil {
-				return event.Event{}, fmt.Errorf("source: %w", err)
+				return event.Event{}, fmt.Errorf("source %s: %w", quoteShort(v), urlCause(err))
 			}
 		}
 		if v := ce.Subject(); len(v) > 0 {
@@ -296,32 +298,70 @@ func decodeEvent(ce *abi.CloudEvent) (event.Event, error) {
 			dataCopy = append([]byte{}, data...)
 		}
 	default:
-		return event.Event{}, fmt.Errorf("specversion %q is not supported", sv)
+		return event.Event{}, fmt.Errorf("specversion %s is not supported", quoteShort(ce.Specversion()))
 	}
 	ev := event.Event{Context: c, DataEncoded: dataCopy}
 	if v := ce.Dataschema(); len(v) > 0 {
 		if err := c.SetDataSchema(string(v)); err != nil {
-			return ev, fmt.Errorf("dataschema: %w", err)
+			return ev, fmt.Errorf("dataschema %s: %w", quoteShort(v), urlCause(err))
 		}
 	}
 	if v := ce.Time(); len(v) > 0 {
-		t, err := time.Parse(time.RFC3339Nano, string(v))
+		// Longer than any RFC 3339 time: refused without parsing (whose
+		// error would copy it).
+		var t time.Time
+		err := errors.New("too long")
+		if len(v) <= maxQuoted {
+			t, err = time.Parse(time.RFC3339Nano, string(v))
+		}
 		if err != nil {
-			return ev, fmt.Errorf("time %q is not RFC 3339", v)
+			return ev, fmt.Errorf("time %s is not RFC 3339", quoteShort(v))
 		}
 		if err := c.SetTime(t); err != nil {
 			return ev, err
 		}
 	}
 	var x abi.Extension
+	if n := ce.ExtensionsLength(); n > 0 {
+		// Sized once: growing the map entry by entry allocates about
+		// twice as much.
+		switch c := c.(type) {
+		case *event.EventContextV1:
+			c.Extensions = make(map[string]any, n)
+		case *event.EventContextV03:
+			c.Extensions = make(map[string]any, n)
+		}
+	}
 	for j := 0; j < ce.ExtensionsLength(); j++ {
 		if !ce.Extensions(&x, j) {
 			return ev, fmt.Errorf("extension %d is missing", j)
 		}
-		k := string(x.Key())
-		if err := c.SetExtension(k, string(x.Value())); err != nil {
-			return ev, fmt.Errorf("extension %q: %w", k, err)
+		kb := x.Key()
+		if err := c.SetExtension(string(kb), string(x.Value())); err != nil {
+			return ev, fmt.Errorf("extension %s: %w", quoteShort(kb), err)
 		}
 	}
 	return ev, nil
+}
+
+// maxQuoted bounds how much of a worker's attribute an error quotes.
+const maxQuoted = 64
+
+// quoteShort quotes at most maxQuoted bytes of b (an error about an
+// attribute of any length costs little).
+func quoteShort(b []byte) string {
+	if len(b) <= maxQuoted {
+		return strconv.Quote(string(b))
+	}
+	return strconv.Quote(string(b[:maxQuoted])) + fmt.Sprintf("... (%d bytes)", len(b))
+}
+
+// urlCause is a URL parse error without the URL (url.Error quotes it
+// whole).
+func urlCause(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
 }

@@ -22,6 +22,8 @@ const (
 	slotResponseEvents = 8 // result_events: [CloudEvent]
 
 	slotEventFirstString = 4  // id .. time: strings in slots 4..16
+	slotEventSource      = 6  //
+	slotEventTime        = 16 //
 	slotEventLastString  = 16 //
 	slotEventData        = 18 // data: [ubyte]
 	slotEventExtensions  = 20 // extensions: [Extension]
@@ -32,10 +34,17 @@ const (
 )
 
 // Decoding cost charged per decoded object beyond its bytes (the event's
-// context and slab, an extension's map entry).
+// context and slab, an extension's map entry, its key and its value), per
+// URL attribute (source, dataschema: the parsed URL, and escaping it back
+// may take three times its length) and for a time. decodeEvent allocates
+// less than this for every output (TestDecodeCostIsCharged), so a reply
+// decoded costs the node at most the reply limit.
 const (
 	costEvent     = 512
-	costExtension = 64
+	costExtension = 192
+	costURL       = 256 // plus urlFactor times its length
+	urlFactor     = 4
+	costTime      = 64
 )
 
 // fbError is what is wrong with a buffer, for the worker's error message.
@@ -235,15 +244,28 @@ func (v *verifier) event(pos uint64) error {
 		return err
 	}
 	for slot := uint64(slotEventFirstString); slot <= slotEventLastString; slot += 2 {
-		if _, _, err := v.bytesField(t, slot); err != nil {
+		n, ok, err := v.bytesField(t, slot)
+		switch {
+		case err != nil:
+			return err
+		case ok && slot == slotEventSource:
+			err = v.charge(costURL+urlFactor*n, pos)
+		case ok && slot == slotEventTime:
+			err = v.charge(costTime, pos)
+		}
+		if err != nil {
 			return err
 		}
 	}
 	if _, _, err := v.bytesField(t, slotEventData); err != nil {
 		return fmt.Errorf("data: %w", err)
 	}
-	if _, _, err := v.bytesField(t, slotEventSchema); err != nil {
+	if n, ok, err := v.bytesField(t, slotEventSchema); err != nil {
 		return fmt.Errorf("dataschema: %w", err)
+	} else if ok {
+		if err := v.charge(costURL+urlFactor*n, pos); err != nil {
+			return err
+		}
 	}
 	if err := v.tableVector(t, slotEventExtensions, v.extension); err != nil {
 		return fmt.Errorf("extensions: %w", err)

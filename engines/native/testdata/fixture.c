@@ -16,7 +16,8 @@
  *                   its descriptors 3..1023 (the node's, if any reached it)
  *
  * Every variant also reacts to the "test.*" event types below (among them
- * test.forged, test.bigout, test.forkhang, test.setsidhang, test.exitsoon,
+ * test.forged, test.bigout, test.manyout, test.bigdata, test.manyext,
+ * test.forkhang, test.setsidhang, test.exitsoon,
  * test.longline and test.sleep/test.sleepstats for the engine's robustness
  * tests; test.gateway waits for the file named by its "gwwaitfile"
  * extension before it calls).
@@ -323,6 +324,46 @@ VIRTUFIN_EXPORT int32_t PROCESS_NAME(const VirtufinHost* host, const uint8_t* in
         o.data_len = n;
         int32_t rc = respond(out, out_len, &o, 1, NULL);
         free(data);
+        return rc;
+    }
+    if (is(ev.type, "test.manyout") || is(ev.type, "test.bigdata") || is(ev.type, "test.manyext")) {
+        /* Issue 42 item 4 (the reply's cost to the node): the data is a
+         * count n. test.manyout: n events of type "a" and nothing else;
+         * test.bigdata: one event with n bytes of data; test.manyext: one
+         * event with n extensions ("k0".."k<n-1>" = "v"). */
+        long n = ev.data.ptr ? strtol((const char*)ev.data.ptr, NULL, 10) : 0;
+        if (n < 0) n = 0;
+        int32_t rc;
+        if (is(ev.type, "test.manyout")) {
+            vf_out_event* o = calloc((size_t)n + 1, sizeof *o);
+            for (long i = 0; i < n; i++) o[i].type = "a";
+            rc = respond(out, out_len, o, (size_t)n, NULL);
+            free(o);
+        } else if (is(ev.type, "test.bigdata")) {
+            uint8_t* data = malloc((size_t)n + 1);
+            memset(data, 'x', (size_t)n);
+            vf_out_event o = {0};
+            o.type = "test.bigdata.result";
+            o.data = data;
+            o.data_len = (size_t)n;
+            rc = respond(out, out_len, &o, 1, NULL);
+            free(data);
+        } else {
+            vf_kv* kvs = calloc((size_t)n + 1, sizeof *kvs);
+            char* keys = malloc((size_t)n * 24 + 1);
+            for (long i = 0; i < n; i++) {
+                snprintf(keys + i * 24, 24, "k%ld", i);
+                kvs[i].key = keys + i * 24;
+                kvs[i].value = "v";
+            }
+            vf_out_event o = {0};
+            o.type = "test.manyext.result";
+            o.extensions = kvs;
+            o.n_extensions = (size_t)n;
+            rc = respond(out, out_len, &o, 1, NULL);
+            free(keys);
+            free(kvs);
+        }
         return rc;
     }
     if (is(ev.type, "test.forkhang")) {

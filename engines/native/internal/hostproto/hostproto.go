@@ -96,8 +96,10 @@ func NewReader(r io.Reader) *Reader {
 const keepBuf = 1 << 20
 
 // ReadFrame returns the next frame; the payload is valid until the next
-// read. The payload's buffer grows as its bytes arrive (a header that
-// announces a big frame costs nothing until they do).
+// read. Without a Limit, the payload's buffer grows as its bytes arrive (a
+// header that announces a big frame costs nothing until they do); with
+// one, a frame within its kind's limit is read into one buffer of its
+// length.
 func (f *Reader) ReadFrame() (byte, []byte, error) {
 	var hdr [5]byte
 	if _, err := io.ReadFull(f.r, hdr[:4]); err != nil {
@@ -125,7 +127,14 @@ func (f *Reader) ReadFrame() (byte, []byte, error) {
 	if cap(f.buf) > keepBuf {
 		f.buf = nil
 	}
-	b, err := wire.ReadPayload(f.r, f.buf, int(n-1))
+	buf := f.buf
+	if f.Limit != nil && cap(buf) < int(n-1) {
+		// Within its kind's limit: one allocation of the frame's length
+		// (a header that lies costs at most the limit), where growing the
+		// buffer as the bytes arrive allocates up to three times it.
+		buf = make([]byte, 0, n-1)
+	}
+	b, err := wire.ReadPayload(f.r, buf, int(n-1))
 	if err != nil {
 		return 0, nil, err
 	}
