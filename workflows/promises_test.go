@@ -93,9 +93,12 @@ func (s *WorkerWorkflowSuite) TestEventIDsAreUniqueAcrossRuns() {
 	s.NotEqual(eventID(WorkflowID("w1"), "run-a", 1, lifecycleevents.Created), eventID(WorkflowID("w1"), "run-b", 1, lifecycleevents.Created))
 }
 
-// A LoadCode whose Apply failed may have written its history entry: the
-// next LoadCode takes a new version number, never the same one again.
-func (s *WorkerWorkflowSuite) TestLoadCodeNeverReusesAVersion() {
+// A LoadCode whose Apply failed may have written its history entry, which
+// History does not show (the record never reached it): the next LoadCode
+// takes its number, with a higher revision, so that its entry replaces the
+// failed one's and a late write of the failed one never replaces it
+// (issue 43 item 7; before, the number was never used again).
+func (s *WorkerWorkflowSuite) TestFailedLoadCodeGivesItsNumberToTheNext() {
 	s.prepareAnyCode(s.env)
 	var applied []activities.ApplyInput
 	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) error {
@@ -123,10 +126,11 @@ func (s *WorkerWorkflowSuite) TestLoadCodeNeverReusesAVersion() {
 
 	s.Error(failed.err)
 	s.Require().NoError(ok.err)
-	s.Equal(int64(3), ok.result.(catalog.Worker).CodeVersion)
+	s.Equal(int64(2), ok.result.(catalog.Worker).CodeVersion)
 	s.Require().Len(applied, 2)
 	s.Equal(int64(2), applied[0].History.Version)
-	s.Equal(int64(3), applied[1].History.Version)
+	s.Equal(int64(2), applied[1].History.Version)
+	s.Less(applied[0].History.Revision, applied[1].History.Revision)
 	s.Equal([][]lifecycleevents.Kind{{lifecycleevents.CodeUpdated}, {lifecycleevents.Deleted}}, s.emitted, "the failed load published nothing")
 }
 

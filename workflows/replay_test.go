@@ -1,22 +1,96 @@
 package workflows
 
 import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
 	"testing"
 
+	historypb "go.temporal.io/api/history/v1"
+	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/worker"
+	"google.golang.org/protobuf/encoding/protojson"
 )
 
-// TestReplayRecordedHistory replays a worker lifecycle (create, stop, start,
-// load_code, delete) recorded on a real Temporal server against the current
-// code. Refresh it with `WM_RECORD_HISTORY=1 go test ./test/integration -run
-// TestSharedStack/ReplayRealHistory`. Every change to workflow code from now on is
-// versioned (workflow.GetVersion) and the history it replaces is kept here
-// beside the new one: a deployment may have such workflows running.
+// Recorded histories, each recorded on a real Temporal server (the
+// integration stack: its own dev server, daprd, Redis and nodes) and
+// replayed against the current code: a non-deterministic change of the
+// branch a history took fails here. Every change to workflow code is
+// versioned (workflow.GetVersion) and the histories of the code it replaces
+// are kept beside the new ones: a deployment may have such workflows
+// running. TestReplayCoversEveryVersion checks that every version's new
+// side is in one of them.
+//
+//   - worker_history.json, recovery_history.json: a lifecycle (create,
+//     stop, start, load_code, delete) and a recovery from before any
+//     version (refresh with `WM_RECORD_HISTORY=1 go test ./test/integration
+//     -run TestSharedStack/ReplayRealHistory`).
+//   - recovery_paged_history.json: a recovery with paged-index, recorded by
+//     that hook on commit 6ddad88 (before recovery-window): the recovery a
+//     deployment of that commit may have running when it is upgraded.
+//   - the others were recorded by a one-off test on the integration
+//     harness (two nodes, A and B; WM_TEST_STATE_FAULT_FILE), with the
+//     binaries of commit 14bcea0 plus worker-incarnation:
+//   - worker_recovered_history.json: the worker's workflow terminated (lost),
+//     RecoverWorkers starts it again (recovered-rereads-catalog), then stop
+//     and delete; recovery_window_history.json is that recovery
+//     (recovery-window).
+//   - worker_create_outlasting_history.json: a workflow started with a 1 ms
+//     CreateTimeout and two create updates with CreateID "" (a run of
+//     recovery's kind), the code's load taking 1.5 s: the create outlasts
+//     the timeout (create-outlasting-timeout-lives) and the second create,
+//     queued on the lock, is refused (create-rechecks-after-lock); then
+//     delete.
+//   - worker_create_failed_history.json: a create whose Apply fails every
+//     attempt (the worker's history key refused by the fault file):
+//     apply-failure-reads-record, apply-failure-resyncs-nodes,
+//     failed-create-always-undone.
+//   - worker_node_failures_history.json: node B SIGSTOPped (still a member):
+//     a stop answered NotApplied (node-failures-reported), then a delete
+//     (delete-failures-reported).
+//   - worker_unannounced_history.json (the same way, with binaries of the
+//     work on issue 43 item 7): create; a LoadCode whose Apply fails (the
+//     history key refused); a stop that node B (SIGSTOPped) did not apply;
+//     B runs again, and a LoadCode that every node applies takes the failed
+//     load's number (failed-load-number-reused) and publishes the held
+//     "stopped" (unannounced-events-published); delete.
+//
+// Every lifecycle history after the first also takes
+// unconfirmed-nodes-not-applied, and every create worker-incarnation.
+var (
+	workerHistories = []string{
+		"testdata/worker_history.json",
+		"testdata/worker_recovered_history.json",
+		"testdata/worker_create_outlasting_history.json",
+		"testdata/worker_create_failed_history.json",
+		"testdata/worker_node_failures_history.json",
+		"testdata/worker_unannounced_history.json",
+	}
+	recoveryHistories = []string{
+		"testdata/recovery_history.json",
+		"testdata/recovery_paged_history.json",
+		"testdata/recovery_window_history.json",
+	}
+)
+
+// TestReplayRecordedHistory replays the recorded worker workflows.
 func TestReplayRecordedHistory(t *testing.T) {
-	for _, f := range []string{"testdata/worker_history.json"} {
-		t.Run(f, func(t *testing.T) {
+	replayFiles(t, WorkerWorkflow, workerHistories)
+}
+
+// TestReplayRecordedRecovery replays the recorded recoveries.
+func TestReplayRecordedRecovery(t *testing.T) {
+	replayFiles(t, RecoveryWorkflow, recoveryHistories)
+}
+
+func replayFiles(t *testing.T, wf any, files []string) {
+	t.Helper()
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
 			r := worker.NewWorkflowReplayer()
-			r.RegisterWorkflow(WorkerWorkflow)
+			r.RegisterWorkflow(wf)
 			if err := r.ReplayWorkflowHistoryFromJSONFile(nil, f); err != nil {
 				t.Fatal(err)
 			}
@@ -24,16 +98,78 @@ func TestReplayRecordedHistory(t *testing.T) {
 	}
 }
 
-// TestReplayRecordedRecovery replays a recovery recorded on a real server
-// (refreshed by the same WM_RECORD_HISTORY run as worker_history.json).
-func TestReplayRecordedRecovery(t *testing.T) {
-	for _, f := range []string{"testdata/recovery_history.json"} {
-		t.Run(f, func(t *testing.T) {
-			r := worker.NewWorkflowReplayer()
-			r.RegisterWorkflow(RecoveryWorkflow)
-			if err := r.ReplayWorkflowHistoryFromJSONFile(nil, f); err != nil {
-				t.Fatal(err)
+// TestReplayCoversEveryVersion fails when a change id of workflow.GetVersion
+// in this package has no recorded history that took its new version (1): a
+// new versioned branch needs one (record it on the real stack, as above).
+func TestReplayCoversEveryVersion(t *testing.T) {
+	src, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The change id is a string literal or a constant of this package.
+	call := regexp.MustCompile(`GetVersion\(ctx, ("[^"]+"|\w+), workflow\.DefaultVersion, 1\)`)
+	var code []byte
+	for _, f := range src {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		code = append(code, b...)
+	}
+	var ids []string
+	for _, m := range call.FindAllSubmatch(code, -1) {
+		id := string(m[1])
+		if !strings.HasPrefix(id, `"`) {
+			c := regexp.MustCompile(`(?m)^\s*(?:const\s+)?` + id + `\s*=\s*"([^"]+)"`).FindSubmatch(code)
+			if c == nil {
+				t.Fatalf("GetVersion's change id %s: no string constant of that name", id)
 			}
-		})
+			id = `"` + string(c[1]) + `"`
+		}
+		if id = strings.Trim(id, `"`); !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		t.Fatal("no GetVersion call found: the pattern is out of date")
+	}
+	recorded := map[string]string{}
+	for _, f := range slices.Concat(workerHistories, recoveryHistories) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var h historypb.History
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &h); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		for _, ev := range h.GetEvents() {
+			m := ev.GetMarkerRecordedEventAttributes()
+			if m.GetMarkerName() != "Version" {
+				continue
+			}
+			var id string
+			var version int
+			dc := converter.GetDefaultDataConverter()
+			if err := dc.FromPayloads(m.GetDetails()["change-id"], &id); err != nil {
+				t.Fatalf("%s: change id: %v", f, err)
+			}
+			if err := dc.FromPayloads(m.GetDetails()["version"], &version); err != nil {
+				t.Fatalf("%s: version: %v", f, err)
+			}
+			if version == 1 {
+				recorded[id] = f
+			}
+		}
+	}
+	for _, id := range ids {
+		if f, ok := recorded[id]; ok {
+			t.Logf("%s: %s", id, f)
+		} else {
+			t.Errorf("version %q: no recorded history takes its new side", id)
+		}
 	}
 }

@@ -83,8 +83,10 @@ type WorkerState struct {
 	// event ids also hold the run id).
 	Seq int64
 	// LastVersion is the highest code version number handed out, also by a
-	// LoadCode that failed (its history entry may have been written): the
-	// next LoadCode never uses a number twice.
+	// LoadCode that failed. Such a load's number is taken again by the next
+	// LoadCode (its history entry, if written, is replaced and never shown:
+	// catalog.History shows the versions the record reached); runs from
+	// before that never used a number twice.
 	LastVersion int64
 	// LastRevision is the highest record revision handed out
 	// (catalog.Worker.Revision), also by a change that failed: every Apply
@@ -99,6 +101,15 @@ type WorkerState struct {
 	// instead of it); "" when every node applied every change. A repeated
 	// stop or start tries those nodes again and publishes it once true.
 	Unsynced lifecycleevents.Kind
+	// Unannounced are the events (stopped, code_updated) of the persisted
+	// changes that a live node did not apply, still true of the record
+	// and not published yet, oldest first. The next change that every
+	// live node applies publishes them with its own event (the fan-out
+	// brings every node to the whole record), and a repeated stop tries
+	// the nodes again until "stopped" is published: a stop answered OK
+	// always has its event. A start drops a pending "stopped" (no longer
+	// true); a LoadCode a pending "code_updated" (its own says more).
+	Unannounced []lifecycleevents.Kind `json:",omitempty"`
 }
 
 // CreateRequest is the argument of the create update.
@@ -136,6 +147,10 @@ type entity struct {
 // WorkerWorkflow is the entity workflow of one worker.
 func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
 	e := &entity{st: in.State, mu: workflow.NewMutex(ctx), createID: in.CreateID, canAfter: in.ContinueAsNewAfter}
+	if e.st.Unsynced != "" && len(e.st.Unannounced) == 0 {
+		// Carried from a run that knew only Unsynced.
+		e.st.Unannounced = []lifecycleevents.Kind{e.st.Unsynced}
+	}
 	reread := in.Recovered && workflow.GetVersion(ctx, "recovered-rereads-catalog", workflow.DefaultVersion, 1) == 1
 	if reread {
 		// Held before the update handlers exist, so that no update (not
@@ -401,6 +416,7 @@ func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker
 		in.Worker.Incarnation = workflow.GetInfo(ctx).WorkflowExecution.RunID
 	}
 	e.revise(&in.Worker)
+	in.History.Revision = in.Worker.Revision
 	if applied, err := e.apply(ctx, in, e.event(ctx, lifecycleevents.Created), e.event(ctx, lifecycleevents.Started)); err != nil {
 		// Not applied: the record was read back and is not there, but an
 		// attempt of Apply still running (its node paused) may write it
@@ -468,8 +484,19 @@ func (e *entity) setStatus(ctx workflow.Context, status catalog.Status, kind lif
 	}
 	defer unlock()
 	if e.st.Worker.Status == status {
-		if e.st.Unsynced == kind {
-			// The same change again: try the nodes that did not apply it.
+		// The same change again. If its event was never published (a live
+		// node did not apply it, and no change since reached every node),
+		// try the nodes again: answered OK only with its event published.
+		pending := e.stillTrue(e.st.Worker, nil)
+		mine, before := slices.Contains(pending, kind), e.st.Unsynced == kind
+		if (mine != before || (mine && len(pending) > 1)) &&
+			workflow.GetVersion(ctx, announcedVersion, workflow.DefaultVersion, 1) == 1 {
+			if !mine {
+				return e.st.Worker, nil
+			}
+			return e.st.Worker, e.announce(ctx, kind, pending)
+		}
+		if before {
 			return e.st.Worker, e.resync(ctx, kind)
 		}
 		return e.st.Worker, nil // idempotent
@@ -496,8 +523,46 @@ func (e *entity) resync(ctx workflow.Context, kind lifecycleevents.Kind) error {
 	if err := e.reportNodes(ctx, e.st.Worker, kind, e.syncNodes(ctx)); err != nil {
 		return err
 	}
-	e.st.Unsynced = ""
+	e.st.Unsynced, e.st.Unannounced = "", nil
 	return workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: e.st.Worker, Events: []activities.EventSpec{ev}}).Get(ctx, nil)
+}
+
+// announcedVersion versions publishing the events of Unannounced (issue
+// 43 item 7): runs before it published the event of a change that a live
+// node did not apply only when that same change was repeated right after.
+const announcedVersion = "unannounced-events-published"
+
+// announce is resync for the repeat of a change of kind whose event, with
+// the others of pending (WorkerState.Unannounced still true of the
+// record), was never published: it runs the node fan-out again and
+// publishes them all once every live node has applied the record.
+func (e *entity) announce(ctx workflow.Context, kind lifecycleevents.Kind, pending []lifecycleevents.Kind) error {
+	evs := make([]activities.EventSpec, 0, len(pending))
+	for _, k := range pending {
+		evs = append(evs, e.event(ctx, k))
+	}
+	if err := e.reportNodes(ctx, e.st.Worker, kind, e.syncNodes(ctx)); err != nil {
+		return err
+	}
+	e.st.Unsynced, e.st.Unannounced = "", nil
+	return workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: e.st.Worker, Events: evs}).Get(ctx, nil)
+}
+
+// stillTrue is WorkerState.Unannounced without the events that w, the
+// record, no longer bears out ("stopped" of a running worker) and those
+// that the events of the change being made supersede (its own kind).
+func (e *entity) stillTrue(w catalog.Worker, events []activities.EventSpec) []lifecycleevents.Kind {
+	var out []lifecycleevents.Kind
+	for _, k := range e.st.Unannounced {
+		switch {
+		case k == lifecycleevents.Stopped && w.Status != catalog.StatusStopped:
+		case slices.ContainsFunc(events, func(ev activities.EventSpec) bool { return ev.Kind == k }):
+		case slices.Contains(out, k):
+		default:
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 func isNotApplied(err error) bool {
@@ -519,13 +584,21 @@ func (e *entity) loadCode(ctx workflow.Context, ref catalog.CodeRef) (catalog.Wo
 		return catalog.Worker{}, err
 	}
 	defer unlock()
-	version := max(e.st.Worker.CodeVersion, e.st.LastVersion) + 1
+	// A load that failed before its record was saved did not take its
+	// number: this load takes it, and its history entry (of a higher
+	// revision) replaces the failed one's, which was never shown.
+	version := e.st.Worker.CodeVersion + 1
+	if e.st.LastVersion >= version &&
+		workflow.GetVersion(ctx, "failed-load-number-reused", workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+		version = e.st.LastVersion + 1 // runs from before: a failed load's number was never used again
+	}
 	in, err := e.withCode(ctx, ref, version)
 	if err != nil {
 		return catalog.Worker{}, err
 	}
-	e.st.LastVersion = version
+	e.st.LastVersion = max(e.st.LastVersion, version)
 	e.revise(&in.Worker)
+	in.History.Revision = in.Worker.Revision
 	if _, err := e.apply(ctx, in, e.event(ctx, lifecycleevents.CodeUpdated)); err != nil {
 		if isNotApplied(err) { // persisted: the workflow follows the record
 			e.st.Worker = in.Worker
@@ -589,14 +662,29 @@ func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ..
 		workflow.GetLogger(ctx).Warn("Apply failed after the record was saved; finishing the change", "worker_id", in.Worker.ID, "err", err)
 	}
 	failed := e.syncNodes(ctx)
+	everywhere := len(failed) == 0
 	if kind := strictKind(events); kind != "" && len(failed) > 0 &&
 		workflow.GetVersion(ctx, "node-failures-reported", workflow.DefaultVersion, 1) == 1 {
 		if err := e.reportNodes(ctx, in.Worker, kind, failed); err != nil {
 			e.st.Unsynced = kind
+			e.st.Unannounced = append(e.stillTrue(in.Worker, events), kind)
 			return true, err
 		}
+		everywhere = true // the nodes that failed have left the membership
 	}
 	e.st.Unsynced = ""
+	// Every live node now runs the whole record: the events of earlier
+	// changes held back for a node that did not apply them are true too.
+	pending := e.stillTrue(in.Worker, events)
+	e.st.Unannounced = pending
+	if len(pending) > 0 && everywhere && workflow.GetVersion(ctx, announcedVersion, workflow.DefaultVersion, 1) == 1 {
+		held := make([]activities.EventSpec, 0, len(pending))
+		for _, k := range pending {
+			held = append(held, e.event(ctx, k))
+		}
+		events = append(held, events...)
+		e.st.Unannounced = nil
+	}
 	return true, workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: in.Worker, Events: events}).Get(ctx, nil)
 }
 

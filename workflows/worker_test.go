@@ -383,7 +383,8 @@ func (s *WorkerWorkflowSuite) TestRollbackRecordsWhatAndWho() {
 	var got []catalog.HistoryEntry
 	for _, in := range *applied {
 		h := *in.History
-		h.CreatedAt = time.Time{}
+		s.Equal(in.Worker.Revision, h.Revision, "an entry carries its change's record revision")
+		h.CreatedAt, h.Revision = time.Time{}, 0
 		got = append(got, h)
 	}
 	s.Equal([]catalog.HistoryEntry{

@@ -122,6 +122,10 @@ type HistoryEntry struct {
 	Action string `json:"action,omitempty"`
 	// RollbackTo is, for a rollback, the version whose code it loads again.
 	RollbackTo int64 `json:"rollback_to,omitempty"`
+	// Revision is the record revision (Worker.Revision) of the change that
+	// wrote the entry: an entry is replaced only by one of a revision as
+	// high (AppendHistory). 0 in entries written before.
+	Revision int64 `json:"revision,omitempty"`
 }
 
 // History actions.
@@ -332,7 +336,7 @@ func (c *Catalog) RemoveWorker(ctx context.Context, w Worker) error {
 	if err := c.CheckRemove(ctx, w); err != nil {
 		return err
 	}
-	history, err := c.History(ctx, id)
+	history, err := c.allHistory(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -475,23 +479,46 @@ func (c *Catalog) GetWorkers(ctx context.Context, ids []string) ([]Worker, error
 	return out, nil
 }
 
-// AppendHistory records a code load. The entry of a version is the last
-// one written for it: a retry writes the same entry again, and a version
-// number that an interrupted change used before is corrected, never left
-// showing another SHA-256. Entries stay ordered by version.
+// AppendHistory records a code load, before its record is saved (the
+// commit point). The entry of a version is the last one written for it: a
+// retry writes the same entry again, and the entry of a load that was cut
+// off before its record was saved (History does not show it) is replaced
+// by the next load, which takes the same number; the blob it named becomes
+// a candidate for collection. An entry is never replaced by one of a lower
+// revision (ErrStale): a late attempt of the cut-off load does not
+// overwrite the load that took its number. Entries stay ordered by version.
 func (c *Catalog) AppendHistory(ctx context.Context, id string, e HistoryEntry) error {
-	return state.UpdateJSON(ctx, c.store, historyKey(id), func(entries *[]HistoryEntry) bool {
+	var replaced string
+	var stale error
+	err := state.UpdateJSON(ctx, c.store, historyKey(id), func(entries *[]HistoryEntry) bool {
+		replaced, stale = "", nil
 		i, found := slices.BinarySearchFunc(*entries, e.Version, func(x HistoryEntry, v int64) int { return cmp.Compare(x.Version, v) })
 		switch {
-		case found && sameEntry((*entries)[i], e):
+		case found && sameEntry((*entries)[i], e): // a retry (its revision aside: a node of an older version writes none)
+			return false
+		case found && (*entries)[i].Revision > e.Revision:
+			stale = fmt.Errorf("%w: version %d of worker %s was written by revision %d, the write is of revision %d",
+				ErrStale, e.Version, id, (*entries)[i].Revision, e.Revision)
 			return false
 		case found:
+			if old := (*entries)[i].SHA256; old != e.SHA256 && !slices.ContainsFunc(*entries, func(x HistoryEntry) bool { return x.SHA256 == old && x.Version != e.Version }) {
+				replaced = old
+			}
 			(*entries)[i] = e
 		default:
 			*entries = slices.Insert(*entries, i, e)
 		}
 		return true
 	})
+	switch {
+	case err != nil:
+		return err
+	case stale != nil:
+		return stale
+	case replaced != "":
+		return c.orphanCode(ctx, []HistoryEntry{{SHA256: replaced}})
+	}
+	return nil
 }
 
 func sameEntry(a, b HistoryEntry) bool {
@@ -499,8 +526,29 @@ func sameEntry(a, b HistoryEntry) bool {
 		a.Actor == b.Actor && a.Action == b.Action && a.RollbackTo == b.RollbackTo
 }
 
-// History returns the code loads of a worker, oldest first.
+// History returns the code loads of a worker that its record reached,
+// oldest first: the entries up to the record's code version. An entry
+// above it is a load in progress or one that failed before its record
+// was saved (the API answered it as failed); the next load takes its
+// number and replaces it. A worker without a record (not created yet, or
+// deleted) has none. The record is read first, so a load that commits
+// meanwhile is either shown whole or not at all.
 func (c *Catalog) History(ctx context.Context, id string) ([]HistoryEntry, error) {
+	w, _, err := c.stored(ctx, id)
+	if err != nil || w == nil || w.Deleted {
+		return nil, err
+	}
+	entries, err := c.allHistory(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	i, _ := slices.BinarySearchFunc(entries, w.CodeVersion+1, func(x HistoryEntry, v int64) int { return cmp.Compare(x.Version, v) })
+	return entries[:i], nil
+}
+
+// allHistory is every entry of a worker's history, also those of loads
+// that did not reach the record (code collection must see their blobs).
+func (c *Catalog) allHistory(ctx context.Context, id string) ([]HistoryEntry, error) {
 	entries, _, err := state.GetJSON[[]HistoryEntry](ctx, c.store, historyKey(id))
 	return entries, err
 }

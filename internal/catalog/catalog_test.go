@@ -36,6 +36,10 @@ func TestWorkersIndexAndHistory(t *testing.T) {
 	if err != nil || len(ws) != 4 {
 		t.Fatalf("list %v %v", ws, err)
 	}
+	// History shows the versions the record reached (issue 43 item 7).
+	if err := c.SaveWorker(ctx, catalog.Worker{ID: "a", Topic: "t", Status: catalog.StatusRunning, CodeVersion: 4}); err != nil {
+		t.Fatal(err)
+	}
 	now := time.Now().UTC()
 	for _, v := range []int64{1, 2, 2} { // appending a version twice is a no-op
 		if err := c.AppendHistory(ctx, "a", catalog.HistoryEntry{Version: v, SHA256: "x", SourceKind: "content", CreatedAt: now}); err != nil {

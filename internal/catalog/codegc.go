@@ -166,7 +166,7 @@ func (c *Catalog) SweepCode(ctx context.Context, grace time.Duration, now time.T
 // delete that failed after removing the history and is retried (which
 // then reads no history) still leaves its blobs to the sweep.
 func (c *Catalog) OrphanHistory(ctx context.Context, id string) error {
-	h, err := c.History(ctx, id)
+	h, err := c.allHistory(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -181,7 +181,7 @@ func (c *Catalog) referencedCode(ctx context.Context) (map[string]bool, error) {
 	}
 	used := map[string]bool{}
 	for _, id := range ids {
-		h, err := c.History(ctx, id)
+		h, err := c.allHistory(ctx, id)
 		if err != nil {
 			return nil, err
 		}
