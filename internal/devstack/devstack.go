@@ -6,6 +6,7 @@
 package devstack
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -756,15 +757,28 @@ func DevToken(dir string) (token, tokensFile string, err error) {
 	// Lines the user added (more tokens, other tenants) are kept; the dev
 	// line is replaced.
 	var kept []string
-	if b, err := os.ReadFile(tokensFile); err == nil {
-		for _, l := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+	old, err := os.ReadFile(tokensFile)
+	if err == nil {
+		for _, l := range strings.Split(strings.TrimRight(string(old), "\n"), "\n") {
 			if l != "" && !strings.HasPrefix(l, devTokenComment) && !strings.HasSuffix(l, " admin default dev") {
 				kept = append(kept, l)
 			}
 		}
 	}
 	kept = append(kept, devTokenComment+tokenFile+" (an admin of the default tenant)", "sha256:"+hex.EncodeToString(sum[:])+" admin default dev")
-	if err := os.WriteFile(tokensFile, []byte(strings.Join(kept, "\n")+"\n"), 0o600); err != nil {
+	content := []byte(strings.Join(kept, "\n") + "\n")
+	if bytes.Equal(old, content) {
+		return token, tokensFile, nil
+	}
+	// Replaced whole (a file beside it, renamed over it), never truncated
+	// in place: an API starting meanwhile reads the old file or the new
+	// one, never an empty one ("lists no token": a CI run's second stack
+	// on one directory).
+	tmp := tokensFile + ".tmp"
+	if err := os.WriteFile(tmp, content, 0o600); err != nil {
+		return "", "", err
+	}
+	if err := os.Rename(tmp, tokensFile); err != nil {
 		return "", "", err
 	}
 	return token, tokensFile, nil
