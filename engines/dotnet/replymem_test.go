@@ -3,10 +3,7 @@ package dotnet
 import (
 	"context"
 	"errors"
-	goruntime "runtime"
-	"runtime/metrics"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -35,38 +32,6 @@ public class Many : IMultiOutputWorker
 }
 `
 
-// heapDuring runs f and returns what the heap allocated meanwhile (an
-// upper bound of how far the heap's peak rose) and the peak of the heap's
-// objects a sampler saw above where they were before.
-func heapDuring(f func()) (alloc, peak int64) {
-	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	read := func() int64 { metrics.Read(sample); return int64(sample[0].Value.Uint64()) }
-	var before, after goruntime.MemStats
-	goruntime.GC()
-	goruntime.ReadMemStats(&before)
-	base := read()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			peak = max(peak, read()-base)
-			select {
-			case <-stop:
-				return
-			default:
-				goruntime.Gosched()
-			}
-		}
-	}()
-	f()
-	close(stop)
-	wg.Wait()
-	goruntime.ReadMemStats(&after)
-	return int64(after.TotalAlloc - before.TotalAlloc), peak
-}
-
 // TestReplyDecodingIsBounded is issue 42's item 4 for .NET: a reply
 // under the frame limit whose outputs would take many times the limit
 // once decoded (50,000 tiny outputs) is refused before they are decoded,
@@ -83,7 +48,7 @@ func TestReplyDecodingIsBounded(t *testing.T) {
 	}
 	var out []event.Event
 	var err error
-	alloc, peak := heapDuring(func() { out, err = run("many") })
+	alloc, peak := enginetest.HeapDuring(func() { out, err = run("many") })
 	t.Logf("50,000 tiny outputs: allocated %.2fx, peak %.2fx the limit of %d", float64(alloc)/float64(limit), float64(peak)/float64(limit), limit)
 	if !errors.Is(err, engines.ErrReplyTooLarge) || !errors.Is(err, engines.ErrWorkerFailed) || len(out) != 0 {
 		t.Errorf("%d outputs, err = %v; want ErrReplyTooLarge", len(out), err)
@@ -94,7 +59,7 @@ func TestReplyDecodingIsBounded(t *testing.T) {
 		t.Errorf("the refused reply cost the node %d bytes, %.1fx the limit", alloc, float64(alloc)/float64(limit))
 	}
 
-	alloc, peak = heapDuring(func() { out, err = run("full") })
+	alloc, peak = enginetest.HeapDuring(func() { out, err = run("full") })
 	t.Logf("20 outputs of 64 KiB: allocated %.2fx, peak %.2fx the limit", float64(alloc)/float64(limit), float64(peak)/float64(limit))
 	if err != nil || len(out) != 20 || len(out[19].Data()) != 64<<10 {
 		t.Fatalf("a reply at the limit: %d outputs, %v", len(out), err)

@@ -3,7 +3,10 @@ package enginetest
 import (
 	"context"
 	"encoding/json"
+	"runtime"
+	"runtime/metrics"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,4 +79,37 @@ func DataOf(t testing.TB, out []event.Event) map[string]any {
 		t.Fatalf("output data %q: %v", out[0].Data(), err)
 	}
 	return m
+}
+
+// HeapDuring runs f and returns what the heap allocated meanwhile (an
+// upper bound of how far the heap's peak rose) and the peak of the heap's
+// objects a sampler saw above where they were before: what the engines'
+// reply-memory tests (engines.ReplyMemoryMultiple) measure.
+func HeapDuring(f func()) (alloc, peak int64) {
+	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	read := func() int64 { metrics.Read(sample); return int64(sample[0].Value.Uint64()) }
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	base := read()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			peak = max(peak, read()-base)
+			select {
+			case <-stop:
+				return
+			default:
+				runtime.Gosched()
+			}
+		}
+	}()
+	f()
+	close(stop)
+	wg.Wait()
+	runtime.ReadMemStats(&after)
+	return int64(after.TotalAlloc - before.TotalAlloc), peak
 }

@@ -6,10 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"runtime/metrics"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -19,38 +17,6 @@ import (
 	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/engines/native/abi"
 )
-
-// heapDuring runs f and returns what the heap allocated meanwhile (an
-// upper bound of how far the heap's peak rose) and the peak of the heap's
-// objects a sampler saw above where they were before.
-func heapDuring(f func()) (alloc, peak int64) {
-	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	read := func() int64 { metrics.Read(sample); return int64(sample[0].Value.Uint64()) }
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	base := read()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			peak = max(peak, read()-base)
-			select {
-			case <-stop:
-				return
-			default:
-				runtime.Gosched()
-			}
-		}
-	}()
-	f()
-	close(stop)
-	wg.Wait()
-	runtime.ReadMemStats(&after)
-	return int64(after.TotalAlloc - before.TotalAlloc), peak
-}
 
 // TestReplyDecodingIsBounded is issue 42's item 4 for native workers, in
 // process and from an isolated host (whose reply frame the node reads
@@ -91,7 +57,7 @@ func TestReplyDecodingIsBounded(t *testing.T) {
 			if err := ev.SetData("text/plain", []byte(strconv.Itoa(c.n))); err != nil {
 				t.Fatal(err)
 			}
-			alloc, peak := heapDuring(func() { out, err = call(t, inst, ev) })
+			alloc, peak := enginetest.HeapDuring(func() { out, err = call(t, inst, ev) })
 			t.Logf("%s (%s %d): allocated %.2fx, peak %.2fx the limit of %d", c.name, c.typ, c.n,
 				float64(alloc)/float64(limit), float64(peak)/float64(limit), limit)
 			if c.accepted == nil {

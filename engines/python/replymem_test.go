@@ -2,49 +2,15 @@ package python_test
 
 import (
 	"errors"
-	"runtime"
-	"runtime/metrics"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/engines/python"
 )
-
-// heapDuring runs f and returns what the heap allocated meanwhile (an
-// upper bound of how far the heap's peak rose) and the peak of the heap's
-// objects a sampler saw above where they were before.
-func heapDuring(f func()) (alloc, peak int64) {
-	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	read := func() int64 { metrics.Read(sample); return int64(sample[0].Value.Uint64()) }
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	base := read()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			peak = max(peak, read()-base)
-			select {
-			case <-stop:
-				return
-			default:
-				runtime.Gosched()
-			}
-		}
-	}()
-	f()
-	close(stop)
-	wg.Wait()
-	runtime.ReadMemStats(&after)
-	return int64(after.TotalAlloc - before.TotalAlloc), peak
-}
 
 // TestReplyDecodingIsBounded is issue 42's item 4 for Python: a reply
 // under the frame limit whose outputs would take many times the limit
@@ -62,7 +28,7 @@ def process(event):
 `)
 	var out []event.Event
 	var err error
-	alloc, peak := heapDuring(func() { out, err = call(t, inst, jsonEvent("many", nil)) })
+	alloc, peak := enginetest.HeapDuring(func() { out, err = call(t, inst, jsonEvent("many", nil)) })
 	t.Logf("250,000 tiny outputs: allocated %.2fx, peak %.2fx the limit of %d", float64(alloc)/float64(limit), float64(peak)/float64(limit), limit)
 	if !errors.Is(err, engines.ErrReplyTooLarge) || !errors.Is(err, engines.ErrWorkerFailed) || len(out) != 0 {
 		t.Errorf("%d outputs, err = %v; want ErrReplyTooLarge", len(out), err)
@@ -73,7 +39,7 @@ def process(event):
 		t.Errorf("the refused reply cost the node %d bytes, %.1fx the limit", alloc, float64(alloc)/float64(limit))
 	}
 
-	alloc, peak = heapDuring(func() { out, err = call(t, inst, jsonEvent("full", nil)) })
+	alloc, peak = enginetest.HeapDuring(func() { out, err = call(t, inst, jsonEvent("full", nil)) })
 	t.Logf("100 outputs of 64 KiB: allocated %.2fx, peak %.2fx the limit", float64(alloc)/float64(limit), float64(peak)/float64(limit))
 	if err != nil || len(out) != 100 || len(out[99].Data()) != 64<<10 {
 		t.Fatalf("a reply at the limit: %d outputs, %v", len(out), err)
