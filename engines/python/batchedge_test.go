@@ -45,15 +45,16 @@ def process(event):
 func TestBatchMovesTheDeadlineBeforeDecoding(t *testing.T) {
 	e := newEngine(t, python.Config{MaxBatch: 8, SlowEvent: time.Minute})
 	spec := testSpec
-	spec.Timeout = 3 * time.Second
+	spec.Timeout = 4 * time.Second
 	inst := load(t, e, spec, edgeWorker)
-	// A runs 1 s of its 3 s, and its reply takes 2.5 s to decode (past
-	// A's deadline); B runs 2.5 s, within its 3 s from A's reply.
+	// A runs 2 s of its 4 s, and its reply takes 2.5 s to decode (past
+	// A's deadline, at 4.5 s); B runs 2.5 s, and its deadline is 4 s from
+	// A's reply (at 6 s): 1.5 s to spare for a loaded machine.
 	python.SlowDecode(t, "slowdecode", 2500*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	gate, gateDone := holdProcess(t, ctx, inst)
-	evs := []map[string]any{{"n": 1, "sleep": 1.0, "tag": "slowdecode"}, {"n": 2, "sleep": 2.5}}
+	evs := []map[string]any{{"n": 1, "sleep": 2.0, "tag": "slowdecode"}, {"n": 2, "sleep": 2.5}}
 	res := make([]batchResult, len(evs))
 	var wg sync.WaitGroup
 	for i, d := range evs {
