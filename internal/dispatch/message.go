@@ -441,6 +441,9 @@ func (d *Dispatcher) settle(ctx context.Context, m *message, rec delivery.Record
 	}
 	s := rec.Get(r.w.ID)
 	limit := d.maxAttempts(r.w.Worker)
+	if !r.exhausted && retryCannotFix(r.reason) {
+		limit = s.Attempts + 1 // this attempt is the last
+	}
 	if !r.exhausted {
 		s.Attempts++
 		r.w.m.Failed(r.reason)
@@ -464,6 +467,15 @@ func (d *Dispatcher) settle(ctx context.Context, m *message, rec delivery.Record
 		s.NextMS = time.Now().Add(d.backoff(r.w.Worker, s.Attempts)).UnixMilli()
 	}
 	updates[r.w.ID] = s
+}
+
+// retryCannotFix reports whether a failure of this reason comes back on
+// every retry of the same input, so that retrying only delays the dead
+// letter: outputs the worker's policy refuses (a reserved topic, its own
+// input topic, one outside allowed_output_topics) and outputs over the
+// node's limits. Such a failure is dead-lettered on its first attempt.
+func retryCannotFix(reason string) bool {
+	return reason == reasonOutputPolicy || reason == reasonOutputLimit
 }
 
 // notRunnable counts a delivery against each worker the catalog runs on

@@ -3,7 +3,10 @@ package dispatch_test
 import (
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
+
+	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/virtufin/workmanager/internal/dispatch"
 	"github.com/virtufin/workmanager/internal/dispatch/dispatchtest"
@@ -74,5 +77,42 @@ func TestOutputPolicyAllowsListedInputTopic(t *testing.T) {
 	}
 	if len(pub.On("in")) != 1 || len(pub.On("in-dead")) != 0 {
 		t.Fatalf("published %d to in, %d dead", len(pub.On("in")), len(pub.On("in-dead")))
+	}
+}
+
+// Issue 44 item 3 (part): an output the policy or the limits refuse is
+// refused again on every retry of the same input, so it is dead-lettered
+// on its first failed attempt with its reason (attempts 1), not after
+// MaxAttempts and their backoff.
+func TestRefusedOutputsAreDeadLetteredAtOnce(t *testing.T) {
+	for _, c := range []struct {
+		name, reason string
+		outs         []string
+	}{
+		{"reserved topic", "output_policy", []string{"workmanager.lifecycle"}},
+		{"too many outputs", "output_limit", []string{"a", "b", "c", "d"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, pub, st := dispatchtest.NewBroker(), &publishtest.Recorder{}, state.NewMemoryStore()
+			d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, MaxAttempts: 3, MaxOutputs: 3})
+			var calls atomic.Int32
+			d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, &dispatchtest.FuncInstance{Fn: func(ev *event.Event) ([]event.Event, error) {
+				calls.Add(1)
+				return outputs(c.outs...)(ev)
+			}})
+			s := waitStream(t, b, "in")
+			s.In <- request("m1", "")
+			if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+				t.Fatalf("ack %+v, want SUCCESS (dead-lettered at once)", a)
+			}
+			dead := pub.On("in-dead")
+			if len(dead) != 1 || calls.Load() != 1 {
+				t.Fatalf("%d dead letters after %d calls, want 1 after 1", len(dead), calls.Load())
+			}
+			ext := dead[0].Extensions()
+			if ext[dispatch.DeadLetterReasonExtension] != c.reason || fmt.Sprint(ext[dispatch.DeadLetterAttemptsExtension]) != "1" {
+				t.Fatalf("dead letter reason %v attempts %v; want %s after 1", ext[dispatch.DeadLetterReasonExtension], ext[dispatch.DeadLetterAttemptsExtension], c.reason)
+			}
+		})
 	}
 }
