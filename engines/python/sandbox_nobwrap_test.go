@@ -67,14 +67,7 @@ def process(event):
 // Before, such a runner loaded the code without any filter and libc's
 // fork and execv worked.
 func TestSandboxWithoutNamespacesStillLocksDown(t *testing.T) {
-	if os.Getenv("WM_REQUIRE_SANDBOX") == "" && !strings.Contains(readStatus(t), "Seccomp_filters:") {
-		t.Skip("no seccomp filters in this kernel")
-	}
-	sb, err := sandbox.New(context.Background(), sandbox.Config{Mode: sandbox.Standard, Bwrap: "/nonexistent/bwrap",
-		Exec: sandboxtest.ExecPath(t), Log: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := noBwrapSandbox(t)
 	if s := sb.Summary(); !strings.Contains(s, "MISSING: namespaces") {
 		t.Fatalf("summary %q; want the namespaces layer missing", s)
 	}
@@ -203,14 +196,7 @@ def process(event):
 // that may start processes (it gets the network part only), and to the
 // processes it starts (filters are inherited).
 func TestSandboxWithoutNamespacesRefusesIPSockets(t *testing.T) {
-	if os.Getenv("WM_REQUIRE_SANDBOX") == "" && !strings.Contains(readStatus(t), "Seccomp_filters:") {
-		t.Skip("no seccomp filters in this kernel")
-	}
-	sb, err := sandbox.New(context.Background(), sandbox.Config{Mode: sandbox.Standard, Bwrap: "/nonexistent/bwrap",
-		Exec: sandboxtest.ExecPath(t), Log: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := noBwrapSandbox(t)
 	reached := make(chan string, 16)
 	listen := func(network, addr string) int {
 		l, err := net.Listen(network, addr)
@@ -283,4 +269,16 @@ func TestSandboxWithoutNamespacesRefusesIPSockets(t *testing.T) {
 		t.Errorf("a worker reached the node's %s listener", n)
 	default:
 	}
+}
+
+// noBwrapSandbox is SANDBOX=standard where bubblewrap cannot run (the
+// unprivileged Kubernetes overlay): no namespaces, the lockdown filters on
+// inherited pipes. A kernel without seccomp filters skips t (a failure
+// with WM_REQUIRE_SANDBOX).
+func noBwrapSandbox(t *testing.T) *sandbox.Sandbox {
+	t.Helper()
+	if os.Getenv(sandboxtest.RequireEnv) == "" && !strings.Contains(readStatus(t), "Seccomp_filters:") {
+		t.Skip("no seccomp filters in this kernel")
+	}
+	return sandboxtest.New(t, sandbox.Config{Mode: sandbox.Standard, Bwrap: "/nonexistent/bwrap", Log: slog.New(slog.DiscardHandler)})
 }

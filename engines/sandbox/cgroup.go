@@ -170,11 +170,10 @@ func hasWord(b []byte, w string) bool {
 // that nodes no longer running left behind.
 func (m *memcg) probe() error {
 	m.sweep()
-	procs, release, err := m.create(64 << 20)
+	_, release, err := m.create(64 << 20)
 	if err != nil {
 		return err
 	}
-	_ = procs
 	release()
 	return nil
 }

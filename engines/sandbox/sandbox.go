@@ -260,24 +260,27 @@ func (s *Sandbox) detect(ctx context.Context) {
 			c.Exec = filepath.Join(filepath.Dir(exe), "sandbox-exec")
 		}
 	}
+	// descriptors and memory are detected first (the filter depends on the
+	// memory layer) and listed last, after the layers they complete.
+	var completing []Layer
 	if err := look(&c.Exec, c.Exec); err != nil {
-		s.layers = append(s.layers, Layer{Name: LayerDescriptors, Detail: "cmd/sandbox-exec not found (SANDBOX_EXEC_PATH): worker processes may inherit descriptors the node holds without close-on-exec: " + err.Error()})
+		completing = append(completing, Layer{Name: LayerDescriptors, Detail: "cmd/sandbox-exec not found (SANDBOX_EXEC_PATH): worker processes may inherit descriptors the node holds without close-on-exec: " + err.Error()})
 	} else {
 		s.exec = c.Exec
-		s.layers = append(s.layers, Layer{Name: LayerDescriptors, On: true, Detail: "only the descriptors the node passes on purpose (" + c.Exec + ")"})
+		completing = append(completing, Layer{Name: LayerDescriptors, On: true, Detail: "only the descriptors the node passes on purpose (" + c.Exec + ")"})
 	}
 	memLimit := s.memoryLimit(c.Limits)
 	switch {
 	case s.exec == "":
-		s.layers = append(s.layers, Layer{Name: LayerMemory, Detail: "needs cmd/sandbox-exec; memfd_create, shmget and shmat are refused instead (with the seccomp layer)"})
+		completing = append(completing, Layer{Name: LayerMemory, Detail: "needs cmd/sandbox-exec; memfd_create, shmget and shmat are refused instead (with the seccomp layer)"})
 	case os.Geteuid() != 0:
-		s.layers = append(s.layers, Layer{Name: LayerMemory, Detail: "the node is not root: no memory cgroup per worker process; memfd_create, shmget and shmat are refused instead (with the seccomp layer)"})
+		completing = append(completing, Layer{Name: LayerMemory, Detail: "the node is not root: no memory cgroup per worker process; memfd_create, shmget and shmat are refused instead (with the seccomp layer)"})
 	default:
 		if m, err := detectMemcg(); err != nil {
-			s.layers = append(s.layers, Layer{Name: LayerMemory, Detail: "no usable memory cgroup (" + err.Error() + "); memfd_create, shmget and shmat are refused instead (with the seccomp layer)"})
+			completing = append(completing, Layer{Name: LayerMemory, Detail: "no usable memory cgroup (" + err.Error() + "); memfd_create, shmget and shmat are refused instead (with the seccomp layer)"})
 		} else {
 			s.mem = m
-			s.layers = append(s.layers, Layer{Name: LayerMemory, On: true, Detail: fmt.Sprintf("a memory cgroup (v%d) per worker process under %s, limited to %d B (address space + /tmp + /scratch), counting memfd, shared-memory and tmpfs pages", m.version, m.parent, memLimit)})
+			completing = append(completing, Layer{Name: LayerMemory, On: true, Detail: fmt.Sprintf("a memory cgroup (v%d) per worker process under %s, limited to %d B (address space + /tmp + /scratch), counting memfd, shared-memory and tmpfs pages", m.version, m.parent, memLimit)})
 		}
 	}
 	// Seccomp program first: the namespace probe runs with it.
@@ -324,11 +327,7 @@ func (s *Sandbox) detect(ctx context.Context) {
 		s.layers = append(s.layers, Layer{Name: LayerLimits, On: true, Detail: c.Limits.String()})
 	}
 	s.layers = append(s.layers, Layer{Name: LayerEnv, On: true, Detail: "empty except the documented worker variables"})
-	// descriptors and memory (detected first: the filter depends on the
-	// memory layer) are listed last, after the layers they complete.
-	for i := 0; i < 2; i++ {
-		s.layers = append(s.layers[1:], s.layers[0])
-	}
+	s.layers = append(s.layers, completing...)
 }
 
 func (l Limits) String() string {
