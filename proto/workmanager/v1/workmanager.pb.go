@@ -237,7 +237,15 @@ type Worker struct {
 	AllowedGatewayTargets []string `protobuf:"bytes,13,rep,name=allowed_gateway_targets,json=allowedGatewayTargets,proto3" json:"allowed_gateway_targets,omitempty"`
 	// The tenant that owns the worker (from the creator's credentials);
 	// worker ids of tenants other than "default" start with "<tenant>.".
-	Tenant        string `protobuf:"bytes,14,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Tenant string `protobuf:"bytes,14,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Why the worker is not doing what its status says, when the cluster
+	// knows: "quarantined: ..." (it crashed a node; not loaded until reloaded
+	// or started by hand) or "not recovered: ..." (a recovery could not load
+	// it). Empty when nothing is wrong.
+	StatusReason string `protobuf:"bytes,15,opt,name=status_reason,json=statusReason,proto3" json:"status_reason,omitempty"`
+	// What the worker's messages did, summed over the nodes that report it;
+	// unset when no node has reported yet.
+	Stats         *WorkerStats `protobuf:"bytes,16,opt,name=stats,proto3" json:"stats,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -370,6 +378,111 @@ func (x *Worker) GetTenant() string {
 	return ""
 }
 
+func (x *Worker) GetStatusReason() string {
+	if x != nil {
+		return x.StatusReason
+	}
+	return ""
+}
+
+func (x *Worker) GetStats() *WorkerStats {
+	if x != nil {
+		return x.Stats
+	}
+	return nil
+}
+
+// WorkerStats counts a worker's messages since it was created (summed over
+// the nodes; a node reports every few seconds, so it lags a little).
+type WorkerStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Attempts that succeeded.
+	Processed int64 `protobuf:"varint,1,opt,name=processed,proto3" json:"processed,omitempty"`
+	// Attempts that failed (each retry counts).
+	Failed int64 `protobuf:"varint,2,opt,name=failed,proto3" json:"failed,omitempty"`
+	// Messages given up on (stored and published to "<topic>-dead").
+	DeadLettered int64 `protobuf:"varint,3,opt,name=dead_lettered,json=deadLettered,proto3" json:"dead_lettered,omitempty"`
+	// The last failure's error, shortened and redacted, with its time and the
+	// CloudEvent id of the message.
+	LastError        string                 `protobuf:"bytes,4,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	LastErrorAt      *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=last_error_at,json=lastErrorAt,proto3" json:"last_error_at,omitempty"`
+	LastErrorEventId string                 `protobuf:"bytes,6,opt,name=last_error_event_id,json=lastErrorEventId,proto3" json:"last_error_event_id,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *WorkerStats) Reset() {
+	*x = WorkerStats{}
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerStats) ProtoMessage() {}
+
+func (x *WorkerStats) ProtoReflect() protoreflect.Message {
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerStats.ProtoReflect.Descriptor instead.
+func (*WorkerStats) Descriptor() ([]byte, []int) {
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *WorkerStats) GetProcessed() int64 {
+	if x != nil {
+		return x.Processed
+	}
+	return 0
+}
+
+func (x *WorkerStats) GetFailed() int64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+func (x *WorkerStats) GetDeadLettered() int64 {
+	if x != nil {
+		return x.DeadLettered
+	}
+	return 0
+}
+
+func (x *WorkerStats) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *WorkerStats) GetLastErrorAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastErrorAt
+	}
+	return nil
+}
+
+func (x *WorkerStats) GetLastErrorEventId() string {
+	if x != nil {
+		return x.LastErrorEventId
+	}
+	return ""
+}
+
 // RetryPolicy bounds how often a worker runs one message before giving up
 // on it (dead letter). Zero fields take the cluster default.
 type RetryPolicy struct {
@@ -385,7 +498,7 @@ type RetryPolicy struct {
 
 func (x *RetryPolicy) Reset() {
 	*x = RetryPolicy{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[3]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -397,7 +510,7 @@ func (x *RetryPolicy) String() string {
 func (*RetryPolicy) ProtoMessage() {}
 
 func (x *RetryPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[3]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -410,7 +523,7 @@ func (x *RetryPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryPolicy.ProtoReflect.Descriptor instead.
 func (*RetryPolicy) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{3}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RetryPolicy) GetMaxAttempts() int32 {
@@ -465,7 +578,7 @@ type CreateWorkerRequest struct {
 
 func (x *CreateWorkerRequest) Reset() {
 	*x = CreateWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[4]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -477,7 +590,7 @@ func (x *CreateWorkerRequest) String() string {
 func (*CreateWorkerRequest) ProtoMessage() {}
 
 func (x *CreateWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[4]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -490,7 +603,7 @@ func (x *CreateWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWorkerRequest.ProtoReflect.Descriptor instead.
 func (*CreateWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{4}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateWorkerRequest) GetCode() *CodeSource {
@@ -565,7 +678,7 @@ type CreateWorkerResponse struct {
 
 func (x *CreateWorkerResponse) Reset() {
 	*x = CreateWorkerResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[5]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -577,7 +690,7 @@ func (x *CreateWorkerResponse) String() string {
 func (*CreateWorkerResponse) ProtoMessage() {}
 
 func (x *CreateWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[5]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -590,7 +703,7 @@ func (x *CreateWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWorkerResponse.ProtoReflect.Descriptor instead.
 func (*CreateWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{5}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateWorkerResponse) GetWorkerId() string {
@@ -609,7 +722,7 @@ type StartWorkerRequest struct {
 
 func (x *StartWorkerRequest) Reset() {
 	*x = StartWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[6]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -621,7 +734,7 @@ func (x *StartWorkerRequest) String() string {
 func (*StartWorkerRequest) ProtoMessage() {}
 
 func (x *StartWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[6]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -634,7 +747,7 @@ func (x *StartWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartWorkerRequest.ProtoReflect.Descriptor instead.
 func (*StartWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{6}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StartWorkerRequest) GetWorkerId() string {
@@ -653,7 +766,7 @@ type StopWorkerRequest struct {
 
 func (x *StopWorkerRequest) Reset() {
 	*x = StopWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[7]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -665,7 +778,7 @@ func (x *StopWorkerRequest) String() string {
 func (*StopWorkerRequest) ProtoMessage() {}
 
 func (x *StopWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[7]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -678,7 +791,7 @@ func (x *StopWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopWorkerRequest.ProtoReflect.Descriptor instead.
 func (*StopWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{7}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StopWorkerRequest) GetWorkerId() string {
@@ -697,7 +810,7 @@ type DeleteWorkerRequest struct {
 
 func (x *DeleteWorkerRequest) Reset() {
 	*x = DeleteWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[8]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -709,7 +822,7 @@ func (x *DeleteWorkerRequest) String() string {
 func (*DeleteWorkerRequest) ProtoMessage() {}
 
 func (x *DeleteWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[8]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -722,7 +835,7 @@ func (x *DeleteWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{8}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeleteWorkerRequest) GetWorkerId() string {
@@ -740,7 +853,7 @@ type DeleteWorkerResponse struct {
 
 func (x *DeleteWorkerResponse) Reset() {
 	*x = DeleteWorkerResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[9]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -752,7 +865,7 @@ func (x *DeleteWorkerResponse) String() string {
 func (*DeleteWorkerResponse) ProtoMessage() {}
 
 func (x *DeleteWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[9]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -765,7 +878,7 @@ func (x *DeleteWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{9}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{10}
 }
 
 type LoadCodeRequest struct {
@@ -778,7 +891,7 @@ type LoadCodeRequest struct {
 
 func (x *LoadCodeRequest) Reset() {
 	*x = LoadCodeRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[10]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +903,7 @@ func (x *LoadCodeRequest) String() string {
 func (*LoadCodeRequest) ProtoMessage() {}
 
 func (x *LoadCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[10]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +916,7 @@ func (x *LoadCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadCodeRequest.ProtoReflect.Descriptor instead.
 func (*LoadCodeRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{10}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LoadCodeRequest) GetWorkerId() string {
@@ -831,7 +944,7 @@ type RollbackWorkerRequest struct {
 
 func (x *RollbackWorkerRequest) Reset() {
 	*x = RollbackWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +956,7 @@ func (x *RollbackWorkerRequest) String() string {
 func (*RollbackWorkerRequest) ProtoMessage() {}
 
 func (x *RollbackWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +969,7 @@ func (x *RollbackWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RollbackWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{11}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RollbackWorkerRequest) GetWorkerId() string {
@@ -882,7 +995,7 @@ type GetWorkerRequest struct {
 
 func (x *GetWorkerRequest) Reset() {
 	*x = GetWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +1007,7 @@ func (x *GetWorkerRequest) String() string {
 func (*GetWorkerRequest) ProtoMessage() {}
 
 func (x *GetWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +1020,7 @@ func (x *GetWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{12}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetWorkerRequest) GetWorkerId() string {
@@ -929,7 +1042,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -941,7 +1054,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -954,7 +1067,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{13}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListWorkersRequest) GetPageSize() int32 {
@@ -983,7 +1096,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -995,7 +1108,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1008,7 +1121,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{14}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -1026,15 +1139,20 @@ func (x *ListWorkersResponse) GetNextPageToken() string {
 }
 
 type GetWorkerHistoryRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// Entries per page, 1..1000; 0: 1000.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// From the previous response's next_page_token; empty: the first page
+	// (the oldest entries).
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetWorkerHistoryRequest) Reset() {
 	*x = GetWorkerHistoryRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1046,7 +1164,7 @@ func (x *GetWorkerHistoryRequest) String() string {
 func (*GetWorkerHistoryRequest) ProtoMessage() {}
 
 func (x *GetWorkerHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1059,12 +1177,26 @@ func (x *GetWorkerHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerHistoryRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkerHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{15}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetWorkerHistoryRequest) GetWorkerId() string {
 	if x != nil {
 		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *GetWorkerHistoryRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *GetWorkerHistoryRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
 	}
 	return ""
 }
@@ -1091,7 +1223,7 @@ type HistoryEntry struct {
 
 func (x *HistoryEntry) Reset() {
 	*x = HistoryEntry{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1235,7 @@ func (x *HistoryEntry) String() string {
 func (*HistoryEntry) ProtoMessage() {}
 
 func (x *HistoryEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1248,7 @@ func (x *HistoryEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryEntry.ProtoReflect.Descriptor instead.
 func (*HistoryEntry) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{16}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HistoryEntry) GetVersion() int64 {
@@ -1176,15 +1308,17 @@ func (x *HistoryEntry) GetRollbackTo() int64 {
 }
 
 type GetWorkerHistoryResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Entries       []*HistoryEntry        `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Entries []*HistoryEntry        `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// Set when there are more: pass it as page_token for the next page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetWorkerHistoryResponse) Reset() {
 	*x = GetWorkerHistoryResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1196,7 +1330,7 @@ func (x *GetWorkerHistoryResponse) String() string {
 func (*GetWorkerHistoryResponse) ProtoMessage() {}
 
 func (x *GetWorkerHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1209,7 +1343,7 @@ func (x *GetWorkerHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerHistoryResponse.ProtoReflect.Descriptor instead.
 func (*GetWorkerHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{17}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetWorkerHistoryResponse) GetEntries() []*HistoryEntry {
@@ -1217,6 +1351,13 @@ func (x *GetWorkerHistoryResponse) GetEntries() []*HistoryEntry {
 		return x.Entries
 	}
 	return nil
+}
+
+func (x *GetWorkerHistoryResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type RecoverWorkersRequest struct {
@@ -1227,7 +1368,7 @@ type RecoverWorkersRequest struct {
 
 func (x *RecoverWorkersRequest) Reset() {
 	*x = RecoverWorkersRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[18]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1380,7 @@ func (x *RecoverWorkersRequest) String() string {
 func (*RecoverWorkersRequest) ProtoMessage() {}
 
 func (x *RecoverWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[18]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1393,7 @@ func (x *RecoverWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverWorkersRequest.ProtoReflect.Descriptor instead.
 func (*RecoverWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{18}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{19}
 }
 
 type RecoverWorkersResponse struct {
@@ -1265,7 +1406,7 @@ type RecoverWorkersResponse struct {
 
 func (x *RecoverWorkersResponse) Reset() {
 	*x = RecoverWorkersResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[19]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1277,7 +1418,7 @@ func (x *RecoverWorkersResponse) String() string {
 func (*RecoverWorkersResponse) ProtoMessage() {}
 
 func (x *RecoverWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[19]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1290,7 +1431,7 @@ func (x *RecoverWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverWorkersResponse.ProtoReflect.Descriptor instead.
 func (*RecoverWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{19}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RecoverWorkersResponse) GetRecovered() int32 {
@@ -1321,7 +1462,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[20]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1333,7 +1474,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[20]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1346,7 +1487,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{20}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListDeadLettersRequest) GetWorkerId() string {
@@ -1386,14 +1527,18 @@ type DeadLetter struct {
 	EventId string `protobuf:"bytes,6,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
 	Source  string `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
 	// When the worker gave up on it.
-	At            *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=at,proto3" json:"at,omitempty"`
+	At *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=at,proto3" json:"at,omitempty"`
+	// Where the last error happened, when the engine knows: the Python
+	// traceback, the .NET stack trace, the native error text; bounded
+	// (16 KiB) and redacted like error. Its last line is the innermost frame.
+	Traceback     string `protobuf:"bytes,9,opt,name=traceback,proto3" json:"traceback,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[21]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1405,7 +1550,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[21]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1418,7 +1563,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{21}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeadLetter) GetWorkerId() string {
@@ -1477,6 +1622,13 @@ func (x *DeadLetter) GetAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *DeadLetter) GetTraceback() string {
+	if x != nil {
+		return x.Traceback
+	}
+	return ""
+}
+
 type ListDeadLettersResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	DeadLetters   []*DeadLetter          `protobuf:"bytes,1,rep,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
@@ -1486,7 +1638,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[22]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1650,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[22]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1663,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{22}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -1539,7 +1691,7 @@ type ReplayDeadLettersRequest struct {
 
 func (x *ReplayDeadLettersRequest) Reset() {
 	*x = ReplayDeadLettersRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[23]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1551,7 +1703,7 @@ func (x *ReplayDeadLettersRequest) String() string {
 func (*ReplayDeadLettersRequest) ProtoMessage() {}
 
 func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[23]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1564,7 +1716,7 @@ func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{23}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReplayDeadLettersRequest) GetWorkerId() string {
@@ -1616,7 +1768,7 @@ type ReplayDeadLettersResponse struct {
 
 func (x *ReplayDeadLettersResponse) Reset() {
 	*x = ReplayDeadLettersResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[24]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1780,7 @@ func (x *ReplayDeadLettersResponse) String() string {
 func (*ReplayDeadLettersResponse) ProtoMessage() {}
 
 func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[24]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1793,7 @@ func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{24}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReplayDeadLettersResponse) GetReplayed() int32 {
@@ -1677,7 +1829,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x06source\"5\n" +
 	"\tUrlSource\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
-	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\xb6\x04\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\x8e\x05\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x14\n" +
@@ -1696,7 +1848,17 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x04name\x18\v \x01(\tR\x04name\x122\n" +
 	"\x15allowed_output_topics\x18\f \x03(\tR\x13allowedOutputTopics\x126\n" +
 	"\x17allowed_gateway_targets\x18\r \x03(\tR\x15allowedGatewayTargets\x12\x16\n" +
-	"\x06tenant\x18\x0e \x01(\tR\x06tenant\"O\n" +
+	"\x06tenant\x18\x0e \x01(\tR\x06tenant\x12#\n" +
+	"\rstatus_reason\x18\x0f \x01(\tR\fstatusReason\x121\n" +
+	"\x05stats\x18\x10 \x01(\v2\x1b.workmanager.v1.WorkerStatsR\x05stats\"\xf6\x01\n" +
+	"\vWorkerStats\x12\x1c\n" +
+	"\tprocessed\x18\x01 \x01(\x03R\tprocessed\x12\x16\n" +
+	"\x06failed\x18\x02 \x01(\x03R\x06failed\x12#\n" +
+	"\rdead_lettered\x18\x03 \x01(\x03R\fdeadLettered\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x04 \x01(\tR\tlastError\x12>\n" +
+	"\rlast_error_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vlastErrorAt\x12-\n" +
+	"\x13last_error_event_id\x18\x06 \x01(\tR\x10lastErrorEventId\"O\n" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12\x1d\n" +
 	"\n" +
@@ -1735,9 +1897,12 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"o\n" +
 	"\x13ListWorkersResponse\x120\n" +
 	"\aworkers\x18\x01 \x03(\v2\x16.workmanager.v1.WorkerR\aworkers\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"6\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"r\n" +
 	"\x17GetWorkerHistoryRequest\x12\x1b\n" +
-	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"\xfd\x01\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\xfd\x01\n" +
 	"\fHistoryEntry\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x03R\aversion\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x1f\n" +
@@ -1749,9 +1914,10 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x05actor\x18\x06 \x01(\tR\x05actor\x12\x16\n" +
 	"\x06action\x18\a \x01(\tR\x06action\x12\x1f\n" +
 	"\vrollback_to\x18\b \x01(\x03R\n" +
-	"rollbackTo\"R\n" +
+	"rollbackTo\"z\n" +
 	"\x18GetWorkerHistoryResponse\x126\n" +
-	"\aentries\x18\x01 \x03(\v2\x1c.workmanager.v1.HistoryEntryR\aentries\"\x17\n" +
+	"\aentries\x18\x01 \x03(\v2\x1c.workmanager.v1.HistoryEntryR\aentries\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x17\n" +
 	"\x15RecoverWorkersRequest\"N\n" +
 	"\x16RecoverWorkersResponse\x12\x1c\n" +
 	"\trecovered\x18\x01 \x01(\x05R\trecovered\x12\x16\n" +
@@ -1759,7 +1925,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x16ListDeadLettersRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x14\n" +
-	"\x05limit\x18\x03 \x01(\x05R\x05limit\"\xe8\x01\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\"\x86\x02\n" +
 	"\n" +
 	"DeadLetter\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x14\n" +
@@ -1769,7 +1935,8 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x12\x19\n" +
 	"\bevent_id\x18\x06 \x01(\tR\aeventId\x12\x16\n" +
 	"\x06source\x18\a \x01(\tR\x06source\x12*\n" +
-	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"X\n" +
+	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1c\n" +
+	"\ttraceback\x18\t \x01(\tR\ttraceback\"X\n" +
 	"\x17ListDeadLettersResponse\x12=\n" +
 	"\fdead_letters\x18\x01 \x03(\v2\x1a.workmanager.v1.DeadLetterR\vdeadLetters\"\x98\x01\n" +
 	"\x18ReplayDeadLettersRequest\x12\x1b\n" +
@@ -1814,79 +1981,82 @@ func file_workmanager_v1_workmanager_proto_rawDescGZIP() []byte {
 }
 
 var file_workmanager_v1_workmanager_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_workmanager_v1_workmanager_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_workmanager_v1_workmanager_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_workmanager_v1_workmanager_proto_goTypes = []any{
 	(WorkerStatus)(0),                 // 0: workmanager.v1.WorkerStatus
 	(*CodeSource)(nil),                // 1: workmanager.v1.CodeSource
 	(*UrlSource)(nil),                 // 2: workmanager.v1.UrlSource
 	(*Worker)(nil),                    // 3: workmanager.v1.Worker
-	(*RetryPolicy)(nil),               // 4: workmanager.v1.RetryPolicy
-	(*CreateWorkerRequest)(nil),       // 5: workmanager.v1.CreateWorkerRequest
-	(*CreateWorkerResponse)(nil),      // 6: workmanager.v1.CreateWorkerResponse
-	(*StartWorkerRequest)(nil),        // 7: workmanager.v1.StartWorkerRequest
-	(*StopWorkerRequest)(nil),         // 8: workmanager.v1.StopWorkerRequest
-	(*DeleteWorkerRequest)(nil),       // 9: workmanager.v1.DeleteWorkerRequest
-	(*DeleteWorkerResponse)(nil),      // 10: workmanager.v1.DeleteWorkerResponse
-	(*LoadCodeRequest)(nil),           // 11: workmanager.v1.LoadCodeRequest
-	(*RollbackWorkerRequest)(nil),     // 12: workmanager.v1.RollbackWorkerRequest
-	(*GetWorkerRequest)(nil),          // 13: workmanager.v1.GetWorkerRequest
-	(*ListWorkersRequest)(nil),        // 14: workmanager.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),       // 15: workmanager.v1.ListWorkersResponse
-	(*GetWorkerHistoryRequest)(nil),   // 16: workmanager.v1.GetWorkerHistoryRequest
-	(*HistoryEntry)(nil),              // 17: workmanager.v1.HistoryEntry
-	(*GetWorkerHistoryResponse)(nil),  // 18: workmanager.v1.GetWorkerHistoryResponse
-	(*RecoverWorkersRequest)(nil),     // 19: workmanager.v1.RecoverWorkersRequest
-	(*RecoverWorkersResponse)(nil),    // 20: workmanager.v1.RecoverWorkersResponse
-	(*ListDeadLettersRequest)(nil),    // 21: workmanager.v1.ListDeadLettersRequest
-	(*DeadLetter)(nil),                // 22: workmanager.v1.DeadLetter
-	(*ListDeadLettersResponse)(nil),   // 23: workmanager.v1.ListDeadLettersResponse
-	(*ReplayDeadLettersRequest)(nil),  // 24: workmanager.v1.ReplayDeadLettersRequest
-	(*ReplayDeadLettersResponse)(nil), // 25: workmanager.v1.ReplayDeadLettersResponse
-	(*timestamppb.Timestamp)(nil),     // 26: google.protobuf.Timestamp
+	(*WorkerStats)(nil),               // 4: workmanager.v1.WorkerStats
+	(*RetryPolicy)(nil),               // 5: workmanager.v1.RetryPolicy
+	(*CreateWorkerRequest)(nil),       // 6: workmanager.v1.CreateWorkerRequest
+	(*CreateWorkerResponse)(nil),      // 7: workmanager.v1.CreateWorkerResponse
+	(*StartWorkerRequest)(nil),        // 8: workmanager.v1.StartWorkerRequest
+	(*StopWorkerRequest)(nil),         // 9: workmanager.v1.StopWorkerRequest
+	(*DeleteWorkerRequest)(nil),       // 10: workmanager.v1.DeleteWorkerRequest
+	(*DeleteWorkerResponse)(nil),      // 11: workmanager.v1.DeleteWorkerResponse
+	(*LoadCodeRequest)(nil),           // 12: workmanager.v1.LoadCodeRequest
+	(*RollbackWorkerRequest)(nil),     // 13: workmanager.v1.RollbackWorkerRequest
+	(*GetWorkerRequest)(nil),          // 14: workmanager.v1.GetWorkerRequest
+	(*ListWorkersRequest)(nil),        // 15: workmanager.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 16: workmanager.v1.ListWorkersResponse
+	(*GetWorkerHistoryRequest)(nil),   // 17: workmanager.v1.GetWorkerHistoryRequest
+	(*HistoryEntry)(nil),              // 18: workmanager.v1.HistoryEntry
+	(*GetWorkerHistoryResponse)(nil),  // 19: workmanager.v1.GetWorkerHistoryResponse
+	(*RecoverWorkersRequest)(nil),     // 20: workmanager.v1.RecoverWorkersRequest
+	(*RecoverWorkersResponse)(nil),    // 21: workmanager.v1.RecoverWorkersResponse
+	(*ListDeadLettersRequest)(nil),    // 22: workmanager.v1.ListDeadLettersRequest
+	(*DeadLetter)(nil),                // 23: workmanager.v1.DeadLetter
+	(*ListDeadLettersResponse)(nil),   // 24: workmanager.v1.ListDeadLettersResponse
+	(*ReplayDeadLettersRequest)(nil),  // 25: workmanager.v1.ReplayDeadLettersRequest
+	(*ReplayDeadLettersResponse)(nil), // 26: workmanager.v1.ReplayDeadLettersResponse
+	(*timestamppb.Timestamp)(nil),     // 27: google.protobuf.Timestamp
 }
 var file_workmanager_v1_workmanager_proto_depIdxs = []int32{
 	2,  // 0: workmanager.v1.CodeSource.url:type_name -> workmanager.v1.UrlSource
 	0,  // 1: workmanager.v1.Worker.status:type_name -> workmanager.v1.WorkerStatus
-	26, // 2: workmanager.v1.Worker.created_at:type_name -> google.protobuf.Timestamp
-	26, // 3: workmanager.v1.Worker.updated_at:type_name -> google.protobuf.Timestamp
-	4,  // 4: workmanager.v1.Worker.retry_policy:type_name -> workmanager.v1.RetryPolicy
-	1,  // 5: workmanager.v1.CreateWorkerRequest.code:type_name -> workmanager.v1.CodeSource
-	4,  // 6: workmanager.v1.CreateWorkerRequest.retry_policy:type_name -> workmanager.v1.RetryPolicy
-	1,  // 7: workmanager.v1.LoadCodeRequest.code:type_name -> workmanager.v1.CodeSource
-	3,  // 8: workmanager.v1.ListWorkersResponse.workers:type_name -> workmanager.v1.Worker
-	26, // 9: workmanager.v1.HistoryEntry.created_at:type_name -> google.protobuf.Timestamp
-	17, // 10: workmanager.v1.GetWorkerHistoryResponse.entries:type_name -> workmanager.v1.HistoryEntry
-	26, // 11: workmanager.v1.DeadLetter.at:type_name -> google.protobuf.Timestamp
-	22, // 12: workmanager.v1.ListDeadLettersResponse.dead_letters:type_name -> workmanager.v1.DeadLetter
-	5,  // 13: workmanager.v1.WorkManagerService.CreateWorker:input_type -> workmanager.v1.CreateWorkerRequest
-	7,  // 14: workmanager.v1.WorkManagerService.StartWorker:input_type -> workmanager.v1.StartWorkerRequest
-	8,  // 15: workmanager.v1.WorkManagerService.StopWorker:input_type -> workmanager.v1.StopWorkerRequest
-	9,  // 16: workmanager.v1.WorkManagerService.DeleteWorker:input_type -> workmanager.v1.DeleteWorkerRequest
-	11, // 17: workmanager.v1.WorkManagerService.LoadCode:input_type -> workmanager.v1.LoadCodeRequest
-	12, // 18: workmanager.v1.WorkManagerService.RollbackWorker:input_type -> workmanager.v1.RollbackWorkerRequest
-	13, // 19: workmanager.v1.WorkManagerService.GetWorker:input_type -> workmanager.v1.GetWorkerRequest
-	14, // 20: workmanager.v1.WorkManagerService.ListWorkers:input_type -> workmanager.v1.ListWorkersRequest
-	16, // 21: workmanager.v1.WorkManagerService.GetWorkerHistory:input_type -> workmanager.v1.GetWorkerHistoryRequest
-	19, // 22: workmanager.v1.WorkManagerService.RecoverWorkers:input_type -> workmanager.v1.RecoverWorkersRequest
-	21, // 23: workmanager.v1.WorkManagerService.ListDeadLetters:input_type -> workmanager.v1.ListDeadLettersRequest
-	24, // 24: workmanager.v1.WorkManagerService.ReplayDeadLetters:input_type -> workmanager.v1.ReplayDeadLettersRequest
-	6,  // 25: workmanager.v1.WorkManagerService.CreateWorker:output_type -> workmanager.v1.CreateWorkerResponse
-	3,  // 26: workmanager.v1.WorkManagerService.StartWorker:output_type -> workmanager.v1.Worker
-	3,  // 27: workmanager.v1.WorkManagerService.StopWorker:output_type -> workmanager.v1.Worker
-	10, // 28: workmanager.v1.WorkManagerService.DeleteWorker:output_type -> workmanager.v1.DeleteWorkerResponse
-	3,  // 29: workmanager.v1.WorkManagerService.LoadCode:output_type -> workmanager.v1.Worker
-	3,  // 30: workmanager.v1.WorkManagerService.RollbackWorker:output_type -> workmanager.v1.Worker
-	3,  // 31: workmanager.v1.WorkManagerService.GetWorker:output_type -> workmanager.v1.Worker
-	15, // 32: workmanager.v1.WorkManagerService.ListWorkers:output_type -> workmanager.v1.ListWorkersResponse
-	18, // 33: workmanager.v1.WorkManagerService.GetWorkerHistory:output_type -> workmanager.v1.GetWorkerHistoryResponse
-	20, // 34: workmanager.v1.WorkManagerService.RecoverWorkers:output_type -> workmanager.v1.RecoverWorkersResponse
-	23, // 35: workmanager.v1.WorkManagerService.ListDeadLetters:output_type -> workmanager.v1.ListDeadLettersResponse
-	25, // 36: workmanager.v1.WorkManagerService.ReplayDeadLetters:output_type -> workmanager.v1.ReplayDeadLettersResponse
-	25, // [25:37] is the sub-list for method output_type
-	13, // [13:25] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	27, // 2: workmanager.v1.Worker.created_at:type_name -> google.protobuf.Timestamp
+	27, // 3: workmanager.v1.Worker.updated_at:type_name -> google.protobuf.Timestamp
+	5,  // 4: workmanager.v1.Worker.retry_policy:type_name -> workmanager.v1.RetryPolicy
+	4,  // 5: workmanager.v1.Worker.stats:type_name -> workmanager.v1.WorkerStats
+	27, // 6: workmanager.v1.WorkerStats.last_error_at:type_name -> google.protobuf.Timestamp
+	1,  // 7: workmanager.v1.CreateWorkerRequest.code:type_name -> workmanager.v1.CodeSource
+	5,  // 8: workmanager.v1.CreateWorkerRequest.retry_policy:type_name -> workmanager.v1.RetryPolicy
+	1,  // 9: workmanager.v1.LoadCodeRequest.code:type_name -> workmanager.v1.CodeSource
+	3,  // 10: workmanager.v1.ListWorkersResponse.workers:type_name -> workmanager.v1.Worker
+	27, // 11: workmanager.v1.HistoryEntry.created_at:type_name -> google.protobuf.Timestamp
+	18, // 12: workmanager.v1.GetWorkerHistoryResponse.entries:type_name -> workmanager.v1.HistoryEntry
+	27, // 13: workmanager.v1.DeadLetter.at:type_name -> google.protobuf.Timestamp
+	23, // 14: workmanager.v1.ListDeadLettersResponse.dead_letters:type_name -> workmanager.v1.DeadLetter
+	6,  // 15: workmanager.v1.WorkManagerService.CreateWorker:input_type -> workmanager.v1.CreateWorkerRequest
+	8,  // 16: workmanager.v1.WorkManagerService.StartWorker:input_type -> workmanager.v1.StartWorkerRequest
+	9,  // 17: workmanager.v1.WorkManagerService.StopWorker:input_type -> workmanager.v1.StopWorkerRequest
+	10, // 18: workmanager.v1.WorkManagerService.DeleteWorker:input_type -> workmanager.v1.DeleteWorkerRequest
+	12, // 19: workmanager.v1.WorkManagerService.LoadCode:input_type -> workmanager.v1.LoadCodeRequest
+	13, // 20: workmanager.v1.WorkManagerService.RollbackWorker:input_type -> workmanager.v1.RollbackWorkerRequest
+	14, // 21: workmanager.v1.WorkManagerService.GetWorker:input_type -> workmanager.v1.GetWorkerRequest
+	15, // 22: workmanager.v1.WorkManagerService.ListWorkers:input_type -> workmanager.v1.ListWorkersRequest
+	17, // 23: workmanager.v1.WorkManagerService.GetWorkerHistory:input_type -> workmanager.v1.GetWorkerHistoryRequest
+	20, // 24: workmanager.v1.WorkManagerService.RecoverWorkers:input_type -> workmanager.v1.RecoverWorkersRequest
+	22, // 25: workmanager.v1.WorkManagerService.ListDeadLetters:input_type -> workmanager.v1.ListDeadLettersRequest
+	25, // 26: workmanager.v1.WorkManagerService.ReplayDeadLetters:input_type -> workmanager.v1.ReplayDeadLettersRequest
+	7,  // 27: workmanager.v1.WorkManagerService.CreateWorker:output_type -> workmanager.v1.CreateWorkerResponse
+	3,  // 28: workmanager.v1.WorkManagerService.StartWorker:output_type -> workmanager.v1.Worker
+	3,  // 29: workmanager.v1.WorkManagerService.StopWorker:output_type -> workmanager.v1.Worker
+	11, // 30: workmanager.v1.WorkManagerService.DeleteWorker:output_type -> workmanager.v1.DeleteWorkerResponse
+	3,  // 31: workmanager.v1.WorkManagerService.LoadCode:output_type -> workmanager.v1.Worker
+	3,  // 32: workmanager.v1.WorkManagerService.RollbackWorker:output_type -> workmanager.v1.Worker
+	3,  // 33: workmanager.v1.WorkManagerService.GetWorker:output_type -> workmanager.v1.Worker
+	16, // 34: workmanager.v1.WorkManagerService.ListWorkers:output_type -> workmanager.v1.ListWorkersResponse
+	19, // 35: workmanager.v1.WorkManagerService.GetWorkerHistory:output_type -> workmanager.v1.GetWorkerHistoryResponse
+	21, // 36: workmanager.v1.WorkManagerService.RecoverWorkers:output_type -> workmanager.v1.RecoverWorkersResponse
+	24, // 37: workmanager.v1.WorkManagerService.ListDeadLetters:output_type -> workmanager.v1.ListDeadLettersResponse
+	26, // 38: workmanager.v1.WorkManagerService.ReplayDeadLetters:output_type -> workmanager.v1.ReplayDeadLettersResponse
+	27, // [27:39] is the sub-list for method output_type
+	15, // [15:27] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_workmanager_v1_workmanager_proto_init() }
@@ -1904,7 +2074,7 @@ func file_workmanager_v1_workmanager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_workmanager_v1_workmanager_proto_rawDesc), len(file_workmanager_v1_workmanager_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

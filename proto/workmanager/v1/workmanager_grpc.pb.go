@@ -59,7 +59,8 @@ type WorkManagerServiceClient interface {
 	RollbackWorker(ctx context.Context, in *RollbackWorkerRequest, opts ...grpc.CallOption) (*Worker, error)
 	GetWorker(ctx context.Context, in *GetWorkerRequest, opts ...grpc.CallOption) (*Worker, error)
 	ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error)
-	// GetWorkerHistory lists one entry per code load, oldest first.
+	// GetWorkerHistory lists one entry per code load, oldest first, a page at
+	// a time (page_size, page_token; 1,000 entries a page at most).
 	GetWorkerHistory(ctx context.Context, in *GetWorkerHistoryRequest, opts ...grpc.CallOption) (*GetWorkerHistoryResponse, error)
 	// RecoverWorkers runs the cluster-wide recovery (one at a time).
 	RecoverWorkers(ctx context.Context, in *RecoverWorkersRequest, opts ...grpc.CallOption) (*RecoverWorkersResponse, error)
@@ -224,7 +225,8 @@ type WorkManagerServiceServer interface {
 	RollbackWorker(context.Context, *RollbackWorkerRequest) (*Worker, error)
 	GetWorker(context.Context, *GetWorkerRequest) (*Worker, error)
 	ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error)
-	// GetWorkerHistory lists one entry per code load, oldest first.
+	// GetWorkerHistory lists one entry per code load, oldest first, a page at
+	// a time (page_size, page_token; 1,000 entries a page at most).
 	GetWorkerHistory(context.Context, *GetWorkerHistoryRequest) (*GetWorkerHistoryResponse, error)
 	// RecoverWorkers runs the cluster-wide recovery (one at a time).
 	RecoverWorkers(context.Context, *RecoverWorkersRequest) (*RecoverWorkersResponse, error)
