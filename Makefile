@@ -99,9 +99,9 @@ test: test-tools
 	exit $$irc
 
 # The fault-injection soak's 2-minute fixed version (issue 25, test/chaos:
-# every fault kind once, 2 nodes, seed 7) on a stack of its own, its report
-# at the end; about 3 minutes alone. make test runs it too, beside the
-# integration tests (deploy/setup/stack-tests).
+# each of its seven fault kinds once, 2 nodes, seed 7) on a stack of its
+# own, its report at the end; about 3 minutes alone. make test runs it
+# too, beside the integration tests (deploy/setup/stack-tests).
 chaos-short: deps tools
 	@mkdir -p $(dir $(CHAOS_LOG)); rm -f $(CHAOS_REPORT); \
 	if WM_CHAOS_SHORT=1 CHAOS_REPORT=$(CURDIR)/$(CHAOS_REPORT) WM_FAILED_LOGS=$(CURDIR)/$(FAILED_LOGS) \
@@ -208,9 +208,10 @@ build:
 		env $(BUILD_ENV) go build -o bin/ ./cmd/worker ./cmd/api ./cmd/native-host ./cmd/sandbox-exec ./cmd/devstack ./cmd/wmctl
 
 # Debian packages, installed only when a command is missing: `deps` what
-# running needs, `deps-test` what only the tests add (pytest and mypy for
-# the DevKit's suite, venv and pip for its install test, Chromium for the
-# Temporal UI screenshots). apt-get's output goes to .run/setup/apt.log.
+# running needs and what the guides use (pytest, mypy, venv and pip for
+# docs/python-workers.md, which starts from make run alone; the DevKit's
+# suite uses them too), `deps-test` what only the tests add (Chromium for
+# the Temporal UI screenshots). apt-get's output goes to .run/setup/apt.log.
 STEP := deploy/setup/step
 SETUP_LOGS := $(CURDIR)/.run/setup
 APT_INSTALL = $(STEP) "installing Debian packages:$$missing" "30-60 s" $(SETUP_LOGS)/apt.log -- \
@@ -229,14 +230,14 @@ deps:
 	command -v mono >/dev/null || missing="$$missing mono-runtime"; \
 	command -v mcs >/dev/null || missing="$$missing mono-mcs"; \
 	[ -d /usr/lib/mono/4.5-api ] || missing="$$missing mono-devel"; \
-	if [ -n "$$missing" ]; then $(APT_INSTALL); fi
-
-deps-test: deps
-	@missing=""; \
 	/usr/bin/python3 -c 'import pytest' 2>/dev/null || missing="$$missing python3-pytest"; \
 	/usr/bin/python3 -c 'import mypy' 2>/dev/null || missing="$$missing mypy"; \
 	/usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
 	/usr/bin/python3 -m pip --version >/dev/null 2>&1 || missing="$$missing python3-pip"; \
+	if [ -n "$$missing" ]; then $(APT_INSTALL); fi
+
+deps-test: deps
+	@missing=""; \
 	command -v chromium-headless-shell >/dev/null || missing="$$missing chromium-headless-shell"; \
 	if [ -n "$$missing" ]; then $(APT_INSTALL); fi
 

@@ -10,6 +10,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -81,6 +83,15 @@ func (a *Activities) PrepareCode(ctx context.Context, in PrepareCodeInput) (cata
 		case !errors.Is(err, catalog.ErrNotFound):
 			return catalog.CodeRef{}, err
 		}
+		// Nor does it bring a deleted worker back under its name or
+		// request id once Temporal's retention purged the workflow that
+		// refused a new run of its id (issue 43 item 13).
+		if deleted, err := a.Catalog.Deleted(ctx, in.Worker.ID); err != nil {
+			return catalog.CodeRef{}, err
+		} else if deleted {
+			return catalog.CodeRef{}, failure.New(failure.AlreadyExists,
+				fmt.Sprintf("worker %s was deleted; its id (its name, its request id) is not used again", in.Worker.ID))
+		}
 	}
 	var body []byte
 	var err error
@@ -107,7 +118,7 @@ func (a *Activities) PrepareCode(ctx context.Context, in PrepareCodeInput) (cata
 		return catalog.CodeRef{}, classify(err)
 	}
 	if err := a.Node.Check(ctx, in.Worker, body); err != nil {
-		err = classify(err)
+		err = classify(a.onNode(err))
 		if in.Ref.SourceKind == "content" && in.Ref.RollbackTo == 0 && failure.Kind(err) == failure.InvalidArgument {
 			_ = a.Catalog.DeleteStaged(ctx, in.Ref.SHA256)
 		}
@@ -151,7 +162,18 @@ type ApplyInput struct {
 // It heartbeats while it works (workflows.ApplyHeartbeat), as Activate.
 func (a *Activities) Apply(ctx context.Context, in ApplyInput) error {
 	defer heartbeatWhileRunning(ctx)()
-	return classify(a.Node.Apply(ctx, in.Worker, in.History))
+	return classify(a.onNode(a.Node.Apply(ctx, in.Worker, in.History)))
+}
+
+// onNode names this node in err (nil stays nil): a load check or a load
+// that fails on one node may pass on another (a package missing there),
+// and the caller's answer says where it failed (issue 43 item 13).
+func (a *Activities) onNode(err error) error {
+	self, ok := a.Members.(interface{ Self() string })
+	if err == nil || !ok {
+		return err
+	}
+	return fmt.Errorf("node %s: %w", self.Self(), err)
 }
 
 // DeleteInput names the worker to delete.
@@ -168,7 +190,10 @@ func (a *Activities) Delete(ctx context.Context, in DeleteInput) error {
 	if err := a.Catalog.OrphanHistory(ctx, in.Worker.ID); err != nil {
 		return err
 	}
-	return classify(a.Node.Remove(ctx, in.Worker))
+	if err := a.Node.Remove(ctx, in.Worker); err != nil {
+		return classify(err)
+	}
+	return a.Catalog.ClearNotRecovered(ctx, in.Worker.ID)
 }
 
 // EmitInput names lifecycle events of a worker.
@@ -178,10 +203,53 @@ type EmitInput struct {
 }
 
 // Emit publishes lifecycle events; their ids are deterministic, so a retry
-// publishes duplicates that consumers can drop.
+// publishes duplicates that consumers can drop. Two events also leave a
+// note in the catalog first (recorded here, where the workflows already
+// report them, so no workflow changes): "deleted" marks the worker's
+// tombstone as a deleted worker's (catalog.MarkDeleted: its id is not
+// created again), and recovery's "not_recovered" error records the reason
+// GetWorker gives (catalog.SetNotRecovered; best effort, as the event is).
 func (a *Activities) Emit(ctx context.Context, in EmitInput) error {
+	for _, e := range in.Events {
+		switch {
+		case e.Kind == lifecycleevents.Deleted:
+			if err := a.Catalog.MarkDeleted(ctx, in.Worker.ID); err != nil {
+				return err
+			}
+		case e.Kind == lifecycleevents.Error && e.ErrorType == NotRecoveredType:
+			if err := a.Catalog.SetNotRecovered(ctx, in.Worker.ID, NotRecoveredReason(in.Worker.ID, e.ErrorMessage), time.Now()); err != nil && activity.IsActivity(ctx) {
+				activity.GetLogger(ctx).Warn("why the worker was not recovered is not recorded", "worker_id", in.Worker.ID, "err", err)
+			}
+		}
+	}
 	return a.emit(ctx, in.Worker, in.Events)
 }
+
+// NotRecoveredType is the error_type of the error event of a worker that
+// recovery could not bring back (workflows.RecoveryFailedType).
+const NotRecoveredType = "not_recovered"
+
+// NotRecoveredMessage is the text of that event: why, and what happens
+// next.
+func NotRecoveredMessage(id string, cause error) string {
+	return fmt.Sprintf("worker %s was not recovered: %v%s", id, cause, notRecoveredNext)
+}
+
+const notRecoveredNext = "; nodes try it again at their next reconcile (or repeat an operation on it)"
+
+// NotRecoveredReason is the cause in a NotRecoveredMessage (msg as it is
+// when it is not one), without the frame Temporal puts around an
+// activity's error ("activity error (type: Activate, …): <error> (type:
+// …, retryable: …)").
+func NotRecoveredReason(id, msg string) string {
+	r := strings.TrimSuffix(strings.TrimPrefix(msg, fmt.Sprintf("worker %s was not recovered: ", id)), notRecoveredNext)
+	if m := temporalFrame.FindStringSubmatch(r); m != nil {
+		r = m[1]
+	}
+	return r
+}
+
+var temporalFrame = regexp.MustCompile(`(?s)^activity error \(type: [^)]*\): (.*?)(?: \(type: [^,()]*, retryable: (?:true|false)\))?$`)
 
 // ListWorkerIDsPage returns the ids on one page of the worker index
 // (recoveries recorded before ListWorkerIDsChunk take the pages one by
@@ -260,7 +328,7 @@ func heartbeatWhileRunning(ctx context.Context) (stop func()) {
 
 func (a *Activities) emit(ctx context.Context, w catalog.Worker, events []EventSpec) error {
 	for _, e := range events {
-		d := lifecycleevents.Data{WorkerID: w.ID, Group: w.Group, Topic: w.Topic, CodeVersion: w.CodeVersion,
+		d := lifecycleevents.Data{WorkerID: w.ID, WorkerName: w.Name, Group: w.Group, Topic: w.Topic, CodeVersion: w.CodeVersion,
 			ErrorType: e.ErrorType, ErrorMessage: e.ErrorMessage}
 		if err := a.Events.Emit(ctx, e.ID, e.Kind, d); err != nil {
 			return err

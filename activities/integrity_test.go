@@ -80,9 +80,12 @@ func TestPrepareCodeForACreateRefusesAnExistingRecord(t *testing.T) {
 func TestDeleteRetriedAfterAHalfRemovalStillCollectsTheCode(t *testing.T) {
 	f, ctx := newFixture(t), context.Background()
 	f.acts.Node = &flakyNode{Node: f.Node, checks: 1, cutOff: func(id string) {
-		// The history is deleted, then the removal is cut off.
-		if err := f.Store.Delete(ctx, state.KeyPrefix+"workers/"+id+"/history", ""); err != nil {
-			t.Fatal(err)
+		// The history (its one version's key and its head) is deleted,
+		// then the removal is cut off.
+		for _, key := range []string{"/history/1", "/history/head"} {
+			if err := f.Store.Delete(ctx, state.KeyPrefix+"workers/"+id+key, ""); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}}
 	sha, _ := f.Catalog.PutCode(ctx, []byte("good"))

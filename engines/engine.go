@@ -156,6 +156,13 @@ var (
 	ErrInvalidCode = errors.New("invalid worker code")
 	// ErrWorkerFailed: the worker raised an error while processing a message.
 	ErrWorkerFailed = errors.New("worker failed")
+	// ErrInvalidOutput marks a worker failure (it also matches
+	// ErrWorkerFailed) in which the call returned but its outputs cannot be
+	// published as they are: an output without "type", undecodable JSON,
+	// a value that cannot be encoded. Running the same input again returns
+	// the same outputs, so the dispatcher dead-letters it at once (reason
+	// output_invalid) instead of retrying.
+	ErrInvalidOutput = errors.New("invalid output")
 	// ErrTimeout: the worker did not answer within its timeout.
 	ErrTimeout = errors.New("worker timed out")
 	// ErrClosed: the instance was closed (the call may have been cut off by
@@ -164,6 +171,19 @@ var (
 	// ErrUnknownMIMEType: no engine is registered for the MIME type.
 	ErrUnknownMIMEType = errors.New("unknown MIME type")
 )
+
+// Traceback is where a worker's failure happened, when its engine knows:
+// the Python traceback (the worker's frames, file "<worker>" and line, then
+// the exception), the .NET exception with its stack, a native worker's error
+// text; "" for other errors. The engines bound it (16 KiB, its end kept);
+// it is the worker's text, not yet redacted for leaving the node.
+func Traceback(err error) string {
+	var t interface{ WorkerTraceback() string }
+	if errors.As(err, &t) {
+		return t.WorkerTraceback()
+	}
+	return ""
+}
 
 // Registry maps MIME types to engines. The zero value is not usable; use
 // NewRegistry.

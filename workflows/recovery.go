@@ -149,7 +149,7 @@ const (
 
 // RecoveryFailedType is the error_type of the error event of a worker
 // that recovery could not bring back.
-const RecoveryFailedType = "not_recovered"
+const RecoveryFailedType = activities.NotRecoveredType
 
 // recoverWindow is RecoveryWorkflow from version "recovery-window" on: the
 // index is taken a chunk at a time; up to batch workers are recovered at
@@ -244,7 +244,7 @@ func reportNotRecovered(ctx workflow.Context, w catalog.Worker, cause error) {
 	})
 	x := workflow.GetInfo(ctx).WorkflowExecution
 	ev := activities.EventSpec{ID: eventID(WorkflowID(w.ID), x.RunID, 0, lifecycleevents.Error), Kind: lifecycleevents.Error, ErrorType: RecoveryFailedType,
-		ErrorMessage: fmt.Sprintf("worker %s was not recovered: %v; nodes try it again at their next reconcile (or repeat an operation on it)", w.ID, cause)}
+		ErrorMessage: activities.NotRecoveredMessage(w.ID, cause)}
 	if err := workflow.ExecuteActivity(ectx, a.Emit, activities.EmitInput{Worker: w, Events: []activities.EventSpec{ev}}).Get(ctx, nil); err != nil {
 		workflow.GetLogger(ctx).Warn("not_recovered event not published", "worker_id", w.ID, "err", err)
 	}

@@ -303,8 +303,18 @@ func applyCtx(ctx workflow.Context) workflow.Context {
 	ctx = activityCtx(ctx)
 	o := workflow.GetActivityOptions(ctx)
 	o.HeartbeatTimeout = ApplyHeartbeat
+	o.StartToCloseTimeout = ApplyTimeout
 	return workflow.WithActivityOptions(ctx, o)
 }
+
+// ApplyTimeout bounds one attempt of Apply, which loads the code on its
+// node: longer than the longest engine load (.NET's 120 s compile and
+// host start, engines/dotnet.DefaultLoadTimeout; issue 43 item 13: with
+// the one minute of the other activities, a slow .NET load failed every
+// attempt). A paused node is noticed within ApplyHeartbeat anyway. The
+// timeout is not part of what replay compares (activity type and id), so
+// histories recorded with one minute replay unchanged.
+const ApplyTimeout = 3 * time.Minute
 
 // ApplyHeartbeat is how long Apply may go without a heartbeat (it sends
 // one every 2 s while it works), as ActivateHeartbeat.

@@ -121,6 +121,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 			DeadLetters: deadletter.NewStore(store, 0),
 			Deliveries:  delivery.NewStore(store, cfg.DeliveryRecordTTL),
 			Publisher:   publisher,
+			WorkerStats: store,
 			Tenants:     cfg.Tenants}))
 	gh := grpchealth.NewServer()
 	gh.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)

@@ -1,7 +1,8 @@
 // Command devstack is `make run`: it starts the whole WorkManager stack on
 // loopback — Redis, the Temporal dev server with its Web UI, daprd, a worker
 // node and the control API — keeps its data in .run/ so that a restart keeps
-// the workers, prints where everything is, and stops it all on Ctrl-C.
+// the workers, prints where everything is, restarts the node when it dies
+// (with backoff, as Kubernetes would), and stops it all on Ctrl-C.
 package main
 
 import (
@@ -76,11 +77,24 @@ func run(o devstack.Options, bins, apiAddr, apiHealthAddr, nodeAddr string, mtls
 		return err
 	}
 	defer s.Stop()
-	node, err := s.StartNode(filepath.Join(bins, "worker"), nodeAddr, devstack.NodeEnv(os.Getenv)...)
-	if err != nil {
+	// The node is kept running as Kubernetes keeps a container: one that
+	// dies (a native worker that crashes it in process) is started again
+	// with backoff, each restart printed with what its crash journal names;
+	// the API and the servers keep running.
+	node := &devstack.Supervisor{Name: "worker node", JournalDir: s.NodeStateDir(),
+		Start: func() (*devstack.Proc, error) {
+			return s.StartNode(filepath.Join(bins, "worker"), nodeAddr, devstack.NodeEnv(os.Getenv)...)
+		},
+		Say: func(line string) { fmt.Fprintln(os.Stderr, "devstack: "+line) }}
+	nodeCtx, stopNode := context.WithCancel(context.Background())
+	nodeStarted, nodeDone := node.Started(), make(chan error, 1)
+	go func() { nodeDone <- node.Run(nodeCtx, func(p *devstack.Proc) { p.Stop(40 * time.Second) }) }() // SHUTDOWN_GRACE (30s) to drain
+	defer func() { stopNode(); <-nodeDone }()
+	select {
+	case <-nodeStarted:
+	case err := <-nodeDone:
 		return err
 	}
-	defer node.Stop(40 * time.Second) // SHUTDOWN_GRACE (30s) to drain
 	apiEnv := []string{"WORKMANAGER_API_HEALTH_ADDR=" + apiHealthAddr}
 	var certs devstack.DevTLSFiles
 	if mtls {
@@ -106,7 +120,7 @@ func run(o devstack.Options, bins, apiAddr, apiHealthAddr, nodeAddr string, mtls
 		return err
 	}
 	defer api.Stop(5 * time.Second)
-	if err := devstack.WaitHTTP(ctx, node, "http://"+nodeAddr+"/readyz", 2*time.Minute); err != nil {
+	if err := waitNodeReady(ctx, node, "http://"+nodeAddr+"/readyz", 2*time.Minute); err != nil {
 		return err
 	}
 	_, _, err = devstack.DevToken(o.Dir) // StartAPI made it; make sure it is there
@@ -142,13 +156,39 @@ Press Ctrl-C to stop; 'make run' again resumes with the same workers.
 	}
 	select {
 	case <-ctx.Done():
-	case <-node.Done():
-		return fmt.Errorf("worker node exited; see %s", node.Log)
 	case <-api.Done():
 		return fmt.Errorf("api exited; see %s", api.Log)
 	}
 	fmt.Println("stopping...")
 	return nil
+}
+
+// waitNodeReady waits until the node answers ready, through its restarts
+// (each printed by the supervisor), for at most limit.
+func waitNodeReady(ctx context.Context, node *devstack.Supervisor, url string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		p := node.Current()
+		if p == nil || p.Exited() { // between a death and its restart
+			next := node.Started()
+			if q := node.Current(); q != nil && q != p && !q.Exited() {
+				continue // restarted meanwhile
+			}
+			select {
+			case <-next:
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Until(deadline)):
+				return fmt.Errorf("worker node not ready after %s (restarted %d times); see its log", limit, node.Restarts())
+			}
+			continue
+		}
+		err := devstack.WaitHTTP(ctx, p, url, time.Until(deadline))
+		if err == nil || !p.Exited() || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		// It died during start-up: the supervisor restarts it.
+	}
 }
 
 // relOrAbs is path relative to the working directory when it is below it.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/virtufin/workmanager/engines/crashjournal"
 	"github.com/virtufin/workmanager/engines/python"
 	"github.com/virtufin/workmanager/engines/sandbox"
 	"github.com/virtufin/workmanager/internal/codesource"
@@ -19,44 +20,47 @@ import (
 // config is the node's typed configuration, read from the environment.
 type config struct {
 	envconfig.Services
-	HTTPAddr            string        // WORKMANAGER_HTTP_ADDR
-	PubSub              string        // DAPR_PUBSUB
-	RecoveryOnStart     bool          // WORKER_RECOVERY_ON_START
-	ContinueAsNewAfter  int           // WORKMANAGER_CONTINUE_AS_NEW_AFTER: given to the worker workflows recovery starts (as the API's)
-	MaxConcurrency      int           // WORKER_MAX_CONCURRENCY
-	WorkerTimeout       time.Duration // WORKER_TIMEOUT
-	PythonProcesses     int           // PYTHON_PROCESSES
-	PythonSpinWait      time.Duration // PYTHON_SPIN_WAIT (negative: never spin)
-	PythonMaxBatch      int           // PYTHON_MAX_BATCH (1: no batches)
-	ReconcileInterval   time.Duration // RECONCILE_INTERVAL (0 disables)
-	ReconcileParallel   int           // RECONCILE_PARALLELISM: workers a reconcile brings up at a time
-	TemporalLease       time.Duration // TEMPORAL_LEASE (0 disables)
-	NodeID              string        // WORKMANAGER_NODE_ID (default: <hostname>-<pid>)
-	NodeHeartbeat       time.Duration // NODE_HEARTBEAT; a node silent for 3 heartbeats counts as gone
-	GatewayTimeout      time.Duration // GATEWAY_TIMEOUT
-	NativeIsolation     string        // NATIVE_ISOLATION: "in-process" (default) or "process"
-	NativeHostPath      string        // NATIVE_HOST_PATH (default: native-host next to this binary)
-	NativeTempDir       string        // NATIVE_TEMP_DIR
-	PythonDevKitDir     string        // PYTHON_DEVKIT_DIR: where the node installs the Python DevKit its workers import
-	DotnetProcesses     int           // DOTNET_PROCESSES: host processes per .NET worker
-	DotnetCacheDir      string        // DOTNET_CACHE_DIR: the compiled .NET host, DevKit, C# workers and unpacked packages
-	DotnetMono          string        // DOTNET_MONO: the mono executable (default: searched)
-	DotnetCompiler      string        // DOTNET_COMPILER: the mcs C# compiler (default: searched)
-	DotnetLockdown      bool          // DOTNET_LOCKDOWN: .NET hosts refuse execve and IP sockets to worker code
-	NativeMaxAbandoned  int           // NATIVE_MAX_ABANDONED_CALLS
-	NativeMaxExtracted  int           // NATIVE_MAX_EXTRACTED_BYTES: disk all extracted native packages may use
-	BrokerProbe         time.Duration // BROKER_PROBE_INTERVAL: how often an idle node checks that publishing works
-	BrokerReadyGrace    time.Duration // BROKER_READY_GRACE: how long the broker may fail before /readyz does
-	LogLevel            slog.Level    // LOG_LEVEL
-	Sandbox             string        // SANDBOX: strict, standard (default) or off
-	SandboxLimits       sandbox.Limits
-	SandboxWritable     []string          // SANDBOX_WRITABLE_PATHS: host paths bound read-write into every worker sandbox
-	SandboxTmpBytes     uint64            // SANDBOX_TMP_BYTES: size of each worker process's /tmp
-	SandboxScratchBytes uint64            // SANDBOX_SCRATCH_BYTES: size of each worker process's /scratch
-	SandboxExec         string            // SANDBOX_EXEC_PATH: cmd/sandbox-exec (default: sandbox-exec next to this binary)
-	PythonAllowed       []string          // PYTHON_ALLOWED_PACKAGES
-	WorkerEnv           []string          // WORKER_ENV: space-separated KEY=VALUE given to every worker process
-	CodeURLs            codesource.Policy // CODE_URL_*: how the node fetches URL code sources (envconfig.CodeURLs)
+	HTTPAddr              string        // WORKMANAGER_HTTP_ADDR
+	PubSub                string        // DAPR_PUBSUB
+	RecoveryOnStart       bool          // WORKER_RECOVERY_ON_START
+	ContinueAsNewAfter    int           // WORKMANAGER_CONTINUE_AS_NEW_AFTER: given to the worker workflows recovery starts (as the API's)
+	MaxConcurrency        int           // WORKER_MAX_CONCURRENCY
+	WorkerTimeout         time.Duration // WORKER_TIMEOUT
+	PythonProcesses       int           // PYTHON_PROCESSES
+	PythonSpinWait        time.Duration // PYTHON_SPIN_WAIT (negative: never spin)
+	PythonMaxBatch        int           // PYTHON_MAX_BATCH (1: no batches)
+	ReconcileInterval     time.Duration // RECONCILE_INTERVAL (0 disables)
+	ReconcileParallel     int           // RECONCILE_PARALLELISM: workers a reconcile brings up at a time
+	TemporalLease         time.Duration // TEMPORAL_LEASE (0 disables)
+	NodeID                string        // WORKMANAGER_NODE_ID (default: <hostname>-<pid>)
+	NodeHeartbeat         time.Duration // NODE_HEARTBEAT; a node silent for 3 heartbeats counts as gone
+	GatewayTimeout        time.Duration // GATEWAY_TIMEOUT
+	NativeIsolation       string        // NATIVE_ISOLATION: "in-process" (default) or "process"
+	NativeHostPath        string        // NATIVE_HOST_PATH (default: native-host next to this binary)
+	NativeTempDir         string        // NATIVE_TEMP_DIR
+	NodeStateDir          string        // NODE_STATE_DIR: the node's local files kept across its restarts (the crash journal)
+	NativeCrashQuarantine int           // NATIVE_CRASH_QUARANTINE: crashes of the node in one in-process native worker that quarantine it
+	NativeJournalSlots    int           // NATIVE_CRASH_JOURNAL_SLOTS: in-process native calls the crash journal holds at once
+	PythonDevKitDir       string        // PYTHON_DEVKIT_DIR: where the node installs the Python DevKit its workers import
+	DotnetProcesses       int           // DOTNET_PROCESSES: host processes per .NET worker
+	DotnetCacheDir        string        // DOTNET_CACHE_DIR: the compiled .NET host, DevKit, C# workers and unpacked packages
+	DotnetMono            string        // DOTNET_MONO: the mono executable (default: searched)
+	DotnetCompiler        string        // DOTNET_COMPILER: the mcs C# compiler (default: searched)
+	DotnetLockdown        bool          // DOTNET_LOCKDOWN: .NET hosts refuse execve and IP sockets to worker code
+	NativeMaxAbandoned    int           // NATIVE_MAX_ABANDONED_CALLS
+	NativeMaxExtracted    int           // NATIVE_MAX_EXTRACTED_BYTES: disk all extracted native packages may use
+	BrokerProbe           time.Duration // BROKER_PROBE_INTERVAL: how often an idle node checks that publishing works
+	BrokerReadyGrace      time.Duration // BROKER_READY_GRACE: how long the broker may fail before /readyz does
+	LogLevel              slog.Level    // LOG_LEVEL
+	Sandbox               string        // SANDBOX: strict, standard (default) or off
+	SandboxLimits         sandbox.Limits
+	SandboxWritable       []string          // SANDBOX_WRITABLE_PATHS: host paths bound read-write into every worker sandbox
+	SandboxTmpBytes       uint64            // SANDBOX_TMP_BYTES: size of each worker process's /tmp
+	SandboxScratchBytes   uint64            // SANDBOX_SCRATCH_BYTES: size of each worker process's /scratch
+	SandboxExec           string            // SANDBOX_EXEC_PATH: cmd/sandbox-exec (default: sandbox-exec next to this binary)
+	PythonAllowed         []string          // PYTHON_ALLOWED_PACKAGES
+	WorkerEnv             []string          // WORKER_ENV: space-separated KEY=VALUE given to every worker process
+	CodeURLs              codesource.Policy // CODE_URL_*: how the node fetches URL code sources (envconfig.CodeURLs)
 
 	QueueDepth         int           // WORKER_QUEUE_DEPTH: messages waiting per worker beyond those running
 	QueueWait          time.Duration // WORKER_QUEUE_WAIT: how long a message waits for room in a full queue
@@ -77,43 +81,47 @@ type config struct {
 	DebugPprof         bool          // DEBUG_PPROF: serve Go's /debug/pprof/ profiles on WORKMANAGER_HTTP_ADDR (off by default)
 	TestPanicExtension string        // WM_TEST_PANIC_EXTENSION: test hook, a hot-path panic for inputs with this extension (never in production)
 	TestStateFaultFile string        // WM_TEST_STATE_FAULT_FILE: test hook, catalog writes to keys with a prefix listed in this file fail (never in production)
+	TestStateHoldFile  string        // WM_TEST_STATE_HOLD_FILE: test hook, catalog writes to a key listed in this file wait while it lists it (never in production)
 	TestNoFencing      bool          // WM_TEST_UNSAFE_NO_FENCING: test hook, outputs of grouped calls skip the fencing-token check (the chaos soak's demo that its checker can fail; never in production)
 }
 
 func loadConfig() (config, error) {
 	r := envconfig.New()
 	c := config{
-		Services:           r.Services(),
-		HTTPAddr:           r.String("WORKMANAGER_HTTP_ADDR", "127.0.0.1:8080"),
-		PubSub:             r.String("DAPR_PUBSUB", "pubsub"),
-		RecoveryOnStart:    r.Bool("WORKER_RECOVERY_ON_START", true),
-		ContinueAsNewAfter: r.Int("WORKMANAGER_CONTINUE_AS_NEW_AFTER", 0),
-		MaxConcurrency:     r.Int("WORKER_MAX_CONCURRENCY", 8),
-		WorkerTimeout:      r.Duration("WORKER_TIMEOUT", 30*time.Second),
-		PythonProcesses:    r.Int("PYTHON_PROCESSES", 1),
-		PythonSpinWait:     r.Duration("PYTHON_SPIN_WAIT", 0),
-		PythonMaxBatch:     r.Int("PYTHON_MAX_BATCH", 16),
-		ReconcileInterval:  r.Duration("RECONCILE_INTERVAL", 30*time.Second),
-		ReconcileParallel:  r.Int("RECONCILE_PARALLELISM", node.DefaultReconcileParallelism),
-		TemporalLease:      r.Duration("TEMPORAL_LEASE", 30*time.Second),
-		NodeID:             r.String("WORKMANAGER_NODE_ID", defaultNodeID()),
-		NodeHeartbeat:      r.Duration("NODE_HEARTBEAT", 5*time.Second),
-		GatewayTimeout:     r.Duration("GATEWAY_TIMEOUT", 30*time.Second),
-		NativeIsolation:    r.String("NATIVE_ISOLATION", ""),
-		NativeHostPath:     r.String("NATIVE_HOST_PATH", defaultHostPath()),
-		NativeTempDir:      r.String("NATIVE_TEMP_DIR", ""),
-		PythonDevKitDir:    r.String("PYTHON_DEVKIT_DIR", filepath.Join(os.TempDir(), "workmanager-devkit")),
-		DotnetProcesses:    r.Int("DOTNET_PROCESSES", 1),
-		DotnetCacheDir:     r.String("DOTNET_CACHE_DIR", filepath.Join(os.TempDir(), "workmanager-dotnet")),
-		DotnetMono:         r.String("DOTNET_MONO", ""),
-		DotnetCompiler:     r.String("DOTNET_COMPILER", ""),
-		DotnetLockdown:     r.Bool("DOTNET_LOCKDOWN", true),
-		NativeMaxAbandoned: r.Int("NATIVE_MAX_ABANDONED_CALLS", 4),
-		NativeMaxExtracted: r.Int("NATIVE_MAX_EXTRACTED_BYTES", 1<<30),
-		BrokerProbe:        r.Duration("BROKER_PROBE_INTERVAL", 2*time.Second),
-		BrokerReadyGrace:   r.Duration("BROKER_READY_GRACE", 15*time.Second),
-		LogLevel:           r.LogLevel("LOG_LEVEL"),
-		Sandbox:            r.String("SANDBOX", "standard"),
+		Services:              r.Services(),
+		HTTPAddr:              r.String("WORKMANAGER_HTTP_ADDR", "127.0.0.1:8080"),
+		PubSub:                r.String("DAPR_PUBSUB", "pubsub"),
+		RecoveryOnStart:       r.Bool("WORKER_RECOVERY_ON_START", true),
+		ContinueAsNewAfter:    r.Int("WORKMANAGER_CONTINUE_AS_NEW_AFTER", 0),
+		MaxConcurrency:        r.Int("WORKER_MAX_CONCURRENCY", 8),
+		WorkerTimeout:         r.Duration("WORKER_TIMEOUT", 30*time.Second),
+		PythonProcesses:       r.Int("PYTHON_PROCESSES", 1),
+		PythonSpinWait:        r.Duration("PYTHON_SPIN_WAIT", 0),
+		PythonMaxBatch:        r.Int("PYTHON_MAX_BATCH", 16),
+		ReconcileInterval:     r.Duration("RECONCILE_INTERVAL", 30*time.Second),
+		ReconcileParallel:     r.Int("RECONCILE_PARALLELISM", node.DefaultReconcileParallelism),
+		TemporalLease:         r.Duration("TEMPORAL_LEASE", 30*time.Second),
+		NodeID:                r.String("WORKMANAGER_NODE_ID", defaultNodeID()),
+		NodeHeartbeat:         r.Duration("NODE_HEARTBEAT", 5*time.Second),
+		GatewayTimeout:        r.Duration("GATEWAY_TIMEOUT", 30*time.Second),
+		NativeIsolation:       r.String("NATIVE_ISOLATION", ""),
+		NativeHostPath:        r.String("NATIVE_HOST_PATH", defaultHostPath()),
+		NativeTempDir:         r.String("NATIVE_TEMP_DIR", ""),
+		NodeStateDir:          r.String("NODE_STATE_DIR", ""),
+		NativeCrashQuarantine: r.Int("NATIVE_CRASH_QUARANTINE", crashjournal.DefaultQuarantine),
+		NativeJournalSlots:    r.Int("NATIVE_CRASH_JOURNAL_SLOTS", crashjournal.DefaultSlots),
+		PythonDevKitDir:       r.String("PYTHON_DEVKIT_DIR", filepath.Join(os.TempDir(), "workmanager-devkit")),
+		DotnetProcesses:       r.Int("DOTNET_PROCESSES", 1),
+		DotnetCacheDir:        r.String("DOTNET_CACHE_DIR", filepath.Join(os.TempDir(), "workmanager-dotnet")),
+		DotnetMono:            r.String("DOTNET_MONO", ""),
+		DotnetCompiler:        r.String("DOTNET_COMPILER", ""),
+		DotnetLockdown:        r.Bool("DOTNET_LOCKDOWN", true),
+		NativeMaxAbandoned:    r.Int("NATIVE_MAX_ABANDONED_CALLS", 4),
+		NativeMaxExtracted:    r.Int("NATIVE_MAX_EXTRACTED_BYTES", 1<<30),
+		BrokerProbe:           r.Duration("BROKER_PROBE_INTERVAL", 2*time.Second),
+		BrokerReadyGrace:      r.Duration("BROKER_READY_GRACE", 15*time.Second),
+		LogLevel:              r.LogLevel("LOG_LEVEL"),
+		Sandbox:               r.String("SANDBOX", "standard"),
 		SandboxLimits: sandbox.Limits{
 			AddressSpace: uint64(r.Int("SANDBOX_MEMORY_BYTES", int(sandbox.DefaultLimits.AddressSpace))),
 			FileSize:     uint64(r.Int("SANDBOX_FILE_BYTES", int(sandbox.DefaultLimits.FileSize))),
@@ -146,11 +154,17 @@ func loadConfig() (config, error) {
 		ShutdownGrace:       r.Duration("SHUTDOWN_GRACE", 30*time.Second),
 		TestPanicExtension:  r.String("WM_TEST_PANIC_EXTENSION", ""),
 		TestStateFaultFile:  r.String("WM_TEST_STATE_FAULT_FILE", ""),
+		TestStateHoldFile:   r.String("WM_TEST_STATE_HOLD_FILE", ""),
 		TestNoFencing:       r.Bool("WM_TEST_UNSAFE_NO_FENCING", false),
 		DebugPprof:          r.Bool("DEBUG_PPROF", false),
 	}
 	if err := r.Err(); err != nil {
 		return c, err
+	}
+	if c.NodeStateDir == "" {
+		// Per node id: set WORKMANAGER_NODE_ID for the journal to carry
+		// over a restart (the default id has the pid in it).
+		c.NodeStateDir = filepath.Join(os.TempDir(), "workmanager-node-"+c.NodeID)
 	}
 	return c, c.validate()
 }
@@ -205,6 +219,12 @@ func (c config) validate() error {
 			l.AddressSpace, l.OpenFiles, l.Processes, l.FileSize)
 	}
 	switch {
+	case !filepath.IsAbs(c.NodeStateDir):
+		return fmt.Errorf("NODE_STATE_DIR must be an absolute path, got %q", c.NodeStateDir)
+	case c.NativeCrashQuarantine < 1:
+		return fmt.Errorf("NATIVE_CRASH_QUARANTINE must be at least 1, got %d", c.NativeCrashQuarantine)
+	case c.NativeJournalSlots < 1 || c.NativeJournalSlots > crashjournal.MaxSlots:
+		return fmt.Errorf("NATIVE_CRASH_JOURNAL_SLOTS must be 1 to %d, got %d", crashjournal.MaxSlots, c.NativeJournalSlots)
 	case c.NativeMaxAbandoned < 1:
 		return fmt.Errorf("NATIVE_MAX_ABANDONED_CALLS must be at least 1, got %d", c.NativeMaxAbandoned)
 	case c.MaxConcurrency < 1:

@@ -18,7 +18,7 @@ import (
 func TestHTTPHandlerServesMetricsAndHealth(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
-	m.Worker("w1", "python", "", 4).Received.Inc()
+	m.Worker("w1", "pricer", "python", "", 4).Received.Inc()
 	srv := httptest.NewServer(httpHandler(health.New(), reg, slog.New(slog.NewTextHandler(io.Discard, nil)), false))
 	defer srv.Close()
 
@@ -34,7 +34,7 @@ func TestHTTPHandlerServesMetricsAndHealth(t *testing.T) {
 	}
 	code, ctype, body := get("/metrics")
 	if code != http.StatusOK || !strings.HasPrefix(ctype, "text/plain") ||
-		!strings.Contains(body, `workmanager_worker_messages_received_total{engine="python",worker_id="w1"} 1`) {
+		!strings.Contains(body, `workmanager_worker_messages_received_total{engine="python",worker_id="w1",worker_name="pricer"} 1`) {
 		t.Fatalf("/metrics: %d %s\n%s", code, ctype, body)
 	}
 	if code, _, body := get("/healthz"); code != http.StatusOK || body != "ok\n" {

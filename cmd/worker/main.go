@@ -50,6 +50,7 @@ import (
 	"github.com/virtufin/workmanager/internal/publish"
 	"github.com/virtufin/workmanager/internal/state"
 	"github.com/virtufin/workmanager/internal/tracing"
+	"github.com/virtufin/workmanager/internal/workerstats"
 	devkit "github.com/virtufin/workmanager/sdk/python"
 	"github.com/virtufin/workmanager/services/reconcile"
 	"github.com/virtufin/workmanager/workflows"
@@ -60,6 +61,9 @@ func main() {
 }
 
 func run(ctx context.Context, log *slog.Logger, cfg config) error {
+	// First: what a crash of the node before this one left in flight.
+	journal, crashes := openCrashJournal(log, cfg)
+	defer journal.Close() // last: a normal stop is not a crash
 	// What the node's parent left open must not reach worker processes.
 	if err := sandbox.MarkInheritedCloseOnExec(); err != nil {
 		return err
@@ -116,7 +120,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait, PythonMaxBatch: cfg.PythonMaxBatch,
 		Gateway:         gw,
 		NativeIsolation: nativeIsolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir,
-		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned, OnProcessRestart: met.EngineRestart,
+		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned, OnProcessRestart: met.EngineRestart, NativeJournal: journal,
 		MaxOutputs: cfg.MaxOutputs, MaxOutputBytes: cfg.MaxOutputBytes, // the engines' reply limit while reading
 		Dotnet: dotnet.Config{Processes: cfg.DotnetProcesses, CacheDir: cfg.DotnetCacheDir, Mono: cfg.DotnetMono,
 			Compiler: cfg.DotnetCompiler, NoLockdown: !cfg.DotnetLockdown}})
@@ -143,6 +147,10 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	var catStore state.Store = state.NewDaprStore(daprClient, cfg.StateStore)
 	if cfg.TestStateFaultFile != "" {
 		catStore = state.WithFaultFile(catStore, cfg.TestStateFaultFile)
+	}
+	if cfg.TestStateHoldFile != "" {
+		log.Error("WM_TEST_STATE_HOLD_FILE is set: catalog writes to the keys it lists wait (a test hook; never in production)")
+		catStore = state.WithHoldFile(catStore, cfg.TestStateHoldFile)
 	}
 	cat := catalog.New(catStore)
 	if cfg.TestNoFencing {
@@ -177,16 +185,25 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		// (until every peer has seen it back), Check reads the store
 		// before every output.
 		SelfAlive: func() bool { return members.Settled(cfg.NodeHeartbeat, 2*cfg.NodeHeartbeat) },
+		// A Check's store answer that arrives after a lapse (the node
+		// paused with it unread) is not acted on.
+		AliveSince: func(t time.Time) bool { return members.MemberSince(cfg.NodeHeartbeat, t) },
 		OnEvent: func(e grouplock.Event) {
 			met.GroupLockEvent(e)
 			infra.Emit(infraevents.GroupLockTopic, "grouplock."+e.Kind, e)
 		}})
+	// Each worker's counts for GetWorker, written every few seconds off the
+	// message path (internal/workerstats).
+	stats := workerstats.NewRecorder(state.NewBatching(store, 0), cfg.NodeID, log)
+	statsDone := make(chan struct{})
+	go func() { defer close(statsDone); stats.Run(hotCtx, workerstats.Interval) }()
 	disp := dispatch.New(hotCtx, log, dispatch.Deps{Sub: dispatch.DaprSubscriber{Client: runtimev1.NewDaprClient(conn)}, Pub: pub, Events: events,
 		Records: delivery.NewStore(state.NewBatching(store, 0), cfg.DeliveryRecordTTL), Locks: locks, DeadLetters: deadletter.NewStore(store, cfg.DeadLetterTTL),
-		Metrics: met, TracerProvider: tp, Propagator: prop},
+		Metrics: met, TracerProvider: tp, Propagator: prop, WorkerStats: stats},
 		dispatch.Config{PubSub: cfg.PubSub, NodeID: cfg.NodeID, MaxConcurrency: cfg.MaxConcurrency, QueueDepth: cfg.QueueDepth, QueueWait: cfg.QueueWait,
 			MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff, NotRunnableGrace: cfg.NotRunnableGrace,
 			MaxEventBytes: cfg.MaxEventBytes, MaxOutputs: cfg.MaxOutputs, MaxOutputBytes: cfg.MaxOutputBytes, Secrets: secretValues(os.Environ()), PanicOn: cfg.TestPanicExtension, UnsafeNoFencing: cfg.TestNoFencing, OnSubscription: broker.Subscribed,
+			Suspect: suspect(journal),
 			// A node that is not a cluster member serves nothing (issue 33 item 5).
 			Serving: func() bool { return gate.Serving() }})
 	go broker.Probe(ctx, cfg.BrokerProbe, min(cfg.BrokerProbe, 5*time.Second), func(ctx context.Context) error {
@@ -195,6 +212,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	n := node.New(log, cat, reg, disp, cfg.WorkerTimeout)
 	n.SetLogBudget(cfg.LogLinesPerSecond)
 	n.SetReconcileParallelism(cfg.ReconcileParallel)
+	quarantineCrashed(ctx, log, crashes, journal, n, cat, events, cfg.NodeID)
 	gate = reconcile.NewMemberGate(log, members, cfg.NodeHeartbeat, n, h)
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -287,6 +305,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		log.Warn("shutdown grace over: cutting off the calls still running", "grace", cfg.ShutdownGrace)
 	}
 	cutOff()
+	<-statsDone // the last interval's counts written (bounded: 5 s)
 	// Every worker detached: no call runs any more and every group lock is
 	// released (or left to be taken). Only now may peers count the node as
 	// gone.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/crashjournal"
 	"github.com/virtufin/workmanager/engines/dotnet"
 	"github.com/virtufin/workmanager/engines/native"
 	"github.com/virtufin/workmanager/engines/python"
@@ -41,6 +42,9 @@ type Config struct {
 	// NativeMaxAbandonedCalls bounds timed-out in-process native calls still
 	// running, per worker (0 = native.DefaultMaxAbandonedCalls).
 	NativeMaxAbandonedCalls int
+	// NativeJournal records the in-process native calls in flight for
+	// the node's crash accounting (nil: none).
+	NativeJournal *crashjournal.Journal
 	// Sandbox wraps worker processes in the OS layers (nil: none).
 	Sandbox *sandbox.Sandbox
 	// PythonAllowedPackages are importable beyond the safe standard library
@@ -98,7 +102,8 @@ func nativeConfig(cfg Config) native.Config {
 	return native.Config{DefaultTimeout: cfg.DefaultTimeout, Gateway: cfg.Gateway, Logger: cfg.Logger,
 		Isolation: cfg.NativeIsolation, HostPath: cfg.NativeHostPath, TempDir: cfg.NativeTempDir,
 		MaxAbandonedCalls: cfg.NativeMaxAbandonedCalls, Sandbox: cfg.Sandbox, HostEnv: cfg.WorkerEnv,
-		MaxExtractedBytes: cfg.NativeMaxExtractedBytes, MaxReplyBytes: replyLimit(cfg), OnRestart: onRestart(cfg, "native")}
+		MaxExtractedBytes: cfg.NativeMaxExtractedBytes, MaxReplyBytes: replyLimit(cfg), OnRestart: onRestart(cfg, "native"),
+		Journal: cfg.NativeJournal}
 }
 
 func dotnetConfig(cfg Config) dotnet.Config {

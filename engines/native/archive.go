@@ -50,6 +50,12 @@ func openPackage(code []byte, rid string) (*pkg, error) {
 	}
 	zr, err := zip.NewReader(bytes.NewReader(code), int64(len(code)))
 	if err != nil && !errors.Is(err, zip.ErrInsecurePath) {
+		if kind := libraryKind(code); kind != "" {
+			return nil, invalidf("the code is a bare shared library (%s), not a package: a native worker is a zip package with %s at its root "+
+				`({"abi_version": %d, "library": "<library>"}) and the library at %s; build it with make package `+
+				"(sdk/native/package.mk; sdk/native/README.md, Packaging) or start from wmctl new NAME --engine native",
+				kind, ManifestName, CurrentABI, libraryPath(rid, "<library>"))
+		}
 		return nil, invalidf("the package is not a valid zip archive: %v", err)
 	}
 	if len(zr.File) > MaxEntries {
@@ -238,4 +244,19 @@ func extractFile(f *zip.File, dst string, limit int64) (int64, error) {
 		return n, invalidf("the package uncompresses to more than the limit of %d bytes (at entry %q)", MaxUncompressedSize, f.Name)
 	}
 	return n, nil
+}
+
+// libraryKind names the shared library format code starts with (ELF,
+// Mach-O, PE), or "".
+func libraryKind(code []byte) string {
+	switch {
+	case bytes.HasPrefix(code, []byte("\x7fELF")):
+		return "ELF"
+	case bytes.HasPrefix(code, []byte{0xcf, 0xfa, 0xed, 0xfe}), bytes.HasPrefix(code, []byte{0xce, 0xfa, 0xed, 0xfe}),
+		bytes.HasPrefix(code, []byte{0xca, 0xfe, 0xba, 0xbe}):
+		return "Mach-O"
+	case bytes.HasPrefix(code, []byte("MZ")):
+		return "PE"
+	}
+	return ""
 }

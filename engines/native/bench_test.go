@@ -10,6 +10,7 @@ import (
 	"github.com/ebitengine/purego"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/crashjournal"
 	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/engines/native/internal/loader"
 )
@@ -172,6 +173,15 @@ func BenchmarkInstance(b *testing.B) {
 	b.Run("InProcess/Trivial1KiB", func(b *testing.B) { run(b, newTestEngine(b, Config{}), bench, false) })
 	b.Run("InProcess/Trivial1KiBParallel", func(b *testing.B) { run(b, newTestEngine(b, Config{}), bench, true) })
 	b.Run("InProcess/CEcho1KiB", func(b *testing.B) { run(b, newTestEngine(b, Config{}), echo, false) })
+	// As a node runs them: every call in the crash journal (issue 44).
+	b.Run("InProcessJournaled/Trivial1KiB", func(b *testing.B) {
+		j, _, err := crashjournal.Open(b.TempDir(), crashjournal.Options{Slots: 64})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer j.Close()
+		run(b, newTestEngine(b, Config{Journal: j}), bench, false)
+	})
 	b.Run("ProcessIsolation/Trivial1KiB", func(b *testing.B) {
 		run(b, newTestEngine(b, hostConfig(Config{Isolation: IsolationProcess})), bench, false)
 	})

@@ -222,7 +222,7 @@ func decodeVerified(buf []byte) ([]event.Event, error) {
 }
 
 func outputError(i int, err error) error {
-	return &WorkerError{Message: engines.OutputError(i, err)}
+	return &WorkerError{Message: engines.OutputError(i, err), InvalidOutput: true}
 }
 
 // v1Box holds an output's context and the strings its pointer fields point

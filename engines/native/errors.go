@@ -29,6 +29,9 @@ type WorkerError struct {
 	// Message is the worker's error_message, or what is wrong with its
 	// response; may be empty.
 	Message string
+	// InvalidOutput: the problem is the response's outputs
+	// (engines.ErrInvalidOutput), not an error the worker reported.
+	InvalidOutput bool
 }
 
 func (e *WorkerError) Error() string {
@@ -43,6 +46,15 @@ func (e *WorkerError) Error() string {
 }
 
 func (e *WorkerError) Unwrap() error { return engines.ErrWorkerFailed }
+
+// Is matches engines.ErrInvalidOutput when the outputs are the problem.
+func (e *WorkerError) Is(target error) bool {
+	return e.InvalidOutput && target == engines.ErrInvalidOutput
+}
+
+// WorkerTraceback is the worker's error text (engines.Traceback): a native
+// worker reports no stack.
+func (e *WorkerError) WorkerTraceback() string { return e.Message }
 
 // withCode combines Process' return code with the decoded response.
 func withCode(rc int32, out []event.Event, err error) ([]event.Event, error) {

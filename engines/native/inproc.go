@@ -14,6 +14,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/crashjournal"
 	"github.com/virtufin/workmanager/engines/native/internal/loader"
 )
 
@@ -59,6 +60,9 @@ type callSlot struct {
 	// covers it, and its gateway calls are refused.
 	call  atomic.Pointer[pcall]
 	fence atomic.Pointer[engines.Fence]
+	// journal is the slot's place in the node's crash journal (none when
+	// the engine has no journal or it was full at load).
+	journal crashjournal.Slot
 }
 
 var _ engines.Instance = (*inprocInstance)(nil)
@@ -88,7 +92,12 @@ func (e *Engine) loadInProcess(spec engines.Spec, p *pkg, abi loader.ABI) (engin
 	// initialisers see them.
 	in.env = pushIdentity(spec.WorkerID, spec.Group, spec.Topic)
 	for range e.cfg.MaxAbandonedCalls {
-		cs := &callSlot{in: in}
+		cs := &callSlot{in: in, journal: -1}
+		if j, ok := e.cfg.Journal.Acquire(); ok {
+			cs.journal = j
+		} else if e.cfg.Journal != nil {
+			log.Warn("native engine: crash journal full, this worker's calls are not journaled (raise NATIVE_CRASH_JOURNAL_SLOTS)", "worker_id", spec.WorkerID)
+		}
 		cs.sinkID = loader.RegisterSink(cs)
 		in.all = append(in.all, cs)
 		if cs.host = rt.NewHost(abi, cs.sinkID, spec.WorkerID, spec.Group, spec.Topic); cs.host == nil {
@@ -133,16 +142,18 @@ func (cs *callSlot) HostGateway(service, method string, req []byte) ([]byte, int
 // own goroutine so that the caller can return at the deadline (native code
 // cannot be interrupted): whoever finishes second recycles the call.
 type pcall struct {
-	in     *inprocInstance
-	slot   *callSlot // held from before the call starts until the native code returns
-	enc    *encoder
-	input  []byte
-	slots  loader.CallSlots
-	result []event.Event
-	err    error
-	state  atomic.Int32  // callRunning, callDone or callAbandoned
-	done   chan struct{} // buffered: the native side never blocks
-	timer  *time.Timer
+	in    *inprocInstance
+	slot  *callSlot // held from before the call starts until the native code returns
+	enc   *encoder
+	input []byte
+	// evSource and evID name the event in the crash journal.
+	evSource, evID string
+	slots          loader.CallSlots
+	result         []event.Event
+	err            error
+	state          atomic.Int32  // callRunning, callDone or callAbandoned
+	done           chan struct{} // buffered: the native side never blocks
+	timer          *time.Timer
 }
 
 const (
@@ -159,6 +170,7 @@ var callPool = sync.Pool{New: func() any {
 
 func putCall(c *pcall) {
 	c.in, c.slot, c.input, c.result, c.err = nil, nil, nil, nil, nil
+	c.evSource, c.evID = "", ""
 	callPool.Put(c)
 }
 
@@ -237,6 +249,7 @@ func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event
 		}
 	}
 	c.in = in
+	c.evSource, c.evID = ev.Source(), ev.ID()
 	c.state.Store(callRunning)
 	c.slot.fence.Store(engines.FenceFrom(ctx))
 	c.slot.call.Store(c)
@@ -306,7 +319,13 @@ func finish(c *pcall) ([]event.Event, error) {
 // has gone).
 func (in *inprocInstance) run(c *pcall) {
 	cs := c.slot
+	// In the crash journal from before the native code runs until it
+	// returns (also when the caller gave up on it): a crash meanwhile
+	// names this worker and event at the node's next start.
+	j := in.e.cfg.Journal
+	j.Enter(cs.journal, in.spec.WorkerID, c.evSource, c.evID)
 	rc := in.lib.Call(cs.host.Addr(), c.input, &c.slots)
+	j.Leave(cs.journal)
 	var out []event.Event
 	var err error
 	buf, berr := c.slots.Bytes()
@@ -371,6 +390,7 @@ func (in *inprocInstance) release() {
 	in.cancel()
 	for _, cs := range in.all {
 		loader.UnregisterSink(cs.sinkID)
+		in.e.cfg.Journal.Release(cs.journal)
 	}
 	if in.lib != nil {
 		if err := in.lib.Close(); err != nil {

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/crashjournal"
 	"github.com/virtufin/workmanager/engines/native/internal/loader"
 	"github.com/virtufin/workmanager/engines/sandbox"
 )
@@ -114,6 +115,10 @@ type Config struct {
 	// Default engines.DefaultMaxReplyBytes; builtin sets
 	// engines.ReplyLimit of the node's output limits.
 	MaxReplyBytes int
+	// Journal, when set, records every in-process call in flight (worker
+	// and event) so that the node's next start knows which calls were
+	// running when a worker crashed it (engines/crashjournal). Nil: none.
+	Journal *crashjournal.Journal
 	// OnRestart, when set, learns of each host process (process isolation) restarted after a
 	// crash or a timeout (procpool.Config.OnRestart): reason is a short
 	// fixed text ("timeout", "process exited", …), err the restart's error

@@ -420,6 +420,11 @@ func TestWorkerFailures(t *testing.T) {
 			if !strings.HasPrefix(err.Error(), c.want) {
 				t.Fatalf("%s: Process = %q, want it to start with %q", c.typ, err, c.want)
 			}
+			// Only outputs that cannot be published are ErrInvalidOutput
+			// (dead-lettered at once): a worker's own error code is not.
+			if invalid := c.typ == "test.notype"; errors.Is(err, engines.ErrInvalidOutput) != invalid {
+				t.Fatalf("%s: Process = %v, matches ErrInvalidOutput: %v, want %v", c.typ, err, !invalid, invalid)
+			}
 		}
 		// FreeResult was called once for every buffer the worker returned
 		// (the counts are taken before the stats response is built).

@@ -206,7 +206,13 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 
 // workerEnv is what the worker gets of the environment: Config.Env and the
 // documented VIRTUFIN_WORKER_* variables.
-func (e *Engine) workerEnv(spec engines.Spec) []string { return childproc.Env(spec, e.cfg.Env) }
+func (e *Engine) workerEnv(spec engines.Spec) []string {
+	return childproc.Env(spec, e.cfg.Env, logLevelsEnv)
+}
+
+// logLevelsEnv asks the runner to mark each line of a logging record with
+// its level (runner.py, _setup_logging), which wire.LineLogger logs at.
+const logLevelsEnv = "WORKMANAGER_LOG_LEVELS=1"
 
 // writeFrame fills in the length of the frame prepared in p.wbuf and writes
 // it with one write (barring short writes of big frames).

@@ -367,11 +367,20 @@ def process(event):
 			t.Errorf("%s: err = %v, want ErrWorkerFailed", kind, err)
 			continue
 		}
+		// Issue 44 item 3: outputs the runner refuses are not worth a
+		// retry; the dispatcher dead-letters them at once (output_invalid).
+		if !errors.Is(err, engines.ErrInvalidOutput) {
+			t.Errorf("%s: err = %v, want it to match ErrInvalidOutput", kind, err)
+		}
 		for _, w := range want {
 			if !strings.Contains(err.Error(), w) {
 				t.Errorf("%s: err = %q, want it to contain %q", kind, err, w)
 			}
 		}
+	}
+	// An exception of the worker's own is not an invalid output.
+	if _, err := call(t, inst, jsonEvent("err", map[string]any{})); errors.Is(err, engines.ErrInvalidOutput) {
+		t.Errorf("a KeyError matches ErrInvalidOutput: %v", err)
 	}
 	// The process survived all of that.
 	if out := mustCall(t, inst, jsonEvent("err", map[string]any{"kind": "ok"})); len(out) != 1 {

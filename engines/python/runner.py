@@ -258,11 +258,13 @@ def _send_now(data):
             n += _write(RESP_FD, view[n:])
 
 
-def _send_error(type_name, message, tb=""):
-    _send(
-        K_ERROR,
-        _dumps({"type": type_name, "message": message, "traceback": tb}).encode(),
-    )
+def _send_error(type_name, message, tb="", invalid_output=False):
+    report = {"type": type_name, "message": message, "traceback": tb}
+    if invalid_output:
+        # The outputs cannot be published as they are: the node
+        # dead-letters the event at once (output_invalid), no retry.
+        report["invalid_output"] = True
+    _send(K_ERROR, _dumps(report).encode())
 
 
 # ---------------------------------------------------------------- errors
@@ -527,8 +529,48 @@ def _make_views(allows):
     return view
 
 
+# Records of the logging module, once the worker (or a package it imports)
+# imported it: the root logger gets a handler on stderr at level INFO, so
+# that logging.info is not lost (Python's default is WARNING, handled by its
+# last-resort handler that prints the bare message). The worker may set
+# another level like any program: logging.getLogger().setLevel("DEBUG").
+# For the node (WORKMANAGER_LOG_LEVELS=1) each line of a record starts with
+# "\x1eL<levelno> <logger name>\x1f", which the engine turns into the level
+# and the attribute "logger" of the node's log record (engines/internal/wire);
+# elsewhere (the DevKit's harness) lines read "LEVEL name: message".
+LOG_LEVELS_ENV = "WORKMANAGER_LOG_LEVELS"
+_log_pending = [True]
+
+
+def _setup_logging():
+    del _log_pending[:]
+    logging = sys.modules["logging"]
+    marked = os.environ.get(LOG_LEVELS_ENV) == "1"
+
+    class _Formatter(logging.Formatter):
+        def format(self, record):
+            text = logging.Formatter.format(self, record)
+            if marked:
+                prefix = "\x1eL%d %s\x1f" % (record.levelno, record.name)
+            elif record.name == "root":
+                prefix = record.levelname + ": "
+            else:
+                prefix = "%s %s: " % (record.levelname, record.name)
+            return prefix + text.replace("\n", "\n" + prefix)
+
+    root = logging.getLogger()
+    if root.handlers:
+        return  # configured already (a package that did it at import)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter("%(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
 def _make_importer(allows, real_import, view):
     """The worker's __import__: the name check, then view."""
+    modules = sys.modules
+    log_pending = _log_pending
 
     def __import__(name, globals=None, locals=None, fromlist=(), level=0):
         if level == 0 and not allows(name):
@@ -542,7 +584,10 @@ def _make_importer(allows, real_import, view):
                     % (name, name.partition(".")[0]),
                     name=name,
                 )
-        return view(real_import(name, globals, locals, fromlist, level))
+        m = view(real_import(name, globals, locals, fromlist, level))
+        if log_pending and "logging" in modules:
+            _setup_logging()
+        return m
 
     return __import__
 
@@ -972,10 +1017,14 @@ def _handle_event(payload):
     try:
         out = _encode_result(result)
     except _OutputError as e:
-        _send_error("", str(e))
+        _send_error("", str(e), invalid_output=True)
         return
     except Exception as e:  # not JSON serializable, NaN, ...
-        _send_error(type(e).__name__, "encoding the outputs: %s" % _exc_message(e))
+        _send_error(
+            type(e).__name__,
+            "encoding the outputs: %s" % _exc_message(e),
+            invalid_output=True,
+        )
         return
     _send(K_RESULT, out)
 

@@ -77,6 +77,12 @@ type Worker struct {
 	// Retired lists the deleted incarnations of the id (the last
 	// maxRetired): none of them is ever written again. SaveWorker keeps it.
 	Retired []string `json:"retired,omitempty"`
+	// Existed marks the tombstone of a worker that was created and then
+	// deleted (MarkDeleted), not of a create that failed and was undone:
+	// its id (a name's, a request id's) is never created again, also once
+	// Temporal's retention has purged its workflow. Absent in tombstones
+	// written before (those ids are free once Temporal forgot them).
+	Existed bool `json:"existed,omitempty"`
 }
 
 // maxRetired bounds Worker.Retired (an id is created again only after a
@@ -184,8 +190,7 @@ func SHA256(b []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func workerKey(id string) string  { return workersPrefix + id }
-func historyKey(id string) string { return workersPrefix + id + "/history" }
+func workerKey(id string) string { return workersPrefix + id }
 
 // SaveWorker makes sure the worker is in the index and in its tenant's,
 // then writes the record: the commit point, so a record is never left
@@ -336,13 +341,13 @@ func (c *Catalog) RemoveWorker(ctx context.Context, w Worker) error {
 	if err := c.CheckRemove(ctx, w); err != nil {
 		return err
 	}
-	history, err := c.allHistory(ctx, id)
+	history, high, err := c.allHistory(ctx, id)
 	if err != nil {
 		return err
 	}
 	// The worker's code is marked for collection before anything is
-	// removed: a delete cut off half-way and retried reads an empty
-	// history, and its blobs must already be marked by then. Marking
+	// removed: a delete cut off half-way and retried reads only what is
+	// left of the history, and its blobs must already be marked by then. Marking
 	// is safe early: the sweep deletes only blobs no history names.
 	if err := c.orphanCode(ctx, history); err != nil {
 		return err
@@ -359,7 +364,7 @@ func (c *Catalog) RemoveWorker(ctx context.Context, w Worker) error {
 	if err := c.removeFromTenantIndex(ctx, id); err != nil {
 		return err
 	}
-	if err := c.store.Delete(ctx, historyKey(id), ""); err != nil {
+	if err := c.deleteHistory(ctx, id, high); err != nil {
 		return err
 	}
 	for conflicts := 0; ; conflicts++ {
@@ -477,80 +482,6 @@ func (c *Catalog) GetWorkers(ctx context.Context, ids []string) ([]Worker, error
 		out = append(out, w)
 	}
 	return out, nil
-}
-
-// AppendHistory records a code load, before its record is saved (the
-// commit point). The entry of a version is the last one written for it: a
-// retry writes the same entry again, and the entry of a load that was cut
-// off before its record was saved (History does not show it) is replaced
-// by the next load, which takes the same number; the blob it named becomes
-// a candidate for collection. An entry is never replaced by one of a lower
-// revision (ErrStale): a late attempt of the cut-off load does not
-// overwrite the load that took its number. Entries stay ordered by version.
-func (c *Catalog) AppendHistory(ctx context.Context, id string, e HistoryEntry) error {
-	var replaced string
-	var stale error
-	err := state.UpdateJSON(ctx, c.store, historyKey(id), func(entries *[]HistoryEntry) bool {
-		replaced, stale = "", nil
-		i, found := slices.BinarySearchFunc(*entries, e.Version, func(x HistoryEntry, v int64) int { return cmp.Compare(x.Version, v) })
-		switch {
-		case found && sameEntry((*entries)[i], e): // a retry (its revision aside: a node of an older version writes none)
-			return false
-		case found && (*entries)[i].Revision > e.Revision:
-			stale = fmt.Errorf("%w: version %d of worker %s was written by revision %d, the write is of revision %d",
-				ErrStale, e.Version, id, (*entries)[i].Revision, e.Revision)
-			return false
-		case found:
-			if old := (*entries)[i].SHA256; old != e.SHA256 && !slices.ContainsFunc(*entries, func(x HistoryEntry) bool { return x.SHA256 == old && x.Version != e.Version }) {
-				replaced = old
-			}
-			(*entries)[i] = e
-		default:
-			*entries = slices.Insert(*entries, i, e)
-		}
-		return true
-	})
-	switch {
-	case err != nil:
-		return err
-	case stale != nil:
-		return stale
-	case replaced != "":
-		return c.orphanCode(ctx, []HistoryEntry{{SHA256: replaced}})
-	}
-	return nil
-}
-
-func sameEntry(a, b HistoryEntry) bool {
-	return a.Version == b.Version && a.SHA256 == b.SHA256 && a.SourceKind == b.SourceKind && a.URL == b.URL && a.CreatedAt.Equal(b.CreatedAt) &&
-		a.Actor == b.Actor && a.Action == b.Action && a.RollbackTo == b.RollbackTo
-}
-
-// History returns the code loads of a worker that its record reached,
-// oldest first: the entries up to the record's code version. An entry
-// above it is a load in progress or one that failed before its record
-// was saved (the API answered it as failed); the next load takes its
-// number and replaces it. A worker without a record (not created yet, or
-// deleted) has none. The record is read first, so a load that commits
-// meanwhile is either shown whole or not at all.
-func (c *Catalog) History(ctx context.Context, id string) ([]HistoryEntry, error) {
-	w, _, err := c.stored(ctx, id)
-	if err != nil || w == nil || w.Deleted {
-		return nil, err
-	}
-	entries, err := c.allHistory(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	i, _ := slices.BinarySearchFunc(entries, w.CodeVersion+1, func(x HistoryEntry, v int64) int { return cmp.Compare(x.Version, v) })
-	return entries[:i], nil
-}
-
-// allHistory is every entry of a worker's history, also those of loads
-// that did not reach the record (code collection must see their blobs).
-func (c *Catalog) allHistory(ctx context.Context, id string) ([]HistoryEntry, error) {
-	entries, _, err := state.GetJSON[[]HistoryEntry](ctx, c.store, historyKey(id))
-	return entries, err
 }
 
 // updateIndex applies change to one page of the index with optimistic

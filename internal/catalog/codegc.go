@@ -17,8 +17,9 @@ import (
 // keys, with the time each became a candidate. SweepCode takes the
 // candidates older than a grace period, reads every worker's history, and
 // deletes those no history names. Nothing is written per code load: the
-// cost is one read per worker history when a sweep finds candidates (after
-// deletes, at most every sweep interval).
+// cost is reading every worker's history when a sweep finds candidates
+// (one bulk read per 100 versions, history.go; after deletes, at most every
+// sweep interval).
 //
 // A create or reload of the same code finds the blob: PutCode stores it
 // again and takes it off the index. A sweep reads each due blob's ETag
@@ -166,7 +167,7 @@ func (c *Catalog) SweepCode(ctx context.Context, grace time.Duration, now time.T
 // delete that failed after removing the history and is retried (which
 // then reads no history) still leaves its blobs to the sweep.
 func (c *Catalog) OrphanHistory(ctx context.Context, id string) error {
-	h, err := c.allHistory(ctx, id)
+	h, _, err := c.allHistory(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -181,7 +182,7 @@ func (c *Catalog) referencedCode(ctx context.Context) (map[string]bool, error) {
 	}
 	used := map[string]bool{}
 	for _, id := range ids {
-		h, err := c.allHistory(ctx, id)
+		h, _, err := c.allHistory(ctx, id)
 		if err != nil {
 			return nil, err
 		}

@@ -99,7 +99,7 @@ type hookStore struct {
 }
 
 func (s *hookStore) Get(ctx context.Context, key string) (state.Item, error) {
-	if key == historyKey("other") && s.onHistory != nil {
+	if key == historyHeadKey("other") && s.onHistory != nil {
 		f := s.onHistory
 		s.onHistory = nil
 		f()
@@ -171,8 +171,10 @@ func TestOrphanHistoryBeforeARemovalCutOffHalfWay(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The removal deleted the history, then failed; the retry reads none.
-	if err := store.Delete(ctx, historyKey("w"), ""); err != nil {
-		t.Fatal(err)
+	for _, key := range []string{historyEntryKey("w", 1), historyHeadKey("w")} {
+		if err := store.Delete(ctx, key, ""); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := c.DeleteWorker(ctx, "w"); err != nil {
 		t.Fatal(err)

@@ -10,12 +10,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
@@ -68,11 +70,54 @@ func Main(ctx context.Context, args []string, o Options) int {
 		err = usageErr(err) // rejected before the command ran: flags, arguments, configuration
 	}
 	code := ExitCode(err)
-	fmt.Fprintln(o.IO.Err, "wmctl: "+Message(err))
+	fmt.Fprintln(o.IO.Err, "wmctl: "+Message(err)+a.credentialsHint(err))
 	if code == ExitUsage && a.cmdPath != "" {
 		fmt.Fprintf(o.IO.Err, "Run '%s --help' for usage.\n", a.cmdPath)
 	}
 	return code
+}
+
+// credentialsHint adds to an UNAUTHENTICATED answer what was sent: where
+// the token came from, or, when nothing was, how to pass the dev token
+// (found by itself only in the working directory).
+func (a *app) credentialsHint(err error) string {
+	s, ok := grpcStatus(err)
+	if !ok || s.Code() != codes.Unauthenticated {
+		return ""
+	}
+	switch {
+	case a.cfg.Token != "":
+		return " (the token sent came from " + a.cfg.TokenFrom + ")"
+	case a.cfg.Cert != "":
+		return " (the client certificate sent was " + a.cfg.Cert + ")"
+	}
+	where := "<repository>/" + DevTokenFile
+	if p := findUp(a.opts.WorkDir, DevTokenFile); p != "" {
+		where = p
+	}
+	return " (no credentials were sent: wmctl sends " + DevTokenFile + " by itself only from the directory 'make run' ran in; " +
+		"elsewhere pass --token-file " + where + " or set WMCTL_TOKEN_FILE=" + where + ", or WMCTL_TOKEN / a config file, see wmctl --help)"
+}
+
+// findUp looks for rel in dir and its parents and returns the first path
+// that exists, or "".
+func findUp(dir, rel string) string {
+	if dir == "" {
+		dir, _ = os.Getwd()
+	}
+	dir, _ = filepath.Abs(dir)
+	for dir != "" {
+		p := filepath.Join(dir, rel)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir = parent
+	}
+	return ""
 }
 
 // app is the state of one run.
@@ -98,7 +143,7 @@ config file, else the default:
   --tls         WMCTL_TLS         tls         TLS (on by itself with --ca, --cert or --key)
   --ca          WMCTL_CA          ca          CA certificate(s) to trust (PEM)
   --cert/--key  WMCTL_CERT/_KEY   cert/key    client certificate and key (mTLS)
-  --dapr        DAPR_GRPC_ADDRESS dapr        daprd gRPC address, for events and publish
+  --dapr        DAPR_GRPC_ADDRESS dapr        daprd gRPC address, for events, publish and tail
   --pubsub      DAPR_PUBSUB                   Dapr pub/sub component (default pubsub)
 daprd's API token, when it requires one, is read from DAPR_API_TOKEN.
 The config file is --config, else WMCTL_CONFIG, else
@@ -109,7 +154,7 @@ writes), so 'wmctl list' works from the repository root right after 'make run'.
 
 Exit codes: 0 ok, 1 other error, 2 usage or configuration error, 3 not found,
 4 not authenticated or permission denied, 5 invalid argument, failed
-precondition or already exists, 6 server (API or daprd) not reachable or no
+precondition, already exists or a code URL the server refuses, 6 server (API or daprd) not reachable or no
 answer in time.`
 
 func (a *app) rootCommand() *cobra.Command {
@@ -140,8 +185,8 @@ func (a *app) rootCommand() *cobra.Command {
 	pf.String("key", "", "client key file (PEM), for mTLS")
 	pf.Duration("timeout", defaultTimeout, "how long a command may take (not events --follow)")
 	pf.String("config", "", "config file (default $XDG_CONFIG_HOME/wmctl/config.yaml)")
-	pf.String("dapr", defaultDapr, "daprd gRPC address, for events and publish")
-	pf.String("pubsub", defaultPubsub, "Dapr pub/sub component name, for events and publish")
+	pf.String("dapr", defaultDapr, "daprd gRPC address, for events, publish and tail")
+	pf.String("pubsub", defaultPubsub, "Dapr pub/sub component name, for events, publish and tail")
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
 
 	root.AddGroup(&cobra.Group{ID: "workers", Title: "Workers:"}, &cobra.Group{ID: "messages", Title: "Messages and events:"})
@@ -150,8 +195,13 @@ func (a *app) rootCommand() *cobra.Command {
 		c.GroupID = "workers"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{a.deadLettersCmd(), a.replayDeadCmd(), a.eventsCmd(), a.publishCmd()} {
+	for _, c := range []*cobra.Command{a.deadLettersCmd(), a.replayDeadCmd(), a.eventsCmd(), a.publishCmd(), a.tailCmd()} {
 		c.GroupID = "messages"
+		root.AddCommand(c)
+	}
+	root.AddGroup(&cobra.Group{ID: "develop", Title: "Writing workers (on this machine, no cluster):"})
+	for _, c := range []*cobra.Command{a.newCmd(), a.runCmd()} {
+		c.GroupID = "develop"
 		root.AddCommand(c)
 	}
 	return root

@@ -255,7 +255,7 @@ func TestCommandsExitCodesAndMessages(t *testing.T) {
 		{[]string{"events", "--follow", "--worker", "nope"}, env, 3, `wmctl: worker "nope" not found`},
 		{[]string{"events", "--follow", "--worker", "pricer", "--addr", "127.0.0.1:1"}, env, 6,
 			`wmctl: the API at 127.0.0.1:1 (looking up --worker "pricer"; pass the worker's id to follow without the API) is not reachable`},
-		{[]string{"logs", "w-1"}, env, 1, ".run/node.log"},
+		{[]string{"logs", "w-1"}, env, 2, ".run/node.log"}, // no node log in the working directory
 	} {
 		r := run(t, c.env, "", c.args...)
 		if r.code != c.code || !strings.Contains(r.err, c.message) {

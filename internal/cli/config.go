@@ -10,6 +10,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -82,6 +84,9 @@ func readConfigFile(path string, required bool) (fileConfig, error) {
 	if err != nil {
 		return fc, fmt.Errorf("config file: %w", err)
 	}
+	if err := checkConfigKeys(path, b); err != nil {
+		return fc, err
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
 	if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
@@ -94,6 +99,34 @@ func readConfigFile(path string, required bool) (fileConfig, error) {
 		}
 	}
 	return fc, nil
+}
+
+// configKeys are the keys of the config file, in the order of fileConfig.
+var configKeys = func() []string {
+	t := reflect.TypeOf(fileConfig{})
+	keys := make([]string, 0, t.NumField())
+	for i := range t.NumField() {
+		keys = append(keys, strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0])
+	}
+	return keys
+}()
+
+// checkConfigKeys refuses a key of the config file's top-level mapping
+// that is not one of configKeys, naming its line and the valid keys (the
+// YAML decoder's own message names only the Go type).
+func checkConfigKeys(path string, b []byte) error {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil || len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
+		return nil // the decoder reports what is wrong
+	}
+	m := doc.Content[0]
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k := m.Content[i]
+		if !slices.Contains(configKeys, k.Value) {
+			return fmt.Errorf("config file %s: line %d: unknown key %q (valid keys: %s)", path, k.Line, k.Value, strings.Join(configKeys, ", "))
+		}
+	}
+	return nil
 }
 
 // loadConfig resolves a.cfg: flag > environment > config file > default.

@@ -118,13 +118,26 @@ func (a *app) resolveWorker(ctx context.Context, ref string) (string, error) {
 // follow prints the events of topic until ctx ends (nil) or the stream
 // fails. Every event is acknowledged, shown or not.
 func (a *app) follow(parent context.Context, client runtimev1.DaprClient, topic, worker string, cutoff time.Time) error {
+	return a.subscribe(parent, client, topic, func(m *runtimev1.TopicEventRequest) (bool, error) {
+		ev := lifecycleFrom(m)
+		if (ev.when.IsZero() || !ev.when.Before(cutoff)) && (worker == "" || ev.data.WorkerID == worker) {
+			return false, a.printEvent(ev)
+		}
+		return false, nil
+	})
+}
+
+// subscribe hands each event of topic to handle, which says whether to
+// stop, until ctx ends or handle says stop (nil) or the stream or handle
+// fails. Every event handed is acknowledged, also when handle fails.
+func (a *app) subscribe(parent context.Context, client runtimev1.DaprClient, topic string, handle func(*runtimev1.TopicEventRequest) (bool, error)) error {
 	what := "daprd at " + a.cfg.Dapr
 	fail := func(err error) error {
 		if parent.Err() != nil {
 			return nil // interrupted
 		}
 		if s, ok := status.FromError(err); ok && strings.Contains(s.Message(), "already subscribed") {
-			err = status.Error(s.Code(), s.Message()+" (daprd holds one subscription per topic: another 'wmctl events' or subscriber uses it; see 'wmctl events --help')")
+			err = status.Error(s.Code(), s.Message()+" (daprd holds one subscription per topic: another 'wmctl events', 'wmctl tail' or subscriber uses it; see 'wmctl events --help')")
 		}
 		return &remoteError{what: what, err: err}
 	}
@@ -166,12 +179,7 @@ func (a *app) follow(parent context.Context, client runtimev1.DaprClient, topic,
 		}
 		m := next
 		next = nil
-		ev := lifecycleFrom(m)
-		if (ev.when.IsZero() || !ev.when.Before(cutoff)) && (worker == "" || ev.data.WorkerID == worker) {
-			if err := a.printEvent(ev); err != nil {
-				return err
-			}
-		}
+		stop, herr := handle(m)
 		err := st.Send(&runtimev1.SubscribeTopicEventsRequestAlpha1{
 			SubscribeTopicEventsRequestType: &runtimev1.SubscribeTopicEventsRequestAlpha1_EventProcessed{
 				EventProcessed: &runtimev1.SubscribeTopicEventsRequestProcessedAlpha1{
@@ -179,8 +187,25 @@ func (a *app) follow(parent context.Context, client runtimev1.DaprClient, topic,
 				},
 			},
 		})
+		if herr != nil {
+			return herr
+		}
 		if err != nil {
 			return fail(err)
+		}
+		if stop {
+			// Half-close and let daprd end the stream, so that the last
+			// acknowledgement is not cut off by the cancel (it would be
+			// redelivered to the next subscriber of the group).
+			_ = st.CloseSend()
+			t := time.AfterFunc(time.Second, cancel)
+			for {
+				if _, err := st.Recv(); err != nil {
+					break
+				}
+			}
+			t.Stop()
+			return nil
 		}
 	}
 }
@@ -257,6 +282,7 @@ func eventLine(ev lifecycleEvent) string {
 			kv = append(kv, k+"="+v)
 		}
 	}
+	add("name", d.WorkerName)
 	add("topic", d.Topic)
 	add("group", d.Group)
 	if d.CodeVersion != 0 {
@@ -271,6 +297,7 @@ func eventLine(ev lifecycleEvent) string {
 	}
 	add("reason", d.Reason)
 	add("error_type", d.ErrorType)
+	add("where", short(lastFrame(d.Traceback), 120))
 	add("error", short(d.ErrorMessage, 200))
 	return fmt.Sprintf("%-24s  %-13s  %-36s  %s", when, strings.TrimPrefix(ev.Type, lifecycleevents.TypePrefix),
 		dash(d.WorkerID), strings.Join(kv, " "))
@@ -287,7 +314,10 @@ func (a *app) publishCmd() *cobra.Command {
 		Long: `Publish a CloudEvent to TOPIC through daprd, as a structured CloudEvent
 (application/cloudevents+json), so that its id, type, source and extensions
 (correlationid, --ext) arrive as given. Prints the event's id (-o json/yaml:
-the event).`,
+the event). When no running worker subscribes to TOPIC (as far as the API,
+when it is reachable, lists the caller's workers) a warning goes to stderr;
+the exit code is still 0: the topic keeps the event for a later subscriber.
+'wmctl tail' shows what the workers publish.`,
 		Example: `  wmctl publish orders --type order.placed --data '{"items":[{"sku":"a","price":2,"qty":3}]}' --correlation-id c-42
   wmctl publish orders --id o-1 --data @order.json`,
 		Args: cobra.ExactArgs(1),
@@ -358,6 +388,7 @@ the event).`,
 			if err != nil {
 				return &remoteError{what: "daprd at " + a.cfg.Dapr, timeout: a.cfg.Timeout, err: err}
 			}
+			a.warnWithoutSubscriber(cmd.Context(), args[0])
 			return a.emit(func() ([]byte, error) { return indentJSON(body) }, func(w io.Writer) { fmt.Fprintln(w, id) })
 		}),
 	}

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -43,6 +44,11 @@ func ExitCodeOf(c codes.Code) int {
 	return ExitError
 }
 
+// codeURLRefused starts the message of a code URL the server's policy
+// refuses (PERMISSION_DENIED, docs/security.md): a rejected request, exit
+// 5, not a problem with the caller's credentials or role.
+const codeURLRefused = "code.url refused by rule "
+
 // ExitCode is the exit code for an error a command returned.
 func ExitCode(err error) int {
 	if err == nil {
@@ -51,7 +57,14 @@ func ExitCode(err error) int {
 	if isUsage(err) {
 		return ExitUsage
 	}
+	var le *localError
+	if errors.As(err, &le) {
+		return le.code
+	}
 	if s, ok := grpcStatus(err); ok {
+		if s.Code() == codes.PermissionDenied && strings.HasPrefix(s.Message(), codeURLRefused) {
+			return ExitInvalid // the server's code URL policy refused the request, not the caller
+		}
 		return ExitCodeOf(s.Code())
 	}
 	if errors.Is(err, context.DeadlineExceeded) {

@@ -32,14 +32,18 @@ type fakeAPI struct {
 	pb.UnimplementedWorkManagerServiceServer
 	addr string
 
-	mu       sync.Mutex
-	workers  []*pb.Worker
-	creates  []*pb.CreateWorkerRequest
-	loads    []*pb.LoadCodeRequest
-	replays  []*pb.ReplayDeadLettersRequest
-	pageSize int   // >0: ListWorkers pages of this size at most
-	fail     error // every call fails with it
-	calls    int
+	mu      sync.Mutex
+	workers []*pb.Worker
+	creates []*pb.CreateWorkerRequest
+	loads   []*pb.LoadCodeRequest
+	replays []*pb.ReplayDeadLettersRequest
+	// deadLetters, when set, answers ListDeadLetters (onList runs first,
+	// with the lock held, and may change them); nil: one fixed dead letter.
+	deadLetters []*pb.DeadLetter
+	onList      func(f *fakeAPI)
+	pageSize    int   // >0: ListWorkers pages of this size at most
+	fail        error // every call fails with it
+	calls       int
 }
 
 // startFake serves a fakeAPI on a loopback port (with TLS when creds is
@@ -179,13 +183,35 @@ func (f *fakeAPI) GetWorkerHistory(_ context.Context, r *pb.GetWorkerHistoryRequ
 	if _, err := f.find(r.WorkerId); err != nil {
 		return nil, err
 	}
-	return &pb.GetWorkerHistoryResponse{Entries: []*pb.HistoryEntry{
+	all := []*pb.HistoryEntry{
 		{Version: 1, Sha256: strings.Repeat("a", 64), SourceKind: "content", CreatedAt: fixedTime, Actor: "dev", Action: "create"},
 		{Version: 2, Sha256: strings.Repeat("b", 64), SourceKind: "content", CreatedAt: fixedTime, Actor: "dev", Action: "rollback", RollbackTo: 1},
-	}}, nil
+	}
+	// Pages of f.pageSize entries, like ListWorkers.
+	start := 0
+	if r.PageToken != "" {
+		start, _ = strconv.Atoi(r.PageToken)
+	}
+	n := len(all) - start
+	if f.pageSize > 0 && n > f.pageSize {
+		n = f.pageSize
+	}
+	resp := &pb.GetWorkerHistoryResponse{Entries: all[start : start+n]}
+	if start+n < len(all) {
+		resp.NextPageToken = strconv.Itoa(start + n)
+	}
+	return resp, nil
 }
 
 func (f *fakeAPI) ListDeadLetters(_ context.Context, r *pb.ListDeadLettersRequest) (*pb.ListDeadLettersResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.onList != nil {
+		f.onList(f)
+	}
+	if f.deadLetters != nil {
+		return &pb.ListDeadLettersResponse{DeadLetters: f.deadLetters}, nil
+	}
 	return &pb.ListDeadLettersResponse{DeadLetters: []*pb.DeadLetter{
 		{WorkerId: r.WorkerId, Topic: "orders", Reason: "worker_failed", Attempts: 3, Error: "ValueError: boom", EventId: "o-1", Source: "shop", At: fixedTime},
 	}}, nil

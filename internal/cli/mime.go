@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"net/url"
 	"path"
+	"runtime"
 	"strings"
+
+	"github.com/virtufin/workmanager/engines/native"
 )
 
 // The MIME types the engines take.
@@ -32,6 +35,8 @@ func InferMIME(name string, content []byte) (string, error) {
 		return MIMEDotnet, nil
 	case ".zip":
 		return zipMIME(name, content)
+	case ".so", ".dylib":
+		return "", bareLibrary(name)
 	default:
 		return "", fmt.Errorf("cannot tell the MIME type of %s from its name: %s", name, askMIME)
 	}
@@ -75,4 +80,32 @@ func zipMIME(name string, content []byte) (string, error) {
 		return MIMEDotnet, nil
 	}
 	return "", fmt.Errorf("%s has neither a manifest.json at its root (native package) nor a lib/<tfm>/*.dll layout or a .nuspec (.NET package): %s", name, askMIME)
+}
+
+// bareLibrary says how to package a shared library given as a worker's
+// code: the native engine takes a zip package, never a bare library.
+func bareLibrary(name string) error {
+	base := path.Base(strings.ReplaceAll(name, `\`, "/"))
+	lib := strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(base, "lib"), ".so"), ".dylib")
+	rid := native.RuntimeID(runtime.GOOS, runtime.GOARCH)
+	if rid == "" {
+		rid = "linux-x64"
+	}
+	return fmt.Errorf("%s is a bare shared library: a native worker is uploaded as a zip package, with manifest.json at its root "+
+		`({"abi_version": 1, "library": %q}) and the library at runtimes/%s/native/%s; build it with make package `+
+		"(sdk/native/package.mk, see sdk/native/README.md, Packaging) or start from a template: wmctl new NAME --engine native",
+		base, lib, rid, native.LibraryFileName(lib, ridGOOS(rid)))
+}
+
+// ridGOOS is the GOOS of a runtime identifier (linux-x64: linux).
+func ridGOOS(rid string) string {
+	switch {
+	case strings.HasPrefix(rid, "osx-"):
+		return "darwin"
+	case strings.HasPrefix(rid, "win-"):
+		return "windows"
+	case strings.HasPrefix(rid, "freebsd-"):
+		return "freebsd"
+	}
+	return "linux"
 }

@@ -167,6 +167,7 @@ func workerDetail(x *pb.Worker) func(io.Writer) {
 			{"Created", ts(x.GetCreatedAt())},
 			{"Updated", ts(x.GetUpdatedAt())},
 		}
+		rows = append(rows, statsRows(x.GetStats())...)
 		for _, r := range rows {
 			fmt.Fprintf(w, "%s:\t%s\n", r[0], r[1])
 		}
@@ -207,10 +208,10 @@ func historyTable(es []*pb.HistoryEntry) func(io.Writer) {
 
 func deadLettersTable(ds []*pb.DeadLetter) func(io.Writer) {
 	return func(w io.Writer) {
-		fmt.Fprintln(w, "EVENT ID\tTOPIC\tREASON\tATTEMPTS\tAT\tSOURCE\tERROR")
+		fmt.Fprintln(w, "EVENT ID\tTOPIC\tREASON\tATTEMPTS\tAT\tSOURCE\tLAST FRAME\tERROR")
 		for _, d := range ds {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.GetEventId(), d.GetTopic(), d.GetReason(), d.GetAttempts(),
-				ts(d.GetAt()), dash(d.GetSource()), dash(short(d.GetError(), 60)))
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.GetEventId(), d.GetTopic(), d.GetReason(), d.GetAttempts(),
+				ts(d.GetAt()), dash(d.GetSource()), dash(short(lastFrame(d.GetTraceback()), 60)), dash(short(d.GetError(), 60)))
 		}
 	}
 }

@@ -1,15 +1,20 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
@@ -109,7 +114,7 @@ and print its id. Without --mime the MIME type is told from the file:
 				return err
 			})
 			if err != nil {
-				return err
+				return sourceNamed(err, name)
 			}
 			return a.emitMessage(resp, func(w io.Writer) { fmt.Fprintln(w, resp.GetWorkerId()) })
 		}),
@@ -249,10 +254,18 @@ func (a *app) deleteCmd() *cobra.Command {
 }
 
 func (a *app) reloadCmd() *cobra.Command {
-	var code codeFlags
+	var (
+		code  codeFlags
+		force bool
+	)
 	cmd := &cobra.Command{
 		Use:   "reload ID FILE",
 		Short: "Load new code into a worker (hot reload, a new version; the MIME type stays)",
+		Long: `Load new code into a worker: a hot reload, a new version. The worker keeps
+its MIME type, so the code must be of the same kind: wmctl asks the API for
+the worker's MIME type and refuses a file (or --url) whose kind, told as
+create tells it, is another one (--force sends it anyway). To run code of
+another kind, create a new worker.`,
 		Example: `  wmctl reload order-pricer worker.py
   wmctl reload order-pricer --url https://example.com/w.py --sha256 9f86d08…`,
 		Args: cobra.RangeArgs(1, 2),
@@ -263,9 +276,14 @@ func (a *app) reloadCmd() *cobra.Command {
 			return a.completeWorkers(cmd, args, s)
 		},
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
-			src, _, _, err := code.source(a, args[1:])
+			src, name, content, err := code.source(a, args[1:])
 			if err != nil {
 				return err
+			}
+			if !force {
+				if err := a.checkReloadKind(cmd.Context(), args[0], code.url, name, content); err != nil {
+					return err
+				}
 			}
 			var w *pb.Worker
 			err = a.apiCall(cmd.Context(), "loading code", func(ctx context.Context, c pb.WorkManagerServiceClient) (err error) {
@@ -273,14 +291,75 @@ func (a *app) reloadCmd() *cobra.Command {
 				return err
 			})
 			if err != nil {
-				return err
+				return sourceNamed(err, name)
 			}
 			return a.emitMessage(w, workersTable([]*pb.Worker{w}))
 		}),
 	}
 	code.add(cmd)
+	cmd.Flags().BoolVar(&force, "force", false, "send the code even when its kind does not match the worker's MIME type")
 	return cmd
 }
+
+// checkReloadKind refuses code whose kind (told from the file or URL as
+// create tells it) is not the worker's MIME type: the engine would only
+// fail on it (Python code given to the C# compiler, ...). Code whose kind
+// cannot be told is sent as it is.
+func (a *app) checkReloadKind(ctx context.Context, ref, url, name string, content []byte) error {
+	var kind string
+	var err error
+	switch {
+	case url != "":
+		kind, err = InferMIMEFromURL(url)
+	case name == "-":
+		return nil
+	default:
+		kind, err = InferMIME(name, content)
+	}
+	if err != nil {
+		return nil
+	}
+	var w *pb.Worker
+	err = a.apiCall(ctx, "", func(ctx context.Context, c pb.WorkManagerServiceClient) (err error) {
+		w, err = c.GetWorker(ctx, &pb.GetWorkerRequest{WorkerId: ref})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if have := w.GetMimeType(); have != "" && have != kind {
+		what := name
+		if url != "" {
+			what = url
+		}
+		return usageErr(fmt.Errorf("worker %s runs %s code but %s is %s: reload keeps a worker's MIME type; "+
+			"create a new worker for it (wmctl create %s --topic %s), or pass --force to send it anyway", ref, have, what, kind, what, w.GetTopic()))
+	}
+	return nil
+}
+
+// sourceNamed shows a C# compiler message with the file the user sent: the
+// engine compiles a C# source under the name Worker.cs (the API carries no
+// file name).
+func sourceNamed(err error, name string) error {
+	if name == "" || name == "-" || !strings.EqualFold(filepath.Ext(name), ".cs") {
+		return err
+	}
+	s, ok := grpcStatus(err)
+	if !ok || s.Code() != codes.InvalidArgument || !strings.Contains(s.Message(), dotnetSourceName+":") {
+		return err
+	}
+	renamed := status.Error(s.Code(), strings.ReplaceAll(s.Message(), dotnetSourceName+":", filepath.Base(name)+":"))
+	var re *remoteError
+	if errors.As(err, &re) {
+		return &remoteError{what: re.what, timeout: re.timeout, err: renamed}
+	}
+	return renamed
+}
+
+// dotnetSourceName is the name the .NET engine gives a C# source worker in
+// compiler messages (engines/dotnet).
+const dotnetSourceName = "Worker.cs"
 
 func (a *app) historyCmd() *cobra.Command {
 	return &cobra.Command{
@@ -290,15 +369,30 @@ func (a *app) historyCmd() *cobra.Command {
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeWorkers,
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
-			var resp *pb.GetWorkerHistoryResponse
-			err := a.apiCall(cmd.Context(), "", func(ctx context.Context, c pb.WorkManagerServiceClient) (err error) {
-				resp, err = c.GetWorkerHistory(ctx, &pb.GetWorkerHistoryRequest{WorkerId: args[0]})
-				return err
+			var es []*pb.HistoryEntry
+			err := a.apiCall(cmd.Context(), "", func(ctx context.Context, c pb.WorkManagerServiceClient) error {
+				// Every page (at most 1000 entries each), as list does.
+				token := ""
+				seen := map[string]bool{}
+				for {
+					resp, err := c.GetWorkerHistory(ctx, &pb.GetWorkerHistoryRequest{WorkerId: args[0], PageToken: token})
+					if err != nil {
+						return err
+					}
+					es = append(es, resp.GetEntries()...)
+					token = resp.GetNextPageToken()
+					if token == "" {
+						return nil
+					}
+					if seen[token] {
+						return fmt.Errorf("the API answered history page token %q twice", token)
+					}
+					seen[token] = true
+				}
 			})
 			if err != nil {
 				return err
 			}
-			es := resp.GetEntries()
 			return a.emit(func() ([]byte, error) { return listJSON(es) }, historyTable(es))
 		}),
 	}
@@ -351,31 +445,43 @@ func (a *app) recoverCmd() *cobra.Command {
 }
 
 func (a *app) deadLettersCmd() *cobra.Command {
-	var req pb.ListDeadLettersRequest
+	var (
+		req  pb.ListDeadLettersRequest
+		wait bool
+	)
 	cmd := &cobra.Command{
 		Use:     "dead-letters ID",
 		Aliases: []string{"dead"},
-		Short:   "List a worker's stored dead letters, oldest first; -o json/yaml prints an array",
+		Short:   "List a worker's stored dead letters, oldest first, each with where it failed; -o json/yaml prints an array (with the whole traceback)",
 		Example: `  wmctl dead-letters order-pricer
-  wmctl dead order-pricer --reason worker_failed --limit 10`,
+  wmctl dead order-pricer --reason worker_failed --limit 10
+  wmctl dead-letters order-pricer --wait --timeout 2m   # the next new one`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeWorkers,
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			req.WorkerId = args[0]
-			var resp *pb.ListDeadLettersResponse
-			err := a.apiCall(cmd.Context(), "", func(ctx context.Context, c pb.WorkManagerServiceClient) (err error) {
-				resp, err = c.ListDeadLetters(ctx, &req)
-				return err
-			})
-			if err != nil {
-				return err
+			var ds []*pb.DeadLetter
+			if wait {
+				var err error
+				if ds, err = a.waitDeadLetters(cmd.Context(), &req); err != nil {
+					return err
+				}
+			} else {
+				err := a.apiCall(cmd.Context(), "", func(ctx context.Context, c pb.WorkManagerServiceClient) error {
+					resp, err := c.ListDeadLetters(ctx, &req)
+					ds = resp.GetDeadLetters()
+					return err
+				})
+				if err != nil {
+					return err
+				}
 			}
-			ds := resp.GetDeadLetters()
 			return a.emit(func() ([]byte, error) { return listJSON(ds) }, deadLettersTable(ds))
 		}),
 	}
 	cmd.Flags().StringVar(&req.Reason, "reason", "", "only this reason (worker_failed, timeout, lock_contention, not_runnable, panic, …)")
 	cmd.Flags().Int32Var(&req.Limit, "limit", 0, "at most this many, 1..1000 (default 100)")
+	cmd.Flags().BoolVarP(&wait, "wait", "w", false, "wait for the next new dead letter (within --timeout, else exit 6) and print it")
 	return cmd
 }
 
@@ -427,23 +533,103 @@ exactly one of a worker (ID or --worker) and --topic (every worker on it).`,
 	return cmd
 }
 
+// NodeLogFile is where 'make run' writes its node's log, relative to the
+// working directory: the default of 'wmctl logs --file'.
+const NodeLogFile = ".run/node.log"
+
 func (a *app) logsCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "logs [ID]",
-		Short: "Say where worker logs are (WorkManager does not keep them)",
-		Long: `WorkManager does not store worker logs, so there is nothing to fetch: each line
-a worker writes (print, logging, tracebacks) becomes an Info record on its
-node's stderr with worker_id=<id>. Under 'make run' that is .run/node.log.
-This command says so and exits 1.`,
-		Args: cobra.MaximumNArgs(1),
+	var (
+		follow bool
+		file   string
+	)
+	cmd := &cobra.Command{
+		Use:   "logs ID [--follow]",
+		Short: "Print a worker's lines from its node's log (make run: .run/node.log)",
+		Long: `Print the lines of a node's log that belong to one worker: what its code
+wrote (print, logging at its level, tracebacks) and what the node logged
+about it (failed attempts, dead letters, restarts). A name is looked up
+through the API; an id is taken as it is (a deleted worker's lines).
+
+WorkManager does not collect logs: each node writes its own to stderr, one
+record per line with worker_id=<id>. This command reads one node's log file,
+by default .run/node.log in the working directory (what 'make run' writes);
+in a cluster read the nodes' logs where your log collector keeps them and
+filter on worker_id.`,
+		Example: `  wmctl logs order-pricer
+  wmctl logs order-pricer --follow
+  wmctl logs 6f1c2f6e-8a51-4f0e-9a43-0c7a3c1f2b11 --file /var/log/workmanager/node.log`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: a.completeWorkers,
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
-			id := "<worker id>"
-			if len(args) == 1 {
-				id = args[0]
+			id, err := a.resolveWorker(cmd.Context(), args[0])
+			if err != nil {
+				return err
 			}
-			return fmt.Errorf("the node does not keep worker logs: each line a worker writes is a record on its node's stderr "+
-				"with worker_id=%s (under make run: grep 'worker_id=%s' .run/node.log)", id, id)
+			if file == "" {
+				file = NodeLogFile
+				if a.opts.WorkDir != "" {
+					file = filepath.Join(a.opts.WorkDir, NodeLogFile)
+				}
+			}
+			f, err := os.Open(file)
+			if err != nil {
+				return usageErr(fmt.Errorf("the node's log: %w (under make run it is %s in the repository root; elsewhere pass --file)", err, NodeLogFile))
+			}
+			defer f.Close()
+			return followLog(cmd.Context(), f, id, follow, a.io.Out)
 		}),
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing the worker's new lines until interrupted")
+	cmd.Flags().StringVar(&file, "file", "", "the node's log file (default "+NodeLogFile+" in the working directory)")
+	return cmd
+}
+
+// logPollInterval is how often 'logs --follow' looks for new lines.
+const logPollInterval = 200 * time.Millisecond
+
+// maxLogLineBytes bounds one line held while looking for its end: a longer
+// one is dropped (a node's records are at most 16 KiB of worker text).
+const maxLogLineBytes = 1 << 20
+
+// followLog copies to w the lines of r that carry worker_id=id, until r's
+// end, or with follow until ctx ends (nil).
+func followLog(ctx context.Context, r io.Reader, id string, follow bool, w io.Writer) error {
+	mid, tail := " worker_id="+id+" ", " worker_id="+id
+	var pending []byte
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := r.Read(buf)
+		pending = append(pending, buf[:n]...)
+		for {
+			i := bytes.IndexByte(pending, '\n')
+			if i < 0 {
+				break
+			}
+			line := pending[:i]
+			if bytes.Contains(line, []byte(mid)) || bytes.HasSuffix(line, []byte(tail)) {
+				if _, werr := w.Write(pending[:i+1]); werr != nil {
+					return werr
+				}
+			}
+			pending = pending[i+1:]
+		}
+		if len(pending) > maxLogLineBytes {
+			pending = pending[:0]
+		}
+		pending = append([]byte(nil), pending...)
+		switch {
+		case err == nil:
+			continue
+		case !errors.Is(err, io.EOF):
+			return err
+		case !follow:
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(logPollInterval):
+		}
 	}
 }
 

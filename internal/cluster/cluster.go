@@ -112,6 +112,21 @@ func (m *Members) Settled(margin, settle time.Duration) bool {
 	return e == 0 || !m.now().Before(time.Unix(0, e).Add(settle))
 }
 
+// MemberSince reports whether the other nodes have counted this node as
+// alive without a break since t: it is a member now (Member(margin)) and
+// no lapse ended after t. A store answer to a request sent at t is then
+// still this node's to act on (grouplock.Config.AliveSince): a process
+// paused with the answer unread past its membership is either not a
+// member yet when it wakes (its last beat is old) or, once its heartbeat
+// came back, has a lapse that ended after t.
+func (m *Members) MemberSince(margin time.Duration, t time.Time) bool {
+	if !m.Member(margin) {
+		return false
+	}
+	e := m.lapseEnd.Load()
+	return e == 0 || e < t.UnixNano()
+}
+
 // AliveNow reads the membership and reports whether node sent a heartbeat
 // within the TTL: unlike SeenAlive (this node's view at its last
 // heartbeat), it sees a node whose heartbeats came back since

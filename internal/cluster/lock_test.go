@@ -169,3 +169,39 @@ func TestSettledWindowAfterALapse(t *testing.T) {
 		t.Fatal("not settled two intervals after the lapse's end")
 	}
 }
+
+// MemberSince (AliveSince of the locks): an answer to a request sent at t
+// is trusted while no lapse ended after t: not while the node is lapsed
+// (its heartbeat not back yet), not after the heartbeat that ended a
+// lapse, and again for requests sent after that heartbeat.
+func TestMemberSinceALapse(t *testing.T) {
+	ctx := context.Background()
+	c := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	a := New(state.NewMemoryStore(), "a", 3*lockBeat)
+	a.now, a.LapseMargin = c.now, lockBeat
+	if a.MemberSince(lockBeat, c.now()) {
+		t.Fatal("member since before the first heartbeat")
+	}
+	if err := a.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sent := c.now()
+	c.add(time.Millisecond)
+	if !a.MemberSince(lockBeat, sent) {
+		t.Fatal("not member since a request sent while a member")
+	}
+	c.add(3 * lockBeat) // paused with the answer unread: lapsed
+	if a.MemberSince(lockBeat, sent) {
+		t.Fatal("member since the request while lapsed")
+	}
+	if err := a.Heartbeat(ctx); err != nil { // the heartbeat at wake ends the lapse
+		t.Fatal(err)
+	}
+	if a.MemberSince(lockBeat, sent) {
+		t.Fatal("member since a request sent before the lapse ended")
+	}
+	c.add(time.Millisecond)
+	if !a.MemberSince(lockBeat, c.now()) {
+		t.Fatal("not member since a request sent after the lapse ended")
+	}
+}

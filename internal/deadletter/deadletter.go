@@ -47,6 +47,9 @@ const (
 	MaxIndexBytes = 1 << 20
 	MaxEntryBytes = 2 << 20
 	MaxIDBytes    = 1024
+	// MaxTracebackBytes bounds the traceback of an entry cut to fit (the
+	// hot path bounds it to 16 KiB before).
+	MaxTracebackBytes = 16 << 10
 )
 
 const (
@@ -67,9 +70,13 @@ type Entry struct {
 	Reason   string `json:"reason"`
 	Attempts int    `json:"attempts"`
 	// Error is the last error, bounded in length by the caller.
-	Error   string `json:"error,omitempty"`
-	EventID string `json:"event_id"`
-	Source  string `json:"source"`
+	Error string `json:"error,omitempty"`
+	// Traceback is where the last error happened, when the engine knew
+	// (bounded and redacted by the caller); absent from entries stored
+	// before it was kept.
+	Traceback string `json:"traceback,omitempty"`
+	EventID   string `json:"event_id"`
+	Source    string `json:"source"`
 	// Event is the original structured CloudEvent JSON (as published).
 	Event json.RawMessage `json:"event,omitempty"`
 	// Raw holds the bytes of a message that could not be decoded.
@@ -175,6 +182,9 @@ func fit(e *Entry) ([]byte, error) {
 	e.Event, e.Raw, e.Truncated = nil, nil, true
 	if len(e.Error) > MaxIDBytes {
 		e.Error = e.Error[:MaxIDBytes]
+	}
+	if len(e.Traceback) > MaxTracebackBytes {
+		e.Traceback = e.Traceback[len(e.Traceback)-MaxTracebackBytes:]
 	}
 	return json.Marshal(e)
 }

@@ -701,7 +701,16 @@ func (s *Stack) Env() []string {
 
 // StartNode starts a WorkManager node binary serving HTTP on httpAddr.
 func (s *Stack) StartNode(bin, httpAddr string, env ...string) (*Proc, error) {
-	return StartProc(s.Dir, "node", append(append(s.Env(), "WORKMANAGER_HTTP_ADDR="+httpAddr), env...), bin)
+	// Its crash journal in the stack's folder (kept across restarts of the
+	// node), unless env says where.
+	base := append(s.Env(), "WORKMANAGER_HTTP_ADDR="+httpAddr, "NODE_STATE_DIR="+s.NodeStateDir())
+	return StartProc(s.Dir, "node", append(base, env...), bin)
+}
+
+// NodeStateDir is where StartNode's node keeps its local files (its crash
+// journal, NODE_STATE_DIR): <Dir>/node-state.
+func (s *Stack) NodeStateDir() string {
+	return filepath.Join(s.Dir, "node-state")
 }
 
 // StartAPI starts the WorkManager API binary listening on addr.

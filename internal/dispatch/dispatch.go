@@ -32,6 +32,7 @@ import (
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/metrics"
 	"github.com/virtufin/workmanager/internal/publish"
+	"github.com/virtufin/workmanager/internal/workerstats"
 )
 
 // Config tunes the hot path.
@@ -105,6 +106,12 @@ type Config struct {
 	// unpublished (not counted). It is checked for every message and
 	// before each attempt and its publishing, so it must be cheap.
 	Serving func() bool
+	// Suspect, when set, tells whether an event (its source and id) was in
+	// flight in worker at enough crashes of this node that it must not
+	// run again (engines/crashjournal): such an event is dead-lettered for
+	// that worker as `crashed` without calling its engine. It is asked for
+	// every message and worker, so it must be cheap.
+	Suspect func(worker, source, id string) bool
 }
 
 // Deps are the services the hot path uses.
@@ -126,6 +133,9 @@ type Deps struct {
 	// Propagator reads and writes the trace context (nil with a
 	// TracerProvider: W3C Trace Context).
 	Propagator propagation.TextMapPropagator
+	// WorkerStats counts each worker's attempts, failures and dead
+	// letters for GetWorker (nil: not counted); its Run writes them.
+	WorkerStats *workerstats.Recorder
 }
 
 // serving reports whether the node may serve messages now (Config.Serving).
@@ -133,7 +143,10 @@ func (d *Dispatcher) serving() bool { return d.cfg.Serving == nil || d.cfg.Servi
 
 // Worker identifies a worker to the hot path.
 type Worker struct {
-	ID    string
+	ID string
+	// Name is the worker's unique name ("" when it has none): its events
+	// and metrics carry it next to ID.
+	Name  string
 	Topic string
 	Group string
 	// Tenant owns the worker ("" or tenant.Default: the default tenant):
@@ -153,7 +166,7 @@ type Worker struct {
 
 // Equal reports whether w and o are the same worker with the same settings.
 func (w Worker) Equal(o Worker) bool {
-	return w.ID == o.ID && w.Topic == o.Topic && w.Group == o.Group && w.Tenant == o.Tenant && w.Engine == o.Engine && w.MaxAttempts == o.MaxAttempts &&
+	return w.ID == o.ID && w.Name == o.Name && w.Topic == o.Topic && w.Group == o.Group && w.Tenant == o.Tenant && w.Engine == o.Engine && w.MaxAttempts == o.MaxAttempts &&
 		w.RetryBackoff == o.RetryBackoff && slices.Equal(w.AllowedOutputs, o.AllowedOutputs) && w.TopicPrefix == o.TopicPrefix
 }
 
@@ -239,7 +252,7 @@ func (d *Dispatcher) queues() []metrics.Queue {
 	defer d.mu.Unlock()
 	out := make([]metrics.Queue, 0, len(d.workers))
 	for _, w := range d.workers {
-		out = append(out, metrics.Queue{Worker: w.ID, Engine: w.Engine, Length: len(w.queue)})
+		out = append(out, metrics.Queue{Worker: w.ID, Name: w.Name, Engine: w.Engine, Length: len(w.queue)})
 	}
 	return out
 }
@@ -261,6 +274,7 @@ type topic struct {
 type worker struct {
 	Worker
 	m      *metrics.Worker
+	stats  *workerstats.Counter
 	source types.URIRef
 	// lock is its group's lock name, tenant included (grouplock.Name);
 	// "" without a group.
@@ -350,7 +364,7 @@ func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 
 	conc := concurrency(d.cfg.MaxConcurrency, w, inst)
 	nw := &worker{Worker: w, source: types.URIRef{URL: url.URL{Path: "workmanager/workers/" + w.ID}}, giveBack: conc > d.cfg.MaxConcurrency,
-		m:     d.Metrics.Worker(w.ID, w.Engine, w.Group, conc),
+		m: d.Metrics.Worker(w.ID, w.Name, w.Engine, w.Group, conc), stats: d.WorkerStats.Worker(w.ID),
 		queue: make(chan job, d.cfg.QueueDepth), stopped: make(chan struct{})}
 	nw.inst.Store(&instance{Instance: inst})
 	if w.Group != "" {

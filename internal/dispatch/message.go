@@ -281,6 +281,12 @@ func (d *Dispatcher) run(m *message) {
 		switch {
 		case s.Terminal():
 			continue
+		case d.cfg.Suspect != nil && d.cfg.Suspect(w.ID, m.ev.Source(), m.ev.ID()):
+			// It crashed the node while this worker ran it: not run again.
+			results = append(results, result{w: w, outcome: outcomeFailed, reason: reasonCrashed, exhausted: true,
+				err: fmt.Errorf("event was in flight in worker %s when the node crashed, at least twice (crash journal): not run again; "+
+					"replay it once the worker is fixed (LoadCode)", w.ID)})
+			continue
 		case s.Attempts >= d.maxAttempts(w.Worker):
 			// Its attempts are used up but the dead letter was not recorded
 			// (saving it failed, or the node stopped in between):
@@ -430,6 +436,7 @@ func (d *Dispatcher) settle(ctx context.Context, m *message, rec delivery.Record
 	switch r.outcome {
 	case outcomeDone:
 		r.w.m.Succeeded.Inc()
+		r.w.stats.Processed()
 		updates[r.w.ID] = delivery.Worker{Outcome: delivery.Done, Attempts: rec.Get(r.w.ID).Attempts + 1}
 		return
 	case outcomeDeferred:
@@ -443,6 +450,9 @@ func (d *Dispatcher) settle(ctx context.Context, m *message, rec delivery.Record
 	limit := d.maxAttempts(r.w.Worker)
 	if !r.exhausted && retryCannotFix(r.reason) {
 		limit = s.Attempts + 1 // this attempt is the last
+	}
+	if r.reason == reasonCrashed {
+		limit = s.Attempts // not run: dead-lettered now
 	}
 	if !r.exhausted {
 		s.Attempts++
@@ -472,10 +482,12 @@ func (d *Dispatcher) settle(ctx context.Context, m *message, rec delivery.Record
 // retryCannotFix reports whether a failure of this reason comes back on
 // every retry of the same input, so that retrying only delays the dead
 // letter: outputs the worker's policy refuses (a reserved topic, its own
-// input topic, one outside allowed_output_topics) and outputs over the
-// node's limits. Such a failure is dead-lettered on its first attempt.
+// input topic, one outside allowed_output_topics), outputs over the
+// node's limits and outputs that cannot be published at all (no "type",
+// not encodable: engines.ErrInvalidOutput). Such a failure is
+// dead-lettered on its first attempt.
 func retryCannotFix(reason string) bool {
-	return reason == reasonOutputPolicy || reason == reasonOutputLimit
+	return reason == reasonOutputPolicy || reason == reasonOutputLimit || reason == reasonOutputInvalid
 }
 
 // notRunnable counts a delivery against each worker the catalog runs on

@@ -130,26 +130,26 @@ func TestMetricsOfAKnownSequence(t *testing.T) {
 	}, func() string { return samples(t, reg, "workmanager_messages_in_flight") })
 
 	expectSamples(t, reg, `
-		workmanager_worker_concurrency_limit{engine=native,worker_id=poison} 2
-		workmanager_worker_concurrency_limit{engine=python,worker_id=good} 2
-		workmanager_worker_in_flight{engine=native,worker_id=poison} 0
-		workmanager_worker_in_flight{engine=python,worker_id=good} 0
-		workmanager_worker_messages_dead_lettered_total{engine=native,reason=worker_failed,worker_id=poison} 1
-		workmanager_worker_messages_failed_total{engine=native,reason=worker_failed,worker_id=poison} 2
-		workmanager_worker_messages_processed_total{engine=native,worker_id=poison} 3
-		workmanager_worker_messages_processed_total{engine=python,worker_id=good} 4
-		workmanager_worker_messages_received_total{engine=native,worker_id=poison} 5
-		workmanager_worker_messages_received_total{engine=python,worker_id=good} 4
-		workmanager_worker_outputs_published_total{engine=native,worker_id=poison} 3
-		workmanager_worker_outputs_published_total{engine=python,worker_id=good} 8
-		workmanager_worker_processing_seconds{engine=native,worker_id=poison} 5
-		workmanager_worker_processing_seconds{engine=python,worker_id=good} 4
-		workmanager_worker_queue_length{engine=native,worker_id=poison} 0
-		workmanager_worker_queue_length{engine=python,worker_id=good} 0
-		workmanager_worker_queue_rejections_total{engine=native,worker_id=poison} 0
-		workmanager_worker_queue_rejections_total{engine=python,worker_id=good} 0
-		workmanager_worker_queue_wait_seconds{engine=native,worker_id=poison} 5
-		workmanager_worker_queue_wait_seconds{engine=python,worker_id=good} 4
+		workmanager_worker_concurrency_limit{engine=native,worker_id=poison,worker_name=} 2
+		workmanager_worker_concurrency_limit{engine=python,worker_id=good,worker_name=} 2
+		workmanager_worker_in_flight{engine=native,worker_id=poison,worker_name=} 0
+		workmanager_worker_in_flight{engine=python,worker_id=good,worker_name=} 0
+		workmanager_worker_messages_dead_lettered_total{engine=native,reason=worker_failed,worker_id=poison,worker_name=} 1
+		workmanager_worker_messages_failed_total{engine=native,reason=worker_failed,worker_id=poison,worker_name=} 2
+		workmanager_worker_messages_processed_total{engine=native,worker_id=poison,worker_name=} 3
+		workmanager_worker_messages_processed_total{engine=python,worker_id=good,worker_name=} 4
+		workmanager_worker_messages_received_total{engine=native,worker_id=poison,worker_name=} 5
+		workmanager_worker_messages_received_total{engine=python,worker_id=good,worker_name=} 4
+		workmanager_worker_outputs_published_total{engine=native,worker_id=poison,worker_name=} 3
+		workmanager_worker_outputs_published_total{engine=python,worker_id=good,worker_name=} 8
+		workmanager_worker_processing_seconds{engine=native,worker_id=poison,worker_name=} 5
+		workmanager_worker_processing_seconds{engine=python,worker_id=good,worker_name=} 4
+		workmanager_worker_queue_length{engine=native,worker_id=poison,worker_name=} 0
+		workmanager_worker_queue_length{engine=python,worker_id=good,worker_name=} 0
+		workmanager_worker_queue_rejections_total{engine=native,worker_id=poison,worker_name=} 0
+		workmanager_worker_queue_rejections_total{engine=python,worker_id=good,worker_name=} 0
+		workmanager_worker_queue_wait_seconds{engine=native,worker_id=poison,worker_name=} 5
+		workmanager_worker_queue_wait_seconds{engine=python,worker_id=good,worker_name=} 4
 		workmanager_grouplock_acquire_seconds{group=g} 5
 		workmanager_grouplock_acquisitions_total{group=g} 5
 		workmanager_grouplock_stale_refused_total{group=g} 0
@@ -203,11 +203,11 @@ func TestMetricsOfContentionAndQueueRejection(t *testing.T) {
 	}
 	expectSamples(t, reg, `
 		workmanager_grouplock_contentions_total{group=busy} 1
-		workmanager_worker_messages_dead_lettered_total{engine=python,reason=lock_contention,worker_id=locked} 1
-		workmanager_worker_messages_failed_total{engine=python,reason=lock_contention,worker_id=locked} 1
-		workmanager_worker_messages_processed_total{engine=python,worker_id=locked} 0
-		workmanager_worker_messages_received_total{engine=python,worker_id=locked} 1
-		workmanager_worker_processing_seconds{engine=python,worker_id=locked} 0
+		workmanager_worker_messages_dead_lettered_total{engine=python,reason=lock_contention,worker_id=locked,worker_name=} 1
+		workmanager_worker_messages_failed_total{engine=python,reason=lock_contention,worker_id=locked,worker_name=} 1
+		workmanager_worker_messages_processed_total{engine=python,worker_id=locked,worker_name=} 0
+		workmanager_worker_messages_received_total{engine=python,worker_id=locked,worker_name=} 1
+		workmanager_worker_processing_seconds{engine=python,worker_id=locked,worker_name=} 0
 	`, "workmanager_grouplock_acquisitions", // never acquired: no series
 		"workmanager_grouplock_contentions", "workmanager_worker_messages", "workmanager_worker_processing")
 
@@ -229,12 +229,12 @@ func TestMetricsOfContentionAndQueueRejection(t *testing.T) {
 		t.Fatalf("ack %+v, want q3 given back", a)
 	}
 	expectSamples(t, reg, `
-		workmanager_worker_in_flight{engine=python,worker_id=slow} 1
-		workmanager_worker_queue_length{engine=python,worker_id=slow} 1
-		workmanager_worker_queue_rejections_total{engine=python,worker_id=slow} 1
-		workmanager_worker_in_flight{engine=python,worker_id=locked} 0
-		workmanager_worker_queue_length{engine=python,worker_id=locked} 0
-		workmanager_worker_queue_rejections_total{engine=python,worker_id=locked} 0
+		workmanager_worker_in_flight{engine=python,worker_id=slow,worker_name=} 1
+		workmanager_worker_queue_length{engine=python,worker_id=slow,worker_name=} 1
+		workmanager_worker_queue_rejections_total{engine=python,worker_id=slow,worker_name=} 1
+		workmanager_worker_in_flight{engine=python,worker_id=locked,worker_name=} 0
+		workmanager_worker_queue_length{engine=python,worker_id=locked,worker_name=} 0
+		workmanager_worker_queue_rejections_total{engine=python,worker_id=locked,worker_name=} 0
 	`, "workmanager_worker_in_flight", "workmanager_worker_queue_length", "workmanager_worker_queue_rejections")
 	// Node-wide, q1 and q2: q3 leaves the count just after its answer is
 	// sent (it failed once under load when read at once).
@@ -292,7 +292,7 @@ func TestMetricsOfStaleOutputAndReconnect(t *testing.T) {
 	expectSamples(t, reg, `
 		workmanager_grouplock_stale_refused_total{group=g} 1
 		workmanager_stream_reconnects_total{topic=in} 1
-		workmanager_worker_messages_failed_total{engine=,reason=stale_lock,worker_id=w} 1
-		workmanager_worker_outputs_published_total{engine=,worker_id=w} 0
+		workmanager_worker_messages_failed_total{engine=,reason=stale_lock,worker_id=w,worker_name=} 1
+		workmanager_worker_outputs_published_total{engine=,worker_id=w,worker_name=} 0
 	`, "workmanager_grouplock_stale", "workmanager_stream_", "workmanager_worker_messages_failed", "workmanager_worker_outputs")
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
+	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/dispatch"
 	"github.com/virtufin/workmanager/internal/dispatch/dispatchtest"
 	"github.com/virtufin/workmanager/internal/publish/publishtest"
@@ -85,12 +86,25 @@ func TestOutputPolicyAllowsListedInputTopic(t *testing.T) {
 // on its first failed attempt with its reason (attempts 1), not after
 // MaxAttempts and their backoff.
 func TestRefusedOutputsAreDeadLetteredAtOnce(t *testing.T) {
+	noType := func(*event.Event) ([]event.Event, error) {
+		o := event.New()
+		o.SetID("o1")
+		return []event.Event{o}, nil
+	}
+	engineRefused := func(*event.Event) ([]event.Event, error) {
+		// What the engines return for outputs they cannot decode or the
+		// runner cannot encode (wire.Error, native.WorkerError).
+		return nil, fmt.Errorf("%w: %w: output 0: missing required attribute \"type\"", engines.ErrWorkerFailed, engines.ErrInvalidOutput)
+	}
 	for _, c := range []struct {
 		name, reason string
 		outs         []string
+		fn           func(*event.Event) ([]event.Event, error)
 	}{
-		{"reserved topic", "output_policy", []string{"workmanager.lifecycle"}},
-		{"too many outputs", "output_limit", []string{"a", "b", "c", "d"}},
+		{"reserved topic", "output_policy", []string{"workmanager.lifecycle"}, nil},
+		{"too many outputs", "output_limit", []string{"a", "b", "c", "d"}, nil},
+		{"output without type", "output_invalid", nil, noType},
+		{"outputs the engine cannot decode", "output_invalid", nil, engineRefused},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b, pub, st := dispatchtest.NewBroker(), &publishtest.Recorder{}, state.NewMemoryStore()
@@ -98,6 +112,9 @@ func TestRefusedOutputsAreDeadLetteredAtOnce(t *testing.T) {
 			var calls atomic.Int32
 			d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, &dispatchtest.FuncInstance{Fn: func(ev *event.Event) ([]event.Event, error) {
 				calls.Add(1)
+				if c.fn != nil {
+					return c.fn(ev)
+				}
 				return outputs(c.outs...)(ev)
 			}})
 			s := waitStream(t, b, "in")

@@ -40,17 +40,63 @@ func (d *Dispatcher) publicText(s string) string {
 			s = strings.ReplaceAll(s, secret, "[redacted]")
 		}
 	}
-	s = nodePath.ReplaceAllStringFunc(s, func(m string) string {
+	s = shortenPaths(s)
+	if len(s) <= maxErrorText && !cut {
+		return s
+	}
+	return cutText(s, maxErrorText-3) + "..."
+}
+
+// maxTraceback bounds the traceback carried by dead letters, error events
+// and the log (the engines' bound, wire.MaxErrorTraceback).
+const maxTraceback = 16 << 10
+
+// publicTraceback is publicText for a worker's traceback (engines.Traceback):
+// the node's secrets and paths taken out the same way, bounded to
+// maxTraceback keeping its end (the innermost frames and the exception),
+// its first line dropped when it was cut.
+func (d *Dispatcher) publicTraceback(s string) string {
+	if s == "" {
+		return ""
+	}
+	if len(s) > maxTraceback {
+		s = cutTextStart(s, maxTraceback)
+		// A secret cut in two by the bound would not be recognised
+		// below: its end is dropped with the partial first line.
+		if i := strings.IndexByte(s, '\n'); i >= 0 {
+			s = s[i+1:]
+		}
+	}
+	for _, secret := range d.cfg.Secrets {
+		if len(secret) >= 6 {
+			s = strings.ReplaceAll(s, secret, "[redacted]")
+		}
+	}
+	return shortenPaths(s)
+}
+
+// shortenPaths keeps only the last element of each absolute path in s.
+func shortenPaths(s string) string {
+	return nodePath.ReplaceAllStringFunc(s, func(m string) string {
 		lead := ""
 		if m != "" && m[0] != '/' {
 			lead, m = m[:1], m[1:]
 		}
 		return lead + ".../" + m[strings.LastIndexByte(m, '/')+1:]
 	})
-	if len(s) <= maxErrorText && !cut {
+}
+
+// cutTextStart is the last at most n bytes of s, not inside a UTF-8
+// sequence.
+func cutTextStart(s string, n int) string {
+	if len(s) <= n {
 		return s
 	}
-	return cutText(s, maxErrorText-3) + "..."
+	i := len(s) - n
+	for i < len(s) && !utf8.RuneStart(s[i]) {
+		i++
+	}
+	return s[i:]
 }
 
 // cutText is s cut to at most n bytes, not inside a UTF-8 sequence.

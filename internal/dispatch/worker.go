@@ -76,6 +76,10 @@ const (
 	reasonNotRunning     = "not_running" // a replay for a worker stopped or deleted since
 	reasonOutputPolicy   = "output_policy"
 	reasonOutputLimit    = "output_limit"
+	reasonOutputInvalid  = "output_invalid"
+	// reasonCrashed: the event was in flight in the worker at crashes of
+	// the node (Config.Suspect); it is not run again.
+	reasonCrashed = "crashed"
 )
 
 // maxErrorText bounds the error text carried by dead letters and events.
@@ -319,6 +323,10 @@ func (d *Dispatcher) fail(r *result, err error) {
 		// The engine refused the reply while reading it: the outputs are
 		// over the node's limits, like those checkOutputs refuses.
 		r.reason = reasonOutputLimit
+	case errors.Is(err, engines.ErrInvalidOutput):
+		// Returned, but with outputs that cannot be published: the same
+		// input returns them again (retryCannotFix).
+		r.reason = reasonOutputInvalid
 	case errors.Is(err, engines.ErrWorkerFailed):
 		r.reason = reasonWorkerFailed
 	default:
@@ -354,7 +362,7 @@ func (d *Dispatcher) checkOutputs(w *worker, m *message, outs []event.Event) (st
 	for i := range outs {
 		o := &outs[i]
 		if err := d.completeOutput(w, m, o, i, idBase); err != nil {
-			return reasonWorkerFailed, err
+			return reasonOutputInvalid, err
 		}
 		if err := workerpolicy.CheckOutput(w.TopicPrefix, w.AllowedOutputs, w.Topic, o.Type()); err != nil {
 			return reasonOutputPolicy, fmt.Errorf("%w: output %d: %w", engines.ErrWorkerFailed, i, err)
@@ -423,7 +431,7 @@ func attributesSize(ec *event.EventContextV1, limit int) int {
 // correlation id: the input's, copied when present and absent when absent.
 func (d *Dispatcher) completeOutput(w *worker, m *message, o *event.Event, i int, idBase string) error {
 	if o.Context == nil {
-		return fmt.Errorf("%w: output %d is empty", engines.ErrWorkerFailed, i)
+		return fmt.Errorf("%w: %w: output %d is empty", engines.ErrWorkerFailed, engines.ErrInvalidOutput, i)
 	}
 	oc, ok := o.Context.(*event.EventContextV1)
 	if !ok {
@@ -431,7 +439,7 @@ func (d *Dispatcher) completeOutput(w *worker, m *message, o *event.Event, i int
 		o.Context = oc
 	}
 	if oc.Type == "" {
-		return fmt.Errorf("%w: output %d has no type", engines.ErrWorkerFailed, i)
+		return fmt.Errorf("%w: %w: output %d has no type", engines.ErrWorkerFailed, engines.ErrInvalidOutput, i)
 	}
 	if oc.ID == "" {
 		oc.ID = idBase + "/" + w.ID + "/" + strconv.Itoa(i) + "/" + m.srcTag
@@ -476,13 +484,19 @@ func (w *worker) process(ctx context.Context, in *event.Event) ([]event.Event, e
 // event for it.
 func (d *Dispatcher) workerError(ctx context.Context, w *worker, m *message, r *result, attempt, limit int) {
 	msg := d.publicText(fmt.Sprint(r.err))
-	d.log.Warn("worker attempt failed", append([]any{"worker_id", w.ID, "topic", w.Topic, "event_id", m.id, "error_type", r.reason,
-		"attempt", attempt, "max_attempts", limit, "err", msg}, logAttrs(m, r.trace)...)...)
+	w.stats.Failed(msg, m.id, time.Now())
+	tb := d.publicTraceback(engines.Traceback(r.err))
+	attrs := []any{"worker_id", w.ID, "worker_name", w.Name, "topic", w.Topic, "event_id", m.id, "error_type", r.reason,
+		"attempt", attempt, "max_attempts", limit, "err", msg}
+	if tb != "" {
+		attrs = append(attrs, "traceback", tb)
+	}
+	d.log.Warn("worker attempt failed", append(attrs, logAttrs(m, r.trace)...)...)
 	if d.Events == nil {
 		return
 	}
-	data := lifecycleevents.Data{WorkerID: w.ID, Group: w.Group, Topic: w.Topic, ErrorType: r.reason, ErrorMessage: msg,
-		EventID: m.id, Attempt: attempt, MaxAttempts: limit}
+	data := lifecycleevents.Data{WorkerID: w.ID, WorkerName: w.Name, Group: w.Group, Topic: w.Topic, ErrorType: r.reason, ErrorMessage: msg,
+		Traceback: tb, EventID: m.id, Attempt: attempt, MaxAttempts: limit}
 	if err := d.Events.Emit(ctx, "", lifecycleevents.Error, data); err != nil {
 		d.log.Warn("publishing worker.error failed", "worker_id", w.ID, "err", err)
 	}
@@ -501,12 +515,13 @@ func (d *Dispatcher) deadLetter(ctx context.Context, m *message, w Worker, reaso
 	ev.SetExtension(DeadLetterAttemptsExtension, int32(attempts))
 	ev.SetExtension(DeadLetterErrorExtension, d.publicText(fmt.Sprint(cause)))
 	ev.SetExtension(DeadLetterWorkerExtension, w.ID)
+	tb := d.publicTraceback(engines.Traceback(cause))
 	// Stored before it is published: whoever sees it on "<topic>-dead" can
 	// list and replay it. Add is idempotent (one entry per worker and
 	// event), so a publish that fails and is redone on the redelivery
 	// leaves one entry.
 	if err := d.DeadLetters.Add(ctx, deadletter.Entry{Worker: w.ID, Topic: m.t.name, Reason: reason, Attempts: attempts,
-		Error: d.publicText(fmt.Sprint(cause)), EventID: m.id, Source: m.req.GetSource(), Event: json.RawMessage(original),
+		Error: d.publicText(fmt.Sprint(cause)), Traceback: tb, EventID: m.id, Source: m.req.GetSource(), Event: json.RawMessage(original),
 		AtMS: time.Now().UnixMilli()}); err != nil {
 		return err
 	}
@@ -514,11 +529,16 @@ func (d *Dispatcher) deadLetter(ctx context.Context, m *message, w Worker, reaso
 		return err
 	}
 	d.stats.deadLettered.Add(1)
-	d.log.Warn("message dead-lettered", append([]any{"worker_id", w.ID, "topic", m.t.name, "event_id", m.id, "reason", reason,
-		"attempts", attempts}, logAttrs(m, tid)...)...)
+	d.WorkerStats.Worker(w.ID).DeadLettered()
+	attrs := []any{"worker_id", w.ID, "worker_name", w.Name, "topic", m.t.name, "event_id", m.id, "reason", reason,
+		"attempts", attempts, "err", d.publicText(fmt.Sprint(cause))}
+	if tb != "" {
+		attrs = append(attrs, "traceback", tb)
+	}
+	d.log.Warn("message dead-lettered", append(attrs, logAttrs(m, tid)...)...)
 	if d.Events != nil {
-		data := lifecycleevents.Data{WorkerID: w.ID, Group: w.Group, Topic: w.Topic, EventID: m.id, Reason: reason,
-			Attempt: attempts, MaxAttempts: d.maxAttempts(w), ErrorMessage: d.publicText(fmt.Sprint(cause))}
+		data := lifecycleevents.Data{WorkerID: w.ID, WorkerName: w.Name, Group: w.Group, Topic: w.Topic, EventID: m.id, Reason: reason,
+			Attempt: attempts, MaxAttempts: d.maxAttempts(w), ErrorMessage: d.publicText(fmt.Sprint(cause)), Traceback: tb}
 		if err := d.Events.Emit(ctx, "", lifecycleevents.DeadLettered, data); err != nil {
 			d.log.Warn("publishing worker.dead_lettered failed", "worker_id", w.ID, "err", err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -169,4 +170,54 @@ func TestAcquireCancelledAfterItsWriteLeavesNoLock(t *testing.T) {
 	if len(a.slots) != 0 {
 		t.Fatal("slot kept")
 	}
+}
+
+// The chaos soak (issue 43, sigstop-mid-lifecycle, seed 895312): a node
+// paused with the answer to a Check's store write still unread. The write
+// landed while the lease was the group's; during the pause the node's
+// heartbeats lapsed, a peer counted it gone and took the lock (a higher
+// token, outputs published); at wake the old answer ("current") arrived,
+// the Check passed and an output with the old token was published after
+// the new holder's. A store answer is trusted only when the process was
+// counted alive for the whole round trip (Config.AliveSince): this one is
+// not, so the Check fails (not stale for sure: a lock error, the message
+// comes back) and nothing is published under the old token.
+func TestCheckAnswerThatOutlivedALapseIsNotTrusted(t *testing.T) {
+	w := newWorld(t)
+	st := &flaky{MemoryStore: w.mem}
+	var lapseEnd atomic.Int64 // UnixNano of the end of a's last lapse
+	a := w.node(st, func(c *Config) {
+		c.Node = "a"
+		c.AliveSince = func(t time.Time) bool { return lapseEnd.Load() < t.UnixNano() }
+	})
+	b := w.node(nil, func(c *Config) {
+		c.Node = "b"
+		c.HolderAlive = func(holder string) bool { return !strings.HasPrefix(holder, "a/") }
+	})
+	ctx := context.Background()
+	ls := mustAcquire(t, a, "g", "a/w")
+	var taken *Lease
+	st.mu.Lock()
+	st.afterPut = func() error { // Check's write landed; a pauses before reading the answer
+		w.clk.Advance(time.Minute)
+		taken = mustAcquire(t, b, "g", "b/w")  // a counted gone meanwhile
+		lapseEnd.Store(w.clk.Now().UnixNano()) // a's heartbeat at wake ends the lapse
+		return nil
+	}
+	st.mu.Unlock()
+	err := ls.Check(ctx)
+	if err == nil {
+		t.Fatalf("Check passed on an answer that outlived a lapse (lock now held by token %d)", taken.Token)
+	}
+	if errors.Is(err, ErrStale) {
+		t.Fatalf("Check: %v; want a lock error (the lease may be current), not ErrStale", err)
+	}
+	// Without a lapse during the round trip the same Check passes.
+	w.clk.Advance(time.Second)
+	ls2 := mustAcquire(t, a, "h", "a/w2")
+	if err := ls2.Check(ctx); err != nil {
+		t.Fatalf("Check without a lapse: %v", err)
+	}
+	mustRelease(t, ls2)
+	mustRelease(t, taken)
 }

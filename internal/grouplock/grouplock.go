@@ -48,6 +48,12 @@ var (
 	// ErrStale: the lease is no longer the group's current lock (stolen,
 	// released or never recorded); its side effects must not happen.
 	ErrStale = errors.New("grouplock: stale lease")
+	// ErrAnswerOutlived: a Check's store answer arrived after this
+	// process's membership lapsed (Config.AliveSince), so it may be out of
+	// date; the Check did not pass, but the lease is not known to be stale.
+	// Callers treat it like a store error: nothing happens under the lease
+	// and the work is given back.
+	ErrAnswerOutlived = errors.New("grouplock: lock check answer outlived a membership lapse")
 )
 
 // DefaultMaxAge is Config.MaxAge's default (GROUP_LOCK_MAX_AGE_MS).
@@ -131,6 +137,14 @@ type Config struct {
 	// holder whose lock may have been taken does not act under it. Nil:
 	// always alive.
 	SelfAlive func() bool
+	// AliveSince, when set, tells whether the other nodes have counted this
+	// process alive without a break since t (a member now, and no lapse of
+	// its membership ended after t). A Check's store answer is trusted only
+	// when the process was alive for the whole round trip: an answer that
+	// sat unread while the process was paused past its membership (a peer
+	// may have taken the lock meanwhile) fails the Check with a lock error.
+	// Nil: always.
+	AliveSince func(t time.Time) bool
 	// Node names this process in waiter markers (default: the holder). Set
 	// it when one process acquires for several holders, so that a marker
 	// left by one of them lets the next one take the lock. It must be unique

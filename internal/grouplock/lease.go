@@ -141,6 +141,7 @@ func (ls *Lease) Check(ctx context.Context) error {
 	case ls.wrote && l.cfg.Now().Sub(ls.acquired) < l.cfg.WrittenMaxAge && (l.cfg.SelfAlive == nil || l.cfg.SelfAlive()):
 		return nil
 	}
+	asked := l.cfg.Now()
 	current, err := ls.update(ctx, func(rec *record) bool {
 		if rec.Wrote {
 			return false
@@ -154,6 +155,13 @@ func (ls *Lease) Check(ctx context.Context) error {
 	if !current {
 		ls.stale = true
 		return ls.staleErr()
+	}
+	// The answer says what the lock was when the store read or wrote it,
+	// not now: a process paused with the answer unread (past its
+	// membership, so that a peer took the lock meanwhile) must not act on
+	// it. Not ErrStale: the lease may still be the group's.
+	if l.cfg.AliveSince != nil && !l.cfg.AliveSince(asked) {
+		return fmt.Errorf("grouplock %s token %d: this process's membership lapsed while the lock was being checked (a pause?): %w", ls.Group, ls.Token, ErrAnswerOutlived)
 	}
 	ls.wrote = true
 	return nil

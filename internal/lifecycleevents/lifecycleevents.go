@@ -42,13 +42,20 @@ const (
 
 // Data is the payload of a lifecycle event.
 type Data struct {
-	WorkerID     string `json:"worker_id"`
+	WorkerID string `json:"worker_id"`
+	// WorkerName is the worker's unique name, when it has one.
+	WorkerName   string `json:"worker_name,omitempty"`
 	Tenant       string `json:"tenant,omitempty"`
 	Group        string `json:"group"`
 	Topic        string `json:"topic"`
 	CodeVersion  int64  `json:"code_version,omitempty"`
 	ErrorType    string `json:"error_type,omitempty"`
 	ErrorMessage string `json:"error_message,omitempty"`
+	// Traceback is where a hot-path error happened, when the engine knows
+	// (the Python traceback, the .NET stack, a native worker's error
+	// text): bounded (16 KiB, its end kept) and redacted like
+	// ErrorMessage.
+	Traceback string `json:"traceback,omitempty"`
 	// EventID, Attempt and MaxAttempts locate a hot-path error or dead
 	// letter: the input event and which attempt of how many it was.
 	EventID     string `json:"event_id,omitempty"`

@@ -45,12 +45,31 @@ func New(perSecond int) *Budget {
 // Dropped is how many records were dropped so far.
 func (b *Budget) Dropped() int64 { return b.dropped.Load() }
 
-// Handler wraps h under b.
-func (b *Budget) Handler(h slog.Handler) slog.Handler { return &handler{inner: h, b: b} }
+// Handler wraps h under b. With noticeAttrs the drop notices are written
+// to h with those attributes, whatever attributes the loggers made from the
+// returned handler add (an engine's own worker_id), so that a notice names
+// the worker once; without, to the handler that let the record through or
+// dropped it.
+func (b *Budget) Handler(h slog.Handler, noticeAttrs ...slog.Attr) slog.Handler {
+	hh := &handler{inner: h, b: b}
+	if len(noticeAttrs) > 0 {
+		hh.notices = h.WithAttrs(noticeAttrs)
+	}
+	return hh
+}
 
 type handler struct {
-	inner slog.Handler
-	b     *Budget
+	inner   slog.Handler
+	notices slog.Handler // nil: inner
+	b       *Budget
+}
+
+// noticeTo is the handler drop notices go to.
+func (h *handler) noticeTo() slog.Handler {
+	if h.notices != nil {
+		return h.notices
+	}
+	return h.inner
 }
 
 func (h *handler) Enabled(ctx context.Context, l slog.Level) bool { return h.inner.Enabled(ctx, l) }
@@ -65,12 +84,12 @@ func (h *handler) Handle(ctx context.Context, r slog.Record) error {
 		if b.pending.Add(1) == 1 {
 			// The first drop since the last notice: if no record is let
 			// through within flushAfter, say so anyway.
-			inner := h.inner
+			inner := h.noticeTo()
 			time.AfterFunc(flushAfter, func() { _ = b.notice(context.Background(), inner, 0) })
 		}
 		return nil
 	}
-	if err := b.notice(ctx, h.inner, r.PC); err != nil {
+	if err := b.notice(ctx, h.noticeTo(), r.PC); err != nil {
 		return err
 	}
 	return h.inner.Handle(ctx, r)
@@ -90,9 +109,9 @@ func (b *Budget) notice(ctx context.Context, inner slog.Handler, pc uintptr) err
 }
 
 func (h *handler) WithAttrs(as []slog.Attr) slog.Handler {
-	return &handler{inner: h.inner.WithAttrs(as), b: h.b}
+	return &handler{inner: h.inner.WithAttrs(as), notices: h.notices, b: h.b}
 }
 
 func (h *handler) WithGroup(name string) slog.Handler {
-	return &handler{inner: h.inner.WithGroup(name), b: h.b}
+	return &handler{inner: h.inner.WithGroup(name), notices: h.notices, b: h.b}
 }

@@ -16,7 +16,7 @@ import (
 // Compare with BenchmarkDispatchOneOutput in internal/dispatch.
 func BenchmarkPerMessage(b *testing.B) {
 	m := New(prometheus.NewRegistry())
-	w := m.Worker("w", "python", "", 8)
+	w := m.Worker("w", "w-name", "python", "", 8)
 	tp := m.Topic("in")
 	base := time.Now()
 	mono := func() int64 { return int64(time.Since(base)) }
@@ -46,7 +46,7 @@ func BenchmarkPerMessage(b *testing.B) {
 // BenchmarkFailed is the cost of counting a failed attempt (its reason's
 // counter is looked up in the worker's cache).
 func BenchmarkFailed(b *testing.B) {
-	w := New(prometheus.NewRegistry()).Worker("w", "python", "", 8)
+	w := New(prometheus.NewRegistry()).Worker("w", "w-name", "python", "", 8)
 	b.ReportAllocs()
 	for range b.N {
 		w.Failed("worker_failed")

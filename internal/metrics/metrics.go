@@ -37,13 +37,16 @@ const Namespace = "workmanager"
 // Label names.
 const (
 	LabelWorker = "worker_id"
-	LabelEngine = "engine"
-	LabelReason = "reason"
-	LabelTopic  = "topic"
-	LabelGroup  = "group"
-	LabelStatus = "status"
-	LabelOp     = "op"
-	LabelResult = "result"
+	// LabelWorkerName is the worker's name next to its id ("" when it has
+	// none; one name per id for ever, so it adds no series).
+	LabelWorkerName = "worker_name"
+	LabelEngine     = "engine"
+	LabelReason     = "reason"
+	LabelTopic      = "topic"
+	LabelGroup      = "group"
+	LabelStatus     = "status"
+	LabelOp         = "op"
+	LabelResult     = "result"
 )
 
 // LatencyBuckets are the buckets (seconds) of the latency histograms: from
@@ -53,7 +56,7 @@ var LatencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25
 // Metrics are a node's metrics, registered on one registry. A nil
 // *Metrics is not usable; tests that do not look at metrics pass New(nil).
 type Metrics struct {
-	// Per worker: worker_id, engine.
+	// Per worker: worker_id, worker_name, engine.
 	received, succeeded, outputs, queueRejections *prometheus.CounterVec
 	failed, deadLettered                          *prometheus.CounterVec // + reason
 	processing, queueWait                         *prometheus.HistogramVec
@@ -96,8 +99,8 @@ func New(reg prometheus.Registerer) *Metrics {
 	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help}, labels)
 	}
-	w := []string{LabelWorker, LabelEngine}
-	wr := []string{LabelWorker, LabelEngine, LabelReason}
+	w := []string{LabelWorker, LabelWorkerName, LabelEngine}
+	wr := []string{LabelWorker, LabelWorkerName, LabelEngine, LabelReason}
 	m := &Metrics{
 		received:        counter("worker_messages_received_total", "Attempts a worker began: messages it took from its queue to process.", w...),
 		succeeded:       counter("worker_messages_processed_total", "Attempts that succeeded: the engine returned and every output was published.", w...),
@@ -139,7 +142,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		return 0
 	})
 	m.queues = &queueCollector{desc: prometheus.NewDesc(Namespace+"_worker_queue_length",
-		"Messages waiting in a worker's queue (at most WORKER_QUEUE_DEPTH).", []string{LabelWorker, LabelEngine}, nil)}
+		"Messages waiting in a worker's queue (at most WORKER_QUEUE_DEPTH).", []string{LabelWorker, LabelWorkerName, LabelEngine}, nil)}
 	if reg != nil {
 		reg.MustRegister(m.received, m.succeeded, m.failed, m.deadLettered, m.outputs, m.queueRejections, m.processing,
 			m.queueWait, m.inFlight, m.concurrency, m.handling, m.topicDeadLettered, m.reconnects, m.recordSeconds, m.recordErrors,
@@ -155,8 +158,8 @@ func (m *Metrics) SetInFlight(n func() int64) { m.inFlightSource.Store(&n) }
 
 // Queue is one worker's queue as SetQueues reports it.
 type Queue struct {
-	Worker, Engine string
-	Length         int
+	Worker, Name, Engine string
+	Length               int
 }
 
 // SetQueues makes workmanager_worker_queue_length read the queues list
@@ -176,23 +179,23 @@ func (c *queueCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, q := range (*f)() {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(q.Length), q.Worker, q.Engine)
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(q.Length), q.Worker, q.Name, q.Engine)
 	}
 }
 
 // Worker holds the metrics of one attached worker. The exported fields are
 // the children of its labels, for the hot path to update directly.
 type Worker struct {
-	m              *Metrics
-	id, engine     string
-	group          string
-	Received       prometheus.Counter
-	Succeeded      prometheus.Counter
-	Outputs        prometheus.Counter
-	QueueRejection prometheus.Counter
-	Processing     prometheus.Observer
-	QueueWait      prometheus.Observer
-	InFlight       prometheus.Gauge
+	m                *Metrics
+	id, name, engine string
+	group            string
+	Received         prometheus.Counter
+	Succeeded        prometheus.Counter
+	Outputs          prometheus.Counter
+	QueueRejection   prometheus.Counter
+	Processing       prometheus.Observer
+	QueueWait        prometheus.Observer
+	InFlight         prometheus.Gauge
 	// LockWait and StaleRefused are its group's (nil without a group).
 	LockWait     prometheus.Observer
 	StaleRefused prometheus.Counter
@@ -203,16 +206,17 @@ type Worker struct {
 	deleted bool
 }
 
-// Worker returns the metrics of worker id, run by engine, in group ("" for
-// none), that runs at most concurrency attempts at once.
-func (m *Metrics) Worker(id, engine, group string, concurrency int) *Worker {
-	w := &Worker{m: m, id: id, engine: engine, group: group,
-		Received: m.received.WithLabelValues(id, engine), Succeeded: m.succeeded.WithLabelValues(id, engine),
-		Outputs: m.outputs.WithLabelValues(id, engine), QueueRejection: m.queueRejections.WithLabelValues(id, engine),
-		Processing: m.processing.WithLabelValues(id, engine), QueueWait: m.queueWait.WithLabelValues(id, engine),
-		InFlight: m.inFlight.WithLabelValues(id, engine),
+// Worker returns the metrics of worker id, named name ("" for none), run
+// by engine, in group ("" for none), that runs at most concurrency attempts
+// at once.
+func (m *Metrics) Worker(id, name, engine, group string, concurrency int) *Worker {
+	w := &Worker{m: m, id: id, name: name, engine: engine, group: group,
+		Received: m.received.WithLabelValues(id, name, engine), Succeeded: m.succeeded.WithLabelValues(id, name, engine),
+		Outputs: m.outputs.WithLabelValues(id, name, engine), QueueRejection: m.queueRejections.WithLabelValues(id, name, engine),
+		Processing: m.processing.WithLabelValues(id, name, engine), QueueWait: m.queueWait.WithLabelValues(id, name, engine),
+		InFlight: m.inFlight.WithLabelValues(id, name, engine),
 		failed:   map[string]prometheus.Counter{}, dead: map[string]prometheus.Counter{}}
-	m.concurrency.WithLabelValues(id, engine).Set(float64(concurrency))
+	m.concurrency.WithLabelValues(id, name, engine).Set(float64(concurrency))
 	if group != "" {
 		w.LockWait = m.lockWait.WithLabelValues(group)
 		w.StaleRefused = m.lockStaleRefused.WithLabelValues(group)
@@ -238,7 +242,7 @@ func (w *Worker) child(cache map[string]prometheus.Counter, vec *prometheus.Coun
 		// detached): counted nowhere rather than bringing the series back.
 		c = prometheus.NewCounter(prometheus.CounterOpts{Name: "detached"})
 	} else {
-		c = vec.WithLabelValues(w.id, w.engine, reason)
+		c = vec.WithLabelValues(w.id, w.name, w.engine, reason)
 	}
 	cache[reason] = c
 	return c

@@ -73,8 +73,8 @@ func ftoa(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
 
 func TestWorkerCountsAndDelete(t *testing.T) {
 	m, reg := newTest(t)
-	a := m.Worker("a", "python", "g1", 8)
-	b := m.Worker("b", "native", "", 2)
+	a := m.Worker("a", "pricer", "python", "g1", 8)
+	b := m.Worker("b", "", "native", "", 2)
 	a.Received.Inc()
 	a.Received.Inc()
 	a.Succeeded.Inc()
@@ -99,21 +99,21 @@ func TestWorkerCountsAndDelete(t *testing.T) {
 		"workmanager_grouplock_stale_refused_total", "workmanager_grouplock_acquire_seconds")
 	want := `workmanager_grouplock_acquire_seconds{group=g1} count=1
 workmanager_grouplock_stale_refused_total{group=g1} 1
-workmanager_worker_concurrency_limit{engine=python,worker_id=a} 8
-workmanager_worker_concurrency_limit{engine=native,worker_id=b} 2
-workmanager_worker_in_flight{engine=python,worker_id=a} 1
-workmanager_worker_in_flight{engine=native,worker_id=b} 0
-workmanager_worker_messages_dead_lettered_total{engine=python,reason=timeout,worker_id=a} 1
-workmanager_worker_messages_failed_total{engine=python,reason=timeout,worker_id=a} 2
-workmanager_worker_messages_failed_total{engine=native,reason=worker_failed,worker_id=b} 1
-workmanager_worker_messages_processed_total{engine=python,worker_id=a} 1
-workmanager_worker_messages_processed_total{engine=native,worker_id=b} 0
-workmanager_worker_messages_received_total{engine=python,worker_id=a} 2
-workmanager_worker_messages_received_total{engine=native,worker_id=b} 1
-workmanager_worker_outputs_published_total{engine=python,worker_id=a} 3
-workmanager_worker_outputs_published_total{engine=native,worker_id=b} 0
-workmanager_worker_processing_seconds{engine=python,worker_id=a} count=1
-workmanager_worker_processing_seconds{engine=native,worker_id=b} count=0
+workmanager_worker_concurrency_limit{engine=python,worker_id=a,worker_name=pricer} 8
+workmanager_worker_concurrency_limit{engine=native,worker_id=b,worker_name=} 2
+workmanager_worker_in_flight{engine=python,worker_id=a,worker_name=pricer} 1
+workmanager_worker_in_flight{engine=native,worker_id=b,worker_name=} 0
+workmanager_worker_messages_dead_lettered_total{engine=python,reason=timeout,worker_id=a,worker_name=pricer} 1
+workmanager_worker_messages_failed_total{engine=python,reason=timeout,worker_id=a,worker_name=pricer} 2
+workmanager_worker_messages_failed_total{engine=native,reason=worker_failed,worker_id=b,worker_name=} 1
+workmanager_worker_messages_processed_total{engine=python,worker_id=a,worker_name=pricer} 1
+workmanager_worker_messages_processed_total{engine=native,worker_id=b,worker_name=} 0
+workmanager_worker_messages_received_total{engine=python,worker_id=a,worker_name=pricer} 2
+workmanager_worker_messages_received_total{engine=native,worker_id=b,worker_name=} 1
+workmanager_worker_outputs_published_total{engine=python,worker_id=a,worker_name=pricer} 3
+workmanager_worker_outputs_published_total{engine=native,worker_id=b,worker_name=} 0
+workmanager_worker_processing_seconds{engine=python,worker_id=a,worker_name=pricer} count=1
+workmanager_worker_processing_seconds{engine=native,worker_id=b,worker_name=} count=0
 `
 	if want = sortLines(want); got != want {
 		t.Fatalf("gathered:\n%s\nwant:\n%s", got, want)
@@ -129,19 +129,19 @@ workmanager_worker_processing_seconds{engine=native,worker_id=b} count=0
 		"workmanager_worker_messages_dead_lettered_total", "workmanager_worker_concurrency_limit", "workmanager_worker_queue_wait_seconds",
 		"workmanager_grouplock_stale_refused_total")
 	want = `workmanager_grouplock_stale_refused_total{group=g1} 1
-workmanager_worker_concurrency_limit{engine=native,worker_id=b} 2
-workmanager_worker_messages_failed_total{engine=native,reason=worker_failed,worker_id=b} 1
-workmanager_worker_messages_received_total{engine=native,worker_id=b} 1
-workmanager_worker_queue_wait_seconds{engine=native,worker_id=b} count=0
+workmanager_worker_concurrency_limit{engine=native,worker_id=b,worker_name=} 2
+workmanager_worker_messages_failed_total{engine=native,reason=worker_failed,worker_id=b,worker_name=} 1
+workmanager_worker_messages_received_total{engine=native,worker_id=b,worker_name=} 1
+workmanager_worker_queue_wait_seconds{engine=native,worker_id=b,worker_name=} count=0
 `
 	if want = sortLines(want); got != want {
 		t.Fatalf("after Delete:\n%s\nwant:\n%s", got, want)
 	}
 
 	// Attached again: fresh series from zero.
-	a2 := m.Worker("a", "python", "g1", 8)
+	a2 := m.Worker("a", "pricer", "python", "g1", 8)
 	a2.Failed("timeout")
-	if v := testutil.ToFloat64(m.failed.WithLabelValues("a", "python", "timeout")); v != 1 {
+	if v := testutil.ToFloat64(m.failed.WithLabelValues("a", "pricer", "python", "timeout")); v != 1 {
 		t.Errorf("re-attached worker's failures = %v, want 1", v)
 	}
 }
@@ -249,14 +249,14 @@ func TestRecoveryAndNodeGauges(t *testing.T) {
 	m.RecoveryDone(1500*time.Millisecond, nil)
 	m.RecoveryDone(2*time.Second, errors.New("boom"))
 	m.SetInFlight(func() int64 { return 4 })
-	m.SetQueues(func() []Queue { return []Queue{{Worker: "a", Engine: "python", Length: 3}} })
+	m.SetQueues(func() []Queue { return []Queue{{Worker: "a", Name: "pricer", Engine: "python", Length: 3}} })
 	got := gathered(t, reg, "workmanager_recovery_duration_seconds", "workmanager_recoveries_total",
 		"workmanager_messages_in_flight", "workmanager_worker_queue_length")
 	want := `workmanager_messages_in_flight{} 4
 workmanager_recoveries_total{result=failed} 1
 workmanager_recoveries_total{result=succeeded} 1
 workmanager_recovery_duration_seconds{} 2
-workmanager_worker_queue_length{engine=python,worker_id=a} 3
+workmanager_worker_queue_length{engine=python,worker_id=a,worker_name=pricer} 3
 `
 	if want = sortLines(want); got != want {
 		t.Fatalf("gathered:\n%s\nwant:\n%s", got, want)
@@ -267,7 +267,7 @@ workmanager_worker_queue_length{engine=python,worker_id=a} 3
 // conventions (units, _total on counters).
 func TestNamesFollowTheConventions(t *testing.T) {
 	m, reg := newTest(t)
-	w := m.Worker("a", "python", "g", 1)
+	w := m.Worker("a", "pricer", "python", "g", 1)
 	w.Failed("timeout")
 	w.DeadLettered("timeout")
 	tp := m.Topic("in")

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,13 +63,19 @@ type Node struct {
 	// (SetWorkflowCheck); checked holds its answers (under mu).
 	wfCheck WorkflowCheck
 	checked map[string]checkedRecord
+	// quarantine knows the workers that crashed this node (quarantine.go).
+	quarantine quarantineState
 }
 
 // SetLogBudget bounds what each worker's code may log, in lines per second
 // (WORKER_LOG_LINES_PER_SECOND; 0: unlimited). Call it before serving.
 func (n *Node) SetLogBudget(perSecond int) { n.logLines = perSecond }
 
-// workerLog is the logger worker w's code logs to, under its budget.
+// workerLog is the logger worker w's code logs to, under its budget. The
+// engines put worker_id on every record they make with it (the worker's
+// output lines, their records about its processes), so it carries no
+// worker_id of its own: each line names the worker once. The budget's drop
+// notices, which no engine makes, get it here.
 func (n *Node) workerLog(id string) *slog.Logger {
 	n.mu.Lock()
 	b := n.budgets[id]
@@ -80,7 +87,7 @@ func (n *Node) workerLog(id string) *slog.Logger {
 		n.budgets[id] = b
 	}
 	n.mu.Unlock()
-	return slog.New(b.Handler(n.log.Handler())).With("worker_id", id)
+	return slog.New(b.Handler(n.log.Handler(), slog.String("worker_id", id)))
 }
 
 type workerLock struct {
@@ -193,7 +200,7 @@ func (n *Node) hotPath(w catalog.Worker) dispatch.Worker {
 	if e, err := n.engines.Lookup(w.MIMEType); err == nil {
 		engine = e.Info().Name
 	}
-	return dispatch.Worker{ID: w.ID, Topic: w.Topic, Group: w.Group, Tenant: w.TenantName(), MaxAttempts: w.MaxAttempts, RetryBackoff: w.RetryBackoff,
+	return dispatch.Worker{ID: w.ID, Name: w.Name, Topic: w.Topic, Group: w.Group, Tenant: w.TenantName(), MaxAttempts: w.MaxAttempts, RetryBackoff: w.RetryBackoff,
 		AllowedOutputs: w.AllowedOutputs, TopicPrefix: w.TopicPrefix, Engine: engine}
 }
 
@@ -212,13 +219,32 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 		return nil
 	}
 	n.expectOnce(ctx)
+	q, quarantined, err := n.quarantined(ctx, w)
+	if err != nil {
+		// Unknown: stay as attached (a store blip must not swap workers).
+		n.log.Warn("worker's quarantine not read; left as it is", "worker_id", w.ID, "err", err)
+		n.mu.Lock()
+		quarantined = strings.HasPrefix(n.attached[w.ID], quarantineMark)
+		n.mu.Unlock()
+		q = catalog.Quarantine{}
+	}
+	want := w.CodeSHA256
+	if quarantined {
+		want = quarantineMark + w.CodeSHA256
+	}
 	n.mu.Lock()
-	same := n.attached[w.ID] == w.CodeSHA256 && n.policy[w.ID].Equal(n.hotPath(w))
+	was := n.attached[w.ID]
+	same := was == want && n.policy[w.ID].Equal(n.hotPath(w))
 	n.mu.Unlock()
 	if same && n.disp.Attached(w.ID) {
 		return nil
 	}
-	inst, err := n.load(ctx, w)
+	var inst engines.Instance
+	if quarantined {
+		inst = quarantinedInstance{id: w.ID, reason: q.Reason()} // its code is not loaded
+	} else {
+		inst, err = n.load(ctx, w)
+	}
 	if err != nil {
 		// The catalog runs it, this node cannot: its messages must wait for
 		// a node that can (or dead-letter as not_runnable), not be acked
@@ -229,7 +255,7 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 	n.disp.Attach(n.hotPath(w), inst)
 	n.mu.Lock()
 	n.policy[w.ID] = n.hotPath(w)
-	n.attached[w.ID] = w.CodeSHA256
+	n.attached[w.ID] = want
 	delete(n.broken, w.ID)
 	// Read under n.mu after recording the worker as attached: a Fence
 	// either lists it (and parks it once this apply lets go of the
@@ -241,7 +267,17 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 		n.park(ctx, n.hotPath(w))
 		return nil
 	}
+	if quarantined {
+		n.log.Warn("worker quarantined: its code is not loaded, its messages wait (events that crashed the node are dead-lettered as crashed)",
+			"worker_id", w.ID, "topic", w.Topic, "reason", q.Reason())
+		return nil
+	}
+	n.unquarantined(w.ID, was)
 	n.log.Info("worker attached", "worker_id", w.ID, "topic", w.Topic, "code_sha256", w.CodeSHA256)
+	// It loads again: no longer "not recovered" (GetWorker's status_reason).
+	if err := n.catalog.ClearNotRecovered(ctx, w.ID); err != nil {
+		n.log.Warn("why the worker was not recovered is still recorded; the next attach clears it", "worker_id", w.ID, "err", err)
+	}
 	return nil
 }
 

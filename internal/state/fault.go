@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // WithFaultFile returns st whose Puts fail while the file at path lists a
@@ -45,4 +48,43 @@ func (m maxValue) Put(ctx context.Context, key string, value []byte, opts PutOpt
 		return fmt.Errorf("state put %q: injected fault: %d bytes over the store's limit of %d", key, len(value), m.max)
 	}
 	return m.Store.Put(ctx, key, value, opts)
+}
+
+// WithHoldFile returns st whose Puts to a key that the file at path lists
+// (one key a line, exactly) wait until the file no longer lists it. It is
+// a test hook (WM_TEST_STATE_HOLD_FILE), never for production: it lets a
+// test pause a node (SIGSTOP) exactly between the checks of a write and
+// the write itself, as a node paused by its host could be
+// (test/integration TestStaleApplyDoesNotResurrectADeletedWorker).
+// While a Put waits, path+".held" holds this process's id; once it has
+// gone ahead, path+".done" holds the key and the store's answer. The Put
+// that waited goes ahead even when its context ended meanwhile (for at
+// most ten seconds): a write already on its way to the store when its
+// activity was given up, the late write that conditional writes must
+// refuse.
+func WithHoldFile(st Store, path string) Store { return holdFile{Store: st, path: path} }
+
+type holdFile struct {
+	Store
+	path string
+}
+
+func (h holdFile) listed(key string) bool {
+	b, err := os.ReadFile(h.path)
+	return err == nil && slices.Contains(strings.Fields(string(b)), key)
+}
+
+func (h holdFile) Put(ctx context.Context, key string, value []byte, opts PutOptions) error {
+	if !h.listed(key) {
+		return h.Store.Put(ctx, key, value, opts)
+	}
+	_ = os.WriteFile(h.path+".held", []byte(strconv.Itoa(os.Getpid())), 0o644)
+	for h.listed(key) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	err := h.Store.Put(pctx, key, value, opts)
+	_ = os.WriteFile(h.path+".done", []byte(fmt.Sprintf("%s\n%v\n", key, err)), 0o644)
+	return err
 }

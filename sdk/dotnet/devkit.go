@@ -9,6 +9,7 @@ import (
 	"embed"
 	"encoding/hex"
 	"fmt"
+	"io/fs"
 	"path"
 	"regexp"
 	"sort"
@@ -17,6 +18,45 @@ import (
 
 //go:embed src/*.cs
 var files embed.FS
+
+// extras are not part of the assembly the node compiles: the test helper
+// (testing/, namespace Virtufin.Worker.Testing) and the project templates
+// of wmctl new (templates/).
+//
+//go:embed testing/*.cs templates
+var extras embed.FS
+
+// TestingSources returns the C# test helper (Virtufin.Worker.Testing):
+// file name to content, to compile into a worker's test program.
+func TestingSources() map[string][]byte {
+	return readDir(extras, "testing")
+}
+
+// Templates holds the project templates of wmctl new: templates/<kind>/,
+// files named <name>.tmpl (text/template).
+func Templates() fs.FS {
+	sub, err := fs.Sub(extras, "templates")
+	if err != nil {
+		panic(err)
+	}
+	return sub
+}
+
+func readDir(fsys embed.FS, dir string) map[string][]byte {
+	entries, err := fsys.ReadDir(dir)
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	out := make(map[string][]byte, len(entries))
+	for _, e := range entries {
+		b, err := fsys.ReadFile(path.Join(dir, e.Name()))
+		if err != nil {
+			panic(err)
+		}
+		out[e.Name()] = b
+	}
+	return out
+}
 
 var versionRE = regexp.MustCompile(`(?m)^\s*public const string Version = "([^"]+)";`)
 

@@ -193,9 +193,20 @@ func (s *Server) createNamed(ctx context.Context, w catalog.Worker, ref catalog.
 			}
 		case serr == nil && !st.Created && !st.Deleted:
 			return nil, beingCreated(w)
+		case serr == nil && st.Deleted:
+			return nil, takenByDeleted(w)
 		}
 		return nil, status.Errorf(codes.AlreadyExists, "name %q is taken by worker %s (names are unique and never reused)", w.Name, w.ID)
 	}
+}
+
+// takenByDeleted answers a create of a name whose worker was deleted. A name
+// is never reused (its worker id is derived from it, and that id's history,
+// events and dead letters stay the deleted worker's), so the answer says to
+// pick another: GetWorker of the name is NOT_FOUND, which would otherwise
+// leave the caller puzzled.
+func takenByDeleted(w catalog.Worker) error {
+	return status.Errorf(codes.AlreadyExists, "name %q is taken by a deleted worker %s (names are never reused; pick another)", w.Name, w.ID)
 }
 
 // beingCreated answers a create that met another request's create in
@@ -264,7 +275,7 @@ func isContextErr(err error) bool {
 // worker.
 func gone(w catalog.Worker, rid string) error {
 	if w.Name != "" {
-		return status.Errorf(codes.AlreadyExists, "name %q was used by worker %s, which has been deleted (names are not reused)", w.Name, w.ID)
+		return takenByDeleted(w)
 	}
 	return status.Errorf(codes.AlreadyExists, "request_id %q was used by worker %s, which has been deleted", rid, w.ID)
 }

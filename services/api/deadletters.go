@@ -54,7 +54,7 @@ func (s *Server) ListDeadLetters(ctx context.Context, req *pb.ListDeadLettersReq
 	out := &pb.ListDeadLettersResponse{DeadLetters: make([]*pb.DeadLetter, 0, len(es))}
 	for _, e := range es {
 		out.DeadLetters = append(out.DeadLetters, &pb.DeadLetter{WorkerId: e.Worker, Topic: e.Topic, Reason: e.Reason,
-			Attempts: int32(e.Attempts), Error: e.Error, EventId: e.EventID, Source: e.Source, At: timestamppb.New(time.UnixMilli(e.AtMS))})
+			Attempts: int32(e.Attempts), Error: e.Error, Traceback: e.Traceback, EventId: e.EventID, Source: e.Source, At: timestamppb.New(time.UnixMilli(e.AtMS))})
 	}
 	return out, nil
 }

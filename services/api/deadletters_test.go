@@ -177,7 +177,7 @@ func TestListDeadLetters(t *testing.T) {
 		"no worker":      {&pb.ListDeadLettersRequest{}, codes.InvalidArgument, "worker_id is empty"},
 		"malformed":      {&pb.ListDeadLettersRequest{WorkerId: "W_1"}, codes.InvalidArgument, `worker_id "W_1" is neither a worker id (a UUID) nor a worker name`},
 		"unknown worker": {&pb.ListDeadLettersRequest{WorkerId: "44444444-4444-4444-8444-444444444444"}, codes.NotFound, "not found"},
-		"unknown name":   {&pb.ListDeadLettersRequest{WorkerId: "no-such-worker"}, codes.NotFound, `("no-such-worker") not found`},
+		"unknown name":   {&pb.ListDeadLettersRequest{WorkerId: "no-such-worker"}, codes.NotFound, `worker "no-such-worker" not found`},
 		"negative limit": {&pb.ListDeadLettersRequest{WorkerId: w1, Limit: -1}, codes.InvalidArgument, "limit -1 must be 0 (default 100) or 1..1000"},
 		"limit too big":  {&pb.ListDeadLettersRequest{WorkerId: w1, Limit: 1001}, codes.InvalidArgument, "limit 1001"},
 	} {
@@ -296,7 +296,7 @@ func TestReplayDeadLettersBadRequests(t *testing.T) {
 		"malformed id":    {&pb.ReplayDeadLettersRequest{WorkerId: "no pe"}, codes.InvalidArgument, `worker_id "no pe" is neither a worker id (a UUID) nor a worker name`},
 		"malformed topic": {&pb.ReplayDeadLettersRequest{Topic: "has space"}, codes.InvalidArgument, `topic "has space" must match`},
 		"unknown worker":  {&pb.ReplayDeadLettersRequest{WorkerId: "44444444-4444-4444-8444-444444444444"}, codes.NotFound, "worker 44444444-4444-4444-8444-444444444444 not found"},
-		"unknown name":    {&pb.ReplayDeadLettersRequest{WorkerId: "no-such-worker"}, codes.NotFound, `("no-such-worker") not found`},
+		"unknown name":    {&pb.ReplayDeadLettersRequest{WorkerId: "no-such-worker"}, codes.NotFound, `worker "no-such-worker" not found`},
 		"no worker on topic": {&pb.ReplayDeadLettersRequest{Topic: "nobody-listens"}, codes.NotFound,
 			`no worker in the catalog subscribes to topic "nobody-listens"`},
 		"negative limit": {&pb.ReplayDeadLettersRequest{WorkerId: w1, Limit: -5}, codes.InvalidArgument, "limit -5 must be 0 (default 100) or 1..1000"},

@@ -68,7 +68,7 @@ func validName(name string) error {
 
 // resolve turns the worker_id of a request — a worker id or a name of
 // one of the caller's tenant's workers — into the worker id, and says how
-// to name the worker in errors. Anything else names no worker: NOT_FOUND,
+// to name the worker in errors (its id, or its name quoted). Anything else names no worker: NOT_FOUND,
 // also another tenant's worker (the same answer as for a worker that does
 // not exist, so that ids of other tenants cannot be probed).
 func resolve(ctx context.Context, ref string) (id, display string, err error) {
@@ -83,8 +83,9 @@ func resolve(ctx context.Context, ref string) (id, display string, err error) {
 		return ref, ref, nil
 	}
 	if validName(ref) == nil {
-		id := NameWorkerID(p.Tenant, ref)
-		return id, fmt.Sprintf("%s (%q)", id, ref), nil
+		// Shown by its name only: the derived id is no worker's when the
+		// name is unknown, and would read as one.
+		return NameWorkerID(p.Tenant, ref), fmt.Sprintf("%q", ref), nil
 	}
 	return "", "", status.Errorf(codes.NotFound, "worker %s not found (neither a worker id nor a worker name)", ref)
 }

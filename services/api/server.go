@@ -14,8 +14,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"log/slog"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -34,6 +32,7 @@ import (
 	"github.com/virtufin/workmanager/internal/delivery"
 	"github.com/virtufin/workmanager/internal/failure"
 	"github.com/virtufin/workmanager/internal/publish"
+	"github.com/virtufin/workmanager/internal/state"
 	"github.com/virtufin/workmanager/internal/tenant"
 	"github.com/virtufin/workmanager/internal/workerpolicy"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
@@ -74,6 +73,10 @@ type Options struct {
 	DeadLetters *deadletter.Store
 	Deliveries  *delivery.Store
 	Publisher   publish.Publisher
+	// WorkerStats is the store the nodes write each worker's message counts
+	// to (internal/workerstats), which GetWorker adds as Worker.stats; nil:
+	// left out.
+	WorkerStats state.Store
 	// CodeURLs are the rules URL code sources must pass (the nodes apply
 	// them again, with DNS, when they fetch).
 	CodeURLs codesource.Policy
@@ -154,6 +157,13 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 
 // StartWorker implements pb.WorkManagerServiceServer.
 func (s *Server) StartWorker(ctx context.Context, req *pb.StartWorkerRequest) (*pb.Worker, error) {
+	id, _, err := resolve(ctx, req.GetWorkerId())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.liftQuarantine(ctx, id); err != nil {
+		return nil, err
+	}
 	return s.update(ctx, req.GetWorkerId(), workflows.UpdateStart)
 }
 
@@ -177,6 +187,9 @@ func (s *Server) LoadCode(ctx context.Context, req *pb.LoadCodeRequest) (*pb.Wor
 	if err != nil {
 		return nil, err
 	}
+	if err := s.liftQuarantine(ctx, id); err != nil {
+		return nil, err
+	}
 	ref.Actor = caller(ctx).Subject
 	return s.update(ctx, id, workflows.UpdateLoadCode, ref)
 }
@@ -195,19 +208,16 @@ func (s *Server) RollbackWorker(ctx context.Context, req *pb.RollbackWorkerReque
 	if _, err := s.state(ctx, id); err != nil {
 		return nil, named(err, display)
 	}
-	entries, err := s.catalog.History(ctx, id)
+	e, found, err := s.catalog.HistoryVersion(ctx, id, req.GetVersion())
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "reading the history of %s: %v", display, err)
 	}
-	i := slices.IndexFunc(entries, func(e catalog.HistoryEntry) bool { return e.Version == req.GetVersion() })
-	if i < 0 {
-		versions := make([]string, 0, len(entries))
-		for _, e := range entries {
-			versions = append(versions, strconv.FormatInt(e.Version, 10))
-		}
-		return nil, status.Errorf(codes.NotFound, "worker %s has no version %d (its versions: %s)", display, req.GetVersion(), strings.Join(versions, ", "))
+	if !found {
+		return nil, s.noSuchVersion(ctx, id, display, req.GetVersion())
 	}
-	e := entries[i]
+	if err := s.liftQuarantine(ctx, id); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	return s.update(ctx, id, workflows.UpdateLoadCode, catalog.CodeRef{SHA256: e.SHA256, SourceKind: e.SourceKind, URL: e.URL,
@@ -245,12 +255,18 @@ func (s *Server) GetWorker(ctx context.Context, req *pb.GetWorkerRequest) (*pb.W
 	}
 	st, err := s.state(ctx, id)
 	if err == nil {
-		return toProto(st.Worker), nil
+		out := toProto(st.Worker)
+		out.StatusReason = addStatusReason(addStatusReason(out.StatusReason, s.notRecoveredReason(ctx, id)), s.quarantineReason(ctx, id))
+		out.Stats = s.workerStats(ctx, id)
+		return out, nil
 	}
 	if c := status.Code(err); c == codes.DeadlineExceeded || c == codes.Unavailable {
 		if w, cerr := s.catalog.GetWorker(ctx, id); cerr == nil {
 			s.log.Warn("GetWorker answered from the catalog: the workflow's query failed", "worker_id", id, "err", err)
-			return toProto(w), nil
+			out := toProto(w)
+			out.StatusReason = addStatusReason(addStatusReason(out.StatusReason, s.notRecoveredReason(ctx, id)), s.quarantineReason(ctx, id))
+			out.Stats = s.workerStats(ctx, id)
+			return out, nil
 		}
 	}
 	return nil, named(err, display)
@@ -303,34 +319,6 @@ func (s *Server) ListWorkers(ctx context.Context, req *pb.ListWorkersRequest) (*
 
 // maxPageSize bounds a page of ListWorkers.
 const maxPageSize = 1000
-
-// GetWorkerHistory implements pb.WorkManagerServiceServer.
-func (s *Server) GetWorkerHistory(ctx context.Context, req *pb.GetWorkerHistoryRequest) (*pb.GetWorkerHistoryResponse, error) {
-	id, display, err := resolve(ctx, req.GetWorkerId())
-	if err != nil {
-		return nil, err
-	}
-	if _, err := s.state(ctx, id); err != nil {
-		return nil, named(err, display)
-	}
-	entries, err := s.catalog.History(ctx, id)
-	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "history: %v", err)
-	}
-	out := &pb.GetWorkerHistoryResponse{}
-	for _, e := range entries {
-		action := e.Action
-		if action == "" { // entries from before actions were recorded
-			action = catalog.HistoryLoadCode
-			if e.Version == 1 {
-				action = catalog.HistoryCreate
-			}
-		}
-		out.Entries = append(out.Entries, &pb.HistoryEntry{Version: e.Version, Sha256: e.SHA256, SourceKind: e.SourceKind,
-			Url: e.URL, CreatedAt: timestamppb.New(e.CreatedAt), Actor: e.Actor, Action: action, RollbackTo: e.RollbackTo})
-	}
-	return out, nil
-}
 
 // RecoverWorkers implements pb.WorkManagerServiceServer.
 func (s *Server) RecoverWorkers(ctx context.Context, _ *pb.RecoverWorkersRequest) (*pb.RecoverWorkersResponse, error) {

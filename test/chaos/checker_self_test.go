@@ -281,3 +281,38 @@ func TestLifecycleAnnouncedCatchesAMissingEvent(t *testing.T) {
 		t.Fatalf("broken history: failures %q, want the missing stopped event and the missing code_updated", iv.failures)
 	}
 }
+
+// A worker the API no longer lists as running (deleted, say, while a node
+// was paused) must not produce outputs once the cluster converged.
+func TestServedAfterConvergenceCatchesAResurrection(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	j := newJournal(t.Logf)
+	j.t0 = t0
+	j.workers["R"] = &wrec{id: "R", name: "run", topic: "t", segs: []segment{{at(0), running}}}
+	j.workers["D"] = &wrec{id: "D", name: "gone", topic: "t", segs: []segment{{at(0), running}, {at(10), deleted}}}
+	o := &observed{outputs: map[string][]output{"t": {
+		{id: "m1/R/0", worker: "R", at: at(100)},
+		{id: "m0/D/0", worker: "D", at: at(50)},                           // before convergence: another rule's
+		{id: "m1/D/0", worker: "D", at: at(60 + stopBound.Seconds() - 1)}, // within the bound
+	}}}
+	running := map[string]bool{"R": true}
+	if iv := servedAfterConvergence(j, o, []string{"t"}, running, at(60)); len(iv.failures) != 0 || iv.checked != 1 {
+		t.Fatalf("clean: %d checked, failures %v", iv.checked, iv.failures)
+	}
+	o.outputs["t"] = append(o.outputs["t"], output{id: "m2/D/0", worker: "D", node: "n2", at: at(90)}, output{id: "m2/X/0", worker: "X", at: at(91)})
+	iv := servedAfterConvergence(j, o, []string{"t"}, running, at(60))
+	if len(iv.failures) != 2 || !strings.Contains(iv.failures[0], "gone(D) (journal: deleted)") || !strings.Contains(iv.failures[1], "by X") {
+		t.Fatalf("want the deleted worker's and the unknown worker's outputs, got %v", iv.failures)
+	}
+}
+
+// The state-write outage's ACL: read-only on the state store's keys,
+// read-write on every other key.
+func TestStateWriteACL(t *testing.T) {
+	got := strings.Join(stateWriteACL("ab/"), " ")
+	want := `resetkeys ~[^a]* ~a[^b]* ~a ~ab[^/]* ~ab %R~ab/*`
+	if got != want {
+		t.Fatalf("stateWriteACL(ab/) = %q, want %q", got, want)
+	}
+}

@@ -707,3 +707,32 @@ func lifecycleAnnounced(j *journal, events []entry) (*invariant, string) {
 	}
 	return iv, fmt.Sprintf("lifecycle events by kind: %v", kinds)
 }
+
+// servedAfterConvergence is the rule that no node serves a worker the API
+// does not list as running once the cluster converged (issue 43: a node
+// woken from a pause with a stale view, or a stale activity attempt,
+// must not bring a deleted or stopped worker back): every output Redis
+// took later than stopBound after converged is by a worker that
+// ListWorkers listed RUNNING at convergence (running: its ids); a worker
+// unknown to the journal counts too.
+func servedAfterConvergence(j *journal, o *observed, topics []string, running map[string]bool, converged time.Time) *invariant {
+	iv := &invariant{name: "after convergence, outputs only by workers ListWorkers lists as RUNNING"}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, topic := range topics {
+		for _, out := range o.outputs[topic] {
+			if out.at.Sub(converged) <= stopBound {
+				continue
+			}
+			iv.checked++
+			if !running[out.worker] {
+				name := out.worker
+				if w := j.workers[out.worker]; w != nil {
+					name = idOf(w) + " (journal: " + w.current().String() + ")"
+				}
+				iv.fail("output %s by %s (node %s) at %s: not listed as RUNNING at convergence (%s)", out.id, name, out.node, j.rel(out.at), j.rel(converged))
+			}
+		}
+	}
+	return iv
+}

@@ -29,12 +29,13 @@ const (
 	processingTimeout = 15 * time.Second
 	lockMaxAge        = 6 * time.Second
 	maxAttempts       = 3
+	nodeHeartbeat     = time.Second // NODE_HEARTBEAT: a node silent for 3 counts as gone
 )
 
 func nodeSettings() []string {
 	return []string{
 		"WORKER_TIMEOUT=" + workerTimeout.String(),
-		"RECONCILE_INTERVAL=5s", "NODE_HEARTBEAT=1s", "LOG_LEVEL=info",
+		"RECONCILE_INTERVAL=5s", "NODE_HEARTBEAT=" + nodeHeartbeat.String(), "LOG_LEVEL=info",
 		"WORKER_MAX_ATTEMPTS=" + strconv.Itoa(maxAttempts), "WORKER_RETRY_BACKOFF=200ms",
 		"GROUP_LOCK_MAX_AGE_MS=" + strconv.Itoa(int(lockMaxAge/time.Millisecond)),
 		"GROUP_LOCK_RETRY_BASE_DELAY_MS=20", "GROUP_LOCK_MAX_RETRIES=10",
@@ -352,40 +353,43 @@ func (c *cluster) killNode(ctx context.Context, n *node, down time.Duration) err
 
 // pauseNode SIGSTOPs node n's process group for d, then SIGCONTs it.
 func (c *cluster) pauseNode(ctx context.Context, n *node, d time.Duration) {
+	thaw := c.freeze(n, c.pauseNodeOnly)
+	defer thaw()
+	sleepCtx(ctx, d)
+}
+
+// freeze SIGSTOPs node n and returns what SIGCONTs it. The worker
+// processes run in sandboxes with process groups of their own: freeze
+// stops the node's group and every descendant, as a paused host; with
+// nodeOnly it stops the node process alone (a grouped call in flight then
+// finishes meanwhile and its reply waits for the node).
+func (c *cluster) freeze(n *node, nodeOnly bool) (thaw func()) {
 	c.mu.Lock()
 	pid := n.proc.Cmd.Process.Pid
 	n.stopped = true
 	c.mu.Unlock()
-	// The worker processes run in sandboxes with process groups of their
-	// own: stop the node's group and every descendant, as a paused host.
-	if c.pauseNodeOnly {
+	var desc []int
+	if nodeOnly {
 		_ = syscall.Kill(pid, syscall.SIGSTOP)
-		defer func() {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-			c.mu.Lock()
-			n.stopped = false
-			c.mu.Unlock()
-		}()
-		sleepCtx(ctx, d)
-		return
+	} else {
+		_ = syscall.Kill(-pid, syscall.SIGSTOP)
+		desc = descendants(pid)
+		for _, d := range desc {
+			_ = syscall.Kill(d, syscall.SIGSTOP)
+		}
 	}
-	_ = syscall.Kill(-pid, syscall.SIGSTOP)
-	desc := descendants(pid)
-	for _, d := range desc {
-		_ = syscall.Kill(d, syscall.SIGSTOP)
-	}
-	defer func() {
+	return func() {
 		for _, d := range desc {
 			_ = syscall.Kill(d, syscall.SIGCONT)
 		}
-		_ = syscall.Kill(-pid, syscall.SIGCONT)
+		if nodeOnly {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		} else {
+			_ = syscall.Kill(-pid, syscall.SIGCONT)
+		}
 		c.mu.Lock()
 		n.stopped = false
 		c.mu.Unlock()
-	}()
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
 	}
 }
 

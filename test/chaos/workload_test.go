@@ -84,6 +84,7 @@ type fault struct {
 	Kind, Target string
 	Start, End   time.Time
 	Err          string
+	Note         string // what the fault saw (issue 43's kinds)
 }
 
 // pendingSnap is the set of a topic's input entries pending (unacked) in
@@ -420,6 +421,14 @@ func (wl *workload) remove(ctx context.Context, w *wrec) error {
 	})
 	if err == nil {
 		wl.j.answer("DeleteWorker", w)
+		wl.mark(w, deleted)
+	}
+	if status.Code(err) == codes.NotFound {
+		// An attempt whose answer was lost (the call's deadline passed
+		// while a node was paused) deleted it, and the retry found it
+		// gone: deleted, from now on (the API answered no OK, so no
+		// lifecycle event is required of it).
+		wl.j.logf("%s DeleteWorker %s: NOT_FOUND on a retry: counted deleted from now", wl.j.rel(time.Now()), idOf(w))
 		wl.mark(w, deleted)
 	}
 	return err

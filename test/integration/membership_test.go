@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -239,4 +242,171 @@ func healthAt(t *testing.T, url string) health.Report {
 	b, _ := io.ReadAll(resp.Body)
 	_ = json.Unmarshal(b, &r)
 	return r
+}
+
+// Issue 43 item 8, on the real stack: a group lock is not trusted twice
+// after its holder's lapse. Two nodes run one grouped worker. One of them
+// (X) is paused (SIGSTOP, its worker process left running) while a call of
+// the group runs there, so X holds the group's lock; X stays paused past
+// its membership TTL, the other node (Y) takes the lock and runs the
+// group's messages; then X runs again, while messages keep coming to both
+// nodes (through X's settle window, two heartbeat intervals). Across the
+// whole run no two executions of the group overlap in time, no fencing
+// token is handed out twice, and every message is answered.
+func TestGroupLockHeldAcrossAPauseIsNotTrustedTwice(t *testing.T) {
+	inTurn(t) // a stack of its own: it pauses a node
+
+	const heartbeat = 2 * time.Second // membership TTL 6 s
+	lockEnv := []string{"GROUP_LOCK_RETRY_BASE_DELAY_MS=5", "GROUP_LOCK_MAX_RETRIES=10", "WORKER_QUEUE_DEPTH=64", "NODE_HEARTBEAT=" + heartbeat.String()}
+	e := newEnvWith(t, envConfig{nodeEnv: lockEnv})
+	nodeB, _, bURL := e.startNodeBFull(t)
+	dir := workerDir(t)
+	logPath, enterPath, release := filepath.Join(dir, "calls.log"), filepath.Join(dir, "hold.enter"), filepath.Join(dir, "release")
+	in, out := topicName(t, "in"), topicName(t, "out")
+	outs := collectFrom(e.subscribe(out))
+	group := "g-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	code := fmt.Sprintf(`
+import json, os, time
+
+def process(event):
+    enter = time.time_ns()
+    node = os.environ.get("WORKMANAGER_NODE_ID", "node-a")
+    data = event.get("data") or {}
+    if data.get("hold"):
+        with open(%[1]q, "a") as f:
+            f.write(node + " " + event["id"] + "\n")
+        give_up = time.time() + 60
+        while not os.path.exists(%[2]q) and time.time() < give_up:
+            time.sleep(0.01)
+    if data.get("sleep_ms"):
+        time.sleep(data["sleep_ms"] / 1000.0)
+    line = json.dumps({"w": "g", "id": event["id"], "enter": enter, "exit": time.time_ns(), "tok": event.get("fencingtoken"), "node": node})
+    with open(%[3]q, "a") as f:
+        f.write(line + "\n")
+    return {"type": %[4]q, "data": {"in": event["id"], "node": node}}
+`, enterPath, release, logPath, out)
+	e.createWith(t, &pb.CreateWorkerRequest{Code: pyCode([]byte(code)), Topic: in, Group: group})
+	var ids []string
+	publish := func(prefix string, n int, every time.Duration) {
+		for i := range n {
+			id := fmt.Sprintf("%s-%d", prefix, i)
+			ids = append(ids, id)
+			e.publish(in, id, map[string]any{"sleep_ms": 50}, "")
+			time.Sleep(every) // pacing, so that both nodes take messages
+		}
+	}
+	answered := func() map[string]bool {
+		m := map[string]bool{}
+		for _, ev := range outs.all() {
+			var d struct{ In string }
+			if ev.DataAs(&d) == nil {
+				m[d.In] = true
+			}
+		}
+		return m
+	}
+	waitAnswered := func(what string) {
+		t.Helper()
+		waitFor(t, 3*time.Minute, what, func() bool {
+			a := answered()
+			for _, id := range ids {
+				if !a[id] {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	publish("pre", 20, 100*time.Millisecond)
+	waitAnswered("the answers to the first messages")
+
+	// A call of the group runs on X: X holds the lock when it is paused.
+	ids = append(ids, "hold")
+	e.publish(in, "hold", map[string]any{"hold": true}, "")
+	var x string
+	waitFor(t, 60*time.Second, "the held call to start", func() bool {
+		b, err := os.ReadFile(enterPath)
+		x, _, _ = strings.Cut(string(b), " ")
+		return err == nil && x != ""
+	})
+	pid, y, xID, yURL := e.node.Cmd.Process.Pid, "node-b", clusterSelf(t, e.nodeURL), bURL
+	if x == "node-b" {
+		pid, y, xID, yURL = nodeB.Cmd.Process.Pid, "node-a", "node-b", e.nodeURL
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+	paused := time.Now()
+	// The call itself ends now (its process runs on), before the lock can
+	// lapse: what X does with the lock afterwards is under test.
+	if err := os.WriteFile(release, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	publish("lapse", 10, 200*time.Millisecond)
+	waitFor(t, 30*time.Second, y+" to count "+x+" ("+xID+") gone", func() bool {
+		c := healthAt(t, yURL).Checks[health.Cluster]
+		return c.Status == health.Healthy && !strings.Contains(c.Detail, xID)
+	})
+	waitFor(t, 2*time.Minute, y+" to take the lock after "+x+"'s lapse", func() bool {
+		n := 0
+		for _, c := range calls(t, logPath) {
+			if c.Node == y && c.Enter > paused.UnixNano() {
+				n++
+			}
+		}
+		return n >= 3
+	})
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	resumed := time.Now()
+	t.Logf("%s paused %s holding group %s's lock; %s took it meanwhile", x, resumed.Sub(paused).Round(time.Second), group, y)
+	publish("after", 60, 100*time.Millisecond) // 6 s: over X's settle window
+	waitAnswered("every message answered")
+
+	cs := calls(t, logPath)
+	if o := overlaps(cs); o != 0 {
+		t.Fatalf("%d overlapping executions inside group %s across the pause", o, group)
+	}
+	tokens, byID := map[string]bool{}, countByID(cs)
+	for _, c := range cs {
+		if c.Tok == "" || tokens[c.Tok] {
+			t.Errorf("call of %s on %s: fencing token %q missing or handed out twice", c.ID, c.Node, c.Tok)
+		}
+		tokens[c.Tok] = true
+	}
+	xAfter := 0
+	for _, c := range cs {
+		if c.Node == x && c.Enter > resumed.UnixNano() {
+			xAfter++
+		}
+	}
+	for _, id := range ids {
+		if byID[id] == 0 {
+			t.Errorf("%s was answered but never run", id)
+		}
+	}
+	var errs []string
+	e.mu.Lock()
+	for _, l := range e.lifecycle {
+		if l.Type == lifecycleevents.TypePrefix+string(lifecycleevents.Error) {
+			errs = append(errs, l.Data.ErrorType)
+		}
+	}
+	e.mu.Unlock()
+	t.Logf("%d messages, %d executions of the group without overlap; %s ran %d after it resumed; the held call ran %d time(s); error events %v",
+		len(ids), len(cs), x, xAfter, byID["hold"], errs)
+}
+
+// clusterSelf is the cluster id of the node at url, from its /health
+// ("node <id>; live nodes: …").
+func clusterSelf(t *testing.T, url string) string {
+	t.Helper()
+	d := healthAt(t, url).Checks[health.Cluster].Detail
+	id, _, ok := strings.Cut(strings.TrimPrefix(d, "node "), ";")
+	if !strings.HasPrefix(d, "node ") || !ok || id == "" {
+		t.Fatalf("no node id in the cluster check of %s: %q", url, d)
+	}
+	return id
 }

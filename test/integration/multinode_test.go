@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/virtufin/workmanager/internal/devstack"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
@@ -137,4 +140,71 @@ func (o *outputs) expect(ids ...string) {
 			o.t.Fatalf("unexpected output %s while waiting for %v", ev.ID(), want)
 		}
 	}
+}
+
+// Issue 43 item 13 (c): a node that cannot load a worker's new code (its
+// import raises there, WM_TEST_REFUSE_LOAD) does not leave the worker
+// half-changed, and does not block later changes. Each LoadCode of such
+// code ends one of two ways, both consistent: the change is persisted and
+// every other node runs it while the failing node parks the worker (its
+// messages go to the others), and the answer is UNAVAILABLE naming that
+// node (the not_applied promise: code_updated is not announced while a
+// live node runs the old code); or, when the load check or the Apply
+// itself ran on the failing node, INVALID_ARGUMENT with the import's
+// error and that node's id, and nothing changed. Code that every node loads is then applied
+// everywhere and answered OK: the failing node does not make LoadCode
+// fail for ever.
+func TestLoadCodeThatOneNodeCannotLoad(t *testing.T) {
+	inTurn(t) // a stack of its own
+	e := newEnvWith(t, envConfig{})
+	e.startNodeB(t, "WM_TEST_REFUSE_LOAD=1")
+	in, out := topicName(t, "in"), topicName(t, "out")
+	outs := e.subscribe(out)
+	id := e.create(t, in, echoWorker(out, "v1"))
+	serves := func(round int, want string) {
+		t.Helper()
+		for i := range 3 {
+			e.publish(in, fmt.Sprintf("r%d-%d", round, i), map[string]any{"n": i}, "")
+		}
+		for range 3 {
+			if d := decodeOut(t, expectEvent(t, outs, 60*time.Second).Data()); d.Version != want {
+				t.Fatalf("round %d: output of %s, want %s", round, d.Version, want)
+			}
+		}
+	}
+	serves(0, "v1")
+	version, current := int64(1), "v1"
+	outcomes := map[codes.Code]int{}
+	for round := 1; round <= 3; round++ {
+		next := fmt.Sprintf("v%d", round+1)
+		_, err := e.client.LoadCode(ctxT(t), &pb.LoadCodeRequest{WorkerId: id, Code: pyCode(refusing(echoWorker(out, next)))})
+		outcomes[status.Code(err)]++
+		w, gerr := e.client.GetWorker(ctxT(t), &pb.GetWorkerRequest{WorkerId: id})
+		if gerr != nil {
+			t.Fatal(gerr)
+		}
+		switch status.Code(err) {
+		case codes.Unavailable:
+			if !strings.Contains(err.Error(), "node-b") {
+				t.Fatalf("round %d: %v; want the failing node named", round, err)
+			}
+			version, current = version+1, next
+		case codes.InvalidArgument:
+			if !strings.Contains(err.Error(), "this node cannot load me") || !strings.Contains(err.Error(), "node node-b") {
+				t.Fatalf("round %d: %v; want the import's error and the node it failed on", round, err)
+			}
+		default:
+			t.Fatalf("round %d: LoadCode of code node B cannot load: %v; want UNAVAILABLE or INVALID_ARGUMENT", round, err)
+		}
+		if w.GetCodeVersion() != version {
+			t.Fatalf("round %d (%v): worker at version %d, want %d", round, status.Code(err), w.GetCodeVersion(), version)
+		}
+		serves(round, current)
+		t.Logf("round %d: %v; the worker serves %s", round, status.Code(err), current)
+	}
+	t.Logf("LoadCode of code one node cannot load, three times: %v", outcomes)
+	if _, err := e.client.LoadCode(ctxT(t), &pb.LoadCodeRequest{WorkerId: id, Code: pyCode(echoWorker(out, "v9"))}); err != nil {
+		t.Fatalf("LoadCode of code every node loads, after the failures: %v", err)
+	}
+	serves(9, "v9")
 }

@@ -357,7 +357,10 @@ func testWorkerNames(t *testing.T) {
 	if _, err := e.client.GetWorker(ctxT(t), &pb.GetWorkerRequest{WorkerId: "orders-enricher"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("GetWorker of the deleted name: %v", err)
 	}
-	if _, err := create("orders-enricher", "", echoWorker(out, "v1")); status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), "orders-enricher") {
+	// Issue 44 item 6: the error says why, since GetWorker of the name is
+	// NOT_FOUND.
+	if _, err := create("orders-enricher", "", echoWorker(out, "v1")); status.Code(err) != codes.AlreadyExists ||
+		!strings.Contains(err.Error(), `name "orders-enricher" is taken by a deleted worker`) || !strings.Contains(err.Error(), "pick another") {
 		t.Fatalf("create of a deleted worker's name: %v", err)
 	}
 	if _, err := e.client.GetWorker(ctxT(t), &pb.GetWorkerRequest{WorkerId: "no-such-worker"}); status.Code(err) != codes.NotFound {

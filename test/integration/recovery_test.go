@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -184,4 +185,82 @@ func TestStreamReconnectsAfterDaprdRestart(t *testing.T) {
 	o := &outputs{t: t, ch: e.subscribe(out), seen: map[string]bool{}}
 	after := e.publishIDs(in, "after-0", "after-1", "after-2")
 	o.expect(append(before, after...)...)
+}
+
+// Issue 43 item 2, on the real stack: a start-up recovery with one worker
+// that cannot load on the restarted node (its import raises there), one
+// that loads slowly (its import sleeps 8 s there) and several healthy ones
+// finishes: the node turns ready, the healthy and the slow workers serve,
+// the one that cannot load gets a not_recovered error event, and GetWorker
+// says why it is not served ("not recovered: …", Worker.status_reason),
+// until it loads again (here: a LoadCode of code that loads).
+func TestRecoveryFinishesPastAWorkerThatCannotLoad(t *testing.T) {
+	inTurn(t) // a stack of its own: it restarts the node
+	e := newEnv(t, "")
+	out := topicName(t, "out")
+	outs := e.subscribe(out)
+	topics := map[string]string{}
+	create := func(name string, code []byte) string {
+		in := topicName(t, name)
+		id := e.create(t, in, code)
+		topics[id] = in
+		return id
+	}
+	var healthy []string
+	for i := range 3 {
+		healthy = append(healthy, create(fmt.Sprintf("ok%d", i), echoWorker(out, "v1")))
+	}
+	slow := create("slow", append([]byte("import os, time\nif os.environ.get('WM_TEST_REFUSE_LOAD'):\n    time.sleep(8)\n"), echoWorker(out, "v1")...))
+	bad := create("bad", refusing(echoWorker(out, "v1")))
+
+	// The node restarts where the bad worker's import raises.
+	e.node.Stop(10 * time.Second)
+	e.nodeEnv = append(e.nodeEnv, "WM_TEST_REFUSE_LOAD=1")
+	began := time.Now()
+	e.startNode() // returns once /readyz passes: recovery, then reconcile, finished
+	t.Logf("the node was ready %s after its start (recovery included)", time.Since(began).Round(time.Second))
+
+	for _, id := range append(healthy, slow) {
+		e.publish(topics[id], "after-restart-"+id, map[string]any{"n": 1}, "")
+		if d := decodeOut(t, expectEvent(t, outs, 30*time.Second).Data()); d.Version != "v1" {
+			t.Fatalf("output of %s: %+v", id, d)
+		}
+	}
+	waitFor(t, 30*time.Second, "the not_recovered event of the worker that cannot load", func() bool {
+		ev, ok := e.lifecycleEventOf(bad, lifecycleevents.Error)
+		return ok && ev.Data.ErrorType == "not_recovered"
+	})
+	if ev, _ := e.lifecycleEventOf(bad, lifecycleevents.Error); !strings.Contains(ev.Data.ErrorMessage, "this node cannot load me") {
+		t.Fatalf("not_recovered event %+v; want the import's error in it", ev.Data)
+	}
+	w, err := e.client.GetWorker(ctxT(t), &pb.GetWorkerRequest{WorkerId: bad})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := w.GetStatusReason(); !strings.HasPrefix(r, "not recovered: ") || !strings.Contains(r, "this node cannot load me") {
+		t.Fatalf("status_reason of the worker that cannot load: %q; want \"not recovered: <why>\"", r)
+	}
+	t.Logf("GetWorker: status %s, status_reason %q", w.GetStatus(), w.GetStatusReason())
+	for _, id := range append(healthy, slow) {
+		if w, err := e.client.GetWorker(ctxT(t), &pb.GetWorkerRequest{WorkerId: id}); err != nil || w.GetStatusReason() != "" {
+			t.Fatalf("GetWorker of recovered worker %s: status_reason %q, %v; want none", id, w.GetStatusReason(), err)
+		}
+	}
+	// A recovery run again finishes with the same count.
+	r, err := e.client.RecoverWorkers(ctxT(t), &pb.RecoverWorkersRequest{})
+	if err != nil || r.GetRecovered() != 4 || r.GetFailed() != 1 {
+		t.Fatalf("RecoverWorkers: %v %v; want 4 recovered, 1 failed", r, err)
+	}
+
+	// Code that loads: the worker serves, and the reason is gone.
+	if _, err := e.client.LoadCode(ctxT(t), &pb.LoadCodeRequest{WorkerId: bad, Code: pyCode(echoWorker(out, "v2"))}); err != nil {
+		t.Fatalf("LoadCode of code that loads: %v", err)
+	}
+	e.publish(topics[bad], "after-load", map[string]any{"n": 2}, "")
+	if d := decodeOut(t, expectEvent(t, outs, 30*time.Second).Data()); d.Version != "v2" {
+		t.Fatalf("output after the load: %+v", d)
+	}
+	if w, err := e.client.GetWorker(ctxT(t), &pb.GetWorkerRequest{WorkerId: bad}); err != nil || w.GetStatusReason() != "" {
+		t.Fatalf("GetWorker once the worker loaded: status_reason %q, %v; want none", w.GetStatusReason(), err)
+	}
 }

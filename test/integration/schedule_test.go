@@ -32,6 +32,7 @@ var expectedSeconds = map[string]int{
 	"TestTemporalUIScreenshots":                              117,
 	"TestWmctl":                                              113,
 	"TestHalfAppliedChangeLeavesOneTruth":                    73,
+	"TestInProcessNativeCrashIsQuarantined":                  65,
 	"TestDotnetWorkers":                                      71,
 	"TestStopOfASlowWorkerIsBounded":                         71,
 	"TestTenants":                                            67,

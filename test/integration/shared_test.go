@@ -197,10 +197,11 @@ func TestSharedStack(t *testing.T) {
 		{"CreateWithRequestIDMakesOneWorker", testCreateWithRequestIDMakesOneWorker},
 		{"WorkerNames", testWorkerNames},
 		{"HungWorkerTimesOut", testHungWorkerTimesOut},
+		{"FailuresSayWhere", testFailuresSayWhere},
 		{"OversizeEventDeadLettersAndTopicFlows", testOversizeEventDeadLettersAndTopicFlows},
 		{"DataWithoutContentType", testDataWithoutContentType},
 		{"ReplayRealHistory", testReplayRealHistory},
-		{"PythonWorkersGuide", testPythonWorkersGuide},
+		{"Guides", testGuides},
 	} {
 		t.Run(tc.name, tc.test)
 	}

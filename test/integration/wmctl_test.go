@@ -426,7 +426,19 @@ def process(event):
 	}
 	w.fails(6, "not reachable", "list", "--addr", "127.0.0.1:"+strconv.Itoa(port))
 	w.fails(6, "not reachable", "publish", in, "--dapr", "127.0.0.1:"+strconv.Itoa(port))
-	w.fails(1, "node.log", "logs", id)
+	// logs (issue 44 item 4): the worker's lines of the node's log, found
+	// by name, each naming the worker once; without a node log here, a
+	// usage error that says where it is.
+	w.fails(2, ".run/node.log", "logs", id)
+	logs := w.ok("logs", "wmctl-py", "--file", filepath.Join(e.dir, "node.log"))
+	if !strings.Contains(logs, "worker_id="+id) {
+		t.Errorf("logs wmctl-py printed no line of %s:\n%s", id, logs)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(logs), "\n") {
+		if strings.Count(l, "worker_id=") != 1 || !strings.Contains(l, "worker_id="+id) {
+			t.Errorf("logs wmctl-py: a line that is not the worker's once: %q", l)
+		}
+	}
 	if s := w.ok("completion", "bash"); !strings.Contains(s, "bash completion") {
 		t.Errorf("completion bash printed %d bytes", len(s))
 	}

@@ -245,7 +245,7 @@ namespace Virtufin.WorkManager.Host
             catch (TargetInvocationException e)
             {
                 var inner = e.InnerException ?? e;
-                throw new LoadException(inner.GetType().Name, "constructing " + type.FullName + ": " + inner.Message, inner.ToString());
+                throw new LoadException(inner.GetType().Name, "constructing " + type.FullName + ": " + inner.Message, Detail(inner));
             }
         }
 
@@ -349,8 +349,25 @@ namespace Virtufin.WorkManager.Host
                 inEvent = false;
                 while ((e is AggregateException || e is TargetInvocationException) && e.InnerException != null)
                     e = e.InnerException;
-                WriteError(e.GetType().Name, e.Message, e.ToString());
+                WriteError(e.GetType().Name, e.Message, Detail(e));
             }
+        }
+
+        // Detail is e with its stack, without the host's own frames (the
+        // worker's are what its author can act on).
+        static string Detail(Exception e)
+        {
+            var lines = e.ToString().Split('\n');
+            var b = new StringBuilder();
+            foreach (var line in lines)
+            {
+                if (line.TrimStart().StartsWith("at Virtufin.WorkManager.Host.", StringComparison.Ordinal))
+                    continue;
+                if (b.Length > 0)
+                    b.Append('\n');
+                b.Append(line.TrimEnd('\r', ' '));
+            }
+            return b.ToString();
         }
 
         // CallGateway sends a 'G' frame mid-event and waits for the node's answer.

@@ -48,6 +48,9 @@ type report struct {
 	Type      string `json:"type"`
 	Message   string `json:"message"`
 	Traceback string `json:"traceback"`
+	// InvalidOutput: the runner refused the call's outputs (no "type", a
+	// value it cannot encode): engines.ErrInvalidOutput.
+	InvalidOutput bool `json:"invalid_output"`
 }
 
 // DecodeError turns an 'X' payload into an *Error of kind, its texts cut
@@ -58,7 +61,7 @@ func DecodeError(kind error, payload []byte) error {
 		return fmt.Errorf("%w: undecodable error report from the worker process: %s", kind, Truncate(err.Error(), maxOutputErrorText))
 	}
 	return &Error{Kind: kind, Type: Truncate(w.Type, MaxErrorType), Message: Truncate(w.Message, MaxErrorMessage),
-		Traceback: TruncateStart(w.Traceback, MaxErrorTraceback)}
+		Traceback: TruncateStart(w.Traceback, MaxErrorTraceback), InvalidOutput: w.InvalidOutput}
 }
 
 // Truncate returns s cut to at most n bytes, ending in "..." when it was
@@ -189,7 +192,7 @@ func outputError(i int, err error) error {
 	if errors.As(err, &werr) {
 		return err
 	}
-	return &Error{Kind: engines.ErrWorkerFailed, Message: Truncate(engines.OutputError(i, err), maxOutputErrorText)}
+	return &Error{Kind: engines.ErrWorkerFailed, Message: Truncate(engines.OutputError(i, err), maxOutputErrorText), InvalidOutput: true}
 }
 
 // eachElement calls f with each element of the JSON list at b[i] ('['),

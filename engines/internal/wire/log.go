@@ -15,7 +15,11 @@ const (
 )
 
 // LineLogger forwards a worker's stdout or stderr to slog, one record per
-// line, at level Info with the attributes worker_id and stream. exec.Cmd
+// line, at level Info with the attributes worker_id and stream. A line that
+// starts with a level mark, "\x1eL<levelno> <logger>\x1f" (what the Python
+// runner writes for a logging record, levelno being Python's), is logged at
+// that level (DEBUG, INFO, WARNING, ERROR and above) with the attribute
+// logger, the mark removed. exec.Cmd
 // writes to it from one goroutine; Tail may be called from others.
 type LineLogger struct {
 	log      *slog.Logger
@@ -65,9 +69,15 @@ func (l *LineLogger) Flush() {
 
 func (l *LineLogger) emit(line []byte) {
 	line = bytes.TrimRight(line, "\r")
+	level, logger, line := splitLevelMark(line, l.level)
 	s := string(line)
-	l.log.LogAttrs(context.Background(), l.level, s,
-		slog.String("worker_id", l.workerID), slog.String("stream", l.stream))
+	if logger != "" && logger != "root" {
+		l.log.LogAttrs(context.Background(), level, s,
+			slog.String("worker_id", l.workerID), slog.String("stream", l.stream), slog.String("logger", logger))
+	} else {
+		l.log.LogAttrs(context.Background(), level, s,
+			slog.String("worker_id", l.workerID), slog.String("stream", l.stream))
+	}
 	if l.keepTail && len(bytes.TrimSpace(line)) > 0 {
 		if len(s) > tailWidth {
 			s = s[:tailWidth] + "..."
@@ -79,6 +89,48 @@ func (l *LineLogger) emit(line []byte) {
 		}
 		l.last = append(l.last, s)
 		l.mu.Unlock()
+	}
+}
+
+// LevelMark starts a line whose level is given (see LineLogger).
+const LevelMark = "\x1eL"
+
+// splitLevelMark returns the level, the logger name and the text of a line
+// that starts with a level mark, else def, "" and the line.
+func splitLevelMark(line []byte, def slog.Level) (slog.Level, string, []byte) {
+	rest, ok := bytes.CutPrefix(line, []byte(LevelMark))
+	if !ok {
+		return def, "", line
+	}
+	num, rest, ok := bytes.Cut(rest, []byte(" "))
+	if !ok || len(num) == 0 || len(num) > 3 {
+		return def, "", line
+	}
+	n := 0
+	for _, c := range num {
+		if c < '0' || c > '9' {
+			return def, "", line
+		}
+		n = n*10 + int(c-'0')
+	}
+	name, text, ok := bytes.Cut(rest, []byte("\x1f"))
+	if !ok {
+		return def, "", line
+	}
+	return PythonLevel(n), string(name), text
+}
+
+// PythonLevel is the slog level of a Python logging level number.
+func PythonLevel(n int) slog.Level {
+	switch {
+	case n <= 10:
+		return slog.LevelDebug
+	case n <= 20:
+		return slog.LevelInfo
+	case n <= 30:
+		return slog.LevelWarn
+	default:
+		return slog.LevelError
 	}
 }
 

@@ -47,6 +47,10 @@ type Error struct {
 	// Traceback is the formatted stack of the exception without the
 	// runner's or host's own frames; it may be empty.
 	Traceback string
+	// InvalidOutput: the call returned outputs that cannot be published
+	// (engines.ErrInvalidOutput), found by the engine or reported by the
+	// worker process ("invalid_output" in its error report).
+	InvalidOutput bool
 }
 
 func (e *Error) Error() string {
@@ -69,6 +73,14 @@ func (e *Error) Error() string {
 }
 
 func (e *Error) Unwrap() error { return e.Kind }
+
+// Is matches engines.ErrInvalidOutput when the error is about the outputs.
+func (e *Error) Is(target error) bool {
+	return e.InvalidOutput && target == engines.ErrInvalidOutput
+}
+
+// WorkerTraceback is the traceback (engines.Traceback).
+func (e *Error) WorkerTraceback() string { return e.Traceback }
 
 // ServeGatewayUntil is ServeGateway on a context that also ends at
 // deadline (the call's) and when closed ends (the instance's): a backend

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 
@@ -68,7 +69,7 @@ func Main(args []string) int {
 	if host == nil {
 		return fail(false, errors.New("native-host: out of memory"))
 	}
-	lib, err := loader.Open(*libPath, loader.Exports{Library: *libPath, Process: *entry, FreeResult: *free, ABIVersion: *abiVersion})
+	lib, err := loader.Open(*libPath, loader.Exports{File: filepath.Base(*libPath), Process: *entry, FreeResult: *free, ABIVersion: *abiVersion})
 	if err != nil {
 		return fail(true, err)
 	}

@@ -78,7 +78,9 @@ func (e *Engine) Loads() int {
 
 // Info implements engines.Engine.
 func (e *Engine) Info() engines.Info {
-	return engines.Info{Name: "test", MIMETypes: []string{MIMEType}}
+	// In-process, like a native engine in its default mode: its workers
+	// can be quarantined (internal/node/quarantine.go).
+	return engines.Info{Name: "test", MIMETypes: []string{MIMEType}, Capabilities: engines.Capabilities{InProcess: true}}
 }
 
 // Check implements engines.Engine.

@@ -1530,7 +1530,8 @@ type DeadLetter struct {
 	At *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=at,proto3" json:"at,omitempty"`
 	// Where the last error happened, when the engine knows: the Python
 	// traceback, the .NET stack trace, the native error text; bounded
-	// (16 KiB) and redacted like error. Its last line is the innermost frame.
+	// (16 KiB, its innermost frames kept) and redacted like error. Python
+	// lists the innermost frame last, .NET first.
 	Traceback     string `protobuf:"bytes,9,opt,name=traceback,proto3" json:"traceback,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -231,7 +231,7 @@ def test_bad_output_from_the_runner(tmp_path: Path) -> None:
     """
     with Harness(write(tmp_path, src)) as h:
         result = h.run(event())
-    assert result.reason == "worker_failed"
+    assert result.reason == "output_invalid"
     assert result.error is not None and result.error.message == 'output 1: missing required attribute "type"'
 
 
@@ -242,7 +242,7 @@ def test_bad_extension_like_the_go_sdk(tmp_path: Path) -> None:
     """
     with Harness(write(tmp_path, src)) as h:
         result = h.run(event())
-    assert result.reason == "worker_failed"
+    assert result.reason == "output_invalid"
     assert result.error is not None and result.error.message.startswith('output 1: bad key "bad_name"')
 
 

@@ -72,7 +72,7 @@ def test_extension_values_like_the_go_sdk() -> None:
     for bad in bads:
         with pytest.raises(OutputRefused) as e:
             check_outputs(wire, {"specversion": "1.0", "type": "x", **bad}, OutputPolicy())
-        assert e.value.reason == "worker_failed" and e.value.message.startswith("output 0: extension")
+        assert e.value.reason == "output_invalid" and e.value.message.startswith("output 0: extension")
 
 
 def test_data_size() -> None:

@@ -12,6 +12,9 @@
 #ifndef VERSION
 #define VERSION "v1"
 #endif
+#ifndef OUT_TYPE
+#define OUT_TYPE "native-out"
+#endif
 
 VIRTUFIN_EXPORT int32_t Process(const VirtufinHost* host, const uint8_t* in, int32_t in_len, uint8_t** out,
                                 int32_t* out_len) {
@@ -23,6 +26,13 @@ VIRTUFIN_EXPORT int32_t Process(const VirtufinHost* host, const uint8_t* in, int
     char line[256];
     snprintf(line, sizeof line, "native worker %s handling %.*s", VERSION, (int)ev.id.len, ev.id.ptr);
     host->log(host->engine_ptr, VIRTUFIN_LOG_INFO, line);
+#ifdef CRASH_ON
+    /* A worker bug: dereferences NULL on the event with this id. */
+    if (ev.id.len == strlen(CRASH_ON) && memcmp(ev.id.ptr, CRASH_ON, ev.id.len) == 0) {
+        volatile int* null = NULL;
+        *null = 1;
+    }
+#endif
     usleep(2000); /* long enough for calls to overlap a reload */
 
     char* gw = NULL;
@@ -46,7 +56,7 @@ VIRTUFIN_EXPORT int32_t Process(const VirtufinHost* host, const uint8_t* in, int
     int dl = snprintf(data, n, "{\"version\":\"%s\",\"id\":\"%.*s\",\"gateway\":%s}", VERSION, (int)ev.id.len, ev.id.ptr,
                       gw ? gw : "null");
     vf_out_event o = {0};
-    o.type = "native-out";
+    o.type = OUT_TYPE;
     o.datacontenttype = "application/json";
     o.data = (const uint8_t*)data;
     o.data_len = (size_t)dl;

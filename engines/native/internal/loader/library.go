@@ -20,6 +20,10 @@ func LibraryFileName(library, goos string) string {
 type Exports struct {
 	// Library is the library's base name (for messages).
 	Library string
+	// File is the library's file name for messages when it is not
+	// LibraryFileName(Library) (the native host knows only the path it was
+	// given: its base name).
+	File string
 	// Process and FreeResult are the names of the two exports.
 	Process, FreeResult string
 	// ABIVersion is the ABI the library was built for (for messages).
@@ -34,4 +38,12 @@ func (e *LibraryError) Error() string { return e.msg }
 
 func libraryErrorf(format string, args ...any) error {
 	return &LibraryError{msg: fmt.Sprintf(format, args...)}
+}
+
+// fileName is the library's file name in messages.
+func (ex Exports) fileName(goos string) string {
+	if ex.File != "" {
+		return ex.File
+	}
+	return LibraryFileName(ex.Library, goos)
 }

@@ -249,7 +249,7 @@ type Library struct {
 func Open(path string, ex Exports) (*Library, error) {
 	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
 	if err != nil {
-		return nil, libraryErrorf("the library %s does not load: %v", LibraryFileName(ex.Library, runtime.GOOS), err)
+		return nil, libraryErrorf("the library %s does not load: %v", ex.fileName(runtime.GOOS), err)
 	}
 	l := &Library{handle: h}
 	var missing []string
@@ -266,8 +266,8 @@ func Open(path string, ex Exports) (*Library, error) {
 	}
 	if len(missing) > 0 {
 		_ = purego.Dlclose(h)
-		return nil, libraryErrorf("the library %s does not export %s (ABI v%d needs the exports %q and %q, named by entry_point and free_result in %s)",
-			LibraryFileName(ex.Library, runtime.GOOS), strings.Join(missing, " and "), ex.ABIVersion, ex.Process, ex.FreeResult, manifestName)
+		return nil, libraryErrorf("the library %s does not export %s (ABI v%d needs the exports %q and %q, named by entry_point and free_result in %s)%s",
+			ex.fileName(runtime.GOOS), strings.Join(missing, " and "), ex.ABIVersion, ex.Process, ex.FreeResult, manifestName, mangledHint(path, missing))
 	}
 	return l, nil
 }

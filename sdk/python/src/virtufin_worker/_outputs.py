@@ -15,7 +15,8 @@ Mirrors, in this order:
    worker's own input topic) and to ``MAX_OUTPUT_BYTES`` of data.
 
 Refusals raise :class:`OutputRefused` with the node's reason
-(``worker_failed``, ``output_policy``, ``output_limit``) and message.
+(``worker_failed``, ``output_policy``, ``output_limit``, ``output_invalid``)
+and message.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ DEAD_SUFFIX = "-dead"
 WORKER_FAILED = "worker_failed"
 OUTPUT_POLICY = "output_policy"
 OUTPUT_LIMIT = "output_limit"
+# Outputs that cannot be published at all (no "type", a bad extension, not
+# encodable): like the two above, the node dead-letters them at once.
+OUTPUT_INVALID = "output_invalid"
 
 _POLICY_DENIED = "not allowed by the worker's policy"
 _ATTRIBUTES = frozenset(
@@ -235,7 +239,7 @@ def decode_outputs(result: Any) -> list[CloudEvent]:
         try:
             outs.append(_decode(raw))
         except ValueError as e:
-            raise OutputRefused(WORKER_FAILED, f"output {i}: {e}") from None
+            raise OutputRefused(OUTPUT_INVALID, f"output {i}: {e}") from None
     return outs
 
 

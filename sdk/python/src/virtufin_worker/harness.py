@@ -36,6 +36,7 @@ from . import _process, _wire
 from ._outputs import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_OUTPUTS,
+    OUTPUT_INVALID,
     WORKER_FAILED,
     OutputPolicy,
     OutputRefused,
@@ -94,7 +95,9 @@ class Result:
     ``ok``: ``outputs`` are the completed output events as the node would
     publish them. Not ok: ``error`` says why and ``reason`` is the node's
     name for it (``worker_failed``, ``output_policy``, ``output_limit``,
-    ``timeout``); the node would retry the event and then dead-letter it.
+    ``output_invalid``, ``timeout``); the node would retry a
+    ``worker_failed`` or ``timeout`` event and then dead-letter it, and
+    dead-letters the ``output_*`` ones at once.
     """
 
     event_id: str
@@ -284,7 +287,8 @@ class Harness:
                 elif kind == _process.RESULT:
                     break
                 elif kind == _process.ERROR:
-                    return Result(event_id, False, error=_worker_error(reply), reason=WORKER_FAILED)
+                    reason = OUTPUT_INVALID if _invalid_output(reply) else WORKER_FAILED
+                    return Result(event_id, False, error=_worker_error(reply), reason=reason)
                 else:
                     self._lose(proc)
                     raise HarnessError(f"protocol error: unexpected frame {chr(kind)!r}")
@@ -332,6 +336,15 @@ class Harness:
             return b"\x00" + encode_body(answer if isinstance(answer, (bytes, bytearray)) else json.dumps(answer))
         except Exception as e:  # a broken stub: the call fails, not the harness
             return f"\x01gateway stub {key}: {type(e).__name__}: {e}".encode()
+
+
+def _invalid_output(payload: bytes) -> bool:
+    """Whether the runner refused the call's outputs (not the worker's own
+    exception): the node's ``output_invalid``."""
+    try:
+        return bool(json.loads(payload).get("invalid_output"))
+    except (ValueError, AttributeError):
+        return False
 
 
 def _worker_error(payload: bytes) -> WorkerError:
