@@ -160,13 +160,14 @@ bench: deps tools
 # The fault-injection soak (issue 25, test/chaos, docs/reliability.md): the
 # real stack with CHAOS_NODES nodes under a workload, lifecycle churn and a
 # nemesis drawn from CHAOS_SEED for CHAOS_DURATION, then an independent
-# checker; the test timeout is the duration plus 10 minutes.
+# checker; the test timeout is the duration plus 10 minutes and a sixth of
+# it (the drain, and lifecycle pauses that outlast their slot).
 CHAOS_DURATION ?= 10m
 .PHONY: chaos
 chaos: deps tools build
 	d=$(CHAOS_DURATION); case $$d in *h) m=$$(( $${d%h} * 60 ));; *m) m=$${d%m};; *s) m=$$(( $${d%s} / 60 + 1 ));; *) m=60;; esac; \
 	WM_CHAOS=1 CHAOS_DURATION=$$d CHAOS_NODES=$(CHAOS_NODES) CHAOS_SEED=$(CHAOS_SEED) \
-		go test -count=1 -timeout $$(( m + 10 ))m -v ./test/chaos/
+		go test -count=1 -timeout $$(( m + 10 + m / 6 ))m -v ./test/chaos/
 
 # Go fuzzing, each target for FUZZTIME: the SSRF defences (the URL
 # validator, the address classifier, the inet_aton-style parser) and what

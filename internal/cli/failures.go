@@ -86,11 +86,17 @@ func deadLetterKey(d *pb.DeadLetter) string {
 const (
 	waitPollFirst = 250 * time.Millisecond
 	waitPollMax   = 5 * time.Second
+	// waitGrace: a dead letter given up on this long before the command
+	// started still counts as new, so that `publish` then `dead-letters
+	// --wait` shows a failure that was dead-lettered at once (an output
+	// refused, a worker with one attempt) instead of waiting past it.
+	waitGrace = 10 * time.Second
 )
 
 // waitDeadLetters lists req's dead letters until one appears that was not
-// there at the start (polling, backing off from waitPollFirst to
-// waitPollMax), within --timeout, and returns the new ones. It lists up to
+// there at the start, or was given up on at most waitGrace before it
+// (polling, backing off from waitPollFirst to waitPollMax), within
+// --timeout, and returns the new ones. It lists up to
 // maxListLimit: a worker with more stored than that shows its new ones
 // only as older ones are replayed or expire.
 func (a *app) waitDeadLetters(ctx context.Context, req *pb.ListDeadLettersRequest) ([]*pb.DeadLetter, error) {
@@ -103,13 +109,22 @@ func (a *app) waitDeadLetters(ctx context.Context, req *pb.ListDeadLettersReques
 	stop := startSpinner(a.io.Err, a.io.ErrIsTerminal, "waiting for a new dead letter of "+req.GetWorkerId())
 	defer stop()
 	list := &pb.ListDeadLettersRequest{WorkerId: req.GetWorkerId(), Reason: req.GetReason(), Limit: maxListLimit}
+	since := time.Now().Add(-waitGrace)
 	resp, err := c.ListDeadLetters(ctx, list)
 	if err != nil {
 		return nil, &remoteError{what: "the API at " + a.cfg.Addr, timeout: a.cfg.Timeout, err: err}
 	}
 	seen := map[string]bool{}
+	var recent []*pb.DeadLetter
 	for _, d := range resp.GetDeadLetters() {
-		seen[deadLetterKey(d)] = true
+		if d.GetAt().AsTime().Before(since) {
+			seen[deadLetterKey(d)] = true
+		} else {
+			recent = append(recent, d)
+		}
+	}
+	if len(recent) > 0 {
+		return recent, nil
 	}
 	wait := waitPollFirst
 	for {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -78,6 +79,17 @@ func TestDeadLettersWaitForTheNextOne(t *testing.T) {
 	if r.code != ExitUnavailable || !strings.Contains(r.err, "no new dead letter of w-1 within --timeout 600ms") {
 		t.Fatalf("--wait without a new one: exit %d, stderr %q", r.code, r.err)
 	}
+	// `publish` then `dead-letters --wait`: a dead letter given up on a
+	// moment before the command started (dead-lettered at once) is shown,
+	// not waited past.
+	f.mu.Lock()
+	f.deadLetters = []*pb.DeadLetter{old, {WorkerId: "w-1", Topic: "orders", Reason: "output_invalid", Attempts: 1, EventId: "o-3",
+		Source: "shop", At: timestamppb.New(time.Now().Add(-2 * time.Second))}}
+	f.mu.Unlock()
+	out = f.runOK(t, "dead-letters", "w-1", "--wait", "--timeout", "5s", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &ds); err != nil || len(ds) != 1 || ds[0]["eventId"] != "o-3" {
+		t.Fatalf("--wait right after a dead letter printed %s (%v), want only o-3", out, err)
+	}
 }
 
 // Issue 44 item 3: get shows the worker's message counts and its last
@@ -91,8 +103,12 @@ func TestGetShowsCountsAndTheLastError(t *testing.T) {
 	f.mu.Lock()
 	f.workers[0].Stats = &pb.WorkerStats{Processed: 5, Failed: 3, DeadLettered: 1, LastError: "worker failed: KeyError: 'price'",
 		LastErrorAt: fixedTime, LastErrorEventId: "o-2"}
+	f.workers[0].StatusReason = "quarantined: crashed the node 2 times (last event boom); reload or start it to try again"
 	f.mu.Unlock()
 	out := f.runOK(t, "get", "pricer")
+	if !regexp.MustCompile(`Status: +RUNNING\nStatus reason: +quarantined: crashed the node 2 times`).MatchString(out) {
+		t.Errorf("get does not show the status reason under the status:\n%s", out)
+	}
 	for _, w := range []string{"Processed:", "5", "Failed attempts:", "Dead-lettered:", "Last error:", "worker failed: KeyError: 'price'",
 		"Last error at:", "2025-01-02T03:04:05Z (event o-2)"} {
 		if !strings.Contains(out, w) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -166,6 +167,11 @@ func workerDetail(x *pb.Worker) func(io.Writer) {
 			{"Allowed gateway targets", listOrAny(x.GetAllowedGatewayTargets())},
 			{"Created", ts(x.GetCreatedAt())},
 			{"Updated", ts(x.GetUpdatedAt())},
+		}
+		if r := x.GetStatusReason(); r != "" {
+			// Quarantined, or not recovered: why it does not do what its
+			// status says (right under the status).
+			rows = slices.Insert(rows, 4, [2]string{"Status reason", r})
 		}
 		rows = append(rows, statsRows(x.GetStats())...)
 		for _, r := range rows {

@@ -481,7 +481,7 @@ func (a *app) deadLettersCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&req.Reason, "reason", "", "only this reason (worker_failed, timeout, lock_contention, not_runnable, panic, …)")
 	cmd.Flags().Int32Var(&req.Limit, "limit", 0, "at most this many, 1..1000 (default 100)")
-	cmd.Flags().BoolVarP(&wait, "wait", "w", false, "wait for the next new dead letter (within --timeout, else exit 6) and print it")
+	cmd.Flags().BoolVarP(&wait, "wait", "w", false, "wait for the next new dead letter (one from the last 10 s counts; within --timeout, else exit 6) and print it")
 	return cmd
 }
 

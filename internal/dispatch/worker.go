@@ -529,7 +529,7 @@ func (d *Dispatcher) deadLetter(ctx context.Context, m *message, w Worker, reaso
 		return err
 	}
 	d.stats.deadLettered.Add(1)
-	d.WorkerStats.Worker(w.ID).DeadLettered()
+	d.WorkerStats.Worker(w.ID).DeadLettered(d.publicText(fmt.Sprint(cause)), m.id, time.Now())
 	attrs := []any{"worker_id", w.ID, "worker_name", w.Name, "topic", m.t.name, "event_id", m.id, "reason", reason,
 		"attempts", attempts, "err", d.publicText(fmt.Sprint(cause))}
 	if tb != "" {

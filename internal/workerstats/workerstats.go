@@ -219,12 +219,22 @@ func (c *Counter) Failed(text, eventID string, at time.Time) {
 	c.dirty.Store(true)
 }
 
-// DeadLettered counts a message given up on.
-func (c *Counter) DeadLettered() {
+// DeadLettered counts a message given up on, with its error as the last
+// one (bounded and redacted by the caller; "" keeps the last error).
+func (c *Counter) DeadLettered(text, eventID string, at time.Time) {
 	if c == nil {
 		return
 	}
 	c.dead.Add(1)
+	if text != "" {
+		// The last error also when no attempt failed (a dead letter
+		// without a run: crashed, not_runnable, too_large).
+		c.mu.Lock()
+		if ms := at.UnixMilli(); ms >= c.last.AtMS {
+			c.last = LastError{Text: text, AtMS: ms, EventID: eventID}
+		}
+		c.mu.Unlock()
+	}
 	c.dirty.Store(true)
 }
 

@@ -35,7 +35,7 @@ func TestNodesAreSummedAndRestartsCarryOver(t *testing.T) {
 	}
 	a.Worker("w").Failed("KeyError: 'price'", "o-1", at)
 	b.Worker("w").Failed("KeyError: 'qty'", "o-2", at.Add(time.Second))
-	b.Worker("w").DeadLettered()
+	b.Worker("w").DeadLettered("", "", time.Time{})
 	for range 2 {
 		for _, r := range []*Recorder{a, b} {
 			if err := r.Flush(ctx); err != nil {
@@ -112,7 +112,7 @@ func TestNilRecorder(t *testing.T) {
 	c := r.Worker("w")
 	c.Processed()
 	c.Failed("x", "e", time.Now())
-	c.DeadLettered()
+	c.DeadLettered("", "", time.Time{})
 	if err := r.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -150,5 +150,22 @@ func TestCountingDuringFlushesLosesNothing(t *testing.T) {
 			return
 		default:
 		}
+	}
+}
+
+// A dead letter that no failed attempt preceded (crashed, not_runnable,
+// too_large) still sets the last error: GetWorker shows why it was given
+// up on. An empty text keeps the last error.
+func TestDeadLetterWithoutAnAttemptSetsTheLastError(t *testing.T) {
+	c := NewRecorder(state.NewMemoryStore(), "n", quiet()).Worker("w")
+	at := time.UnixMilli(1_700_000_000_000)
+	c.DeadLettered("event was in flight when the node crashed", "boom-1", at)
+	counts, last := c.snapshot()
+	if counts.DeadLettered != 1 || last.Text != "event was in flight when the node crashed" || last.EventID != "boom-1" || last.AtMS != at.UnixMilli() {
+		t.Fatalf("counts %+v, last %+v", counts, last)
+	}
+	c.DeadLettered("", "other", at.Add(time.Second))
+	if _, last := c.snapshot(); last.EventID != "boom-1" {
+		t.Fatalf("an empty text replaced the last error: %+v", last)
 	}
 }

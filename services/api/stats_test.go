@@ -42,7 +42,7 @@ func TestGetWorkerSumsTheNodesStats(t *testing.T) {
 	n1.Worker(id).Processed()
 	n1.Worker(id).Failed("worker failed: KeyError: 'price'", "o-1", at)
 	n2.Worker(id).Failed("worker failed: KeyError: 'qty'", "o-2", at.Add(time.Second))
-	n2.Worker(id).DeadLettered()
+	n2.Worker(id).DeadLettered("", "", time.Time{})
 	for _, r := range []*workerstats.Recorder{n1, n2} {
 		if err := r.Flush(ctx); err != nil {
 			t.Fatal(err)
