@@ -56,6 +56,11 @@ import (
 //     B runs again, and a LoadCode that every node applies takes the failed
 //     load's number (failed-load-number-reused) and publishes the held
 //     "stopped" (unannounced-events-published); delete.
+//   - worker_deleted_history.json: create, stop, start (through the
+//     temporal CLI), delete, which sets the WorkerStatus search attribute
+//     to DELETED (deleted-search-attribute); recorded by
+//     `WM_RECORD_HISTORY=1 go test ./test/integration -run
+//     'TestSharedStack$/^TemporalCLIControlsWorker$'`.
 //
 // Every lifecycle history after the first also takes
 // unconfirmed-nodes-not-applied, and every create worker-incarnation.
@@ -67,6 +72,7 @@ var (
 		"testdata/worker_create_failed_history.json",
 		"testdata/worker_node_failures_history.json",
 		"testdata/worker_unannounced_history.json",
+		"testdata/worker_deleted_history.json",
 	}
 	recoveryHistories = []string{
 		"testdata/recovery_history.json",

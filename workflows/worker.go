@@ -641,8 +641,21 @@ func (e *entity) delete(ctx workflow.Context) error {
 		return err
 	}
 	e.st.Deleted = true
+	if workflow.GetVersion(ctx, "deleted-search-attribute", workflow.DefaultVersion, 1) == 1 {
+		// The closed workflow keeps its search attributes: a visibility
+		// query on WorkerStatus must not list a deleted worker as RUNNING
+		// (issue 44 item 6).
+		if err := workflow.UpsertTypedSearchAttributes(ctx, SAWorkerStatus.ValueSet(StatusDeleted)); err != nil {
+			workflow.GetLogger(ctx).Warn("upsert search attributes", "err", err)
+		}
+	}
 	return nil
 }
+
+// StatusDeleted is the WorkerStatus search attribute of a deleted
+// worker's (closed) workflow; the others carry the worker's status
+// (RUNNING, STOPPED).
+const StatusDeleted = "DELETED"
 
 // apply persists a change and applies it on the node that runs Apply, then
 // on every other live node, and only then publishes its lifecycle events: a

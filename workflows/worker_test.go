@@ -98,6 +98,12 @@ func (s *WorkerWorkflowSuite) update(name string, u *updater, args ...any) {
 func (s *WorkerWorkflowSuite) TestFullLifecycle() {
 	applied := s.recordApplies()
 	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
+	var statuses []string // WorkerStatus of each upsert of the search attributes
+	s.env.OnUpsertTypedSearchAttributes(mock.Anything).Run(func(args mock.Arguments) {
+		if v, ok := args.Get(0).(temporal.SearchAttributes).GetKeyword(SAWorkerStatus); ok {
+			statuses = append(statuses, v)
+		}
+	}).Return(nil)
 
 	var create, stop, stopAgain, start, load, del updater
 	s.env.RegisterDelayedCallback(func() {
@@ -137,6 +143,9 @@ func (s *WorkerWorkflowSuite) TestFullLifecycle() {
 	var st WorkerState
 	s.NoError(s.env.GetWorkflowResult(&st))
 	s.True(st.Deleted)
+	// Issue 44 item 6: the closed workflow of a deleted worker is not
+	// found by a query for RUNNING workers.
+	s.Equal([]string{"RUNNING", "STOPPED", "RUNNING", StatusDeleted}, statuses) // create, stop, start; delete
 }
 
 func (s *WorkerWorkflowSuite) TestValidatorsRejectWithoutActivities() {

@@ -92,20 +92,23 @@ func testTemporalCLIControlsWorker(t *testing.T) {
 		t.Fatalf("after CLI start: %v %v", w, err)
 	}
 	// The search attributes let the CLI (and the Web UI) find the worker.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	list := func(status string) bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		out, _ := exec.CommandContext(ctx, filepath.Join(repoRoot(), ".tools", "bin", "temporal"), "workflow", "list",
-			"--address", e.stack.TemporalAddr, "--namespace", e.stack.TemporalNamespace(), "--query", "WorkerId='"+id+"' AND WorkerStatus='RUNNING'").CombinedOutput()
-		cancel()
-		if strings.Contains(string(out), workflows.WorkflowID(id)) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("workflow list by search attributes: %s", out)
-		}
-		time.Sleep(300 * time.Millisecond)
+			"--address", e.stack.TemporalAddr, "--namespace", e.stack.TemporalNamespace(), "--query", "WorkerId='"+id+"' AND WorkerStatus='"+status+"'").CombinedOutput()
+		return strings.Contains(string(out), workflows.WorkflowID(id))
 	}
+	waitFor(t, 10*time.Second, "workflow list by search attributes finds the running worker", func() bool { return list("RUNNING") })
+	// Issue 44 item 6: a deleted worker's (closed) workflow says DELETED,
+	// so a query for running workers no longer lists it.
+	if _, err := e.client.DeleteWorker(ctxT(t), &pb.DeleteWorkerRequest{WorkerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "workflow list finds the deleted worker as DELETED, not RUNNING", func() bool { return list("DELETED") && !list("RUNNING") })
+	// With WM_RECORD_HISTORY=1: the recorded history of the
+	// deleted-search-attribute branch (workflows/replay_test.go).
+	replay(t, history(t, e.temporalClient(t), workflows.WorkflowID(id)), workflows.WorkerWorkflow, "worker_deleted_history.json")
 }
 
 // The example worker does what the walkthroughs (README's with wmctl,
