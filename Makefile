@@ -131,14 +131,20 @@ test-race:
 
 # The Kubernetes manifests (deploy/k8s), decoded strictly into their API
 # types and checked against the settings the node and the API read; a
-# module of its own (k8s.io/api), offline from the module cache.
+# module of its own (k8s.io/api), offline from the module cache. The
+# broker ACL example of docs/scaling.md is also applied to a throwaway
+# redis-server (WM_TEST_REAL_REDIS=1).
 k8s-validate:
-	cd deploy/k8s/validate && go test -count=1 ./...
+	cd deploy/k8s/validate && WM_TEST_REAL_REDIS=1 go test -count=1 ./...
 
 # Our copy of daprd's Redis streams pub/sub (deploy/dapr/daprd/redisstreams,
-# a module of its own) against a real redis-server.
+# a module of its own) against a real redis-server; and daprd compiled with
+# -tags kafka, as the sidecar image builds it (deploy/k8s/Dockerfile) and
+# nothing else here does (the Kafka overlay's pubsub.kafka,
+# components_kafka.go; checked by deploy/k8s/validate).
 daprd-test:
 	cd deploy/dapr/daprd && go test -count=1 -timeout 5m ./redisstreams/
+	cd deploy/dapr/daprd && env $(BUILD_ENV) go build -tags kafka -o /dev/null .
 
 # The Python DevKit's own suite (sdk/python), with Debian's pytest and mypy.
 pytest: deps-test

@@ -9,6 +9,7 @@ import (
 	"github.com/virtufin/workmanager/internal/auth"
 	"github.com/virtufin/workmanager/internal/codesource"
 	"github.com/virtufin/workmanager/internal/envconfig"
+	"github.com/virtufin/workmanager/internal/publish"
 	"github.com/virtufin/workmanager/internal/ratelimit"
 	"github.com/virtufin/workmanager/internal/tenant"
 	"github.com/virtufin/workmanager/services/api"
@@ -24,6 +25,10 @@ type config struct {
 	// PubSub is the Dapr pub/sub component replayed dead letters are
 	// published to: DAPR_PUBSUB (the nodes' variable and default).
 	PubSub string
+	// StreamMaxLen caps the stream of every topic the API publishes to
+	// (replays) at about this many entries: STREAM_MAX_LEN, the nodes'
+	// variable and default (0: the component's maxLenApprox).
+	StreamMaxLen int
 	// DeliveryRecordTTL is how long delivery records are kept (a replay
 	// resets one, and writes it with this TTL): DELIVERY_RECORD_TTL, the
 	// nodes' variable; set it to the nodes' value.
@@ -60,6 +65,12 @@ type config struct {
 	// is kept (a rollback or a create of the same code within it finds it)
 	// before the API collects it: CODE_GC_GRACE, 0 never.
 	CodeGCGrace time.Duration
+	// Quotas bound the workers CreateWorker admits, per tenant and in
+	// all (0: unlimited): QUOTA_WORKERS_PER_TENANT, QUOTA_WORKERS_TOTAL,
+	// QUOTA_MEMORY_PER_TENANT_BYTES, QUOTA_MEMORY_TOTAL_BYTES, with the
+	// per-engine estimates of QUOTA_WORKER_MEMORY ("mime=bytes,...",
+	// over api.DefaultWorkerMemory).
+	Quotas api.Quotas
 }
 
 func loadConfig() (config, error) {
@@ -70,6 +81,7 @@ func loadConfig() (config, error) {
 		OperationTimeout:   r.Duration("WORKMANAGER_OPERATION_TIMEOUT", 60*time.Second),
 		ContinueAsNewAfter: r.Int("WORKMANAGER_CONTINUE_AS_NEW_AFTER", 0),
 		PubSub:             r.String("DAPR_PUBSUB", "pubsub"),
+		StreamMaxLen:       r.Int("STREAM_MAX_LEN", publish.DefaultStreamMaxLen),
 		DeliveryRecordTTL:  r.Duration("DELIVERY_RECORD_TTL", 24*time.Hour),
 		CodeGCGrace:        r.Duration("CODE_GC_GRACE", 24*time.Hour),
 		LogLevel:           r.LogLevel("LOG_LEVEL"),
@@ -80,6 +92,12 @@ func loadConfig() (config, error) {
 		MaxCodeBytes:       r.Int("API_MAX_CODE_BYTES", api.DefaultMaxCodeBytes),
 		HealthAddr:         r.String("WORKMANAGER_API_HEALTH_ADDR", ""),
 		CodeURLs:           r.CodeURLs(),
+		Quotas: api.Quotas{
+			WorkersPerTenant: r.Int("QUOTA_WORKERS_PER_TENANT", 0),
+			WorkersTotal:     r.Int("QUOTA_WORKERS_TOTAL", 0),
+			MemoryPerTenant:  int64(r.Int("QUOTA_MEMORY_PER_TENANT_BYTES", 0)),
+			MemoryTotal:      int64(r.Int("QUOTA_MEMORY_TOTAL_BYTES", 0)),
+		},
 		Auth: auth.Settings{
 			TokensFile: r.String("API_TOKENS_FILE", ""),
 			JWT: auth.JWTConfig{JWKSURL: r.String("API_JWT_JWKS_URL", ""), PublicKeyFile: r.String("API_JWT_PUBLIC_KEY_FILE", ""),
@@ -104,6 +122,9 @@ func loadConfig() (config, error) {
 	if c.Tenants, err = tenant.ParsePrefixes(r.String("TENANT_TOPIC_PREFIXES", "")); err != nil {
 		return c, err
 	}
+	if c.Quotas.WorkerMemory, err = api.ParseWorkerMemory(r.String("QUOTA_WORKER_MEMORY", "")); err != nil {
+		return c, err
+	}
 	return c, c.validate()
 }
 
@@ -126,6 +147,15 @@ func (c config) validate() error {
 	}
 	if err := c.CodeURLs.Validate(); err != nil {
 		return fmt.Errorf("CODE_URL_*: %w", err)
+	}
+	if err := publish.ValidateStreamMaxLen(c.StreamMaxLen); err != nil {
+		return err
+	}
+	if err := c.Temporal.Validate(); err != nil {
+		return err
+	}
+	if err := c.Quotas.Validate(); err != nil {
+		return err
 	}
 	if err := (ratelimit.Config{PerSecond: c.RateLimit, Burst: c.RateBurst}).Validate(); err != nil {
 		return err

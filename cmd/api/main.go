@@ -34,6 +34,7 @@ import (
 	"github.com/virtufin/workmanager/internal/health"
 	"github.com/virtufin/workmanager/internal/publish"
 	"github.com/virtufin/workmanager/internal/ratelimit"
+	"github.com/virtufin/workmanager/internal/redischeck"
 	"github.com/virtufin/workmanager/internal/state"
 	"github.com/virtufin/workmanager/internal/tracing"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
@@ -72,8 +73,13 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	store := state.NewDaprStore(daprClient, cfg.StateStore)
 	cat := catalog.New(store)
 	go cat.SweepLoop(ctx, log, cfg.CodeGCGrace)
-	tc, err := client.DialContext(ctx, client.Options{HostPort: cfg.TemporalAddress, Namespace: cfg.TemporalNamespace,
-		Logger: tlog.NewStructuredLogger(log.With("component", "temporal")), Interceptors: temporalInterceptors})
+	topts := client.Options{HostPort: cfg.TemporalAddress, Namespace: cfg.TemporalNamespace,
+		Logger: tlog.NewStructuredLogger(log.With("component", "temporal")), Interceptors: temporalInterceptors}
+	// TLS, mTLS, API key (TEMPORAL_TLS*, TEMPORAL_API_KEY_FILE).
+	if err := cfg.Temporal.Apply(&topts); err != nil {
+		return err
+	}
+	tc, err := client.DialContext(ctx, topts)
 	if err != nil {
 		return fmt.Errorf("temporal: %w", err)
 	}
@@ -111,6 +117,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	}
 	srv := grpc.NewServer(opts...)
 	publisher := publish.NewDapr(daprClient, cfg.PubSub)
+	publisher.MaxLen = cfg.StreamMaxLen // replays: docs/scaling.md, "Stream length"
 	if tr.On() {
 		publisher.Propagator = tr.Propagator
 	}
@@ -122,15 +129,28 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 			Deliveries:  delivery.NewStore(store, cfg.DeliveryRecordTTL),
 			Publisher:   publisher,
 			WorkerStats: store,
-			Tenants:     cfg.Tenants}))
+			Tenants:     cfg.Tenants,
+			// docs/scaling.md, "Sizing and quotas".
+			Quotas: cfg.Quotas, QuotaStore: store}))
 	gh := grpchealth.NewServer()
 	gh.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	gh.SetServingStatus(pb.WorkManagerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(srv, gh)
 	reflection.Register(srv)
 
+	hs := health.NewEmpty()
+	// Checks the server's version, then registers the search attributes the
+	// worker workflows upsert (docs/scaling.md, "Temporal").
+	go func() {
+		checkTemporalVersion(ctx, log, tc.WorkflowService(), hs)
+		registerSearchAttributes(ctx, log, tc.OperatorService(), cfg.TemporalNamespace, hs, 30*time.Second)
+	}()
+	// The state store's Redis: eviction or no persistence loses catalog
+	// records, code blobs and delivery records (REDIS_CHECK_*;
+	// docs/scaling.md, "Redis").
+	go redischeck.Watch(ctx, log, cfg.RedisCheck, hs, 10*time.Minute)
 	if cfg.HealthAddr != "" {
-		if err := serveHealth(ctx, log, cfg, tc, store); err != nil {
+		if err := serveHealth(ctx, log, cfg, tc, store, hs); err != nil {
 			return err
 		}
 	}
@@ -166,9 +186,9 @@ func rateLimits(cfg config) (changing, reading *ratelimit.Limiter) {
 
 // serveHealth serves GET /health on cfg.HealthAddr: the authentication mode
 // (Degraded, loudly, when it is off) and whether Temporal and the state
-// store answer, refreshed every few seconds.
-func serveHealth(ctx context.Context, log *slog.Logger, cfg config, tc client.Client, store state.Store) error {
-	hs := health.NewEmpty()
+// store answer, refreshed every few seconds, and what else reports into hs
+// (the search attributes).
+func serveHealth(ctx context.Context, log *slog.Logger, cfg config, tc client.Client, store state.Store, hs *health.State) error {
 	if cfg.Auth.Off {
 		hs.Set("auth", health.Degraded, "API_AUTH=off: every caller is an admin, without credentials. Never in production.")
 	} else {

@@ -15,6 +15,7 @@ import (
 	"github.com/virtufin/workmanager/internal/envconfig"
 	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/node"
+	"github.com/virtufin/workmanager/internal/publish"
 )
 
 // config is the node's typed configuration, read from the environment.
@@ -22,6 +23,7 @@ type config struct {
 	envconfig.Services
 	HTTPAddr              string        // WORKMANAGER_HTTP_ADDR
 	PubSub                string        // DAPR_PUBSUB
+	StreamMaxLen          int           // STREAM_MAX_LEN: entries each stream the node publishes to keeps, about (0: the component's maxLenApprox)
 	RecoveryOnStart       bool          // WORKER_RECOVERY_ON_START
 	ContinueAsNewAfter    int           // WORKMANAGER_CONTINUE_AS_NEW_AFTER: given to the worker workflows recovery starts (as the API's)
 	MaxConcurrency        int           // WORKER_MAX_CONCURRENCY
@@ -91,6 +93,7 @@ func loadConfig() (config, error) {
 		Services:              r.Services(),
 		HTTPAddr:              r.String("WORKMANAGER_HTTP_ADDR", "127.0.0.1:8080"),
 		PubSub:                r.String("DAPR_PUBSUB", "pubsub"),
+		StreamMaxLen:          r.Int("STREAM_MAX_LEN", publish.DefaultStreamMaxLen),
 		RecoveryOnStart:       r.Bool("WORKER_RECOVERY_ON_START", true),
 		ContinueAsNewAfter:    r.Int("WORKMANAGER_CONTINUE_AS_NEW_AFTER", 0),
 		MaxConcurrency:        r.Int("WORKER_MAX_CONCURRENCY", 8),
@@ -193,6 +196,12 @@ func (c config) validate() error {
 	}
 	if err := c.CodeURLs.Validate(); err != nil {
 		return fmt.Errorf("CODE_URL_*: %w", err)
+	}
+	if err := publish.ValidateStreamMaxLen(c.StreamMaxLen); err != nil {
+		return err
+	}
+	if err := c.Temporal.Validate(); err != nil {
+		return err
 	}
 	if _, err := sandbox.ParseMode(c.Sandbox); err != nil {
 		return err

@@ -24,11 +24,13 @@ func TestConfigDefaultsAndBadValues(t *testing.T) {
 		t.Fatalf("defaults: %+v", c)
 	}
 	for name, tc := range map[string]struct{ env, value, want string }{
-		"unparsable":               {"BROKER_PROBE_INTERVAL", "often", `BROKER_PROBE_INTERVAL="often"`},
-		"zero probe":               {"BROKER_PROBE_INTERVAL", "0s", "BROKER_PROBE_INTERVAL must be positive"},
-		"negative":                 {"BROKER_READY_GRACE", "-1s", "BROKER_READY_GRACE must not be negative"},
-		"bad bool":                 {"WORKER_RECOVERY_ON_START", "maybe", `WORKER_RECOVERY_ON_START="maybe"`},
-		"no reconcile parallelism": {"RECONCILE_PARALLELISM", "0", "RECONCILE_PARALLELISM must be 1 to 64, got 0"},
+		"unparsable":                {"BROKER_PROBE_INTERVAL", "often", `BROKER_PROBE_INTERVAL="often"`},
+		"zero probe":                {"BROKER_PROBE_INTERVAL", "0s", "BROKER_PROBE_INTERVAL must be positive"},
+		"negative":                  {"BROKER_READY_GRACE", "-1s", "BROKER_READY_GRACE must not be negative"},
+		"bad bool":                  {"WORKER_RECOVERY_ON_START", "maybe", `WORKER_RECOVERY_ON_START="maybe"`},
+		"no reconcile parallelism":  {"RECONCILE_PARALLELISM", "0", "RECONCILE_PARALLELISM must be 1 to 64, got 0"},
+		"stream cap too small":      {"STREAM_MAX_LEN", "500", "STREAM_MAX_LEN must be 0 (the pub/sub component's maxLenApprox applies) or at least 10000 entries, got 500"},
+		"temporal cert without tls": {"TEMPORAL_TLS_CERT_FILE", "/c.pem", "TEMPORAL_TLS_CERT_FILE is set but TEMPORAL_TLS is not true"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv(tc.env, tc.value)

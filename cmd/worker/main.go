@@ -48,6 +48,7 @@ import (
 	"github.com/virtufin/workmanager/internal/metrics/temporalmetrics"
 	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/publish"
+	"github.com/virtufin/workmanager/internal/redischeck"
 	"github.com/virtufin/workmanager/internal/state"
 	"github.com/virtufin/workmanager/internal/tracing"
 	"github.com/virtufin/workmanager/internal/workerstats"
@@ -144,6 +145,9 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	}
 	broker := health.NewBrokerWatch(h)
 	h.GateReadiness(health.Broker, cfg.BrokerReadyGrace)
+	// The state store's Redis: eviction or no persistence loses delivery
+	// records and catalog records (REDIS_CHECK_*; docs/scaling.md, "Redis").
+	go redischeck.Watch(ctx, log, cfg.RedisCheck, h, 10*time.Minute)
 	var catStore state.Store = state.NewDaprStore(daprClient, cfg.StateStore)
 	if cfg.TestStateFaultFile != "" {
 		catStore = state.WithFaultFile(catStore, cfg.TestStateFaultFile)
@@ -156,7 +160,9 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	if cfg.TestNoFencing {
 		log.Error("WM_TEST_UNSAFE_NO_FENCING is set: outputs of grouped calls are published without the fencing-token check (a test hook; never in production)")
 	}
-	daprPub := publish.NewDapr(daprClient, cfg.PubSub)
+	// Outputs, dead letters and lifecycle events: every stream capped at
+	// STREAM_MAX_LEN entries (docs/scaling.md, "Stream length").
+	daprPub := newPublisher(daprClient, cfg)
 	daprPub.Propagator = prop
 	pub := publish.Observed(daprPub, broker.Published)
 	events := lifecycleevents.NewEmitter(pub)
@@ -236,9 +242,14 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 		return fmt.Errorf("temporal metrics: %w", err)
 	}
 	defer func() { _ = stopTemporalMetrics(context.WithoutCancel(ctx)) }()
-	tc, err := client.DialContext(ctx, client.Options{HostPort: cfg.TemporalAddress, Namespace: cfg.TemporalNamespace,
+	topts := client.Options{HostPort: cfg.TemporalAddress, Namespace: cfg.TemporalNamespace,
 		Logger: tlog.NewStructuredLogger(log.With("component", "temporal")), MetricsHandler: temporalMetrics,
-		Interceptors: temporalInterceptors})
+		Interceptors: temporalInterceptors}
+	// TLS, mTLS, API key (TEMPORAL_TLS*, TEMPORAL_API_KEY_FILE).
+	if err := cfg.Temporal.Apply(&topts); err != nil {
+		return err
+	}
+	tc, err := client.DialContext(ctx, topts)
 	if err != nil {
 		return fmt.Errorf("temporal: %w", err)
 	}
@@ -363,4 +374,14 @@ func nativeIsolation(s string) native.Isolation {
 		return native.IsolationProcess
 	}
 	return native.Isolation(s)
+}
+
+// newPublisher is the node's one Dapr publisher: outputs, dead letters
+// and lifecycle events go through it, each publish capping its stream at
+// cfg.StreamMaxLen entries (the infra and probe topics use smaller caps
+// through Capped and Probe).
+func newPublisher(client dapr.Client, cfg config) *publish.Dapr {
+	p := publish.NewDapr(client, cfg.PubSub)
+	p.MaxLen = cfg.StreamMaxLen
+	return p
 }

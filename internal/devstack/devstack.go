@@ -24,7 +24,6 @@ import (
 	"syscall"
 	"time"
 
-	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/operatorservice/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -32,11 +31,19 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/virtufin/workmanager/deploy/dapr/components"
+	"github.com/virtufin/workmanager/internal/temporalconn"
 )
 
 // Search attributes registered in the Temporal dev server so the Web UI and
-// `temporal workflow list --query` can filter workers.
-var SearchAttributes = []string{"WorkerId=Keyword", "WorkerTopic=Keyword", "WorkerGroup=Keyword", "WorkerStatus=Keyword", "WorkerTenant=Keyword"}
+// `temporal workflow list --query` can filter workers: the worker
+// workflows' (internal/temporalconn), as NAME=Keyword.
+var SearchAttributes = func() []string {
+	var out []string
+	for _, name := range temporalconn.SearchAttributes {
+		out = append(out, name+"=Keyword")
+	}
+	return out
+}()
 
 // AppID is the Dapr app id of WorkManager nodes.
 const AppID = "workmanager"
@@ -468,29 +475,7 @@ const temporalHealthService = "temporal.api.workflowservice.v1.WorkflowService"
 func (s *Stack) ensureSearchAttributes(ctx context.Context, op operatorservice.OperatorServiceClient) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	list, err := op.ListSearchAttributes(cctx, &operatorservice.ListSearchAttributesRequest{Namespace: "default"})
-	if err != nil {
-		return fmt.Errorf("listing the Temporal search attributes: %w", err)
-	}
-	missing := map[string]enumspb.IndexedValueType{}
-	for _, sa := range SearchAttributes {
-		name, typ, _ := strings.Cut(sa, "=")
-		if _, ok := list.GetCustomAttributes()[name]; ok {
-			continue
-		}
-		v, err := enumspb.IndexedValueTypeFromString(typ)
-		if err != nil {
-			return fmt.Errorf("search attribute %s: %w", name, err)
-		}
-		missing[name] = v
-	}
-	if len(missing) == 0 {
-		return nil
-	}
-	if _, err := op.AddSearchAttributes(cctx, &operatorservice.AddSearchAttributesRequest{Namespace: "default", SearchAttributes: missing}); err != nil {
-		return fmt.Errorf("registering the Temporal search attributes %v: %w", missing, err)
-	}
-	return nil
+	return temporalconn.EnsureSearchAttributes(cctx, op, "default")
 }
 
 // StartDaprd (re)starts daprd with Redis pub/sub and state components.
@@ -692,6 +677,9 @@ func (s *Stack) Env() []string {
 		"DAPR_GRPC_ADDRESS=" + s.DaprGRPCAddr,
 		"DAPR_PUBSUB=" + PubSubName,
 		"DAPR_STATESTORE=" + StateName,
+		// The stack's redis-server runs with appendonly yes and
+		// noeviction (Redis' default): the health check says so.
+		"REDIS_CHECK_ADDR=" + s.RedisAddr,
 	}
 	if s.DaprAPIToken != "" {
 		env = append(env, "DAPR_API_TOKEN="+s.DaprAPIToken)

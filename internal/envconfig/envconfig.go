@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/internal/codesource"
+	"github.com/virtufin/workmanager/internal/redischeck"
+	"github.com/virtufin/workmanager/internal/temporalconn"
 )
 
 // Reader reads variables; Err reports the first that could not be parsed.
@@ -94,6 +96,16 @@ type Services struct {
 	DaprGRPCAddress   string // DAPR_GRPC_ADDRESS
 	StateStore        string // DAPR_STATESTORE
 	DaprAPIToken      string // DAPR_API_TOKEN: daprd's API token, sent on every call when set
+	// Temporal is how the frontend is reached beyond plain gRPC: TLS,
+	// mTLS, API key (TEMPORAL_TLS, TEMPORAL_TLS_CA_FILE,
+	// TEMPORAL_TLS_CERT_FILE, TEMPORAL_TLS_KEY_FILE,
+	// TEMPORAL_TLS_SERVER_NAME, TEMPORAL_API_KEY_FILE).
+	Temporal temporalconn.Settings
+	// RedisCheck is the state store's Redis, which the command asks for
+	// its eviction policy and persistence (internal/redischeck):
+	// REDIS_CHECK_ADDR (empty: not checked), REDIS_CHECK_USERNAME,
+	// REDIS_CHECK_PASSWORD_FILE, REDIS_CHECK_TLS.
+	RedisCheck redischeck.Settings
 }
 
 // Services reads the server addresses, defaulting to make run's.
@@ -104,6 +116,20 @@ func (r *Reader) Services() Services {
 		DaprGRPCAddress:   r.String("DAPR_GRPC_ADDRESS", "127.0.0.1:50001"),
 		StateStore:        r.String("DAPR_STATESTORE", "statestore"),
 		DaprAPIToken:      r.String("DAPR_API_TOKEN", ""),
+		Temporal: temporalconn.Settings{
+			TLS:        r.Bool("TEMPORAL_TLS", false),
+			CAFile:     r.String("TEMPORAL_TLS_CA_FILE", ""),
+			CertFile:   r.String("TEMPORAL_TLS_CERT_FILE", ""),
+			KeyFile:    r.String("TEMPORAL_TLS_KEY_FILE", ""),
+			ServerName: r.String("TEMPORAL_TLS_SERVER_NAME", ""),
+			APIKeyFile: r.String("TEMPORAL_API_KEY_FILE", ""),
+		},
+		RedisCheck: redischeck.Settings{
+			Addr:         r.String("REDIS_CHECK_ADDR", ""),
+			Username:     r.String("REDIS_CHECK_USERNAME", ""),
+			PasswordFile: r.String("REDIS_CHECK_PASSWORD_FILE", ""),
+			TLS:          r.Bool("REDIS_CHECK_TLS", false),
+		},
 	}
 }
 

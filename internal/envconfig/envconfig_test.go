@@ -27,3 +27,18 @@ func TestDefaultsValuesAndTheFirstError(t *testing.T) {
 		t.Fatalf("the first error names its variable: %v", err)
 	}
 }
+
+// The Temporal transport settings are read with the servers' (issue 46
+// item 5): plain gRPC unless set.
+func TestServicesReadTheTemporalTransport(t *testing.T) {
+	if s := FromMap(nil).Services(); s.Temporal.TLS || s.Temporal.APIKeyFile != "" {
+		t.Fatalf("defaults: %+v", s.Temporal)
+	}
+	r := FromMap(map[string]string{"TEMPORAL_TLS": "true", "TEMPORAL_TLS_CA_FILE": "/ca", "TEMPORAL_TLS_CERT_FILE": "/c", "TEMPORAL_TLS_KEY_FILE": "/k",
+		"TEMPORAL_TLS_SERVER_NAME": "frontend", "TEMPORAL_API_KEY_FILE": "/key"})
+	s := r.Services()
+	if r.Err() != nil || !s.Temporal.TLS || s.Temporal.CAFile != "/ca" || s.Temporal.CertFile != "/c" || s.Temporal.KeyFile != "/k" ||
+		s.Temporal.ServerName != "frontend" || s.Temporal.APIKeyFile != "/key" {
+		t.Fatalf("%+v %v", s.Temporal, r.Err())
+	}
+}

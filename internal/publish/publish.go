@@ -33,6 +33,13 @@ type Dapr struct {
 	// ctx's span to daprd (gRPC metadata traceparent, tracestate), which
 	// continues the trace (internal/tracing.InjectGRPC).
 	Propagator propagation.TextMapPropagator
+	// MaxLen, when positive, caps the stream of every topic Publish sends
+	// to at about this many entries (per-request "maxLenApprox", honoured
+	// by WorkManager's daprd): STREAM_MAX_LEN. Redis trims the oldest
+	// entries whether or not a consumer group acknowledged them, so size it
+	// as docs/scaling.md, "Stream length", says. 0 sends no cap (the
+	// component's own maxLenApprox, if any, applies).
+	MaxLen int
 }
 
 // NewDapr publishes to the pub/sub component pubsub through client.
@@ -40,9 +47,14 @@ func NewDapr(client dapr.Client, pubsub string) *Dapr {
 	return &Dapr{client: client, pubsub: pubsub}
 }
 
-// Publish implements Publisher.
+// Publish implements Publisher: outputs, dead letters, lifecycle events and
+// replays, each stream capped at MaxLen entries when it is set.
 func (p *Dapr) Publish(ctx context.Context, topic string, e *event.Event) error {
-	return p.send(ctx, topic, e, nil)
+	var meta map[string]string
+	if p.MaxLen > 0 {
+		meta = maxLen(p.MaxLen)
+	}
+	return p.send(ctx, topic, e, meta)
 }
 
 // send publishes e as a structured CloudEvent, with per-request metadata
@@ -61,6 +73,27 @@ func (p *Dapr) send(ctx context.Context, topic string, e *event.Event, meta map[
 	}
 	if err := p.client.PublishEvent(ctx, p.pubsub, topic, body, opts...); err != nil {
 		return fmt.Errorf("publish %s to %s/%s: %w", e.ID(), p.pubsub, topic, err)
+	}
+	return nil
+}
+
+// DefaultStreamMaxLen is STREAM_MAX_LEN's default: about 1,000,000 entries
+// per stream, which holds 1,000 msg/s for about 16 minutes, four times the
+// longest a message stays unacknowledged on a running worker with the
+// shipped settings (docs/scaling.md, "Stream length"). At 1 KiB an entry
+// that is about 1 GiB of Redis per stream at its cap.
+const DefaultStreamMaxLen = 1_000_000
+
+// MinStreamMaxLen is the smallest STREAM_MAX_LEN a node or the API takes
+// (other than 0): below it a busy topic's unacknowledged entries are
+// trimmed within seconds.
+const MinStreamMaxLen = 10_000
+
+// ValidateStreamMaxLen checks STREAM_MAX_LEN: 0 (no per-request cap: the
+// pub/sub component's maxLenApprox applies) or at least MinStreamMaxLen.
+func ValidateStreamMaxLen(n int) error {
+	if n != 0 && n < MinStreamMaxLen {
+		return fmt.Errorf("STREAM_MAX_LEN must be 0 (the pub/sub component's maxLenApprox applies) or at least %d entries, got %d: Redis trims the oldest entries of a capped stream even when no consumer acknowledged them (docs/scaling.md, \"Stream length\")", MinStreamMaxLen, n)
 	}
 	return nil
 }

@@ -57,6 +57,7 @@ type Server struct {
 	mimeTypes []string
 	opts      Options
 	timeout   time.Duration
+	quota     quotaState
 }
 
 // Options tune the API.
@@ -87,6 +88,11 @@ type Options struct {
 	// to (TENANT_TOPIC_PREFIXES; unmapped: "<tenant>.", none for the
 	// default tenant).
 	Tenants tenant.Prefixes
+	// Quotas bound the workers CreateWorker admits (QUOTA_*; none when
+	// zero); QuotaStore holds their reservations (the state store),
+	// without it the quotas are off.
+	Quotas     Quotas
+	QuotaStore state.Store
 }
 
 // New returns a Server; mimeTypes are the supported worker MIME types.
@@ -143,16 +149,30 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 		_, err := s.stage(ctx, req.GetCode())
 		return err
 	}
-	if rid != "" {
-		return s.createOnce(ctx, w, ref, rid, restage)
+	// The quotas (QUOTA_*): a slot reserved until the worker is in the
+	// catalog, released when the create fails.
+	release, err := s.reserveQuota(ctx, w)
+	if err != nil {
+		return nil, err
 	}
-	if name != "" {
-		return s.createNamed(ctx, w, ref, restage)
+	var resp *pb.CreateWorkerResponse
+	switch {
+	case rid != "":
+		resp, err = s.createOnce(ctx, w, ref, rid, restage)
+	case name != "":
+		resp, err = s.createNamed(ctx, w, ref, restage)
+	default:
+		if _, err = s.create(ctx, w, ref, "", 0); err != nil {
+			err = s.status(err, w.ID)
+		} else {
+			resp = &pb.CreateWorkerResponse{WorkerId: w.ID}
+		}
 	}
-	if _, err := s.create(ctx, w, ref, "", 0); err != nil {
-		return nil, s.status(err, w.ID)
+	if err != nil {
+		release()
+		return nil, err
 	}
-	return &pb.CreateWorkerResponse{WorkerId: w.ID}, nil
+	return resp, nil
 }
 
 // StartWorker implements pb.WorkManagerServiceServer.
@@ -239,6 +259,7 @@ func (s *Server) DeleteWorker(ctx context.Context, req *pb.DeleteWorkerRequest) 
 	if err != nil {
 		return nil, s.status(err, display)
 	}
+	s.releaseQuota(ctx, id)
 	return &pb.DeleteWorkerResponse{}, nil
 }
 

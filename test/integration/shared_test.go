@@ -201,6 +201,8 @@ func TestSharedStack(t *testing.T) {
 		{"OversizeEventDeadLettersAndTopicFlows", testOversizeEventDeadLettersAndTopicFlows},
 		{"DataWithoutContentType", testDataWithoutContentType},
 		{"ReplayRealHistory", testReplayRealHistory},
+		{"Quotas", testQuotas},
+		{"RedisConfigCheck", testRedisConfigCheck},
 		{"Guides", testGuides},
 	} {
 		t.Run(tc.name, tc.test)

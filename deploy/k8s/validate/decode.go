@@ -45,6 +45,7 @@ var kinds = map[string]struct {
 	"ConfigMap":           {"v1", func() any { return &corev1.ConfigMap{} }},
 	"Secret":              {"v1", func() any { return &corev1.Secret{} }},
 	"Namespace":           {"v1", func() any { return &corev1.Namespace{} }},
+	"ServiceAccount":      {"v1", func() any { return &corev1.ServiceAccount{} }},
 	"PodDisruptionBudget": {"policy/v1", func() any { return &policyv1.PodDisruptionBudget{} }},
 	"NetworkPolicy":       {"networking.k8s.io/v1", func() any { return &networkingv1.NetworkPolicy{} }},
 	"Component":           {"dapr.io/v1alpha1", func() any { return &DaprComponent{} }},

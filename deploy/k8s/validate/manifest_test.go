@@ -75,6 +75,9 @@ var daprAnnotations = map[string]bool{
 	"dapr.io/sidecar-image": true, "dapr.io/sidecar-seccomp-profile-type": true, "dapr.io/max-body-size": true,
 	"dapr.io/read-buffer-size": true, "dapr.io/graceful-shutdown-seconds": true, "dapr.io/block-shutdown-duration": true,
 	"dapr.io/enable-api-logging": true, "dapr.io/sidecar-listen-addresses": true,
+	// Needed: WorkManager's daprd has no secretstores.kubernetes
+	// (TestDaprdCanCreateItsBuiltinComponents).
+	"dapr.io/disable-builtin-k8s-secret-store": true,
 }
 
 // reads returns the settings of the node and of the API, from their
@@ -163,15 +166,8 @@ func TestEveryManifestIsDecodedAndDeployed(t *testing.T) {
 		}
 	}
 	n := 0
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, p)
+	err := walkK8s(func(p, rel string, d fs.DirEntry) error {
 		if d.IsDir() {
-			if rel == "validate" {
-				return filepath.SkipDir
-			}
 			return nil
 		}
 		if ext := filepath.Ext(p); ext != ".yaml" && ext != ".yml" {
@@ -311,6 +307,8 @@ func (c *checker) run(pubsubType string, nodeReads, apiReads map[string]bool) {
 	c.probe("api liveness", ac, ac.LivenessProbe, "/healthz", healthPort)
 	c.service(api, node, ac)
 	c.apiTokens(api, ac, apiEnv)
+	c.secretFile("node", node, nc, nodeEnv, "REDIS_CHECK_PASSWORD_FILE")
+	c.secretFile("api", api, ac, apiEnv, "REDIS_CHECK_PASSWORD_FILE")
 
 	c.security(node, nc, nodeEnv)
 	c.networkPolicy(node, nodeEnv)
@@ -673,6 +671,37 @@ func (c *checker) apiTokens(api *appsv1.Deployment, ac *corev1.Container, env ma
 	c.errorf("API_TOKENS_FILE %q is not a key of a Secret mounted at its directory", path)
 }
 
+// secretFile: the file a setting names (REDIS_CHECK_PASSWORD_FILE) is a
+// key of a Secret mounted at its directory (all keys, or an item whose
+// path is the file's name), when the setting is not empty.
+func (c *checker) secretFile(who string, d *appsv1.Deployment, ct *corev1.Container, env map[string]corev1.EnvVar, name string) {
+	path, _ := c.value(env, name)
+	if path == "" {
+		return
+	}
+	for _, m := range ct.VolumeMounts {
+		if filepath.Dir(path) != filepath.Clean(m.MountPath) {
+			continue
+		}
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Name != m.Name || v.Secret == nil {
+				continue
+			}
+			if len(v.Secret.Items) == 0 {
+				c.secretKey(who+": "+name, v.Secret.SecretName, filepath.Base(path))
+				return
+			}
+			for _, it := range v.Secret.Items {
+				if it.Path == filepath.Base(path) {
+					c.secretKey(who+": "+name, v.Secret.SecretName, it.Key)
+					return
+				}
+			}
+		}
+	}
+	c.errorf("%s: %s %q is not a key of a Secret mounted at its directory", who, name, path)
+}
+
 // security: the sandbox mode the node asks for is one its container can
 // give. SANDBOX=strict refuses to start without every layer, which needs
 // bubblewrap as real root in a privileged container (engines/sandbox,
@@ -742,6 +771,13 @@ func (c *checker) components(pubsubType string, nodeEnv map[string]corev1.EnvVar
 			c.errorf("Component %s: type %s, want state.redis", storeName, store.Spec.Type)
 		}
 		c.mirrors(store, "statestore.yaml")
+		// The nodes' and the API's check of the state store's Redis asks
+		// the Redis the state store uses, not another (the broker's).
+		if addr, _ := c.value(nodeEnv, "REDIS_CHECK_ADDR"); addr != "" {
+			if h, ok := store.Meta("redisHost"); ok && h.Value != nil && *h.Value != addr {
+				c.errorf("REDIS_CHECK_ADDR %q is not the state store's redisHost %q: the check would ask another Redis (set both in your overlay)", addr, *h.Value)
+			}
+		}
 	}
 	ps := byName[pubsubName]
 	if ps == nil {
@@ -773,6 +809,8 @@ func (c *checker) components(pubsubType string, nodeEnv map[string]corev1.EnvVar
 		if most := c.duration(nodeEnv, "WORKER_QUEUE_WAIT") + c.duration(nodeEnv, "WORKER_TIMEOUT") + lock; pt <= most {
 			c.errorf("Component %s: processingTimeout %s must exceed the longest delivery, %s", pubsubName, pt, most)
 		}
+		// Every stream capped, above what may stay unacknowledged (streamcap_test.go).
+		c.streamCap(ps, pt, nodeEnv)
 	case "pubsub.kafka":
 		// One consumer group for every node (each message to one node),
 		// and retries of what a node answered RETRY.
@@ -813,6 +851,10 @@ func (c *checker) mirrors(comp *DaprComponent, file string) {
 		case !ok:
 			c.errorf("Component %s: lacks metadata %s of deploy/dapr/components/%s", comp.Metadata.Name, m.Name, file)
 		case m.Name == "redisHost":
+		case m.Name == "processingTimeout" && file == "pubsub.yaml":
+			// The cluster's covers a full worker queue, the dev stack's
+			// does not need to (checked in components and
+			// TestQueuedMessagesAreNotRedelivered).
 		case !reflect.DeepEqual(got.Value, m.Value):
 			c.errorf("Component %s: metadata %s differs from deploy/dapr/components/%s", comp.Metadata.Name, m.Name, file)
 		}

@@ -1,6 +1,7 @@
 // Package publishtest owns the in-memory publisher fakes every test shares:
-// a Recorder that keeps what it is given and can be told to refuse, and a
-// Discard that only counts (benchmarks).
+// a Recorder that keeps what it is given and can be told to refuse, a
+// Discard that only counts (benchmarks), and a DaprClient that records
+// what a publish.Dapr sends to daprd.
 package publishtest
 
 import (
@@ -9,6 +10,8 @@ import (
 	"sync/atomic"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
+	dapr "github.com/dapr/go-sdk/client"
 
 	"github.com/virtufin/workmanager/internal/publish"
 )
@@ -91,3 +94,38 @@ func (p *Discard) Publish(context.Context, string, *event.Event) error {
 
 // Count is how many events were published.
 func (p *Discard) Count() int64 { return p.n.Load() }
+
+// DaprCall is one PublishEvent a DaprClient was given.
+type DaprCall struct {
+	PubSub, Topic string
+	// Metadata is the call's per-request metadata ("maxLenApprox", ...).
+	Metadata map[string]string
+}
+
+// DaprClient is a Dapr client whose PublishEvent records the pub/sub,
+// topic and per-request metadata of each call (every other method panics:
+// it is not meant for them).
+type DaprClient struct {
+	dapr.Client
+	mu    sync.Mutex
+	calls []DaprCall
+}
+
+// PublishEvent implements dapr.Client.
+func (c *DaprClient) PublishEvent(_ context.Context, pubsub, topic string, _ interface{}, opts ...dapr.PublishEventOption) error {
+	req := &runtimev1.PublishEventRequest{}
+	for _, o := range opts {
+		o(req)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls = append(c.calls, DaprCall{PubSub: pubsub, Topic: topic, Metadata: req.GetMetadata()})
+	return nil
+}
+
+// Calls returns the calls so far.
+func (c *DaprClient) Calls() []DaprCall {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]DaprCall(nil), c.calls...)
+}

@@ -26,8 +26,10 @@ limitations under the License.
 //     within 2s.
 //  2. A failing read waits a second before the next one instead of spinning
 //     (a stopped Redis made every subscribed topic loop at full speed).
-//  3. Publish honours a per-request "maxLenApprox" metadata value, so that a
-//     probe topic can be capped without capping every topic.
+//  3. Publish honours a per-request "maxLenApprox" metadata value, so that
+//     each publish can cap its own stream: the nodes and the API send
+//     STREAM_MAX_LEN with every publish, the probe and infra topics
+//     smaller caps (docs/scaling.md, "Stream length").
 //  4. A bounded BLOCK that ends without messages (redis.Nil) is recognised
 //     as such: upstream's errors.Is check never matches it, so each idle
 //     read was logged as an error and paused by change 2, delaying a message
@@ -147,7 +149,7 @@ func (r *redisStreams) Publish(ctx context.Context, req *pubsub.PublishRequest) 
 	}
 
 	maxLen := r.clientSettings.MaxLenApprox
-	// WorkManager: a per-request cap (used by the node's broker probe).
+	// WorkManager: a per-request cap (STREAM_MAX_LEN, the probe's, the infra topics').
 	if v, ok := req.Metadata[maxLenApprox]; ok {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
