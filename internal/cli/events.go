@@ -242,22 +242,30 @@ func lifecycleFrom(m *runtimev1.TopicEventRequest) lifecycleEvent {
 	return ev
 }
 
+// streamed is v as one item of a stream in -o json (a line) or yaml (a
+// document), for the commands that print as things arrive (events, tail).
+func (a *app) streamed(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	if a.output == "json" {
+		return append(b, '\n'), nil
+	}
+	y, err := jsonToYAML(b)
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte("---\n"), y...), nil
+}
+
 func (a *app) printEvent(ev lifecycleEvent) error {
 	var out []byte
 	switch a.output {
 	case "json", "yaml":
-		b, err := json.Marshal(ev)
-		if err != nil {
+		var err error
+		if out, err = a.streamed(ev); err != nil {
 			return err
-		}
-		if a.output == "json" {
-			out = append(b, '\n')
-		} else {
-			y, err := jsonToYAML(b)
-			if err != nil {
-				return err
-			}
-			out = append([]byte("---\n"), y...)
 		}
 	default:
 		out = []byte(eventLine(ev) + "\n")

@@ -227,18 +227,9 @@ func (a *app) printCloudEvent(ev cloudEvent) error {
 	var out []byte
 	switch a.output {
 	case "json", "yaml":
-		b, err := json.Marshal(ev)
-		if err != nil {
+		var err error
+		if out, err = a.streamed(ev); err != nil {
 			return err
-		}
-		if a.output == "json" {
-			out = append(b, '\n')
-		} else {
-			y, err := jsonToYAML(b)
-			if err != nil {
-				return err
-			}
-			out = append([]byte("---\n"), y...)
 		}
 	default:
 		when := "-"
