@@ -122,6 +122,18 @@ static void sb_json_or_null(sbuf* s, vf_str v) {
         sb_str(s, "null");
 }
 
+/* data_number parses the event's data as a decimal number (def when it
+ * has none). The data is not NUL-terminated: strtol straight on it reads
+ * on into whatever bytes follow it in the request buffer. */
+static long data_number(const vf_event* ev, long def) {
+    if (ev->data.ptr == NULL || ev->data.len == 0) return def;
+    char buf[32];
+    size_t n = ev->data.len < sizeof buf - 1 ? ev->data.len : sizeof buf - 1;
+    memcpy(buf, ev->data.ptr, n);
+    buf[n] = 0;
+    return strtol(buf, NULL, 10);
+}
+
 static int is(vf_str s, const char* want) { return s.ptr && s.len == strlen(want) && memcmp(s.ptr, want, s.len) == 0; }
 
 static void sleep_ms(long ms) {
@@ -331,7 +343,7 @@ VIRTUFIN_EXPORT int32_t PROCESS_NAME(const VirtufinHost* host, const uint8_t* in
          * count n. test.manyout: n events of type "a" and nothing else;
          * test.bigdata: one event with n bytes of data; test.manyext: one
          * event with n extensions ("k0".."k<n-1>" = "v"). */
-        long n = ev.data.ptr ? strtol((const char*)ev.data.ptr, NULL, 10) : 0;
+        long n = data_number(&ev, 0);
         if (n < 0) n = 0;
         int32_t rc;
         if (is(ev.type, "test.manyout")) {
@@ -435,7 +447,7 @@ VIRTUFIN_EXPORT int32_t PROCESS_NAME(const VirtufinHost* host, const uint8_t* in
         return respond(out, out_len, o, 3, NULL);
     }
     if (is(ev.type, "test.sleep")) {
-        long ms = ev.data.ptr ? strtol((const char*)ev.data.ptr, NULL, 10) : 100;
+        long ms = data_number(&ev, 100);
         int64_t n = __atomic_add_fetch(&n_sleeping, 1, __ATOMIC_SEQ_CST);
         for (int64_t m = __atomic_load_n(&max_sleeping, __ATOMIC_SEQ_CST);
              n > m && !__atomic_compare_exchange_n(&max_sleeping, &m, n, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);) {
