@@ -54,6 +54,8 @@ type Activities struct {
 	Events  *lifecycleevents.Emitter
 	Fetcher codesource.Fetcher
 	Members Members
+	// Placement, when set, places topics on nodes (placement.go).
+	Placement *Placement
 }
 
 // PrepareCodeInput names the code a worker is about to load.
@@ -162,6 +164,9 @@ type ApplyInput struct {
 // It heartbeats while it works (workflows.ApplyHeartbeat), as Activate.
 func (a *Activities) Apply(ctx context.Context, in ApplyInput) error {
 	defer heartbeatWhileRunning(ctx)()
+	if err := a.ensurePlaced(ctx, in.Worker); err != nil {
+		return classify(a.onNode(fmt.Errorf("place topic %s: %w", in.Worker.Topic, err)))
+	}
 	return classify(a.onNode(a.Node.Apply(ctx, in.Worker, in.History)))
 }
 
@@ -294,6 +299,9 @@ func (a *Activities) ListNodes(ctx context.Context) ([]string, error) {
 // heartbeat timeout instead of the whole ActivateTimeout.
 func (a *Activities) Activate(ctx context.Context, id string) error {
 	defer heartbeatWhileRunning(ctx)()
+	if err := a.refreshPlacement(ctx); err != nil {
+		return classify(fmt.Errorf("read the placement: %w", err))
+	}
 	return classify(a.Node.Sync(ctx, id))
 }
 

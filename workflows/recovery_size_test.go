@@ -1,6 +1,8 @@
 package workflows
 
 import (
+	"time"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -41,6 +43,7 @@ func TestRecoveryPayloadsStayBoundedAtAMillionWorkers(t *testing.T) {
 
 	var s testsuite.WorkflowTestSuite
 	env := s.NewTestWorkflowEnvironment()
+	env.SetTestTimeout(time.Minute) // the default 3 s of workflow-goroutine time failed under -race on a loaded machine
 	env.RegisterActivity(&activities.Activities{Catalog: catalog.New(store)})
 	env.RegisterWorkflow(WorkerWorkflow)
 	env.OnActivity(a.GetWorkers, mock.Anything, mock.Anything).Return(func(_ context.Context, ids []string) ([]catalog.Worker, error) {

@@ -86,6 +86,13 @@ func TestReplayRecordedHistory(t *testing.T) {
 	replayFiles(t, WorkerWorkflow, workerHistories)
 }
 
+// TestReplayRecordedPlacement replays a placement workflow recorded on the
+// real stack (three nodes, a fourth joining, one killed, one drained:
+// test/integration TestPlacementAcrossNodes with WM_RECORD_HISTORY=1).
+func TestReplayRecordedPlacement(t *testing.T) {
+	replayFiles(t, PlacementWorkflow, []string{"testdata/placement_history.json"})
+}
+
 // TestReplayRecordedRecovery replays the recorded recoveries.
 func TestReplayRecordedRecovery(t *testing.T) {
 	replayFiles(t, RecoveryWorkflow, recoveryHistories)

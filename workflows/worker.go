@@ -466,11 +466,13 @@ func (e *entity) withCodeFor(ctx workflow.Context, ref catalog.CodeRef, version 
 	case version == 1:
 		action = catalog.HistoryCreate
 	}
-	return activities.ApplyInput{
-		Worker: w,
-		History: &catalog.HistoryEntry{Version: version, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now,
-			Actor: ref.Actor, Action: action, RollbackTo: ref.RollbackTo},
-	}, nil
+	h := &catalog.HistoryEntry{Version: version, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now,
+		Actor: ref.Actor, Action: action, RollbackTo: ref.RollbackTo}
+	if action == catalog.HistoryCreate {
+		// Only an activity's input: no command changes, replay-safe.
+		h.Placement = w.Placement
+	}
+	return activities.ApplyInput{Worker: w, History: h}, nil
 }
 
 // undoCreate removes a worker whose create failed (Apply may have
@@ -874,16 +876,8 @@ func (e *entity) syncNodes(ctx workflow.Context) []nodeFailure {
 	}
 	futures := make([]workflow.Future, len(nodes))
 	for i, n := range nodes {
-		nctx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-			TaskQueue: NodeTaskQueue(n),
-			// A live node polls its queue all the time; one that does not
-			// pick the task up quickly is gone, paused or stuck.
-			ScheduleToStartTimeout: ActivatePickUp,
-			StartToCloseTimeout:    ActivateTimeout,
-			HeartbeatTimeout:       ActivateHeartbeat,
-			RetryPolicy: &temporal.RetryPolicy{InitialInterval: 500 * time.Millisecond, BackoffCoefficient: 2, MaximumInterval: 10 * time.Second,
-				MaximumAttempts: 4, NonRetryableErrorTypes: []string{failure.InvalidArgument}},
-		})
+		nctx := onNode(ctx, n, ActivateHeartbeat, &temporal.RetryPolicy{InitialInterval: 500 * time.Millisecond, BackoffCoefficient: 2,
+			MaximumInterval: 10 * time.Second, MaximumAttempts: 4, NonRetryableErrorTypes: []string{failure.InvalidArgument}})
 		futures[i] = workflow.ExecuteActivity(nctx, a.Activate, e.st.Worker.ID)
 	}
 	var failed []nodeFailure
@@ -903,6 +897,20 @@ func (e *entity) syncNodes(ctx workflow.Context) []nodeFailure {
 		}
 	}
 	return failed
+}
+
+// onNode runs the activities of ctx on node's own task queue: a live node
+// polls it all the time, so one that does not pick a task up within
+// ActivatePickUp is gone, paused or stuck; an attempt may take
+// ActivateTimeout while it heartbeats within heartbeat.
+func onNode(ctx workflow.Context, node string, heartbeat time.Duration, retry *temporal.RetryPolicy) workflow.Context {
+	return workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		TaskQueue:              NodeTaskQueue(node),
+		ScheduleToStartTimeout: ActivatePickUp,
+		StartToCloseTimeout:    ActivateTimeout,
+		HeartbeatTimeout:       heartbeat,
+		RetryPolicy:            retry,
+	})
 }
 
 // ActivatePickUp is how long a node has to pick up its Activate

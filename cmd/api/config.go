@@ -8,6 +8,7 @@ import (
 
 	"github.com/virtufin/workmanager/internal/auth"
 	"github.com/virtufin/workmanager/internal/codesource"
+	"github.com/virtufin/workmanager/internal/credfile"
 	"github.com/virtufin/workmanager/internal/envconfig"
 	"github.com/virtufin/workmanager/internal/publish"
 	"github.com/virtufin/workmanager/internal/ratelimit"
@@ -17,6 +18,7 @@ import (
 
 // config is the API's typed configuration, read from the environment.
 type config struct {
+	NodeHeartbeat time.Duration // NODE_HEARTBEAT: the nodes' (a node silent for 3 counts as gone: ListNodes)
 	envconfig.Services
 	Addr             string        // WORKMANAGER_API_ADDR
 	OperationTimeout time.Duration // WORKMANAGER_OPERATION_TIMEOUT
@@ -37,7 +39,8 @@ type config struct {
 
 	// Auth is who may call (internal/auth; docs/api.md, "Authentication"):
 	// API_AUTH, API_TOKENS_FILE, API_JWT_*, API_TLS_*, API_CLIENT_CA_FILE,
-	// API_PUBLIC_HEALTH.
+	// API_PUBLIC_HEALTH; CREDENTIALS_RELOAD_INTERVAL, which the Temporal
+	// client's files follow too.
 	Auth auth.Settings
 	// Tenants maps tenants to their workers' topic prefix:
 	// TENANT_TOPIC_PREFIXES ("acme=acme.,globex=globex/"; unmapped
@@ -84,6 +87,7 @@ func loadConfig() (config, error) {
 		StreamMaxLen:       r.Int("STREAM_MAX_LEN", publish.DefaultStreamMaxLen),
 		DeliveryRecordTTL:  r.Duration("DELIVERY_RECORD_TTL", 24*time.Hour),
 		CodeGCGrace:        r.Duration("CODE_GC_GRACE", 24*time.Hour),
+		NodeHeartbeat:      r.Duration("NODE_HEARTBEAT", 5*time.Second),
 		LogLevel:           r.LogLevel("LOG_LEVEL"),
 		RateLimit:          r.Float("API_RATE_LIMIT", 50),
 		RateBurst:          r.Int("API_RATE_BURST", 100),
@@ -106,8 +110,13 @@ func loadConfig() (config, error) {
 			TLSKeyFile:   r.String("API_TLS_KEY_FILE", ""),
 			ClientCAFile: r.String("API_CLIENT_CA_FILE", ""),
 			PublicHealth: r.Bool("API_PUBLIC_HEALTH", false),
+			// The tokens file, the TLS files and the Temporal client's
+			// files are read again when they change (docs/scaling.md,
+			// "Rotating certificates and tokens").
+			ReloadInterval: r.Duration("CREDENTIALS_RELOAD_INTERVAL", credfile.DefaultInterval),
 		},
 	}
+	c.Temporal.ReloadInterval = c.Auth.ReloadInterval
 	switch mode := strings.ToLower(r.String("API_AUTH", "on")); mode {
 	case "on":
 	case "off":

@@ -75,7 +75,9 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	go cat.SweepLoop(ctx, log, cfg.CodeGCGrace)
 	topts := client.Options{HostPort: cfg.TemporalAddress, Namespace: cfg.TemporalNamespace,
 		Logger: tlog.NewStructuredLogger(log.With("component", "temporal")), Interceptors: temporalInterceptors}
-	// TLS, mTLS, API key (TEMPORAL_TLS*, TEMPORAL_API_KEY_FILE).
+	// TLS, mTLS, API key (TEMPORAL_TLS*, TEMPORAL_API_KEY_FILE), read
+	// again when they change (CREDENTIALS_RELOAD_INTERVAL).
+	cfg.Temporal.Log = log
 	if err := cfg.Temporal.Apply(&topts); err != nil {
 		return err
 	}
@@ -131,7 +133,10 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 			WorkerStats: store,
 			Tenants:     cfg.Tenants,
 			// docs/scaling.md, "Sizing and quotas".
-			Quotas: cfg.Quotas, QuotaStore: store}))
+			Quotas: cfg.Quotas, QuotaStore: store,
+			// Membership, node advertisements, placement record:
+			// GetWorker's nodes, ListNodes, DrainNode.
+			Cluster: store, NodeTTL: 3 * cfg.NodeHeartbeat}))
 	gh := grpchealth.NewServer()
 	gh.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	gh.SetServingStatus(pb.WorkManagerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -12,49 +13,56 @@ import (
 	"github.com/virtufin/workmanager/engines/python"
 	"github.com/virtufin/workmanager/engines/sandbox"
 	"github.com/virtufin/workmanager/internal/codesource"
+	"github.com/virtufin/workmanager/internal/credfile"
 	"github.com/virtufin/workmanager/internal/envconfig"
 	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/node"
+	"github.com/virtufin/workmanager/internal/placement"
 	"github.com/virtufin/workmanager/internal/publish"
+	"github.com/virtufin/workmanager/workflows"
 )
 
 // config is the node's typed configuration, read from the environment.
 type config struct {
 	envconfig.Services
-	HTTPAddr              string        // WORKMANAGER_HTTP_ADDR
-	PubSub                string        // DAPR_PUBSUB
-	StreamMaxLen          int           // STREAM_MAX_LEN: entries each stream the node publishes to keeps, about (0: the component's maxLenApprox)
-	RecoveryOnStart       bool          // WORKER_RECOVERY_ON_START
-	ContinueAsNewAfter    int           // WORKMANAGER_CONTINUE_AS_NEW_AFTER: given to the worker workflows recovery starts (as the API's)
-	MaxConcurrency        int           // WORKER_MAX_CONCURRENCY
-	WorkerTimeout         time.Duration // WORKER_TIMEOUT
-	PythonProcesses       int           // PYTHON_PROCESSES
-	PythonSpinWait        time.Duration // PYTHON_SPIN_WAIT (negative: never spin)
-	PythonMaxBatch        int           // PYTHON_MAX_BATCH (1: no batches)
-	ReconcileInterval     time.Duration // RECONCILE_INTERVAL (0 disables)
-	ReconcileParallel     int           // RECONCILE_PARALLELISM: workers a reconcile brings up at a time
-	TemporalLease         time.Duration // TEMPORAL_LEASE (0 disables)
-	NodeID                string        // WORKMANAGER_NODE_ID (default: <hostname>-<pid>)
-	NodeHeartbeat         time.Duration // NODE_HEARTBEAT; a node silent for 3 heartbeats counts as gone
-	GatewayTimeout        time.Duration // GATEWAY_TIMEOUT
-	NativeIsolation       string        // NATIVE_ISOLATION: "in-process" (default) or "process"
-	NativeHostPath        string        // NATIVE_HOST_PATH (default: native-host next to this binary)
-	NativeTempDir         string        // NATIVE_TEMP_DIR
-	NodeStateDir          string        // NODE_STATE_DIR: the node's local files kept across its restarts (the crash journal)
-	NativeCrashQuarantine int           // NATIVE_CRASH_QUARANTINE: crashes of the node in one in-process native worker that quarantine it
-	NativeJournalSlots    int           // NATIVE_CRASH_JOURNAL_SLOTS: in-process native calls the crash journal holds at once
-	PythonDevKitDir       string        // PYTHON_DEVKIT_DIR: where the node installs the Python DevKit its workers import
-	DotnetProcesses       int           // DOTNET_PROCESSES: host processes per .NET worker
-	DotnetCacheDir        string        // DOTNET_CACHE_DIR: the compiled .NET host, DevKit, C# workers and unpacked packages
-	DotnetMono            string        // DOTNET_MONO: the mono executable (default: searched)
-	DotnetCompiler        string        // DOTNET_COMPILER: the mcs C# compiler (default: searched)
-	DotnetLockdown        bool          // DOTNET_LOCKDOWN: .NET hosts refuse execve and IP sockets to worker code
-	NativeMaxAbandoned    int           // NATIVE_MAX_ABANDONED_CALLS
-	NativeMaxExtracted    int           // NATIVE_MAX_EXTRACTED_BYTES: disk all extracted native packages may use
-	BrokerProbe           time.Duration // BROKER_PROBE_INTERVAL: how often an idle node checks that publishing works
-	BrokerReadyGrace      time.Duration // BROKER_READY_GRACE: how long the broker may fail before /readyz does
-	LogLevel              slog.Level    // LOG_LEVEL
-	Sandbox               string        // SANDBOX: strict, standard (default) or off
+	HTTPAddr              string            // WORKMANAGER_HTTP_ADDR
+	PubSub                string            // DAPR_PUBSUB
+	StreamMaxLen          int               // STREAM_MAX_LEN: entries each stream the node publishes to keeps, about (0: the component's maxLenApprox)
+	RecoveryOnStart       bool              // WORKER_RECOVERY_ON_START
+	ContinueAsNewAfter    int               // WORKMANAGER_CONTINUE_AS_NEW_AFTER: given to the worker workflows recovery starts (as the API's)
+	MaxConcurrency        int               // WORKER_MAX_CONCURRENCY
+	WorkerTimeout         time.Duration     // WORKER_TIMEOUT
+	PythonProcesses       int               // PYTHON_PROCESSES
+	PythonSpinWait        time.Duration     // PYTHON_SPIN_WAIT (negative: never spin)
+	PythonMaxBatch        int               // PYTHON_MAX_BATCH (1: no batches)
+	ReconcileInterval     time.Duration     // RECONCILE_INTERVAL (0 disables)
+	ReconcileParallel     int               // RECONCILE_PARALLELISM: workers a reconcile brings up at a time
+	TemporalLease         time.Duration     // TEMPORAL_LEASE (0 disables)
+	NodeID                string            // WORKMANAGER_NODE_ID (default: <hostname>-<pid>)
+	NodeHeartbeat         time.Duration     // NODE_HEARTBEAT; a node silent for 3 heartbeats counts as gone
+	NodeLabels            map[string]string // NODE_LABELS: "zone=a,pool=cpu", what workers may require (placement)
+	PlacementReplicas     int               // PLACEMENT_REPLICAS: nodes serving each topic ("all": every node, 0)
+	PlacementInterval     time.Duration     // PLACEMENT_INTERVAL: how often placement is planned and each node re-reads it
+	PlacementMaxMoves     int               // PLACEMENT_MAX_MOVES: topics that may gain a node in one plan (rebalancing; 0: no bound)
+	GatewayTimeout        time.Duration     // GATEWAY_TIMEOUT
+	NativeIsolation       string            // NATIVE_ISOLATION: "in-process" (default) or "process"
+	NativeHostPath        string            // NATIVE_HOST_PATH (default: native-host next to this binary)
+	NativeTempDir         string            // NATIVE_TEMP_DIR
+	NodeStateDir          string            // NODE_STATE_DIR: the node's local files kept across its restarts (the crash journal)
+	NativeCrashQuarantine int               // NATIVE_CRASH_QUARANTINE: crashes of the node in one in-process native worker that quarantine it
+	NativeJournalSlots    int               // NATIVE_CRASH_JOURNAL_SLOTS: in-process native calls the crash journal holds at once
+	PythonDevKitDir       string            // PYTHON_DEVKIT_DIR: where the node installs the Python DevKit its workers import
+	DotnetProcesses       int               // DOTNET_PROCESSES: host processes per .NET worker
+	DotnetCacheDir        string            // DOTNET_CACHE_DIR: the compiled .NET host, DevKit, C# workers and unpacked packages
+	DotnetMono            string            // DOTNET_MONO: the mono executable (default: searched)
+	DotnetCompiler        string            // DOTNET_COMPILER: the mcs C# compiler (default: searched)
+	DotnetLockdown        bool              // DOTNET_LOCKDOWN: .NET hosts refuse execve and IP sockets to worker code
+	NativeMaxAbandoned    int               // NATIVE_MAX_ABANDONED_CALLS
+	NativeMaxExtracted    int               // NATIVE_MAX_EXTRACTED_BYTES: disk all extracted native packages may use
+	BrokerProbe           time.Duration     // BROKER_PROBE_INTERVAL: how often an idle node checks that publishing works
+	BrokerReadyGrace      time.Duration     // BROKER_READY_GRACE: how long the broker may fail before /readyz does
+	LogLevel              slog.Level        // LOG_LEVEL
+	Sandbox               string            // SANDBOX: strict, standard (default) or off
 	SandboxLimits         sandbox.Limits
 	SandboxWritable       []string          // SANDBOX_WRITABLE_PATHS: host paths bound read-write into every worker sandbox
 	SandboxTmpBytes       uint64            // SANDBOX_TMP_BYTES: size of each worker process's /tmp
@@ -106,6 +114,8 @@ func loadConfig() (config, error) {
 		TemporalLease:         r.Duration("TEMPORAL_LEASE", 30*time.Second),
 		NodeID:                r.String("WORKMANAGER_NODE_ID", defaultNodeID()),
 		NodeHeartbeat:         r.Duration("NODE_HEARTBEAT", 5*time.Second),
+		PlacementInterval:     r.Duration("PLACEMENT_INTERVAL", workflows.DefaultPlacementInterval),
+		PlacementMaxMoves:     r.Int("PLACEMENT_MAX_MOVES", 32),
 		GatewayTimeout:        r.Duration("GATEWAY_TIMEOUT", 30*time.Second),
 		NativeIsolation:       r.String("NATIVE_ISOLATION", ""),
 		NativeHostPath:        r.String("NATIVE_HOST_PATH", defaultHostPath()),
@@ -161,8 +171,31 @@ func loadConfig() (config, error) {
 		TestNoFencing:       r.Bool("WM_TEST_UNSAFE_NO_FENCING", false),
 		DebugPprof:          r.Bool("DEBUG_PPROF", false),
 	}
+	// The Temporal client's TLS files and API key are read again when they
+	// change (docs/scaling.md, "Rotating certificates and tokens").
+	c.Temporal.ReloadInterval = r.Duration("CREDENTIALS_RELOAD_INTERVAL", credfile.DefaultInterval)
+	if c.Temporal.ReloadInterval < 0 {
+		return c, fmt.Errorf("CREDENTIALS_RELOAD_INTERVAL must not be negative (0 reads credentials once), got %s", c.Temporal.ReloadInterval)
+	}
 	if err := r.Err(); err != nil {
 		return c, err
+	}
+	labels, err := placement.ParseLabels(os.Getenv("NODE_LABELS"))
+	if err != nil {
+		return c, fmt.Errorf("NODE_LABELS: %w", err)
+	}
+	c.NodeLabels = labels
+	switch v := strings.TrimSpace(os.Getenv("PLACEMENT_REPLICAS")); v {
+	case "":
+		c.PlacementReplicas = placement.DefaultReplicas
+	case "all":
+		c.PlacementReplicas = placement.All
+	default:
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 64 {
+			return c, fmt.Errorf("PLACEMENT_REPLICAS must be a number of nodes from 0 to 64 or \"all\", got %q", v)
+		}
+		c.PlacementReplicas = n
 	}
 	if c.NodeStateDir == "" {
 		// Per node id: set WORKMANAGER_NODE_ID for the journal to carry
@@ -191,6 +224,12 @@ func secretValues(environ []string) []string {
 }
 
 func (c config) validate() error {
+	if c.PlacementInterval <= 0 {
+		return fmt.Errorf("PLACEMENT_INTERVAL must be positive, got %s", c.PlacementInterval)
+	}
+	if c.PlacementMaxMoves < 0 {
+		return fmt.Errorf("PLACEMENT_MAX_MOVES must not be negative, got %d", c.PlacementMaxMoves)
+	}
 	if c.ContinueAsNewAfter < 0 {
 		return fmt.Errorf("WORKMANAGER_CONTINUE_AS_NEW_AFTER must not be negative, got %d", c.ContinueAsNewAfter)
 	}

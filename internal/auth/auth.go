@@ -15,8 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/virtufin/workmanager/internal/credfile"
 	"github.com/virtufin/workmanager/internal/tenant"
 )
 
@@ -293,8 +294,31 @@ type wrappedStream struct {
 func (w *wrappedStream) Context() context.Context { return w.ctx }
 
 // TokenSet is the accepted static tokens, by the SHA-256 of the token.
+// One made by WatchTokens follows its file's changes.
 type TokenSet struct {
-	byHash map[string]Principal
+	byHash  map[string]Principal
+	watched *credfile.Watched[*TokenSet]
+}
+
+// WatchTokens reads a tokens file (as LoadTokens) and reads it again when
+// its content changes, checked at most every interval (0: read once): a
+// rotated file's tokens are accepted, and the removed ones refused, from
+// the first call one interval later. A changed file that does not load
+// keeps the tokens in use (logged to log as an error).
+func WatchTokens(path string, interval time.Duration, log *slog.Logger) (*TokenSet, error) {
+	w, err := credfile.New("API_TOKENS_FILE", []string{path}, interval, log, func() (*TokenSet, error) { return LoadTokens(path) })
+	if err != nil {
+		return nil, err
+	}
+	return &TokenSet{watched: w}, nil
+}
+
+// Run checks a watched set's file every interval until ctx ends, so that
+// a rotation is logged while no call comes (nothing for a loaded set).
+func (t *TokenSet) Run(ctx context.Context) {
+	if t.watched != nil {
+		t.watched.Run(ctx)
+	}
 }
 
 // HashToken is the form a token is listed in a tokens file.
@@ -307,9 +331,9 @@ func HashToken(token string) string {
 // token's SHA-256> <role> <tenant> <subject>"; blank lines and lines
 // starting with # are skipped. The file holds no token itself.
 func LoadTokens(path string) (*TokenSet, error) {
-	b, err := os.ReadFile(path)
+	b, err := credfile.ReadLimited("API_TOKENS_FILE", path)
 	if err != nil {
-		return nil, fmt.Errorf("API_TOKENS_FILE: %w", err)
+		return nil, err
 	}
 	ts := &TokenSet{byHash: map[string]Principal{}}
 	for i, line := range strings.Split(string(b), "\n") {
@@ -342,6 +366,9 @@ func LoadTokens(path string) (*TokenSet, error) {
 
 // Lookup finds the principal of token.
 func (t *TokenSet) Lookup(token string) (Principal, bool) {
+	if t.watched != nil {
+		t = t.watched.Get()
+	}
 	p, ok := t.byHash[HashToken(token)]
 	return p, ok
 }

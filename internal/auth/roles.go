@@ -21,6 +21,11 @@ var MethodRoles = map[string]Role{
 	"/workmanager.v1.WorkManagerService/DeleteWorker":      RoleOperator,
 	"/workmanager.v1.WorkManagerService/ReplayDeadLetters": RoleOperator,
 	"/workmanager.v1.WorkManagerService/RecoverWorkers":    RoleAdmin,
+	// Nodes are the cluster's, not a tenant's: ListNodes also refuses
+	// readers of tenants other than the default one (services/api), and
+	// only admins drain.
+	"/workmanager.v1.WorkManagerService/ListNodes": RoleReader,
+	"/workmanager.v1.WorkManagerService/DrainNode": RoleAdmin,
 
 	// Health and reflection: readers, unless API_PUBLIC_HEALTH makes them
 	// public (Config.PublicMethods).

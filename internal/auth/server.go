@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+
+	"github.com/virtufin/workmanager/internal/credfile"
 )
 
 // Settings is the control API's authentication configuration.
@@ -22,6 +24,10 @@ type Settings struct {
 	TLSKeyFile   string // API_TLS_KEY_FILE
 	ClientCAFile string // API_CLIENT_CA_FILE (mTLS)
 	PublicHealth bool   // API_PUBLIC_HEALTH
+	// ReloadInterval is how often the tokens file, the TLS certificate and
+	// key and the client CA are checked for a change and read again
+	// (CREDENTIALS_RELOAD_INTERVAL; 0: read once at start).
+	ReloadInterval time.Duration
 	// WrapCredentials, when set, wraps the server's transport credentials
 	// (TLS, or plaintext when nil is passed): the API's transport adds its
 	// per-method message guard there (api.Transport.Credentials).
@@ -35,6 +41,8 @@ func (s Settings) Validate() error {
 		return errors.New("API_TLS_CERT_FILE and API_TLS_KEY_FILE go together")
 	case s.ClientCAFile != "" && s.TLSCertFile == "":
 		return errors.New("API_CLIENT_CA_FILE (client certificates) needs server TLS: API_TLS_CERT_FILE and API_TLS_KEY_FILE")
+	case s.ReloadInterval < 0:
+		return fmt.Errorf("CREDENTIALS_RELOAD_INTERVAL must not be negative (0 reads credentials once), got %s", s.ReloadInterval)
 	case !s.Off && s.TokensFile == "" && s.ClientCAFile == "" && s.JWT == (JWTConfig{}):
 		return errors.New("authentication is on (API_AUTH) but no method is configured: set API_TOKENS_FILE, API_JWT_* or API_CLIENT_CA_FILE, or API_AUTH=off to run without (never in production)")
 	}
@@ -51,9 +59,10 @@ func ServerOptions(ctx context.Context, s Settings, log *slog.Logger) ([]grpc.Se
 	}
 	var err error
 	if s.TokensFile != "" {
-		if cfg.Tokens, err = LoadTokens(s.TokensFile); err != nil {
+		if cfg.Tokens, err = WatchTokens(s.TokensFile, s.ReloadInterval, log); err != nil {
 			return nil, nil, err
 		}
+		go cfg.Tokens.Run(ctx)
 	}
 	if s.JWT != (JWTConfig{}) {
 		if cfg.JWT, err = NewJWTVerifier(ctx, s.JWT); err != nil {
@@ -69,23 +78,9 @@ func ServerOptions(ctx context.Context, s Settings, log *slog.Logger) ([]grpc.Se
 	opts := []grpc.ServerOption{grpc.InTapHandle(a.TapHandle()), grpc.ChainUnaryInterceptor(a.UnaryInterceptor()), grpc.ChainStreamInterceptor(a.StreamInterceptor())}
 	var creds credentials.TransportCredentials // nil: plaintext
 	if s.TLSCertFile != "" {
-		cert, err := tls.LoadX509KeyPair(s.TLSCertFile, s.TLSKeyFile)
+		tc, err := serverTLS(ctx, s, log)
 		if err != nil {
-			return nil, nil, fmt.Errorf("API_TLS_CERT_FILE / API_TLS_KEY_FILE: %w", err)
-		}
-		tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-		if s.ClientCAFile != "" {
-			pem, err := os.ReadFile(s.ClientCAFile)
-			if err != nil {
-				return nil, nil, fmt.Errorf("API_CLIENT_CA_FILE: %w", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, nil, fmt.Errorf("API_CLIENT_CA_FILE %s: no PEM certificate in it", s.ClientCAFile)
-			}
-			// Callers with a bearer token need no certificate; one that is
-			// presented must verify.
-			tc.ClientCAs, tc.ClientAuth = pool, tls.VerifyClientCertIfGiven
+			return nil, nil, err
 		}
 		creds = credentials.NewTLS(tc)
 	}
@@ -96,4 +91,37 @@ func ServerOptions(ctx context.Context, s Settings, log *slog.Logger) ([]grpc.Se
 		opts = append(opts, grpc.Creds(creds))
 	}
 	return opts, a, nil
+}
+
+// serverTLS is the server's TLS configuration: every handshake gets the
+// certificate and client CAs the files hold now (read again when they
+// change, every s.ReloadInterval), so a rotated Secret is served to new
+// connections without a restart; established connections keep theirs.
+func serverTLS(ctx context.Context, s Settings, log *slog.Logger) (*tls.Config, error) {
+	pair, err := credfile.KeyPair("API_TLS_CERT_FILE", s.TLSCertFile, s.TLSKeyFile, s.ReloadInterval, log)
+	if err != nil {
+		return nil, err
+	}
+	go pair.Run(ctx)
+	var cas *credfile.Watched[*x509.CertPool]
+	if s.ClientCAFile != "" {
+		if cas, err = credfile.CertPool("API_CLIENT_CA_FILE", s.ClientCAFile, s.ReloadInterval, log); err != nil {
+			return nil, err
+		}
+		go cas.Run(ctx)
+	}
+	base := &tls.Config{MinVersion: tls.VersionTLS12}
+	tc := base.Clone()
+	tc.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		c := base.Clone()
+		cert := pair.Get()
+		c.Certificates = []tls.Certificate{cert}
+		if cas != nil {
+			// Callers with a bearer token need no certificate; one that
+			// is presented must verify.
+			c.ClientCAs, c.ClientAuth = cas.Get(), tls.VerifyClientCertIfGiven
+		}
+		return c, nil
+	}
+	return tc, nil
 }

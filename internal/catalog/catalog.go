@@ -83,6 +83,20 @@ type Worker struct {
 	// Temporal's retention has purged its workflow. Absent in tombstones
 	// written before (those ids are free once Temporal forgot them).
 	Existed bool `json:"existed,omitempty"`
+	// Placement is what the worker asks of the nodes that serve it (nil:
+	// the cluster's defaults; internal/placement).
+	Placement *Placement `json:"placement,omitempty"`
+}
+
+// Placement is what a worker asks of the nodes that serve its topic.
+type Placement struct {
+	// Replicas is how many nodes serve the worker's topic (nil: the
+	// cluster's PLACEMENT_REPLICAS; 0: every node that can run it). A
+	// topic takes the largest of its workers'.
+	Replicas *int `json:"replicas,omitempty"`
+	// Require lists the labels (NODE_LABELS) a node must have to run the
+	// worker.
+	Require map[string]string `json:"require,omitempty"`
 }
 
 // maxRetired bounds Worker.Retired (an id is created again only after a
@@ -132,6 +146,9 @@ type HistoryEntry struct {
 	// wrote the entry: an entry is replaced only by one of a revision as
 	// high (AppendHistory). 0 in entries written before.
 	Revision int64 `json:"revision,omitempty"`
+	// Placement is, for a create, what the worker asked of placement (nil:
+	// the cluster's defaults, or an entry written before placement).
+	Placement *Placement `json:"placement,omitempty"`
 }
 
 // History actions.

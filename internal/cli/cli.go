@@ -199,6 +199,11 @@ func (a *app) rootCommand() *cobra.Command {
 		c.GroupID = "messages"
 		root.AddCommand(c)
 	}
+	root.AddGroup(&cobra.Group{ID: "cluster", Title: "Nodes:"})
+	for _, c := range []*cobra.Command{a.nodesCmd(), a.drainCmd()} {
+		c.GroupID = "cluster"
+		root.AddCommand(c)
+	}
 	root.AddGroup(&cobra.Group{ID: "develop", Title: "Writing workers (on this machine, no cluster):"})
 	for _, c := range []*cobra.Command{a.newCmd(), a.runCmd()} {
 		c.GroupID = "develop"

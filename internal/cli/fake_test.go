@@ -41,6 +41,8 @@ type fakeAPI struct {
 	// with the lock held, and may change them); nil: one fixed dead letter.
 	deadLetters []*pb.DeadLetter
 	onList      func(f *fakeAPI)
+	nodes       []*pb.Node
+	drains      []*pb.DrainNodeRequest
 	pageSize    int   // >0: ListWorkers pages of this size at most
 	fail        error // every call fails with it
 	calls       int
@@ -263,4 +265,23 @@ func (f *fakeAPI) runOK(t *testing.T, args ...string) string {
 		t.Fatalf("wmctl %v: exit %d, stderr %q", args, r.code, r.err)
 	}
 	return r.out
+}
+
+func (f *fakeAPI) ListNodes(context.Context, *pb.ListNodesRequest) (*pb.ListNodesResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return &pb.ListNodesResponse{Nodes: f.nodes}, nil
+}
+
+func (f *fakeAPI) DrainNode(_ context.Context, r *pb.DrainNodeRequest) (*pb.DrainNodeResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.drains = append(f.drains, proto.Clone(r).(*pb.DrainNodeRequest))
+	for _, n := range f.nodes {
+		if n.Id == r.NodeId {
+			n.Drained = !r.Undrain
+			return &pb.DrainNodeResponse{Node: n}, nil
+		}
+	}
+	return nil, status.Errorf(codes.NotFound, "node %s not found", r.NodeId)
 }

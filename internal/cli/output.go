@@ -165,6 +165,9 @@ func workerDetail(x *pb.Worker) func(io.Writer) {
 			{"Retry policy", retry},
 			{"Allowed output topics", listOrAny(x.GetAllowedOutputTopics())},
 			{"Allowed gateway targets", listOrAny(x.GetAllowedGatewayTargets())},
+			{"Replicas", replicasText(x)},
+			{"Placement", placementText(x.GetPlacement())},
+			{"Nodes", nodesText(x)},
 			{"Created", ts(x.GetCreatedAt())},
 			{"Updated", ts(x.GetUpdatedAt())},
 		}
@@ -172,6 +175,11 @@ func workerDetail(x *pb.Worker) func(io.Writer) {
 			// Quarantined, or not recovered: why it does not do what its
 			// status says (right under the status).
 			rows = slices.Insert(rows, 4, [2]string{"Status reason", r})
+		}
+		if r := x.GetPlacementReason(); r != "" {
+			// Why no node can run it (right under its nodes).
+			i := slices.IndexFunc(rows, func(r [2]string) bool { return r[0] == "Nodes" })
+			rows = slices.Insert(rows, i+1, [2]string{"Placement reason", r})
 		}
 		rows = append(rows, statsRows(x.GetStats())...)
 		for _, r := range rows {
@@ -220,4 +228,78 @@ func deadLettersTable(ds []*pb.DeadLetter) func(io.Writer) {
 				ts(d.GetAt()), dash(d.GetSource()), dash(short(lastFrame(d.GetTraceback()), 60)), dash(short(d.GetError(), 60)))
 		}
 	}
+}
+
+// replicasText is a worker's replicas as get shows them.
+func replicasText(x *pb.Worker) string {
+	switch {
+	case x.Replicas == nil:
+		return "cluster default"
+	case x.GetReplicas() == 0:
+		return "all (every node that can run it)"
+	}
+	return strconv.Itoa(int(x.GetReplicas()))
+}
+
+// placementText is what a worker asks of its nodes.
+func placementText(p *pb.WorkerPlacement) string {
+	if len(p.GetRequire()) == 0 {
+		return "any node"
+	}
+	return "require " + labelsText(p.GetRequire())
+}
+
+// labelsText is labels as k=v,k=v, sorted ("-": none).
+func labelsText(l map[string]string) string {
+	if len(l) == 0 {
+		return "-"
+	}
+	kv := make([]string, 0, len(l))
+	for k, v := range l {
+		kv = append(kv, k+"="+v)
+	}
+	slices.Sort(kv)
+	return strings.Join(kv, ",")
+}
+
+// nodesText is the nodes serving a worker's topic now.
+func nodesText(x *pb.Worker) string {
+	if len(x.GetNodes()) == 0 {
+		return "none"
+	}
+	return strings.Join(x.GetNodes(), ", ")
+}
+
+func nodesTable(ns []*pb.Node) func(io.Writer) {
+	return func(w io.Writer) {
+		fmt.Fprintln(w, "NODE\tALIVE\tDRAINED\tLABELS\tENGINES\tWORKERS\tTOPICS\tMEMORY")
+		for _, n := range ns {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", n.GetId(), yesNo(n.GetAlive()), yesNo(n.GetDrained()),
+				labelsText(n.GetLabels()), dash(strings.Join(n.GetEngines(), ",")), n.GetWorkers(), n.GetTopics(), bytesText(n.GetMemoryBytes()))
+		}
+	}
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// bytesText is a memory size in binary units ("-": unknown).
+func bytesText(b uint64) string {
+	if b == 0 {
+		return "-"
+	}
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	div, exp := uint64(unit), 0
+	for n := b / unit; n >= unit && exp < 4; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTP"[exp])
 }

@@ -67,6 +67,8 @@ func (a *app) createCmd() *cobra.Command {
 		maxAttempts    int32
 		backoff        time.Duration
 		outputs, gates []string
+		replicas       string
+		require        map[string]string
 	)
 	cmd := &cobra.Command{
 		Use:   "create FILE --topic TOPIC [flags]",
@@ -79,6 +81,7 @@ and print its id. Without --mime the MIME type is told from the file:
 		Example: `  wmctl create worker.py --topic orders --group shop --name order-pricer
   wmctl create Pricer.cs --topic orders --allowed-output-topics 'order.*' --max-attempts 5 --backoff 2s
   wmctl create build/echo.zip --topic raw
+  wmctl create worker.py --topic frames --replicas 3 --require pool=gpu,zone=a
   wmctl create --url https://example.com/w.py --sha256 9f86d08… --topic orders`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
@@ -108,6 +111,16 @@ and print its id. Without --mime the MIME type is told from the file:
 				req.RetryPolicy = &pb.RetryPolicy{MaxAttempts: maxAttempts, BackoffMs: backoff.Milliseconds()}
 			}
 			req.AllowedOutputTopics, req.AllowedGatewayTargets = outputs, gates
+			if flagChanged(cmd.Flags(), "replicas") {
+				r, err := parseReplicas(replicas)
+				if err != nil {
+					return err
+				}
+				req.Replicas = &r
+			}
+			if len(require) > 0 {
+				req.Placement = &pb.WorkerPlacement{Require: require}
+			}
 			var resp *pb.CreateWorkerResponse
 			err = a.apiCall(cmd.Context(), "creating worker", func(ctx context.Context, c pb.WorkManagerServiceClient) (err error) {
 				resp, err = c.CreateWorker(ctx, &req)
@@ -129,6 +142,9 @@ and print its id. Without --mime the MIME type is told from the file:
 	f.StringSliceVar(&gates, "allowed-gateway-targets", nil, "'service/method' patterns the worker's gateway calls may reach; default any")
 	f.Int32Var(&maxAttempts, "max-attempts", 0, "attempts per message before it is dead-lettered, 1..100 (default: the cluster's)")
 	f.DurationVar(&backoff, "backoff", 0, "wait before the next attempt, e.g. 2s (default: the cluster's)")
+	f.StringVar(&replicas, "replicas", "", "how many nodes serve the worker's topic: `N|all` (1..64, or every node that can run it; default: the cluster's PLACEMENT_REPLICAS)")
+	f.StringToStringVar(&require, "require", nil, "labels (NODE_LABELS) a node must have to run the worker, as `k=v[,k=v]`")
+	f.Lookup("require").DefValue = "" // none; not "[]"
 	code.add(cmd)
 	_ = cmd.MarkFlagRequired("topic")
 	return cmd
@@ -656,4 +672,17 @@ func (a *app) completeWorkers(cmd *cobra.Command, args []string, _ string) ([]st
 		out = append(out, w.GetWorkerId()+"\t"+w.GetTopic())
 	}
 	return out, cobra.ShellCompDirectiveNoFileComp
+}
+
+// parseReplicas reads --replicas: a count, or "all" (0: every node that
+// can run the worker).
+func parseReplicas(s string) (int32, error) {
+	if strings.EqualFold(s, "all") {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(s, 10, 32)
+	if err != nil || n < 0 {
+		return 0, usageErr(fmt.Errorf("--replicas %q must be a number of nodes (1..64) or 'all'", s))
+	}
+	return int32(n), nil
 }

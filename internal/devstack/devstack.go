@@ -691,8 +691,14 @@ func (s *Stack) Env() []string {
 func (s *Stack) StartNode(bin, httpAddr string, env ...string) (*Proc, error) {
 	// Its crash journal in the stack's folder (kept across restarts of the
 	// node), unless env says where.
-	base := append(s.Env(), "WORKMANAGER_HTTP_ADDR="+httpAddr, "NODE_STATE_DIR="+s.NodeStateDir())
-	return StartProc(s.Dir, "node", append(base, env...), bin)
+	return s.startNodeAs(bin, "node", httpAddr, s.NodeStateDir(), env...)
+}
+
+// startNodeAs starts a node logging to name.log with its local files in
+// stateDir; env comes last (a later value of a variable wins).
+func (s *Stack) startNodeAs(bin, name, httpAddr, stateDir string, env ...string) (*Proc, error) {
+	base := append(s.Env(), "WORKMANAGER_HTTP_ADDR="+httpAddr, "NODE_STATE_DIR="+stateDir)
+	return StartProc(s.Dir, name, append(base, env...), bin)
 }
 
 // NodeStateDir is where StartNode's node keeps its local files (its crash

@@ -266,6 +266,13 @@ type topic struct {
 	unrunnable atomic.Pointer[[]Worker]
 	cancel     context.CancelFunc
 	done       chan struct{}
+	// subscribed: daprd confirmed the stream and it has not failed since.
+	subscribed atomic.Bool
+	// pending counts its messages in flight (received, not answered);
+	// closing: its last worker left, so it answers what arrives with RETRY
+	// and its stream closes once pending reaches 0 (closeTopic).
+	pending atomic.Int64
+	closing atomic.Bool
 
 	mu       sync.Mutex
 	inflight map[string]*message // by event id
@@ -432,6 +439,15 @@ func (d *Dispatcher) SetUnrunnable(w Worker) {
 	d.setUnrunnableLocked(w.ID, &w)
 }
 
+// Unrunnable reports whether w is recorded as not runnable here (and not
+// attached).
+func (d *Dispatcher) Unrunnable(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, ok := d.unrunnable[id]
+	return ok
+}
+
 // ClearUnrunnable forgets SetUnrunnable (the worker stopped or was deleted).
 func (d *Dispatcher) ClearUnrunnable(id string) {
 	d.mu.Lock()
@@ -540,11 +556,44 @@ func (d *Dispatcher) unlinkLocked(w *worker) bool {
 		return false
 	}
 	delete(d.topics, w.Topic)
-	t.cancel()
+	// Its stream stays open until the messages in flight are answered
+	// (stop, closeTopic): their acks travel on it.
+	t.closing.Store(true)
 	// Under d.mu: a topic of the same name subscribed again gets
 	// fresh series (what the old stream still counts is lost).
 	t.m.Delete()
 	return true
+}
+
+// topicCloseWait bounds how long a topic whose last worker left keeps its
+// stream open for the answers of its messages in flight.
+const topicCloseWait = 10 * time.Second
+
+// closeTopic closes t's stream once its messages in flight were answered
+// (or topicCloseWait passed, or ctx ended), and waits for its loop to end.
+// Closing it at once made the answers of a stop's or a move's last
+// messages fail ("SendMsg called after CloseSend") and the broker deliver
+// them again after its processing timeout (chaos soak, issue 45).
+func (d *Dispatcher) closeTopic(ctx context.Context, t *topic) {
+	wait := time.NewTimer(topicCloseWait)
+	defer wait.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for t.pending.Load() > 0 {
+		select {
+		case <-tick.C:
+			continue
+		case <-wait.C:
+			d.log.Warn("topic left with messages still unanswered: closing its stream (the broker redelivers them)", "topic", t.name, "in_flight", t.pending.Load())
+		case <-ctx.Done():
+		}
+		break
+	}
+	t.cancel()
+	select {
+	case <-t.done:
+	case <-ctx.Done():
+	}
 }
 
 // stop ends a worker taken off its topic: its in-flight messages finish,
@@ -572,10 +621,7 @@ func (d *Dispatcher) stop(ctx context.Context, w *worker, t *topic, last, delete
 		w.m.Delete()
 	}
 	if last {
-		select {
-		case <-t.done:
-		case <-ctx.Done():
-		}
+		d.closeTopic(ctx, t)
 	}
 }
 
@@ -640,6 +686,15 @@ func (d *Dispatcher) Stats() Stats {
 		Deferred: s.deferred.Load(), Panics: s.panics.Load()}
 }
 
+// Subscribed reports whether this node holds a confirmed subscription to
+// topic (a worker of it attached, daprd's answer in).
+func (d *Dispatcher) Subscribed(topic string) bool {
+	d.mu.Lock()
+	t, ok := d.topics[topic]
+	d.mu.Unlock()
+	return ok && t.subscribed.Load()
+}
+
 // topicLoop keeps one subscription open until ctx ends, reconnecting with
 // backoff when daprd goes away.
 func (d *Dispatcher) topicLoop(ctx context.Context, t *topic) {
@@ -651,6 +706,7 @@ func (d *Dispatcher) topicLoop(ctx context.Context, t *topic) {
 		st, err := d.Sub.Subscribe(ctx, d.cfg.PubSub, t.name)
 		if err == nil {
 			log.Debug("subscribed")
+			t.subscribed.Store(true)
 			d.cfg.OnSubscription(t.name, nil)
 			stopClose := context.AfterFunc(ctx, st.Close) // unblock Recv on unsubscribe
 			var got bool
@@ -663,6 +719,7 @@ func (d *Dispatcher) topicLoop(ctx context.Context, t *topic) {
 				got = true
 				d.receive(t, st, req)
 			}
+			t.subscribed.Store(false)
 			stopClose()
 			st.Close()
 			if got {

@@ -388,3 +388,47 @@ func TestDecodeRejectsInvalidEvent(t *testing.T) {
 		t.Fatalf("valid event: %v %v", err, e)
 	}
 }
+
+// A topic's last worker leaving (a stop, or its topic moving to other
+// nodes) keeps the stream open until the messages in flight are answered
+// (its calls finish first):
+// their acks reach the broker instead of failing on a closed stream and
+// coming back after the processing timeout (chaos soak, issue 45).
+func TestLastWorkerLeavingAnswersItsMessagesFirst(t *testing.T) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	d := newTestDispatcher(t, b, pub, 2)
+	release := make(chan struct{})
+	started := make(chan struct{}, 2)
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
+		started <- struct{}{}
+		<-release
+		return nil, nil
+	}})
+	s := waitStream(t, b, "in")
+	s.In <- request("m1", "")
+	s.In <- request("m2", "")
+	<-started
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	detached := make(chan struct{})
+	go func() { d.Detach(ctx, "w"); close(detached) }()
+	time.Sleep(20 * time.Millisecond) // the detach is waiting for the calls
+	close(release)
+	<-detached
+	got := map[string]dispatch.Ack{}
+	for len(got) < 2 {
+		a := waitAck(t, b)
+		got[a.ID] = a.Status
+	}
+	// RETRY or SUCCESS (the record says the worker is done: a node that
+	// serves the topic skips it), but answered on the open stream.
+	if b.LateAcks() != 0 {
+		t.Fatalf("acks %v, %d sent on the closed stream", got, b.LateAcks())
+	}
+	select {
+	case <-s.Done():
+	default:
+		t.Fatal("stream not closed after its messages were answered")
+	}
+}

@@ -119,11 +119,12 @@ type job struct {
 func (d *Dispatcher) receive(t *topic, st Stream, req *runtimev1.TopicEventRequest) {
 	id := req.GetId()
 	// Counted before draining is checked, and Drain sets draining before it
-	// reads the count: a message is either given back or waited for.
-	d.inflight.Add(1)
-	if d.draining.Load() {
-		d.inflight.Add(-1)
-		d.ackRaw(st, id, AckRetry) // shutting down: another node takes it
+	// reads the count: a message is either given back or waited for. The
+	// same holds for a topic whose last worker left (closeTopic).
+	d.flight(t, 1)
+	if d.draining.Load() || t.closing.Load() {
+		d.flight(t, -1)
+		d.ackRaw(st, id, AckRetry) // shutting down, or the topic left this node: another node takes it
 		return
 	}
 	m := &message{t: t, id: id, req: req, stream: st}
@@ -145,7 +146,7 @@ func (d *Dispatcher) receive(t *topic, st Stream, req *runtimev1.TopicEventReque
 				last.dups++
 			}
 			t.mu.Unlock()
-			d.inflight.Add(-1)
+			d.flight(t, -1)
 			d.stats.duplicates.Add(1)
 			d.log.Info("event delivered again while in flight; both deliveries are answered together", "topic", t.name, "event_id", logID(id))
 			return
@@ -157,7 +158,7 @@ func (d *Dispatcher) receive(t *topic, st Stream, req *runtimev1.TopicEventReque
 		cur.next = m
 		t.mu.Unlock()
 		if dropped != nil {
-			d.inflight.Add(-1)
+			d.flight(t, -1)
 		}
 		d.log.Info("another event with the id of one in flight (other source): held until that one is settled", "topic", t.name,
 			"event_id", logID(id), "source", logID(req.GetSource()), "in_flight_source", logID(cur.req.GetSource()))
@@ -574,10 +575,17 @@ func (d *Dispatcher) ack(m *message, status Ack) {
 	for range n {
 		d.ackRaw(st, m.id, status)
 	}
-	d.inflight.Add(-1)
+	d.flight(t, -1)
 	if next != nil {
 		d.start(next, nil)
 	}
+}
+
+// flight counts messages in flight, on the node (Drain) and on their
+// topic (closeTopic): received and not answered yet.
+func (d *Dispatcher) flight(t *topic, delta int64) {
+	d.inflight.Add(delta)
+	t.pending.Add(delta)
 }
 
 func (d *Dispatcher) ackRaw(st Stream, id string, status Ack) {

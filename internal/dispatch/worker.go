@@ -179,9 +179,13 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 		lease, err = d.acquire(ctx, w)
 		if err != nil {
 			r.outcome, r.reason, r.err = outcomeFailed, reasonLockError, err
-			if errors.Is(err, grouplock.ErrContended) {
+			switch {
+			case errors.Is(err, grouplock.ErrContended):
 				r.reason = reasonLockContention
-			} else {
+			case ctx.Err() != nil || w.isStopped():
+				// Stopped (or moved away) while waiting for the lock: said
+				// below, not a store error.
+			default:
 				// The store failed under the lock: not the worker's
 				// failure, and not an attempt (a flapping store must not
 				// dead-letter grouped messages); given back.
@@ -191,6 +195,7 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 			}
 			if ctx.Err() != nil || w.isStopped() {
 				r.outcome = outcomeCut // stopped while waiting: given back, not an attempt
+				d.log.Debug("worker stopped while its message waited for the group lock: given back", "group", w.Group, "worker_id", w.ID)
 			}
 			return
 		}

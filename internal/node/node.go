@@ -65,6 +65,8 @@ type Node struct {
 	checked map[string]checkedRecord
 	// quarantine knows the workers that crashed this node (quarantine.go).
 	quarantine quarantineState
+	// place tells which topics this node serves (SetPlacement; nil: all).
+	place Placement
 }
 
 // SetLogBudget bounds what each worker's code may log, in lines per second
@@ -218,6 +220,26 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 		n.park(ctx, n.hotPath(w))
 		return nil
 	}
+	if !n.placedHere(ctx, w) {
+		// Another node serves its topic: parked, not detached, so that a
+		// message of the topic that still reaches this node (an attach
+		// racing a move) is given back, never acked without it.
+		n.unplace(ctx, n.hotPath(w))
+		return nil
+	}
+	if why := n.cannotRun(w); why != "" {
+		// Its topic is served here (no node can run every worker of it,
+		// or the placement is catching up): its messages wait here, or
+		// dead-letter as not_runnable, as for a worker that does not load.
+		n.mu.Lock()
+		_, was := n.attached[w.ID]
+		n.mu.Unlock()
+		if was || !n.disp.Unrunnable(w.ID) {
+			n.log.Warn("worker not runnable on this node", "worker_id", w.ID, "reason", why)
+		}
+		n.park(ctx, n.hotPath(w))
+		return nil
+	}
 	n.expectOnce(ctx)
 	q, quarantined, err := n.quarantined(ctx, w)
 	if err != nil {
@@ -265,6 +287,13 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 	n.mu.Unlock()
 	if fenced {
 		n.park(ctx, n.hotPath(w))
+		return nil
+	}
+	// Read after recording the worker as attached, as the fence above: a
+	// move of its topic away either lists it (ConvergePlacement) or is
+	// seen here.
+	if !n.placedHere(ctx, w) {
+		n.unplace(ctx, n.hotPath(w))
 		return nil
 	}
 	if quarantined {
@@ -410,6 +439,10 @@ func (n *Node) park(ctx context.Context, w dispatch.Worker) {
 type ReconcileResult struct {
 	Running, Stopped, Failed int
 	Errors                   []error
+	// Share counts the running workers whose topics this node serves
+	// (all of them without placement) and Here those of them attached
+	// here afterwards: readiness says "recovered Here of Share".
+	Share, Here int
 }
 
 // DefaultReconcileParallelism is how many workers Reconcile brings up at a
@@ -471,6 +504,9 @@ func (n *Node) Reconcile(ctx context.Context) (ReconcileResult, error) {
 		})
 	}
 	_ = g.Wait() // each worker's error is in res
+	if here, share, err := n.Share(ctx); err == nil {
+		res.Here, res.Share = here, share
+	}
 	n.mu.Lock()
 	var stale []string
 	for id := range n.attached {

@@ -13,17 +13,19 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
+	"log/slog"
+	"net"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/operatorservice/v1"
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
+
+	"github.com/virtufin/workmanager/internal/credfile"
 )
 
 // Settings are the TEMPORAL_TLS* and TEMPORAL_API_KEY_FILE settings
@@ -36,11 +38,14 @@ type Settings struct {
 	KeyFile    string // TEMPORAL_TLS_KEY_FILE: its PEM private key
 	ServerName string // TEMPORAL_TLS_SERVER_NAME: the name the frontend's certificate must carry (empty: the host of TEMPORAL_ADDRESS)
 	APIKeyFile string // TEMPORAL_API_KEY_FILE: a file holding an API key, sent as a bearer token (needs TEMPORAL_TLS)
+	// ReloadInterval is how often the files above are checked for a
+	// change and read again (CREDENTIALS_RELOAD_INTERVAL, set by each
+	// binary's configuration; 0: read once).
+	ReloadInterval time.Duration
+	// Log receives the reloads and the changed files that do not load
+	// (nil: slog.Default()).
+	Log *slog.Logger
 }
-
-// maxFileBytes bounds every file read here: certificates, keys and API
-// keys are a few KiB.
-const maxFileBytes = 1 << 20
 
 // Validate checks the settings' combinations and that every file they
 // name can be read and parsed, with errors that name the setting.
@@ -78,7 +83,12 @@ func (s Settings) Validate() error {
 }
 
 // Apply sets opts' TLS and credentials from s (nothing when TLS is off).
-// It validates s first.
+// It validates s first. The CA bundle, the client certificate and key and
+// the API key are read again when their files change (checked at most
+// every s.ReloadInterval, at the next handshake or call): a rotated Secret
+// takes effect on new connections and calls without a restart, and a
+// changed file that does not load keeps the last good credentials (logged
+// as an error).
 func (s Settings) Apply(opts *client.Options) error {
 	if err := s.Validate(); err != nil {
 		return err
@@ -88,52 +98,72 @@ func (s Settings) Apply(opts *client.Options) error {
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: s.ServerName}
 	if s.CAFile != "" {
-		pool, err := loadCAs(s.CAFile)
+		cas, err := credfile.CertPool("TEMPORAL_TLS_CA_FILE", s.CAFile, s.ReloadInterval, s.Log)
 		if err != nil {
 			return err
 		}
-		cfg.RootCAs = pool
+		// The frontend's chain is verified here against the CAs the file
+		// holds now (what crypto/tls would do with RootCAs, which cannot
+		// change after the dial).
+		name := s.ServerName
+		if name == "" {
+			name = hostOf(opts.HostPort)
+		}
+		cfg.InsecureSkipVerify = true //nolint:gosec // verified by VerifyConnection below
+		cfg.VerifyConnection = func(cs tls.ConnectionState) error { return verifyServer(cs, cas.Get(), name) }
 	}
 	if s.CertFile != "" {
-		pair := &reloading[tls.Certificate]{files: []string{s.CertFile, s.KeyFile}, load: func() (tls.Certificate, error) { return loadKeyPair(s.CertFile, s.KeyFile) }}
+		pair, err := credfile.KeyPair("TEMPORAL_TLS_CERT_FILE", s.CertFile, s.KeyFile, s.ReloadInterval, s.Log)
+		if err != nil {
+			return err
+		}
 		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			c, err := pair.get()
-			return &c, err
+			c := pair.Get()
+			return &c, nil
 		}
 	}
 	opts.ConnectionOptions.TLS = cfg
 	if s.APIKeyFile != "" {
-		key := &reloading[string]{files: []string{s.APIKeyFile}, load: func() (string, error) { return readAPIKey(s.APIKeyFile) }}
-		opts.Credentials = client.NewAPIKeyDynamicCredentials(func(context.Context) (string, error) { return key.get() })
+		key, err := credfile.New("TEMPORAL_API_KEY_FILE", []string{s.APIKeyFile}, s.ReloadInterval, s.Log, func() (string, error) { return readAPIKey(s.APIKeyFile) })
+		if err != nil {
+			return err
+		}
+		opts.Credentials = client.NewAPIKeyDynamicCredentials(func(context.Context) (string, error) { return key.Get(), nil })
 	}
 	return nil
 }
 
-func readLimited(setting, path string) ([]byte, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", setting, path, err)
+// hostOf is the host of a host:port (the whole of it without a port).
+func hostOf(hostPort string) string {
+	if h, _, err := net.SplitHostPort(hostPort); err == nil {
+		return h
 	}
-	if fi.Size() > maxFileBytes {
-		return nil, fmt.Errorf("%s %s: %d bytes, more than the %d a certificate or key needs", setting, path, fi.Size(), maxFileBytes)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", setting, path, err)
-	}
-	return b, nil
+	return hostPort
 }
 
+// verifyServer checks the frontend's certificate chain against roots and
+// name, as crypto/tls does for a client with RootCAs and ServerName.
+func verifyServer(cs tls.ConnectionState, roots *x509.CertPool, name string) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("temporal frontend: no certificate presented")
+	}
+	if cs.ServerName != "" {
+		name = cs.ServerName
+	}
+	inter := x509.NewCertPool()
+	for _, c := range cs.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, DNSName: name}); err != nil {
+		return fmt.Errorf("temporal frontend certificate (checked against TEMPORAL_TLS_CA_FILE): %w", err)
+	}
+	return nil
+}
+
+func readLimited(setting, path string) ([]byte, error) { return credfile.ReadLimited(setting, path) }
+
 func loadCAs(path string) (*x509.CertPool, error) {
-	b, err := readLimited("TEMPORAL_TLS_CA_FILE", path)
-	if err != nil {
-		return nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("TEMPORAL_TLS_CA_FILE %s: no PEM certificate in it", path)
-	}
-	return pool, nil
+	return credfile.LoadCertPool("TEMPORAL_TLS_CA_FILE", path)
 }
 
 func loadKeyPair(certFile, keyFile string) (tls.Certificate, error) {
@@ -162,48 +192,6 @@ func readAPIKey(path string) (string, error) {
 		return "", fmt.Errorf("TEMPORAL_API_KEY_FILE %s: want one API key on one line", path)
 	}
 	return key, nil
-}
-
-// reloading holds what load made from files, and loads it again when one
-// of the files' modification time or size changed (checked at most every
-// reloadCheck). A failed reload keeps the last good value.
-type reloading[T any] struct {
-	files   []string
-	load    func() (T, error)
-	mu      sync.Mutex
-	val     T
-	ok      bool
-	stamp   string
-	checked time.Time
-}
-
-const reloadCheck = 5 * time.Second
-
-func (r *reloading[T]) get() (T, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.ok && time.Since(r.checked) < reloadCheck {
-		return r.val, nil
-	}
-	r.checked = time.Now()
-	var stamp strings.Builder
-	for _, f := range r.files {
-		if fi, err := os.Stat(f); err == nil {
-			fmt.Fprintf(&stamp, "%s/%d/%d;", f, fi.ModTime().UnixNano(), fi.Size())
-		}
-	}
-	if r.ok && stamp.String() == r.stamp {
-		return r.val, nil
-	}
-	v, err := r.load()
-	if err != nil {
-		if r.ok {
-			return r.val, nil
-		}
-		return v, err
-	}
-	r.val, r.ok, r.stamp = v, true, stamp.String()
-	return v, nil
 }
 
 // SearchAttributes are the custom search attributes WorkManager's worker

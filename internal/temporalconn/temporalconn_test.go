@@ -68,7 +68,7 @@ func TestValidateNamesTheSetting(t *testing.T) {
 	}
 }
 
-// Apply builds a TLS configuration with the CA pool, the client
+// Apply builds a TLS configuration with the CA check, the client
 // certificate and the server name, and API key credentials.
 func TestApplyBuildsTLSAndCredentials(t *testing.T) {
 	f, err := devstack.DevTLS(t.TempDir())
@@ -81,7 +81,9 @@ func TestApplyBuildsTLSAndCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := opts.ConnectionOptions.TLS
-	if cfg == nil || cfg.RootCAs == nil || cfg.ServerName != "frontend.example" || cfg.GetClientCertificate == nil || opts.Credentials == nil {
+	// The CAs are checked by VerifyConnection (they are read again when
+	// the file changes), not by RootCAs.
+	if cfg == nil || cfg.VerifyConnection == nil || cfg.ServerName != "frontend.example" || cfg.GetClientCertificate == nil || opts.Credentials == nil {
 		t.Fatalf("options: %+v", opts)
 	}
 	c, err := cfg.GetClientCertificate(&tls.CertificateRequestInfo{})

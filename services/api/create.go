@@ -151,9 +151,10 @@ func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.C
 			return nil, status.Errorf(codes.AlreadyExists, "name %q is taken by worker %s (created by another request)", w.Name, w.ID)
 		}
 		if c := st.Worker; c.Topic != w.Topic || c.MIMEType != w.MIMEType || c.Group != w.Group ||
-			!slices.Equal(c.AllowedOutputs, w.AllowedOutputs) || !slices.Equal(c.GatewayTargets, w.GatewayTargets) {
-			return nil, status.Errorf(codes.AlreadyExists, "request_id %q was used for worker %s with other parameters (topic %q, mime_type %q, group %q, allowed_output_topics %q, allowed_gateway_targets %q)",
-				rid, w.ID, c.Topic, c.MIMEType, c.Group, c.AllowedOutputs, c.GatewayTargets)
+			!slices.Equal(c.AllowedOutputs, w.AllowedOutputs) || !slices.Equal(c.GatewayTargets, w.GatewayTargets) ||
+			!samePlacement(c.Placement, w.Placement) {
+			return nil, status.Errorf(codes.AlreadyExists, "request_id %q was used for worker %s with other parameters (topic %q, mime_type %q, group %q, allowed_output_topics %q, allowed_gateway_targets %q, %s)",
+				rid, w.ID, c.Topic, c.MIMEType, c.Group, c.AllowedOutputs, c.GatewayTargets, placementText(c.Placement))
 		}
 		return &pb.CreateWorkerResponse{WorkerId: w.ID}, nil
 	}

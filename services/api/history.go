@@ -80,8 +80,14 @@ func historyProto(e catalog.HistoryEntry) *pb.HistoryEntry {
 			action = catalog.HistoryCreate
 		}
 	}
-	return &pb.HistoryEntry{Version: e.Version, Sha256: e.SHA256, SourceKind: e.SourceKind,
+	out := &pb.HistoryEntry{Version: e.Version, Sha256: e.SHA256, SourceKind: e.SourceKind,
 		Url: e.URL, CreatedAt: timestamppb.New(e.CreatedAt), Actor: e.Actor, Action: action, RollbackTo: e.RollbackTo}
+	if p := e.Placement; p != nil {
+		var w pb.Worker
+		placementProto(&w, catalog.Worker{Placement: p})
+		out.Replicas, out.Placement = w.Replicas, w.Placement
+	}
+	return out
 }
 
 func historyToken(after int64, id string) string {

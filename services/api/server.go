@@ -31,6 +31,7 @@ import (
 	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/delivery"
 	"github.com/virtufin/workmanager/internal/failure"
+	"github.com/virtufin/workmanager/internal/placement"
 	"github.com/virtufin/workmanager/internal/publish"
 	"github.com/virtufin/workmanager/internal/state"
 	"github.com/virtufin/workmanager/internal/tenant"
@@ -58,6 +59,10 @@ type Server struct {
 	opts      Options
 	timeout   time.Duration
 	quota     quotaState
+	// drain drains (drained true) or undrains a node through the
+	// placement workflow: workflows.SetDrained on the Temporal client
+	// unless a test replaces it.
+	drain func(ctx context.Context, node string, drained bool) error
 }
 
 // Options tune the API.
@@ -93,11 +98,24 @@ type Options struct {
 	// without it the quotas are off.
 	Quotas     Quotas
 	QuotaStore state.Store
+	// Cluster is the state store holding the node membership, the nodes'
+	// advertisements and the placement record (internal/cluster,
+	// internal/placement): GetWorker and ListWorkers add the nodes serving
+	// each worker from it, ListNodes and DrainNode need it (without it
+	// they answer UNIMPLEMENTED and workers are listed without nodes).
+	Cluster state.Store
+	// NodeTTL is how long a node counts as alive after its last heartbeat
+	// (3 x the nodes' NODE_HEARTBEAT); 0: DefaultNodeTTL.
+	NodeTTL time.Duration
 }
 
 // New returns a Server; mimeTypes are the supported worker MIME types.
 func New(log *slog.Logger, tc client.Client, cat *catalog.Catalog, mimeTypes []string, opts Options) *Server {
-	return &Server{log: log, temporal: tc, catalog: cat, mimeTypes: mimeTypes, opts: opts, timeout: opts.OperationTimeout}
+	s := &Server{log: log, temporal: tc, catalog: cat, mimeTypes: mimeTypes, opts: opts, timeout: opts.OperationTimeout}
+	s.drain = func(ctx context.Context, node string, drained bool) error {
+		return workflows.SetDrained(ctx, s.temporal, node, drained)
+	}
+	return s
 }
 
 // CreateWorker implements pb.WorkManagerServiceServer.
@@ -111,6 +129,10 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 	}
 	if err := workerpolicy.Validate(req.GetAllowedOutputTopics(), req.GetAllowedGatewayTargets()); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	pl, err := workerPlacement(req)
+	if err != nil {
+		return nil, err
 	}
 	p := caller(ctx)
 	prefix := s.opts.Tenants.Of(p.Tenant)
@@ -135,7 +157,8 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 	ref.Actor = p.Subject
 	w := catalog.Worker{ID: tenant.WorkerID(p.Tenant, uuid.New()), Tenant: p.Tenant, TopicPrefix: prefix, MIMEType: req.GetMimeType(), Topic: req.GetTopic(), Group: req.GetGroup(), Status: catalog.StatusStopped,
 		MaxAttempts: int(rp.GetMaxAttempts()), RetryBackoff: time.Duration(rp.GetBackoffMs()) * time.Millisecond,
-		Name: name, RequestID: rid, AllowedOutputs: req.GetAllowedOutputTopics(), GatewayTargets: req.GetAllowedGatewayTargets()}
+		Name: name, RequestID: rid, AllowedOutputs: req.GetAllowedOutputTopics(), GatewayTargets: req.GetAllowedGatewayTargets(),
+		Placement: pl}
 	switch {
 	case name != "":
 		w.ID = NameWorkerID(p.Tenant, name)
@@ -279,6 +302,7 @@ func (s *Server) GetWorker(ctx context.Context, req *pb.GetWorkerRequest) (*pb.W
 		out := toProto(st.Worker)
 		out.StatusReason = addStatusReason(addStatusReason(out.StatusReason, s.notRecoveredReason(ctx, id)), s.quarantineReason(ctx, id))
 		out.Stats = s.workerStats(ctx, id)
+		addPlacement(out, st.Worker, s.placementRecord(ctx))
 		return out, nil
 	}
 	if c := status.Code(err); c == codes.DeadlineExceeded || c == codes.Unavailable {
@@ -287,6 +311,7 @@ func (s *Server) GetWorker(ctx context.Context, req *pb.GetWorkerRequest) (*pb.W
 			out := toProto(w)
 			out.StatusReason = addStatusReason(addStatusReason(out.StatusReason, s.notRecoveredReason(ctx, id)), s.quarantineReason(ctx, id))
 			out.Stats = s.workerStats(ctx, id)
+			addPlacement(out, w, s.placementRecord(ctx))
 			return out, nil
 		}
 	}
@@ -327,9 +352,15 @@ func (s *Server) ListWorkers(ctx context.Context, req *pb.ListWorkersRequest) (*
 		return nil, status.Errorf(codes.Unavailable, "list workers: %v", err)
 	}
 	out := &pb.ListWorkersResponse{Workers: make([]*pb.Worker, 0, len(ws))}
+	var rec placement.Record
+	if len(ws) > 0 {
+		rec = s.placementRecord(ctx) // once per page
+	}
 	for _, w := range ws {
 		if mayAccess(p, w.ID) {
-			out.Workers = append(out.Workers, toProto(w))
+			pw := toProto(w)
+			addPlacement(pw, w, rec)
+			out.Workers = append(out.Workers, pw)
 		}
 	}
 	if more && len(ws) > 0 {
@@ -569,5 +600,6 @@ func toProto(w catalog.Worker) *pb.Worker {
 	if w.MaxAttempts != 0 || w.RetryBackoff != 0 {
 		out.RetryPolicy = &pb.RetryPolicy{MaxAttempts: int32(w.MaxAttempts), BackoffMs: w.RetryBackoff.Milliseconds()}
 	}
+	placementProto(out, w)
 	return out
 }

@@ -34,7 +34,8 @@ func Recover(ctx context.Context, log *slog.Logger, c client.Client, n *node.Nod
 		h.Set(health.Recovery, health.Unhealthy, err.Error())
 		return err
 	}
-	detail := fmt.Sprintf("recovered %d, failed %d (running %d, stopped %d on this node)", res.Recovered, res.Failed+rec.Failed, rec.Running, rec.Stopped)
+	detail := fmt.Sprintf("recovered %d of %d workers this node serves; cluster: recovered %d, failed %d (running %d, stopped %d)",
+		rec.Here, rec.Share, res.Recovered, res.Failed+rec.Failed, rec.Running, rec.Stopped)
 	log.Info("recovery finished", "recovered", res.Recovered, "failed", res.Failed, "failed_ids", res.FailedIDs,
 		"running", rec.Running, "stopped", rec.Stopped, "node_failed", rec.Failed)
 	h.Set(health.Recovery, health.Healthy, detail)
@@ -69,7 +70,8 @@ func RecoverLoop(ctx context.Context, log *slog.Logger, c client.Client, n *node
 			h.Set(health.Recovery, health.Degraded, "recovery on start disabled; reconciling this node")
 			var rec node.ReconcileResult
 			if rec, err = n.Reconcile(ctx); err == nil {
-				h.Set(health.Recovery, health.Healthy, fmt.Sprintf("recovery on start disabled; reconciled (running %d, stopped %d, failed %d)", rec.Running, rec.Stopped, rec.Failed))
+				h.Set(health.Recovery, health.Healthy, fmt.Sprintf("recovery on start disabled; recovered %d of %d workers this node serves (running %d, stopped %d, failed %d)",
+					rec.Here, rec.Share, rec.Running, rec.Stopped, rec.Failed))
 			} else {
 				h.Set(health.Recovery, health.Unhealthy, err.Error())
 			}

@@ -130,6 +130,31 @@ func TestLeakBound(t *testing.T) {
 	}
 }
 
+// Under placement a node's share moves: a node that serves more workers
+// after the run than before is compared with a node that served as many
+// before (finding: seed 4546, n2 served one topic before, two after).
+func TestLeakBoundFollowsTheShare(t *testing.T) {
+	n := func(id string, gors int64, workers int) nodeFig {
+		return nodeFig{id: id, rssKB: 50000, heapKB: 10000, gors: gors, workers: workers}
+	}
+	before := figures{n("n1", 207, 8), n("n2", 142, 4), n("n3", 146, 4)}
+	moved := figures{n("n1", 144, 4), n("n2", 207, 8), n("n3", 141, 4)}
+	if iv := leaks(before, moved); len(iv.failures) != 0 || iv.checked != 3 {
+		t.Fatalf("shares swapped, no leak: %v (%d checked)", iv.failures, iv.checked)
+	}
+	leaked := figures{n("n1", 144, 4), n("n2", 240, 8), n("n3", 141, 4)}
+	iv := leaks(before, leaked)
+	if len(iv.failures) != 1 || !strings.Contains(iv.failures[0], "n2: 240 goroutines after the run, 207 before (compared with n1's figures") {
+		t.Fatalf("a leak on a node whose share moved: %v", iv.failures)
+	}
+	// No node had the new share before: its own figures, the counts said.
+	alone := figures{n("n1", 144, 4), n("n2", 300, 12), n("n3", 141, 4)}
+	iv = leaks(before, alone)
+	if len(iv.failures) != 1 || !strings.Contains(iv.failures[0], "12 workers attached after, 4 before; no node had 12 before") {
+		t.Fatalf("a share no node had before: %v", iv.failures)
+	}
+}
+
 // A worker stopped with an input still in its backlog — the input still
 // worked on (answered by another worker) within settle of the stop, though
 // the stopped worker had answered a later input meanwhile (a group's retries

@@ -26,10 +26,16 @@ const (
 	faultLifecyclePause = "sigstop-mid-lifecycle"
 	faultStoreWrites    = "store-write-outage"
 	faultHeartbeatLapse = "heartbeat-lapse"
+	// Issue 45: one more node with its own daprd joins, is placed some
+	// topics and is stopped later; a node is drained through the API
+	// (DrainNode) and undrained later (placement_test.go). kill9-node
+	// moves the killed node's topics once its heartbeats stop.
+	faultJoin  = "node-join"
+	faultDrain = "node-drain"
 )
 
 var faultKinds = []string{faultKill, faultPause, faultDaprd, faultRedis, faultTemporal, faultCutRedis, faultCutTemporal,
-	faultLifecyclePause, faultStoreWrites, faultHeartbeatLapse}
+	faultLifecyclePause, faultStoreWrites, faultHeartbeatLapse, faultJoin, faultDrain}
 
 // shortKinds are TestChaosShort's faults: the seven kinds of issue 25, so
 // that its fixed schedule (seed 7) stays the same and its 2 minutes hold.
@@ -81,6 +87,9 @@ func schedule(seed int64, d time.Duration, nodes int, kinds []string) []planned 
 			switch p.kind {
 			case faultKill:
 				p.down = time.Duration(2+rng.Intn(6)) * time.Second
+				if d >= 3*time.Minute { // about half of them past the membership TTL and a placement interval: the node's topics move
+					p.down = time.Duration(2+rng.Intn(14)) * time.Second
+				}
 			case faultPause: // longer than the group lock's max age
 				p.down = lockMaxAge + time.Duration(2+rng.Intn(5))*time.Second
 			case faultDaprd:
@@ -102,6 +111,10 @@ func schedule(seed int64, d time.Duration, nodes int, kinds []string) []planned 
 				p.down = time.Duration(3+rng.Intn(13)) * time.Second
 			case faultHeartbeatLapse: // past the membership TTL, below the lock's max age
 				p.down = lapseMin + time.Duration(rng.Int63n(int64(lapseMax-lapseMin)))
+			case faultJoin: // how long the joined node runs once ready: a few placement intervals
+				p.down = time.Duration(20+rng.Intn(21)) * time.Second
+			case faultDrain: // how long the node stays drained
+				p.down = time.Duration(15+rng.Intn(21)) * time.Second
 			}
 			out = append(out, p)
 		}
@@ -127,7 +140,7 @@ func runNemesis(ctx context.Context, c *cluster, j *journal, wl *workload, plan 
 		switch p.kind {
 		case faultKill:
 			f.Target = n.id
-			err = c.killNode(ctx, n, p.down)
+			note, err = c.killNode(ctx, n, wl.topics, p.down)
 		case faultPause:
 			f.Target = n.id
 			c.pauseNode(ctx, n, p.down)
@@ -160,6 +173,11 @@ func runNemesis(ctx context.Context, c *cluster, j *journal, wl *workload, plan 
 			var held *node
 			held, note, err = c.heartbeatLapse(ctx, n, p.down)
 			f.Target = held.id
+		case faultJoin:
+			f.Target, note, err = c.joinNode(ctx, wl.topics, p.down)
+		case faultDrain:
+			f.Target = n.id
+			note, err = c.drainNode(ctx, j, n, wl.topics, p.down)
 		}
 		cancel()
 		f.End = time.Now()

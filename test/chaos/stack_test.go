@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,6 +42,10 @@ func nodeSettings() []string {
 		"GROUP_LOCK_RETRY_BASE_DELAY_MS=20", "GROUP_LOCK_MAX_RETRIES=10",
 		"WORKER_QUEUE_DEPTH=64", "SHUTDOWN_GRACE=5s",
 		"DEBUG_PPROF=1", // heap profiles before and after the run (nodeFigures)
+		// Issue 45: each topic served by placementReplicas of the nodes,
+		// placement planned every PLACEMENT_INTERVAL (the defaults, said
+		// here so that the checker's expectation is the nodes' setting).
+		"PLACEMENT_REPLICAS=" + strconv.Itoa(placementReplicas), "PLACEMENT_INTERVAL=" + placementInterval.String(),
 	}
 }
 
@@ -58,8 +63,15 @@ type cluster struct {
 	// lifecycle call's history is among them).
 	keepLogs bool
 
-	mu       sync.Mutex
-	nodes    []*node
+	// extraEnv is added to every node's environment.
+	extraEnv []string
+
+	mu    sync.Mutex
+	nodes []*node
+	// joined holds the nodes node-join started and has not stopped yet
+	// (not in nodes: the fault schedule's targets and the leak figures
+	// are the nodes of the whole run).
+	joined   []*node
 	temporal *devstack.Proc // our own after the first Temporal restart
 	extra    []*devstack.Proc
 
@@ -148,26 +160,13 @@ func startCluster(t *testing.T, nodes int, extraEnv ...string) *cluster {
 		t.Fatal(err)
 	}
 	c.stack = st
+	c.extraEnv = extraEnv
 	t.Cleanup(c.close)
 	for i := 1; i <= nodes; i++ {
-		n := &node{id: "n" + strconv.Itoa(i)}
-		if n.redis, err = newProxy(st.RedisAddr); err != nil {
-			t.Fatal(err)
-		}
-		if n.temporal, err = newProxy(st.TemporalAddr); err != nil {
-			t.Fatal(err)
-		}
-		grpcAddr, err := c.startNodeDaprd(ctx, n)
+		n, err := c.newNode(ctx, "n"+strconv.Itoa(i))
 		if err != nil {
 			t.Fatal(err)
 		}
-		port, err := devstack.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		n.httpAddr = "127.0.0.1:" + strconv.Itoa(port)
-		n.env = append(append(append(append(st.Env(), "DAPR_GRPC_ADDRESS="+grpcAddr, "WORKMANAGER_HTTP_ADDR="+n.httpAddr,
-			"TEMPORAL_ADDRESS="+n.temporal.addr()), nodeSettings()...), sandboxEnv(n.id)...), extraEnv...)
 		c.nodes = append(c.nodes, n)
 		if err := c.startNode(ctx, n); err != nil {
 			t.Fatal(err)
@@ -175,6 +174,37 @@ func startCluster(t *testing.T, nodes int, extraEnv ...string) *cluster {
 	}
 	c.startAPI(ctx)
 	return c
+}
+
+// newNode prepares node id: its ways to Redis and Temporal, its daprd
+// (started) and its environment; startNode starts the node itself.
+func (c *cluster) newNode(ctx context.Context, id string) (*node, error) {
+	n := &node{id: id}
+	var err error
+	if n.redis, err = newProxy(c.stack.RedisAddr); err != nil {
+		return nil, fmt.Errorf("node %s's Redis proxy: %w", id, err)
+	}
+	if n.temporal, err = newProxy(c.stack.TemporalAddr); err != nil {
+		n.redis.close()
+		return nil, fmt.Errorf("node %s's Temporal proxy: %w", id, err)
+	}
+	grpcAddr, err := c.startNodeDaprd(ctx, n)
+	if err != nil {
+		n.redis.close()
+		n.temporal.close()
+		return nil, fmt.Errorf("node %s's daprd: %w", id, err)
+	}
+	port, err := devstack.FreePort()
+	if err != nil {
+		n.daprd.Stop(5 * time.Second)
+		n.redis.close()
+		n.temporal.close()
+		return nil, fmt.Errorf("node %s's HTTP port: %w", id, err)
+	}
+	n.httpAddr = "127.0.0.1:" + strconv.Itoa(port)
+	n.env = append(append(append(append(c.stack.Env(), "DAPR_GRPC_ADDRESS="+grpcAddr, "WORKMANAGER_HTTP_ADDR="+n.httpAddr,
+		"TEMPORAL_ADDRESS="+n.temporal.addr()), nodeSettings()...), sandboxEnv(n.id)...), c.extraEnv...)
+	return n, nil
 }
 
 // startNodeDaprd starts node n's daprd on free ports, its pub/sub and
@@ -321,15 +351,15 @@ func (c *cluster) restartDaprd(ctx context.Context, n *node, down time.Duration)
 }
 
 // killNode sends SIGKILL to node n's process group and restarts it after
-// down.
-func (c *cluster) killNode(ctx context.Context, n *node, down time.Duration) error {
+// down; its note says what placement did with n's topics meanwhile
+// (watchKilled).
+func (c *cluster) killNode(ctx context.Context, n *node, topics []string, down time.Duration) (note string, err error) {
 	c.mu.Lock()
 	p := n.proc
 	n.down = true
 	c.mu.Unlock()
 	p.Kill()
-	sleepCtx(ctx, down)
-	var err error
+	note = c.watchKilled(ctx, n.id, topics, down)
 	for attempt := 0; attempt < 5; attempt++ {
 		rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 		err = c.startNode(rctx, n)
@@ -338,7 +368,7 @@ func (c *cluster) killNode(ctx context.Context, n *node, down time.Duration) err
 			c.mu.Lock()
 			n.down = false
 			c.mu.Unlock()
-			return nil
+			return note, nil
 		}
 		c.mu.Lock()
 		n.proc.Kill()
@@ -348,7 +378,7 @@ func (c *cluster) killNode(ctx context.Context, n *node, down time.Duration) err
 		}
 		sleepCtx(ctx, time.Second)
 	}
-	return err
+	return note, err
 }
 
 // pauseNode SIGSTOPs node n's process group for d, then SIGCONTs it.
@@ -549,7 +579,7 @@ func (c *cluster) close() {
 	c.mu.Lock()
 	var procs []*devstack.Proc
 	var proxies []*proxy
-	for _, n := range c.nodes {
+	for _, n := range append(slices.Clone(c.nodes), c.joined...) {
 		if n.proc != nil {
 			_ = syscall.Kill(-n.proc.Cmd.Process.Pid, syscall.SIGCONT)
 			procs = append(procs, n.proc)

@@ -364,6 +364,79 @@ func (e *env) startNode() {
 	e.nodeURL = "http://" + addr
 }
 
+// extraNode is one more worker node of a test's stack (startExtraNode):
+// same Dapr app id, so it shares the topics' consumer groups with the
+// stack's node, on a daprd of its own.
+type extraNode struct {
+	name    string           // its WORKMANAGER_NODE_ID, and its log's name (name.log; its daprd's: daprd-name.log)
+	proc    *devstack.Proc   // the node process
+	addr    string           // its HTTP address (health, /readyz, /metrics)
+	sidecar devstack.Sidecar // its daprd (GRPCAddr, HTTPAddr)
+}
+
+// url is the node's HTTP base URL.
+func (n *extraNode) url() string { return "http://" + n.addr }
+
+// startExtraNode starts one more node named name (its node id) on a daprd
+// of its own, with the settings of the stack's node (startNode, e.nodeEnv)
+// and extraEnv after them, its NODE_STATE_DIR in the stack's folder, and
+// waits for its /readyz. The node is killed and its daprd stopped when t
+// ends (their log tails printed if t failed). Use it on a stack of the
+// test's own (newEnv, newEnvWith), not the shared one: the node joins the
+// cluster.
+func (e *env) startExtraNode(t testing.TB, name string, extraEnv ...string) *extraNode {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	sc, err := e.stack.StartSidecar(ctx, "daprd-"+name)
+	if err != nil {
+		t.Fatalf("start the daprd of node %s: %v", name, err)
+	}
+	n := &extraNode{name: name, sidecar: sc}
+	t.Cleanup(func() {
+		n.proc.Kill()
+		sc.Proc.Stop(5 * time.Second)
+		if t.Failed() {
+			for _, l := range []string{name, "daprd-" + name} {
+				t.Logf("---- %s.log (tail) ----\n%s", l, tailOf(filepath.Join(e.dir, l+".log")))
+			}
+		}
+	})
+	for attempt := 0; ; attempt++ { // as onFreePort: again on another port if this one was taken meanwhile
+		port, err := devstack.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		env := append([]string{"WORKER_TIMEOUT=2s", "RECONCILE_INTERVAL=5s", "NODE_HEARTBEAT=1s", "LOG_LEVEL=debug", testCodeURLs}, e.nodeEnv...)
+		env = append(append(env, "DAPR_GRPC_ADDRESS="+sc.GRPCAddr, "WORKMANAGER_HTTP_ADDR="+addr, "WORKMANAGER_NODE_ID="+name,
+			"NODE_STATE_DIR="+filepath.Join(e.dir, name+"-state")), extraEnv...)
+		p, err := devstack.StartProc(e.dir, name, e.withSandbox(append(e.stack.Env(), env...)), filepath.Join(e.bins, "worker"))
+		if err != nil {
+			t.Fatalf("start node %s: %v", name, err)
+		}
+		n.proc, n.addr = p, addr
+		err = devstack.WaitHTTP(ctx, p, n.url()+"/readyz", 5*time.Minute)
+		if err == nil {
+			return n
+		}
+		p.Kill()
+		if attempt < 2 && errors.Is(err, devstack.ErrPortInUse) {
+			continue
+		}
+		t.Fatalf("node %s not ready: %v", name, err)
+	}
+}
+
+// tailOf is the end of the file at path (for a failed test's log).
+func tailOf(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 6000 {
+		b = b[len(b)-6000:]
+	}
+	return string(b)
+}
+
 // testCodeURLs lets the tests serve URL code sources from loopback
 // httptest servers; every other SSRF rule stays on (TestCodeURLSources).
 const testCodeURLs = "CODE_URL_TEST_ALLOW_LOOPBACK=true"

@@ -92,12 +92,13 @@ func (v *variant) pdbsAllowUnhealthyEviction() {
 	}
 }
 
-// nodeShutdownBounds reads the node's shutdown steps after SHUTDOWN_GRACE
-// from the sources (read only): the final worker statistics flush
-// (internal/workerstats), detaching every worker and releasing its group
-// locks (cmd/worker/main.go, n.Shutdown) and leaving the membership
-// (internal/cluster).
-func nodeShutdownBounds(t *testing.T) (stats, detach, leave time.Duration) {
+// nodeShutdownBounds reads the node's shutdown steps around SHUTDOWN_GRACE
+// from the sources (read only): the wait for the loops that end with the
+// signal before the drain starts (cmd/worker/services.go, signalLoopStop),
+// the final worker statistics flush (internal/workerstats), detaching
+// every worker and releasing its group locks (cmd/worker/services.go,
+// n.Shutdown) and leaving the membership (internal/cluster).
+func nodeShutdownBounds(t *testing.T) (loops, stats, detach, leave time.Duration) {
 	t.Helper()
 	read := func(file string, re *regexp.Regexp) time.Duration {
 		b, err := os.ReadFile(filepath.Join(repo, file))
@@ -111,17 +112,23 @@ func nodeShutdownBounds(t *testing.T) (stats, detach, leave time.Duration) {
 		n, _ := strconv.Atoi(string(m[1]))
 		return time.Duration(n) * time.Second
 	}
-	main, err := os.ReadFile(filepath.Join(repo, "cmd", "worker", "main.go"))
+	svc, err := os.ReadFile(filepath.Join(repo, "cmd", "worker", "services.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(main), "<-statsDone") {
-		t.Fatal("cmd/worker/main.go no longer waits for the statistics' last flush (<-statsDone): update nodeShutdownBounds")
+	// The statistics' loop is detached from the signal and stopped (its
+	// last flush waited for) before the node shuts down.
+	if !regexp.MustCompile(`startstop\.Loop\("worker stats", func\(ctx context\.Context\) \{ p\.stats\.Run\(`).Match(svc) {
+		t.Fatal("cmd/worker/services.go no longer stops the statistics' loop (and waits for its last flush) as a service: update nodeShutdownBounds")
 	}
+	// Each loop that ends with the signal is waited for in turn, up to
+	// signalLoopStop each.
+	per := read("cmd/worker/services.go", regexp.MustCompile(`const signalLoopStop = (\d+) \* time\.Millisecond`)) / time.Second * time.Millisecond
+	loops = per * time.Duration(strings.Count(string(svc), ".StopWithin(signalLoopStop)"))
 	stats = read("internal/workerstats/workerstats.go", regexp.MustCompile(`context\.WithTimeout\(context\.WithoutCancel\(ctx\), (\d+)\*time\.Second\)`))
-	detach = read("cmd/worker/main.go", regexp.MustCompile(`context\.WithTimeout\(context\.Background\(\), (\d+)\*time\.Second\)\s*\n\s*n\.Shutdown\(`))
+	detach = read("cmd/worker/services.go", regexp.MustCompile(`context\.WithTimeout\(context\.Background\(\), (\d+)\*time\.Second\)\s*\n\s*defer cancel\(\)\s*\n\s*p\.n\.Shutdown\(`))
 	leave = read("internal/cluster/cluster.go", regexp.MustCompile(`context\.WithTimeout\(context\.Background\(\), (\d+)\*time\.Second\)\s*\n\s*defer cancel\(\)\s*\n\s*if err := m\.Leave\(`))
-	return stats, detach, leave
+	return loops, stats, detach, leave
 }
 
 // shutdownFitsDaprdBlock: daprd keeps the state store and publishing for
@@ -131,10 +138,10 @@ func nodeShutdownBounds(t *testing.T) (stats, detach, leave time.Duration) {
 // releases and the leave fail: peers wait out the locks' age and the
 // membership's expiry.
 func (v *variant) shutdownFitsDaprdBlock() {
-	stats, detach, leave := nodeShutdownBounds(v.c.t)
-	worst := v.c.duration(v.nodeEnv, "SHUTDOWN_GRACE") + stats + detach + leave
+	loops, stats, detach, leave := nodeShutdownBounds(v.c.t)
+	worst := loops + v.c.duration(v.nodeEnv, "SHUTDOWN_GRACE") + stats + detach + leave
 	if block := v.c.blockShutdown(v.node); block <= worst {
-		v.c.errorf("node: dapr.io/block-shutdown-duration %s must exceed the node's worst-case shutdown, %s (SHUTDOWN_GRACE + %s statistics + %s detach + %s leave)", block, worst, stats, detach, leave)
+		v.c.errorf("node: dapr.io/block-shutdown-duration %s must exceed the node's worst-case shutdown, %s (%s loops + SHUTDOWN_GRACE + %s statistics + %s detach + %s leave)", block, worst, loops, stats, detach, leave)
 	}
 }
 

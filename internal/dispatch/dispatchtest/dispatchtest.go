@@ -30,7 +30,13 @@ type Broker struct {
 	subs    atomic.Int32
 	refuse  atomic.Pointer[error]
 	ackErr  atomic.Pointer[error]
+	late    atomic.Int32
 }
+
+// LateAcks counts the acks sent on a stream the dispatcher had closed
+// already: with daprd they fail ("SendMsg called after CloseSend") and the
+// broker delivers the message again.
+func (b *Broker) LateAcks() int { return int(b.late.Load()) }
 
 var _ dispatch.Subscriber = (*Broker)(nil)
 
@@ -98,6 +104,12 @@ func (s *Stream) Recv() (*runtimev1.TopicEventRequest, error) {
 // Ack implements dispatch.Stream.
 func (s *Stream) Ack(id string, status dispatch.Ack) error {
 	s.b.Acks <- Acked{id, status}
+	select {
+	case <-s.done:
+		s.b.late.Add(1)
+		return errors.New("SendMsg called after CloseSend")
+	default:
+	}
 	if err := s.b.ackErr.Load(); err != nil {
 		return *err
 	}

@@ -245,9 +245,20 @@ type Worker struct {
 	StatusReason string `protobuf:"bytes,15,opt,name=status_reason,json=statusReason,proto3" json:"status_reason,omitempty"`
 	// What the worker's messages did, summed over the nodes that report it;
 	// unset when no node has reported yet.
-	Stats         *WorkerStats `protobuf:"bytes,16,opt,name=stats,proto3" json:"stats,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Stats *WorkerStats `protobuf:"bytes,16,opt,name=stats,proto3" json:"stats,omitempty"`
+	// The nodes the worker's topic asks for (as created); unset: the
+	// cluster's PLACEMENT_REPLICAS; 0: every node that can run it.
+	Replicas *int32 `protobuf:"varint,17,opt,name=replicas,proto3,oneof" json:"replicas,omitempty"`
+	// What the worker asks of the nodes that serve it; unset: nothing.
+	Placement *WorkerPlacement `protobuf:"bytes,18,opt,name=placement,proto3" json:"placement,omitempty"`
+	// The nodes serving the worker's topic now (sorted; during a move also
+	// the nodes about to let go); empty when it is not placed (stopped, not
+	// placed yet, or no node can run it).
+	Nodes []string `protobuf:"bytes,19,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// Why no live node can run the worker, when none can; empty otherwise.
+	PlacementReason string `protobuf:"bytes,20,opt,name=placement_reason,json=placementReason,proto3" json:"placement_reason,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
@@ -392,6 +403,81 @@ func (x *Worker) GetStats() *WorkerStats {
 	return nil
 }
 
+func (x *Worker) GetReplicas() int32 {
+	if x != nil && x.Replicas != nil {
+		return *x.Replicas
+	}
+	return 0
+}
+
+func (x *Worker) GetPlacement() *WorkerPlacement {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
+func (x *Worker) GetNodes() []string {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *Worker) GetPlacementReason() string {
+	if x != nil {
+		return x.PlacementReason
+	}
+	return ""
+}
+
+// WorkerPlacement constrains the nodes that serve a worker's topic.
+type WorkerPlacement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Labels a node must have (its NODE_LABELS) to run the worker: at most
+	// 16; keys and values 1..63 of A-Z a-z 0-9 . _ - /.
+	Require       map[string]string `protobuf:"bytes,1,rep,name=require,proto3" json:"require,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkerPlacement) Reset() {
+	*x = WorkerPlacement{}
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerPlacement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerPlacement) ProtoMessage() {}
+
+func (x *WorkerPlacement) ProtoReflect() protoreflect.Message {
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerPlacement.ProtoReflect.Descriptor instead.
+func (*WorkerPlacement) Descriptor() ([]byte, []int) {
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *WorkerPlacement) GetRequire() map[string]string {
+	if x != nil {
+		return x.Require
+	}
+	return nil
+}
+
 // WorkerStats counts a worker's messages since it was created (summed over
 // the nodes; a node reports every few seconds, so it lags a little).
 type WorkerStats struct {
@@ -413,7 +499,7 @@ type WorkerStats struct {
 
 func (x *WorkerStats) Reset() {
 	*x = WorkerStats{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[3]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -425,7 +511,7 @@ func (x *WorkerStats) String() string {
 func (*WorkerStats) ProtoMessage() {}
 
 func (x *WorkerStats) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[3]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -438,7 +524,7 @@ func (x *WorkerStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerStats.ProtoReflect.Descriptor instead.
 func (*WorkerStats) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{3}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *WorkerStats) GetProcessed() int64 {
@@ -498,7 +584,7 @@ type RetryPolicy struct {
 
 func (x *RetryPolicy) Reset() {
 	*x = RetryPolicy{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[4]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -510,7 +596,7 @@ func (x *RetryPolicy) String() string {
 func (*RetryPolicy) ProtoMessage() {}
 
 func (x *RetryPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[4]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -523,7 +609,7 @@ func (x *RetryPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryPolicy.ProtoReflect.Descriptor instead.
 func (*RetryPolicy) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{4}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RetryPolicy) GetMaxAttempts() int32 {
@@ -572,13 +658,19 @@ type CreateWorkerRequest struct {
 	// gateway calls may reach, as patterns (e.g. "billing/*"). Empty: any.
 	// A call outside them fails with a worker-visible error.
 	AllowedGatewayTargets []string `protobuf:"bytes,9,rep,name=allowed_gateway_targets,json=allowedGatewayTargets,proto3" json:"allowed_gateway_targets,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Optional: how many nodes serve the worker's topic (a topic takes the
+	// largest of its workers'). Unset: the cluster's PLACEMENT_REPLICAS; 0:
+	// every node that can run it; 1..64 otherwise.
+	Replicas *int32 `protobuf:"varint,10,opt,name=replicas,proto3,oneof" json:"replicas,omitempty"`
+	// Optional: what a node must have to run the worker.
+	Placement     *WorkerPlacement `protobuf:"bytes,11,opt,name=placement,proto3" json:"placement,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateWorkerRequest) Reset() {
 	*x = CreateWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[5]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +682,7 @@ func (x *CreateWorkerRequest) String() string {
 func (*CreateWorkerRequest) ProtoMessage() {}
 
 func (x *CreateWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[5]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +695,7 @@ func (x *CreateWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWorkerRequest.ProtoReflect.Descriptor instead.
 func (*CreateWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{5}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateWorkerRequest) GetCode() *CodeSource {
@@ -669,6 +761,20 @@ func (x *CreateWorkerRequest) GetAllowedGatewayTargets() []string {
 	return nil
 }
 
+func (x *CreateWorkerRequest) GetReplicas() int32 {
+	if x != nil && x.Replicas != nil {
+		return *x.Replicas
+	}
+	return 0
+}
+
+func (x *CreateWorkerRequest) GetPlacement() *WorkerPlacement {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
 type CreateWorkerResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
@@ -678,7 +784,7 @@ type CreateWorkerResponse struct {
 
 func (x *CreateWorkerResponse) Reset() {
 	*x = CreateWorkerResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[6]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -690,7 +796,7 @@ func (x *CreateWorkerResponse) String() string {
 func (*CreateWorkerResponse) ProtoMessage() {}
 
 func (x *CreateWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[6]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -703,7 +809,7 @@ func (x *CreateWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWorkerResponse.ProtoReflect.Descriptor instead.
 func (*CreateWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{6}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateWorkerResponse) GetWorkerId() string {
@@ -722,7 +828,7 @@ type StartWorkerRequest struct {
 
 func (x *StartWorkerRequest) Reset() {
 	*x = StartWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[7]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -734,7 +840,7 @@ func (x *StartWorkerRequest) String() string {
 func (*StartWorkerRequest) ProtoMessage() {}
 
 func (x *StartWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[7]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -747,7 +853,7 @@ func (x *StartWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartWorkerRequest.ProtoReflect.Descriptor instead.
 func (*StartWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{7}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StartWorkerRequest) GetWorkerId() string {
@@ -766,7 +872,7 @@ type StopWorkerRequest struct {
 
 func (x *StopWorkerRequest) Reset() {
 	*x = StopWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[8]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +884,7 @@ func (x *StopWorkerRequest) String() string {
 func (*StopWorkerRequest) ProtoMessage() {}
 
 func (x *StopWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[8]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +897,7 @@ func (x *StopWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopWorkerRequest.ProtoReflect.Descriptor instead.
 func (*StopWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{8}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StopWorkerRequest) GetWorkerId() string {
@@ -810,7 +916,7 @@ type DeleteWorkerRequest struct {
 
 func (x *DeleteWorkerRequest) Reset() {
 	*x = DeleteWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[9]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +928,7 @@ func (x *DeleteWorkerRequest) String() string {
 func (*DeleteWorkerRequest) ProtoMessage() {}
 
 func (x *DeleteWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[9]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +941,7 @@ func (x *DeleteWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{9}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteWorkerRequest) GetWorkerId() string {
@@ -853,7 +959,7 @@ type DeleteWorkerResponse struct {
 
 func (x *DeleteWorkerResponse) Reset() {
 	*x = DeleteWorkerResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[10]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -865,7 +971,7 @@ func (x *DeleteWorkerResponse) String() string {
 func (*DeleteWorkerResponse) ProtoMessage() {}
 
 func (x *DeleteWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[10]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -878,7 +984,7 @@ func (x *DeleteWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{10}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{11}
 }
 
 type LoadCodeRequest struct {
@@ -891,7 +997,7 @@ type LoadCodeRequest struct {
 
 func (x *LoadCodeRequest) Reset() {
 	*x = LoadCodeRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -903,7 +1009,7 @@ func (x *LoadCodeRequest) String() string {
 func (*LoadCodeRequest) ProtoMessage() {}
 
 func (x *LoadCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[11]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -916,7 +1022,7 @@ func (x *LoadCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadCodeRequest.ProtoReflect.Descriptor instead.
 func (*LoadCodeRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{11}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LoadCodeRequest) GetWorkerId() string {
@@ -944,7 +1050,7 @@ type RollbackWorkerRequest struct {
 
 func (x *RollbackWorkerRequest) Reset() {
 	*x = RollbackWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -956,7 +1062,7 @@ func (x *RollbackWorkerRequest) String() string {
 func (*RollbackWorkerRequest) ProtoMessage() {}
 
 func (x *RollbackWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[12]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -969,7 +1075,7 @@ func (x *RollbackWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RollbackWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{12}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RollbackWorkerRequest) GetWorkerId() string {
@@ -995,7 +1101,7 @@ type GetWorkerRequest struct {
 
 func (x *GetWorkerRequest) Reset() {
 	*x = GetWorkerRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1007,7 +1113,7 @@ func (x *GetWorkerRequest) String() string {
 func (*GetWorkerRequest) ProtoMessage() {}
 
 func (x *GetWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[13]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1020,7 +1126,7 @@ func (x *GetWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{13}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetWorkerRequest) GetWorkerId() string {
@@ -1042,7 +1148,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1054,7 +1160,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[14]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1067,7 +1173,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{14}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListWorkersRequest) GetPageSize() int32 {
@@ -1096,7 +1202,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1108,7 +1214,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[15]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1121,7 +1227,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{15}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -1152,7 +1258,7 @@ type GetWorkerHistoryRequest struct {
 
 func (x *GetWorkerHistoryRequest) Reset() {
 	*x = GetWorkerHistoryRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1164,7 +1270,7 @@ func (x *GetWorkerHistoryRequest) String() string {
 func (*GetWorkerHistoryRequest) ProtoMessage() {}
 
 func (x *GetWorkerHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[16]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1177,7 +1283,7 @@ func (x *GetWorkerHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerHistoryRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkerHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{16}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetWorkerHistoryRequest) GetWorkerId() string {
@@ -1216,14 +1322,18 @@ type HistoryEntry struct {
 	// What the change was: "create", "load_code" or "rollback".
 	Action string `protobuf:"bytes,7,opt,name=action,proto3" json:"action,omitempty"`
 	// For a rollback: the version whose code this entry loads again.
-	RollbackTo    int64 `protobuf:"varint,8,opt,name=rollback_to,json=rollbackTo,proto3" json:"rollback_to,omitempty"`
+	RollbackTo int64 `protobuf:"varint,8,opt,name=rollback_to,json=rollbackTo,proto3" json:"rollback_to,omitempty"`
+	// For a create: the replicas and placement the worker was created with
+	// (unset: the cluster's defaults, or an entry from before placement).
+	Replicas      *int32           `protobuf:"varint,9,opt,name=replicas,proto3,oneof" json:"replicas,omitempty"`
+	Placement     *WorkerPlacement `protobuf:"bytes,10,opt,name=placement,proto3" json:"placement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HistoryEntry) Reset() {
 	*x = HistoryEntry{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1345,7 @@ func (x *HistoryEntry) String() string {
 func (*HistoryEntry) ProtoMessage() {}
 
 func (x *HistoryEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[17]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1358,7 @@ func (x *HistoryEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryEntry.ProtoReflect.Descriptor instead.
 func (*HistoryEntry) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{17}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HistoryEntry) GetVersion() int64 {
@@ -1307,6 +1417,20 @@ func (x *HistoryEntry) GetRollbackTo() int64 {
 	return 0
 }
 
+func (x *HistoryEntry) GetReplicas() int32 {
+	if x != nil && x.Replicas != nil {
+		return *x.Replicas
+	}
+	return 0
+}
+
+func (x *HistoryEntry) GetPlacement() *WorkerPlacement {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
 type GetWorkerHistoryResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Entries []*HistoryEntry        `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
@@ -1318,7 +1442,7 @@ type GetWorkerHistoryResponse struct {
 
 func (x *GetWorkerHistoryResponse) Reset() {
 	*x = GetWorkerHistoryResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[18]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1454,7 @@ func (x *GetWorkerHistoryResponse) String() string {
 func (*GetWorkerHistoryResponse) ProtoMessage() {}
 
 func (x *GetWorkerHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[18]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1467,7 @@ func (x *GetWorkerHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerHistoryResponse.ProtoReflect.Descriptor instead.
 func (*GetWorkerHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{18}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetWorkerHistoryResponse) GetEntries() []*HistoryEntry {
@@ -1368,7 +1492,7 @@ type RecoverWorkersRequest struct {
 
 func (x *RecoverWorkersRequest) Reset() {
 	*x = RecoverWorkersRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[19]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1504,7 @@ func (x *RecoverWorkersRequest) String() string {
 func (*RecoverWorkersRequest) ProtoMessage() {}
 
 func (x *RecoverWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[19]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1517,7 @@ func (x *RecoverWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverWorkersRequest.ProtoReflect.Descriptor instead.
 func (*RecoverWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{19}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{20}
 }
 
 type RecoverWorkersResponse struct {
@@ -1406,7 +1530,7 @@ type RecoverWorkersResponse struct {
 
 func (x *RecoverWorkersResponse) Reset() {
 	*x = RecoverWorkersResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[20]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1418,7 +1542,7 @@ func (x *RecoverWorkersResponse) String() string {
 func (*RecoverWorkersResponse) ProtoMessage() {}
 
 func (x *RecoverWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[20]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1431,7 +1555,7 @@ func (x *RecoverWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverWorkersResponse.ProtoReflect.Descriptor instead.
 func (*RecoverWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{20}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RecoverWorkersResponse) GetRecovered() int32 {
@@ -1462,7 +1586,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[21]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1598,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[21]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1611,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{21}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListDeadLettersRequest) GetWorkerId() string {
@@ -1539,7 +1663,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[22]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1551,7 +1675,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[22]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1564,7 +1688,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{22}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DeadLetter) GetWorkerId() string {
@@ -1639,7 +1763,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[23]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +1775,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[23]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +1788,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{23}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -1692,7 +1816,7 @@ type ReplayDeadLettersRequest struct {
 
 func (x *ReplayDeadLettersRequest) Reset() {
 	*x = ReplayDeadLettersRequest{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[24]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +1828,7 @@ func (x *ReplayDeadLettersRequest) String() string {
 func (*ReplayDeadLettersRequest) ProtoMessage() {}
 
 func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[24]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +1841,7 @@ func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{24}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReplayDeadLettersRequest) GetWorkerId() string {
@@ -1769,7 +1893,7 @@ type ReplayDeadLettersResponse struct {
 
 func (x *ReplayDeadLettersResponse) Reset() {
 	*x = ReplayDeadLettersResponse{}
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[25]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1781,7 +1905,7 @@ func (x *ReplayDeadLettersResponse) String() string {
 func (*ReplayDeadLettersResponse) ProtoMessage() {}
 
 func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workmanager_v1_workmanager_proto_msgTypes[25]
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1794,7 +1918,7 @@ func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{25}
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReplayDeadLettersResponse) GetReplayed() int32 {
@@ -1818,6 +1942,329 @@ func (x *ReplayDeadLettersResponse) GetRemaining() int32 {
 	return 0
 }
 
+type ListNodesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesRequest) Reset() {
+	*x = ListNodesRequest{}
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesRequest) ProtoMessage() {}
+
+func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
+func (*ListNodesRequest) Descriptor() ([]byte, []int) {
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{27}
+}
+
+type ListNodesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// By id.
+	Nodes         []*Node `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesResponse) Reset() {
+	*x = ListNodesResponse{}
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesResponse) ProtoMessage() {}
+
+func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
+func (*ListNodesResponse) Descriptor() ([]byte, []int) {
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ListNodesResponse) GetNodes() []*Node {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+// Node is one WorkManager node as the cluster sees it.
+type Node struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Its NODE_LABELS.
+	Labels map[string]string `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The engines whose runtime check is Healthy on it ("python", "dotnet",
+	// "native").
+	Engines []string `protobuf:"bytes,3,rep,name=engines,proto3" json:"engines,omitempty"`
+	// Its memory (cgroup limit or MemTotal); 0: unknown.
+	MemoryBytes uint64 `protobuf:"varint,4,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// What it serves now, as it last advertised: workers, topics and the
+	// worker processes of its engines.
+	Workers   int32 `protobuf:"varint,5,opt,name=workers,proto3" json:"workers,omitempty"`
+	Topics    int32 `protobuf:"varint,6,opt,name=topics,proto3" json:"topics,omitempty"`
+	Processes int32 `protobuf:"varint,7,opt,name=processes,proto3" json:"processes,omitempty"`
+	// The topics the placement record gives it (sorted).
+	PlacedTopics []string `protobuf:"bytes,8,rep,name=placed_topics,json=placedTopics,proto3" json:"placed_topics,omitempty"`
+	// Drained (wmctl drain): it is given no topics until undrained.
+	Drained bool `protobuf:"varint,9,opt,name=drained,proto3" json:"drained,omitempty"`
+	// It sent a heartbeat within 3 x NODE_HEARTBEAT.
+	Alive bool `protobuf:"varint,10,opt,name=alive,proto3" json:"alive,omitempty"`
+	// When the node process started and when it last advertised; unset when
+	// it has not advertised (or its advertisement expired).
+	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Node) Reset() {
+	*x = Node{}
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Node) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Node) ProtoMessage() {}
+
+func (x *Node) ProtoReflect() protoreflect.Message {
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Node.ProtoReflect.Descriptor instead.
+func (*Node) Descriptor() ([]byte, []int) {
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *Node) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Node) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *Node) GetEngines() []string {
+	if x != nil {
+		return x.Engines
+	}
+	return nil
+}
+
+func (x *Node) GetMemoryBytes() uint64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *Node) GetWorkers() int32 {
+	if x != nil {
+		return x.Workers
+	}
+	return 0
+}
+
+func (x *Node) GetTopics() int32 {
+	if x != nil {
+		return x.Topics
+	}
+	return 0
+}
+
+func (x *Node) GetProcesses() int32 {
+	if x != nil {
+		return x.Processes
+	}
+	return 0
+}
+
+func (x *Node) GetPlacedTopics() []string {
+	if x != nil {
+		return x.PlacedTopics
+	}
+	return nil
+}
+
+func (x *Node) GetDrained() bool {
+	if x != nil {
+		return x.Drained
+	}
+	return false
+}
+
+func (x *Node) GetAlive() bool {
+	if x != nil {
+		return x.Alive
+	}
+	return false
+}
+
+func (x *Node) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *Node) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+type DrainNodeRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Undrain instead: the node may be given topics again.
+	Undrain       bool `protobuf:"varint,2,opt,name=undrain,proto3" json:"undrain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainNodeRequest) Reset() {
+	*x = DrainNodeRequest{}
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainNodeRequest) ProtoMessage() {}
+
+func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
+func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *DrainNodeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *DrainNodeRequest) GetUndrain() bool {
+	if x != nil {
+		return x.Undrain
+	}
+	return false
+}
+
+type DrainNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node as it is after the change was recorded.
+	Node          *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainNodeResponse) Reset() {
+	*x = DrainNodeResponse{}
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainNodeResponse) ProtoMessage() {}
+
+func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_workmanager_v1_workmanager_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
+func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
+	return file_workmanager_v1_workmanager_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *DrainNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
 var File_workmanager_v1_workmanager_proto protoreflect.FileDescriptor
 
 const file_workmanager_v1_workmanager_proto_rawDesc = "" +
@@ -1830,7 +2277,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x06source\"5\n" +
 	"\tUrlSource\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
-	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\x8e\x05\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\xbc\x06\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x14\n" +
@@ -1851,7 +2298,17 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x17allowed_gateway_targets\x18\r \x03(\tR\x15allowedGatewayTargets\x12\x16\n" +
 	"\x06tenant\x18\x0e \x01(\tR\x06tenant\x12#\n" +
 	"\rstatus_reason\x18\x0f \x01(\tR\fstatusReason\x121\n" +
-	"\x05stats\x18\x10 \x01(\v2\x1b.workmanager.v1.WorkerStatsR\x05stats\"\xf6\x01\n" +
+	"\x05stats\x18\x10 \x01(\v2\x1b.workmanager.v1.WorkerStatsR\x05stats\x12\x1f\n" +
+	"\breplicas\x18\x11 \x01(\x05H\x00R\breplicas\x88\x01\x01\x12=\n" +
+	"\tplacement\x18\x12 \x01(\v2\x1f.workmanager.v1.WorkerPlacementR\tplacement\x12\x14\n" +
+	"\x05nodes\x18\x13 \x03(\tR\x05nodes\x12)\n" +
+	"\x10placement_reason\x18\x14 \x01(\tR\x0fplacementReasonB\v\n" +
+	"\t_replicas\"\x95\x01\n" +
+	"\x0fWorkerPlacement\x12F\n" +
+	"\arequire\x18\x01 \x03(\v2,.workmanager.v1.WorkerPlacement.RequireEntryR\arequire\x1a:\n" +
+	"\fRequireEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf6\x01\n" +
 	"\vWorkerStats\x12\x1c\n" +
 	"\tprocessed\x18\x01 \x01(\x03R\tprocessed\x12\x16\n" +
 	"\x06failed\x18\x02 \x01(\x03R\x06failed\x12#\n" +
@@ -1863,7 +2320,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12\x1d\n" +
 	"\n" +
-	"backoff_ms\x18\x02 \x01(\x03R\tbackoffMs\"\xed\x02\n" +
+	"backoff_ms\x18\x02 \x01(\x03R\tbackoffMs\"\xda\x03\n" +
 	"\x13CreateWorkerRequest\x12.\n" +
 	"\x04code\x18\x01 \x01(\v2\x1a.workmanager.v1.CodeSourceR\x04code\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x14\n" +
@@ -1874,7 +2331,11 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"request_id\x18\x06 \x01(\tR\trequestId\x12\x12\n" +
 	"\x04name\x18\a \x01(\tR\x04name\x122\n" +
 	"\x15allowed_output_topics\x18\b \x03(\tR\x13allowedOutputTopics\x126\n" +
-	"\x17allowed_gateway_targets\x18\t \x03(\tR\x15allowedGatewayTargets\"3\n" +
+	"\x17allowed_gateway_targets\x18\t \x03(\tR\x15allowedGatewayTargets\x12\x1f\n" +
+	"\breplicas\x18\n" +
+	" \x01(\x05H\x00R\breplicas\x88\x01\x01\x12=\n" +
+	"\tplacement\x18\v \x01(\v2\x1f.workmanager.v1.WorkerPlacementR\tplacementB\v\n" +
+	"\t_replicas\"3\n" +
 	"\x14CreateWorkerResponse\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"1\n" +
 	"\x12StartWorkerRequest\x12\x1b\n" +
@@ -1903,7 +2364,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x03 \x01(\tR\tpageToken\"\xfd\x01\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\xea\x02\n" +
 	"\fHistoryEntry\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x03R\aversion\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x1f\n" +
@@ -1915,7 +2376,11 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x05actor\x18\x06 \x01(\tR\x05actor\x12\x16\n" +
 	"\x06action\x18\a \x01(\tR\x06action\x12\x1f\n" +
 	"\vrollback_to\x18\b \x01(\x03R\n" +
-	"rollbackTo\"z\n" +
+	"rollbackTo\x12\x1f\n" +
+	"\breplicas\x18\t \x01(\x05H\x00R\breplicas\x88\x01\x01\x12=\n" +
+	"\tplacement\x18\n" +
+	" \x01(\v2\x1f.workmanager.v1.WorkerPlacementR\tplacementB\v\n" +
+	"\t_replicas\"z\n" +
 	"\x18GetWorkerHistoryResponse\x126\n" +
 	"\aentries\x18\x01 \x03(\v2\x1c.workmanager.v1.HistoryEntryR\aentries\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x17\n" +
@@ -1949,11 +2414,38 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x19ReplayDeadLettersResponse\x12\x1a\n" +
 	"\breplayed\x18\x01 \x01(\x05R\breplayed\x12\x1b\n" +
 	"\tevent_ids\x18\x02 \x03(\tR\beventIds\x12\x1c\n" +
-	"\tremaining\x18\x03 \x01(\x05R\tremaining*c\n" +
+	"\tremaining\x18\x03 \x01(\x05R\tremaining\"\x12\n" +
+	"\x10ListNodesRequest\"?\n" +
+	"\x11ListNodesResponse\x12*\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x14.workmanager.v1.NodeR\x05nodes\"\xe3\x03\n" +
+	"\x04Node\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x128\n" +
+	"\x06labels\x18\x02 \x03(\v2 .workmanager.v1.Node.LabelsEntryR\x06labels\x12\x18\n" +
+	"\aengines\x18\x03 \x03(\tR\aengines\x12!\n" +
+	"\fmemory_bytes\x18\x04 \x01(\x04R\vmemoryBytes\x12\x18\n" +
+	"\aworkers\x18\x05 \x01(\x05R\aworkers\x12\x16\n" +
+	"\x06topics\x18\x06 \x01(\x05R\x06topics\x12\x1c\n" +
+	"\tprocesses\x18\a \x01(\x05R\tprocesses\x12#\n" +
+	"\rplaced_topics\x18\b \x03(\tR\fplacedTopics\x12\x18\n" +
+	"\adrained\x18\t \x01(\bR\adrained\x12\x14\n" +
+	"\x05alive\x18\n" +
+	" \x01(\bR\x05alive\x129\n" +
+	"\n" +
+	"started_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x129\n" +
+	"\n" +
+	"updated_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"E\n" +
+	"\x10DrainNodeRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
+	"\aundrain\x18\x02 \x01(\bR\aundrain\"=\n" +
+	"\x11DrainNodeResponse\x12(\n" +
+	"\x04node\x18\x01 \x01(\v2\x14.workmanager.v1.NodeR\x04node*c\n" +
 	"\fWorkerStatus\x12\x1d\n" +
 	"\x19WORKER_STATUS_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15WORKER_STATUS_STOPPED\x10\x01\x12\x19\n" +
-	"\x15WORKER_STATUS_RUNNING\x10\x022\xa9\b\n" +
+	"\x15WORKER_STATUS_RUNNING\x10\x022\xcd\t\n" +
 	"\x12WorkManagerService\x12Y\n" +
 	"\fCreateWorker\x12#.workmanager.v1.CreateWorkerRequest\x1a$.workmanager.v1.CreateWorkerResponse\x12I\n" +
 	"\vStartWorker\x12\".workmanager.v1.StartWorkerRequest\x1a\x16.workmanager.v1.Worker\x12G\n" +
@@ -1967,7 +2459,9 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x10GetWorkerHistory\x12'.workmanager.v1.GetWorkerHistoryRequest\x1a(.workmanager.v1.GetWorkerHistoryResponse\x12_\n" +
 	"\x0eRecoverWorkers\x12%.workmanager.v1.RecoverWorkersRequest\x1a&.workmanager.v1.RecoverWorkersResponse\x12b\n" +
 	"\x0fListDeadLetters\x12&.workmanager.v1.ListDeadLettersRequest\x1a'.workmanager.v1.ListDeadLettersResponse\x12h\n" +
-	"\x11ReplayDeadLetters\x12(.workmanager.v1.ReplayDeadLettersRequest\x1a).workmanager.v1.ReplayDeadLettersResponseBDZBgithub.com/virtufin/workmanager/proto/workmanager/v1;workmanagerv1b\x06proto3"
+	"\x11ReplayDeadLetters\x12(.workmanager.v1.ReplayDeadLettersRequest\x1a).workmanager.v1.ReplayDeadLettersResponse\x12P\n" +
+	"\tListNodes\x12 .workmanager.v1.ListNodesRequest\x1a!.workmanager.v1.ListNodesResponse\x12P\n" +
+	"\tDrainNode\x12 .workmanager.v1.DrainNodeRequest\x1a!.workmanager.v1.DrainNodeResponseBDZBgithub.com/virtufin/workmanager/proto/workmanager/v1;workmanagerv1b\x06proto3"
 
 var (
 	file_workmanager_v1_workmanager_proto_rawDescOnce sync.Once
@@ -1982,82 +2476,103 @@ func file_workmanager_v1_workmanager_proto_rawDescGZIP() []byte {
 }
 
 var file_workmanager_v1_workmanager_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_workmanager_v1_workmanager_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_workmanager_v1_workmanager_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_workmanager_v1_workmanager_proto_goTypes = []any{
 	(WorkerStatus)(0),                 // 0: workmanager.v1.WorkerStatus
 	(*CodeSource)(nil),                // 1: workmanager.v1.CodeSource
 	(*UrlSource)(nil),                 // 2: workmanager.v1.UrlSource
 	(*Worker)(nil),                    // 3: workmanager.v1.Worker
-	(*WorkerStats)(nil),               // 4: workmanager.v1.WorkerStats
-	(*RetryPolicy)(nil),               // 5: workmanager.v1.RetryPolicy
-	(*CreateWorkerRequest)(nil),       // 6: workmanager.v1.CreateWorkerRequest
-	(*CreateWorkerResponse)(nil),      // 7: workmanager.v1.CreateWorkerResponse
-	(*StartWorkerRequest)(nil),        // 8: workmanager.v1.StartWorkerRequest
-	(*StopWorkerRequest)(nil),         // 9: workmanager.v1.StopWorkerRequest
-	(*DeleteWorkerRequest)(nil),       // 10: workmanager.v1.DeleteWorkerRequest
-	(*DeleteWorkerResponse)(nil),      // 11: workmanager.v1.DeleteWorkerResponse
-	(*LoadCodeRequest)(nil),           // 12: workmanager.v1.LoadCodeRequest
-	(*RollbackWorkerRequest)(nil),     // 13: workmanager.v1.RollbackWorkerRequest
-	(*GetWorkerRequest)(nil),          // 14: workmanager.v1.GetWorkerRequest
-	(*ListWorkersRequest)(nil),        // 15: workmanager.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),       // 16: workmanager.v1.ListWorkersResponse
-	(*GetWorkerHistoryRequest)(nil),   // 17: workmanager.v1.GetWorkerHistoryRequest
-	(*HistoryEntry)(nil),              // 18: workmanager.v1.HistoryEntry
-	(*GetWorkerHistoryResponse)(nil),  // 19: workmanager.v1.GetWorkerHistoryResponse
-	(*RecoverWorkersRequest)(nil),     // 20: workmanager.v1.RecoverWorkersRequest
-	(*RecoverWorkersResponse)(nil),    // 21: workmanager.v1.RecoverWorkersResponse
-	(*ListDeadLettersRequest)(nil),    // 22: workmanager.v1.ListDeadLettersRequest
-	(*DeadLetter)(nil),                // 23: workmanager.v1.DeadLetter
-	(*ListDeadLettersResponse)(nil),   // 24: workmanager.v1.ListDeadLettersResponse
-	(*ReplayDeadLettersRequest)(nil),  // 25: workmanager.v1.ReplayDeadLettersRequest
-	(*ReplayDeadLettersResponse)(nil), // 26: workmanager.v1.ReplayDeadLettersResponse
-	(*timestamppb.Timestamp)(nil),     // 27: google.protobuf.Timestamp
+	(*WorkerPlacement)(nil),           // 4: workmanager.v1.WorkerPlacement
+	(*WorkerStats)(nil),               // 5: workmanager.v1.WorkerStats
+	(*RetryPolicy)(nil),               // 6: workmanager.v1.RetryPolicy
+	(*CreateWorkerRequest)(nil),       // 7: workmanager.v1.CreateWorkerRequest
+	(*CreateWorkerResponse)(nil),      // 8: workmanager.v1.CreateWorkerResponse
+	(*StartWorkerRequest)(nil),        // 9: workmanager.v1.StartWorkerRequest
+	(*StopWorkerRequest)(nil),         // 10: workmanager.v1.StopWorkerRequest
+	(*DeleteWorkerRequest)(nil),       // 11: workmanager.v1.DeleteWorkerRequest
+	(*DeleteWorkerResponse)(nil),      // 12: workmanager.v1.DeleteWorkerResponse
+	(*LoadCodeRequest)(nil),           // 13: workmanager.v1.LoadCodeRequest
+	(*RollbackWorkerRequest)(nil),     // 14: workmanager.v1.RollbackWorkerRequest
+	(*GetWorkerRequest)(nil),          // 15: workmanager.v1.GetWorkerRequest
+	(*ListWorkersRequest)(nil),        // 16: workmanager.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 17: workmanager.v1.ListWorkersResponse
+	(*GetWorkerHistoryRequest)(nil),   // 18: workmanager.v1.GetWorkerHistoryRequest
+	(*HistoryEntry)(nil),              // 19: workmanager.v1.HistoryEntry
+	(*GetWorkerHistoryResponse)(nil),  // 20: workmanager.v1.GetWorkerHistoryResponse
+	(*RecoverWorkersRequest)(nil),     // 21: workmanager.v1.RecoverWorkersRequest
+	(*RecoverWorkersResponse)(nil),    // 22: workmanager.v1.RecoverWorkersResponse
+	(*ListDeadLettersRequest)(nil),    // 23: workmanager.v1.ListDeadLettersRequest
+	(*DeadLetter)(nil),                // 24: workmanager.v1.DeadLetter
+	(*ListDeadLettersResponse)(nil),   // 25: workmanager.v1.ListDeadLettersResponse
+	(*ReplayDeadLettersRequest)(nil),  // 26: workmanager.v1.ReplayDeadLettersRequest
+	(*ReplayDeadLettersResponse)(nil), // 27: workmanager.v1.ReplayDeadLettersResponse
+	(*ListNodesRequest)(nil),          // 28: workmanager.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),         // 29: workmanager.v1.ListNodesResponse
+	(*Node)(nil),                      // 30: workmanager.v1.Node
+	(*DrainNodeRequest)(nil),          // 31: workmanager.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),         // 32: workmanager.v1.DrainNodeResponse
+	nil,                               // 33: workmanager.v1.WorkerPlacement.RequireEntry
+	nil,                               // 34: workmanager.v1.Node.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 35: google.protobuf.Timestamp
 }
 var file_workmanager_v1_workmanager_proto_depIdxs = []int32{
 	2,  // 0: workmanager.v1.CodeSource.url:type_name -> workmanager.v1.UrlSource
 	0,  // 1: workmanager.v1.Worker.status:type_name -> workmanager.v1.WorkerStatus
-	27, // 2: workmanager.v1.Worker.created_at:type_name -> google.protobuf.Timestamp
-	27, // 3: workmanager.v1.Worker.updated_at:type_name -> google.protobuf.Timestamp
-	5,  // 4: workmanager.v1.Worker.retry_policy:type_name -> workmanager.v1.RetryPolicy
-	4,  // 5: workmanager.v1.Worker.stats:type_name -> workmanager.v1.WorkerStats
-	27, // 6: workmanager.v1.WorkerStats.last_error_at:type_name -> google.protobuf.Timestamp
-	1,  // 7: workmanager.v1.CreateWorkerRequest.code:type_name -> workmanager.v1.CodeSource
-	5,  // 8: workmanager.v1.CreateWorkerRequest.retry_policy:type_name -> workmanager.v1.RetryPolicy
-	1,  // 9: workmanager.v1.LoadCodeRequest.code:type_name -> workmanager.v1.CodeSource
-	3,  // 10: workmanager.v1.ListWorkersResponse.workers:type_name -> workmanager.v1.Worker
-	27, // 11: workmanager.v1.HistoryEntry.created_at:type_name -> google.protobuf.Timestamp
-	18, // 12: workmanager.v1.GetWorkerHistoryResponse.entries:type_name -> workmanager.v1.HistoryEntry
-	27, // 13: workmanager.v1.DeadLetter.at:type_name -> google.protobuf.Timestamp
-	23, // 14: workmanager.v1.ListDeadLettersResponse.dead_letters:type_name -> workmanager.v1.DeadLetter
-	6,  // 15: workmanager.v1.WorkManagerService.CreateWorker:input_type -> workmanager.v1.CreateWorkerRequest
-	8,  // 16: workmanager.v1.WorkManagerService.StartWorker:input_type -> workmanager.v1.StartWorkerRequest
-	9,  // 17: workmanager.v1.WorkManagerService.StopWorker:input_type -> workmanager.v1.StopWorkerRequest
-	10, // 18: workmanager.v1.WorkManagerService.DeleteWorker:input_type -> workmanager.v1.DeleteWorkerRequest
-	12, // 19: workmanager.v1.WorkManagerService.LoadCode:input_type -> workmanager.v1.LoadCodeRequest
-	13, // 20: workmanager.v1.WorkManagerService.RollbackWorker:input_type -> workmanager.v1.RollbackWorkerRequest
-	14, // 21: workmanager.v1.WorkManagerService.GetWorker:input_type -> workmanager.v1.GetWorkerRequest
-	15, // 22: workmanager.v1.WorkManagerService.ListWorkers:input_type -> workmanager.v1.ListWorkersRequest
-	17, // 23: workmanager.v1.WorkManagerService.GetWorkerHistory:input_type -> workmanager.v1.GetWorkerHistoryRequest
-	20, // 24: workmanager.v1.WorkManagerService.RecoverWorkers:input_type -> workmanager.v1.RecoverWorkersRequest
-	22, // 25: workmanager.v1.WorkManagerService.ListDeadLetters:input_type -> workmanager.v1.ListDeadLettersRequest
-	25, // 26: workmanager.v1.WorkManagerService.ReplayDeadLetters:input_type -> workmanager.v1.ReplayDeadLettersRequest
-	7,  // 27: workmanager.v1.WorkManagerService.CreateWorker:output_type -> workmanager.v1.CreateWorkerResponse
-	3,  // 28: workmanager.v1.WorkManagerService.StartWorker:output_type -> workmanager.v1.Worker
-	3,  // 29: workmanager.v1.WorkManagerService.StopWorker:output_type -> workmanager.v1.Worker
-	11, // 30: workmanager.v1.WorkManagerService.DeleteWorker:output_type -> workmanager.v1.DeleteWorkerResponse
-	3,  // 31: workmanager.v1.WorkManagerService.LoadCode:output_type -> workmanager.v1.Worker
-	3,  // 32: workmanager.v1.WorkManagerService.RollbackWorker:output_type -> workmanager.v1.Worker
-	3,  // 33: workmanager.v1.WorkManagerService.GetWorker:output_type -> workmanager.v1.Worker
-	16, // 34: workmanager.v1.WorkManagerService.ListWorkers:output_type -> workmanager.v1.ListWorkersResponse
-	19, // 35: workmanager.v1.WorkManagerService.GetWorkerHistory:output_type -> workmanager.v1.GetWorkerHistoryResponse
-	21, // 36: workmanager.v1.WorkManagerService.RecoverWorkers:output_type -> workmanager.v1.RecoverWorkersResponse
-	24, // 37: workmanager.v1.WorkManagerService.ListDeadLetters:output_type -> workmanager.v1.ListDeadLettersResponse
-	26, // 38: workmanager.v1.WorkManagerService.ReplayDeadLetters:output_type -> workmanager.v1.ReplayDeadLettersResponse
-	27, // [27:39] is the sub-list for method output_type
-	15, // [15:27] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	35, // 2: workmanager.v1.Worker.created_at:type_name -> google.protobuf.Timestamp
+	35, // 3: workmanager.v1.Worker.updated_at:type_name -> google.protobuf.Timestamp
+	6,  // 4: workmanager.v1.Worker.retry_policy:type_name -> workmanager.v1.RetryPolicy
+	5,  // 5: workmanager.v1.Worker.stats:type_name -> workmanager.v1.WorkerStats
+	4,  // 6: workmanager.v1.Worker.placement:type_name -> workmanager.v1.WorkerPlacement
+	33, // 7: workmanager.v1.WorkerPlacement.require:type_name -> workmanager.v1.WorkerPlacement.RequireEntry
+	35, // 8: workmanager.v1.WorkerStats.last_error_at:type_name -> google.protobuf.Timestamp
+	1,  // 9: workmanager.v1.CreateWorkerRequest.code:type_name -> workmanager.v1.CodeSource
+	6,  // 10: workmanager.v1.CreateWorkerRequest.retry_policy:type_name -> workmanager.v1.RetryPolicy
+	4,  // 11: workmanager.v1.CreateWorkerRequest.placement:type_name -> workmanager.v1.WorkerPlacement
+	1,  // 12: workmanager.v1.LoadCodeRequest.code:type_name -> workmanager.v1.CodeSource
+	3,  // 13: workmanager.v1.ListWorkersResponse.workers:type_name -> workmanager.v1.Worker
+	35, // 14: workmanager.v1.HistoryEntry.created_at:type_name -> google.protobuf.Timestamp
+	4,  // 15: workmanager.v1.HistoryEntry.placement:type_name -> workmanager.v1.WorkerPlacement
+	19, // 16: workmanager.v1.GetWorkerHistoryResponse.entries:type_name -> workmanager.v1.HistoryEntry
+	35, // 17: workmanager.v1.DeadLetter.at:type_name -> google.protobuf.Timestamp
+	24, // 18: workmanager.v1.ListDeadLettersResponse.dead_letters:type_name -> workmanager.v1.DeadLetter
+	30, // 19: workmanager.v1.ListNodesResponse.nodes:type_name -> workmanager.v1.Node
+	34, // 20: workmanager.v1.Node.labels:type_name -> workmanager.v1.Node.LabelsEntry
+	35, // 21: workmanager.v1.Node.started_at:type_name -> google.protobuf.Timestamp
+	35, // 22: workmanager.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	30, // 23: workmanager.v1.DrainNodeResponse.node:type_name -> workmanager.v1.Node
+	7,  // 24: workmanager.v1.WorkManagerService.CreateWorker:input_type -> workmanager.v1.CreateWorkerRequest
+	9,  // 25: workmanager.v1.WorkManagerService.StartWorker:input_type -> workmanager.v1.StartWorkerRequest
+	10, // 26: workmanager.v1.WorkManagerService.StopWorker:input_type -> workmanager.v1.StopWorkerRequest
+	11, // 27: workmanager.v1.WorkManagerService.DeleteWorker:input_type -> workmanager.v1.DeleteWorkerRequest
+	13, // 28: workmanager.v1.WorkManagerService.LoadCode:input_type -> workmanager.v1.LoadCodeRequest
+	14, // 29: workmanager.v1.WorkManagerService.RollbackWorker:input_type -> workmanager.v1.RollbackWorkerRequest
+	15, // 30: workmanager.v1.WorkManagerService.GetWorker:input_type -> workmanager.v1.GetWorkerRequest
+	16, // 31: workmanager.v1.WorkManagerService.ListWorkers:input_type -> workmanager.v1.ListWorkersRequest
+	18, // 32: workmanager.v1.WorkManagerService.GetWorkerHistory:input_type -> workmanager.v1.GetWorkerHistoryRequest
+	21, // 33: workmanager.v1.WorkManagerService.RecoverWorkers:input_type -> workmanager.v1.RecoverWorkersRequest
+	23, // 34: workmanager.v1.WorkManagerService.ListDeadLetters:input_type -> workmanager.v1.ListDeadLettersRequest
+	26, // 35: workmanager.v1.WorkManagerService.ReplayDeadLetters:input_type -> workmanager.v1.ReplayDeadLettersRequest
+	28, // 36: workmanager.v1.WorkManagerService.ListNodes:input_type -> workmanager.v1.ListNodesRequest
+	31, // 37: workmanager.v1.WorkManagerService.DrainNode:input_type -> workmanager.v1.DrainNodeRequest
+	8,  // 38: workmanager.v1.WorkManagerService.CreateWorker:output_type -> workmanager.v1.CreateWorkerResponse
+	3,  // 39: workmanager.v1.WorkManagerService.StartWorker:output_type -> workmanager.v1.Worker
+	3,  // 40: workmanager.v1.WorkManagerService.StopWorker:output_type -> workmanager.v1.Worker
+	12, // 41: workmanager.v1.WorkManagerService.DeleteWorker:output_type -> workmanager.v1.DeleteWorkerResponse
+	3,  // 42: workmanager.v1.WorkManagerService.LoadCode:output_type -> workmanager.v1.Worker
+	3,  // 43: workmanager.v1.WorkManagerService.RollbackWorker:output_type -> workmanager.v1.Worker
+	3,  // 44: workmanager.v1.WorkManagerService.GetWorker:output_type -> workmanager.v1.Worker
+	17, // 45: workmanager.v1.WorkManagerService.ListWorkers:output_type -> workmanager.v1.ListWorkersResponse
+	20, // 46: workmanager.v1.WorkManagerService.GetWorkerHistory:output_type -> workmanager.v1.GetWorkerHistoryResponse
+	22, // 47: workmanager.v1.WorkManagerService.RecoverWorkers:output_type -> workmanager.v1.RecoverWorkersResponse
+	25, // 48: workmanager.v1.WorkManagerService.ListDeadLetters:output_type -> workmanager.v1.ListDeadLettersResponse
+	27, // 49: workmanager.v1.WorkManagerService.ReplayDeadLetters:output_type -> workmanager.v1.ReplayDeadLettersResponse
+	29, // 50: workmanager.v1.WorkManagerService.ListNodes:output_type -> workmanager.v1.ListNodesResponse
+	32, // 51: workmanager.v1.WorkManagerService.DrainNode:output_type -> workmanager.v1.DrainNodeResponse
+	38, // [38:52] is the sub-list for method output_type
+	24, // [24:38] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_workmanager_v1_workmanager_proto_init() }
@@ -2069,13 +2584,16 @@ func file_workmanager_v1_workmanager_proto_init() {
 		(*CodeSource_Content)(nil),
 		(*CodeSource_Url)(nil),
 	}
+	file_workmanager_v1_workmanager_proto_msgTypes[2].OneofWrappers = []any{}
+	file_workmanager_v1_workmanager_proto_msgTypes[6].OneofWrappers = []any{}
+	file_workmanager_v1_workmanager_proto_msgTypes[18].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_workmanager_v1_workmanager_proto_rawDesc), len(file_workmanager_v1_workmanager_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

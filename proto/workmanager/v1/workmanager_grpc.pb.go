@@ -34,6 +34,8 @@ const (
 	WorkManagerService_RecoverWorkers_FullMethodName    = "/workmanager.v1.WorkManagerService/RecoverWorkers"
 	WorkManagerService_ListDeadLetters_FullMethodName   = "/workmanager.v1.WorkManagerService/ListDeadLetters"
 	WorkManagerService_ReplayDeadLetters_FullMethodName = "/workmanager.v1.WorkManagerService/ReplayDeadLetters"
+	WorkManagerService_ListNodes_FullMethodName         = "/workmanager.v1.WorkManagerService/ListNodes"
+	WorkManagerService_DrainNode_FullMethodName         = "/workmanager.v1.WorkManagerService/DrainNode"
 )
 
 // WorkManagerServiceClient is the client API for WorkManagerService service.
@@ -72,6 +74,17 @@ type WorkManagerServiceClient interface {
 	// removes them from the store. At-least-once: an entry whose removal
 	// fails after its publish may be replayed again by a later call.
 	ReplayDeadLetters(ctx context.Context, in *ReplayDeadLettersRequest, opts ...grpc.CallOption) (*ReplayDeadLettersResponse, error)
+	// ListNodes lists the cluster's nodes (alive, or named by the placement
+	// record): what each advertises (labels, engines, memory, what it
+	// serves) and the topics placed on it. Cluster-wide: callers of the
+	// default tenant, and admins.
+	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
+	// DrainNode drains a node (its topics move to other nodes, make before
+	// break, and it is given none until undrained) or undrains it, through
+	// the placement workflow. It answers once the change is recorded, not
+	// once every topic moved. NOT_FOUND for a node that is neither alive nor
+	// in the placement record. Admins only.
+	DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (*DrainNodeResponse, error)
 }
 
 type workManagerServiceClient struct {
@@ -202,6 +215,26 @@ func (c *workManagerServiceClient) ReplayDeadLetters(ctx context.Context, in *Re
 	return out, nil
 }
 
+func (c *workManagerServiceClient) ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListNodesResponse)
+	err := c.cc.Invoke(ctx, WorkManagerService_ListNodes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workManagerServiceClient) DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (*DrainNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrainNodeResponse)
+	err := c.cc.Invoke(ctx, WorkManagerService_DrainNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkManagerServiceServer is the server API for WorkManagerService service.
 // All implementations must embed UnimplementedWorkManagerServiceServer
 // for forward compatibility.
@@ -238,6 +271,17 @@ type WorkManagerServiceServer interface {
 	// removes them from the store. At-least-once: an entry whose removal
 	// fails after its publish may be replayed again by a later call.
 	ReplayDeadLetters(context.Context, *ReplayDeadLettersRequest) (*ReplayDeadLettersResponse, error)
+	// ListNodes lists the cluster's nodes (alive, or named by the placement
+	// record): what each advertises (labels, engines, memory, what it
+	// serves) and the topics placed on it. Cluster-wide: callers of the
+	// default tenant, and admins.
+	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
+	// DrainNode drains a node (its topics move to other nodes, make before
+	// break, and it is given none until undrained) or undrains it, through
+	// the placement workflow. It answers once the change is recorded, not
+	// once every topic moved. NOT_FOUND for a node that is neither alive nor
+	// in the placement record. Admins only.
+	DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error)
 	mustEmbedUnimplementedWorkManagerServiceServer()
 }
 
@@ -283,6 +327,12 @@ func (UnimplementedWorkManagerServiceServer) ListDeadLetters(context.Context, *L
 }
 func (UnimplementedWorkManagerServiceServer) ReplayDeadLetters(context.Context, *ReplayDeadLettersRequest) (*ReplayDeadLettersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReplayDeadLetters not implemented")
+}
+func (UnimplementedWorkManagerServiceServer) ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListNodes not implemented")
+}
+func (UnimplementedWorkManagerServiceServer) DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrainNode not implemented")
 }
 func (UnimplementedWorkManagerServiceServer) mustEmbedUnimplementedWorkManagerServiceServer() {}
 func (UnimplementedWorkManagerServiceServer) testEmbeddedByValue()                            {}
@@ -521,6 +571,42 @@ func _WorkManagerService_ReplayDeadLetters_Handler(srv interface{}, ctx context.
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkManagerService_ListNodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListNodesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkManagerServiceServer).ListNodes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkManagerService_ListNodes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkManagerServiceServer).ListNodes(ctx, req.(*ListNodesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _WorkManagerService_DrainNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkManagerServiceServer).DrainNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkManagerService_DrainNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkManagerServiceServer).DrainNode(ctx, req.(*DrainNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkManagerService_ServiceDesc is the grpc.ServiceDesc for WorkManagerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -575,6 +661,14 @@ var WorkManagerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReplayDeadLetters",
 			Handler:    _WorkManagerService_ReplayDeadLetters_Handler,
+		},
+		{
+			MethodName: "ListNodes",
+			Handler:    _WorkManagerService_ListNodes_Handler,
+		},
+		{
+			MethodName: "DrainNode",
+			Handler:    _WorkManagerService_DrainNode_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,132 @@
+package node_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/node/nodetest"
+	"github.com/virtufin/workmanager/internal/placement"
+)
+
+// placeTopic writes a placement record that serves topic on nodes.
+func placeTopic(t *testing.T, s *placement.Store, topic string, nodes ...string) {
+	t.Helper()
+	if _, err := s.Update(context.Background(), func(r *placement.Record) bool {
+		if r.Topics == nil {
+			r.Topics = map[string]placement.TopicPlacement{}
+		}
+		r.Topics[topic] = placement.TopicPlacement{Nodes: nodes, Replicas: len(nodes)}
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A node serves only the topics placed on it: the workers of a topic
+// placed elsewhere are parked (never attached, never subscribed), and a
+// move brings every worker of the topic in at once, or takes them all away.
+func TestNodeServesOnlyItsTopics(t *testing.T) {
+	f, ctx := nodetest.New(t), context.Background()
+	ps := placement.NewStore(f.Store)
+	fol := &placement.Follower{Self: "me", Store: ps, Replicas: 2, Alive: func() []string { return []string{"me", "other", "third"} }}
+	f.Node.SetPlacement(fol)
+	sha, _ := f.Catalog.PutCode(ctx, []byte("good"))
+	for _, id := range []string{"w1", "w2"} {
+		w := nodetest.Worker(catalog.StatusRunning, sha)
+		w.ID, w.Group = id, ""
+		if err := f.Catalog.SaveWorker(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	placeTopic(t, ps, "in", "other", "third")
+	if _, err := f.Node.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if f.Dispatcher.Attached("w1") || f.Dispatcher.Attached("w2") || f.Dispatcher.Subscribed("in") || f.Broker.Subscriptions() != 0 {
+		t.Fatal("a topic placed on other nodes is served here")
+	}
+	if !f.Dispatcher.Unrunnable("w1") || !f.Dispatcher.Unrunnable("w2") {
+		t.Fatal("the workers of a topic served elsewhere must be parked here (a racing attach gives its messages back)")
+	}
+
+	placeTopic(t, ps, "in", "me", "other") // third leaves, me joins
+	if _, err := fol.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := f.Node.ConvergePlacement(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.Dispatcher.Attached("w1") || !f.Dispatcher.Attached("w2") || res.Attached != 2 || !slices.Equal(res.Topics, []string{"in"}) {
+		t.Fatalf("after the move here: %+v, attached w1 %v w2 %v", res, f.Dispatcher.Attached("w1"), f.Dispatcher.Attached("w2"))
+	}
+	if n, share, err := f.Node.Share(ctx); err != nil || n != 2 || share != 2 {
+		t.Fatalf("share: %d of %d, %v", n, share, err)
+	}
+
+	placeTopic(t, ps, "in", "other", "third")
+	if _, err := fol.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err = f.Node.ConvergePlacement(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Dispatcher.Attached("w1") || f.Dispatcher.Attached("w2") || res.Detached != 2 || len(res.Topics) != 0 {
+		t.Fatalf("after the move away: %+v", res)
+	}
+	if n, share, _ := f.Node.Share(ctx); n != 0 || share != 0 {
+		t.Fatalf("share after the move away: %d of %d", n, share)
+	}
+}
+
+// A topic the record does not place (or places only on dead nodes) is
+// served by the fallback ranking of the live nodes: the same answer on
+// every node, so nodes that start together split the topics.
+func TestUnplacedTopicsFollowTheFallbackRanking(t *testing.T) {
+	alive := []string{"a", "b", "c"}
+	served := map[string]int{}
+	for _, self := range alive {
+		f, ctx := nodetest.New(t), context.Background()
+		fol := &placement.Follower{Self: self, Store: placement.NewStore(f.Store), Replicas: 2, Alive: func() []string { return alive }}
+		placeTopic(t, placement.NewStore(f.Store), "dead-only", "gone-1", "gone-2")
+		for i := range 60 {
+			topic := "t" + string(rune('A'+i%26)) + string(rune('a'+i/26))
+			if fol.Serves(ctx, topic) {
+				served[topic]++
+			}
+		}
+		if !fol.Serves(ctx, "dead-only") == slices.Contains(placement.Fallback(alive, nil, "dead-only", 2), self) {
+			t.Fatalf("%s: a topic placed only on dead nodes must follow the fallback", self)
+		}
+	}
+	for topic, n := range served {
+		if n != 2 {
+			t.Fatalf("topic %s served by %d nodes, want 2", topic, n)
+		}
+	}
+	if len(served) != 60 {
+		t.Fatalf("%d of 60 topics served", len(served))
+	}
+}
+
+// A worker whose topic is served here but who requires a label this node
+// lacks is parked (its messages wait or dead-letter as not_runnable), not
+// loaded.
+func TestWorkerRequiringALabelTheNodeLacksIsParked(t *testing.T) {
+	f, ctx := nodetest.New(t), context.Background()
+	fol := &placement.Follower{Self: "me", Store: placement.NewStore(f.Store), Replicas: 2, Labels: map[string]string{"pool": "cpu"},
+		Alive: func() []string { return []string{"me"} }}
+	f.Node.SetPlacement(fol)
+	sha, _ := f.Catalog.PutCode(ctx, []byte("good"))
+	w := nodetest.Worker(catalog.StatusRunning, sha)
+	w.Placement = &catalog.Placement{Require: map[string]string{"pool": "gpu"}}
+	if err := f.Node.Apply(ctx, w, nil); err != nil {
+		t.Fatal(err)
+	}
+	if f.Dispatcher.Attached(w.ID) || !f.Dispatcher.Unrunnable(w.ID) || f.Engine.Loads() != 0 {
+		t.Fatalf("attached %v unrunnable %v loads %d", f.Dispatcher.Attached(w.ID), f.Dispatcher.Unrunnable(w.ID), f.Engine.Loads())
+	}
+}
