@@ -3,6 +3,7 @@ package activities
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -69,7 +70,7 @@ func (a *Activities) PlanPlacement(ctx context.Context) (placement.Round, error)
 	if round.Revision != 0 && p.Publish != nil {
 		p.Publish("placement.planned", round)
 	}
-	for _, id := range slices.Sorted(mapsKeys(round.NewlyUnplaceable)) {
+	for _, id := range slices.Sorted(maps.Keys(round.NewlyUnplaceable)) {
 		i := slices.IndexFunc(ws, func(w catalog.Worker) bool { return w.ID == id })
 		if i < 0 {
 			continue
@@ -81,16 +82,6 @@ func (a *Activities) PlanPlacement(ctx context.Context) (placement.Round, error)
 		}
 	}
 	return round, nil
-}
-
-func mapsKeys(m map[string]string) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // FinishMoves lets the old nodes of moved topics go (make before break: the

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -34,14 +33,7 @@ func TestClientCertificateNeedsExactlyOneOrganization(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(opts...)
-	pb.RegisterWorkManagerServiceServer(srv, echoPrincipal{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	defer srv.Stop()
+	ln := serveEcho(t, opts)
 	roots := x509.NewCertPool()
 	roots.AddCert(p.caCert)
 	call := func(name string, subject pkix.Name) (*pb.Worker, error) {

@@ -8,7 +8,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -72,14 +71,7 @@ func TestServerReloadsRotatedCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(opts...)
-	pb.RegisterWorkManagerServiceServer(srv, echoPrincipal{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	defer srv.Stop()
+	ln := serveEcho(t, opts)
 
 	roots := x509.NewCertPool()
 	roots.AddCert(p1.caCert)

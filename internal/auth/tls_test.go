@@ -37,6 +37,21 @@ func (echoPrincipal) GetWorker(ctx context.Context, _ *pb.GetWorkerRequest) (*pb
 	return &pb.Worker{WorkerId: p.Via + ":" + p.Subject + "/" + p.Role.String() + "/" + p.Tenant}, nil
 }
 
+// serveEcho serves echoPrincipal with opts on a loopback port until the
+// test ends.
+func serveEcho(t *testing.T, opts []grpc.ServerOption) net.Listener {
+	t.Helper()
+	srv := grpc.NewServer(opts...)
+	pb.RegisterWorkManagerServiceServer(srv, echoPrincipal{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(srv.Stop)
+	return ln
+}
+
 type pki struct {
 	dir    string
 	caCert *x509.Certificate
@@ -108,14 +123,7 @@ func TestMutualTLSAndTokensOverARealServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(opts...)
-	pb.RegisterWorkManagerServiceServer(srv, echoPrincipal{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	defer srv.Stop()
+	ln := serveEcho(t, opts)
 
 	roots := x509.NewCertPool()
 	roots.AddCert(p.caCert)

@@ -77,32 +77,45 @@ func ParseLabels(s string) (map[string]string, error) {
 		}
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
-			return nil, labelError("label %q is not key=value", kv)
+			return nil, fmt.Errorf("label %q is not key=value", kv)
 		}
 		if err := ValidLabel(k, v); err != nil {
 			return nil, err
 		}
 		if _, dup := out[k]; dup {
-			return nil, labelError("label %q is given twice", k)
+			return nil, fmt.Errorf("label %q is given twice", k)
 		}
 		out[k] = v
 	}
 	return out, nil
 }
 
-// ValidLabel checks one label's key and value.
+// MaxLabelLen bounds a label's key and its value.
+const MaxLabelLen = 63
+
+// ValidLabel checks one label's key and value (NODE_LABELS,
+// placement.require at CreateWorker): each 1 to MaxLabelLen of A-Z a-z 0-9
+// . _ - /.
 func ValidLabel(k, v string) error {
-	for _, s := range []string{k, v} {
-		if s == "" || len(s) > 63 {
-			return labelError("label %q=%q: keys and values must be 1 to 63 characters", k, v)
-		}
-		for _, r := range s {
-			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._/-", r)) {
-				return labelError("label %q=%q: only letters, digits and . _ / - are allowed", k, v)
-			}
-		}
+	if err := CheckLabelPart("key", k); err != nil {
+		return fmt.Errorf("label %q: %w", k, err)
+	}
+	if err := CheckLabelPart("value", v); err != nil {
+		return fmt.Errorf("label %q: %w", k, err)
 	}
 	return nil
 }
 
-func labelError(f string, a ...any) error { return fmt.Errorf(f, a...) }
+// CheckLabelPart checks a label's key or value (what), saying what is
+// wrong and where.
+func CheckLabelPart(what, s string) error {
+	if s == "" || len(s) > MaxLabelLen {
+		return fmt.Errorf("%s %q must be 1 to %d characters long", what, s, MaxLabelLen)
+	}
+	for i, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' || c == '/') {
+			return fmt.Errorf("%s %q has %q at position %d; allowed: A-Z a-z 0-9 . _ - /", what, s, c, i)
+		}
+	}
+	return nil
+}

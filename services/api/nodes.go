@@ -28,8 +28,6 @@ const (
 	MaxReplicas = 64
 	// MaxRequireLabels bounds the labels a worker may require.
 	MaxRequireLabels = 16
-	// maxLabelLen bounds a label's key and value.
-	maxLabelLen = 63
 )
 
 // DefaultNodeTTL is how long a node counts as alive after its last
@@ -53,11 +51,10 @@ func workerPlacement(req *pb.CreateWorkerRequest) (*catalog.Placement, error) {
 		return nil, status.Errorf(codes.InvalidArgument, "placement.require has %d labels; at most %d", len(req2), MaxRequireLabels)
 	}
 	for _, k := range slices.Sorted(maps.Keys(req2)) {
-		if err := validLabel("key", k, k); err != nil {
-			return nil, err
-		}
-		if err := validLabel("value", k, req2[k]); err != nil {
-			return nil, err
+		for _, p := range [][2]string{{"key", k}, {"value", req2[k]}} {
+			if err := placement.CheckLabelPart(p[0], p[1]); err != nil {
+				return nil, status.Errorf(codes.InvalidArgument, "placement.require label %q: %v", k, err)
+			}
 		}
 	}
 	if len(req2) > 0 {
@@ -67,20 +64,6 @@ func workerPlacement(req *pb.CreateWorkerRequest) (*catalog.Placement, error) {
 		return nil, nil
 	}
 	return &out, nil
-}
-
-// validLabel accepts a label key or value (what) of label key: 1..63 of
-// A-Z a-z 0-9 . _ - /.
-func validLabel(what, key, s string) error {
-	if s == "" || len(s) > maxLabelLen {
-		return status.Errorf(codes.InvalidArgument, "placement.require label %q: %s %q must be 1 to %d characters long", key, what, s, maxLabelLen)
-	}
-	for i, c := range s {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' || c == '/') {
-			return status.Errorf(codes.InvalidArgument, "placement.require label %q: %s %q has %q at position %d; allowed: A-Z a-z 0-9 . _ - /", key, what, s, c, i)
-		}
-	}
-	return nil
 }
 
 // samePlacement reports whether two workers ask the same of placement
