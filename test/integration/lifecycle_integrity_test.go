@@ -173,10 +173,12 @@ func TestStaleApplyDoesNotResurrectADeletedWorker(t *testing.T) {
 		t.Fatalf("CreateWorker with %s paused in its Apply: %v", x, err)
 	}
 	t.Logf("the create completed %s after the pause", time.Since(paused).Round(time.Second))
+	published := time.Now()
 	e.publish(in, "while-paused", map[string]any{"n": 1}, "")
 	if d := decodeOut(t, expectEvent(t, outs, 30*time.Second).Data()); d.Version != "v1" {
 		t.Fatalf("output %+v", d)
 	}
+	t.Logf("its first output came %s after its publish", time.Since(published).Round(time.Millisecond))
 	if _, err := e.client.DeleteWorker(ctxT(t), &pb.DeleteWorkerRequest{WorkerId: id}); err != nil {
 		t.Fatal(err)
 	}

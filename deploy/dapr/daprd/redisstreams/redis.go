@@ -12,7 +12,7 @@ limitations under the License.
 */
 
 // Package redisstreams is components-contrib v1.14.0's pubsub/redis (Redis
-// streams), copied whole, with seven changes for WorkManager, each marked
+// streams), copied whole, with nine changes for WorkManager, each marked
 // "WorkManager:" below:
 //
 //  1. XREADGROUP never blocks forever. Upstream passes readTimeout as BLOCK,
@@ -37,6 +37,19 @@ limitations under the License.
 //  5. A structured CloudEvent with data and no datacontenttype is read as
 //     application/json (withJSONContentType): daprd 1.14 drops the data of
 //     such an event on its way to a gRPC subscriber.
+//  6. (and 7.) The redelivery scan is jittered and walks the whole pending
+//     list (reclaimPendingMessagesLoop, reclaimPendingMessages).
+//  8. A daprd whose app answered nothing for processingTimeout, a message
+//     timing out (the app is paused, hung or cut off: a live node answers
+//     every message, RETRY included, within WORKER_TIMEOUT, below it),
+//     takes no messages for processingTimeout (stall): it neither reads
+//     new ones nor claims pending ones, and hands what it had queued to
+//     nobody, so that the other daprds of the consumer group get them. Upstream kept reading
+//     and claiming: each redelivery was a coin toss between the live app
+//     and the stuck one, and a message could wait minutes for a node that
+//     was paused (a CI failure of TestStaleApplyDoesNotResurrectADeletedWorker).
+//  9. redeliverInterval given as a duration ("2s") is honoured: upstream
+//     ignored it and scanned every 15s (parseRedeliverInterval).
 //
 // main.go registers it as "pubsub.redis" in place of the upstream one.
 package redisstreams
@@ -91,6 +104,11 @@ type redisStreams struct {
 	closeCh        chan struct{}
 
 	queue chan redisMessageWrapper
+
+	// WorkManager: change 8. lastAnswer is when the app last answered a
+	// message of any stream (unix ns); stalledUntil until when it counts as
+	// not answering.
+	lastAnswer, stalledUntil atomic.Int64
 }
 
 // redisMessageWrapper encapsulates the message identifier,
@@ -114,6 +132,10 @@ func (r *redisStreams) Init(ctx context.Context, metadata pubsub.Metadata) error
 	var err error
 	r.client, r.clientSettings, err = rediscomponent.ParseClientFromProperties(metadata.Properties, contribMetadata.PubSubType, ctx, &r.logger)
 	if err != nil {
+		return err
+	}
+	// WorkManager: change 9.
+	if r.clientSettings.RedeliverInterval, err = parseRedeliverInterval(metadata.Properties, r.clientSettings.RedeliverInterval); err != nil {
 		return err
 	}
 
@@ -289,7 +311,19 @@ func (r *redisStreams) processMessage(msg redisMessageWrapper) error {
 		ctx, cancel = context.WithTimeout(ctx, r.clientSettings.ProcessingTimeout)
 		defer cancel()
 	}
-	if err := msg.handler(ctx, &msg.message); err != nil {
+	// WorkManager: what was queued while the app stopped answering goes to
+	// the other daprds (it stays pending and is claimed after its
+	// processing timeout), not to the app that does not answer.
+	if r.appStalled() {
+		return errors.New("the app is not answering: left for another subscriber")
+	}
+	err := msg.handler(ctx, &msg.message)
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) && msg.ctx.Err() == nil {
+		r.noAnswer(msg.message.Topic)
+	} else {
+		r.answered()
+	}
+	if err != nil {
 		r.logger.Errorf("Error processing Redis message %s: %v", msg.messageID, err)
 
 		return err
@@ -317,6 +351,15 @@ func (r *redisStreams) pollNewMessagesLoop(ctx context.Context, stream string, h
 		// Return on cancelation
 		if ctx.Err() != nil {
 			return
+		}
+		// WorkManager: no new messages for an app that does not answer.
+		if r.appStalled() {
+			select {
+			case <-time.After(stallPoll):
+			case <-ctx.Done():
+				return
+			}
+			continue
 		}
 
 		// Read messages
@@ -384,6 +427,58 @@ func (r *redisStreams) reclaimPendingMessagesLoop(ctx context.Context, stream st
 	}
 }
 
+// parseRedeliverInterval is the component's redeliverInterval (change 9):
+// upstream's settings skip the key when decoding (mapstructure:"-") and
+// then read it as a number of milliseconds only, so a duration such as
+// "2s" — what the manifests here, and Dapr's own docs, write — was
+// silently replaced by the 15s default. A number is milliseconds, as
+// upstream; a duration is parsed; anything else is an error naming it.
+func parseRedeliverInterval(props map[string]string, parsed time.Duration) (time.Duration, error) {
+	v := strings.TrimSpace(props[redeliverInterval])
+	if v == "" {
+		return parsed, nil
+	}
+	if ms, err := strconv.ParseUint(v, 10, 64); err == nil {
+		return time.Duration(ms) * time.Millisecond, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("redis streams: redeliverInterval %q is neither a number of milliseconds nor a duration such as 2s", v)
+	}
+	return d, nil
+}
+
+// stallPoll is how often a stalled stream's reader looks whether the stall
+// ended (change 8).
+const stallPoll = 250 * time.Millisecond
+
+// appStalled reports whether the app counts as not answering (change 8).
+func (r *redisStreams) appStalled() bool {
+	return time.Now().UnixNano() < r.stalledUntil.Load()
+}
+
+// answered records an answer of the app (success or error, but not
+// processingTimeout's end): it ends a stall.
+func (r *redisStreams) answered() {
+	r.lastAnswer.Store(time.Now().UnixNano())
+	r.stalledUntil.Store(0)
+}
+
+// noAnswer records that the app did not answer a message of stream within
+// the processing timeout. When it answered nothing else for as long (a
+// paused or hung app, not one slow message of a busy one), it gets no
+// message for one more processing timeout (change 8).
+func (r *redisStreams) noAnswer(stream string) {
+	now := time.Now()
+	if now.Sub(time.Unix(0, r.lastAnswer.Load())) < r.clientSettings.ProcessingTimeout {
+		return
+	}
+	if !r.appStalled() {
+		r.logger.Warnf("redis streams: the app answered no message for processingTimeout (%s; the last one of %s): the stream's messages go to the other subscribers for as long", r.clientSettings.ProcessingTimeout, stream)
+	}
+	r.stalledUntil.Store(now.Add(r.clientSettings.ProcessingTimeout).UnixNano())
+}
+
 // jittered is d ±50 %, uniformly at random.
 func jittered(d time.Duration) time.Duration {
 	return d/2 + rand.N(d+1)
@@ -398,6 +493,9 @@ func jittered(d time.Duration) time.Duration {
 // backlog behind a group lock), a failed message further down the list was
 // never redelivered, for minutes (found by the chaos soak, issue 25).
 func (r *redisStreams) reclaimPendingMessages(ctx context.Context, stream string, handler pubsub.Handler) {
+	if r.appStalled() {
+		return // WorkManager: change 8
+	}
 	start := "-"
 	for {
 		// Retrieve pending messages for this stream and consumer

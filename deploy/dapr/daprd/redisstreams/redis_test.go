@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -139,5 +140,100 @@ func TestRedeliveryScansAreJittered(t *testing.T) {
 	}
 	if len(seen) < 8 {
 		t.Fatalf("jittered(%s) took only %d distinct values (rounded to 100ms) in 1000 draws", d, len(seen))
+	}
+}
+
+// A daprd whose app stops answering (paused) stops taking the stream's
+// messages (change 8): the messages it read time out once and go to the
+// daprd whose app answers, and it reads and claims nothing while stalled.
+// Upstream kept reading and claiming, so every redelivery was a coin toss
+// between the two apps.
+func TestAStuckAppLeavesItsMessagesToTheOthers(t *testing.T) {
+	addr := startRedis(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	newComponent := func() *redisStreams {
+		r := NewRedisStreams(logger.NewLogger("test")).(*redisStreams)
+		if err := r.Init(ctx, pubsub.Metadata{Base: metadata.Base{Properties: map[string]string{
+			"redisHost": addr, "queueDepth": "1", "concurrency": "1",
+			"processingTimeout": "3s", "redeliverInterval": "200ms",
+			"consumerID": "workmanager", // one app id: one consumer group, as on the nodes
+		}}}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		return r
+	}
+	const stream, total = "orders", 20
+	var (
+		mu         sync.Mutex
+		stuckCalls int
+		live       = map[string]bool{}
+	)
+	stuck := newComponent()
+	if err := stuck.Subscribe(ctx, pubsub.SubscribeRequest{Topic: stream}, func(ctx context.Context, msg *pubsub.NewMessage) error {
+		mu.Lock()
+		stuckCalls++
+		mu.Unlock()
+		<-ctx.Done() // a paused app: no answer until daprd gives up
+		return ctx.Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(i int) {
+		if err := stuck.Publish(ctx, &pubsub.PublishRequest{Topic: stream, Data: []byte(fmt.Sprint(i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			mu.Lock()
+			done := ok()
+			mu.Unlock()
+			if done {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: stuck app called %d times, live app got %d of %d", what, stuckCalls, len(live), total)
+			}
+		}
+	}
+	publish(0)
+	waitUntil("the stuck app gets the first message", func() bool { return stuckCalls == 1 })
+	answering := newComponent()
+	if err := answering.Subscribe(ctx, pubsub.SubscribeRequest{Topic: stream}, func(ctx context.Context, msg *pubsub.NewMessage) error {
+		mu.Lock()
+		live[string(msg.Data)] = true
+		mu.Unlock()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < total; i++ {
+		publish(i)
+	}
+	waitUntil("every message answered by the live app", func() bool { return len(live) == total })
+	mu.Lock()
+	defer mu.Unlock()
+	// The stuck app's one message timed out and stalled it: the 19 others
+	// were read while it was stalled or by the live daprd, and its one
+	// message was claimed by the live daprd (whose scans are the only ones).
+	if stuckCalls != 1 {
+		t.Fatalf("the stuck app was handed %d messages, want 1 (stalled after its first timeout)", stuckCalls)
+	}
+}
+
+// redeliverInterval is honoured as a duration, as the manifests write it
+// (change 9); upstream kept its 15s default for anything but a number.
+func TestRedeliverIntervalTakesADuration(t *testing.T) {
+	for v, want := range map[string]time.Duration{"": 15 * time.Second, "2s": 2 * time.Second, "1500": 1500 * time.Millisecond, "250ms": 250 * time.Millisecond} {
+		got, err := parseRedeliverInterval(map[string]string{"redeliverInterval": v}, 15*time.Second)
+		if err != nil || got != want {
+			t.Errorf("redeliverInterval %q: %s, %v; want %s", v, got, err, want)
+		}
+	}
+	if _, err := parseRedeliverInterval(map[string]string{"redeliverInterval": "soon"}, 0); err == nil || !strings.Contains(err.Error(), `"soon"`) {
+		t.Errorf("redeliverInterval \"soon\": %v; want an error naming it", err)
 	}
 }
