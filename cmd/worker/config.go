@@ -86,6 +86,7 @@ type config struct {
 	MaxOutputBytes     int           // MAX_OUTPUT_BYTES: an output with more data fails its call (output_limit)
 	LockRetryBase      time.Duration // GROUP_LOCK_RETRY_BASE_DELAY_MS
 	LockMaxRetries     int           // GROUP_LOCK_MAX_RETRIES
+	LockKeepFor        int           // GROUP_LOCK_KEEP_FOR: messages one acquisition may serve in a row (0: one each)
 	LockMaxAge         time.Duration // GROUP_LOCK_MAX_AGE_MS: longer than WORKER_TIMEOUT
 	ShutdownGrace      time.Duration // SHUTDOWN_GRACE: how long SIGTERM waits for in-flight messages
 	DebugPprof         bool          // DEBUG_PPROF: serve Go's /debug/pprof/ profiles on WORKMANAGER_HTTP_ADDR (off by default)
@@ -163,6 +164,7 @@ func loadConfig() (config, error) {
 		MaxOutputBytes:      r.Int("MAX_OUTPUT_BYTES", 1<<20),
 		LockRetryBase:       time.Duration(r.Int("GROUP_LOCK_RETRY_BASE_DELAY_MS", 500)) * time.Millisecond,
 		LockMaxRetries:      r.Int("GROUP_LOCK_MAX_RETRIES", 3),
+		LockKeepFor:         r.Int("GROUP_LOCK_KEEP_FOR", 256),
 		LockMaxAge:          time.Duration(r.Int("GROUP_LOCK_MAX_AGE_MS", int(grouplock.DefaultMaxAge/time.Millisecond))) * time.Millisecond,
 		ShutdownGrace:       r.Duration("SHUTDOWN_GRACE", 30*time.Second),
 		TestPanicExtension:  r.String("WM_TEST_PANIC_EXTENSION", ""),
@@ -335,6 +337,8 @@ func (c config) validate() error {
 		return fmt.Errorf("GROUP_LOCK_RETRY_BASE_DELAY_MS must be positive, got %d", c.LockRetryBase.Milliseconds())
 	case c.LockMaxRetries < 0 || c.LockMaxRetries > 20:
 		return fmt.Errorf("GROUP_LOCK_MAX_RETRIES must be 0 to 20, got %d", c.LockMaxRetries)
+	case c.LockKeepFor < 0 || c.LockKeepFor > 1_000_000:
+		return fmt.Errorf("GROUP_LOCK_KEEP_FOR must be 0 to 1000000, got %d", c.LockKeepFor)
 	case c.LockMaxAge < time.Second:
 		return fmt.Errorf("GROUP_LOCK_MAX_AGE_MS must be at least 1000, got %d", c.LockMaxAge.Milliseconds())
 	case c.WorkerTimeout >= c.LockMaxAge:

@@ -285,6 +285,9 @@ func (p *parts) build(ctx context.Context) error {
 	members.LapseMargin = cfg.NodeHeartbeat // as SelfAlive and the gate below
 	p.members = members
 	locks := grouplock.New(store, grouplock.Config{RetryBase: cfg.LockRetryBase, MaxRetries: cfg.LockMaxRetries, MaxAge: cfg.LockMaxAge, Node: cfg.NodeID,
+		// A run of a group's messages on this node holds the lock once
+		// (issue 47): one token block per acquisition.
+		KeepFor: cfg.LockKeepFor, TokenBlock: int64(max(cfg.LockKeepFor, 1)),
 		HolderAlive: func(holder string) bool { node, _, _ := strings.Cut(holder, "/"); return members.SeenAlive(node) },
 		// That view is as old as this node's last heartbeat: read the
 		// membership again before taking a lock from a node counted gone.

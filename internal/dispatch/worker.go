@@ -243,6 +243,16 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 		r.outcome = outcomeCut
 		return
 	}
+	if lease != nil && len(outs) > 0 {
+		// The call is over: the group's next call on this node may start
+		// while these outputs go out (the hold stays this node's until
+		// they have), after those of the group's earlier calls.
+		lease.Yield(ctx)
+		if err := lease.Turn(ctx); err != nil {
+			r.outcome = outcomeCut // shutting down: given back
+			return
+		}
+	}
 	var tp, ts string
 	if span != nil {
 		tp, ts = d.traceContext(ctx)

@@ -151,6 +151,28 @@ type Config struct {
 	// to the process: a lock recorded as taken by this Node that no local
 	// lease holds (its Release failed) is taken over at once.
 	Node string
+	// KeepFor, when positive, lets a hold serve up to this many leases in
+	// a row: a Release that finds another caller of this process waiting
+	// for the group (a worker's next message) keeps the lock in the store
+	// and passes it on, so that a run of a group's messages on one node
+	// costs one acquisition and one release instead of one each (the
+	// first Check of the hold still writes wrote=true; later ones are
+	// free, as for one long lease). It is given up as soon as nobody here
+	// waits, after KeepFor leases, or when another process waits for the
+	// group (its waiter marker, read every FairEvery). Zero: every lease
+	// acquires and releases its own.
+	KeepFor int
+	// FairEvery is how often a kept hold reads the record for another
+	// process's waiter marker (default 100ms); a waiting node gets the
+	// lock within about this long plus its own polling.
+	FairEvery time.Duration
+	// TokenBlock is how many fencing tokens one store write reserves
+	// (default 1): an acquisition records the token of the previous one
+	// plus TokenBlock, and its leases take the tokens in between one after
+	// another, reserving the next block when they are used up. Any
+	// process taking the lock next starts above the whole block, so
+	// tokens only grow, whichever version acquires.
+	TokenBlock int64
 	// OnEvent, when set, is called synchronously for each Event; keep it
 	// cheap.
 	OnEvent func(Event)
@@ -177,9 +199,11 @@ type Locks struct {
 
 // slot serializes the contenders of one group inside this process; refs
 // counts its holder and waiters so that an unused slot can be dropped.
+// hold is the group's lock kept for the next caller (Config.KeepFor).
 type slot struct {
 	ch   chan struct{}
 	refs int
+	hold *hold
 }
 
 // record is the JSON value of a group's lock key.
@@ -250,6 +274,10 @@ func New(st state.Store, cfg Config) *Locks {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.FairEvery <= 0 {
+		cfg.FairEvery = 100 * time.Millisecond
+	}
+	cfg.TokenBlock = max(cfg.TokenBlock, 1)
 	if cfg.Sleep == nil {
 		cfg.Sleep = sleep
 	}
@@ -278,6 +306,23 @@ func (l *Locks) Acquire(ctx context.Context, group, holder string) (*Lease, erro
 	s, err := l.lockLocal(ctx, group)
 	if err != nil {
 		return nil, err
+	}
+	l.mu.Lock()
+	kept := s.hold
+	s.hold = nil
+	l.mu.Unlock()
+	if kept != nil {
+		// Kept by the previous caller's Release: its next token, no
+		// store round trip (unless a new block of tokens is due).
+		lease, err := kept.lease(ctx, holder)
+		if lease != nil {
+			lease.slot = s
+			return lease, nil
+		}
+		if err != nil {
+			// It could not reserve tokens: given up, and acquired anew.
+			_ = kept.release(context.WithoutCancel(ctx), holder)
+		}
 	}
 	lease, err := l.acquire(ctx, group, holder)
 	if err != nil {
@@ -388,7 +433,7 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 		}
 		return nil, rec, nil
 	}
-	next := record{Token: rec.Token + 1, Holder: holder, Held: true, AcquiredMs: now.UnixMilli(), Node: l.cfg.Node}
+	next := record{Token: rec.Token + l.cfg.TokenBlock, Holder: holder, Held: true, AcquiredMs: now.UnixMilli(), Node: l.cfg.Node}
 	err = l.put(ctx, key, next, etag)
 	if errors.Is(err, state.ErrConflict) {
 		return nil, rec, nil // another acquirer (or a marker) came first
@@ -397,8 +442,12 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 		l.undo(ctx, key, next)
 		return nil, rec, err
 	}
-	lease := &Lease{Group: group, Holder: holder, Token: next.Token, locks: l, acquired: time.UnixMilli(next.AcquiredMs)}
-	ev := Event{Kind: EventAcquired, Group: group, Holder: holder, Token: next.Token}
+	h := &hold{locks: l, group: group, holder: holder, top: next.Token, next: rec.Token + 1, acquired: time.UnixMilli(next.AcquiredMs), fairRead: now}
+	lease := &Lease{Group: group, Holder: holder, Token: h.next, locks: l, h: h}
+	h.next++
+	h.uses++
+	h.live = []int64{lease.Token}
+	ev := Event{Kind: EventAcquired, Group: group, Holder: holder, Token: lease.Token}
 	if rec.Held {
 		ev.Stolen, ev.PrevHolder, ev.PrevToken = true, rec.Holder, rec.Token
 	}
@@ -493,6 +542,22 @@ func (l *Locks) drop(group string, s *slot) {
 	defer l.mu.Unlock()
 	if s.refs--; s.refs == 0 {
 		delete(l.slots, group)
+		if h := s.hold; h != nil {
+			// Kept for a caller that gave up waiting: nobody here needs
+			// it any more, so it is released (in the background: drop
+			// runs under l.mu and on the caller's path).
+			s.hold = nil
+			go func() {
+				// After the side effects of leases that yielded (bounded:
+				// a lease that does not end is the dispatcher's bug).
+				wctx, wcancel := context.WithTimeout(context.Background(), time.Minute)
+				_ = h.idle(wctx)
+				wcancel()
+				ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
+				defer cancel()
+				_ = h.release(ctx, h.holder)
+			}()
+		}
 	}
 }
 

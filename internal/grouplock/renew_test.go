@@ -96,9 +96,9 @@ func TestRenewalFindingLockTakenFailsCheck(t *testing.T) {
 	w.putRecord("g", taken)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		ls.mu.Lock()
-		stale := ls.stale
-		ls.mu.Unlock()
+		ls.h.mu.Lock()
+		stale := ls.h.stale
+		ls.h.mu.Unlock()
 		if stale {
 			break
 		}

@@ -1,0 +1,266 @@
+package grouplock
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Issue 47 item 1: with KeepFor, a Release that finds another caller of
+// the process waiting for the group passes the lock on without a store
+// round trip; the next lease takes the next token of the hold, its Check
+// is free (the hold wrote already), and the last Release gives the lock up
+// with the reserved block's top as the record's token, so whoever acquires
+// next starts above every token handed out.
+func TestKeptHoldServesTheNextCallerWithoutRoundTrips(t *testing.T) {
+	w := newWorld(t)
+	st := &countStore{MemoryStore: w.mem}
+	a := w.node(st, func(c *Config) { c.Node, c.KeepFor, c.TokenBlock = "a", 100, 100 })
+	waiting := make(chan struct{})
+	a.localWait = func(string) { close(waiting) }
+	ctx := context.Background()
+	first := mustAcquire(t, a, "g", "a/1")
+	if err := first.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *Lease)
+	go func() {
+		ls, err := a.Acquire(ctx, "g", "a/2")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- ls
+	}()
+	<-waiting
+	g0, p0 := st.trips()
+	mustRelease(t, first)
+	second := <-got
+	if second == nil || second.Token != first.Token+1 || second.Holder != "a/2" {
+		t.Fatalf("second lease %+v after token %d", second, first.Token)
+	}
+	if err := second.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if g, p := st.trips(); g != g0 || p != p0 {
+		t.Fatalf("hand-over and Check: %d gets %d puts, want none", g-g0, p-p0)
+	}
+	if err := first.Check(ctx); !errors.Is(err, ErrStale) {
+		t.Fatalf("Check of the ended lease: %v, want ErrStale", err)
+	}
+	if r := w.record("g"); !r.Held || r.Token != 100 || r.Holder != "a/1" {
+		t.Fatalf("record while kept: %+v", r)
+	}
+	mustRelease(t, second) // nobody waits: given up
+	if r := w.record("g"); r.Held || r.Token != 100 {
+		t.Fatalf("record after the last release: %+v", r)
+	}
+	b := w.node(nil, func(c *Config) { c.Node = "b" }) // one token per acquisition, as an older node
+	if ls := mustAcquire(t, b, "g", "b/1"); ls.Token != 101 {
+		t.Fatalf("next acquisition's token %d, want 101 (above the reserved block)", ls.Token)
+	}
+	if got := a.ev.kinds(); len(got) != 2 || got[0] != EventAcquired || got[1] != EventReleased {
+		t.Fatalf("events %v: one acquisition and one release for two leases", got)
+	}
+}
+
+// A kept hold yields when another node waits for the group: the waiter
+// marker, read at most every FairEvery, makes the Release give the lock
+// up, and the free lock is kept for that node (this node's own next
+// caller does not take it).
+func TestKeptHoldYieldsToAWaitingNode(t *testing.T) {
+	w := newWorld(t)
+	a := w.node(nil, func(c *Config) { c.Node, c.KeepFor, c.TokenBlock, c.MaxRetries = "a", 100, 10, -1 })
+	b := w.node(nil, func(c *Config) { c.Node = "b" })
+	waiting := make(chan struct{})
+	a.localWait = func(string) { close(waiting) }
+	ctx := context.Background()
+	first := mustAcquire(t, a, "g", "a/1")
+	r := w.record("g")
+	r.Waiter, r.WaiterMs = "b", w.clk.Now().UnixMilli() // b tried and waits
+	w.putRecord("g", r)
+	w.clk.Advance(a.cfg.FairEvery)
+	errs := make(chan error)
+	go func() {
+		ls, err := a.Acquire(ctx, "g", "a/2")
+		if err == nil {
+			ls.Release(ctx)
+		}
+		errs <- err
+	}()
+	<-waiting
+	mustRelease(t, first)
+	if err := <-errs; !errors.Is(err, ErrContended) {
+		t.Fatalf("a's next caller: %v, want ErrContended (the lock is b's turn)", err)
+	}
+	if r := w.record("g"); r.Held || r.Token != 10 {
+		t.Fatalf("record after a yielded: %+v", r)
+	}
+	if ls := mustAcquire(t, b, "g", "b/1"); ls.Token != 11 {
+		t.Fatalf("b's token %d, want 11", ls.Token)
+	}
+}
+
+// Many callers of one node, one group, a hold kept across them with small
+// token blocks: no two leases overlap, every token is handed out once and
+// in the order the leases ran, and the store sees far fewer writes than
+// one acquisition and one release per lease.
+func TestKeptHoldTokensAcrossBlocks(t *testing.T) {
+	w := newWorld(t)
+	st := &countStore{MemoryStore: w.mem}
+	a := w.node(st, func(c *Config) { c.Node, c.KeepFor, c.TokenBlock = "a", 50, 7 })
+	const callers, each = 4, 100
+	var (
+		mu     sync.Mutex
+		tokens []int64
+		inside atomic.Int64
+		wg     sync.WaitGroup
+	)
+	start := make(chan struct{})
+	for i := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			ctx := context.Background()
+			for range each {
+				ls, err := a.Acquire(ctx, "g", "a/"+string(rune('1'+i)))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if inside.Add(1) != 1 {
+					t.Error("two leases at once")
+				}
+				if err := ls.Check(ctx); err != nil {
+					t.Error(err)
+				}
+				mu.Lock()
+				tokens = append(tokens, ls.Token)
+				mu.Unlock()
+				for range 3 {
+					runtime.Gosched() // the others queue for the group meanwhile
+				}
+				inside.Add(-1)
+				if err := ls.Release(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(tokens) != callers*each {
+		t.Fatalf("%d leases", len(tokens))
+	}
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Fatalf("token %d after %d (lease %d)", tokens[i], tokens[i-1], i)
+		}
+	}
+	r := w.record("g")
+	if r.Held || r.Token < tokens[len(tokens)-1] {
+		t.Fatalf("record %+v after last token %d", r, tokens[len(tokens)-1])
+	}
+	if _, p := st.trips(); p >= 2*callers*each {
+		t.Fatalf("%d writes for %d leases: the hold was never kept", p, callers*each)
+	}
+	t.Logf("%d leases, %d store writes", callers*each, st.puts.Load())
+	if len(a.slots) != 0 {
+		t.Fatalf("slots left: %v", a.slots)
+	}
+}
+
+// Yield lets the next caller of the group start its call while the
+// yielding lease still publishes: its Check still passes, the next lease's
+// Turn waits for it (side effects in token order), and the lock is given
+// up in the store only after both are released — a yielded lease's
+// outputs never land after the lock is free.
+func TestYieldPipelinesSideEffectsInTokenOrder(t *testing.T) {
+	w := newWorld(t)
+	a := w.node(nil, func(c *Config) { c.Node, c.KeepFor, c.TokenBlock = "a", 100, 100 })
+	waiting := make(chan struct{})
+	a.localWait = func(string) { close(waiting) }
+	ctx := context.Background()
+	first := mustAcquire(t, a, "g", "a/1")
+	if err := first.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *Lease)
+	go func() {
+		ls, err := a.Acquire(ctx, "g", "a/2")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- ls
+	}()
+	<-waiting
+	if !first.Yield(ctx) {
+		t.Fatal("Yield with a caller waiting did not yield")
+	}
+	second := <-got // its call may start now
+	if second.Token != first.Token+1 {
+		t.Fatalf("tokens %d then %d", first.Token, second.Token)
+	}
+	if err := first.Check(ctx); err != nil {
+		t.Fatalf("the yielded lease's Check: %v", err)
+	}
+	if err := first.Turn(ctx); err != nil {
+		t.Fatal(err)
+	}
+	turn := make(chan error, 1)
+	go func() { turn <- second.Turn(ctx) }()
+	select {
+	case err := <-turn:
+		t.Fatalf("the second lease's Turn returned (%v) before the first lease was released", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	released := make(chan error, 1)
+	go func() { released <- second.Release(ctx) }() // nobody waits: gives the lock up, after the first
+	select {
+	case err := <-released:
+		t.Fatalf("the lock was given up (%v) while a yielded lease was still publishing", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	if r := w.record("g"); !r.Held {
+		t.Fatalf("record %+v: free while the first lease publishes", r)
+	}
+	mustRelease(t, first)
+	if err := <-turn; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	if r := w.record("g"); r.Held || r.Token != 100 {
+		t.Fatalf("record after both: %+v", r)
+	}
+	if first.Yield(ctx) {
+		t.Fatal("a released lease yielded")
+	}
+	if len(a.slots) != 0 {
+		t.Fatalf("slots left: %v", a.slots)
+	}
+}
+
+// Without a caller waiting, Yield does nothing: the lease keeps the slot
+// and releases as before.
+func TestYieldAloneDoesNothing(t *testing.T) {
+	w := newWorld(t)
+	a := w.node(nil, func(c *Config) { c.Node, c.KeepFor = "a", 100 })
+	ctx := context.Background()
+	ls := mustAcquire(t, a, "g", "a/1")
+	if ls.Yield(ctx) {
+		t.Fatal("yielded with nobody waiting")
+	}
+	if err := ls.Turn(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustRelease(t, ls)
+	if r := w.record("g"); r.Held {
+		t.Fatalf("record %+v", r)
+	}
+}
