@@ -5,8 +5,10 @@ package native
 import (
 	"context"
 	"testing"
+	"time"
 	"unsafe"
 
+	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/ebitengine/purego"
 
 	"github.com/virtufin/workmanager/engines"
@@ -103,6 +105,91 @@ func BenchmarkCall(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkABIRatio is the figure issue 47 bounds (the ABI round trip at
+// most 3 times the bare purego call pair). It times, interleaved in
+// blocks of 64 calls so that a machine that gets busy slows both alike,
+// the bare pair (as BenchmarkCall/BarePuregoPair) and the ABI round trip
+// (as BenchmarkCall/ABIRoundTrip1KiB, with the node's default reply
+// limit), and reports each one's nanoseconds per call and abi/bare, their
+// ratio. Now is the engine's codec, Before the codec from before issue 47
+// (legacycodec_test.go), each in its own run so that neither pays for the
+// other's garbage. ns/op is the sum of the two calls.
+func BenchmarkABIRatio(b *testing.B) {
+	path := fixtureLib(b)
+	if _, err := loader.Init(); err != nil {
+		b.Fatal(err)
+	}
+	lib, err := openLibrary(path, benchManifest)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lib.Close()
+	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer purego.Dlclose(h)
+	process, err1 := purego.Dlsym(h, benchManifest.EntryPoint)
+	freeResult, err2 := purego.Dlsym(h, benchManifest.FreeResult)
+	if err1 != nil || err2 != nil {
+		b.Fatal(err1, err2)
+	}
+	ev := enginetest.BenchEvent1KiB(b)
+	slots := new(loader.CallSlots)
+	bareIn := make([]byte, 1100)
+	bare := func() {
+		purego.SyscallN(process, 0, uintptr(unsafe.Pointer(&bareIn[0])), uintptr(len(bareIn)),
+			uintptr(unsafe.Pointer(&slots.Out)), uintptr(unsafe.Pointer(&slots.OutLen)))
+		purego.SyscallN(freeResult, slots.Out)
+	}
+	roundTrip := func(encode func(*event.Event) ([]byte, error), decode func([]byte, int) ([]event.Event, error)) func() {
+		return func() {
+			in, err := encode(ev)
+			if err != nil {
+				b.Fatal(err)
+			}
+			lib.Call(0, in, slots)
+			buf, _ := slots.Bytes()
+			out, err := decode(buf, engines.DefaultMaxReplyBytes)
+			lib.FreeOut(slots.Out)
+			if err != nil || len(out) != 1 || len(out[0].Data()) != 1024 {
+				b.Fatal(out, err)
+			}
+		}
+	}
+	run := func(abi func()) func(*testing.B) {
+		return func(b *testing.B) {
+			// Warmed up first: a short run (-benchtime 2000x) would
+			// otherwise time the first one's heap growing on fresh pages.
+			for range 4096 {
+				bare()
+				abi()
+			}
+			const block = 64
+			var tBare, tABI time.Duration
+			b.ReportAllocs()
+			b.ResetTimer()
+			for done := 0; done < b.N; done += block {
+				k := min(block, b.N-done)
+				start := time.Now()
+				for range k {
+					bare()
+				}
+				mid := time.Now()
+				for range k {
+					abi()
+				}
+				tBare, tABI = tBare+mid.Sub(start), tABI+time.Since(mid)
+			}
+			b.ReportMetric(float64(tBare.Nanoseconds())/float64(b.N), "bare-ns/call")
+			b.ReportMetric(float64(tABI.Nanoseconds())/float64(b.N), "abi-ns/call")
+			b.ReportMetric(float64(tABI)/float64(tBare), "abi/bare")
+		}
+	}
+	b.Run("Now", run(roundTrip(newEncoder().encode, decodeResponse)))
+	b.Run("Before", run(roundTrip(newLegacyEncoder().encode, legacyDecodeResponse)))
 }
 
 type discardSink struct{}

@@ -21,13 +21,18 @@ const (
 	slotResponseError  = 6 // error_message: string
 	slotResponseEvents = 8 // result_events: [CloudEvent]
 
-	slotEventFirstString = 4  // id .. time: strings in slots 4..16
-	slotEventSource      = 6  //
-	slotEventTime        = 16 //
-	slotEventLastString  = 16 //
-	slotEventData        = 18 // data: [ubyte]
-	slotEventExtensions  = 20 // extensions: [Extension]
-	slotEventSchema      = 22 // dataschema: string
+	slotEventFirstString     = 4  // id .. time: strings in slots 4..16
+	slotEventID              = 4  //
+	slotEventSource          = 6  //
+	slotEventType            = 8  //
+	slotEventSpecversion     = 10 //
+	slotEventDatacontenttype = 12 //
+	slotEventSubject         = 14 //
+	slotEventTime            = 16 //
+	slotEventLastString      = 16 //
+	slotEventData            = 18 // data: [ubyte]
+	slotEventExtensions      = 20 // extensions: [Extension]
+	slotEventSchema          = 22 // dataschema: string
 
 	slotExtKey   = 4
 	slotExtValue = 6
