@@ -167,7 +167,15 @@ func (a *Activities) Apply(ctx context.Context, in ApplyInput) error {
 	if err := a.ensurePlaced(ctx, in.Worker); err != nil {
 		return classify(a.onNode(fmt.Errorf("place topic %s: %w", in.Worker.Topic, err)))
 	}
-	return classify(a.onNode(a.Node.Apply(ctx, in.Worker, in.History)))
+	h := in.History
+	if h != nil && h.Action == catalog.HistoryCreate && (in.Worker.MaxConcurrency != 0 || in.Worker.MaxProcesses != 0) {
+		// The create's entry records the worker's concurrency bounds, as
+		// its placement (set here, not by the workflow: no change to it).
+		c := *h
+		c.MaxConcurrency, c.MaxProcesses = in.Worker.MaxConcurrency, in.Worker.MaxProcesses
+		h = &c
+	}
+	return classify(a.onNode(a.Node.Apply(ctx, in.Worker, h)))
 }
 
 // onNode names this node in err (nil stays nil): a load check or a load

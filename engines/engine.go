@@ -88,6 +88,12 @@ type Spec struct {
 	// GatewayTargets are the "service/method" patterns the worker's gateway
 	// calls may reach (CheckGatewayTarget); empty: any.
 	GatewayTargets []string
+	// MaxConcurrency bounds the calls an engine that overlaps them in one
+	// process (Python's async def workers) runs at once; 0: the engine's
+	// default. MaxProcesses bounds the processes an engine starts for the
+	// worker on demand; 0: the engine's default.
+	MaxConcurrency int
+	MaxProcesses   int
 }
 
 // WithDefaults returns the spec with a zero Timeout and a nil Logger
@@ -278,6 +284,15 @@ type Warmer interface {
 // them to run.
 type Batcher interface {
 	CallsToFill() int
+}
+
+// Concurrent is an optional feature of an Instance that runs many calls at
+// once (the Python engine's async workers and extra processes): MaxCalls
+// is how many of the worker's messages the dispatcher may hand it at the
+// same time (calls beyond what it runs wait inside it and honour
+// WithGiveBack, as a Batcher's).
+type Concurrent interface {
+	MaxCalls() int
 }
 
 // ErrGivenBack is wrapped by Process for a call that was still waiting for

@@ -459,6 +459,10 @@ func (e *entity) withCodeFor(ctx workflow.Context, ref catalog.CodeRef, version 
 	now := workflow.Now(ctx).UTC()
 	w := e.st.Worker
 	w.CodeVersion, w.CodeSHA256, w.UpdatedAt = version, ref.SHA256, now
+	if ref.GroupKey != nil {
+		// LoadCode's new group key (data only: no command changes).
+		w.GroupKey = *ref.GroupKey
+	}
 	action := catalog.HistoryLoadCode
 	switch {
 	case ref.RollbackTo > 0:
@@ -467,7 +471,7 @@ func (e *entity) withCodeFor(ctx workflow.Context, ref catalog.CodeRef, version 
 		action = catalog.HistoryCreate
 	}
 	h := &catalog.HistoryEntry{Version: version, SHA256: ref.SHA256, SourceKind: ref.SourceKind, URL: ref.URL, CreatedAt: now,
-		Actor: ref.Actor, Action: action, RollbackTo: ref.RollbackTo}
+		Actor: ref.Actor, Action: action, RollbackTo: ref.RollbackTo, GroupKey: w.GroupKey}
 	if action == catalog.HistoryCreate {
 		// Only an activity's input: no command changes, replay-safe.
 		h.Placement = w.Placement

@@ -35,6 +35,8 @@ type config struct {
 	PythonProcesses       int               // PYTHON_PROCESSES
 	PythonSpinWait        time.Duration     // PYTHON_SPIN_WAIT (negative: never spin)
 	PythonMaxBatch        int               // PYTHON_MAX_BATCH (1: no batches)
+	PythonMaxConcurrency  int               // PYTHON_MAX_CONCURRENCY: events an async def worker runs at once (per worker: max_concurrency)
+	PythonMaxProcesses    int               // PYTHON_MAX_PROCESSES: runners a plain def worker gets on demand (per worker: max_processes)
 	ReconcileInterval     time.Duration     // RECONCILE_INTERVAL (0 disables)
 	ReconcileParallel     int               // RECONCILE_PARALLELISM: workers a reconcile brings up at a time
 	TemporalLease         time.Duration     // TEMPORAL_LEASE (0 disables)
@@ -87,6 +89,7 @@ type config struct {
 	LockRetryBase      time.Duration // GROUP_LOCK_RETRY_BASE_DELAY_MS
 	LockMaxRetries     int           // GROUP_LOCK_MAX_RETRIES
 	LockKeepFor        int           // GROUP_LOCK_KEEP_FOR: messages one acquisition may serve in a row (0: one each)
+	KeyLockTTL         time.Duration // GROUP_KEY_LOCK_TTL: how long an idle key's lock stays in the store
 	LockMaxAge         time.Duration // GROUP_LOCK_MAX_AGE_MS: longer than WORKER_TIMEOUT
 	ShutdownGrace      time.Duration // SHUTDOWN_GRACE: how long SIGTERM waits for in-flight messages
 	DebugPprof         bool          // DEBUG_PPROF: serve Go's /debug/pprof/ profiles on WORKMANAGER_HTTP_ADDR (off by default)
@@ -110,6 +113,8 @@ func loadConfig() (config, error) {
 		PythonProcesses:       r.Int("PYTHON_PROCESSES", 1),
 		PythonSpinWait:        r.Duration("PYTHON_SPIN_WAIT", 0),
 		PythonMaxBatch:        r.Int("PYTHON_MAX_BATCH", 16),
+		PythonMaxConcurrency:  r.Int("PYTHON_MAX_CONCURRENCY", python.DefaultMaxConcurrency),
+		PythonMaxProcesses:    r.Int("PYTHON_MAX_PROCESSES", python.DefaultMaxProcesses),
 		ReconcileInterval:     r.Duration("RECONCILE_INTERVAL", 30*time.Second),
 		ReconcileParallel:     r.Int("RECONCILE_PARALLELISM", node.DefaultReconcileParallelism),
 		TemporalLease:         r.Duration("TEMPORAL_LEASE", 30*time.Second),
@@ -165,6 +170,7 @@ func loadConfig() (config, error) {
 		LockRetryBase:       time.Duration(r.Int("GROUP_LOCK_RETRY_BASE_DELAY_MS", 500)) * time.Millisecond,
 		LockMaxRetries:      r.Int("GROUP_LOCK_MAX_RETRIES", 3),
 		LockKeepFor:         r.Int("GROUP_LOCK_KEEP_FOR", 256),
+		KeyLockTTL:          r.Duration("GROUP_KEY_LOCK_TTL", grouplock.DefaultKeyTTL),
 		LockMaxAge:          time.Duration(r.Int("GROUP_LOCK_MAX_AGE_MS", int(grouplock.DefaultMaxAge/time.Millisecond))) * time.Millisecond,
 		ShutdownGrace:       r.Duration("SHUTDOWN_GRACE", 30*time.Second),
 		TestPanicExtension:  r.String("WM_TEST_PANIC_EXTENSION", ""),
@@ -287,6 +293,10 @@ func (c config) validate() error {
 		return fmt.Errorf("DOTNET_PROCESSES must be at least 1, got %d", c.DotnetProcesses)
 	case c.DotnetCacheDir == "" || !filepath.IsAbs(c.DotnetCacheDir):
 		return fmt.Errorf("DOTNET_CACHE_DIR must be an absolute path, got %q", c.DotnetCacheDir)
+	case c.PythonMaxConcurrency < 1 || c.PythonMaxConcurrency > python.MaxConcurrencyLimit:
+		return fmt.Errorf("PYTHON_MAX_CONCURRENCY must be 1 to %d, got %d", python.MaxConcurrencyLimit, c.PythonMaxConcurrency)
+	case c.PythonMaxProcesses < 1 || c.PythonMaxProcesses > python.MaxProcessesLimit:
+		return fmt.Errorf("PYTHON_MAX_PROCESSES must be 1 to %d, got %d", python.MaxProcessesLimit, c.PythonMaxProcesses)
 	case c.PythonMaxBatch < 1:
 		return fmt.Errorf("PYTHON_MAX_BATCH must be at least 1 (1: no batches), got %d", c.PythonMaxBatch)
 	case c.TemporalLease < 0 || (c.TemporalLease > 0 && c.TemporalLease < time.Second):
@@ -339,6 +349,10 @@ func (c config) validate() error {
 		return fmt.Errorf("GROUP_LOCK_MAX_RETRIES must be 0 to 20, got %d", c.LockMaxRetries)
 	case c.LockKeepFor < 0 || c.LockKeepFor > 1_000_000:
 		return fmt.Errorf("GROUP_LOCK_KEEP_FOR must be 0 to 1000000, got %d", c.LockKeepFor)
+	case c.KeyLockTTL < 10*c.LockMaxAge:
+		// A key's lock must outlive its holder's written max age (10 ×
+		// the max age), or a held lock could expire under its holder.
+		return fmt.Errorf("GROUP_KEY_LOCK_TTL must be at least 10 × GROUP_LOCK_MAX_AGE_MS (%s), got %s", 10*c.LockMaxAge, c.KeyLockTTL)
 	case c.LockMaxAge < time.Second:
 		return fmt.Errorf("GROUP_LOCK_MAX_AGE_MS must be at least 1000, got %d", c.LockMaxAge.Milliseconds())
 	case c.WorkerTimeout >= c.LockMaxAge:

@@ -211,6 +211,7 @@ func (p *parts) build(ctx context.Context) error {
 	reg, err := builtin.Registry(builtin.Config{Logger: log, PythonProcesses: cfg.PythonProcesses, PythonDevKitDir: devkitDir,
 		Sandbox: sb, PythonAllowedPackages: cfg.PythonAllowed, WorkerEnv: cfg.WorkerEnv, NativeMaxExtractedBytes: int64(cfg.NativeMaxExtracted),
 		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait, PythonMaxBatch: cfg.PythonMaxBatch,
+		PythonMaxConcurrency: cfg.PythonMaxConcurrency, PythonMaxProcesses: cfg.PythonMaxProcesses,
 		Gateway:         gw,
 		NativeIsolation: nativeIsolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir,
 		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned, OnProcessRestart: met.EngineRestart, NativeJournal: p.journal,
@@ -287,7 +288,7 @@ func (p *parts) build(ctx context.Context) error {
 	locks := grouplock.New(store, grouplock.Config{RetryBase: cfg.LockRetryBase, MaxRetries: cfg.LockMaxRetries, MaxAge: cfg.LockMaxAge, Node: cfg.NodeID,
 		// A run of a group's messages on this node holds the lock once
 		// (issue 47): one token block per acquisition.
-		KeepFor: cfg.LockKeepFor, TokenBlock: int64(max(cfg.LockKeepFor, 1)),
+		KeepFor: cfg.LockKeepFor, TokenBlock: int64(max(cfg.LockKeepFor, 1)), KeyTTL: cfg.KeyLockTTL,
 		HolderAlive: func(holder string) bool { node, _, _ := strings.Cut(holder, "/"); return members.SeenAlive(node) },
 		// That view is as old as this node's last heartbeat: read the
 		// membership again before taking a lock from a node counted gone.

@@ -27,6 +27,11 @@ type Config struct {
 	// PythonSpinWait is how long a Python call busy-polls for its reply
 	// (0: engine default, negative: never).
 	PythonSpinWait time.Duration
+	// PythonMaxConcurrency and PythonMaxProcesses are the cluster defaults
+	// of a Python worker's max_concurrency and max_processes (0: the
+	// engine's, 16 and 4).
+	PythonMaxConcurrency int
+	PythonMaxProcesses   int
 	// PythonMaxBatch is how many waiting calls a Python process takes at
 	// once (0: engine default, 1: no batches).
 	PythonMaxBatch int
@@ -92,7 +97,7 @@ func Registry(cfg Config) (*engines.Registry, error) {
 }
 
 func pythonConfig(cfg Config) python.Config {
-	return python.Config{Processes: cfg.PythonProcesses, DefaultTimeout: cfg.DefaultTimeout, MaxReplyBytes: replyLimit(cfg),
+	return python.Config{Processes: cfg.PythonProcesses, MaxConcurrency: cfg.PythonMaxConcurrency, MaxProcesses: cfg.PythonMaxProcesses, DefaultTimeout: cfg.DefaultTimeout, MaxReplyBytes: replyLimit(cfg),
 		SpinWait: cfg.PythonSpinWait, MaxBatch: cfg.PythonMaxBatch, Logger: cfg.Logger, Sandbox: cfg.Sandbox,
 		AllowedPackages: cfg.PythonAllowedPackages, Env: cfg.WorkerEnv, Gateway: cfg.Gateway, DevKitDir: cfg.PythonDevKitDir,
 		OnRestart: onRestart(cfg, "python")}

@@ -316,7 +316,7 @@ func (in *Instance) runBatch(ctx context.Context, s *procpool.Slot[*proc], calls
 		// the last reply the deadline ends.
 		answered++
 		now := time.Now()
-		in.lastEvent.Store(int64(now.Sub(start)))
+		in.noteEvent(now.Sub(start))
 		start = now
 		if answered < len(sent) {
 			p.Rearm(deadline(start))

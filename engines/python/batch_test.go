@@ -133,7 +133,7 @@ func echoed(t *testing.T, r batchResult) int {
 // Calls that queue for one process go in one batch, and each caller gets
 // its own outputs or its own exception.
 func TestBatchKeepsEachCallsOutcome(t *testing.T) {
-	e := newEngine(t, python.Config{MaxBatch: 8, SlowEvent: time.Minute})
+	e := newEngine(t, python.Config{MaxProcesses: 1, MaxBatch: 8, SlowEvent: time.Minute})
 	inst := load(t, e, testSpec, batchWorker)
 	pid := pidOf(t, inst)
 	res := runQueued(t, inst, numbered(20, nil))
@@ -177,7 +177,7 @@ func TestBatchFailureIsTheFailingCallsOnly(t *testing.T) {
 		{"crash", map[string]any{"crash": true}, engines.ErrWorkerFailed, "exited during the call"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEngine(t, python.Config{MaxBatch: 8, SlowEvent: time.Minute})
+			e := newEngine(t, python.Config{MaxProcesses: 1, MaxBatch: 8, SlowEvent: time.Minute})
 			spec := testSpec
 			spec.Timeout = time.Second
 			inst := load(t, e, spec, batchWorker)
@@ -209,7 +209,7 @@ func TestBatchFailureIsTheFailingCallsOnly(t *testing.T) {
 // Gateway calls made inside a batch answer the event that made them.
 func TestBatchGatewayCalls(t *testing.T) {
 	gw := &fakeGateway{}
-	e := newEngine(t, python.Config{Gateway: gw, MaxBatch: 8, SlowEvent: time.Minute})
+	e := newEngine(t, python.Config{MaxProcesses: 1, Gateway: gw, MaxBatch: 8, SlowEvent: time.Minute})
 	spec := testSpec
 	spec.GatewayTargets = []string{"billing/*"}
 	inst := load(t, e, spec, batchWorker)
@@ -245,7 +245,7 @@ func TestBatchGatewayCalls(t *testing.T) {
 // Calls with different contexts never share a batch (a cancellation ends
 // exactly its own calls).
 func TestBatchOnlySharedContexts(t *testing.T) {
-	e := newEngine(t, python.Config{MaxBatch: 8, SlowEvent: time.Minute})
+	e := newEngine(t, python.Config{MaxProcesses: 1, MaxBatch: 8, SlowEvent: time.Minute})
 	inst := load(t, e, testSpec, batchWorker)
 	for i, r := range runQueuedWith(t, inst, numbered(4, nil), true) {
 		if got := echoed(t, r); got != i+1 {
@@ -262,7 +262,7 @@ func TestBatchOnlySharedContexts(t *testing.T) {
 // stopping worker for their sum. The tests above set SlowEvent high: their
 // gate is not a slow worker.
 func TestSlowEventsAreNotBatched(t *testing.T) {
-	e := newEngine(t, python.Config{MaxBatch: 8})
+	e := newEngine(t, python.Config{MaxProcesses: 1, MaxBatch: 8})
 	inst := load(t, e, testSpec, batchWorker)
 	for i, r := range runQueuedWith(t, inst, numbered(4, nil), false) {
 		if got := echoed(t, r); got != i+1 {
@@ -278,7 +278,7 @@ func TestSlowEventsAreNotBatched(t *testing.T) {
 
 // MaxBatch 1 turns batching off.
 func TestBatchOff(t *testing.T) {
-	e := newEngine(t, python.Config{MaxBatch: 1})
+	e := newEngine(t, python.Config{MaxProcesses: 1, MaxBatch: 1})
 	inst := load(t, e, testSpec, batchWorker)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -313,7 +313,7 @@ func TestCallsToFill(t *testing.T) {
 		{0, 0, 2 * python.DefaultMaxBatch}, // the defaults: one process, batches of 16
 		{2, 8, 32},
 	} {
-		e := newEngine(t, python.Config{Processes: c.processes, MaxBatch: c.batch})
+		e := newEngine(t, python.Config{Processes: c.processes, MaxProcesses: c.processes, MaxBatch: c.batch})
 		inst := load(t, e, testSpec, batchWorker)
 		if f := inst.(engines.Batcher).CallsToFill(); f != c.want {
 			t.Errorf("Processes %d, MaxBatch %d: CallsToFill %d, want %d", c.processes, c.batch, f, c.want)
@@ -325,7 +325,7 @@ func TestCallsToFill(t *testing.T) {
 // their give-back channel closes; the running call finishes, and a later
 // batch never takes a given-back call along.
 func TestWaitingCallsAreGivenBack(t *testing.T) {
-	e := newEngine(t, python.Config{MaxBatch: 8, SlowEvent: time.Minute})
+	e := newEngine(t, python.Config{MaxProcesses: 1, MaxBatch: 8, SlowEvent: time.Minute})
 	inst := load(t, e, testSpec, batchWorker)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

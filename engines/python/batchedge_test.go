@@ -43,7 +43,7 @@ def process(event):
 // failed as a timeout long before its own time was up). B's time starts
 // when A's reply is in, whatever the decoding of A's reply takes.
 func TestBatchMovesTheDeadlineBeforeDecoding(t *testing.T) {
-	e := newEngine(t, python.Config{MaxBatch: 8, SlowEvent: time.Minute})
+	e := newEngine(t, python.Config{MaxProcesses: 1, MaxBatch: 8, SlowEvent: time.Minute})
 	spec := testSpec
 	spec.Timeout = 4 * time.Second
 	inst := load(t, e, spec, edgeWorker)
@@ -91,7 +91,7 @@ func TestBatchMovesTheDeadlineBeforeDecoding(t *testing.T) {
 // full by bytes) were not given back at a stop: they ran after it, and the
 // stop waited for them. Now only the calls already sent finish.
 func TestCallsTakenIntoABatchAreGivenBackAtAStop(t *testing.T) {
-	e := newEngine(t, python.Config{MaxBatch: 8, SlowEvent: time.Minute})
+	e := newEngine(t, python.Config{MaxProcesses: 1, MaxBatch: 8, SlowEvent: time.Minute})
 	inst := load(t, e, testSpec, edgeWorker)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

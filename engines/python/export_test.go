@@ -37,3 +37,11 @@ func SlowDecode(t testing.TB, match string, d time.Duration) {
 	}
 	t.Cleanup(func() { decodeOutputs = wire.DecodeOutputs })
 }
+
+// LiveProcesses is how many of inst's process slots are not cold.
+func LiveProcesses(inst engines.Instance) int { return inst.(*Instance).pool.Live() }
+
+// WaitRetireTick waits a moment for the idle retirement to look again.
+func WaitRetireTick(inst engines.Instance) {
+	<-time.After(inst.(*Instance).e.cfg.IdleRetire / 4)
+}

@@ -16,7 +16,9 @@ import (
 )
 
 // Instance is one loaded worker: Config.Processes runner subprocesses with the
-// same code, each serving one call at a time.
+// same code (up to Config.MaxProcesses on demand), each serving one call at
+// a time, or, for an async def worker, one runner running up to
+// Config.MaxConcurrency calls at once on its event loop (mux.go).
 type Instance struct {
 	e       *Engine
 	spec    engines.Spec
@@ -31,12 +33,28 @@ type Instance struct {
 	// lastEvent is how long the last answered event took (batch.go).
 	lastEvent atomic.Int64
 	started   atomic.Bool // the pool's first Start happened (takes a parked runner)
+
+	// async: the runners run events concurrently (set when one starts;
+	// the code decides); mux serves the calls then.
+	async    atomic.Bool
+	mux      *asyncMux
+	maxProcs int
 }
 
 var (
-	_ engines.Instance = (*Instance)(nil)
-	_ engines.Batcher  = (*Instance)(nil)
+	_ engines.Instance   = (*Instance)(nil)
+	_ engines.Batcher    = (*Instance)(nil)
+	_ engines.Concurrent = (*Instance)(nil)
 )
+
+// MaxCalls implements engines.Concurrent: an async def worker's
+// MaxConcurrency, a plain worker's most processes.
+func (in *Instance) MaxCalls() int {
+	if in.async.Load() {
+		return cap(in.mux.sem)
+	}
+	return in.maxProcs
+}
 
 // CallsToFill implements engines.Batcher: one full batch per process in
 // the runners, one more waiting to go (0 with batches off).
@@ -49,22 +67,42 @@ func (in *Instance) CallsToFill() int {
 
 func newInstance(e *Engine, spec engines.Spec, interp string, code []byte) *Instance {
 	in := &Instance{
-		e:       e,
-		spec:    spec,
-		interp:  interp,
-		code:    append([]byte(nil), code...),
-		timeout: spec.Timeout,
+		e:        e,
+		spec:     spec,
+		interp:   interp,
+		code:     append([]byte(nil), code...),
+		timeout:  spec.Timeout,
+		maxProcs: e.maxProcesses(spec),
 	}
+	in.mux = newAsyncMux(in, e.maxConcurrency(spec))
+	// Until an event has shown it slow, a worker counts as fast: a fast
+	// worker's first burst goes in batches on its warm processes instead
+	// of starting up to MaxProcesses runners (8.7 MiB each) it does not
+	// need; the first slow event lets the waiting calls grow the pool.
+	in.lastEvent.Store(0)
 	in.pool = procpool.New(procpool.Config[*proc]{
-		Size: e.cfg.Processes,
+		Size: in.maxProcs,
+		// Processes beyond Config.Processes start when every one is busy
+		// and a call waits, for slow events only (a fast worker's waiting
+		// calls go in batches); they are retired when idle.
+		Warm:       e.cfg.Processes,
+		IdleRetire: e.cfg.IdleRetire,
+		Grow: func() bool {
+			return !in.async.Load() && time.Duration(in.lastEvent.Load()) > e.cfg.SlowEvent
+		},
 		Start: func(ctx context.Context) (*proc, error) {
 			if !in.started.Swap(true) {
 				// The first start of a Load: the runner its Check parked.
 				if p, ok := e.parking.TakeFor(procpool.KeyOf(spec, in.code), in.pool, (*proc).idle); ok {
+					in.async.Store(p.async)
 					return p, nil
 				}
 			}
-			return e.startLoaded(ctx, spec, interp, in.code, in.pool)
+			p, err := e.startLoaded(ctx, spec, interp, in.code, in.pool)
+			if err == nil {
+				in.async.Store(p.async)
+			}
+			return p, err
 		},
 		Grace:     closeGrace,
 		Logger:    spec.Logger,
@@ -82,6 +120,9 @@ func newInstance(e *Engine, spec engines.Spec, interp string, code []byte) *Inst
 func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event, error) {
 	if ev == nil {
 		return nil, errors.New("python engine: nil event")
+	}
+	if in.async.Load() {
+		return in.mux.process(ctx, ev)
 	}
 	if in.e.cfg.MaxBatch > 1 {
 		return in.processBatched(ctx, ev)
@@ -166,7 +207,7 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 			werr = wire.DecodeError(engines.ErrWorkerFailed, payload)
 		}
 		// Before the slot goes back: the next caller decides on batching.
-		in.lastEvent.Store(int64(time.Since(start)))
+		in.noteEvent(time.Since(start))
 		if p.Healthy() {
 			in.pool.Release(s)
 		} else {
@@ -178,10 +219,19 @@ func (in *Instance) run(ctx context.Context, s *procpool.Slot[*proc], ev *event.
 	}
 
 	// The process is unusable: say why, and replace it.
-	in.lastEvent.Store(int64(time.Since(start)))
+	in.noteEvent(time.Since(start))
 	reason, cerr := in.failure(ctx, p, kind, err, deadline.Sub(start))
 	in.pool.Replace(s, reason)
 	return nil, cerr
+}
+
+// noteEvent records how long an event took: a slow one lets the calls
+// waiting for a busy process start another (Config.MaxProcesses).
+func (in *Instance) noteEvent(d time.Duration) {
+	in.lastEvent.Store(int64(d))
+	if d > in.e.cfg.SlowEvent {
+		in.pool.Wake()
+	}
 }
 
 // serveGateway serves one gateway call of p's worker for the call made

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -83,6 +84,15 @@ type proc struct {
 	// rbuf holds the last frame read; rbuf[rstart:rend] are bytes read past it.
 	rbuf         []byte
 	rstart, rend int
+
+	// async: the runner runs this worker's events concurrently on its
+	// event loop (tagged frames, mux.go); reading, from then on the
+	// reader goroutine's alone.
+	async bool
+	// readerOn and readerGone are guarded by the Instance's asyncMux.mu.
+	readerOn, readerGone bool
+	// wmu serialises the frames of concurrent calls (async only).
+	wmu sync.Mutex
 }
 
 // frameBuf is an io.Writer appending to a reusable buffer whose first
@@ -149,6 +159,7 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, interp stri
 		p.Disarm()
 	}
 	if err == nil && kind == kindOK && p.Healthy() && !p.pending() {
+		p.async = string(payload) == asyncOK
 		return p, nil
 	}
 	p.Retire()
@@ -176,7 +187,8 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 	// variables ignored); -S: no site module (the runner sets the sys.path
 	// the interpreter's site would, see interpInfo); -B: no bytecode
 	// written; -u: unbuffered output.
-	args := []string{"-I", "-S", "-B", "-u", "-c", runnerSource, strconv.Itoa(e.runnerSpinMicros()), strings.Join(e.cfg.AllowedPackages, ","), e.cfg.DevKitDir, info.path}
+	args := []string{"-I", "-S", "-B", "-u", "-c", runnerSource, strconv.Itoa(e.runnerSpinMicros()), strings.Join(e.cfg.AllowedPackages, ","), e.cfg.DevKitDir, info.path,
+		strconv.Itoa(e.maxConcurrency(spec))}
 	var cmd *exec.Cmd
 	var release func()
 	if e.cfg.Sandbox != nil {
@@ -202,6 +214,25 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 	}
 	p.readFn = p.readRaw
 	return p, nil
+}
+
+// maxConcurrency is how many events an async def worker of spec runs at
+// once (Spec.MaxConcurrency, else Config.MaxConcurrency).
+func (e *Engine) maxConcurrency(spec engines.Spec) int {
+	if spec.MaxConcurrency > 0 {
+		return min(spec.MaxConcurrency, MaxConcurrencyLimit)
+	}
+	return min(e.cfg.MaxConcurrency, MaxConcurrencyLimit)
+}
+
+// maxProcesses is how many runners an Instance of spec may have
+// (Spec.MaxProcesses, else Config.MaxProcesses; never below Processes).
+func (e *Engine) maxProcesses(spec engines.Spec) int {
+	n := e.cfg.MaxProcesses
+	if spec.MaxProcesses > 0 {
+		n = min(spec.MaxProcesses, MaxProcessesLimit)
+	}
+	return max(n, e.cfg.Processes)
 }
 
 // workerEnv is what the worker gets of the environment: Config.Env and the

@@ -37,6 +37,19 @@ const (
 	DefaultSlowEvent   = 2 * time.Millisecond
 	DefaultParkTTL     = 30 * time.Second
 	DefaultParkMax     = 32
+	// DefaultMaxConcurrency bounds the events an async def worker runs at
+	// once on its runner's event loop (PYTHON_MAX_CONCURRENCY).
+	DefaultMaxConcurrency = 16
+	// DefaultMaxProcesses bounds the runners a plain def worker gets on
+	// demand (PYTHON_MAX_PROCESSES).
+	DefaultMaxProcesses = 4
+	// DefaultIdleRetire is how long a runner started on demand stays idle
+	// before it is retired.
+	DefaultIdleRetire = 30 * time.Second
+	// MaxConcurrencyLimit and MaxProcessesLimit bound the per-worker
+	// settings (and the cluster defaults).
+	MaxConcurrencyLimit = 256
+	MaxProcessesLimit   = 16
 )
 
 // closeGrace is how long Close lets an idle runner exit on its own (it sees
@@ -50,9 +63,26 @@ type Config struct {
 	// `python3 -c "import sys; print(sys.executable)"` (python3 on PATH may be
 	// a pyenv shim that costs ~100 ms per start).
 	Interpreter string
-	// Processes is the number of subprocesses per loaded Instance, i.e. the
-	// number of calls one Instance runs in parallel. Default 1.
+	// Processes is the number of subprocesses a loaded Instance starts
+	// and keeps (PYTHON_PROCESSES). Default 1.
 	Processes int
+	// MaxProcesses is how many subprocesses an Instance may have: beyond
+	// Processes, one more is started when every process is busy, a call
+	// waits and the last event was slow (over SlowEvent), and retired after
+	// IdleRetire without a call. Spec.MaxProcesses overrides it per
+	// worker. Default 4 (PYTHON_MAX_PROCESSES).
+	MaxProcesses int
+	// IdleRetire: see MaxProcesses. Default 30s.
+	IdleRetire time.Duration
+	// MaxConcurrency is how many events an async def worker runs at once
+	// on its runner's event loop (the runner accepts the next event while
+	// others await). Spec.MaxConcurrency overrides it per worker. 1: one
+	// at a time, as a plain worker. Default 16 (PYTHON_MAX_CONCURRENCY).
+	MaxConcurrency int
+	// CancelGrace is how long a timed-out or cancelled call of an async
+	// worker has to end after its task is cancelled before the runner (and
+	// every call in it) is killed. Default 2s.
+	CancelGrace time.Duration
 	// DefaultTimeout bounds one Process call when Spec.Timeout is 0.
 	// Default 30s.
 	DefaultTimeout time.Duration
@@ -146,6 +176,18 @@ func New(cfg Config) *Engine {
 	if cfg.Processes <= 0 {
 		cfg.Processes = DefaultProcesses
 	}
+	if cfg.MaxProcesses <= 0 {
+		cfg.MaxProcesses = DefaultMaxProcesses
+	}
+	if cfg.IdleRetire <= 0 {
+		cfg.IdleRetire = DefaultIdleRetire
+	}
+	if cfg.MaxConcurrency <= 0 {
+		cfg.MaxConcurrency = DefaultMaxConcurrency
+	}
+	if cfg.CancelGrace <= 0 {
+		cfg.CancelGrace = 2 * time.Second
+	}
 	if cfg.DefaultTimeout <= 0 {
 		cfg.DefaultTimeout = DefaultTimeout
 	}
@@ -186,7 +228,7 @@ func (e *Engine) Info() engines.Info {
 		Capabilities: engines.Capabilities{
 			InProcess:     false,
 			Interruptible: true,
-			ParallelCalls: e.cfg.Processes,
+			ParallelCalls: max(e.cfg.Processes, e.cfg.MaxProcesses),
 		},
 	}
 }
@@ -216,7 +258,8 @@ func (e *Engine) Close() error {
 }
 
 // Load implements engines.Engine: it starts Config.Processes runners with the
-// code loaded and keeps them running until the Instance is closed.
+// code loaded and keeps them running until the Instance is closed; more
+// start on demand (Config.MaxProcesses).
 func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engines.Instance, error) {
 	spec = spec.WithDefaults(e.cfg.DefaultTimeout, e.cfg.Logger)
 	interp, err := e.interpreter(ctx)

@@ -579,7 +579,7 @@ func TestCancelRecovers(t *testing.T) {
 }
 
 func TestParallelProcesses(t *testing.T) {
-	e := newEngine(t, python.Config{Processes: 2})
+	e := newEngine(t, python.Config{Processes: 2, MaxProcesses: 2})
 	if got := e.Info().Capabilities.ParallelCalls; got != 2 {
 		t.Fatalf("ParallelCalls = %d", got)
 	}

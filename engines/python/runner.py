@@ -47,6 +47,16 @@ K_RESULT = ord("R")
 K_ERROR = ord("X")
 K_GATEWAY = ord("G")  # Python -> Go during an event: a gateway call
 K_GATEWAY_REPLY = ord("g")  # Go -> Python: its answer
+K_CANCEL = ord("C")  # Go -> Python, concurrent mode: cancel a call's task
+
+# Concurrent mode (an async def worker with a max concurrency above 1): the
+# load's K carries b"async" and every later frame starts with a 4-byte tag
+# naming its call (see engines/python/mux.go).
+_TAG = struct.Struct("<I")
+_unpack_tag = _TAG.unpack_from
+_pack_tag = _TAG.pack
+_concurrent = False
+_max_concurrency = 1
 
 
 def _not_serializable(o):
@@ -258,13 +268,17 @@ def _send_now(data):
             n += _write(RESP_FD, view[n:])
 
 
-def _send_error(type_name, message, tb="", invalid_output=False):
+def _error_payload(type_name, message, tb="", invalid_output=False):
     report = {"type": type_name, "message": message, "traceback": tb}
     if invalid_output:
         # The outputs cannot be published as they are: the node
         # dead-letters the event at once (output_invalid), no retry.
         report["invalid_output"] = True
-    _send(K_ERROR, _dumps(report).encode())
+    return _dumps(report).encode()
+
+
+def _send_error(type_name, message, tb="", invalid_output=False):
+    _send(K_ERROR, _error_payload(type_name, message, tb, invalid_output))
 
 
 # ---------------------------------------------------------------- errors
@@ -756,10 +770,7 @@ class GatewayError(Exception):
     backend answered an error); the message says which."""
 
 
-def call_gateway(service, method, data=None):
-    """Calls method of service (a Dapr app id) through the node, POSTing
-    data (bytes, str, or a JSON value; None sends nothing) and returns the
-    response body (bytes). Raises GatewayError."""
+def _gateway_request(service, method, data):
     if not isinstance(service, str) or not service or not isinstance(method, str) or not method:
         raise GatewayError("service and method must be non-empty strings")
     if data is None:
@@ -770,9 +781,26 @@ def call_gateway(service, method, data=None):
         body = data.encode("utf-8")
     else:
         body = _dumps(data).encode()
+    return _dumps({"service": service, "method": method}).encode() + b"\n" + body
+
+
+def _gateway_answer(payload):
+    if payload[:1] != b"\x00":
+        raise GatewayError(payload[1:].decode("utf-8", "replace"))
+    return payload[1:]
+
+
+def call_gateway(service, method, data=None):
+    """Calls method of service (a Dapr app id) through the node, POSTing
+    data (bytes, str, or a JSON value; None sends nothing) and returns the
+    response body (bytes). Raises GatewayError. In an async def worker it
+    blocks the event loop until the answer is in: await
+    call_gateway_async there instead."""
+    req = _gateway_request(service, method, data)
+    if _concurrent:
+        return _call_gateway_blocking(req)
     if _reader is None or not _in_event:
         raise GatewayError("call_gateway works only while the worker handles an event")
-    req = _dumps({"service": service, "method": method}).encode() + b"\n" + body
     _send_now(_pack_hdr(len(req), K_GATEWAY) + req)
     while True:
         kind, payload = _reader.read_pipe()
@@ -782,14 +810,28 @@ def call_gateway(service, method, data=None):
             # The node sends nothing else mid-event; anything else is fatal.
             os._exit(70)
         _reader.early.append((kind, payload))  # the rest of a batch
-    if payload[:1] != b"\x00":
-        raise GatewayError(payload[1:].decode("utf-8", "replace"))
-    return payload[1:]
+    return _gateway_answer(payload)
+
+
+async def call_gateway_async(service, method, data=None):
+    """call_gateway as a coroutine: in an async def worker the event loop
+    runs the worker's other events while the node makes the call."""
+    req = _gateway_request(service, method, data)
+    if not _concurrent:
+        return call_gateway(service, method, data)
+    tag = _current_tag()
+    gwid, fut = _new_gateway(tag)
+    _send_tagged(K_GATEWAY, tag, _pack_tag(gwid) + req)
+    try:
+        return _gateway_answer(await fut)
+    finally:
+        _gateways.pop(gwid, None)
 
 
 _in_event = False
 _host = types.ModuleType("virtufin_host")
 _host.call_gateway = call_gateway
+_host.call_gateway_async = call_gateway_async
 _host.GatewayError = GatewayError
 _host.__doc__ = "What the WorkManager node does for worker code (see engines/python/README.md)."
 sys.modules["virtufin_host"] = _host
@@ -907,6 +949,11 @@ def _load(source):
     # the garbage collector's way.
     gc.collect()
     gc.freeze()
+    global _concurrent
+    if _is_async and _loop is not None and _max_concurrency > 1:
+        _concurrent = True
+        _send(K_OK, b"async")
+        return
     _send(K_OK, b"")
 
 
@@ -1029,12 +1076,164 @@ def _handle_event(payload):
     _send(K_RESULT, out)
 
 
+# ---------------------------------------------------------------- concurrent
+#
+# An async def worker's events run as tasks on the event loop: the runner
+# reads the next frame whenever the pipe has one (add_reader), so a new
+# event starts while others await. The node bounds how many run at once.
+
+_tasks = {}  # tag -> task
+_gateways = {}  # gateway call id -> future of its answer
+_next_gateway = 0
+_tag_var = None  # contextvars.ContextVar: the tag of the task's call
+
+
+def _current_tag():
+    tag = _tag_var.get(None) if _tag_var is not None else None
+    if tag is None:
+        raise GatewayError("call_gateway works only while the worker handles an event")
+    return tag
+
+
+def _new_gateway(tag):
+    global _next_gateway
+    _next_gateway = (_next_gateway + 1) & 0xFFFFFFFF
+    fut = _loop.create_future()
+    _gateways[_next_gateway] = fut
+    return _next_gateway, fut
+
+
+def _send_tagged(kind, tag, payload):
+    _send_now(_pack_hdr(len(payload) + 4, kind) + _pack_tag(tag) + payload)
+
+
+def _next_frame(reader):
+    """The next whole frame in reader's buffer, or (None, None)."""
+    buf = reader.buf
+    if len(buf) < 5:
+        return None, None
+    n, kind = _unpack_hdr(buf)
+    end = 5 + n
+    if len(buf) < end:
+        return None, None
+    payload = buf[5:end]
+    reader.buf = buf[end:]
+    return kind, payload
+
+
+def _dispatch(kind, payload):
+    """Acts on one frame of the node in concurrent mode."""
+    if len(payload) < 4:
+        os._exit(70)
+    tag = _unpack_tag(payload)[0]
+    if kind == K_EVENT:
+        _tasks[tag] = _loop.create_task(_run_task(tag, payload[4:]))
+    elif kind == K_GATEWAY_REPLY:
+        fut = _gateways.get(tag)
+        if fut is not None and not fut.done():
+            fut.set_result(payload[4:])
+    elif kind == K_CANCEL:
+        task = _tasks.get(tag)
+        if task is not None:
+            task.cancel()
+    else:
+        os._exit(70)  # the node sends nothing else
+
+
+def _call_gateway_blocking(req):
+    """call_gateway from an async def worker in concurrent mode: waits for
+    its answer with the event loop stopped, keeping the node's other frames
+    (new events, answers, cancellations) for when the loop runs again."""
+    tag = _current_tag()
+    gwid, fut = _new_gateway(tag)
+    try:
+        _send_tagged(K_GATEWAY, tag, _pack_tag(gwid) + req)
+        reader = _reader
+        while not fut.done():
+            kind, payload = _next_frame(reader)
+            if kind is None:
+                chunk = reader._read(65536)
+                if not chunk:
+                    os._exit(0)  # the node closed the pipe
+                reader.buf += chunk
+                continue
+            _dispatch(kind, payload)
+        return _gateway_answer(fut.result())
+    finally:
+        _gateways.pop(gwid, None)
+
+
+async def _run_task(tag, payload):
+    _tag_var.set(tag)
+    try:
+        try:
+            ev = _decode_event(payload)
+        except Exception as e:
+            _send_tagged(K_ERROR, tag, _error_payload("", "decoding the input event: %s: %s" % (type(e).__name__, e)))
+            return
+        try:
+            result = await _process(ev)
+        except BaseException as e:  # CancelledError, SystemExit too: the runner keeps serving
+            _send_tagged(K_ERROR, tag, _error_payload(type(e).__name__, _exc_message(e), _format_tb(e)))
+            return
+        try:
+            out = _encode_result(result)
+        except _OutputError as e:
+            _send_tagged(K_ERROR, tag, _error_payload("", str(e), invalid_output=True))
+            return
+        except Exception as e:
+            _send_tagged(K_ERROR, tag, _error_payload(type(e).__name__, "encoding the outputs: %s" % _exc_message(e), invalid_output=True))
+            return
+        _send_tagged(K_RESULT, tag, out)
+    finally:
+        _tasks.pop(tag, None)
+
+
+def _serve_concurrent(reader):
+    """Serves events as tasks on the event loop until EOF on the request
+    pipe."""
+    global _tag_var
+    import contextvars
+
+    _tag_var = contextvars.ContextVar("virtufin_call")
+    loop = _loop
+    done = loop.create_future()
+
+    def readable():
+        try:
+            chunk = _read(REQ_FD, 65536)
+        except BlockingIOError:
+            return
+        if not chunk:
+            loop.remove_reader(REQ_FD)
+            if not done.done():
+                done.set_result(None)
+            return
+        reader.buf += chunk
+        while True:
+            kind, payload = _next_frame(reader)
+            if kind is None:
+                return
+            _dispatch(kind, payload)
+
+    # Frames that came with the load's.
+    while True:
+        kind, payload = _next_frame(reader)
+        if kind is None:
+            break
+        _dispatch(kind, payload)
+    loop.add_reader(REQ_FD, readable)
+    loop.run_until_complete(done)
+
+
 def main():
     global _worker_import, _lockdown_error
     # The protocol pipes must not leak into processes the worker starts.
     os.set_inheritable(REQ_FD, False)
     os.set_inheritable(RESP_FD, False)
+    global _max_concurrency
     spin_us = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    _max_concurrency = int(sys.argv[5]) if len(sys.argv) > 5 and sys.argv[5] else 1
     allowed = sys.argv[2] if len(sys.argv) > 2 else ""
     # The directory holding the DevKit (the virtufin_worker package) that
     # the node ships: importable by every worker without shipping it.
@@ -1076,6 +1275,9 @@ def main():
             _handle_event(payload)
         elif kind == K_LOAD:
             _load(payload)
+            if _concurrent:
+                _serve_concurrent(reader)
+                break
         else:
             _send_error("", "protocol error: unknown frame kind %r" % chr(kind))
     if _loop is not None:

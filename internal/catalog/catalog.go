@@ -86,6 +86,19 @@ type Worker struct {
 	// Placement is what the worker asks of the nodes that serve it (nil:
 	// the cluster's defaults; internal/placement).
 	Placement *Placement `json:"placement,omitempty"`
+	// MaxConcurrency and MaxProcesses are the worker's own bounds of its
+	// engine's concurrency (CreateWorker's max_concurrency and
+	// max_processes: events an async Python worker runs at once, runner
+	// processes a plain one gets on demand); 0, and in records written
+	// before them: the cluster's defaults.
+	MaxConcurrency int `json:"max_concurrency,omitempty"`
+	MaxProcesses   int `json:"max_processes,omitempty"`
+	// GroupKey names the CloudEvent attribute or extension whose value
+	// keys the worker's group lock (grouplock.KeyedName): executions of
+	// one key exclude each other, different keys run in parallel; an event
+	// without it takes the whole group's lock. "": the group's lock for
+	// every event.
+	GroupKey string `json:"group_key,omitempty"`
 }
 
 // Placement is what a worker asks of the nodes that serve its topic.
@@ -125,6 +138,9 @@ type CodeRef struct {
 	RollbackTo int64 `json:"rollback_to,omitempty"`
 	// Actor is who asked for the change (the caller's identity).
 	Actor string `json:"actor,omitempty"`
+	// GroupKey, when set, is the worker's group key from this version on
+	// ("" removes it; nil keeps it): LoadCode changes it with the code.
+	GroupKey *string `json:"group_key,omitempty"`
 }
 
 // HistoryEntry is one code load.
@@ -149,6 +165,13 @@ type HistoryEntry struct {
 	// Placement is, for a create, what the worker asked of placement (nil:
 	// the cluster's defaults, or an entry written before placement).
 	Placement *Placement `json:"placement,omitempty"`
+	// MaxConcurrency and MaxProcesses are, for a create, the worker's
+	// (Worker.MaxConcurrency, Worker.MaxProcesses; 0: the defaults).
+	MaxConcurrency int `json:"max_concurrency,omitempty"`
+	MaxProcesses   int `json:"max_processes,omitempty"`
+	// GroupKey is the worker's group key from this version on
+	// (Worker.GroupKey; "" also in entries written before group keys).
+	GroupKey string `json:"group_key,omitempty"`
 }
 
 // History actions.

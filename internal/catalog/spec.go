@@ -67,6 +67,31 @@ func ValidateRetryPolicy(maxAttempts int, backoffMS int64) error {
 	return nil
 }
 
+// MaxGroupKeyName is the longest group key (a CloudEvent attribute name).
+const MaxGroupKeyName = 20
+
+// ValidateGroupKey checks a worker's group key: the name of a CloudEvent
+// attribute or extension (a-z 0-9, 1 to MaxGroupKeyName characters, as
+// the CloudEvents specification names attributes), and only with a group.
+// "" (no key) is valid.
+func ValidateGroupKey(group, key string) error {
+	if key == "" {
+		return nil
+	}
+	if group == "" {
+		return fmt.Errorf("%w: group_key %q needs a group: it keys the group's lock", ErrInvalidSpec, key)
+	}
+	if len(key) > MaxGroupKeyName {
+		return fmt.Errorf("%w: group_key %q is longer than %d characters (a CloudEvent attribute name)", ErrInvalidSpec, key, MaxGroupKeyName)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return fmt.Errorf("%w: group_key %q has %q at position %d: a CloudEvent attribute name has only a-z and 0-9 (e.g. subject, partitionkey)", ErrInvalidSpec, key, c, i)
+		}
+	}
+	return nil
+}
+
 // ValidateTopic checks a topic name (the same rule as a worker's topic).
 func ValidateTopic(topic string) error {
 	switch {

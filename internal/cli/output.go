@@ -159,6 +159,7 @@ func workerDetail(x *pb.Worker) func(io.Writer) {
 			{"Status", statusName(x.GetStatus())},
 			{"Topic", x.GetTopic()},
 			{"Group", dash(x.GetGroup())},
+			{"Group key", dash(x.GetGroupKey())},
 			{"MIME type", x.GetMimeType()},
 			{"Code version", strconv.FormatInt(x.GetCodeVersion(), 10)},
 			{"Code SHA-256", dash(x.GetCodeSha256())},
@@ -167,6 +168,8 @@ func workerDetail(x *pb.Worker) func(io.Writer) {
 			{"Allowed gateway targets", listOrAny(x.GetAllowedGatewayTargets())},
 			{"Replicas", replicasText(x)},
 			{"Placement", placementText(x.GetPlacement())},
+			{"Max concurrency", optionalText(x.MaxConcurrency)},
+			{"Max processes", optionalText(x.MaxProcesses)},
 			{"Nodes", nodesText(x)},
 			{"Created", ts(x.GetCreatedAt())},
 			{"Updated", ts(x.GetUpdatedAt())},
@@ -302,4 +305,12 @@ func bytesText(b uint64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTP"[exp])
+}
+
+// optionalText is an optional count, or "cluster default" when unset.
+func optionalText(n *int32) string {
+	if n == nil {
+		return "cluster default"
+	}
+	return strconv.Itoa(int(*n))
 }

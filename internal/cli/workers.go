@@ -69,6 +69,8 @@ func (a *app) createCmd() *cobra.Command {
 		outputs, gates []string
 		replicas       string
 		require        map[string]string
+		maxConc        int32
+		maxProcs       int32
 	)
 	cmd := &cobra.Command{
 		Use:   "create FILE --topic TOPIC [flags]",
@@ -82,6 +84,7 @@ and print its id. Without --mime the MIME type is told from the file:
   wmctl create Pricer.cs --topic orders --allowed-output-topics 'order.*' --max-attempts 5 --backoff 2s
   wmctl create build/echo.zip --topic raw
   wmctl create worker.py --topic frames --replicas 3 --require pool=gpu,zone=a
+  wmctl create fetcher.py --topic urls --max-concurrency 64
   wmctl create --url https://example.com/w.py --sha256 9f86d08… --topic orders`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
@@ -121,6 +124,12 @@ and print its id. Without --mime the MIME type is told from the file:
 			if len(require) > 0 {
 				req.Placement = &pb.WorkerPlacement{Require: require}
 			}
+			if flagChanged(cmd.Flags(), "max-concurrency") {
+				req.MaxConcurrency = &maxConc
+			}
+			if flagChanged(cmd.Flags(), "max-processes") {
+				req.MaxProcesses = &maxProcs
+			}
 			var resp *pb.CreateWorkerResponse
 			err = a.apiCall(cmd.Context(), "creating worker", func(ctx context.Context, c pb.WorkManagerServiceClient) (err error) {
 				resp, err = c.CreateWorker(ctx, &req)
@@ -135,6 +144,7 @@ and print its id. Without --mime the MIME type is told from the file:
 	f := cmd.Flags()
 	f.StringVar(&req.Topic, "topic", "", "topic the worker subscribes to (required)")
 	f.StringVar(&req.Group, "group", "", "group: workers of one group process one message at a time (group lock)")
+	f.StringVar(&req.GroupKey, "group-key", "", "with --group: a CloudEvent attribute or extension (e.g. subject) whose value keys the lock: one message at a time per key, keys in parallel")
 	f.StringVar(&req.Name, "name", "", "unique name, usable wherever an id is (a-z 0-9 -, starting with a letter)")
 	f.StringVar(&mime, "mime", "", "MIME type (default: told from FILE)")
 	f.StringVar(&req.RequestId, "request-id", "", "idempotency key: a retry with the same key answers the same worker")
@@ -142,6 +152,8 @@ and print its id. Without --mime the MIME type is told from the file:
 	f.StringSliceVar(&gates, "allowed-gateway-targets", nil, "'service/method' patterns the worker's gateway calls may reach; default any")
 	f.Int32Var(&maxAttempts, "max-attempts", 0, "attempts per message before it is dead-lettered, 1..100 (default: the cluster's)")
 	f.DurationVar(&backoff, "backoff", 0, "wait before the next attempt, e.g. 2s (default: the cluster's)")
+	f.Int32Var(&maxConc, "max-concurrency", 0, "Python: events an `async def` worker runs at once, `N` (1..256; default: the cluster's PYTHON_MAX_CONCURRENCY)")
+	f.Int32Var(&maxProcs, "max-processes", 0, "Python: runner processes a plain `def` worker gets on demand, `N` (1..16; default: the cluster's PYTHON_MAX_PROCESSES)")
 	f.StringVar(&replicas, "replicas", "", "how many nodes serve the worker's topic: `N|all` (1..64, or every node that can run it; default: the cluster's PLACEMENT_REPLICAS)")
 	f.StringToStringVar(&require, "require", nil, "labels (NODE_LABELS) a node must have to run the worker, as `k=v[,k=v]`")
 	f.Lookup("require").DefValue = "" // none; not "[]"
@@ -271,8 +283,9 @@ func (a *app) deleteCmd() *cobra.Command {
 
 func (a *app) reloadCmd() *cobra.Command {
 	var (
-		code  codeFlags
-		force bool
+		code     codeFlags
+		force    bool
+		groupKey string
 	)
 	cmd := &cobra.Command{
 		Use:   "reload ID FILE",
@@ -303,7 +316,11 @@ another kind, create a new worker.`,
 			}
 			var w *pb.Worker
 			err = a.apiCall(cmd.Context(), "loading code", func(ctx context.Context, c pb.WorkManagerServiceClient) (err error) {
-				w, err = c.LoadCode(ctx, &pb.LoadCodeRequest{WorkerId: args[0], Code: src})
+				req := &pb.LoadCodeRequest{WorkerId: args[0], Code: src}
+				if cmd.Flags().Changed("group-key") {
+					req.GroupKey = &groupKey
+				}
+				w, err = c.LoadCode(ctx, req)
 				return err
 			})
 			if err != nil {
@@ -314,6 +331,7 @@ another kind, create a new worker.`,
 	}
 	code.add(cmd)
 	cmd.Flags().BoolVar(&force, "force", false, "send the code even when its kind does not match the worker's MIME type")
+	cmd.Flags().StringVar(&groupKey, "group-key", "", "the worker's group key from this version on (\"\" removes it; unset keeps it)")
 	return cmd
 }
 

@@ -145,10 +145,35 @@ func decode(req *runtimev1.TopicEventRequest, e *event.Event, ec *event.EventCon
 }
 
 // setExtension stores string values without the reflection and copies of
-// EventContextV1.SetExtension; other kinds go through it.
+// EventContextV1.SetExtension; other kinds go through it. The optional
+// context attributes Dapr passes among the extensions (subject, time,
+// dataschema: TopicEventRequest has no fields for them) are set as the
+// attributes they are; SetExtension refuses spec attributes, so they were
+// dropped before (a worker never saw an event's subject).
 func setExtension(ec *event.EventContextV1, k string, v *structpb.Value) error {
-	if s, ok := v.GetKind().(*structpb.Value_StringValue); ok && validExtensionName(k) && !isSpecAttribute(k) {
+	s, isString := v.GetKind().(*structpb.Value_StringValue)
+	switch {
+	case isString && validExtensionName(k) && !isSpecAttribute(k):
 		ec.Extensions[k] = s.StringValue
+		return nil
+	case k == "subject" && isString:
+		if s.StringValue != "" {
+			ec.Subject = &s.StringValue
+		}
+		return nil
+	case k == "time" && isString:
+		t, err := types.ParseTime(s.StringValue)
+		if err != nil {
+			return err
+		}
+		ec.Time = &types.Timestamp{Time: t}
+		return nil
+	case k == "dataschema" && isString:
+		u := types.ParseURI(s.StringValue)
+		if u == nil {
+			return fmt.Errorf("dataschema %q is not a URI", s.StringValue)
+		}
+		ec.DataSchema = u
 		return nil
 	}
 	return ec.SetExtension(k, v.AsInterface())

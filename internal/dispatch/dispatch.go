@@ -149,6 +149,10 @@ type Worker struct {
 	Name  string
 	Topic string
 	Group string
+	// GroupKey names the CloudEvent attribute or extension whose value
+	// keys Group's lock (grouplock.KeyedName); "" or an event without it:
+	// the whole group's lock.
+	GroupKey string
 	// Tenant owns the worker ("" or tenant.Default: the default tenant):
 	// its group is locked per tenant (grouplock.Name).
 	Tenant string
@@ -166,7 +170,7 @@ type Worker struct {
 
 // Equal reports whether w and o are the same worker with the same settings.
 func (w Worker) Equal(o Worker) bool {
-	return w.ID == o.ID && w.Name == o.Name && w.Topic == o.Topic && w.Group == o.Group && w.Tenant == o.Tenant && w.Engine == o.Engine && w.MaxAttempts == o.MaxAttempts &&
+	return w.ID == o.ID && w.Name == o.Name && w.Topic == o.Topic && w.Group == o.Group && w.GroupKey == o.GroupKey && w.Tenant == o.Tenant && w.Engine == o.Engine && w.MaxAttempts == o.MaxAttempts &&
 		w.RetryBackoff == o.RetryBackoff && slices.Equal(w.AllowedOutputs, o.AllowedOutputs) && w.TopicPrefix == o.TopicPrefix
 }
 
@@ -325,14 +329,22 @@ const maxBatcherConcurrency = 256
 
 // concurrency is how many of a worker's messages run at once: the
 // configured default, or more for an Instance that batches the calls it
-// holds (engines.Batcher), which then costs less per message. Not in a
-// group: a group runs one message at a time, so no batch would form. It is
+// holds (engines.Batcher), which then costs less per message, or that runs
+// many at once (engines.Concurrent: async workers, extra processes). Not in
+// a group: a group runs one message at a time. It is
 // fixed when the worker is attached; a hot reload (same engine) keeps it.
 func concurrency(def int, w Worker, inst engines.Instance) int {
-	if b, ok := inst.(engines.Batcher); ok && w.Group == "" {
-		return max(def, min(b.CallsToFill(), maxBatcherConcurrency))
+	if w.Group != "" {
+		return def
 	}
-	return def
+	n := def
+	if b, ok := inst.(engines.Batcher); ok {
+		n = max(n, min(b.CallsToFill(), maxBatcherConcurrency))
+	}
+	if c, ok := inst.(engines.Concurrent); ok {
+		n = max(n, min(c.MaxCalls(), maxBatcherConcurrency))
+	}
+	return n
 }
 
 // Attached reports whether a worker is attached.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/delivery"
@@ -90,5 +91,82 @@ func TestKeptGroupLockPipelinesInTokenOrder(t *testing.T) {
 		t.Fatalf("%d acquisitions for %d calls: the lock was not kept", a, 2*n)
 	} else {
 		t.Logf("%d calls, %d acquisitions", 2*n, a)
+	}
+}
+
+// Issue 47 item 2: a keyed group (GroupKey "subject") serialises the
+// executions of one key and runs different keys in parallel; every
+// execution of a key has its own, growing token; an event without the key
+// takes the whole group's lock.
+func TestKeyedGroupSerialisesPerKey(t *testing.T) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	st := state.NewMemoryStore()
+	d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 8, QueueDepth: 256})
+	var mu sync.Mutex
+	inside := map[string]int{} // key → executions inside now
+	var overlapsSameKey, most, now int
+	lastTok := map[string]int64{}
+	body := func(in *event.Event) ([]event.Event, error) {
+		key := in.Subject()
+		mu.Lock()
+		inside[key]++
+		now++
+		if inside[key] > 1 {
+			overlapsSameKey++
+		}
+		most = max(most, now)
+		tok, _ := strconv.ParseInt(in.Extensions()[dispatch.FencingExtension].(string), 10, 64)
+		if tok <= lastTok[key] {
+			t.Errorf("key %q: token %d after %d", key, tok, lastTok[key])
+		}
+		lastTok[key] = tok
+		mu.Unlock()
+		time.Sleep(2 * time.Millisecond)
+		mu.Lock()
+		inside[key]--
+		now--
+		mu.Unlock()
+		return outputs("out")(in)
+	}
+	d.Attach(dispatch.Worker{ID: "a", Topic: "in", Group: "g", GroupKey: "subject"}, &dispatchtest.FuncInstance{Fn: body})
+	s := waitStream(t, b, "in")
+	const keys, each = 4, 10
+	for i := range keys * each {
+		req := request("m"+strconv.Itoa(i), "")
+		if i%(keys+1) != keys { // some events without the key
+			req.Extensions, _ = structpb.NewStruct(map[string]any{"subject": "order-" + strconv.Itoa(i%(keys+1))})
+		}
+		s.In <- req
+	}
+	for range keys * each {
+		if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+			t.Fatalf("ack %+v", a)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if overlapsSameKey != 0 {
+		t.Fatalf("%d overlapping executions of one key", overlapsSameKey)
+	}
+	if most < 2 {
+		t.Fatalf("at most %d executions at once: different keys must run in parallel", most)
+	}
+	if _, ok := lastTok[""]; !ok {
+		t.Fatal("no event without the key ran (under the group's lock)")
+	}
+}
+
+// The optional context attributes Dapr passes among a TopicEventRequest's
+// extensions (it has no fields for them) arrive as the attributes they
+// are: before, subject, time and dataschema were dropped.
+func TestDecodeKeepsSubjectTimeAndDataSchema(t *testing.T) {
+	req := request("m1", "")
+	req.Extensions, _ = structpb.NewStruct(map[string]any{"subject": "order-7", "time": "2026-11-28T10:00:00Z", "dataschema": "https://example.com/s", "partitionkey": "p1"})
+	var ev event.Event
+	if err := dispatch.Decode(req, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if ev.Subject() != "order-7" || ev.Time().IsZero() || ev.DataSchema() != "https://example.com/s" || ev.Extensions()["partitionkey"] != "p1" {
+		t.Fatalf("decoded subject %q time %v dataschema %q extensions %v", ev.Subject(), ev.Time(), ev.DataSchema(), ev.Extensions())
 	}
 }

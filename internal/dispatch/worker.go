@@ -176,7 +176,7 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 	var lease *grouplock.Lease
 	if w.Group != "" {
 		var err error
-		lease, err = d.acquire(ctx, w)
+		lease, err = d.acquire(ctx, w, w.lockFor(m))
 		if err != nil {
 			r.outcome, r.reason, r.err = outcomeFailed, reasonLockError, err
 			switch {
@@ -211,7 +211,7 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 			}
 		}()
 		in = withExtension(m, FencingExtension, strconv.FormatInt(lease.Token, 10))
-		ctx = engines.WithFence(ctx, &engines.Fence{Group: w.lock, Token: lease.Token, Check: lease.Check})
+		ctx = engines.WithFence(ctx, &engines.Fence{Group: lease.Group, Token: lease.Token, Check: lease.Check})
 		locked := time.Now()
 		w.m.LockWait.Observe(locked.Sub(start).Seconds())
 		start = locked
@@ -294,7 +294,7 @@ func (d *Dispatcher) handle(w *worker, m *message, r *result, start time.Time) {
 // store): a stop returns within about one message's time, not one per
 // message waiting for the group, and those come back later. A lock won as
 // the stop comes is given back at once: after a stop no message starts.
-func (d *Dispatcher) acquire(ctx context.Context, w *worker) (*grouplock.Lease, error) {
+func (d *Dispatcher) acquire(ctx context.Context, w *worker, lock string) (*grouplock.Lease, error) {
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -304,7 +304,7 @@ func (d *Dispatcher) acquire(ctx context.Context, w *worker) (*grouplock.Lease, 
 		case <-actx.Done():
 		}
 	}()
-	lease, err := d.Locks.Acquire(actx, w.lock, d.cfg.NodeID+"/"+w.ID)
+	lease, err := d.Locks.Acquire(actx, lock, d.cfg.NodeID+"/"+w.ID)
 	if err == nil && w.isStopped() {
 		if rerr := lease.Release(context.WithoutCancel(ctx)); rerr != nil {
 			d.log.Warn("group lock not released", "group", w.Group, "worker_id", w.ID, "err", rerr)
@@ -312,6 +312,53 @@ func (d *Dispatcher) acquire(ctx context.Context, w *worker) (*grouplock.Lease, 
 		return nil, fmt.Errorf("worker %s stopped: %w", w.ID, context.Canceled)
 	}
 	return lease, err
+}
+
+// lockFor is the lock m takes for w: its group's, or, for a keyed group,
+// the key's (grouplock.KeyedName) when m carries the key's attribute.
+func (w *worker) lockFor(m *message) string {
+	if w.GroupKey == "" {
+		return w.lock
+	}
+	if k := eventAttribute(&m.ev, w.GroupKey); k != "" {
+		return grouplock.KeyedName(w.lock, k)
+	}
+	return w.lock
+}
+
+// eventAttribute is the value of a CloudEvent's context attribute or extension
+// name, as text ("" when absent).
+func eventAttribute(ev *event.Event, name string) string {
+	switch name {
+	case "id":
+		return ev.ID()
+	case "source":
+		return ev.Source()
+	case "type":
+		return ev.Type()
+	case "subject":
+		return ev.Subject()
+	case "dataschema":
+		return ev.DataSchema()
+	case "datacontenttype":
+		return ev.DataContentType()
+	case "specversion":
+		return ev.SpecVersion()
+	case "time":
+		if t := ev.Time(); !t.IsZero() {
+			return t.UTC().Format(time.RFC3339Nano)
+		}
+		return ""
+	}
+	v, ok := ev.Extensions()[name]
+	if !ok || v == nil {
+		return ""
+	}
+	s, err := types.ToString(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return s
 }
 
 // isStopped reports whether w was detached.

@@ -31,6 +31,8 @@ package grouplock
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -59,6 +61,47 @@ var (
 // DefaultMaxAge is Config.MaxAge's default (GROUP_LOCK_MAX_AGE_MS).
 const DefaultMaxAge = 60 * time.Second
 
+// DefaultKeyTTL is Config.KeyTTL's default (GROUP_KEY_LOCK_TTL).
+const DefaultKeyTTL = time.Hour
+
+// TimeTokens is how many fencing tokens a keyed lock's clock floor grows
+// by per millisecond: a keyed lock acquires above max(its last token,
+// now in ms × TimeTokens), so that a key whose lock expired (KeyTTL) and
+// comes back starts above every token it had — as long as it made fewer
+// than KeyTTL × TimeTokens acquisitions' worth of tokens before, and node
+// clocks agree to well within KeyTTL.
+const TimeTokens = 1 << 10
+
+// keySep separates a keyed lock's group name from its key (group names
+// hold no "#").
+const keySep = "#"
+
+// KeyedName is the lock name of one key of a group (name: Name's): the
+// executions of one key of a keyed group exclude each other, different
+// keys run in parallel. A key of up to 64 characters of A-Z a-z 0-9 . _ -
+// ~ (not starting with "~") is used as it is; any other is replaced by "~"
+// and 40 hex digits of its SHA-256, so a key an event controls cannot
+// make a state key long or odd.
+func KeyedName(name, key string) string {
+	return name + keySep + encodeKey(key)
+}
+
+func encodeKey(key string) string {
+	plain := len(key) > 0 && len(key) <= 64 && key[0] != '~'
+	for i := 0; plain && i < len(key); i++ {
+		c := key[i]
+		plain = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' || c == '~'
+	}
+	if plain {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "~" + hex.EncodeToString(sum[:20])
+}
+
+// keyed reports whether name is a keyed lock's (KeyedName).
+func keyed(name string) bool { return strings.Contains(name, keySep) }
+
 // Event kinds.
 const (
 	EventAcquired     = "acquired"
@@ -79,8 +122,12 @@ type Event struct {
 	// Group is the lock's name (Name): "<tenant>/<group>" for a group of
 	// any tenant but the default, whose groups keep their bare names;
 	// Tenant is that tenant ("" for the default).
-	Group      string    `json:"group"`
-	Tenant     string    `json:"tenant,omitempty"`
+	Group  string `json:"group"`
+	Tenant string `json:"tenant,omitempty"`
+	// Key is the group key of a keyed lock (KeyedName): the key itself,
+	// or "~" and a hash of it for a key that is long or has other
+	// characters than A-Z a-z 0-9 . _ - ~; empty for a whole group's lock.
+	Key        string    `json:"key,omitempty"`
 	Holder     string    `json:"holder"`
 	Token      int64     `json:"token"`
 	Stolen     bool      `json:"stolen,omitempty"`
@@ -173,6 +220,12 @@ type Config struct {
 	// process taking the lock next starts above the whole block, so
 	// tokens only grow, whichever version acquires.
 	TokenBlock int64
+	// KeyTTL is how long a keyed lock (KeyedName) stays in the store after
+	// its last write (default DefaultKeyTTL): the locks of idle keys
+	// expire, so the store holds one lock per key active within KeyTTL.
+	// A key's token starts again from the time (TimeTokens), so it still
+	// only grows after its lock expired.
+	KeyTTL time.Duration
 	// OnEvent, when set, is called synchronously for each Event; keep it
 	// cheap.
 	OnEvent func(Event)
@@ -273,6 +326,9 @@ func New(st state.Store, cfg Config) *Locks {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.KeyTTL <= 0 {
+		cfg.KeyTTL = DefaultKeyTTL
 	}
 	if cfg.FairEvery <= 0 {
 		cfg.FairEvery = 100 * time.Millisecond
@@ -433,7 +489,12 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 		}
 		return nil, rec, nil
 	}
-	next := record{Token: rec.Token + l.cfg.TokenBlock, Holder: holder, Held: true, AcquiredMs: now.UnixMilli(), Node: l.cfg.Node}
+	from := rec.Token
+	if keyed(group) {
+		// Its record may have expired (KeyTTL): start above the clock.
+		from = max(from, now.UnixMilli()*TimeTokens)
+	}
+	next := record{Token: from + l.cfg.TokenBlock, Holder: holder, Held: true, AcquiredMs: now.UnixMilli(), Node: l.cfg.Node}
 	err = l.put(ctx, key, next, etag)
 	if errors.Is(err, state.ErrConflict) {
 		return nil, rec, nil // another acquirer (or a marker) came first
@@ -442,7 +503,7 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 		l.undo(ctx, key, next)
 		return nil, rec, err
 	}
-	h := &hold{locks: l, group: group, holder: holder, top: next.Token, next: rec.Token + 1, acquired: time.UnixMilli(next.AcquiredMs), fairRead: now}
+	h := &hold{locks: l, group: group, holder: holder, top: next.Token, next: from + 1, acquired: time.UnixMilli(next.AcquiredMs), fairRead: now}
 	lease := &Lease{Group: group, Holder: holder, Token: h.next, locks: l, h: h}
 	h.next++
 	h.uses++
@@ -498,7 +559,11 @@ func (l *Locks) put(ctx context.Context, key string, rec record, etag string) er
 	if err != nil {
 		return err
 	}
-	if err := l.store.Put(ctx, key, b, state.PutOptions{ETag: etag, IfAbsent: etag == ""}); err != nil {
+	opts := state.PutOptions{ETag: etag, IfAbsent: etag == ""}
+	if strings.Contains(key, keySep) {
+		opts.TTL = l.cfg.KeyTTL // an idle key's lock expires
+	}
+	if err := l.store.Put(ctx, key, b, opts); err != nil {
 		return fmt.Errorf("grouplock: %w", err)
 	}
 	return nil
@@ -566,6 +631,7 @@ func (l *Locks) emit(ev Event) {
 		return
 	}
 	ev.At = l.cfg.Now()
+	ev.Group, ev.Key, _ = strings.Cut(ev.Group, keySep)
 	ev.Tenant, _ = split(ev.Group)
 	l.cfg.OnEvent(ev)
 }

@@ -145,7 +145,7 @@ func (n *Node) lockWorker(id string) func() {
 // Spec is the engine spec for a worker.
 func (n *Node) Spec(w catalog.Worker) engines.Spec {
 	return engines.Spec{WorkerID: w.ID, MIMEType: w.MIMEType, Topic: w.Topic, Group: w.Group, Timeout: n.timeout, GatewayTargets: w.GatewayTargets,
-		Logger: n.workerLog(w.ID)}
+		MaxConcurrency: w.MaxConcurrency, MaxProcesses: w.MaxProcesses, Logger: n.workerLog(w.ID)}
 }
 
 // Check load-checks code for w with its engine without running it.
@@ -202,7 +202,7 @@ func (n *Node) hotPath(w catalog.Worker) dispatch.Worker {
 	if e, err := n.engines.Lookup(w.MIMEType); err == nil {
 		engine = e.Info().Name
 	}
-	return dispatch.Worker{ID: w.ID, Name: w.Name, Topic: w.Topic, Group: w.Group, Tenant: w.TenantName(), MaxAttempts: w.MaxAttempts, RetryBackoff: w.RetryBackoff,
+	return dispatch.Worker{ID: w.ID, Name: w.Name, Topic: w.Topic, Group: w.Group, GroupKey: w.GroupKey, Tenant: w.TenantName(), MaxAttempts: w.MaxAttempts, RetryBackoff: w.RetryBackoff,
 		AllowedOutputs: w.AllowedOutputs, TopicPrefix: w.TopicPrefix, Engine: engine}
 }
 

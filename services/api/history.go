@@ -87,6 +87,8 @@ func historyProto(e catalog.HistoryEntry) *pb.HistoryEntry {
 		placementProto(&w, catalog.Worker{Placement: p})
 		out.Replicas, out.Placement = w.Replicas, w.Placement
 	}
+	out.MaxConcurrency, out.MaxProcesses = optionalInt32(e.MaxConcurrency), optionalInt32(e.MaxProcesses)
+	out.GroupKey = e.GroupKey
 	return out
 }
 

@@ -123,6 +123,9 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 	if err := catalog.ValidateSpec(req.GetMimeType(), req.GetTopic(), req.GetGroup(), s.mimeTypes); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if err := catalog.ValidateGroupKey(req.GetGroup(), req.GetGroupKey()); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
 	rp := req.GetRetryPolicy()
 	if err := catalog.ValidateRetryPolicy(int(rp.GetMaxAttempts()), rp.GetBackoffMs()); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
@@ -131,6 +134,10 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	pl, err := workerPlacement(req)
+	if err != nil {
+		return nil, err
+	}
+	maxConc, maxProcs, err := workerConcurrency(req)
 	if err != nil {
 		return nil, err
 	}
@@ -158,7 +165,7 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 	w := catalog.Worker{ID: tenant.WorkerID(p.Tenant, uuid.New()), Tenant: p.Tenant, TopicPrefix: prefix, MIMEType: req.GetMimeType(), Topic: req.GetTopic(), Group: req.GetGroup(), Status: catalog.StatusStopped,
 		MaxAttempts: int(rp.GetMaxAttempts()), RetryBackoff: time.Duration(rp.GetBackoffMs()) * time.Millisecond,
 		Name: name, RequestID: rid, AllowedOutputs: req.GetAllowedOutputTopics(), GatewayTargets: req.GetAllowedGatewayTargets(),
-		Placement: pl}
+		Placement: pl, MaxConcurrency: maxConc, MaxProcesses: maxProcs, GroupKey: req.GetGroupKey()}
 	switch {
 	case name != "":
 		w.ID = NameWorkerID(p.Tenant, name)
@@ -221,8 +228,14 @@ func (s *Server) LoadCode(ctx context.Context, req *pb.LoadCodeRequest) (*pb.Wor
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.state(ctx, id); err != nil {
+	st, err := s.state(ctx, id)
+	if err != nil {
 		return nil, named(err, display)
+	}
+	if req.GroupKey != nil {
+		if err := catalog.ValidateGroupKey(st.Worker.Group, req.GetGroupKey()); err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -234,6 +247,7 @@ func (s *Server) LoadCode(ctx context.Context, req *pb.LoadCodeRequest) (*pb.Wor
 		return nil, err
 	}
 	ref.Actor = caller(ctx).Subject
+	ref.GroupKey = req.GroupKey
 	return s.update(ctx, id, workflows.UpdateLoadCode, ref)
 }
 
@@ -601,5 +615,7 @@ func toProto(w catalog.Worker) *pb.Worker {
 		out.RetryPolicy = &pb.RetryPolicy{MaxAttempts: int32(w.MaxAttempts), BackoffMs: w.RetryBackoff.Milliseconds()}
 	}
 	placementProto(out, w)
+	out.MaxConcurrency, out.MaxProcesses = optionalInt32(w.MaxConcurrency), optionalInt32(w.MaxProcesses)
+	out.GroupKey = w.GroupKey
 	return out
 }

@@ -82,6 +82,17 @@ type Config[P Process] struct {
 	// MaxRestartBackoff caps RestartBackoff's doubling. 0:
 	// DefaultMaxRestartBackoff.
 	MaxRestartBackoff time.Duration
+	// Warm is how many slots Fill starts (0 or more than Size: all). The
+	// others stay cold (no process) until a call finds every other slot
+	// busy: it then takes a cold slot, whose process starts for it
+	// (ProcBy). With IdleRetire > 0, the process of a slot beyond Warm
+	// that no call used for IdleRetire is retired and its slot is cold
+	// again, so the pool grows with its queue and shrinks back to Warm.
+	Warm       int
+	IdleRetire time.Duration
+	// Grow, when set, is asked before a call takes a cold slot: false
+	// keeps the call waiting for a live one, until Wake asks again.
+	Grow func() bool
 }
 
 // Backoff defaults (Config.RestartBackoff, Config.MaxRestartBackoff).
@@ -117,6 +128,8 @@ type Slot[P Process] struct {
 	// for an empty slot's), for the log and OnRestart once it is over.
 	starting    chan startResult[P]
 	startReason string
+	// lastUsed is when a call last gave the slot back (Config.IdleRetire).
+	lastUsed time.Time
 }
 
 type startResult[P Process] struct {
@@ -143,6 +156,8 @@ type Pool[P Process] struct {
 	closing bool
 	killAll bool           // Close gave up waiting: kill every process
 	procs   map[P]struct{} // live processes, for Close
+	cold    []*Slot[P]     // slots without a process beyond Config.Warm
+	wake    chan struct{}  // closed by Wake: waiting calls look at cold slots again
 	wg      sync.WaitGroup // calls in flight and restarts
 
 	now func() time.Time // the backoff's clock (time.Now; tests set their own)
@@ -157,6 +172,7 @@ func New[P Process](cfg Config[P]) *Pool[P] {
 		closed:    make(chan struct{}),
 		closeDone: make(chan struct{}),
 		procs:     map[P]struct{}{},
+		wake:      make(chan struct{}),
 		now:       time.Now,
 	}
 	if pl.cfg.RestartBackoff == 0 {
@@ -172,15 +188,20 @@ func New[P Process](cfg Config[P]) *Pool[P] {
 	return pl
 }
 
-// Fill starts the process of every slot in parallel, bounded by ctx, and
-// makes the slots available to Acquire. If any start fails it retires the
+// Fill starts the process of every slot (of the first Config.Warm slots
+// when set; the others stay cold) in parallel, bounded by ctx, and makes
+// the slots available to Acquire. If any start fails it retires the
 // processes that did start, gives the pool up (it is not to be used any
-// more) and returns the errors, one per slot (nil for those that started);
-// it returns nil when every process started.
+// more) and returns the errors, one per started slot (nil for those that
+// started); it returns nil when every process started.
 func (pl *Pool[P]) Fill(ctx context.Context) []error {
-	errs := make([]error, len(pl.slots))
+	warm := pl.slots
+	if w := pl.cfg.Warm; w > 0 && w < len(pl.slots) {
+		warm = pl.slots[:w]
+	}
+	errs := make([]error, len(warm))
 	var wg sync.WaitGroup
-	for i, s := range pl.slots {
+	for i, s := range warm {
 		wg.Go(func() {
 			s.p, errs[i] = pl.cfg.Start(ctx)
 		})
@@ -188,7 +209,7 @@ func (pl *Pool[P]) Fill(ctx context.Context) []error {
 	wg.Wait()
 	if errors.Join(errs...) != nil {
 		var zero P
-		for _, s := range pl.slots {
+		for _, s := range warm {
 			if s.p != zero {
 				s.p.Retire()
 				s.p = zero
@@ -197,10 +218,113 @@ func (pl *Pool[P]) Fill(ctx context.Context) []error {
 		pl.cancel()
 		return errs
 	}
-	for _, s := range pl.slots {
+	for _, s := range warm {
 		pl.free <- s
 	}
+	pl.mu.Lock()
+	pl.cold = append(pl.cold, pl.slots[len(warm):]...)
+	pl.mu.Unlock()
+	if len(warm) < len(pl.slots) && pl.cfg.IdleRetire > 0 {
+		go pl.retireIdle()
+	}
 	return nil
+}
+
+// takeCold returns a cold slot whose process may be started now (not
+// backing off after failed starts), or nil.
+func (pl *Pool[P]) takeCold() *Slot[P] {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	if len(pl.cold) == 0 || pl.cfg.Grow != nil && !pl.cfg.Grow() {
+		return nil
+	}
+	now := pl.now()
+	for i, s := range pl.cold {
+		if s.failures == 0 || !now.Before(s.nextTry) {
+			pl.cold = append(pl.cold[:i], pl.cold[i+1:]...)
+			return s
+		}
+	}
+	return nil
+}
+
+// Wake makes the calls waiting for a slot ask Config.Grow again (it now
+// says yes) and take a cold slot if there is one.
+func (pl *Pool[P]) Wake() {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	if len(pl.cold) > 0 {
+		close(pl.wake)
+		pl.wake = make(chan struct{})
+	}
+}
+
+// wakeCh is the channel the next Wake closes (nil without cold slots).
+func (pl *Pool[P]) wakeCh() <-chan struct{} {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	if len(pl.cold) == 0 {
+		return nil
+	}
+	return pl.wake
+}
+
+// Live is the number of slots that are not cold: those with a process,
+// starting one, or in use.
+func (pl *Pool[P]) Live() int {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	return len(pl.slots) - len(pl.cold)
+}
+
+// retireIdle makes the slots beyond Config.Warm whose process no call used
+// for Config.IdleRetire cold again, until Close.
+func (pl *Pool[P]) retireIdle() {
+	tick := time.NewTicker(max(pl.cfg.IdleRetire/4, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-pl.closed:
+			return
+		case <-tick.C:
+		}
+		// Each free slot is looked at once; the idle ones beyond Warm lose
+		// their process.
+		for range len(pl.free) {
+			if !pl.enter() {
+				return
+			}
+			var s *Slot[P]
+			select {
+			case s = <-pl.free:
+			default:
+			}
+			if s == nil {
+				pl.wg.Done()
+				break
+			}
+			pl.mu.Lock()
+			retire := s.starting == nil && len(pl.slots)-len(pl.cold) > max(pl.cfg.Warm, 1) &&
+				pl.now().Sub(s.lastUsed) >= pl.cfg.IdleRetire
+			pl.mu.Unlock()
+			if !retire {
+				pl.free <- s
+				pl.wg.Done()
+				continue
+			}
+			var zero P
+			if old := s.p; old != zero {
+				s.p = zero
+				old.CloseRequests()
+				old.Retire()
+				pl.Untrack(old)
+			}
+			pl.mu.Lock()
+			pl.cold = append(pl.cold, s)
+			pl.mu.Unlock()
+			pl.wg.Done()
+		}
+	}
 }
 
 // FirstError returns the first non-nil error of errs, preferring one that
@@ -249,21 +373,30 @@ func (pl *Pool[P]) AcquireUnless(ctx context.Context, stop, stop2 <-chan struct{
 		return s, nil
 	default:
 	}
-	select {
-	case s := <-pl.free:
-		return s, nil
-	case <-ctx.Done():
-		pl.wg.Done()
-		return nil, ctx.Err()
-	case <-stop:
-		pl.wg.Done()
-		return nil, ErrStopped
-	case <-stop2:
-		pl.wg.Done()
-		return nil, ErrStopped
-	case <-pl.closed:
-		pl.wg.Done()
-		return nil, ErrClosed
+	for {
+		// Every live slot is busy: a cold one starts its process for this
+		// call.
+		wake := pl.wakeCh()
+		if s := pl.takeCold(); s != nil {
+			return s, nil
+		}
+		select {
+		case s := <-pl.free:
+			return s, nil
+		case <-wake:
+		case <-ctx.Done():
+			pl.wg.Done()
+			return nil, ctx.Err()
+		case <-stop:
+			pl.wg.Done()
+			return nil, ErrStopped
+		case <-stop2:
+			pl.wg.Done()
+			return nil, ErrStopped
+		case <-pl.closed:
+			pl.wg.Done()
+			return nil, ErrClosed
+		}
 	}
 }
 
@@ -414,6 +547,7 @@ func (pl *Pool[P]) startFailed(s *Slot[P], err error) {
 
 // Release gives the slot back with its process as it is, and ends the call.
 func (pl *Pool[P]) Release(s *Slot[P]) {
+	s.lastUsed = pl.now()
 	pl.free <- s
 	pl.wg.Done()
 }
@@ -452,6 +586,7 @@ func (pl *Pool[P]) Replace(s *Slot[P], reason string) {
 				slices.Concat(pl.cfg.LogAttrs, []any{"reason", reason})...)
 			pl.restarted(reason, nil)
 		}
+		s.lastUsed = pl.now()
 		pl.free <- s
 	}()
 	pl.wg.Done()

@@ -257,8 +257,14 @@ type Worker struct {
 	Nodes []string `protobuf:"bytes,19,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	// Why no live node can run the worker, when none can; empty otherwise.
 	PlacementReason string `protobuf:"bytes,20,opt,name=placement_reason,json=placementReason,proto3" json:"placement_reason,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// As created (CreateWorkerRequest); unset: the cluster's default.
+	MaxConcurrency *int32 `protobuf:"varint,21,opt,name=max_concurrency,json=maxConcurrency,proto3,oneof" json:"max_concurrency,omitempty"`
+	MaxProcesses   *int32 `protobuf:"varint,22,opt,name=max_processes,json=maxProcesses,proto3,oneof" json:"max_processes,omitempty"`
+	// The CloudEvent attribute (or extension) whose value keys the group
+	// lock ("" : the whole group's lock): see CreateWorkerRequest.group_key.
+	GroupKey      string `protobuf:"bytes,23,opt,name=group_key,json=groupKey,proto3" json:"group_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
@@ -427,6 +433,27 @@ func (x *Worker) GetNodes() []string {
 func (x *Worker) GetPlacementReason() string {
 	if x != nil {
 		return x.PlacementReason
+	}
+	return ""
+}
+
+func (x *Worker) GetMaxConcurrency() int32 {
+	if x != nil && x.MaxConcurrency != nil {
+		return *x.MaxConcurrency
+	}
+	return 0
+}
+
+func (x *Worker) GetMaxProcesses() int32 {
+	if x != nil && x.MaxProcesses != nil {
+		return *x.MaxProcesses
+	}
+	return 0
+}
+
+func (x *Worker) GetGroupKey() string {
+	if x != nil {
+		return x.GroupKey
 	}
 	return ""
 }
@@ -663,7 +690,23 @@ type CreateWorkerRequest struct {
 	// every node that can run it; 1..64 otherwise.
 	Replicas *int32 `protobuf:"varint,10,opt,name=replicas,proto3,oneof" json:"replicas,omitempty"`
 	// Optional: what a node must have to run the worker.
-	Placement     *WorkerPlacement `protobuf:"bytes,11,opt,name=placement,proto3" json:"placement,omitempty"`
+	Placement *WorkerPlacement `protobuf:"bytes,11,opt,name=placement,proto3" json:"placement,omitempty"`
+	// Optional, Python: how many events an `async def process` worker runs
+	// at once on its runner's event loop (1..256). Unset: the cluster's
+	// PYTHON_MAX_CONCURRENCY.
+	MaxConcurrency *int32 `protobuf:"varint,12,opt,name=max_concurrency,json=maxConcurrency,proto3,oneof" json:"max_concurrency,omitempty"`
+	// Optional, Python: how many runner processes a plain `def process`
+	// worker may get on demand (1..16). Unset: the cluster's
+	// PYTHON_MAX_PROCESSES.
+	MaxProcesses *int32 `protobuf:"varint,13,opt,name=max_processes,json=maxProcesses,proto3,oneof" json:"max_processes,omitempty"`
+	// Optional, with a group: the name of a CloudEvent attribute or extension
+	// (e.g. "subject", "partitionkey"; a-z 0-9, 1 to 20 characters) whose
+	// value keys the group's lock: executions of one group with the same key
+	// never overlap anywhere in the cluster and carry a fencing token per
+	// (group, key); different keys run in parallel. An event without the
+	// attribute takes the whole group's lock (it excludes the other events
+	// without it, not the keyed ones). Changeable by LoadCode.
+	GroupKey      string `protobuf:"bytes,14,opt,name=group_key,json=groupKey,proto3" json:"group_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -773,6 +816,27 @@ func (x *CreateWorkerRequest) GetPlacement() *WorkerPlacement {
 		return x.Placement
 	}
 	return nil
+}
+
+func (x *CreateWorkerRequest) GetMaxConcurrency() int32 {
+	if x != nil && x.MaxConcurrency != nil {
+		return *x.MaxConcurrency
+	}
+	return 0
+}
+
+func (x *CreateWorkerRequest) GetMaxProcesses() int32 {
+	if x != nil && x.MaxProcesses != nil {
+		return *x.MaxProcesses
+	}
+	return 0
+}
+
+func (x *CreateWorkerRequest) GetGroupKey() string {
+	if x != nil {
+		return x.GroupKey
+	}
+	return ""
 }
 
 type CreateWorkerResponse struct {
@@ -988,9 +1052,12 @@ func (*DeleteWorkerResponse) Descriptor() ([]byte, []int) {
 }
 
 type LoadCodeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
-	Code          *CodeSource            `protobuf:"bytes,2,opt,name=code,proto3" json:"code,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	Code     *CodeSource            `protobuf:"bytes,2,opt,name=code,proto3" json:"code,omitempty"`
+	// Optional: the worker's group key from this version on (see
+	// CreateWorkerRequest.group_key); "" removes it; unset keeps it.
+	GroupKey      *string `protobuf:"bytes,3,opt,name=group_key,json=groupKey,proto3,oneof" json:"group_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1037,6 +1104,13 @@ func (x *LoadCodeRequest) GetCode() *CodeSource {
 		return x.Code
 	}
 	return nil
+}
+
+func (x *LoadCodeRequest) GetGroupKey() string {
+	if x != nil && x.GroupKey != nil {
+		return *x.GroupKey
+	}
+	return ""
 }
 
 type RollbackWorkerRequest struct {
@@ -1325,8 +1399,14 @@ type HistoryEntry struct {
 	RollbackTo int64 `protobuf:"varint,8,opt,name=rollback_to,json=rollbackTo,proto3" json:"rollback_to,omitempty"`
 	// For a create: the replicas and placement the worker was created with
 	// (unset: the cluster's defaults, or an entry from before placement).
-	Replicas      *int32           `protobuf:"varint,9,opt,name=replicas,proto3,oneof" json:"replicas,omitempty"`
-	Placement     *WorkerPlacement `protobuf:"bytes,10,opt,name=placement,proto3" json:"placement,omitempty"`
+	Replicas  *int32           `protobuf:"varint,9,opt,name=replicas,proto3,oneof" json:"replicas,omitempty"`
+	Placement *WorkerPlacement `protobuf:"bytes,10,opt,name=placement,proto3" json:"placement,omitempty"`
+	// For a create: the max_concurrency and max_processes it was created
+	// with (unset: the cluster's defaults).
+	MaxConcurrency *int32 `protobuf:"varint,11,opt,name=max_concurrency,json=maxConcurrency,proto3,oneof" json:"max_concurrency,omitempty"`
+	MaxProcesses   *int32 `protobuf:"varint,12,opt,name=max_processes,json=maxProcesses,proto3,oneof" json:"max_processes,omitempty"`
+	// The group key in effect from this version on ("" : none).
+	GroupKey      string `protobuf:"bytes,13,opt,name=group_key,json=groupKey,proto3" json:"group_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1429,6 +1509,27 @@ func (x *HistoryEntry) GetPlacement() *WorkerPlacement {
 		return x.Placement
 	}
 	return nil
+}
+
+func (x *HistoryEntry) GetMaxConcurrency() int32 {
+	if x != nil && x.MaxConcurrency != nil {
+		return *x.MaxConcurrency
+	}
+	return 0
+}
+
+func (x *HistoryEntry) GetMaxProcesses() int32 {
+	if x != nil && x.MaxProcesses != nil {
+		return *x.MaxProcesses
+	}
+	return 0
+}
+
+func (x *HistoryEntry) GetGroupKey() string {
+	if x != nil {
+		return x.GroupKey
+	}
+	return ""
 }
 
 type GetWorkerHistoryResponse struct {
@@ -2277,7 +2378,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x06source\"5\n" +
 	"\tUrlSource\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
-	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\xbc\x06\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\xd7\a\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x14\n" +
@@ -2302,8 +2403,13 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\breplicas\x18\x11 \x01(\x05H\x00R\breplicas\x88\x01\x01\x12=\n" +
 	"\tplacement\x18\x12 \x01(\v2\x1f.workmanager.v1.WorkerPlacementR\tplacement\x12\x14\n" +
 	"\x05nodes\x18\x13 \x03(\tR\x05nodes\x12)\n" +
-	"\x10placement_reason\x18\x14 \x01(\tR\x0fplacementReasonB\v\n" +
-	"\t_replicas\"\x95\x01\n" +
+	"\x10placement_reason\x18\x14 \x01(\tR\x0fplacementReason\x12,\n" +
+	"\x0fmax_concurrency\x18\x15 \x01(\x05H\x01R\x0emaxConcurrency\x88\x01\x01\x12(\n" +
+	"\rmax_processes\x18\x16 \x01(\x05H\x02R\fmaxProcesses\x88\x01\x01\x12\x1b\n" +
+	"\tgroup_key\x18\x17 \x01(\tR\bgroupKeyB\v\n" +
+	"\t_replicasB\x12\n" +
+	"\x10_max_concurrencyB\x10\n" +
+	"\x0e_max_processes\"\x95\x01\n" +
 	"\x0fWorkerPlacement\x12F\n" +
 	"\arequire\x18\x01 \x03(\v2,.workmanager.v1.WorkerPlacement.RequireEntryR\arequire\x1a:\n" +
 	"\fRequireEntry\x12\x10\n" +
@@ -2320,7 +2426,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12\x1d\n" +
 	"\n" +
-	"backoff_ms\x18\x02 \x01(\x03R\tbackoffMs\"\xda\x03\n" +
+	"backoff_ms\x18\x02 \x01(\x03R\tbackoffMs\"\xf5\x04\n" +
 	"\x13CreateWorkerRequest\x12.\n" +
 	"\x04code\x18\x01 \x01(\v2\x1a.workmanager.v1.CodeSourceR\x04code\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x14\n" +
@@ -2334,8 +2440,13 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x17allowed_gateway_targets\x18\t \x03(\tR\x15allowedGatewayTargets\x12\x1f\n" +
 	"\breplicas\x18\n" +
 	" \x01(\x05H\x00R\breplicas\x88\x01\x01\x12=\n" +
-	"\tplacement\x18\v \x01(\v2\x1f.workmanager.v1.WorkerPlacementR\tplacementB\v\n" +
-	"\t_replicas\"3\n" +
+	"\tplacement\x18\v \x01(\v2\x1f.workmanager.v1.WorkerPlacementR\tplacement\x12,\n" +
+	"\x0fmax_concurrency\x18\f \x01(\x05H\x01R\x0emaxConcurrency\x88\x01\x01\x12(\n" +
+	"\rmax_processes\x18\r \x01(\x05H\x02R\fmaxProcesses\x88\x01\x01\x12\x1b\n" +
+	"\tgroup_key\x18\x0e \x01(\tR\bgroupKeyB\v\n" +
+	"\t_replicasB\x12\n" +
+	"\x10_max_concurrencyB\x10\n" +
+	"\x0e_max_processes\"3\n" +
 	"\x14CreateWorkerResponse\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"1\n" +
 	"\x12StartWorkerRequest\x12\x1b\n" +
@@ -2344,10 +2455,13 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"2\n" +
 	"\x13DeleteWorkerRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"\x16\n" +
-	"\x14DeleteWorkerResponse\"^\n" +
+	"\x14DeleteWorkerResponse\"\x8e\x01\n" +
 	"\x0fLoadCodeRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12.\n" +
-	"\x04code\x18\x02 \x01(\v2\x1a.workmanager.v1.CodeSourceR\x04code\"N\n" +
+	"\x04code\x18\x02 \x01(\v2\x1a.workmanager.v1.CodeSourceR\x04code\x12 \n" +
+	"\tgroup_key\x18\x03 \x01(\tH\x00R\bgroupKey\x88\x01\x01B\f\n" +
+	"\n" +
+	"_group_key\"N\n" +
 	"\x15RollbackWorkerRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\"/\n" +
@@ -2364,7 +2478,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x03 \x01(\tR\tpageToken\"\xea\x02\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\x85\x04\n" +
 	"\fHistoryEntry\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x03R\aversion\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x1f\n" +
@@ -2379,8 +2493,13 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"rollbackTo\x12\x1f\n" +
 	"\breplicas\x18\t \x01(\x05H\x00R\breplicas\x88\x01\x01\x12=\n" +
 	"\tplacement\x18\n" +
-	" \x01(\v2\x1f.workmanager.v1.WorkerPlacementR\tplacementB\v\n" +
-	"\t_replicas\"z\n" +
+	" \x01(\v2\x1f.workmanager.v1.WorkerPlacementR\tplacement\x12,\n" +
+	"\x0fmax_concurrency\x18\v \x01(\x05H\x01R\x0emaxConcurrency\x88\x01\x01\x12(\n" +
+	"\rmax_processes\x18\f \x01(\x05H\x02R\fmaxProcesses\x88\x01\x01\x12\x1b\n" +
+	"\tgroup_key\x18\r \x01(\tR\bgroupKeyB\v\n" +
+	"\t_replicasB\x12\n" +
+	"\x10_max_concurrencyB\x10\n" +
+	"\x0e_max_processes\"z\n" +
 	"\x18GetWorkerHistoryResponse\x126\n" +
 	"\aentries\x18\x01 \x03(\v2\x1c.workmanager.v1.HistoryEntryR\aentries\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x17\n" +
@@ -2586,6 +2705,7 @@ func file_workmanager_v1_workmanager_proto_init() {
 	}
 	file_workmanager_v1_workmanager_proto_msgTypes[2].OneofWrappers = []any{}
 	file_workmanager_v1_workmanager_proto_msgTypes[6].OneofWrappers = []any{}
+	file_workmanager_v1_workmanager_proto_msgTypes[12].OneofWrappers = []any{}
 	file_workmanager_v1_workmanager_proto_msgTypes[18].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

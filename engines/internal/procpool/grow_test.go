@@ -1,0 +1,83 @@
+package procpool
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// With Warm below Size, Fill starts Warm processes; a call that finds them
+// busy takes a cold slot (its process starts for it) when Grow says so,
+// and waits when it does not until Wake; idle extra processes are retired
+// after IdleRetire, never below Warm.
+func TestColdSlotsGrowAndRetire(t *testing.T) {
+	f := &fakes{}
+	var grow atomic.Bool
+	pl, _ := newPool(t, 3, f, func(c *Config[*fakeProc]) {
+		c.Warm, c.IdleRetire = 1, 20*time.Millisecond
+		c.Grow = grow.Load
+	})
+	if errs := pl.Fill(ctxFor(t, 5*time.Second)); errs != nil {
+		t.Fatalf("Fill: %v", errs)
+	}
+	if n := len(f.all()); n != 1 || pl.Live() != 1 {
+		t.Fatalf("Fill started %d processes, %d live slots; want 1", n, pl.Live())
+	}
+	s1, _ := acquire(t, pl)
+
+	// Busy, and Grow says no: the call waits, until Wake with Grow yes.
+	got := make(chan *Slot[*fakeProc], 1)
+	go func() {
+		s, err := pl.Acquire(ctxFor(t, 5*time.Second))
+		if err != nil {
+			t.Errorf("Acquire: %v", err)
+		}
+		got <- s
+	}()
+	select {
+	case <-got:
+		t.Fatal("a call took a cold slot while Grow said no")
+	case <-time.After(50 * time.Millisecond):
+	}
+	grow.Store(true)
+	pl.Wake()
+	s2 := within(t, 5*time.Second, "the woken call", func() *Slot[*fakeProc] { return <-got })
+	if _, err := pl.Proc(ctxFor(t, 5*time.Second), s2); err != nil {
+		t.Fatalf("Proc of the cold slot: %v", err)
+	}
+	s3, _ := acquire(t, pl) // the third slot, cold too
+	if n := len(f.all()); n != 3 || pl.Live() != 3 {
+		t.Fatalf("%d processes, %d live slots after growing; want 3", n, pl.Live())
+	}
+	// Full: a fourth call waits for a slot.
+	if _, err := pl.Acquire(ctxFor(t, 50*time.Millisecond)); err == nil {
+		t.Fatal("a fourth call got a slot of a full pool")
+	}
+	pl.Release(s1)
+	pl.Release(s2)
+	pl.Release(s3)
+	within(t, 5*time.Second, "retiring the idle extra processes", func() bool {
+		for pl.Live() != 1 {
+			<-time.After(5 * time.Millisecond)
+		}
+		return true
+	})
+	retired := 0
+	for _, p := range f.all() {
+		retired += int(p.retires.Load())
+	}
+	if retired != 2 {
+		t.Fatalf("%d processes retired, want 2", retired)
+	}
+	// The one left serves, and the pool grows again.
+	s, p := acquire(t, pl)
+	if p.exited() {
+		t.Fatal("the warm process was retired")
+	}
+	s4, _ := acquire(t, pl)
+	if n := len(f.all()); n != 4 {
+		t.Fatalf("%d processes started after growing again, want 4", n)
+	}
+	pl.Release(s)
+	pl.Release(s4)
+}
