@@ -120,7 +120,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		recordSeconds: histogram("delivery_record_seconds", "State round trips of delivery records: op load (read before the workers run) and update (write after).", LabelOp),
 		recordErrors:  counter("delivery_record_errors_total", "Delivery-record round trips that failed (the message is redelivered), by op.", LabelOp),
 
-		lockAcquisitions:  counter("grouplock_acquisitions_total", "Group locks taken (including thefts).", LabelGroup),
+		lockAcquisitions:  counter("grouplock_acquisitions_total", "Group locks taken in the store (including thefts): one per hold, which may serve a run of the group's messages (GROUP_LOCK_KEEP_FOR).", LabelGroup),
 		lockContentions:   counter("grouplock_contentions_total", "Acquisitions given up because the group stayed locked for all their tries (a lock_contention attempt).", LabelGroup),
 		lockThefts:        counter("grouplock_thefts_total", "Locks taken from another holder: past GROUP_LOCK_MAX_AGE_MS without a write, or whose node has gone.", LabelGroup),
 		lockTheftsAborted: counter("grouplock_thefts_aborted_total", "Tries that found the lock past its max age but written under its token, so it was not stolen.", LabelGroup),

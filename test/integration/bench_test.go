@@ -47,12 +47,15 @@ func BenchmarkEndToEnd(b *testing.B) {
 		stateOps []float64
 		cpu      []map[string]float64 // µs of CPU per message, by process
 	}
-	modes := []string{"bare", "ungrouped", "native", "grouped"}
+	// grouped-2nodes (one group served by two nodes) runs last: a second
+	// node joins the cluster for it, and stays.
+	modes := []string{"bare", "ungrouped", "native", "grouped", "grouped-native", "keyed", "slow", "dotnet", "grouped-2nodes"}
 	if m := os.Getenv("WM_BENCH_MODES"); m != "" { // e.g. "bare,native"
 		modes = strings.Split(m, ",")
+		known := []string{"bare", "bare-inproc", "ungrouped", "native", "grouped", "grouped-native", "keyed", "slow", "dotnet", "grouped-2nodes"}
 		for _, mode := range modes {
-			if !slices.Contains([]string{"bare", "bare-inproc", "ungrouped", "native", "grouped"}, mode) {
-				b.Fatalf("WM_BENCH_MODES: unknown mode %q (bare, bare-inproc, ungrouped, native, grouped)", mode)
+			if !slices.Contains(known, mode) {
+				b.Fatalf("WM_BENCH_MODES: unknown mode %q (%s)", mode, strings.Join(known, ", "))
 			}
 		}
 	}
@@ -60,26 +63,47 @@ func BenchmarkEndToEnd(b *testing.B) {
 	for _, m := range modes {
 		res[m] = &result{}
 	}
+	two := slices.Contains(modes, "grouped-2nodes")
+	if two {
+		modes = append(slices.DeleteFunc(modes, func(m string) bool { return m == "grouped-2nodes" }), "grouped-2nodes")
+	}
+	measure := func(r int, mode string) {
+		in, out := fmt.Sprintf("bench-%s-%d-in-%d", mode, r, time.Now().UnixNano()), fmt.Sprintf("bench-%s-%d-out-%d", mode, r, time.Now().UnixNano())
+		consumer, stop := e.benchTarget(b, mode, in, out)
+		outs := e.subscribe(out)
+		ops0, cpu0 := e.redisStateOps(b), e.cpuByProcess(b, consumer)
+		rate := e.saturate(b, in, outs, n, payload, benchAttrs(mode))
+		ops, cpu := float64(e.redisStateOps(b)-ops0)/float64(n), e.cpuByProcess(b, consumer)
+		perMsg := map[string]float64{}
+		for k, v := range cpu {
+			perMsg[k] = float64((v - cpu0[k]).Microseconds()) / float64(n)
+		}
+		p50, p99 := e.paced(b, in, outs, 300, 100, benchAttrs(mode))
+		stop()
+		x := res[mode]
+		x.rate, x.p50, x.p99, x.stateOps = append(x.rate, rate), append(x.p50, p50), append(x.p99, p99), append(x.stateOps, ops)
+		x.cpu = append(x.cpu, perMsg)
+		b.Logf("round %d %-14s %7.0f msg/s  p50 %-10s p99 %-10s state ops/msg %.2f  CPU µs/msg: daprd %.0f, consumer %.0f, redis %.0f, test %.0f",
+			r, mode, rate, p50, p99, ops, perMsg["daprd"], perMsg["consumer"], perMsg["redis"], perMsg["test"])
+	}
+	var nodeB *extraNode
 	for range b.N {
 		for r := range rounds {
 			for _, mode := range modes {
-				in, out := fmt.Sprintf("bench-%s-%d-in-%d", mode, r, time.Now().UnixNano()), fmt.Sprintf("bench-%s-%d-out-%d", mode, r, time.Now().UnixNano())
-				consumer, stop := e.benchTarget(b, mode, in, out)
-				outs := e.subscribe(out)
-				ops0, cpu0 := e.redisStateOps(b), e.cpuByProcess(b, consumer)
-				rate := e.saturate(b, in, outs, n, payload)
-				ops, cpu := float64(e.redisStateOps(b)-ops0)/float64(n), e.cpuByProcess(b, consumer)
-				perMsg := map[string]float64{}
-				for k, v := range cpu {
-					perMsg[k] = float64((v - cpu0[k]).Microseconds()) / float64(n)
+				if mode != "grouped-2nodes" { // below, once every other mode is measured
+					measure(r, mode)
 				}
-				p50, p99 := e.paced(b, in, outs, 300, 100)
-				stop()
-				x := res[mode]
-				x.rate, x.p50, x.p99, x.stateOps = append(x.rate, rate), append(x.p50, p50), append(x.p99, p99), append(x.stateOps, ops)
-				x.cpu = append(x.cpu, perMsg)
-				b.Logf("round %d %-11s %7.0f msg/s  p50 %-10s p99 %-10s state ops/msg %.2f  CPU µs/msg: daprd %.0f, consumer %.0f, redis %.0f, test %.0f",
-					r, mode, rate, p50, p99, ops, perMsg["daprd"], perMsg["consumer"], perMsg["redis"], perMsg["test"])
+			}
+		}
+		if two {
+			// A second node (its own daprd, the same Redis and Temporal)
+			// serves the group's topic too: both take the group's lock.
+			// CPU figures are the first node's.
+			if nodeB == nil {
+				nodeB = e.startExtraNode(b, "bench-b")
+			}
+			for r := range rounds {
+				measure(r, "grouped-2nodes")
 			}
 		}
 	}
@@ -133,15 +157,28 @@ func (e *env) benchTarget(b *testing.B, mode, in, out string) (int, func()) {
 		}
 		return 0, wait
 	}
-	group := ""
-	if mode == "grouped" {
-		group = "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	req := &pb.CreateWorkerRequest{Topic: in}
+	switch mode {
+	case "grouped", "grouped-native", "keyed", "grouped-2nodes":
+		// One group; "keyed": 64 keys of it (benchAttrs), run in parallel.
+		req.Group = "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		if mode == "keyed" {
+			req.GroupKey = "subject"
+		}
 	}
-	req := &pb.CreateWorkerRequest{Topic: in, Group: group}
-	if mode == "native" {
+	switch mode {
+	case "native", "grouped-native":
 		req.MimeType = "application/x-native-dll"
 		req.Code = &pb.CodeSource{Source: &pb.CodeSource_Content{Content: nativePackageOf(b, "bench_echo.c", fmt.Sprintf(`-DOUT_TYPE="%s"`, out))}}
-	} else {
+	case "dotnet":
+		req.MimeType = "text/x-csharp"
+		req.Code = pyCode(csharpWorker(out, "bench"))
+	case "slow":
+		// A worker that waits 30 ms per event (a gateway call, I/O): what
+		// overlapping its events (async def, max_concurrency) buys.
+		req.MimeType = "text/x-python"
+		req.Code = pyCode([]byte(fmt.Sprintf("import asyncio\n\nasync def process(event):\n    await asyncio.sleep(0.03)\n    return {\"type\": %q, \"data\": event.get(\"data\")}\n", out)))
+	default:
 		req.MimeType = "text/x-python"
 		req.Code = pyCode([]byte(fmt.Sprintf("def process(event):\n    return {\"type\": %q, \"data\": event.get(\"data\")}\n", out)))
 	}
@@ -156,9 +193,19 @@ func (e *env) benchTarget(b *testing.B, mode, in, out string) (int, func()) {
 	}
 }
 
+// benchAttrs adds the attributes a mode's events carry: "keyed" spreads
+// them over 64 subjects (its group's keys); nil for the others.
+func benchAttrs(mode string) func(i int, ce map[string]any) {
+	if mode != "keyed" {
+		return nil
+	}
+	return func(i int, ce map[string]any) { ce["subject"] = "k" + strconv.Itoa(i%64) }
+}
+
 // saturate publishes n events from 16 publishers as fast as daprd takes
-// them and returns outputs/s until all n outputs arrived.
-func (e *env) saturate(b *testing.B, in string, outs <-chan event.Event, n int, payload string) float64 {
+// them and returns outputs/s until all n outputs arrived; attrs, when set,
+// adds attributes to event i.
+func (e *env) saturate(b *testing.B, in string, outs <-chan event.Event, n int, payload string, attrs func(int, map[string]any)) float64 {
 	b.Helper()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -167,8 +214,12 @@ func (e *env) saturate(b *testing.B, in string, outs <-chan event.Event, n int, 
 		go func() {
 			defer wg.Done()
 			for i := p; i < n; i += 16 {
-				e.publishEvent(in, map[string]any{"id": "s" + strconv.Itoa(i), "type": "bench.input", "datacontenttype": "application/json",
-					"data": map[string]any{"p": payload}})
+				ce := map[string]any{"id": "s" + strconv.Itoa(i), "type": "bench.input", "datacontenttype": "application/json",
+					"data": map[string]any{"p": payload}}
+				if attrs != nil {
+					attrs(i, ce)
+				}
+				e.publishEvent(in, ce)
 			}
 		}()
 	}
@@ -185,8 +236,8 @@ func (e *env) saturate(b *testing.B, in string, outs <-chan event.Event, n int, 
 }
 
 // paced publishes n events at rate/s and returns the p50 and p99 from
-// publish to output.
-func (e *env) paced(b *testing.B, in string, outs <-chan event.Event, n, rate int) (time.Duration, time.Duration) {
+// publish to output (attrs as for saturate).
+func (e *env) paced(b *testing.B, in string, outs <-chan event.Event, n, rate int, attrs func(int, map[string]any)) (time.Duration, time.Duration) {
 	b.Helper()
 	sent := make([]time.Time, n)
 	var mu sync.Mutex
@@ -217,8 +268,12 @@ func (e *env) paced(b *testing.B, in string, outs <-chan event.Event, n, rate in
 		mu.Lock()
 		sent[i] = time.Now()
 		mu.Unlock()
-		e.publishEvent(in, map[string]any{"id": "p" + strconv.Itoa(i), "type": "bench.input", "datacontenttype": "application/json",
-			"data": map[string]any{"n": i}})
+		ce := map[string]any{"id": "p" + strconv.Itoa(i), "type": "bench.input", "datacontenttype": "application/json",
+			"data": map[string]any{"n": i}}
+		if attrs != nil {
+			attrs(i, ce)
+		}
+		e.publishEvent(in, ce)
 	}
 	ds := <-done
 	if len(ds) < n {
