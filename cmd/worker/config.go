@@ -90,6 +90,7 @@ type config struct {
 	LockMaxRetries     int           // GROUP_LOCK_MAX_RETRIES
 	LockKeepFor        int           // GROUP_LOCK_KEEP_FOR: messages one acquisition may serve in a row (0: one each)
 	KeyLockTTL         time.Duration // GROUP_KEY_LOCK_TTL: how long an idle key's lock stays in the store
+	LockLinger         time.Duration // GROUP_LOCK_LINGER: how long a node keeps a group's lock after its last message
 	LockMaxAge         time.Duration // GROUP_LOCK_MAX_AGE_MS: longer than WORKER_TIMEOUT
 	ShutdownGrace      time.Duration // SHUTDOWN_GRACE: how long SIGTERM waits for in-flight messages
 	DebugPprof         bool          // DEBUG_PPROF: serve Go's /debug/pprof/ profiles on WORKMANAGER_HTTP_ADDR (off by default)
@@ -171,6 +172,7 @@ func loadConfig() (config, error) {
 		LockMaxRetries:      r.Int("GROUP_LOCK_MAX_RETRIES", 3),
 		LockKeepFor:         r.Int("GROUP_LOCK_KEEP_FOR", 256),
 		KeyLockTTL:          r.Duration("GROUP_KEY_LOCK_TTL", grouplock.DefaultKeyTTL),
+		LockLinger:          r.Duration("GROUP_LOCK_LINGER", 200*time.Millisecond),
 		LockMaxAge:          time.Duration(r.Int("GROUP_LOCK_MAX_AGE_MS", int(grouplock.DefaultMaxAge/time.Millisecond))) * time.Millisecond,
 		ShutdownGrace:       r.Duration("SHUTDOWN_GRACE", 30*time.Second),
 		TestPanicExtension:  r.String("WM_TEST_PANIC_EXTENSION", ""),
@@ -349,6 +351,8 @@ func (c config) validate() error {
 		return fmt.Errorf("GROUP_LOCK_MAX_RETRIES must be 0 to 20, got %d", c.LockMaxRetries)
 	case c.LockKeepFor < 0 || c.LockKeepFor > 1_000_000:
 		return fmt.Errorf("GROUP_LOCK_KEEP_FOR must be 0 to 1000000, got %d", c.LockKeepFor)
+	case c.LockLinger < 0 || c.LockLinger > 10*time.Second:
+		return fmt.Errorf("GROUP_LOCK_LINGER must be 0 to 10s, got %s", c.LockLinger)
 	case c.KeyLockTTL < 10*c.LockMaxAge:
 		// A key's lock must outlive its holder's written max age (10 ×
 		// the max age), or a held lock could expire under its holder.

@@ -85,6 +85,7 @@ type parts struct {
 	events  *lifecycleevents.Emitter
 	infra   *infraevents.Emitter
 	members *cluster.Members
+	locks   *grouplock.Locks
 	stats   *workerstats.Recorder
 	disp    *dispatch.Dispatcher
 	n       *node.Node
@@ -285,7 +286,10 @@ func (p *parts) build(ctx context.Context) error {
 	members := cluster.New(store, cfg.NodeID, 3*cfg.NodeHeartbeat)
 	members.LapseMargin = cfg.NodeHeartbeat // as SelfAlive and the gate below
 	p.members = members
-	locks := grouplock.New(store, grouplock.Config{RetryBase: cfg.LockRetryBase, MaxRetries: cfg.LockMaxRetries, MaxAge: cfg.LockMaxAge, Node: cfg.NodeID,
+	locks := grouplock.New(store, grouplock.Config{
+		// ...and keeps it for GROUP_LOCK_LINGER after the run's last
+		// message, for the group's (or the key's) next one.
+		Linger: cfg.LockLinger, RetryBase: cfg.LockRetryBase, MaxRetries: cfg.LockMaxRetries, MaxAge: cfg.LockMaxAge, Node: cfg.NodeID,
 		// A run of a group's messages on this node holds the lock once
 		// (issue 47): one token block per acquisition.
 		KeepFor: cfg.LockKeepFor, TokenBlock: int64(max(cfg.LockKeepFor, 1)), KeyTTL: cfg.KeyLockTTL,
@@ -309,6 +313,7 @@ func (p *parts) build(ctx context.Context) error {
 			met.GroupLockEvent(e)
 			p.infra.Emit(infraevents.GroupLockTopic, "grouplock."+e.Kind, e)
 		}})
+	p.locks = locks
 	// Each worker's counts for GetWorker, written every few seconds off the
 	// message path (internal/workerstats; statsWriter).
 	p.stats = workerstats.NewRecorder(state.NewBatching(store, 0), cfg.NodeID, log)
@@ -496,6 +501,7 @@ func (p *parts) nodeShutdown() startstop.Service {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		p.n.Shutdown(sctx)
+		p.locks.ReleaseIdle(sctx) // holds lingering after their last message
 	})
 }
 

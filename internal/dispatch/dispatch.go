@@ -331,10 +331,11 @@ const maxBatcherConcurrency = 256
 // configured default, or more for an Instance that batches the calls it
 // holds (engines.Batcher), which then costs less per message, or that runs
 // many at once (engines.Concurrent: async workers, extra processes). Not in
-// a group: a group runs one message at a time. It is
+// a group: a group runs one message at a time (a keyed group one per key,
+// so its keys fill batches like an ungrouped worker's messages). It is
 // fixed when the worker is attached; a hot reload (same engine) keeps it.
 func concurrency(def int, w Worker, inst engines.Instance) int {
-	if w.Group != "" {
+	if w.Group != "" && w.GroupKey == "" {
 		return def
 	}
 	n := def

@@ -209,6 +209,16 @@ type Config struct {
 	// group (its waiter marker, read every FairEvery). Zero: every lease
 	// acquires and releases its own.
 	KeepFor int
+	// Linger, with KeepFor, keeps a hold that nobody here waits for for
+	// this long after its last lease (default 0: given up at once), so
+	// that the group's (or the key's) next message within it needs no
+	// store round trip either: a group at a steady rate, or a keyed group
+	// whose keys come back, holds its lock across the gaps. The hold is
+	// given up when Linger passes without a caller, after KeepFor leases,
+	// or at the first release after another process's waiter marker shows
+	// (read at most every FairEvery), so another node waits at most about
+	// Linger more than without it.
+	Linger time.Duration
 	// FairEvery is how often a kept hold reads the record for another
 	// process's waiter marker (default 100ms); a waiting node gets the
 	// lock within about this long plus its own polling.
@@ -257,6 +267,11 @@ type slot struct {
 	ch   chan struct{}
 	refs int
 	hold *hold
+	// lingering: hold is parked by Linger, with a reference of its own
+	// (refs) and a timer (linger) that gives it up; whoever takes hold
+	// out of the slot drops that reference.
+	lingering bool
+	linger    *time.Timer
 }
 
 // record is the JSON value of a group's lock key.
@@ -364,9 +379,15 @@ func (l *Locks) Acquire(ctx context.Context, group, holder string) (*Lease, erro
 		return nil, err
 	}
 	l.mu.Lock()
-	kept := s.hold
-	s.hold = nil
+	kept, lingered := s.hold, s.lingering
+	s.hold, s.lingering = nil, false
+	if lingered {
+		s.linger.Stop() // if it fired, endLinger finds the hold taken
+	}
 	l.mu.Unlock()
+	if lingered {
+		l.drop(group, s) // the linger's reference (this caller holds one)
+	}
 	if kept != nil {
 		// Kept by the previous caller's Release: its next token, no
 		// store round trip (unless a new block of tokens is due).
@@ -404,13 +425,45 @@ func (l *Locks) acquire(ctx context.Context, group, holder string) (*Lease, erro
 			l.emit(ev)
 			return nil, fmt.Errorf("grouplock %s: %d tries: %w", group, try+1, ErrContended)
 		}
-		if err := l.cfg.Sleep(ctx, backoff(l.cfg.RetryBase, try)); err != nil {
+		if err := l.wait(ctx, group, backoff(l.cfg.RetryBase, try)); err != nil {
 			return nil, err
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 	}
+}
+
+// wait sleeps d between two tries of Acquire. With KeepFor (holds that
+// yield to a waiting node within about FairEvery) it looks at the record
+// every FairEvery meanwhile (1 Get each) and ends early once the lock is
+// free for this process, so a hand-over between nodes takes about
+// FairEvery instead of the rest of the backoff; the tries (and their
+// events) stay those of the backoff.
+func (l *Locks) wait(ctx context.Context, group string, d time.Duration) error {
+	if l.cfg.KeepFor <= 0 || d <= l.cfg.FairEvery {
+		return l.cfg.Sleep(ctx, d)
+	}
+	me := l.cfg.Node
+	for d > 0 {
+		step := min(d, l.cfg.FairEvery)
+		if err := l.cfg.Sleep(ctx, step); err != nil {
+			return err
+		}
+		d -= step
+		if d <= 0 || me == "" {
+			continue
+		}
+		rec, _, err := l.read(ctx, Key(group))
+		if err != nil {
+			continue // the next try says what the store says
+		}
+		fresh := rec.Waiter != "" && l.cfg.Now().Sub(time.UnixMilli(rec.WaiterMs)) < l.cfg.WaiterMaxAge
+		if !rec.Held && (!fresh || rec.Waiter == me) {
+			return nil // free for us: try now
+		}
+	}
+	return nil
 }
 
 // try makes one attempt on the store: it returns the lease when it took the
@@ -567,6 +620,57 @@ func (l *Locks) put(ctx context.Context, key string, rec record, etag string) er
 		return fmt.Errorf("grouplock: %w", err)
 	}
 	return nil
+}
+
+// linger parks h on s for Config.Linger (see there); the caller holds
+// the slot and frees it after.
+func (l *Locks) linger(group string, s *slot, h *hold) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s.refs++
+	s.hold, s.lingering = h, true
+	s.linger = time.AfterFunc(l.cfg.Linger, func() { l.endLinger(group, s, h) })
+}
+
+// endLinger gives up h when it is still parked on s after Config.Linger.
+func (l *Locks) endLinger(group string, s *slot, h *hold) {
+	l.mu.Lock()
+	if s.hold != h || !s.lingering {
+		l.mu.Unlock()
+		return // taken by a caller meanwhile
+	}
+	s.hold, s.lingering = nil, false
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
+	_ = h.idle(ctx)
+	_ = h.release(ctx, h.holder)
+	cancel()
+	l.drop(group, s)
+}
+
+// ReleaseIdle gives up every hold that lingers (Config.Linger) at once:
+// on shutdown, so that peers need not wait for the timers.
+func (l *Locks) ReleaseIdle(ctx context.Context) {
+	type parked struct {
+		group string
+		s     *slot
+		h     *hold
+	}
+	var all []parked
+	l.mu.Lock()
+	for group, s := range l.slots {
+		if s.lingering {
+			s.linger.Stop()
+			all = append(all, parked{group, s, s.hold})
+			s.hold, s.lingering = nil, false
+		}
+	}
+	l.mu.Unlock()
+	for _, p := range all {
+		_ = p.h.idle(ctx)
+		_ = p.h.release(ctx, p.h.holder)
+		l.drop(p.group, p.s)
+	}
 }
 
 // lockLocal takes group's local slot, waiting as long as ctx allows.

@@ -264,3 +264,94 @@ func TestYieldAloneDoesNothing(t *testing.T) {
 		t.Fatalf("record %+v", r)
 	}
 }
+
+// With Linger, the last lease of a run keeps the hold for a while: the
+// group's next message within it needs no store round trip, and the lock
+// is given up when it passes (or at once by ReleaseIdle, on shutdown).
+// Another node's waiter marker ends it at the next release.
+func TestLingeringHold(t *testing.T) {
+	w := newWorld(t)
+	st := &countStore{MemoryStore: w.mem}
+	a := w.node(st, func(c *Config) { c.Node, c.KeepFor, c.TokenBlock, c.Linger = "a", 100, 100, 30*time.Millisecond })
+	ctx := context.Background()
+	first := mustAcquire(t, a, "g", "a/1")
+	mustRelease(t, first)
+	if r := w.record("g"); !r.Held {
+		t.Fatalf("record %+v: given up without lingering", r)
+	}
+	g0, p0 := st.trips()
+	second := mustAcquire(t, a, "g", "a/2")
+	if g, p := st.trips(); g != g0 || p != p0 || second.Token != first.Token+1 {
+		t.Fatalf("acquisition within the linger: %d gets %d puts, token %d after %d", g-g0, p-p0, second.Token, first.Token)
+	}
+	mustRelease(t, second)
+	w.waitRecord("g", func(r record) bool { return !r.Held }, "the lingering hold given up")
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		a.mu.Lock()
+		n := len(a.slots)
+		a.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d slots left after the linger", n)
+		}
+	}
+
+	// On shutdown: at once.
+	a.cfg.Linger = time.Hour
+	mustRelease(t, mustAcquire(t, a, "h", "a/1"))
+	if r := w.record("h"); !r.Held {
+		t.Fatal("not lingering")
+	}
+	a.ReleaseIdle(ctx)
+	a.mu.Lock()
+	slots := len(a.slots)
+	a.mu.Unlock()
+	if r := w.record("h"); r.Held || slots != 0 {
+		t.Fatalf("after ReleaseIdle: record %+v, %d slots", r, slots)
+	}
+
+	// Another node waits: no linger.
+	third := mustAcquire(t, a, "h", "a/1")
+	r := w.record("h")
+	r.Waiter, r.WaiterMs = "b", w.clk.Now().UnixMilli()
+	w.putRecord("h", r)
+	w.clk.Advance(a.cfg.FairEvery)
+	mustRelease(t, third)
+	if r := w.record("h"); r.Held {
+		t.Fatalf("record %+v: lingered although another node waits", r)
+	}
+}
+
+// With KeepFor, a node waiting for a group between two tries looks at the
+// record every FairEvery and tries at once when the lock is free for it,
+// instead of sleeping out its backoff (a hand-over between nodes takes
+// about FairEvery): the tries, and their events, are the backoff's.
+func TestWaiterTriesAsSoonAsTheLockIsFree(t *testing.T) {
+	w := newWorld(t)
+	a := w.node(nil, func(c *Config) { c.Node = "a" })
+	held := mustAcquire(t, a, "g", "a/1")
+	b := w.node(nil, func(c *Config) { c.Node, c.KeepFor = "b", 10 })
+	b.sl.hook = func(i int) {
+		if i == 2 { // 300 ms into the first 500 ms backoff
+			if err := held.Release(context.Background()); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	ls, err := b.Acquire(context.Background(), "g", "b/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var slept time.Duration
+	for _, d := range b.sl.Slept() {
+		slept += d
+	}
+	if slept > 400*time.Millisecond || ls.Token != 2 {
+		t.Fatalf("slept %v (%v) before taking the lock freed after 300 ms; token %d", slept, b.sl.Slept(), ls.Token)
+	}
+	if got := b.ev.kinds(); len(got) != 1 || got[0] != EventAcquired {
+		t.Fatalf("events %v: one try failed quietly, one acquired", got)
+	}
+}

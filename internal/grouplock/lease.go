@@ -415,6 +415,11 @@ func (ls *Lease) Release(ctx context.Context) error {
 		ls.done = true
 		return nil
 	}
+	if ls.slot != nil && !ls.slotFreed && l.lingers(ctx, h) {
+		l.linger(ls.Group, ls.slot, h)
+		ls.done = true
+		return nil
+	}
 	// Leases that yielded before this one may still be publishing: the
 	// lock is free for others only after their side effects.
 	if err := h.idle(ctx); err != nil {
@@ -484,6 +489,43 @@ func (h *hold) staleErr() error {
 	return fmt.Errorf("grouplock %s token %d of %s: %w", h.group, h.top, h.holder, ErrStale)
 }
 
+// lingers decides, as the last lease of h ends with nobody here waiting,
+// whether h stays held for Config.Linger: the same conditions as keep's
+// but a waiting caller.
+func (l *Locks) lingers(ctx context.Context, h *hold) bool {
+	if l.cfg.KeepFor <= 0 || l.cfg.Linger <= 0 {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return l.fairLocked(ctx, h)
+}
+
+// fairLocked reports whether h may be kept: current as far as this
+// process knows, fewer than KeepFor leases served, and no other process's
+// fresh waiter marker in the record (read at most every FairEvery). The
+// caller holds h.mu.
+func (l *Locks) fairLocked(ctx context.Context, h *hold) bool {
+	if h.stale || h.ending || h.released || h.uses >= l.cfg.KeepFor {
+		return false
+	}
+	if now := l.cfg.Now(); now.Sub(h.fairRead) >= l.cfg.FairEvery {
+		rec, _, err := l.read(ctx, Key(h.group))
+		if err != nil || !h.current(rec) {
+			return false // released normally, which reads again
+		}
+		me := l.cfg.Node
+		if me == "" {
+			me = h.holder
+		}
+		if rec.Waiter != "" && rec.Waiter != me && now.Sub(time.UnixMilli(rec.WaiterMs)) < l.cfg.WaiterMaxAge {
+			return false // another node waits: its turn
+		}
+		h.fairRead = now
+	}
+	return true
+}
+
 // keep decides, as a lease of h ends, whether h stays held for the next
 // caller of this process (Config.KeepFor): only while another caller of
 // the group waits here (or is acquiring), the hold is current as far as
@@ -504,22 +546,8 @@ func (l *Locks) keep(ctx context.Context, h *hold, s *slot) bool {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.stale || h.ending || h.released || h.uses >= l.cfg.KeepFor {
+	if !l.fairLocked(ctx, h) {
 		return false
-	}
-	if now := l.cfg.Now(); now.Sub(h.fairRead) >= l.cfg.FairEvery {
-		rec, _, err := l.read(ctx, Key(h.group))
-		if err != nil || !h.current(rec) {
-			return false // released normally, which reads again
-		}
-		me := l.cfg.Node
-		if me == "" {
-			me = h.holder
-		}
-		if rec.Waiter != "" && rec.Waiter != me && now.Sub(time.UnixMilli(rec.WaiterMs)) < l.cfg.WaiterMaxAge {
-			return false // another node waits: its turn
-		}
-		h.fairRead = now
 	}
 	l.mu.Lock()
 	s.hold = h

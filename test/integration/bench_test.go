@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"slices"
@@ -247,8 +248,7 @@ func (e *env) paced(b *testing.B, in string, outs <-chan event.Event, n, rate in
 		for len(ds) < n {
 			select {
 			case ev := <-outs:
-				id := strings.SplitN(ev.ID(), "/", 2)[0]
-				if i, err := strconv.Atoi(strings.TrimPrefix(id, "p")); err == nil && strings.HasPrefix(id, "p") {
+				if i, ok := pacedIndex(ev); ok && i < n {
 					mu.Lock()
 					ds = append(ds, time.Since(sent[i]))
 					mu.Unlock()
@@ -281,6 +281,34 @@ func (e *env) paced(b *testing.B, in string, outs <-chan event.Event, n, rate in
 	}
 	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 	return ds[len(ds)/2], ds[len(ds)*99/100]
+}
+
+// pacedIndex is the index of the paced input an output answers: from its
+// id ("p<i>/…", the node's default output id), or, for a worker that
+// names its outputs itself (the .NET DevKit), from its data ({"n": i} or
+// {"input": {"n": i}}: the echo workers' and csharpWorker's).
+func pacedIndex(ev event.Event) (int, bool) {
+	if id := strings.SplitN(ev.ID(), "/", 2)[0]; strings.HasPrefix(id, "p") {
+		if i, err := strconv.Atoi(strings.TrimPrefix(id, "p")); err == nil {
+			return i, true
+		}
+	}
+	var d struct {
+		N     *int `json:"n"`
+		Input struct {
+			N *int `json:"n"`
+		} `json:"input"`
+	}
+	if json.Unmarshal(ev.Data(), &d) != nil {
+		return 0, false
+	}
+	switch {
+	case d.N != nil:
+		return *d.N, true
+	case d.Input.N != nil:
+		return *d.Input.N, true
+	}
+	return 0, false
 }
 
 // cpuByProcess is the CPU time used so far by daprd, the consumer (the
