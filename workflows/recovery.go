@@ -77,7 +77,10 @@ type RecoveryInput struct {
 // RecoveryRunBudget, and a worker not recovered gets an error event.
 func RecoveryWorkflow(ctx workflow.Context, in RecoveryInput) (RecoveryResult, error) {
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-		StartToCloseTimeout: time.Minute,
+		// Reads of a bounded chunk or batch: seconds at most. A node that
+		// dies holding one (its own restart joins this recovery) is not
+		// waited for a minute (only timeouts change: replay-safe).
+		StartToCloseTimeout: 15 * time.Second,
 		RetryPolicy: &temporal.RetryPolicy{
 			InitialInterval: 200 * time.Millisecond, MaximumInterval: 2 * time.Second, MaximumAttempts: 3,
 		},

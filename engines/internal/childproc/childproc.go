@@ -121,6 +121,14 @@ func (p *Proc) wait() {
 	close(p.done)
 }
 
+// Exited reports whether the process has exited (it may not be reaped
+// yet, nor Done closed: Done waits for its output to be flushed too).
+func (p *Proc) Exited() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exited
+}
+
 // Kill SIGKILLs the process group (the child and anything it started),
 // unless the child is already gone. Safe from any goroutine.
 func (p *Proc) Kill() {

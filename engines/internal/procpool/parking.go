@@ -100,6 +100,12 @@ func (pk *Parking[K, P]) TakeFor(key K, pool *Pool[P], usable func(P) bool) (P, 
 	select {
 	case <-p.Done():
 	default:
+		// Exited but not yet through Done (its output still being
+		// flushed): as dead, not handed to a load whose first call
+		// would fail on it.
+		if x, ok := any(p).(interface{ Exited() bool }); ok && x.Exited() {
+			break
+		}
 		if (usable == nil || usable(p)) && pool.Track(p) {
 			return p, true
 		}

@@ -248,6 +248,36 @@ func (pl *Pool[P]) takeCold() *Slot[P] {
 	return nil
 }
 
+// grow starts the process of the cold slot s in the background: s joins
+// the free slots once it started, or, failed, goes back to the cold ones
+// (backing off, Config.RestartBackoff). Close waits for it (and aborts it).
+func (pl *Pool[P]) grow(s *Slot[P]) {
+	pl.wg.Add(1)
+	go func() {
+		defer pl.wg.Done()
+		var p P
+		err := pl.ctx.Err()
+		if err == nil {
+			p, err = pl.cfg.Start(pl.ctx)
+		}
+		if err != nil {
+			pl.mu.Lock()
+			if pl.ctx.Err() == nil {
+				pl.startFailed(s, err)
+			}
+			pl.cold = append(pl.cold, s)
+			pl.mu.Unlock()
+			if pl.ctx.Err() == nil {
+				pl.cfg.Logger.Warn(pl.cfg.Name+" not started for the calls waiting", slices.Concat(pl.cfg.LogAttrs, []any{"error", err})...)
+			}
+			return
+		}
+		s.p, s.failures, s.lastErr = p, 0, nil
+		s.lastUsed = pl.now()
+		pl.free <- s
+	}()
+}
+
 // Wake makes the calls waiting for a slot ask Config.Grow again (it now
 // says yes) and take a cold slot if there is one.
 func (pl *Pool[P]) Wake() {
@@ -378,7 +408,12 @@ func (pl *Pool[P]) AcquireUnless(ctx context.Context, stop, stop2 <-chan struct{
 		// call.
 		wake := pl.wakeCh()
 		if s := pl.takeCold(); s != nil {
-			return s, nil
+			// Started in the background, for whichever call comes first:
+			// this call goes on waiting for it or for a busy slot that
+			// frees up sooner (bound to the start, a call failed at its
+			// deadline whenever a start outlasted it on a loaded machine,
+			// while the busy process was free long before).
+			pl.grow(s)
 		}
 		select {
 		case s := <-pl.free:
