@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"runtime"
 	"runtime/metrics"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -112,4 +113,30 @@ func HeapDuring(f func()) (alloc, peak int64) {
 	wg.Wait()
 	runtime.ReadMemStats(&after)
 	return int64(after.TotalAlloc - before.TotalAlloc), peak
+}
+
+// MaxOverlap is the most of the intervals [enter, exit) that were open at
+// one instant (an exit at the instant of an enter does not overlap it):
+// how many calls a worker's own enter/exit times show running at once.
+func MaxOverlap(enter, exit []float64) int {
+	type edge struct {
+		t     float64
+		delta int
+	}
+	edges := make([]edge, 0, 2*len(enter))
+	for i := range enter {
+		edges = append(edges, edge{enter[i], 1}, edge{exit[i], -1})
+	}
+	sort.Slice(edges, func(i, j int) bool {
+		if edges[i].t != edges[j].t {
+			return edges[i].t < edges[j].t
+		}
+		return edges[i].delta < edges[j].delta
+	})
+	n, best := 0, 0
+	for _, e := range edges {
+		n += e.delta
+		best = max(best, n)
+	}
+	return best
 }

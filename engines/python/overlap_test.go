@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -44,27 +43,11 @@ type interval struct {
 
 // maxOverlap is the most intervals that were open at the same instant.
 func maxOverlap(ivs []interval) int {
-	type edge struct {
-		t     float64
-		delta int
+	enter, exit := make([]float64, len(ivs)), make([]float64, len(ivs))
+	for i, iv := range ivs {
+		enter[i], exit[i] = iv.enter, iv.exit
 	}
-	var edges []edge
-	for _, iv := range ivs {
-		edges = append(edges, edge{iv.enter, 1}, edge{iv.exit, -1})
-	}
-	// Exits sort before enters at the same instant: touching is no overlap.
-	sort.Slice(edges, func(i, j int) bool {
-		if edges[i].t != edges[j].t {
-			return edges[i].t < edges[j].t
-		}
-		return edges[i].delta < edges[j].delta
-	})
-	n, best := 0, 0
-	for _, e := range edges {
-		n += e.delta
-		best = max(best, n)
-	}
-	return best
+	return enginetest.MaxOverlap(enter, exit)
 }
 
 // runAtOnce makes n calls at the same time and returns the intervals the

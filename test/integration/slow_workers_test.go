@@ -2,7 +2,6 @@ package integration
 
 import (
 	"fmt"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/virtufin/workmanager/engines/enginetest"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
 
@@ -98,27 +98,11 @@ type runInterval struct {
 	Pid   float64 `json:"pid"`
 }
 
-// maxSimultaneous is the most intervals open at one instant (an exit at
-// the instant of an enter does not overlap it).
+// maxSimultaneous is the most intervals open at one instant.
 func maxSimultaneous(ivs []runInterval) int {
-	type edge struct {
-		t     float64
-		delta int
+	enter, exit := make([]float64, len(ivs)), make([]float64, len(ivs))
+	for i, iv := range ivs {
+		enter[i], exit[i] = iv.Enter, iv.Exit
 	}
-	var edges []edge
-	for _, iv := range ivs {
-		edges = append(edges, edge{iv.Enter, 1}, edge{iv.Exit, -1})
-	}
-	sort.Slice(edges, func(i, j int) bool {
-		if edges[i].t != edges[j].t {
-			return edges[i].t < edges[j].t
-		}
-		return edges[i].delta < edges[j].delta
-	})
-	n, best := 0, 0
-	for _, e := range edges {
-		n += e.delta
-		best = max(best, n)
-	}
-	return best
+	return enginetest.MaxOverlap(enter, exit)
 }
