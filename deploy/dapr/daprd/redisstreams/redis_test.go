@@ -171,9 +171,13 @@ func TestAStuckAppLeavesItsMessagesToTheOthers(t *testing.T) {
 		live       = map[string]bool{}
 	)
 	stuck := newComponent()
+	var stalledCalls int
 	if err := stuck.Subscribe(ctx, pubsub.SubscribeRequest{Topic: stream}, func(ctx context.Context, msg *pubsub.NewMessage) error {
 		mu.Lock()
 		stuckCalls++
+		if stuck.appStalled() {
+			stalledCalls++
+		}
 		mu.Unlock()
 		<-ctx.Done() // a paused app: no answer until daprd gives up
 		return ctx.Err()
@@ -201,6 +205,8 @@ func TestAStuckAppLeavesItsMessagesToTheOthers(t *testing.T) {
 	}
 	publish(0)
 	waitUntil("the stuck app gets the first message", func() bool { return stuckCalls == 1 })
+	// Its answer times out (processingTimeout): it stalls.
+	waitUntil("the stuck app's daprd stalls", func() bool { return stuck.appStalled() })
 	answering := newComponent()
 	if err := answering.Subscribe(ctx, pubsub.SubscribeRequest{Topic: stream}, func(ctx context.Context, msg *pubsub.NewMessage) error {
 		mu.Lock()
@@ -213,14 +219,15 @@ func TestAStuckAppLeavesItsMessagesToTheOthers(t *testing.T) {
 	for i := 1; i < total; i++ {
 		publish(i)
 	}
+	// Every message reaches the live app, the stuck one's first message
+	// included (claimed by the live daprd), however long a loaded machine
+	// takes; and no message was handed to the stuck app while it stalled
+	// (counted in its handler, which a stalled daprd must not call).
 	waitUntil("every message answered by the live app", func() bool { return len(live) == total })
 	mu.Lock()
 	defer mu.Unlock()
-	// The stuck app's one message timed out and stalled it: the 19 others
-	// were read while it was stalled or by the live daprd, and its one
-	// message was claimed by the live daprd (whose scans are the only ones).
-	if stuckCalls != 1 {
-		t.Fatalf("the stuck app was handed %d messages, want 1 (stalled after its first timeout)", stuckCalls)
+	if stalledCalls != 0 {
+		t.Fatalf("the stuck app was handed %d messages while its daprd stalled", stalledCalls)
 	}
 }
 
