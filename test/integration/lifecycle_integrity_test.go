@@ -175,7 +175,12 @@ func TestStaleApplyDoesNotResurrectADeletedWorker(t *testing.T) {
 	t.Logf("the create completed %s after the pause", time.Since(paused).Round(time.Second))
 	published := time.Now()
 	e.publish(in, "while-paused", map[string]any{"n": 1}, "")
-	if d := decodeOut(t, expectEvent(t, outs, 30*time.Second).Data()); d.Version != "v1" {
+	// The paused node's daprd may have read it, and may claim it again at
+	// each redelivery (Redis hands a pending message to whichever daprd
+	// scans first after processingTimeout, 6 s here; daprd's streaming
+	// handler stays blocked on a paused app, so it never gives up on it):
+	// a coin toss every ~7 s. 30 s failed CI once; 120 s is 17 tosses.
+	if d := decodeOut(t, expectEvent(t, outs, 120*time.Second).Data()); d.Version != "v1" {
 		t.Fatalf("output %+v", d)
 	}
 	t.Logf("its first output came %s after its publish", time.Since(published).Round(time.Millisecond))

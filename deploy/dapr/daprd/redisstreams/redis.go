@@ -39,18 +39,17 @@ limitations under the License.
 //     such an event on its way to a gRPC subscriber.
 //  6. (and 7.) The redelivery scan is jittered and walks the whole pending
 //     list (reclaimPendingMessagesLoop, reclaimPendingMessages).
-//  8. A daprd whose app answered nothing for processingTimeout while a
-//     message was with it that long (the app is paused, hung or cut off: a
-//     live node answers every message, RETRY included, within
-//     WORKER_TIMEOUT, below it) takes no messages until the app answers
-//     again (stall): it neither reads new ones nor claims pending ones,
-//     and hands what it had queued to nobody, so that the other daprds of
-//     the consumer group get them. The message's own timeout is not
-//     enough to see it: daprd's streaming handler does not return while a
-//     paused app does not read its stream. Upstream kept reading
-//     and claiming: each redelivery was a coin toss between the live app
-//     and the stuck one, and a message could wait minutes for a node that
-//     was paused (a CI failure of TestStaleApplyDoesNotResurrectADeletedWorker).
+//  8. A daprd whose app answered nothing for processingTimeout, a message
+//     timing out (an app alive but hung: a live node answers every
+//     message, RETRY included, within WORKER_TIMEOUT, below it), takes no
+//     messages for processingTimeout (stall): it neither reads new ones
+//     nor claims pending ones, and hands what it had queued to nobody, so
+//     that the other daprds of the consumer group get them; upstream kept
+//     handing them to the hung app at every redelivery, a coin toss each
+//     time. It does not see a paused (SIGSTOPped) app: daprd's streaming
+//     handler then stays blocked sending to it and never reaches the
+//     timeout. A version that judged by the age of the messages held
+//     stalled healthy daprds in the integration tests; left.
 //  9. redeliverInterval given as a duration ("2s") is honoured: upstream
 //     ignored it and scanned every 15s (parseRedeliverInterval).
 //
@@ -110,13 +109,8 @@ type redisStreams struct {
 
 	// WorkManager: change 8. lastAnswer is when the app last answered a
 	// message of any stream (unix ns); stalledUntil until when it counts as
-	// not answering; inflight, when each message now with the app was
-	// handed to it (unix ns, by call number).
+	// not answering.
 	lastAnswer, stalledUntil atomic.Int64
-	stallLogged              atomic.Bool
-	inflightMu               sync.Mutex
-	inflight                 map[uint64]int64
-	nextCall                 uint64
 }
 
 // redisMessageWrapper encapsulates the message identifier,
@@ -325,9 +319,7 @@ func (r *redisStreams) processMessage(msg redisMessageWrapper) error {
 	if r.appStalled() {
 		return errors.New("the app is not answering: left for another subscriber")
 	}
-	call := r.handed()
 	err := msg.handler(ctx, &msg.message)
-	r.done(call)
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) && msg.ctx.Err() == nil {
 		r.noAnswer(msg.message.Topic)
 	} else {
@@ -462,49 +454,9 @@ func parseRedeliverInterval(props map[string]string, parsed time.Duration) (time
 // ended (change 8).
 const stallPoll = 250 * time.Millisecond
 
-// appStalled reports whether the app counts as not answering (change 8):
-// a message timed out with no answer for processingTimeout (noAnswer), or
-// one has been with the app for processingTimeout with no answer since —
-// daprd's streaming handler does not return while a paused app does not
-// read its stream, so the timeout alone is not seen.
+// appStalled reports whether the app counts as not answering (change 8).
 func (r *redisStreams) appStalled() bool {
-	now := time.Now().UnixNano()
-	if now < r.stalledUntil.Load() {
-		return true
-	}
-	pt := int64(r.clientSettings.ProcessingTimeout)
-	if pt <= 0 || now-r.lastAnswer.Load() < pt {
-		return false
-	}
-	r.inflightMu.Lock()
-	defer r.inflightMu.Unlock()
-	for _, since := range r.inflight {
-		if now-since >= pt {
-			if !r.stallLogged.Swap(true) {
-				r.logger.Warnf("redis streams: a message has been with the app for processingTimeout (%s) and the app answered nothing since: its messages go to the other subscribers until it answers", r.clientSettings.ProcessingTimeout)
-			}
-			return true
-		}
-	}
-	return false
-}
-
-// handed records a message handed to the app; done ends it.
-func (r *redisStreams) handed() uint64 {
-	r.inflightMu.Lock()
-	defer r.inflightMu.Unlock()
-	if r.inflight == nil {
-		r.inflight = map[uint64]int64{}
-	}
-	r.nextCall++
-	r.inflight[r.nextCall] = time.Now().UnixNano()
-	return r.nextCall
-}
-
-func (r *redisStreams) done(call uint64) {
-	r.inflightMu.Lock()
-	defer r.inflightMu.Unlock()
-	delete(r.inflight, call)
+	return time.Now().UnixNano() < r.stalledUntil.Load()
 }
 
 // answered records an answer of the app (success or error, but not
@@ -512,7 +464,6 @@ func (r *redisStreams) done(call uint64) {
 func (r *redisStreams) answered() {
 	r.lastAnswer.Store(time.Now().UnixNano())
 	r.stalledUntil.Store(0)
-	r.stallLogged.Store(false)
 }
 
 // noAnswer records that the app did not answer a message of stream within
