@@ -266,18 +266,29 @@ func TestCompilerMeasured(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"echo", "escape"} {
-		w := watchCompilers(cfg.CacheDir, 1<<30)
-		start := time.Now()
-		_, err := rt.compile(ctx, cfg.CacheDir, fixture(t, name), e.compilerFor(engines.Spec{WorkerID: "measure"}))
-		took := time.Since(start)
-		w.Stop()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("%s: wall %v, CPU at least %v, peak resident %d MiB, peak address space %d MiB",
-			name, took.Round(time.Millisecond), w.cpu(), w.hwm>>20, w.vmPeak>>20)
-		if w.processes == 0 {
-			t.Fatal("the watchdog saw no compiler process")
+		// The watchdog samples /proc every 20 ms; on a loaded machine (the
+		// race run of every package at once) one scan can outlast a short
+		// compile. Such a run measured nothing: compile again, a source of
+		// its own each time so the cache does not answer.
+		var w *compilerWatch
+		for attempt := 1; ; attempt++ {
+			w = watchCompilers(cfg.CacheDir, 1<<30)
+			start := time.Now()
+			code := append(append([]byte(nil), fixture(t, name)...), fmt.Sprintf("\n// TestCompilerMeasured attempt %d\n", attempt)...)
+			_, err := rt.compile(ctx, cfg.CacheDir, code, e.compilerFor(engines.Spec{WorkerID: "measure"}))
+			took := time.Since(start)
+			w.Stop()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s (attempt %d): wall %v, CPU at least %v, peak resident %d MiB, peak address space %d MiB",
+				name, attempt, took.Round(time.Millisecond), w.cpu(), w.hwm>>20, w.vmPeak>>20)
+			if w.processes > 0 {
+				break
+			}
+			if attempt == 5 {
+				t.Fatal("the watchdog saw no compiler process in 5 compiles")
+			}
 		}
 		if w.hwm > DefaultCompilerMemory/4 {
 			t.Errorf("%s: peak resident %d MiB, more than a quarter of the limit", name, w.hwm>>20)
