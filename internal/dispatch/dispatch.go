@@ -5,10 +5,13 @@
 // each output CloudEvent to the topic named by its type, and the final ack.
 // It knows nothing about Temporal: the node attaches and detaches workers.
 //
-// The path of one message, in three files: stream.go (the Dapr stream),
-// message.go (receive → delivery record → each worker's queue → record →
-// ack) and worker.go (group lock → engine Process → fenced publish of the
-// outputs).
+// The path of one message is a file per stage, each entered once and in
+// order: stream.go (the Dapr stream) → receive.go (receive and decode) →
+// record.go (its delivery record; queued to each worker owing an answer) →
+// lock.go (a worker's turn: its group lock) → call.go (the engine) →
+// outputs.go (checked, fenced, published) → settle.go (the record written,
+// dead letters through internal/deadletter, the ack). This file attaches
+// and detaches workers and topics.
 package dispatch
 
 import (
@@ -16,6 +19,7 @@ import (
 	"log/slog"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,6 +118,40 @@ type Config struct {
 	Suspect func(worker, source, id string) bool
 }
 
+// CloudEvent extensions the hot path reads or writes.
+const (
+	// CorrelationExtension is copied from each input to its outputs.
+	CorrelationExtension = "correlationid"
+	// FencingExtension carries the group lock's fencing token (decimal) on
+	// the input a grouped worker sees and on each of its outputs, so that
+	// downstream services can refuse a stale holder.
+	FencingExtension = "fencingtoken"
+	// Dead-letter extensions, added to the original event on "<topic>-dead".
+	DeadLetterReasonExtension    = deadletter.ReasonExtension
+	DeadLetterAttemptsExtension  = deadletter.AttemptsExtension
+	DeadLetterErrorExtension     = deadletter.ErrorExtension
+	DeadLetterWorkerExtension    = deadletter.WorkerExtension
+	DeadLetterTruncatedExtension = deadletter.TruncatedExtension
+)
+
+// ControlExtension reports whether k is one of WorkManager's own control
+// extensions — the fencing token, the replay marker
+// (deadletter.ReplayExtension, "workmanagerreplay") and any other
+// "workmanager…" name, the dead-letter extensions ("deadletter…") —,
+// which only the node sets: a worker's output never carries one it wrote
+// itself (a forged replay marker would make the other workers of the
+// target topic skip the event, a forged token would pass downstream as a
+// group's). The node sets fencingtoken on a grouped worker's outputs.
+func ControlExtension(k string) bool {
+	return k == FencingExtension || strings.HasPrefix(k, "workmanager") || strings.HasPrefix(k, "deadletter")
+}
+
+// DeadLetterSuffix names a topic's dead-letter topic: "<topic>-dead".
+const DeadLetterSuffix = deadletter.TopicSuffix
+
+// maxErrorText bounds the error text carried by dead letters and events.
+const maxErrorText = 1024
+
 // Deps are the services the hot path uses.
 type Deps struct {
 	Sub         Subscriber
@@ -191,6 +229,8 @@ type Dispatcher struct {
 	stats    counters
 
 	tracer trace.Tracer // nil: tracing off
+	// letters stores, publishes and announces dead letters.
+	letters *deadletter.Sender
 }
 
 type counters struct {
@@ -238,6 +278,7 @@ func New(ctx context.Context, log *slog.Logger, deps Deps, cfg Config) *Dispatch
 		log: log, Deps: deps, cfg: cfg, ctx: ctx,
 		topics: map[string]*topic{}, workers: map[string]*worker{}, unrunnable: map[string]Worker{},
 	}
+	d.letters = &deadletter.Sender{Store: deps.DeadLetters, Pub: deps.Pub, Events: deps.Events, Log: log}
 	if deps.TracerProvider != nil {
 		d.tracer = deps.TracerProvider.Tracer("github.com/virtufin/workmanager/internal/dispatch")
 		if d.Propagator == nil {
@@ -623,7 +664,7 @@ func (d *Dispatcher) stop(ctx context.Context, w *worker, t *topic, last, delete
 		select {
 		case j := <-w.queue: // never started: not an attempt
 			j.r.outcome = outcomeCut
-			j.m.wg.Done()
+			d.leave(j.m)
 			continue
 		default:
 		}
@@ -706,50 +747,4 @@ func (d *Dispatcher) Subscribed(topic string) bool {
 	t, ok := d.topics[topic]
 	d.mu.Unlock()
 	return ok && t.subscribed.Load()
-}
-
-// topicLoop keeps one subscription open until ctx ends, reconnecting with
-// backoff when daprd goes away.
-func (d *Dispatcher) topicLoop(ctx context.Context, t *topic) {
-	defer close(t.done)
-	defer d.cfg.OnSubscription(t.name, nil) // no longer wanted
-	log := d.log.With("topic", t.name)
-	backoff := d.cfg.ReconnectMin
-	for ctx.Err() == nil {
-		st, err := d.Sub.Subscribe(ctx, d.cfg.PubSub, t.name)
-		if err == nil {
-			log.Debug("subscribed")
-			t.subscribed.Store(true)
-			d.cfg.OnSubscription(t.name, nil)
-			stopClose := context.AfterFunc(ctx, st.Close) // unblock Recv on unsubscribe
-			var got bool
-			for {
-				req, err2 := st.Recv()
-				if err2 != nil {
-					err = err2
-					break
-				}
-				got = true
-				d.receive(t, st, req)
-			}
-			t.subscribed.Store(false)
-			stopClose()
-			st.Close()
-			if got {
-				backoff = d.cfg.ReconnectMin
-			}
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		d.cfg.OnSubscription(t.name, err)
-		t.m.Reconnects.Inc()
-		log.Warn("subscription lost, reconnecting", "err", err, "backoff", backoff)
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
-			return
-		}
-		backoff = min(2*backoff, d.cfg.ReconnectMax)
-	}
 }

@@ -119,3 +119,49 @@ func (d *daprStream) Close() {
 	d.sendMu.Unlock()
 	d.cancel()
 }
+
+// topicLoop keeps one subscription open until ctx ends, reconnecting with
+// backoff when daprd goes away.
+func (d *Dispatcher) topicLoop(ctx context.Context, t *topic) {
+	defer close(t.done)
+	defer d.cfg.OnSubscription(t.name, nil) // no longer wanted
+	log := d.log.With("topic", t.name)
+	backoff := d.cfg.ReconnectMin
+	for ctx.Err() == nil {
+		st, err := d.Sub.Subscribe(ctx, d.cfg.PubSub, t.name)
+		if err == nil {
+			log.Debug("subscribed")
+			t.subscribed.Store(true)
+			d.cfg.OnSubscription(t.name, nil)
+			stopClose := context.AfterFunc(ctx, st.Close) // unblock Recv on unsubscribe
+			var got bool
+			for {
+				req, err2 := st.Recv()
+				if err2 != nil {
+					err = err2
+					break
+				}
+				got = true
+				d.receive(t, st, req)
+			}
+			t.subscribed.Store(false)
+			stopClose()
+			st.Close()
+			if got {
+				backoff = d.cfg.ReconnectMin
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		d.cfg.OnSubscription(t.name, err)
+		t.m.Reconnects.Inc()
+		log.Warn("subscription lost, reconnecting", "err", err, "backoff", backoff)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return
+		}
+		backoff = min(2*backoff, d.cfg.ReconnectMax)
+	}
+}

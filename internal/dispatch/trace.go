@@ -77,7 +77,7 @@ func (d *Dispatcher) endSpan(span trace.Span, r *result, outputs int) {
 	case outcomeDone:
 		span.SetAttributes(attrOutcome.String("done"), attrOutputs.Int(outputs))
 	case outcomeFailed:
-		span.SetAttributes(attrOutcome.String("failed"), attrErrorType.String(r.reason))
+		span.SetAttributes(attrOutcome.String("failed"), attrErrorType.String(string(r.reason)))
 		span.SetStatus(codes.Error, d.publicText(errorText(r.err)))
 	case outcomeCut:
 		span.SetAttributes(attrOutcome.String("cut"))

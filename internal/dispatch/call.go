@@ -1,0 +1,81 @@
+package dispatch
+
+// Stage 4 of a message, for one worker: the call. The worker's engine
+// instance processes the input (with the fencing token, for a grouped
+// worker); its outputs go to outputs.go, a failure, classified, to
+// settle.go.
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/internal/deadletter"
+)
+
+// call runs w's engine on in (j's message as w sees it).
+func (d *Dispatcher) call(ctx context.Context, w *worker, j *job, in *event.Event) {
+	if d.cfg.PanicOn != "" {
+		if _, ok := j.m.ec.Extensions[d.cfg.PanicOn]; ok {
+			panic("injected by the " + d.cfg.PanicOn + " test hook")
+		}
+	}
+	if w.giveBack {
+		ctx = engines.WithGiveBack(ctx, w.stopped)
+	}
+	outs, err := w.process(ctx, in)
+	w.m.Processing.Observe(time.Since(j.started).Seconds())
+	if err != nil {
+		d.fail(j.r, err)
+		d.finish(w, j)
+		return
+	}
+	d.publish(ctx, w, j, outs)
+}
+
+// process calls w's current instance; a hot reload between two calls
+// swaps it, and a call in flight finishes on the instance it started on.
+func (w *worker) process(ctx context.Context, in *event.Event) ([]event.Event, error) {
+	for {
+		ref := w.inst.Load()
+		ref.mu.RLock()
+		if ref.closed {
+			ref.mu.RUnlock()
+			if w.inst.Load() == ref {
+				return nil, engines.ErrClosed
+			}
+			continue // swapped by a hot reload: use the new instance
+		}
+		outs, err := ref.Process(ctx, in)
+		ref.mu.RUnlock()
+		return outs, err
+	}
+}
+
+// fail classifies an engine error.
+func (d *Dispatcher) fail(r *result, err error) {
+	r.outcome, r.err = outcomeFailed, err
+	switch {
+	case errors.Is(err, engines.ErrClosed) || errors.Is(err, engines.ErrGivenBack) || d.ctx.Err() != nil:
+		// Stopped or reloaded mid-call, or given back before it started:
+		// not the worker's fault.
+		r.outcome = outcomeCut
+	case errors.Is(err, engines.ErrTimeout):
+		r.reason = deadletter.ReasonTimeout
+	case errors.Is(err, engines.ErrReplyTooLarge):
+		// The engine refused the reply while reading it: the outputs are
+		// over the node's limits, like those checkOutputs refuses.
+		r.reason = deadletter.ReasonOutputLimit
+	case errors.Is(err, engines.ErrInvalidOutput):
+		// Returned, but with outputs that cannot be published: the same
+		// input returns them again (retryCannotFix).
+		r.reason = deadletter.ReasonOutputInvalid
+	case errors.Is(err, engines.ErrWorkerFailed):
+		r.reason = deadletter.ReasonWorkerFailed
+	default:
+		r.reason = deadletter.ReasonInternal
+	}
+}

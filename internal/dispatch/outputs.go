@@ -1,0 +1,212 @@
+package dispatch
+
+// Stage 5 of a message, for one worker: its outputs. Every output is
+// completed (id, source, correlation id) and checked against the worker's
+// output policy and the node's limits before any is published; a grouped
+// worker's outputs carry its fencing token and are published only while
+// its lease is still the group's lock. Then the attempt is finished
+// (settle.go).
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/cloudevents/sdk-go/v2/types"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/internal/deadletter"
+	"github.com/virtufin/workmanager/internal/grouplock"
+	"github.com/virtufin/workmanager/internal/workerpolicy"
+)
+
+// publish publishes outs, the outputs of w's call at j's message, each to
+// the topic named by its type: all of them or, on the first refusal,
+// none after it.
+func (d *Dispatcher) publish(ctx context.Context, w *worker, j *job, outs []event.Event) {
+	d.publishAll(ctx, w, j, outs)
+	d.finish(w, j)
+}
+
+// publishAll is publish before the attempt is finished: j.r says how it
+// went.
+func (d *Dispatcher) publishAll(ctx context.Context, w *worker, j *job, outs []event.Event) {
+	m, r, lease := j.m, j.r, j.lease
+	// Every output is checked before any is published: a call is
+	// published whole or not at all.
+	if reason, err := d.checkOutputs(w, m, outs); err != nil {
+		r.outcome, r.reason, r.err = outcomeFailed, reason, err
+		return
+	}
+	if !d.serving() {
+		// Lost the cluster membership during the call (paused, store
+		// unreachable): a stop may have been announced meanwhile, so
+		// nothing is published; the message comes back (see record).
+		r.outcome = outcomeCut
+		return
+	}
+	if lease != nil && len(outs) > 0 {
+		// The call is over: the group's next call on this node may start
+		// while these outputs go out (the hold stays this node's until
+		// they have), after those of the group's earlier calls.
+		lease.Yield(ctx)
+		if err := lease.Turn(ctx); err != nil {
+			r.outcome = outcomeCut // shutting down: given back
+			return
+		}
+	}
+	var tp, ts string
+	if j.span != nil {
+		tp, ts = d.traceContext(ctx)
+	} else {
+		tp, ts = inputTraceContext(m) // tracing off: pass the input's on, or start one
+	}
+	for i := range outs {
+		o := &outs[i]
+		setTraceContext(o, tp, ts)
+		if lease != nil && !d.cfg.UnsafeNoFencing {
+			if err := lease.Check(ctx); err != nil {
+				if errors.Is(err, grouplock.ErrStale) {
+					d.stats.staleRefused.Add(1)
+					w.m.StaleRefused.Inc()
+					r.outcome, r.reason, r.err = outcomeFailed, deadletter.ReasonStaleLock, fmt.Errorf("output %d refused: %w", i, err)
+					return
+				}
+				// A store error while checking: not an attempt, as a lock
+				// not taken (the outputs before this one went out, and go
+				// out again).
+				r.outcome, r.reason, r.err = outcomeDeferred, deadletter.ReasonLockError, err
+				return
+			}
+		}
+		if lease != nil {
+			o.SetExtension(FencingExtension, strconv.FormatInt(lease.Token, 10))
+		}
+		if err := d.Pub.Publish(ctx, o.Type(), o); err != nil {
+			r.outcome, r.reason, r.err = outcomeFailed, deadletter.ReasonPublishFailed, err
+			return
+		}
+		w.m.Outputs.Inc()
+		j.outputs++
+	}
+	r.outcome = outcomeDone
+}
+
+// checkOutputs completes every output (id, source, correlation id) and
+// holds them to the worker's output policy and the node's output limits;
+// a refusal is the worker's failure, with the rule's name in the error.
+func (d *Dispatcher) checkOutputs(w *worker, m *message, outs []event.Event) (deadletter.Reason, error) {
+	if n := len(outs); n > d.cfg.MaxOutputs {
+		return deadletter.ReasonOutputLimit, fmt.Errorf("%w: %d outputs, more than MAX_OUTPUTS_PER_MESSAGE %d", engines.ErrWorkerFailed, n, d.cfg.MaxOutputs)
+	}
+	idBase := ""
+	if len(outs) > 0 {
+		idBase = outputIDBase(m.id)
+	}
+	for i := range outs {
+		o := &outs[i]
+		if err := d.completeOutput(w, m, o, i, idBase); err != nil {
+			return deadletter.ReasonOutputInvalid, err
+		}
+		if err := workerpolicy.CheckOutput(w.TopicPrefix, w.AllowedOutputs, w.Topic, o.Type()); err != nil {
+			return deadletter.ReasonOutputPolicy, fmt.Errorf("%w: output %d: %w", engines.ErrWorkerFailed, i, err)
+		}
+		if n := len(o.DataEncoded); n > d.cfg.MaxOutputBytes {
+			return deadletter.ReasonOutputLimit, fmt.Errorf("%w: output %d: %d bytes of data, more than MAX_OUTPUT_BYTES %d", engines.ErrWorkerFailed, i, n, d.cfg.MaxOutputBytes)
+		}
+		if n := attributesSize(o.Context.(*event.EventContextV1), MaxOutputAttributeBytes); n > MaxOutputAttributeBytes {
+			return deadletter.ReasonOutputLimit, fmt.Errorf("%w: output %d: its attributes and extensions take %d bytes or more, more than %d", engines.ErrWorkerFailed, i, n, MaxOutputAttributeBytes)
+		}
+	}
+	return "", nil
+}
+
+// MaxOutputAttributeBytes bounds an output's attributes and extensions
+// (its encoded size beyond its data, as the reply limit allows for it),
+// the input's correlation id included.
+const MaxOutputAttributeBytes = engines.ReplyOutputOverhead
+
+// urlSize is about the length of u as a string (without building it).
+func urlSize(u *url.URL) int {
+	n := len(u.Scheme) + len(u.Opaque) + len(u.Host) + len(u.Path) + len(u.RawPath) + len(u.RawQuery) + len(u.Fragment) + len(u.RawFragment) + 8
+	if u.User != nil {
+		n += len(u.User.String())
+	}
+	return n
+}
+
+// attributesSize is about the size of ec's attributes and extensions as
+// they are published; it stops counting above limit.
+func attributesSize(ec *event.EventContextV1, limit int) int {
+	const perAttribute = 6                                                         // quotes, colon, comma
+	n := len(ec.ID) + len(ec.Type) + urlSize(&ec.Source.URL) + 5*perAttribute + 40 // specversion, time
+	if ec.Subject != nil {
+		n += len(*ec.Subject) + perAttribute
+	}
+	if ec.DataContentType != nil {
+		n += len(*ec.DataContentType) + perAttribute
+	}
+	if ec.DataSchema != nil {
+		n += urlSize(&ec.DataSchema.URL) + perAttribute
+	}
+	for k, v := range ec.Extensions {
+		if n > limit {
+			break
+		}
+		n += len(k) + perAttribute
+		switch v := v.(type) {
+		case string:
+			n += len(v)
+		case []byte:
+			n += base64.StdEncoding.EncodedLen(len(v))
+		default:
+			s, _ := types.Format(v)
+			n += len(s)
+		}
+	}
+	return n
+}
+
+// completeOutput fills an output's defaults (id derived from the input's
+// id (idBase: outputIDBase, a hash of a long id) and source, so a
+// redelivery yields the same ids and two inputs with one id from two
+// sources do not; source naming the worker), drops the
+// control extensions the worker wrote (ControlExtension) and sets its
+// correlation id: the input's, copied when present and absent when absent.
+func (d *Dispatcher) completeOutput(w *worker, m *message, o *event.Event, i int, idBase string) error {
+	if o.Context == nil {
+		return fmt.Errorf("%w: %w: output %d is empty", engines.ErrWorkerFailed, engines.ErrInvalidOutput, i)
+	}
+	oc, ok := o.Context.(*event.EventContextV1)
+	if !ok {
+		oc = o.Context.AsV1()
+		o.Context = oc
+	}
+	if oc.Type == "" {
+		return fmt.Errorf("%w: %w: output %d has no type", engines.ErrWorkerFailed, engines.ErrInvalidOutput, i)
+	}
+	if oc.ID == "" {
+		oc.ID = idBase + "/" + w.ID + "/" + strconv.Itoa(i) + "/" + m.srcTag
+	}
+	if oc.Source.URL == (url.URL{}) {
+		oc.Source = w.source
+	}
+	for k := range oc.Extensions {
+		if ControlExtension(k) { // only the node sets them (fencingtoken, below)
+			delete(oc.Extensions, k)
+		}
+	}
+	if m.hasCorrelation {
+		if oc.Extensions == nil {
+			oc.Extensions = make(map[string]any, 1)
+		}
+		oc.Extensions[CorrelationExtension] = m.correlation
+	} else {
+		delete(oc.Extensions, CorrelationExtension)
+	}
+	return nil
+}
