@@ -191,6 +191,29 @@ func Traceback(err error) string {
 	return ""
 }
 
+// ErrorAnswer is a worker's own answer that it could not handle an event
+// (the native ABI's error_message with return code 0): an answer, not a
+// crash. The hot path announces it (a worker.error lifecycle event, error
+// type "error_response"), publishes Outputs — the error response the worker
+// gave — or, when it gave none, a default error response of type
+// "<input type>.error" (data {"error", "input_id", "input_type"}, as the
+// DevKits' Error builds), and the event is done: no retry, no dead letter.
+// Crashes, timeouts and transport failures stay failed attempts. It matches
+// ErrWorkerFailed for callers that know no better.
+type ErrorAnswer struct {
+	Message string
+	Outputs []event.Event
+}
+
+func (e *ErrorAnswer) Error() string {
+	return ErrWorkerFailed.Error() + ": the worker answered with an error: " + e.Message
+}
+
+func (e *ErrorAnswer) Unwrap() error { return ErrWorkerFailed }
+
+// WorkerTraceback is the worker's error text (Traceback).
+func (e *ErrorAnswer) WorkerTraceback() string { return e.Message }
+
 // Registry maps MIME types to engines. The zero value is not usable; use
 // NewRegistry.
 type Registry struct {

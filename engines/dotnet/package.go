@@ -148,7 +148,7 @@ func (rt *runtime) unpack(cache string, code []byte, maxBytes int64) (*workerCod
 			return nil, invalidf("reading %s: %v", f.Name, err)
 		}
 		files[base] = b
-		if strings.EqualFold(path.Ext(base), ".dll") && !strings.EqualFold(base, devKitDLL) {
+		if strings.EqualFold(path.Ext(base), ".dll") && !isDevKit(base) {
 			dlls = append(dlls, base)
 		}
 	}
@@ -166,7 +166,11 @@ func (rt *runtime) unpack(cache string, code []byte, maxBytes int64) (*workerCod
 			}
 		}
 	}
-	delete(files, devKitDLL) // the host's own copy is the one every worker shares
+	for name := range files {
+		if isDevKit(name) {
+			delete(files, name) // the host's own copy is the one every worker shares
+		}
+	}
 	w := &workerCode{probe: []string{dir}, dir: dir}
 	for _, d := range dlls {
 		w.assemblies = append(w.assemblies, filepath.Join(dir, d))

@@ -32,7 +32,16 @@ type runtime struct {
 const (
 	devKitDLL = "Virtufin.Worker.dll"
 	hostExe   = "wmhost.exe"
+	// seedDevKitDLL is the original DevKit's file name: a worker
+	// referencing that assembly gets the node's DevKit too.
+	seedDevKitDLL = "Virtufin.Worker.DevKit.dll"
 )
+
+// isDevKit reports whether a package's file is a copy of the DevKit, under
+// either name: the node's own is the one every worker uses.
+func isDevKit(base string) bool {
+	return strings.EqualFold(base, devKitDLL) || strings.EqualFold(base, seedDevKitDLL)
+}
 
 func (rt *runtime) describe() string {
 	return rt.version + " (" + rt.mono + "), compiler " + rt.mcs + ", DevKit " + dotnetdevkit.Version()
@@ -143,7 +152,7 @@ func (rt *runtime) build(ctx context.Context, cache string, host []byte) error {
 		return fmt.Errorf("dotnet engine: %w", err)
 	}
 	var devkitFiles []string
-	for name, b := range dotnetdevkit.Sources() {
+	for name, b := range dotnetdevkit.AssemblySources() {
 		p := filepath.Join(src, name)
 		if err := os.WriteFile(p, b, 0o644); err != nil {
 			return fmt.Errorf("dotnet engine: %w", err)

@@ -265,12 +265,24 @@ func decodeResponse(buf []byte, limit int) (out []event.Event, err error) {
 func decodeVerified(buf []byte) ([]event.Event, error) {
 	r := fbTableAt(buf, int(binary.LittleEndian.Uint32(buf)))
 	if msg := r.bytes(slotResponseError); msg != nil {
+		// The worker's own error answer (the ABI: a worker.error event,
+		// then its error response, or a default one when it gave none).
 		m := string(msg)
 		if m == "" {
 			m = "the worker reported a failure with an empty error_message"
 		}
-		return nil, &WorkerError{Message: m}
+		outs, err := decodeOutputs(buf, r)
+		if err != nil {
+			return nil, err
+		}
+		return nil, &engines.ErrorAnswer{Message: m, Outputs: outs}
 	}
+	return decodeOutputs(buf, r)
+}
+
+// decodeOutputs decodes the result_event and result_events of r, the
+// response table.
+func decodeOutputs(buf []byte, r fbTable) ([]event.Event, error) {
 	first := r.ref(slotResponseEvent)
 	n, start := r.vector(slotResponseEvents)
 	total := n

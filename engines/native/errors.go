@@ -62,9 +62,16 @@ func withCode(rc int32, out []event.Event, err error) ([]event.Event, error) {
 		return out, err
 	}
 	we := &WorkerError{Code: rc}
-	var werr *WorkerError
-	if errors.As(err, &werr) {
+	var (
+		werr   *WorkerError
+		answer *engines.ErrorAnswer
+	)
+	switch {
+	case errors.As(err, &werr):
 		we.Message = werr.Message
+	case errors.As(err, &answer):
+		// A non-zero return code is a failure, whatever the response says.
+		we.Message = answer.Message
 	}
 	return nil, we
 }

@@ -402,6 +402,34 @@ func TestAllAttributesRoundTrip(t *testing.T) {
 	})
 }
 
+// TestWorkerErrorAnswers: error_message with return code 0 is the
+// worker's error answer (engines.ErrorAnswer, with the outputs it gave as
+// its error response), not a failure; with a non-zero code it stays one.
+func TestWorkerErrorAnswers(t *testing.T) {
+	modes(t, func(t *testing.T, cfg Config) {
+		inst := load(t, newTestEngine(t, cfg), testSpec, packageOf(t, flagsEcho, nil))
+		for typ, want := range map[string][]string{"test.answer": nil, "test.answerwith": {"test.refused"}} {
+			out, err := call(t, inst, typed(typ, nil))
+			var answer *engines.ErrorAnswer
+			if !errors.As(err, &answer) || answer.Message != "no stock" || len(out) != 0 {
+				t.Fatalf("%s: Process = %v, %v; want an ErrorAnswer \"no stock\"", typ, out, err)
+			}
+			var got []string
+			for _, o := range answer.Outputs {
+				got = append(got, o.Type())
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("%s: error response %v, want %v", typ, got, want)
+			}
+		}
+		_, err := call(t, inst, typed("test.codemsg", nil))
+		var answer *engines.ErrorAnswer
+		if errors.As(err, &answer) || !errors.Is(err, engines.ErrWorkerFailed) {
+			t.Fatalf("test.codemsg: %v, want a failure, not an answer", err)
+		}
+	})
+}
+
 func TestWorkerFailures(t *testing.T) {
 	modes(t, func(t *testing.T, cfg Config) {
 		inst := load(t, newTestEngine(t, cfg), testSpec, packageOf(t, flagsEcho, nil))

@@ -79,7 +79,7 @@ overwritten.
 			case "csharp":
 				files, err = renderTemplates(dotnetsdk.Templates(), "worker", p, map[string]string{
 					"Worker.cs": p.Class + ".cs", "WorkerTests.cs": p.Class + "Tests.cs"})
-				for n, b := range dotnetsdk.Sources() {
+				for n, b := range dotnetsdk.AssemblySources() { // both namespaces, as the node's DevKit
 					files["devkit/"+n] = b
 				}
 				for n, b := range dotnetsdk.TestingSources() {

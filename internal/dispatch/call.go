@@ -7,6 +7,7 @@ package dispatch
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"time"
 
@@ -28,6 +29,17 @@ func (d *Dispatcher) call(ctx context.Context, w *worker, j *job, in *event.Even
 	}
 	outs, err := w.process(ctx, in)
 	w.m.Processing.Observe(time.Since(j.started).Seconds())
+	var answer *engines.ErrorAnswer
+	if errors.As(err, &answer) {
+		// The worker's own error answer: its error response (or a
+		// default one) is published like any output, and the event is
+		// done (settle.go announces it).
+		j.r.answered = answer
+		outs, err = answer.Outputs, nil
+		if len(outs) == 0 {
+			outs = []event.Event{errorResponse(j.m, answer.Message)}
+		}
+	}
 	if err != nil {
 		d.fail(j.r, err)
 		d.finish(w, j)
@@ -78,4 +90,23 @@ func (d *Dispatcher) fail(r *result, err error) {
 	default:
 		r.reason = deadletter.ReasonInternal
 	}
+}
+
+// ErrorSuffix ends the type of a default error response: an input of type
+// T answered with an error gets one of type T + ".error" (the DevKits'
+// Error responses are named the same way, after their response type).
+const ErrorSuffix = ".error"
+
+// errorResponse is the default error response to m, for a worker that
+// answered with an error and gave no response of its own: type
+// "<input type>.error", data {"error": message, "input_id", "input_type"}
+// as the DevKits' Error builds it; outputs.go completes its id, source and
+// correlation id like any output's.
+func errorResponse(m *message, message string) event.Event {
+	ev := event.New(event.CloudEventsVersionV1)
+	ev.SetType(m.ev.Type() + ErrorSuffix)
+	data, _ := json.Marshal(map[string]string{"error": message, "input_id": m.ev.ID(), "input_type": m.ev.Type()})
+	ev.DataEncoded = data
+	ev.SetDataContentType(event.ApplicationJSON)
+	return ev
 }

@@ -15,6 +15,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/deadletter"
 	"github.com/virtufin/workmanager/internal/grouplock"
 )
@@ -43,6 +44,9 @@ type result struct {
 	queued int64
 	// trace is the trace of the attempt's span (zero: tracing off).
 	trace trace.TraceID
+	// answered: the worker answered with an error (engines.ErrorAnswer),
+	// announced when the attempt is settled.
+	answered *engines.ErrorAnswer
 }
 
 // job hands one message to one worker, and carries the attempt from one

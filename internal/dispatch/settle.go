@@ -126,6 +126,9 @@ func (d *Dispatcher) settleOne(ctx context.Context, m *message, rec delivery.Rec
 	case outcomeDone:
 		r.w.m.Succeeded.Inc()
 		r.w.stats.Processed()
+		if r.answered != nil {
+			d.errorAnswered(ctx, r.w, m, r)
+		}
 		updates[r.w.ID] = delivery.Worker{Outcome: delivery.Done, Attempts: rec.Get(r.w.ID).Attempts + 1}
 		return
 	case outcomeDeferred:
@@ -344,6 +347,26 @@ func (d *Dispatcher) workerError(ctx context.Context, w *worker, m *message, r *
 	}
 	data := lifecycleevents.Data{WorkerID: w.ID, WorkerName: w.Name, Group: w.Group, Topic: w.Topic, ErrorType: string(r.reason), ErrorMessage: msg,
 		Traceback: tb, EventID: m.id, Attempt: attempt, MaxAttempts: limit}
+	if err := d.Events.Emit(ctx, "", lifecycleevents.Error, data); err != nil {
+		d.log.Warn("publishing worker.error failed", "worker_id", w.ID, "err", err)
+	}
+}
+
+// ErrorTypeAnswer is the error_type of the worker.error event announcing
+// a worker's own error answer (engines.ErrorAnswer), not a failed attempt.
+const ErrorTypeAnswer = "error_response"
+
+// errorAnswered logs and announces (worker.error) that w answered m with
+// an error; its error response is published already.
+func (d *Dispatcher) errorAnswered(ctx context.Context, w *worker, m *message, r *result) {
+	msg := d.publicText(r.answered.Message)
+	d.log.Info("worker answered with an error; its error response is published", append([]any{"worker_id", w.ID, "worker_name", w.Name,
+		"topic", w.Topic, "event_id", m.id, "err", msg}, logAttrs(m, r.trace)...)...)
+	if d.Events == nil {
+		return
+	}
+	data := lifecycleevents.Data{WorkerID: w.ID, WorkerName: w.Name, Group: w.Group, Topic: w.Topic, ErrorType: ErrorTypeAnswer,
+		ErrorMessage: msg, EventID: m.id, Attempt: int(r.attempt), MaxAttempts: d.maxAttempts(w.Worker)}
 	if err := d.Events.Emit(ctx, "", lifecycleevents.Error, data); err != nil {
 		d.log.Warn("publishing worker.error failed", "worker_id", w.ID, "err", err)
 	}

@@ -1,7 +1,8 @@
 // Package dotnetdevkit owns the C# DevKit (the Virtufin.Worker assembly:
 // sources in src/) and ships its sources inside the node binary: the .NET
-// engine compiles them into Virtufin.Worker.dll, which every worker
-// assembly references, caches the result under Digest, and reports Version.
+// engine compiles them (AssemblySources) into Virtufin.Worker.dll, which
+// every worker assembly references, caches the result under Digest, and
+// reports Version.
 package dotnetdevkit
 
 import (
@@ -13,6 +14,7 @@ import (
 	"path"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 )
 
@@ -58,6 +60,45 @@ func readDir(fsys embed.FS, dir string) map[string][]byte {
 	return out
 }
 
+// SeedNamespace is the namespace of the original DevKit (assembly
+// Virtufin.Worker.DevKit): the assembly holds every DevKit type there too,
+// JSON types included, so that a source written for the original
+// (`using Virtufin.Worker.DevKit;`) compiles unchanged.
+const SeedNamespace = "Virtufin.Worker.DevKit"
+
+// seedPrefix names the files of the SeedNamespace copy in AssemblySources.
+const seedPrefix = "DevKit."
+
+// AssemblySources returns the sources of the DevKit assembly: Sources, and
+// a copy of each in SeedNamespace (file name prefixed "DevKit."): the
+// namespaces Virtufin.Worker and Virtufin.Worker.Json become
+// Virtufin.Worker.DevKit, `using Virtufin.Worker.Json;` a blank line (line
+// numbers stay). The two copies are distinct types; a worker uses one
+// (HostBinding in each tells the host how to run it).
+func AssemblySources() map[string][]byte {
+	out := Sources()
+	for name, b := range Sources() {
+		out[seedPrefix+name] = seedCopy(b)
+	}
+	return out
+}
+
+// seedCopy is src moved into SeedNamespace.
+func seedCopy(src []byte) []byte {
+	lines := strings.SplitAfter(string(src), "\n")
+	for i, l := range lines {
+		body := strings.TrimRight(l, "\r\n")
+		end := l[len(body):]
+		switch strings.TrimSpace(body) {
+		case "namespace Virtufin.Worker", "namespace Virtufin.Worker.Json":
+			lines[i] = "namespace " + SeedNamespace + end
+		case "using Virtufin.Worker.Json;":
+			lines[i] = end
+		}
+	}
+	return []byte(strings.Join(lines, ""))
+}
+
 var versionRE = regexp.MustCompile(`(?m)^\s*public const string Version = "([^"]+)";`)
 
 // Sources returns the DevKit's C# sources: file name (no directory) to
@@ -93,7 +134,7 @@ func Version() string {
 }
 
 var digestOnce = sync.OnceValue(func() string {
-	src := Sources()
+	src := AssemblySources()
 	names := make([]string, 0, len(src))
 	for n := range src {
 		names = append(names, n)
@@ -107,8 +148,8 @@ var digestOnce = sync.OnceValue(func() string {
 	return hex.EncodeToString(h.Sum(nil))
 })
 
-// Digest is the hex SHA-256 of the sources (sorted names and contents), a
-// cache key for the compiled assembly.
+// Digest is the hex SHA-256 of AssemblySources (sorted names and
+// contents), a cache key for the compiled assembly.
 func Digest() string {
 	return digestOnce()
 }

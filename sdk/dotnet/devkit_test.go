@@ -13,8 +13,9 @@ import (
 	"time"
 )
 
-// The embedded sources compile warning-free with mcs (documentation
-// comments included), and the C# test program passes against them.
+// The embedded sources (AssemblySources: both namespaces) compile
+// warning-free with mcs (documentation comments included), and the C# test
+// program passes against them.
 func TestCSharpTests(t *testing.T) {
 	mcs, err := exec.LookPath("mcs")
 	if err != nil {
@@ -28,7 +29,7 @@ func TestCSharpTests(t *testing.T) {
 	defer cancel()
 	dir := t.TempDir()
 	var srcs []string
-	for name, b := range Sources() {
+	for name, b := range AssemblySources() {
 		p := filepath.Join(dir, "src", name)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
@@ -67,7 +68,7 @@ func TestCSharpTests(t *testing.T) {
 		abs = append(abs, a)
 	}
 	exe := filepath.Join(dir, "tests.exe")
-	run(mcs, append([]string{"-warnaserror+", "-r:" + lib, "-out:" + exe}, abs...)...)
+	run(mcs, append([]string{"-warnaserror+", "-r:" + lib, "-r:Microsoft.CSharp.dll", "-out:" + exe}, abs...)...)
 	out = run(mono, "--debug", exe)
 	if !strings.Contains(out, " 0 failed") {
 		t.Fatalf("unexpected test output:\n%s", out)
@@ -122,5 +123,35 @@ func TestSources(t *testing.T) {
 	d := Digest()
 	if !regexp.MustCompile(`^[0-9a-f]{64}$`).MatchString(d) || Digest() != d {
 		t.Fatalf("Digest() = %q", d)
+	}
+}
+
+// AssemblySources holds Sources and, for each, a copy in SeedNamespace
+// with the same number of lines (compile errors keep their line numbers)
+// and no trace of the other namespaces.
+func TestAssemblySources(t *testing.T) {
+	src, all := Sources(), AssemblySources()
+	if len(all) != 2*len(src) {
+		t.Fatalf("AssemblySources() has %d files, want %d", len(all), 2*len(src))
+	}
+	for name, b := range src {
+		if !bytes.Equal(all[name], b) {
+			t.Errorf("%s differs from Sources()", name)
+		}
+		c, ok := all["DevKit."+name]
+		if !ok {
+			t.Fatalf("no DevKit.%s", name)
+		}
+		if bytes.Count(c, []byte("\n")) != bytes.Count(b, []byte("\n")) {
+			t.Errorf("DevKit.%s: %d lines, the source %d", name, bytes.Count(c, []byte("\n")), bytes.Count(b, []byte("\n")))
+		}
+		if !bytes.Contains(c, []byte("namespace "+SeedNamespace+"\n")) {
+			t.Errorf("DevKit.%s is not in namespace %s", name, SeedNamespace)
+		}
+		for _, gone := range []string{"namespace Virtufin.Worker\n", "namespace Virtufin.Worker.Json\n", "using Virtufin.Worker.Json;"} {
+			if bytes.Contains(c, []byte(gone)) {
+				t.Errorf("DevKit.%s still has %q", name, gone)
+			}
+		}
 	}
 }

@@ -354,18 +354,18 @@ static inline size_t vf__event(vf__buf* w, const vf_out_event* e) {
     return tbl;
 }
 
-/* Builds a WorkerResponse: n output events, or the failure error_message
- * when it is not NULL (then events are ignored). Returns a malloc'd buffer
- * (release it with free()) and its length, or NULL when out of memory. */
+/* Builds a WorkerResponse: n output events and, when it is not NULL, the
+ * error_message of the worker's error answer (with return code 0: a
+ * worker.error event, then the events as its error response, or a default
+ * one when n is 0; no retry). Returns a malloc'd buffer (release it with
+ * free()) and its length, or NULL when out of memory. */
 static inline uint8_t* vf_response_build(const vf_out_event* events, size_t n, const char* error_message,
                                          int32_t* out_len) {
     vf__buf w = {NULL, 0, 0, 0};
     int present[VF_RESP_NFIELDS] = {0};
     size_t slots[VF_RESP_NFIELDS];
-    if (error_message != NULL) {
-        present[VF_RESP_ERROR_MESSAGE] = 1;
-        n = 0;
-    } else if (n == 1) {
+    if (error_message != NULL) present[VF_RESP_ERROR_MESSAGE] = 1;
+    if (n == 1) {
         present[VF_RESP_RESULT_EVENT] = 1;
     } else if (n > 1) {
         present[VF_RESP_RESULT_EVENTS] = 1;

@@ -14,8 +14,11 @@
 //   node -> host  'g' 0 and the response, or 1 and an error message
 //
 // The DevKit assembly (Virtufin.Worker) is the one the host itself is linked
-// against: a worker assembly's reference to it resolves to that single copy,
-// so IWorker and CloudEvent have one identity in the process.
+// against: a worker assembly's reference to it, or to the original DevKit's
+// name Virtufin.Worker.DevKit, resolves to that single copy. The assembly
+// holds its types twice, in Virtufin.Worker and in Virtufin.Worker.DevKit
+// (the original's namespace): a worker's IWorker is one of the two, and the
+// HostBinding of that namespace runs it.
 using System;
 using System.Collections.Generic;
 using System.IO;
@@ -130,7 +133,7 @@ namespace Virtufin.WorkManager.Host
                 Console.Error.WriteLine("wmhost: protocol error: expected a load frame, got " + (char)kind);
                 return 2;
             }
-            object worker;
+            Bound worker;
             try
             {
                 worker = Load(Utf8.GetString(payload));
@@ -140,10 +143,9 @@ namespace Virtufin.WorkManager.Host
                 WriteError(e.TypeName, e.Message, e.Detail);
                 return 0; // the node kills or retires the process
             }
-            HostServices.Gateway = CallGateway;
+            HostBinding.SetGateway(CallGateway);
+            Virtufin.Worker.DevKit.HostBinding.SetGateway(CallGateway);
             WriteFrame(KindOK, new byte[0]);
-            var multi = worker as IMultiOutputWorker;
-            var single = worker as IWorker;
             while (ReadFrame(out kind, out payload))
             {
                 if (kind != KindEvent)
@@ -151,7 +153,7 @@ namespace Virtufin.WorkManager.Host
                     Console.Error.WriteLine("wmhost: protocol error: unexpected frame " + (char)kind);
                     return 2;
                 }
-                Serve(multi, single, payload);
+                Serve(worker, payload);
             }
             return 0;
         }
@@ -178,8 +180,23 @@ namespace Virtufin.WorkManager.Host
             }
         }
 
+        // Bound is a worker and the HostBinding functions of its namespace.
+        sealed class Bound
+        {
+            public object Worker;
+            public Func<string, object> Parse;
+            public Func<object, object, string> Process;
+        }
+
+        // IsWorker: whether t implements IWorker or IMultiOutputWorker of
+        // either namespace.
+        static bool IsWorker(Type t)
+        {
+            return HostBinding.IsWorker(t) || Virtufin.Worker.DevKit.HostBinding.IsWorker(t);
+        }
+
         // Load resolves the worker type in the assembly and constructs it.
-        static object Load(string spec)
+        static Bound Load(string spec)
         {
             JsonObject req;
             try
@@ -228,19 +245,36 @@ namespace Virtufin.WorkManager.Host
                 }
             }
             var candidates = types.Where(t => t.IsClass && !t.IsAbstract && t.IsPublic && !t.ContainsGenericParameters &&
-                (typeof(IWorker).IsAssignableFrom(t) || typeof(IMultiOutputWorker).IsAssignableFrom(t))).ToList();
+                IsWorker(t)).ToList();
             if (candidates.Count == 0)
                 throw new LoadException("", "the code defines no public, non-abstract class" +
-                    " implementing Virtufin.Worker.IWorker or IMultiOutputWorker");
+                    " implementing Virtufin.Worker.IWorker or IMultiOutputWorker (or Virtufin.Worker.DevKit's)");
             if (candidates.Count > 1)
                 throw new LoadException("", "the code defines several worker classes (" +
                     string.Join(", ", candidates.Select(t => t.FullName)) + "); keep one");
             var type = candidates[0];
+            var seed = Virtufin.Worker.DevKit.HostBinding.IsWorker(type);
+            // What the original's `where T : struct, Enum` would have refused
+            // at compile time (mcs cannot express it).
+            var constraint = seed ? Virtufin.Worker.DevKit.HostBinding.ConstraintError(type) : HostBinding.ConstraintError(type);
+            if (constraint != null)
+                throw new LoadException("", type.FullName + ": " + constraint);
             if (type.GetConstructor(Type.EmptyTypes) == null)
                 throw new LoadException("", type.FullName + " has no public parameterless constructor");
             try
             {
-                return Activator.CreateInstance(type);
+                var bound = new Bound { Worker = Activator.CreateInstance(type) };
+                if (seed)
+                {
+                    bound.Parse = Virtufin.Worker.DevKit.HostBinding.ParseEvent;
+                    bound.Process = Virtufin.Worker.DevKit.HostBinding.Process;
+                }
+                else
+                {
+                    bound.Parse = HostBinding.ParseEvent;
+                    bound.Process = HostBinding.Process;
+                }
+                return bound;
             }
             catch (TargetInvocationException e)
             {
@@ -285,12 +319,16 @@ namespace Virtufin.WorkManager.Host
             // The kernel copied the program; the memory stays allocated (a few hundred bytes, once).
         }
 
-        // Resolve maps a worker's references: the DevKit to the host's own
-        // copy, other assemblies to the worker's own directories.
+        // DevKitNames are the names a worker's reference to the DevKit has:
+        // this DevKit's and the original's.
+        static readonly string[] DevKitNames = { typeof(IWorker).Assembly.GetName().Name, "Virtufin.Worker.DevKit" };
+
+        // Resolve maps a worker's references: the DevKit (either name) to the
+        // host's own copy, other assemblies to the worker's own directories.
         static Assembly Resolve(object sender, ResolveEventArgs args)
         {
             var name = new AssemblyName(args.Name);
-            if (name.Name == typeof(IWorker).Assembly.GetName().Name)
+            if (DevKitNames.Contains(name.Name, StringComparer.OrdinalIgnoreCase))
                 return typeof(IWorker).Assembly;
             foreach (var dir in probeDirs)
             {
@@ -301,12 +339,12 @@ namespace Virtufin.WorkManager.Host
             return null;
         }
 
-        static void Serve(IMultiOutputWorker multi, IWorker single, byte[] payload)
+        static void Serve(Bound worker, byte[] payload)
         {
-            CloudEvent input;
+            object input;
             try
             {
-                input = CloudEvent.Parse(Utf8.GetString(payload));
+                input = worker.Parse(Utf8.GetString(payload));
             }
             catch (Exception e)
             {
@@ -316,31 +354,7 @@ namespace Virtufin.WorkManager.Host
             inEvent = true;
             try
             {
-                string result;
-                if (multi != null)
-                {
-                    var outs = multi.ProcessAllAsync(input).GetAwaiter().GetResult();
-                    if (outs == null || outs.Count == 0)
-                        result = "null";
-                    else
-                    {
-                        var b = new StringBuilder("[");
-                        for (var i = 0; i < outs.Count; i++)
-                        {
-                            if (i > 0)
-                                b.Append(',');
-                            if (outs[i] == null)
-                                throw new InvalidOperationException("output " + i + " is null");
-                            b.Append(outs[i].ToJson());
-                        }
-                        result = b.Append(']').ToString();
-                    }
-                }
-                else
-                {
-                    var output = single.ProcessAsync(input).GetAwaiter().GetResult();
-                    result = output == null ? "null" : output.ToJson();
-                }
+                var result = worker.Process(worker.Worker, input);
                 inEvent = false;
                 WriteFrame(KindResult, Utf8.GetBytes(result));
             }
@@ -353,15 +367,18 @@ namespace Virtufin.WorkManager.Host
             }
         }
 
-        // Detail is e with its stack, without the host's own frames (the
-        // worker's are what its author can act on).
+        // Detail is e with its stack, without the host's own frames and
+        // HostBinding's (the worker's are what its author can act on).
         static string Detail(Exception e)
         {
             var lines = e.ToString().Split('\n');
             var b = new StringBuilder();
             foreach (var line in lines)
             {
-                if (line.TrimStart().StartsWith("at Virtufin.WorkManager.Host.", StringComparison.Ordinal))
+                var at = line.TrimStart();
+                if (at.StartsWith("at Virtufin.WorkManager.Host.", StringComparison.Ordinal) ||
+                    at.StartsWith("at Virtufin.Worker.HostBinding.", StringComparison.Ordinal) ||
+                    at.StartsWith("at Virtufin.Worker.DevKit.HostBinding.", StringComparison.Ordinal))
                     continue;
                 if (b.Length > 0)
                     b.Append('\n');

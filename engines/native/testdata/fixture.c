@@ -434,6 +434,12 @@ VIRTUFIN_EXPORT int32_t PROCESS_NAME(const VirtufinHost* host, const uint8_t* in
         respond(out, out_len, NULL, 0, "it went wrong");
         return 5;
     }
+    if (is(ev.type, "test.answer")) return respond(out, out_len, NULL, 0, "no stock");
+    if (is(ev.type, "test.answerwith")) {
+        vf_out_event o = {0};
+        o.type = "test.refused";
+        return respond(out, out_len, &o, 1, "no stock");
+    }
     if (is(ev.type, "test.notype")) {
         vf_out_event o = {0};
         o.id = "x";

@@ -4,6 +4,6 @@ namespace Virtufin.Worker
     public static class DevKitInfo
     {
         /// <summary>The DevKit's version; the node reads this line.</summary>
-        public const string Version = "0.1.0";
+        public const string Version = "0.2.0";
     }
 }

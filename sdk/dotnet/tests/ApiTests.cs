@@ -235,11 +235,15 @@ namespace Virtufin.Worker.Tests
             var worker = new Quotes(new ApiClient(stub.Call));
             var output = await worker.ProcessAsync(Command(new JsonObject { ["command"] = "ping", ["api_host"] = "backend", ["api_port"] = 8080 }));
             Assert.Json("{\"target\":\"backend:8080\",\"pong\":\"pong\"}", output.Data);
+            Assert.Equal("localhost:5002", worker.Client.Target, "the command re-pointed the client for its handler only");
+            output = await worker.ProcessAsync(Command(new JsonObject { ["command"] = "ping", ["api_host"] = "backend" }));
+            Assert.Json("{\"target\":\"backend:5002\",\"pong\":\"pong\"}", output.Data, "api_host alone: the default port 5002");
             output = await worker.ProcessAsync(Command(new JsonObject { ["command"] = "ping", ["api_port"] = "9090" }));
-            Assert.Json("{\"target\":\"backend:9090\",\"pong\":\"pong\"}", output.Data, "a port as a decimal string; the host is kept");
+            Assert.Json("{\"target\":\"localhost:9090\",\"pong\":\"pong\"}", output.Data, "a port as a decimal string; the configured host");
             output = await worker.ProcessAsync(Command(new JsonObject { ["command"] = "ping", ["api_host"] = null, ["api_port"] = null }));
-            Assert.Json("{\"target\":\"backend:9090\",\"pong\":\"pong\"}", output.Data, "null fields keep the values");
-            Assert.Equal("backend:9090", worker.Client.Target);
+            Assert.Json("{\"target\":\"localhost:5002\",\"pong\":\"pong\"}", output.Data, "null fields: the configured client");
+            Assert.Equal(4, stub.Calls.Count, "every call went through the gateway");
+            Assert.Equal("localhost:5002", worker.Client.Target);
         }
 
         [Test]

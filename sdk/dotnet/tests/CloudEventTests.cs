@@ -246,7 +246,7 @@ namespace Virtufin.Worker.Tests
         [Test]
         static void DevKitVersion()
         {
-            Assert.Equal("0.1.0", DevKitInfo.Version);
+            Assert.Equal("0.2.0", DevKitInfo.Version);
         }
     }
 }

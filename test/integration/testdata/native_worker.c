@@ -16,6 +16,11 @@
 #define OUT_TYPE "native-out"
 #endif
 
+static int ends_with(vf_str s, const char* suffix) {
+    size_t n = strlen(suffix);
+    return s.ptr && s.len >= n && memcmp(s.ptr + s.len - n, suffix, n) == 0;
+}
+
 VIRTUFIN_EXPORT int32_t Process(const VirtufinHost* host, const uint8_t* in, int32_t in_len, uint8_t** out,
                                 int32_t* out_len) {
     vf_event ev;
@@ -34,6 +39,19 @@ VIRTUFIN_EXPORT int32_t Process(const VirtufinHost* host, const uint8_t* in, int
     }
 #endif
     usleep(2000); /* long enough for calls to overlap a reload */
+
+    /* An event whose type ends with ".refuse": the worker's own error
+     * answer (error_message, return code 0: published as an error
+     * response, no retry); ".fail": a failure (return code 1: retried,
+     * then dead-lettered). */
+    if (ends_with(ev.type, ".refuse")) {
+        *out = vf_response_error("no stock", out_len);
+        return 0;
+    }
+    if (ends_with(ev.type, ".fail")) {
+        *out = vf_response_error("it broke", out_len);
+        return 1;
+    }
 
     char* gw = NULL;
     if (ev.type.ptr && strcmp(ev.type.ptr, "native.lookup") == 0) {
