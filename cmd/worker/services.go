@@ -282,6 +282,7 @@ func (p *parts) build(ctx context.Context) error {
 	hotCtx, cutOff := context.WithCancel(context.WithoutCancel(ctx))
 	p.cutOff = cutOff
 	p.infra = infraevents.NewEmitter(log, publish.Observed(p.daprPub.Capped(infraevents.MaxLen), p.broker.Published), cfg.NodeID, 4096)
+	p.met.SetInfraDropped(p.infra.Dropped)
 	store := state.NewDaprStore(p.daprClient, cfg.StateStore)
 	members := cluster.New(store, cfg.NodeID, 3*cfg.NodeHeartbeat)
 	members.LapseMargin = cfg.NodeHeartbeat // as SelfAlive and the gate below
@@ -329,6 +330,7 @@ func (p *parts) build(ctx context.Context) error {
 			Serving: func() bool { return p.gate.Serving() }})
 	n := node.New(log, p.cat, reg, p.disp, cfg.WorkerTimeout)
 	n.SetLogBudget(cfg.LogLinesPerSecond)
+	n.SetEvents(p.events) // a worker that fails to load in a reconcile: worker.error
 	n.SetReconcileParallelism(cfg.ReconcileParallel)
 	p.n = n
 	// Placement: the node serves only the topics placed on it (issue 45),
@@ -552,7 +554,10 @@ func (p *parts) recovery() startstop.Service {
 		case <-ctx.Done():
 			return
 		}
+		started := time.Now()
 		reconcile.RecoverLoop(ctx, p.log, p.tc, p.n, p.h, p.cfg.RecoveryOnStart, p.cfg.ContinueAsNewAfter, 5*time.Second, p.met.RecoveryDone)
+		// With recovery on start off: workers come back when RecoverWorkers runs.
+		reconcile.AwaitRecovery(ctx, p.log, p.tc, p.n, p.h, started, 2*time.Second)
 	}).StopWithin(signalLoopStop)
 }
 

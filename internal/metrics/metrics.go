@@ -70,6 +70,8 @@ type Metrics struct {
 	// Node.
 	messagesInFlight prometheus.GaugeFunc
 	inFlightSource   atomic.Pointer[func() int64]
+	infraDropped     prometheus.CounterFunc
+	infraDropSource  atomic.Pointer[func() int64]
 	queues           *queueCollector
 	recordSeconds    *prometheus.HistogramVec // op
 	recordErrors     *prometheus.CounterVec   // op
@@ -141,13 +143,20 @@ func New(reg prometheus.Registerer) *Metrics {
 		}
 		return 0
 	})
+	m.infraDropped = prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: Namespace, Name: "infra_events_dropped_total",
+		Help: "Infrastructure events (workmanager.infra.*: group locks, node membership) dropped because their queue was full: the broker was slower than they were produced."}, func() float64 {
+		if f := m.infraDropSource.Load(); f != nil {
+			return float64((*f)())
+		}
+		return 0
+	})
 	m.queues = &queueCollector{desc: prometheus.NewDesc(Namespace+"_worker_queue_length",
 		"Messages waiting in a worker's queue (at most WORKER_QUEUE_DEPTH).", []string{LabelWorker, LabelWorkerName, LabelEngine}, nil)}
 	if reg != nil {
 		reg.MustRegister(m.received, m.succeeded, m.failed, m.deadLettered, m.outputs, m.queueRejections, m.processing,
 			m.queueWait, m.inFlight, m.concurrency, m.handling, m.topicDeadLettered, m.reconnects, m.recordSeconds, m.recordErrors,
 			m.lockAcquisitions, m.lockContentions, m.lockThefts, m.lockTheftsAborted, m.lockStaleRefused, m.lockWait,
-			m.restarts, m.restartFailures, m.recoveryDuration, m.recoveries, m.messagesInFlight, m.queues)
+			m.restarts, m.restartFailures, m.recoveryDuration, m.recoveries, m.messagesInFlight, m.infraDropped, m.queues)
 	}
 	return m
 }
@@ -155,6 +164,10 @@ func New(reg prometheus.Registerer) *Metrics {
 // SetInFlight makes workmanager_messages_in_flight read n (the
 // dispatcher's count, read at scrape time).
 func (m *Metrics) SetInFlight(n func() int64) { m.inFlightSource.Store(&n) }
+
+// SetInfraDropped makes workmanager_infra_events_dropped_total read n
+// (infraevents.Emitter.Dropped, read at scrape time).
+func (m *Metrics) SetInfraDropped(n func() int64) { m.infraDropSource.Store(&n) }
 
 // Queue is one worker's queue as SetQueues reports it.
 type Queue struct {

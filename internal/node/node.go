@@ -20,6 +20,7 @@ import (
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/logbudget"
 )
 
@@ -67,7 +68,39 @@ type Node struct {
 	quarantine quarantineState
 	// place tells which topics this node serves (SetPlacement; nil: all).
 	place Placement
+	// events announces a worker that fails to load outside a lifecycle
+	// operation (SetEvents; nil: only logged).
+	events *lifecycleevents.Emitter
+	// holdRestore: a RUNNING worker that is not attached here is not
+	// brought up by Reconcile until ReleaseRestore (HoldRestore:
+	// WORKER_RECOVERY_ON_START=false).
+	holdRestore atomic.Bool
 }
+
+// SetEvents makes the node announce, as a worker.error lifecycle event
+// (error_type ErrorTypeLoad), a worker that Reconcile could not load
+// (recovery, the periodic reconcile): once per record, not per retry.
+// Call it before serving.
+func (n *Node) SetEvents(e *lifecycleevents.Emitter) { n.events = e }
+
+// ErrorTypeLoad is the error_type of the worker.error event for a worker
+// that could not be loaded outside a lifecycle operation (whose caller
+// gets the error itself).
+const ErrorTypeLoad = "load_failed"
+
+// HoldRestore stops Reconcile bringing up RUNNING workers that are not
+// attached here (it still detaches stopped and deleted ones, and keeps
+// those attached in step): with WORKER_RECOVERY_ON_START=false a node
+// restores workers only when RecoverWorkers runs (ReleaseRestore).
+// Lifecycle operations (Apply, Sync) attach as always.
+func (n *Node) HoldRestore() { n.holdRestore.Store(true) }
+
+// ReleaseRestore ends HoldRestore: the next Reconcile brings up every
+// RUNNING worker this node serves.
+func (n *Node) ReleaseRestore() { n.holdRestore.Store(false) }
+
+// RestoreHeld reports whether HoldRestore is in force.
+func (n *Node) RestoreHeld() bool { return n.holdRestore.Load() }
 
 // SetLogBudget bounds what each worker's code may log, in lines per second
 // (WORKER_LOG_LINES_PER_SECOND; 0: unlimited). Call it before serving.
@@ -443,7 +476,13 @@ type ReconcileResult struct {
 	// (all of them without placement) and Here those of them attached
 	// here afterwards: readiness says "recovered Here of Share".
 	Share, Here int
+	// Held counts the RUNNING workers not brought up here because of
+	// HoldRestore (they wait for RecoverWorkers).
+	Held int
 }
+
+// statusHeld is reconcileOne's answer for a worker HoldRestore kept down.
+const statusHeld catalog.Status = "held"
 
 // DefaultReconcileParallelism is how many workers Reconcile brings up at a
 // time: a node that lapsed or restarts in a cluster loads every worker it
@@ -499,6 +538,8 @@ func (n *Node) Reconcile(ctx context.Context) (ReconcileResult, error) {
 				res.Running++
 			case status == catalog.StatusStopped:
 				res.Stopped++
+			case status == statusHeld:
+				res.Held++
 			}
 			return nil
 		})
@@ -596,11 +637,19 @@ func (n *Node) reconcileOne(ctx context.Context, id string) (catalog.Status, err
 	}
 	n.mu.Lock()
 	b, wasBroken := n.broken[id]
+	_, attached := n.attached[id]
 	n.mu.Unlock()
 	if wasBroken && reflect.DeepEqual(b.record, w) && n.now().Before(b.next) {
 		return w.Status, b.err
 	}
+	if w.Status == catalog.StatusRunning && !attached && n.holdRestore.Load() {
+		// Restored only by RecoverWorkers (HoldRestore).
+		return statusHeld, nil
+	}
 	if err := n.apply(ctx, w); err != nil {
+		if !wasBroken || !reflect.DeepEqual(b.record, w) {
+			n.announceLoadFailure(ctx, w, err)
+		}
 		if !wasBroken || !reflect.DeepEqual(b.record, w) {
 			b = brokenWorker{record: w}
 		}
@@ -613,6 +662,22 @@ func (n *Node) reconcileOne(ctx context.Context, id string) (catalog.Status, err
 		return w.Status, err
 	}
 	return w.Status, nil
+}
+
+// announceLoadFailure publishes worker.error for w, which Reconcile could
+// not load (its error text cut to 1 KiB).
+func (n *Node) announceLoadFailure(ctx context.Context, w catalog.Worker, err error) {
+	if n.events == nil {
+		return
+	}
+	msg := err.Error()
+	if len(msg) > 1024 {
+		msg = msg[:1024] + " …"
+	}
+	data := lifecycleevents.Data{WorkerID: w.ID, WorkerName: w.Name, Group: w.Group, Topic: w.Topic, ErrorType: ErrorTypeLoad, ErrorMessage: msg}
+	if eerr := n.events.Emit(ctx, "", lifecycleevents.Error, data); eerr != nil {
+		n.log.Warn("publishing worker.error failed", "worker_id", w.ID, "err", eerr)
+	}
 }
 
 // Fence holders: why a node is fenced. Each lifts its own fence; the node

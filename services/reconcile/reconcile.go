@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"time"
 
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 
 	"github.com/virtufin/workmanager/internal/health"
@@ -67,11 +69,15 @@ func RecoverLoop(ctx context.Context, log *slog.Logger, c client.Client, n *node
 		if recoverAll {
 			err = Recover(ctx, log, c, n, h, continueAsNewAfter)
 		} else {
+			// Workers come back only when RecoverWorkers runs
+			// (AwaitRecovery); this reconcile detaches nothing it should
+			// keep and brings up nothing.
+			n.HoldRestore()
 			h.Set(health.Recovery, health.Degraded, "recovery on start disabled; reconciling this node")
 			var rec node.ReconcileResult
 			if rec, err = n.Reconcile(ctx); err == nil {
-				h.Set(health.Recovery, health.Healthy, fmt.Sprintf("recovery on start disabled; recovered %d of %d workers this node serves (running %d, stopped %d, failed %d)",
-					rec.Here, rec.Share, rec.Running, rec.Stopped, rec.Failed))
+				h.Set(health.Recovery, health.Healthy, fmt.Sprintf("recovery on start disabled: %d running workers wait for RecoverWorkers; serving %d (stopped %d, failed %d)",
+					rec.Held, rec.Here, rec.Stopped, rec.Failed))
 			} else {
 				h.Set(health.Recovery, health.Unhealthy, err.Error())
 			}
@@ -92,6 +98,47 @@ func RecoverLoop(ctx context.Context, log *slog.Logger, c client.Client, n *node
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, RecoveryRetryMax)
+	}
+}
+
+// RecoveryDescriber reads the state of the recovery workflow
+// (client.Client does).
+type RecoveryDescriber interface {
+	DescribeWorkflowExecution(ctx context.Context, workflowID, runID string) (*workflowservice.DescribeWorkflowExecutionResponse, error)
+}
+
+// AwaitRecovery, on a node whose restore is held (node.HoldRestore:
+// WORKER_RECOVERY_ON_START=false), waits for a recovery (RecoverWorkers,
+// or another node's start-up recovery) that completes after since, asking
+// Temporal every poll; then it releases the hold and reconciles, bringing
+// up every RUNNING worker this node serves. It returns at once when the
+// restore is not held.
+func AwaitRecovery(ctx context.Context, log *slog.Logger, c RecoveryDescriber, n *node.Node, h *health.State, since time.Time, poll time.Duration) {
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	for n.RestoreHeld() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d, err := c.DescribeWorkflowExecution(ctx, workflows.RecoveryWorkflowID, "")
+		if err != nil {
+			continue // none yet (NotFound), or Temporal unreachable
+		}
+		info := d.GetWorkflowExecutionInfo()
+		if info.GetStatus() != enumspb.WORKFLOW_EXECUTION_STATUS_COMPLETED || info.GetCloseTime() == nil || !info.GetCloseTime().AsTime().After(since) {
+			continue
+		}
+		n.ReleaseRestore()
+		rec, err := n.Reconcile(ctx)
+		if err != nil {
+			log.Warn("reconcile after RecoverWorkers failed; the periodic reconcile tries again", "err", err)
+			continue
+		}
+		log.Info("RecoverWorkers ran: workers restored", "running", rec.Running, "failed", rec.Failed)
+		h.Set(health.Recovery, health.Healthy, fmt.Sprintf("recovered by RecoverWorkers: %d of %d workers this node serves (running %d, stopped %d, failed %d)",
+			rec.Here, rec.Share, rec.Running, rec.Stopped, rec.Failed))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -55,10 +56,11 @@ func TestRecoverLoopRetriesAFailedRecovery(t *testing.T) {
 	}
 }
 
-// Issue 33 item 9: with recovery on start off, the node still reconciles
-// itself once before it reports recovery healthy (it serves its workers
-// without waiting for a periodic reconcile, which may be off too).
-func TestRecoverLoopWithRecoveryOffReconcilesTheNode(t *testing.T) {
+// Issue 49 item 5 (which replaces issue 33 item 9): with recovery on
+// start off, the node reconciles itself once before it reports recovery
+// healthy — it keeps what it should not run detached — but brings no
+// RUNNING worker up: that waits for RecoverWorkers (AwaitRecovery).
+func TestRecoverLoopWithRecoveryOffHoldsTheRestore(t *testing.T) {
 	f, ctx := nodetest.New(t), context.Background()
 	sha, _ := f.Catalog.PutCode(ctx, []byte("good"))
 	if err := f.Catalog.SaveWorker(ctx, nodetest.Worker(catalog.StatusRunning, sha)); err != nil {
@@ -66,10 +68,10 @@ func TestRecoverLoopWithRecoveryOffReconcilesTheNode(t *testing.T) {
 	}
 	h := health.New()
 	reconcile.RecoverLoop(ctx, slog.New(slog.NewTextHandler(io.Discard, nil)), mocks.NewClient(t), f.Node, h, false, 0, 10*time.Millisecond, nil)
-	if f.Engine.Loads() != 1 {
-		t.Fatalf("loads %d: the node did not reconcile", f.Engine.Loads())
+	if f.Engine.Loads() != 0 || !f.Node.RestoreHeld() {
+		t.Fatalf("loads %d, held %v: the worker must wait for RecoverWorkers", f.Engine.Loads(), f.Node.RestoreHeld())
 	}
-	if c := h.Report().Checks[health.Recovery]; c.Status != health.Healthy || !h.Ready() {
+	if c := h.Report().Checks[health.Recovery]; c.Status != health.Healthy || !h.Ready() || !strings.Contains(c.Detail, "1 running workers wait for RecoverWorkers") {
 		t.Fatalf("recovery check %+v", c)
 	}
 }
