@@ -168,11 +168,12 @@ func (a *Activities) Apply(ctx context.Context, in ApplyInput) error {
 		return classify(a.onNode(fmt.Errorf("place topic %s: %w", in.Worker.Topic, err)))
 	}
 	h := in.History
-	if h != nil && h.Action == catalog.HistoryCreate && (in.Worker.MaxConcurrency != 0 || in.Worker.MaxProcesses != 0) {
-		// The create's entry records the worker's concurrency bounds, as
-		// its placement (set here, not by the workflow: no change to it).
+	if h != nil && h.Action == catalog.HistoryCreate && (in.Worker.MaxConcurrency != 0 || in.Worker.MaxProcesses != 0 || in.Worker.TimeoutMS != 0) {
+		// The create's entry records the worker's concurrency bounds and
+		// timeout, as its placement (set here, not by the workflow: no
+		// change to it).
 		c := *h
-		c.MaxConcurrency, c.MaxProcesses = in.Worker.MaxConcurrency, in.Worker.MaxProcesses
+		c.MaxConcurrency, c.MaxProcesses, c.TimeoutMS = in.Worker.MaxConcurrency, in.Worker.MaxProcesses, in.Worker.TimeoutMS
 		h = &c
 	}
 	return classify(a.onNode(a.Node.Apply(ctx, in.Worker, h)))

@@ -99,6 +99,10 @@ type Worker struct {
 	// without it takes the whole group's lock. "": the group's lock for
 	// every event.
 	GroupKey string `json:"group_key,omitempty"`
+	// TimeoutMS is the longest one event may run in the worker
+	// (CreateWorker's timeout_ms), capped by each node's WORKER_TIMEOUT;
+	// 0, and in records written before it: WORKER_TIMEOUT.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
 }
 
 // Placement is what a worker asks of the nodes that serve its topic.
@@ -172,6 +176,9 @@ type HistoryEntry struct {
 	// GroupKey is the worker's group key from this version on
 	// (Worker.GroupKey; "" also in entries written before group keys).
 	GroupKey string `json:"group_key,omitempty"`
+	// TimeoutMS is, for a create, the worker's (Worker.TimeoutMS; 0: the
+	// node's WORKER_TIMEOUT).
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
 }
 
 // History actions.

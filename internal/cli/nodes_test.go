@@ -115,3 +115,20 @@ func TestNodesAndDrain(t *testing.T) {
 		t.Errorf("drain requests: %s", got)
 	}
 }
+
+// create --event-timeout sends timeout_ms; a bad value is a usage error.
+func TestCreateSendsEventTimeout(t *testing.T) {
+	f := startFake(t, nil)
+	py := write(t, t.TempDir()+"/worker.py", "def process(e): pass\n")
+	f.runOK(t, "create", py, "--topic", "a", "--event-timeout", "2.5s")
+	f.runOK(t, "create", py, "--topic", "b")
+	r := run(t, map[string]string{"WMCTL_ADDR": f.addr, "WMCTL_TOKEN": goodToken}, "", "create", py, "--topic", "c", "--event-timeout", "-1s")
+	if r.code != ExitUsage || !strings.Contains(r.err, "--event-timeout -1s") {
+		t.Errorf("--event-timeout -1s: exit %d, %q", r.code, r.err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.creates) != 2 || f.creates[0].GetTimeoutMs() != 2500 || f.creates[1].TimeoutMs != nil {
+		t.Fatalf("creates sent %v, want timeout_ms 2500 then unset", f.creates)
+	}
+}

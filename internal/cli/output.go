@@ -170,6 +170,7 @@ func workerDetail(x *pb.Worker) func(io.Writer) {
 			{"Placement", placementText(x.GetPlacement())},
 			{"Max concurrency", optionalText(x.MaxConcurrency)},
 			{"Max processes", optionalText(x.MaxProcesses)},
+			{"Timeout", timeoutText(x.TimeoutMs)},
 			{"Nodes", nodesText(x)},
 			{"Created", ts(x.GetCreatedAt())},
 			{"Updated", ts(x.GetUpdatedAt())},
@@ -308,6 +309,14 @@ func bytesText(b uint64) string {
 }
 
 // optionalText is an optional count, or "cluster default" when unset.
+// timeoutText is a worker's timeout_ms as GetWorker shows it.
+func timeoutText(ms *int64) string {
+	if ms == nil {
+		return "WORKER_TIMEOUT"
+	}
+	return (time.Duration(*ms) * time.Millisecond).String()
+}
+
 func optionalText(n *int32) string {
 	if n == nil {
 		return "cluster default"

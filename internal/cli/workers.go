@@ -71,6 +71,7 @@ func (a *app) createCmd() *cobra.Command {
 		require        map[string]string
 		maxConc        int32
 		maxProcs       int32
+		eventTimeout   time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "create FILE --topic TOPIC [flags]",
@@ -130,6 +131,13 @@ and print its id. Without --mime the MIME type is told from the file:
 			if flagChanged(cmd.Flags(), "max-processes") {
 				req.MaxProcesses = &maxProcs
 			}
+			if flagChanged(cmd.Flags(), "event-timeout") {
+				if eventTimeout <= 0 || eventTimeout%time.Millisecond != 0 {
+					return usageErr(fmt.Errorf("--event-timeout %s: want a positive duration in whole milliseconds, e.g. 5s", eventTimeout))
+				}
+				ms := eventTimeout.Milliseconds()
+				req.TimeoutMs = &ms
+			}
 			var resp *pb.CreateWorkerResponse
 			err = a.apiCall(cmd.Context(), "creating worker", func(ctx context.Context, c pb.WorkManagerServiceClient) (err error) {
 				resp, err = c.CreateWorker(ctx, &req)
@@ -154,6 +162,7 @@ and print its id. Without --mime the MIME type is told from the file:
 	f.DurationVar(&backoff, "backoff", 0, "wait before the next attempt, e.g. 2s (default: the cluster's)")
 	f.Int32Var(&maxConc, "max-concurrency", 0, "Python: events an `async def` worker runs at once, `N` (1..256; default: the cluster's PYTHON_MAX_CONCURRENCY)")
 	f.Int32Var(&maxProcs, "max-processes", 0, "Python: runner processes a plain `def` worker gets on demand, `N` (1..16; default: the cluster's PYTHON_MAX_PROCESSES)")
+	f.DurationVar(&eventTimeout, "event-timeout", 0, "the longest one event may run in the worker, e.g. 5s (up to 1h, capped by each node's WORKER_TIMEOUT; default: WORKER_TIMEOUT)")
 	f.StringVar(&replicas, "replicas", "", "how many nodes serve the worker's topic: `N|all` (1..64, or every node that can run it; default: the cluster's PLACEMENT_REPLICAS)")
 	f.StringToStringVar(&require, "require", nil, "labels (NODE_LABELS) a node must have to run the worker, as `k=v[,k=v]`")
 	f.Lookup("require").DefValue = "" // none; not "[]"

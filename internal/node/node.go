@@ -154,6 +154,17 @@ func New(log *slog.Logger, cat *catalog.Catalog, reg *engines.Registry, disp *di
 		parallelism: DefaultReconcileParallelism}
 }
 
+// timeoutOf bounds one event in w: its own timeout (catalog.Worker.
+// TimeoutMS), capped by the node's (WORKER_TIMEOUT, the longest any
+// worker's call may run here: a grouped call must end before its lock's
+// max age); the node's when it has none.
+func (n *Node) timeoutOf(w catalog.Worker) time.Duration {
+	if t := time.Duration(w.TimeoutMS) * time.Millisecond; t > 0 && (n.timeout <= 0 || t < n.timeout) {
+		return t
+	}
+	return n.timeout
+}
+
 // lockWorker takes worker id's lock; the returned function gives it back.
 func (n *Node) lockWorker(id string) func() {
 	n.mu.Lock()
@@ -177,7 +188,7 @@ func (n *Node) lockWorker(id string) func() {
 
 // Spec is the engine spec for a worker.
 func (n *Node) Spec(w catalog.Worker) engines.Spec {
-	return engines.Spec{WorkerID: w.ID, MIMEType: w.MIMEType, Topic: w.Topic, Group: w.Group, Timeout: n.timeout, GatewayTargets: w.GatewayTargets,
+	return engines.Spec{WorkerID: w.ID, MIMEType: w.MIMEType, Topic: w.Topic, Group: w.Group, Timeout: n.timeoutOf(w), GatewayTargets: w.GatewayTargets,
 		MaxConcurrency: w.MaxConcurrency, MaxProcesses: w.MaxProcesses, Logger: n.workerLog(w.ID)}
 }
 

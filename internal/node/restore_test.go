@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
@@ -65,5 +66,16 @@ func TestReconcileLoadFailureIsAnnouncedOnce(t *testing.T) {
 	var d lifecycleevents.Data
 	if err := json.Unmarshal(evs[0].Data(), &d); err != nil || d.WorkerID != w.ID || d.ErrorType != node.ErrorTypeLoad || d.ErrorMessage == "" {
 		t.Fatalf("worker.error %s (%v)", evs[0].Data(), err)
+	}
+}
+
+// A worker's own timeout bounds its calls, capped by the node's
+// (WORKER_TIMEOUT; the fixture's is 1 s); none: the node's.
+func TestWorkerTimeoutIsCappedByTheNodes(t *testing.T) {
+	f := nodetest.New(t)
+	for ms, want := range map[int64]time.Duration{0: time.Second, 50: 50 * time.Millisecond, 999: 999 * time.Millisecond, 600000: time.Second} {
+		if got := f.Node.TimeoutOf(catalog.Worker{TimeoutMS: ms}); got != want {
+			t.Errorf("timeout_ms %d: %v, want %v", ms, got, want)
+		}
 	}
 }

@@ -1,6 +1,8 @@
 package api
 
 import (
+	"time"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -30,6 +32,30 @@ func workerConcurrency(req *pb.CreateWorkerRequest) (maxConcurrency, maxProcesse
 		maxProcesses = int(req.GetMaxProcesses())
 	}
 	return maxConcurrency, maxProcesses, nil
+}
+
+// MaxWorkerTimeout bounds CreateWorker's timeout_ms (each node caps it
+// again at its WORKER_TIMEOUT).
+const MaxWorkerTimeout = time.Hour
+
+// workerTimeout validates CreateWorker's timeout_ms and returns what the
+// worker's record keeps (0: unset, the node's WORKER_TIMEOUT).
+func workerTimeout(req *pb.CreateWorkerRequest) (int64, error) {
+	if req.TimeoutMs == nil {
+		return 0, nil
+	}
+	if ms := req.GetTimeoutMs(); ms < 1 || ms > MaxWorkerTimeout.Milliseconds() {
+		return 0, status.Errorf(codes.InvalidArgument, "timeout_ms %d must be 1..%d (capped by each node's WORKER_TIMEOUT); unset: WORKER_TIMEOUT", ms, MaxWorkerTimeout.Milliseconds())
+	}
+	return req.GetTimeoutMs(), nil
+}
+
+// optionalInt64 is n as an optional proto field (nil for 0: unset).
+func optionalInt64(n int64) *int64 {
+	if n == 0 {
+		return nil
+	}
+	return &n
 }
 
 // optionalInt32 is n as an optional proto field (nil for 0: unset).

@@ -152,7 +152,7 @@ func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.C
 		}
 		if c := st.Worker; c.Topic != w.Topic || c.MIMEType != w.MIMEType || c.Group != w.Group ||
 			!slices.Equal(c.AllowedOutputs, w.AllowedOutputs) || !slices.Equal(c.GatewayTargets, w.GatewayTargets) ||
-			!samePlacement(c.Placement, w.Placement) || c.MaxConcurrency != w.MaxConcurrency || c.MaxProcesses != w.MaxProcesses || c.GroupKey != w.GroupKey {
+			!samePlacement(c.Placement, w.Placement) || c.MaxConcurrency != w.MaxConcurrency || c.MaxProcesses != w.MaxProcesses || c.GroupKey != w.GroupKey || c.TimeoutMS != w.TimeoutMS {
 			return nil, status.Errorf(codes.AlreadyExists, "request_id %q was used for worker %s with other parameters (topic %q, mime_type %q, group %q, allowed_output_topics %q, allowed_gateway_targets %q, %s)",
 				rid, w.ID, c.Topic, c.MIMEType, c.Group, c.AllowedOutputs, c.GatewayTargets, placementText(c.Placement))
 		}

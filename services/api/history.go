@@ -88,6 +88,7 @@ func historyProto(e catalog.HistoryEntry) *pb.HistoryEntry {
 		out.Replicas, out.Placement = w.Replicas, w.Placement
 	}
 	out.MaxConcurrency, out.MaxProcesses = optionalInt32(e.MaxConcurrency), optionalInt32(e.MaxProcesses)
+	out.TimeoutMs = optionalInt64(e.TimeoutMS)
 	out.GroupKey = e.GroupKey
 	return out
 }

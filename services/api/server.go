@@ -141,6 +141,10 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 	if err != nil {
 		return nil, err
 	}
+	timeoutMS, err := workerTimeout(req)
+	if err != nil {
+		return nil, err
+	}
 	p := caller(ctx)
 	prefix := s.opts.Tenants.Of(p.Tenant)
 	if err := tenantTopics(prefix, req.GetTopic(), req.GetAllowedOutputTopics()); err != nil {
@@ -165,7 +169,7 @@ func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) 
 	w := catalog.Worker{ID: tenant.WorkerID(p.Tenant, uuid.New()), Tenant: p.Tenant, TopicPrefix: prefix, MIMEType: req.GetMimeType(), Topic: req.GetTopic(), Group: req.GetGroup(), Status: catalog.StatusStopped,
 		MaxAttempts: int(rp.GetMaxAttempts()), RetryBackoff: time.Duration(rp.GetBackoffMs()) * time.Millisecond,
 		Name: name, RequestID: rid, AllowedOutputs: req.GetAllowedOutputTopics(), GatewayTargets: req.GetAllowedGatewayTargets(),
-		Placement: pl, MaxConcurrency: maxConc, MaxProcesses: maxProcs, GroupKey: req.GetGroupKey()}
+		Placement: pl, MaxConcurrency: maxConc, MaxProcesses: maxProcs, GroupKey: req.GetGroupKey(), TimeoutMS: timeoutMS}
 	switch {
 	case name != "":
 		w.ID = NameWorkerID(p.Tenant, name)
@@ -616,6 +620,7 @@ func toProto(w catalog.Worker) *pb.Worker {
 	}
 	placementProto(out, w)
 	out.MaxConcurrency, out.MaxProcesses = optionalInt32(w.MaxConcurrency), optionalInt32(w.MaxProcesses)
+	out.TimeoutMs = optionalInt64(w.TimeoutMS)
 	out.GroupKey = w.GroupKey
 	return out
 }

@@ -262,7 +262,9 @@ type Worker struct {
 	MaxProcesses   *int32 `protobuf:"varint,22,opt,name=max_processes,json=maxProcesses,proto3,oneof" json:"max_processes,omitempty"`
 	// The CloudEvent attribute (or extension) whose value keys the group
 	// lock ("" : the whole group's lock): see CreateWorkerRequest.group_key.
-	GroupKey      string `protobuf:"bytes,23,opt,name=group_key,json=groupKey,proto3" json:"group_key,omitempty"`
+	GroupKey string `protobuf:"bytes,23,opt,name=group_key,json=groupKey,proto3" json:"group_key,omitempty"`
+	// As created (CreateWorkerRequest.timeout_ms); unset: WORKER_TIMEOUT.
+	TimeoutMs     *int64 `protobuf:"varint,24,opt,name=timeout_ms,json=timeoutMs,proto3,oneof" json:"timeout_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -456,6 +458,13 @@ func (x *Worker) GetGroupKey() string {
 		return x.GroupKey
 	}
 	return ""
+}
+
+func (x *Worker) GetTimeoutMs() int64 {
+	if x != nil && x.TimeoutMs != nil {
+		return *x.TimeoutMs
+	}
+	return 0
 }
 
 // WorkerPlacement constrains the nodes that serve a worker's topic.
@@ -706,7 +715,13 @@ type CreateWorkerRequest struct {
 	// (group, key); different keys run in parallel. An event without the
 	// attribute takes the whole group's lock (it excludes the other events
 	// without it, not the keyed ones). Changeable by LoadCode.
-	GroupKey      string `protobuf:"bytes,14,opt,name=group_key,json=groupKey,proto3" json:"group_key,omitempty"`
+	GroupKey string `protobuf:"bytes,14,opt,name=group_key,json=groupKey,proto3" json:"group_key,omitempty"`
+	// Optional: the longest one event may run in the worker, in milliseconds
+	// (1..3600000), capped by each node's WORKER_TIMEOUT (30 s by default),
+	// the node's longest. Unset: WORKER_TIMEOUT. Keep it under the broker's
+	// processingTimeout, or a slow call's message is also handed to
+	// another node.
+	TimeoutMs     *int64 `protobuf:"varint,15,opt,name=timeout_ms,json=timeoutMs,proto3,oneof" json:"timeout_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -837,6 +852,13 @@ func (x *CreateWorkerRequest) GetGroupKey() string {
 		return x.GroupKey
 	}
 	return ""
+}
+
+func (x *CreateWorkerRequest) GetTimeoutMs() int64 {
+	if x != nil && x.TimeoutMs != nil {
+		return *x.TimeoutMs
+	}
+	return 0
 }
 
 type CreateWorkerResponse struct {
@@ -1406,7 +1428,9 @@ type HistoryEntry struct {
 	MaxConcurrency *int32 `protobuf:"varint,11,opt,name=max_concurrency,json=maxConcurrency,proto3,oneof" json:"max_concurrency,omitempty"`
 	MaxProcesses   *int32 `protobuf:"varint,12,opt,name=max_processes,json=maxProcesses,proto3,oneof" json:"max_processes,omitempty"`
 	// The group key in effect from this version on ("" : none).
-	GroupKey      string `protobuf:"bytes,13,opt,name=group_key,json=groupKey,proto3" json:"group_key,omitempty"`
+	GroupKey string `protobuf:"bytes,13,opt,name=group_key,json=groupKey,proto3" json:"group_key,omitempty"`
+	// For a create: the timeout_ms it was created with (unset: WORKER_TIMEOUT).
+	TimeoutMs     *int64 `protobuf:"varint,14,opt,name=timeout_ms,json=timeoutMs,proto3,oneof" json:"timeout_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1530,6 +1554,13 @@ func (x *HistoryEntry) GetGroupKey() string {
 		return x.GroupKey
 	}
 	return ""
+}
+
+func (x *HistoryEntry) GetTimeoutMs() int64 {
+	if x != nil && x.TimeoutMs != nil {
+		return *x.TimeoutMs
+	}
+	return 0
 }
 
 type GetWorkerHistoryResponse struct {
@@ -2378,7 +2409,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x06source\"5\n" +
 	"\tUrlSource\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
-	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\xd7\a\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\x8a\b\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x14\n" +
@@ -2406,10 +2437,13 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\x10placement_reason\x18\x14 \x01(\tR\x0fplacementReason\x12,\n" +
 	"\x0fmax_concurrency\x18\x15 \x01(\x05H\x01R\x0emaxConcurrency\x88\x01\x01\x12(\n" +
 	"\rmax_processes\x18\x16 \x01(\x05H\x02R\fmaxProcesses\x88\x01\x01\x12\x1b\n" +
-	"\tgroup_key\x18\x17 \x01(\tR\bgroupKeyB\v\n" +
+	"\tgroup_key\x18\x17 \x01(\tR\bgroupKey\x12\"\n" +
+	"\n" +
+	"timeout_ms\x18\x18 \x01(\x03H\x03R\ttimeoutMs\x88\x01\x01B\v\n" +
 	"\t_replicasB\x12\n" +
 	"\x10_max_concurrencyB\x10\n" +
-	"\x0e_max_processes\"\x95\x01\n" +
+	"\x0e_max_processesB\r\n" +
+	"\v_timeout_ms\"\x95\x01\n" +
 	"\x0fWorkerPlacement\x12F\n" +
 	"\arequire\x18\x01 \x03(\v2,.workmanager.v1.WorkerPlacement.RequireEntryR\arequire\x1a:\n" +
 	"\fRequireEntry\x12\x10\n" +
@@ -2426,7 +2460,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12\x1d\n" +
 	"\n" +
-	"backoff_ms\x18\x02 \x01(\x03R\tbackoffMs\"\xf5\x04\n" +
+	"backoff_ms\x18\x02 \x01(\x03R\tbackoffMs\"\xa8\x05\n" +
 	"\x13CreateWorkerRequest\x12.\n" +
 	"\x04code\x18\x01 \x01(\v2\x1a.workmanager.v1.CodeSourceR\x04code\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x14\n" +
@@ -2443,10 +2477,13 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\tplacement\x18\v \x01(\v2\x1f.workmanager.v1.WorkerPlacementR\tplacement\x12,\n" +
 	"\x0fmax_concurrency\x18\f \x01(\x05H\x01R\x0emaxConcurrency\x88\x01\x01\x12(\n" +
 	"\rmax_processes\x18\r \x01(\x05H\x02R\fmaxProcesses\x88\x01\x01\x12\x1b\n" +
-	"\tgroup_key\x18\x0e \x01(\tR\bgroupKeyB\v\n" +
+	"\tgroup_key\x18\x0e \x01(\tR\bgroupKey\x12\"\n" +
+	"\n" +
+	"timeout_ms\x18\x0f \x01(\x03H\x03R\ttimeoutMs\x88\x01\x01B\v\n" +
 	"\t_replicasB\x12\n" +
 	"\x10_max_concurrencyB\x10\n" +
-	"\x0e_max_processes\"3\n" +
+	"\x0e_max_processesB\r\n" +
+	"\v_timeout_ms\"3\n" +
 	"\x14CreateWorkerResponse\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"1\n" +
 	"\x12StartWorkerRequest\x12\x1b\n" +
@@ -2478,7 +2515,7 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x03 \x01(\tR\tpageToken\"\x85\x04\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\xb8\x04\n" +
 	"\fHistoryEntry\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x03R\aversion\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x1f\n" +
@@ -2496,10 +2533,13 @@ const file_workmanager_v1_workmanager_proto_rawDesc = "" +
 	" \x01(\v2\x1f.workmanager.v1.WorkerPlacementR\tplacement\x12,\n" +
 	"\x0fmax_concurrency\x18\v \x01(\x05H\x01R\x0emaxConcurrency\x88\x01\x01\x12(\n" +
 	"\rmax_processes\x18\f \x01(\x05H\x02R\fmaxProcesses\x88\x01\x01\x12\x1b\n" +
-	"\tgroup_key\x18\r \x01(\tR\bgroupKeyB\v\n" +
+	"\tgroup_key\x18\r \x01(\tR\bgroupKey\x12\"\n" +
+	"\n" +
+	"timeout_ms\x18\x0e \x01(\x03H\x03R\ttimeoutMs\x88\x01\x01B\v\n" +
 	"\t_replicasB\x12\n" +
 	"\x10_max_concurrencyB\x10\n" +
-	"\x0e_max_processes\"z\n" +
+	"\x0e_max_processesB\r\n" +
+	"\v_timeout_ms\"z\n" +
 	"\x18GetWorkerHistoryResponse\x126\n" +
 	"\aentries\x18\x01 \x03(\v2\x1c.workmanager.v1.HistoryEntryR\aentries\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x17\n" +
