@@ -61,6 +61,9 @@ import (
 //     to DELETED (deleted-search-attribute); recorded by
 //     `WM_RECORD_HISTORY=1 go test ./test/integration -run
 //     'TestSharedStack$/^TemporalCLIControlsWorker$'`.
+//   - worker_local_activities_history.json: create, stop, start, LoadCode,
+//     delete (wmctl on bin/devstack, half a second apart) with ListNodes
+//     and Emit run as local activities (local-list-and-emit, issue 48).
 //
 // Every lifecycle history after the first also takes
 // unconfirmed-nodes-not-applied, and every create worker-incarnation.
@@ -73,6 +76,7 @@ var (
 		"testdata/worker_node_failures_history.json",
 		"testdata/worker_unannounced_history.json",
 		"testdata/worker_deleted_history.json",
+		"testdata/worker_local_activities_history.json",
 	}
 	recoveryHistories = []string{
 		"testdata/recovery_history.json",

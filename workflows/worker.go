@@ -540,7 +540,7 @@ func (e *entity) resync(ctx workflow.Context, kind lifecycleevents.Kind) error {
 		return err
 	}
 	e.st.Unsynced, e.st.Unannounced = "", nil
-	return workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: e.st.Worker, Events: []activities.EventSpec{ev}}).Get(ctx, nil)
+	return e.emit(ctx, activities.EmitInput{Worker: e.st.Worker, Events: []activities.EventSpec{ev}})
 }
 
 // announcedVersion versions publishing the events of Unannounced (issue
@@ -561,7 +561,7 @@ func (e *entity) announce(ctx workflow.Context, kind lifecycleevents.Kind, pendi
 		return err
 	}
 	e.st.Unsynced, e.st.Unannounced = "", nil
-	return workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: e.st.Worker, Events: evs}).Get(ctx, nil)
+	return e.emit(ctx, activities.EmitInput{Worker: e.st.Worker, Events: evs})
 }
 
 // stillTrue is WorkerState.Unannounced without the events that w, the
@@ -643,7 +643,7 @@ func (e *entity) delete(ctx workflow.Context) error {
 		// reconcile.
 		_ = e.reportNodes(ctx, e.st.Worker, lifecycleevents.Deleted, failed)
 	}
-	if err := workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: e.st.Worker, Events: []activities.EventSpec{ev}}).Get(ctx, nil); err != nil {
+	if err := e.emit(ctx, activities.EmitInput{Worker: e.st.Worker, Events: []activities.EventSpec{ev}}); err != nil {
 		return err
 	}
 	e.st.Deleted = true
@@ -714,7 +714,7 @@ func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ..
 		events = append(held, events...)
 		e.st.Unannounced = nil
 	}
-	return true, workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: in.Worker, Events: events}).Get(ctx, nil)
+	return true, e.emit(ctx, activities.EmitInput{Worker: in.Worker, Events: events})
 }
 
 // strictKind is the event among events that promises that no live node
@@ -741,7 +741,7 @@ func (e *entity) reportNodes(ctx workflow.Context, w catalog.Worker, kind lifecy
 		return nil
 	}
 	var alive []string
-	if err := workflow.ExecuteActivity(listCtx(ctx), a.ListNodes).Get(ctx, &alive); err != nil {
+	if err := e.listNodes(ctx, &alive); err != nil {
 		alive = nil // unknown: count every failed node as alive
 		for _, f := range failed {
 			alive = append(alive, f.node)
@@ -776,7 +776,7 @@ func (e *entity) reportNodes(ctx workflow.Context, w catalog.Worker, kind lifecy
 	workflow.GetLogger(ctx).Warn("change not applied on every live node", "worker_id", w.ID, "kind", kind, "nodes", details)
 	ev := e.event(ctx, lifecycleevents.Error)
 	ev.ErrorType, ev.ErrorMessage = "not_applied", msg+": "+strings.Join(details, "; ")
-	if err := workflow.ExecuteActivity(emitCtx(ctx), a.Emit, activities.EmitInput{Worker: w, Events: []activities.EventSpec{ev}}).Get(ctx, nil); err != nil {
+	if err := e.emit(ctx, activities.EmitInput{Worker: w, Events: []activities.EventSpec{ev}}); err != nil {
 		workflow.GetLogger(ctx).Warn("failure event not published", "worker_id", w.ID, "err", err)
 	}
 	return temporal.NewNonRetryableApplicationError(msg, NotApplied, nil)
@@ -828,6 +828,77 @@ func emitCtx(ctx workflow.Context) workflow.Context {
 	})
 }
 
+// localVersion versions running ListNodes and Emit as local activities
+// (issue 48 item 2). A lifecycle change waits for nothing after its answer,
+// but each activity it schedules on the server costs two tasks of the
+// history shard's transfer queue (the activity's, then the workflow task
+// its completion schedules), and Temporal reads that queue at most
+// history.transferProcessorMaxPollRPS times a second per shard (20 by
+// default; the dev server has one shard): calls issued back to back
+// spent that budget, so each waited about 50 ms a task, ~400 ms a stop.
+// A local activity runs inside the workflow task on the node that runs
+// it, recorded as a marker: no transfer task. Apply and PrepareCode (any
+// node, heartbeated) and Activate (each node's own queue) stay activities.
+const localVersion = "local-list-and-emit"
+
+// local tells whether this run takes localVersion.
+func local(ctx workflow.Context) bool {
+	return workflow.GetVersion(ctx, localVersion, workflow.DefaultVersion, 1) == 1
+}
+
+// listNodes runs ListNodes (a local activity since localVersion) into out.
+func (e *entity) listNodes(ctx workflow.Context, out *[]string) error {
+	if local(ctx) {
+		return workflow.ExecuteLocalActivity(listLocalCtx(ctx), a.ListNodes).Get(ctx, out)
+	}
+	return workflow.ExecuteActivity(listCtx(ctx), a.ListNodes).Get(ctx, out)
+}
+
+// emit publishes lifecycle events with Emit. Since localVersion it runs as
+// a local activity first, a few quick attempts on the node that runs the
+// workflow task; events still not published then (a broker outage, that
+// node's daprd down) are left to the Emit activity, which any node may
+// run, retried until it succeeds as before (emitCtx): no event is dropped,
+// and the workflow task is not held open for the length of an outage.
+func (e *entity) emit(ctx workflow.Context, in activities.EmitInput) error {
+	if !local(ctx) {
+		return workflow.ExecuteActivity(emitCtx(ctx), a.Emit, in).Get(ctx, nil)
+	}
+	err := workflow.ExecuteLocalActivity(emitLocalCtx(ctx), a.Emit, in).Get(ctx, nil)
+	var appErr *temporal.ApplicationError
+	if err == nil || temporal.IsCanceledError(err) || (errors.As(err, &appErr) && appErr.NonRetryable()) {
+		return err // published, or refused for good (as the Emit activity is)
+	}
+	workflow.GetLogger(ctx).Warn("events not published yet; the Emit activity goes on trying", "worker_id", in.Worker.ID, "err", err)
+	return workflow.ExecuteActivity(emitCtx(ctx), a.Emit, in).Get(ctx, nil)
+}
+
+// emitLocalCtx is emitCtx for the local Emit: EmitLocalAttempts attempts
+// (200 ms, then 400 ms apart) within 30 s at most.
+func emitLocalCtx(ctx workflow.Context) workflow.Context {
+	return workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
+		ScheduleToCloseTimeout: 30 * time.Second,
+		StartToCloseTimeout:    10 * time.Second,
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval: 200 * time.Millisecond, BackoffCoefficient: 2, MaximumInterval: 10 * time.Second,
+			MaximumAttempts: EmitLocalAttempts,
+		},
+	})
+}
+
+// EmitLocalAttempts is how many times the local Emit is tried before the
+// Emit activity takes over.
+const EmitLocalAttempts = 3
+
+// listLocalCtx is listCtx for the local ListNodes.
+func listLocalCtx(ctx workflow.Context) workflow.Context {
+	return workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
+		ScheduleToCloseTimeout: 30 * time.Second,
+		StartToCloseTimeout:    10 * time.Second,
+		RetryPolicy:            &temporal.RetryPolicy{InitialInterval: 200 * time.Millisecond, MaximumAttempts: 3},
+	})
+}
+
 // NodeTaskQueue is the task queue that only node nodeID polls: an activity
 // scheduled there runs on that node.
 func NodeTaskQueue(nodeID string) string { return TaskQueue + "-node-" + nodeID }
@@ -871,7 +942,7 @@ func (e *entity) syncNodes(ctx workflow.Context) []nodeFailure {
 	log := workflow.GetLogger(ctx)
 	strict := workflow.GetVersion(ctx, "unconfirmed-nodes-not-applied", workflow.DefaultVersion, 1) == 1
 	var nodes []string
-	if err := workflow.ExecuteActivity(listCtx(ctx), a.ListNodes).Get(ctx, &nodes); err != nil {
+	if err := e.listNodes(ctx, &nodes); err != nil {
 		log.Warn("cluster members unknown: the change is not confirmed on the other nodes", "err", err)
 		if strict {
 			return []nodeFailure{{err: err}}

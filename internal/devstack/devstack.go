@@ -405,6 +405,12 @@ func (s *Stack) startTemporal(ctx context.Context) error {
 		"--http-port", strconv.Itoa(httpPort), "--metrics-port", strconv.Itoa(metricsPort),
 		// Several updates may be in flight on one worker workflow.
 		"--dynamic-config-value", "history.maxInFlightUpdates=100",
+		// The dev server has one history shard, whose transfer queue is
+		// read at most 20 times a second by default: each activity task
+		// costs two reads, so lifecycle calls made back to back waited
+		// ~50 ms per read (stop 400 ms instead of 70). A cluster of many
+		// shards spreads this; see docs/operating.md.
+		"--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000",
 	}
 	for _, kv := range s.TemporalDynamicConfig {
 		args = append(args, "--dynamic-config-value", kv)
