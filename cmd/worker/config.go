@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines/crashjournal"
+	"github.com/virtufin/workmanager/engines/dotnet"
 	"github.com/virtufin/workmanager/engines/python"
 	"github.com/virtufin/workmanager/engines/sandbox"
 	"github.com/virtufin/workmanager/internal/codesource"
@@ -54,7 +55,8 @@ type config struct {
 	NativeCrashQuarantine int               // NATIVE_CRASH_QUARANTINE: crashes of the node in one in-process native worker that quarantine it
 	NativeJournalSlots    int               // NATIVE_CRASH_JOURNAL_SLOTS: in-process native calls the crash journal holds at once
 	PythonDevKitDir       string            // PYTHON_DEVKIT_DIR: where the node installs the Python DevKit its workers import
-	DotnetProcesses       int               // DOTNET_PROCESSES: host processes per .NET worker
+	DotnetProcesses       int               // DOTNET_PROCESSES: host processes per .NET worker, always up
+	DotnetMaxProcesses    int               // DOTNET_MAX_PROCESSES: hosts a .NET worker gets on demand while its events are slow (per worker: max_processes)
 	DotnetCacheDir        string            // DOTNET_CACHE_DIR: the compiled .NET host, DevKit, C# workers and unpacked packages
 	DotnetMono            string            // DOTNET_MONO: the mono executable (default: searched)
 	DotnetCompiler        string            // DOTNET_COMPILER: the mcs C# compiler (default: searched)
@@ -132,6 +134,7 @@ func loadConfig() (config, error) {
 		NativeJournalSlots:    r.Int("NATIVE_CRASH_JOURNAL_SLOTS", crashjournal.DefaultSlots),
 		PythonDevKitDir:       r.String("PYTHON_DEVKIT_DIR", filepath.Join(os.TempDir(), "workmanager-devkit")),
 		DotnetProcesses:       r.Int("DOTNET_PROCESSES", 1),
+		DotnetMaxProcesses:    r.Int("DOTNET_MAX_PROCESSES", dotnet.DefaultMaxProcesses),
 		DotnetCacheDir:        r.String("DOTNET_CACHE_DIR", filepath.Join(os.TempDir(), "workmanager-dotnet")),
 		DotnetMono:            r.String("DOTNET_MONO", ""),
 		DotnetCompiler:        r.String("DOTNET_COMPILER", ""),
@@ -293,6 +296,8 @@ func (c config) validate() error {
 		return fmt.Errorf("PYTHON_PROCESSES must be at least 1, got %d", c.PythonProcesses)
 	case c.DotnetProcesses < 1:
 		return fmt.Errorf("DOTNET_PROCESSES must be at least 1, got %d", c.DotnetProcesses)
+	case c.DotnetMaxProcesses < 1 || c.DotnetMaxProcesses > dotnet.MaxProcessesLimit:
+		return fmt.Errorf("DOTNET_MAX_PROCESSES must be 1 to %d, got %d", dotnet.MaxProcessesLimit, c.DotnetMaxProcesses)
 	case c.DotnetCacheDir == "" || !filepath.IsAbs(c.DotnetCacheDir):
 		return fmt.Errorf("DOTNET_CACHE_DIR must be an absolute path, got %q", c.DotnetCacheDir)
 	case c.PythonMaxConcurrency < 1 || c.PythonMaxConcurrency > python.MaxConcurrencyLimit:

@@ -217,7 +217,7 @@ func (p *parts) build(ctx context.Context) error {
 		NativeIsolation: nativeIsolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir,
 		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned, OnProcessRestart: met.EngineRestart, NativeJournal: p.journal,
 		MaxOutputs: cfg.MaxOutputs, MaxOutputBytes: cfg.MaxOutputBytes, // the engines' reply limit while reading
-		Dotnet: dotnet.Config{Processes: cfg.DotnetProcesses, CacheDir: cfg.DotnetCacheDir, Mono: cfg.DotnetMono,
+		Dotnet: dotnet.Config{Processes: cfg.DotnetProcesses, MaxProcesses: cfg.DotnetMaxProcesses, CacheDir: cfg.DotnetCacheDir, Mono: cfg.DotnetMono,
 			Compiler: cfg.DotnetCompiler, NoLockdown: !cfg.DotnetLockdown}})
 	if err != nil {
 		return err

@@ -36,7 +36,16 @@ var hostSource []byte
 
 // Defaults used when the Config leaves a field zero.
 const (
-	DefaultProcesses   = 1
+	DefaultProcesses = 1
+	// DefaultMaxProcesses bounds the hosts a worker gets on demand while
+	// its events are slow (Config.MaxProcesses); MaxProcessesLimit bounds
+	// the per-worker value (Spec.MaxProcesses).
+	DefaultMaxProcesses = 4
+	MaxProcessesLimit   = 16
+	// DefaultSlowEvent and DefaultIdleRetire: see Config.SlowEvent and
+	// Config.IdleRetire.
+	DefaultSlowEvent   = 2 * time.Millisecond
+	DefaultIdleRetire  = 30 * time.Second
 	DefaultTimeout     = 30 * time.Second
 	DefaultLoadTimeout = 120 * time.Second
 )
@@ -54,9 +63,17 @@ type Config struct {
 	// extracted packages, keyed by content (DOTNET_CACHE_DIR). Default:
 	// <os.TempDir()>/workmanager-dotnet.
 	CacheDir string
-	// Processes is the number of host processes per loaded Instance, i.e.
-	// of calls one Instance runs in parallel. Default 1.
+	// Processes is the number of host processes per loaded Instance that
+	// are always up. Default 1.
 	Processes int
+	// MaxProcesses is how many hosts an Instance may have (DOTNET_MAX_PROCESSES,
+	// per worker Spec.MaxProcesses; never below Processes): beyond
+	// Processes, one more starts when every host is busy, a call waits
+	// and the last event was slow (over SlowEvent), and is retired after
+	// IdleRetire without a call. Default DefaultMaxProcesses.
+	MaxProcesses int
+	// SlowEvent and IdleRetire: see MaxProcesses. Defaults 2ms and 30s.
+	SlowEvent, IdleRetire time.Duration
 	// DefaultTimeout bounds one Process call when Spec.Timeout is 0.
 	DefaultTimeout time.Duration
 	// LoadTimeout bounds compiling the code, or starting one host and
@@ -134,6 +151,15 @@ func New(cfg Config) *Engine {
 	if cfg.Processes <= 0 {
 		cfg.Processes = DefaultProcesses
 	}
+	if cfg.MaxProcesses <= 0 {
+		cfg.MaxProcesses = DefaultMaxProcesses
+	}
+	if cfg.SlowEvent <= 0 {
+		cfg.SlowEvent = DefaultSlowEvent
+	}
+	if cfg.IdleRetire <= 0 {
+		cfg.IdleRetire = DefaultIdleRetire
+	}
 	if cfg.DefaultTimeout <= 0 {
 		cfg.DefaultTimeout = DefaultTimeout
 	}
@@ -180,9 +206,19 @@ func (e *Engine) Info() engines.Info {
 		Capabilities: engines.Capabilities{
 			InProcess:     false,
 			Interruptible: true,
-			ParallelCalls: e.cfg.Processes,
+			ParallelCalls: max(e.cfg.Processes, e.cfg.MaxProcesses),
 		},
 	}
+}
+
+// maxProcesses is how many hosts an Instance of spec may have
+// (Spec.MaxProcesses, else Config.MaxProcesses; never below Processes).
+func (e *Engine) maxProcesses(spec engines.Spec) int {
+	n := e.cfg.MaxProcesses
+	if spec.MaxProcesses > 0 {
+		n = min(spec.MaxProcesses, MaxProcessesLimit)
+	}
+	return max(n, e.cfg.Processes)
 }
 
 // Check implements engines.Engine: it compiles (or unpacks) the code and

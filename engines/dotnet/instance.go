@@ -16,20 +16,48 @@ import (
 )
 
 // Instance is one loaded worker: Config.Processes host processes with the
-// same code, each serving one call at a time.
+// same code, each serving one call at a time, and up to its maxProcs while
+// its events are slow (started on demand, retired when idle).
 type Instance struct {
 	e       *Engine
 	spec    engines.Spec
 	pool    *procpool.Pool[*proc]
 	started atomic.Bool // the pool's first Start happened (takes a parked host)
+	// maxProcs bounds its hosts (Engine.maxProcesses); lastEvent is how
+	// long its last event took (ns): a slow one lets a waiting call start
+	// another host.
+	maxProcs  int
+	lastEvent atomic.Int64
 }
 
-var _ engines.Instance = (*Instance)(nil)
+var (
+	_ engines.Instance   = (*Instance)(nil)
+	_ engines.Concurrent = (*Instance)(nil)
+)
+
+// MaxCalls implements engines.Concurrent: the most hosts it may have, so
+// the dispatcher hands it enough calls to start them (a grouped worker
+// still gets one at a time).
+func (in *Instance) MaxCalls() int { return in.maxProcs }
+
+// noteEvent records how long an event took: a slow one lets the calls
+// waiting for a busy host start another (Config.MaxProcesses).
+func (in *Instance) noteEvent(d time.Duration) {
+	in.lastEvent.Store(int64(d))
+	if d > in.e.cfg.SlowEvent {
+		in.pool.Wake()
+	}
+}
 
 func newInstance(e *Engine, spec engines.Spec, w *workerCode, key procpool.Key) *Instance {
-	in := &Instance{e: e, spec: spec}
+	in := &Instance{e: e, spec: spec, maxProcs: e.maxProcesses(spec)}
 	in.pool = procpool.New(procpool.Config[*proc]{
-		Size: e.cfg.Processes,
+		Size: in.maxProcs,
+		// Hosts beyond Config.Processes start when every one is busy and a
+		// call waits, for slow events only; they are retired when idle.
+		Warm:       e.cfg.Processes,
+		IdleRetire: e.cfg.IdleRetire,
+		Grow:       func() bool { return time.Duration(in.lastEvent.Load()) > e.cfg.SlowEvent },
 		Start: func(ctx context.Context) (*proc, error) {
 			if !in.started.Swap(true) {
 				// The first start of a Load: the host its Check parked.
@@ -113,6 +141,7 @@ func (in *Instance) Process(ctx context.Context, ev *event.Event) ([]event.Event
 		} else {
 			werr = wire.DecodeError(engines.ErrWorkerFailed, payload)
 		}
+		in.noteEvent(time.Since(start))
 		if p.Healthy() {
 			in.pool.Release(s)
 		} else {

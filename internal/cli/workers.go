@@ -161,7 +161,7 @@ and print its id. Without --mime the MIME type is told from the file:
 	f.Int32Var(&maxAttempts, "max-attempts", 0, "attempts per message before it is dead-lettered, 1..100 (default: the cluster's)")
 	f.DurationVar(&backoff, "backoff", 0, "wait before the next attempt, e.g. 2s (default: the cluster's)")
 	f.Int32Var(&maxConc, "max-concurrency", 0, "Python: events an `async def` worker runs at once, `N` (1..256; default: the cluster's PYTHON_MAX_CONCURRENCY)")
-	f.Int32Var(&maxProcs, "max-processes", 0, "Python: runner processes a plain `def` worker gets on demand, `N` (1..16; default: the cluster's PYTHON_MAX_PROCESSES)")
+	f.Int32Var(&maxProcs, "max-processes", 0, "Python, .NET: processes a worker with slow events gets on demand, `N` (1..16; default: the cluster's PYTHON_MAX_PROCESSES or DOTNET_MAX_PROCESSES)")
 	f.DurationVar(&eventTimeout, "event-timeout", 0, "the longest one event may run in the worker, e.g. 5s (up to 1h, capped by each node's WORKER_TIMEOUT; default: WORKER_TIMEOUT)")
 	f.StringVar(&replicas, "replicas", "", "how many nodes serve the worker's topic: `N|all` (1..64, or every node that can run it; default: the cluster's PLACEMENT_REPLICAS)")
 	f.StringToStringVar(&require, "require", nil, "labels (NODE_LABELS) a node must have to run the worker, as `k=v[,k=v]`")

@@ -27,7 +27,7 @@ func workerConcurrency(req *pb.CreateWorkerRequest) (maxConcurrency, maxProcesse
 	}
 	if req.MaxProcesses != nil {
 		if p := req.GetMaxProcesses(); p < 1 || p > MaxWorkerProcesses {
-			return 0, 0, status.Errorf(codes.InvalidArgument, "max_processes %d must be 1..%d; unset: the cluster's PYTHON_MAX_PROCESSES", p, MaxWorkerProcesses)
+			return 0, 0, status.Errorf(codes.InvalidArgument, "max_processes %d must be 1..%d; unset: the cluster's PYTHON_MAX_PROCESSES or DOTNET_MAX_PROCESSES", p, MaxWorkerProcesses)
 		}
 		maxProcesses = int(req.GetMaxProcesses())
 	}

@@ -704,9 +704,10 @@ type CreateWorkerRequest struct {
 	// at once on its runner's event loop (1..256). Unset: the cluster's
 	// PYTHON_MAX_CONCURRENCY.
 	MaxConcurrency *int32 `protobuf:"varint,12,opt,name=max_concurrency,json=maxConcurrency,proto3,oneof" json:"max_concurrency,omitempty"`
-	// Optional, Python: how many runner processes a plain `def process`
-	// worker may get on demand (1..16). Unset: the cluster's
-	// PYTHON_MAX_PROCESSES.
+	// Optional, Python and .NET: how many runner (host) processes a worker
+	// whose events are slow may get on demand (1..16; a Python `async def`
+	// worker uses max_concurrency instead). Unset: the cluster's
+	// PYTHON_MAX_PROCESSES or DOTNET_MAX_PROCESSES.
 	MaxProcesses *int32 `protobuf:"varint,13,opt,name=max_processes,json=maxProcesses,proto3,oneof" json:"max_processes,omitempty"`
 	// Optional, with a group: the name of a CloudEvent attribute or extension
 	// (e.g. "subject", "partitionkey"; a-z 0-9, 1 to 20 characters) whose
