@@ -12,7 +12,7 @@ limitations under the License.
 */
 
 // Package redisstreams is components-contrib v1.14.0's pubsub/redis (Redis
-// streams), copied whole, with nine changes for WorkManager, each marked
+// streams), copied whole, with ten changes for WorkManager, each marked
 // "WorkManager:" below:
 //
 //  1. XREADGROUP never blocks forever. Upstream passes readTimeout as BLOCK,
@@ -52,6 +52,14 @@ limitations under the License.
 //     stalled healthy daprds in the integration tests; left.
 //  9. redeliverInterval given as a duration ("2s") is honoured: upstream
 //     ignored it and scanned every 15s (parseRedeliverInterval).
+// 10. A message read for a subscription that ended before it reached the
+//     app is given back at once (giveBack: its idle time set to
+//     processingTimeout), so that the next redelivery scan of any daprd
+//     hands it out. Upstream left it pending for processingTimeout: the
+//     XREADGROUP in flight when a subscription closes (its BLOCK is not
+//     interrupted) takes the first message published after, typically the
+//     first one a worker started again right away should get, which then
+//     waited out the whole processing timeout (45s in deploy/).
 //
 // main.go registers it as "pubsub.redis" in place of the upstream one.
 package redisstreams
@@ -236,7 +244,7 @@ func (r *redisStreams) Subscribe(ctx context.Context, req pubsub.SubscribeReques
 // and redelivered messages (via reclaiming) to a channel where workers can
 // pick them up for processing.
 func (r *redisStreams) enqueueMessages(ctx context.Context, stream string, handler pubsub.Handler, msgs []rediscomponent.RedisXMessage) {
-	for _, msg := range msgs {
+	for i, msg := range msgs {
 		rmsg := r.createRedisMessageWrapper(ctx, stream, handler, msg)
 
 		select {
@@ -245,9 +253,40 @@ func (r *redisStreams) enqueueMessages(ctx context.Context, stream string, handl
 			// Noop
 		// Handle cancelation
 		case <-ctx.Done():
+			// WorkManager: change 10.
+			ids := make([]string, 0, len(msgs)-i)
+			for _, m := range msgs[i:] {
+				ids = append(ids, m.ID)
+			}
+			r.giveBack(stream, ids)
 			return
 		}
 	}
+}
+
+// giveBack makes messages this daprd read but will not hand to its app
+// (their subscription ended) claimable at once (change 10): XCLAIM … IDLE
+// sets their idle time to processingTimeout, so the next redelivery scan of
+// any daprd of the consumer group (this one's next subscription of the
+// topic included) hands them out, instead of after processingTimeout. The
+// consumer (one name for every daprd of the app) and the delivery count
+// stay as they are (JUSTID). Without redelivery there is nothing to speed up.
+func (r *redisStreams) giveBack(stream string, ids []string) {
+	if len(ids) == 0 || r.clientSettings.ProcessingTimeout == 0 || r.clientSettings.RedeliverInterval == 0 {
+		return
+	}
+	args := []interface{}{"XCLAIM", stream, r.clientSettings.ConsumerID, r.clientSettings.ConsumerID, 0}
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	args = append(args, "IDLE", r.clientSettings.ProcessingTimeout.Milliseconds(), "JUSTID")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.client.DoWrite(ctx, args...); err != nil {
+		r.logger.Warnf("redis streams: messages %v of %s not given back (they are redelivered after processingTimeout): %v", ids, stream, err)
+		return
+	}
+	r.logger.Debugf("redis streams: %d messages of %s given back: their subscription ended", len(ids), stream)
 }
 
 // createRedisMessageWrapper encapsulates the Redis message, message identifier, and handler
@@ -318,6 +357,11 @@ func (r *redisStreams) processMessage(msg redisMessageWrapper) error {
 	// processing timeout), not to the app that does not answer.
 	if r.appStalled() {
 		return errors.New("the app is not answering: left for another subscriber")
+	}
+	// WorkManager: change 10: its subscription ended while it was queued.
+	if msg.ctx.Err() != nil {
+		r.giveBack(msg.message.Topic, []string{msg.messageID})
+		return fmt.Errorf("the subscription to %s ended: message %s given back", msg.message.Topic, msg.messageID)
 	}
 	err := msg.handler(ctx, &msg.message)
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) && msg.ctx.Err() == nil {

@@ -244,3 +244,64 @@ func TestRedeliverIntervalTakesADuration(t *testing.T) {
 		t.Errorf("redeliverInterval \"soon\": %v; want an error naming it", err)
 	}
 }
+
+// A message published right after a subscription ends — taken by the
+// read still in flight for the closed subscription — reaches the topic's
+// next subscription at the next redelivery scan, not after the whole
+// processingTimeout (change 10). A worker stopped and started again at
+// once lost its first message for 45 s under deploy/'s setting.
+func TestAMessageReadForAClosedSubscriptionIsGivenBack(t *testing.T) {
+	addr := startRedis(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := NewRedisStreams(logger.NewLogger("test")).(*redisStreams)
+	if err := r.Init(ctx, pubsub.Metadata{Base: metadata.Base{Properties: map[string]string{
+		"redisHost": addr, "processingTimeout": "30s", "redeliverInterval": "200ms", "consumerID": "workmanager",
+	}}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	const stream = "orders"
+	got := make(chan string, 16)
+	handler := func(_ context.Context, msg *pubsub.NewMessage) error {
+		got <- string(msg.Data)
+		return nil
+	}
+	publish := func(s string) {
+		if err := r.Publish(ctx, &pubsub.PublishRequest{Topic: stream, Data: []byte(s)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect := func(want string, within time.Duration) {
+		t.Helper()
+		select {
+		case m := <-got:
+			if m != want {
+				t.Fatalf("got %q, want %q", m, want)
+			}
+		case <-time.After(within):
+			t.Fatalf("%q not delivered within %s (processingTimeout is 30s)", want, within)
+		}
+	}
+	for round := range 3 {
+		subCtx, unsubscribe := context.WithCancel(ctx)
+		if err := r.Subscribe(subCtx, pubsub.SubscribeRequest{Topic: stream}, handler); err != nil {
+			t.Fatal(err)
+		}
+		first := fmt.Sprintf("before-%d", round)
+		publish(first)
+		expect(first, 10*time.Second)
+		// The subscription ends (a worker stopped) and the next message
+		// comes at once, while the ended subscription's read is still
+		// blocked; then the topic is subscribed again (started again).
+		unsubscribe()
+		after := fmt.Sprintf("after-%d", round)
+		publish(after)
+		next, stop := context.WithCancel(ctx)
+		if err := r.Subscribe(next, pubsub.SubscribeRequest{Topic: stream}, handler); err != nil {
+			t.Fatal(err)
+		}
+		expect(after, 10*time.Second)
+		stop()
+	}
+}
