@@ -156,12 +156,17 @@ unit: vet tools
 integration: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	WM_INTEGRATION_PARALLEL=$(INTEGRATION_PARALLEL) go test -timeout $(TEST_TIMEOUT) $(INTEGRATION_FLAGS) -v ./test/integration/
 
-bench: deps tools
-	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./internal/node/ ./engines/python/ ./engines/native/
+bench: deps-test tools
+	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./internal/node/ ./engines/python/ ./engines/native/ ./engines/wasm/
 	# End to end through the real daprd and Redis: bare subscriber vs. workers
 	# with and without a group, in alternating rounds (-benchtime 1x: one full
 	# comparison; WM_BENCH_MESSAGES / WM_BENCH_ROUNDS size it).
 	go test -run '^$$' -bench BenchmarkEndToEnd -benchtime 1x -timeout 20m -v ./test/integration/
+	# The control plane (issue 48): p50/p99 of each lifecycle call per engine,
+	# back to back and spaced, idle and saturated, 100 concurrent creates,
+	# next to a bare Temporal update and a sandboxed runner start
+	# (WM_CP_ROUNDS / WM_CP_CYCLES / WM_CP_ENGINES / WM_CP_LOADS size it).
+	go test -run '^$$' -bench BenchmarkControlPlane -benchtime 1x -timeout 15m -v ./test/integration/
 
 # The fault-injection soak (issue 25, test/chaos, docs/reliability.md): the
 # real stack with CHAOS_NODES nodes under a workload, lifecycle churn and a
@@ -246,6 +251,10 @@ deps:
 deps-test: deps
 	@missing=""; \
 	command -v chromium-headless-shell >/dev/null || missing="$$missing chromium-headless-shell"; \
+	command -v clang >/dev/null || missing="$$missing clang"; \
+	command -v wasm-ld >/dev/null || missing="$$missing lld"; \
+	[ -f /usr/include/wasm32-wasi/stdlib.h ] || missing="$$missing wasi-libc"; \
+	ls /usr/lib/llvm-14/lib/clang/*/lib/wasi/libclang_rt.builtins-wasm32.a >/dev/null 2>&1 || missing="$$missing libclang-rt-14-dev-wasm32"; \
 	if [ -n "$$missing" ]; then $(APT_INSTALL); fi
 
 tools: $(TOOLS)/temporal-$(TEMPORAL_CLI_VERSION).stamp $(TOOLS)/daprd

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -254,6 +255,22 @@ func (r *Registry) Lookup(mimeType string) (Engine, error) {
 		return nil, fmt.Errorf("%w %q (supported: %v)", ErrUnknownMIMEType, mimeType, r.MIMETypes())
 	}
 	return e, nil
+}
+
+// MIMETypesOf lists the MIME types served by the engines named in names
+// (Info.Name), sorted: what a node whose runtime checks passed for those
+// engines can run.
+func (r *Registry) MIMETypesOf(names []string) []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []string
+	for m, e := range r.engines {
+		if slices.Contains(names, e.Info().Name) {
+			out = append(out, m)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // MIMETypes lists the registered MIME types, sorted.

@@ -8,10 +8,11 @@ const (
 	MIMENativeDLL = "application/x-native-dll"
 	MIMECSharp    = "text/x-csharp"
 	MIMEDotnetDLL = "application/x-dotnet-dll"
+	MIMEWasm      = "application/wasm"
 )
 
 // BuiltinMIMETypes lists the MIME types the built-in engines serve, sorted
 // (engines/builtin's test keeps it equal to its registry's).
 func BuiltinMIMETypes() []string {
-	return []string{MIMEDotnetDLL, MIMENativeDLL, MIMECSharp, MIMEPython}
+	return []string{MIMEWasm, MIMEDotnetDLL, MIMENativeDLL, MIMECSharp, MIMEPython}
 }

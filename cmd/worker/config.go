@@ -13,6 +13,7 @@ import (
 	"github.com/virtufin/workmanager/engines/dotnet"
 	"github.com/virtufin/workmanager/engines/python"
 	"github.com/virtufin/workmanager/engines/sandbox"
+	"github.com/virtufin/workmanager/engines/wasm"
 	"github.com/virtufin/workmanager/internal/codesource"
 	"github.com/virtufin/workmanager/internal/credfile"
 	"github.com/virtufin/workmanager/internal/envconfig"
@@ -58,6 +59,8 @@ type config struct {
 	DotnetProcesses       int               // DOTNET_PROCESSES: host processes per .NET worker, always up
 	DotnetMaxProcesses    int               // DOTNET_MAX_PROCESSES: hosts a .NET worker gets on demand while its events are slow (per worker: max_processes)
 	DotnetCacheDir        string            // DOTNET_CACHE_DIR: the compiled .NET host, DevKit, C# workers and unpacked packages
+	WasmMaxMemoryPages    int               // WASM_MAX_MEMORY_PAGES: each WebAssembly instance's memory cap, in 64 KiB pages
+	WasmCacheDir          string            // WASM_CACHE_DIR: compiled WebAssembly modules on disk ("": in memory only)
 	DotnetMono            string            // DOTNET_MONO: the mono executable (default: searched)
 	DotnetCompiler        string            // DOTNET_COMPILER: the mcs C# compiler (default: searched)
 	DotnetLockdown        bool              // DOTNET_LOCKDOWN: .NET hosts refuse execve and IP sockets to worker code
@@ -136,6 +139,8 @@ func loadConfig() (config, error) {
 		DotnetProcesses:       r.Int("DOTNET_PROCESSES", 1),
 		DotnetMaxProcesses:    r.Int("DOTNET_MAX_PROCESSES", dotnet.DefaultMaxProcesses),
 		DotnetCacheDir:        r.String("DOTNET_CACHE_DIR", filepath.Join(os.TempDir(), "workmanager-dotnet")),
+		WasmMaxMemoryPages:    r.Int("WASM_MAX_MEMORY_PAGES", wasm.DefaultMaxMemoryPages),
+		WasmCacheDir:          r.String("WASM_CACHE_DIR", filepath.Join(os.TempDir(), "workmanager-wasm")),
 		DotnetMono:            r.String("DOTNET_MONO", ""),
 		DotnetCompiler:        r.String("DOTNET_COMPILER", ""),
 		DotnetLockdown:        r.Bool("DOTNET_LOCKDOWN", true),
@@ -298,6 +303,10 @@ func (c config) validate() error {
 		return fmt.Errorf("DOTNET_PROCESSES must be at least 1, got %d", c.DotnetProcesses)
 	case c.DotnetMaxProcesses < 1 || c.DotnetMaxProcesses > dotnet.MaxProcessesLimit:
 		return fmt.Errorf("DOTNET_MAX_PROCESSES must be 1 to %d, got %d", dotnet.MaxProcessesLimit, c.DotnetMaxProcesses)
+	case c.WasmMaxMemoryPages < 1 || c.WasmMaxMemoryPages > 65536:
+		return fmt.Errorf("WASM_MAX_MEMORY_PAGES must be 1 to 65536 (64 KiB pages: 64 KiB to 4 GiB), got %d", c.WasmMaxMemoryPages)
+	case c.WasmCacheDir != "" && !filepath.IsAbs(c.WasmCacheDir):
+		return fmt.Errorf("WASM_CACHE_DIR must be an absolute path or empty, got %q", c.WasmCacheDir)
 	case c.DotnetCacheDir == "" || !filepath.IsAbs(c.DotnetCacheDir):
 		return fmt.Errorf("DOTNET_CACHE_DIR must be an absolute path, got %q", c.DotnetCacheDir)
 	case c.PythonMaxConcurrency < 1 || c.PythonMaxConcurrency > python.MaxConcurrencyLimit:

@@ -217,6 +217,7 @@ func (p *parts) build(ctx context.Context) error {
 		NativeIsolation: nativeIsolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir,
 		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned, OnProcessRestart: met.EngineRestart, NativeJournal: p.journal,
 		MaxOutputs: cfg.MaxOutputs, MaxOutputBytes: cfg.MaxOutputBytes, // the engines' reply limit while reading
+		WasmMaxMemoryPages: uint32(cfg.WasmMaxMemoryPages), WasmCacheDir: cfg.WasmCacheDir,
 		Dotnet: dotnet.Config{Processes: cfg.DotnetProcesses, MaxProcesses: cfg.DotnetMaxProcesses, CacheDir: cfg.DotnetCacheDir, Mono: cfg.DotnetMono,
 			Compiler: cfg.DotnetCompiler, NoLockdown: !cfg.DotnetLockdown}})
 	if err != nil {
@@ -597,7 +598,8 @@ var hostMemory = sync.OnceValue(placement.HostMemory)
 // nodeInfo is what this node advertises now.
 func (p *parts) nodeInfo() placement.NodeInfo {
 	st := p.disp.Stats()
-	return placement.NodeInfo{ID: p.cfg.NodeID, Labels: p.cfg.NodeLabels, Engines: p.healthy.Healthy(), MemoryBytes: hostMemory(),
+	healthy := p.healthy.Healthy()
+	return placement.NodeInfo{ID: p.cfg.NodeID, Labels: p.cfg.NodeLabels, Engines: healthy, MIMETypes: p.reg.MIMETypesOf(healthy), MemoryBytes: hostMemory(),
 		Workers: st.Workers, Topics: st.Topics, StartedAt: p.started, UpdatedAt: time.Now().UTC()}
 }
 

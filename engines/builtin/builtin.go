@@ -15,6 +15,7 @@ import (
 	"github.com/virtufin/workmanager/engines/native"
 	"github.com/virtufin/workmanager/engines/python"
 	"github.com/virtufin/workmanager/engines/sandbox"
+	"github.com/virtufin/workmanager/engines/wasm"
 )
 
 // Config carries the settings of the built-in engines.
@@ -73,6 +74,12 @@ type Config struct {
 	// engines.ReplyLimit of them of one call's reply: a bigger reply fails
 	// the call while it is read (engines.ErrReplyTooLarge).
 	MaxOutputs, MaxOutputBytes int
+	// WasmMaxMemoryPages caps each WebAssembly instance's memory in
+	// pages of 64 KiB (WASM_MAX_MEMORY_PAGES; 0: the engine's default,
+	// 1024). WasmCacheDir keeps compiled modules on disk (WASM_CACHE_DIR;
+	// "": in memory only).
+	WasmMaxMemoryPages uint32
+	WasmCacheDir       string
 	// OnProcessRestart, when set, learns of each worker process an engine
 	// restarted after a crash or a timeout: the engine's name ("python",
 	// "native", "dotnet"), the restart's reason (a short fixed text) and
@@ -88,6 +95,7 @@ func Registry(cfg Config) (*engines.Registry, error) {
 		python.New(pythonConfig(cfg)),
 		native.New(nativeConfig(cfg)),
 		dotnet.New(dotnetConfig(cfg)),
+		wasm.New(wasmConfig(cfg)),
 	} {
 		if err := reg.Register(e); err != nil {
 			return nil, err
@@ -117,6 +125,11 @@ func dotnetConfig(cfg Config) dotnet.Config {
 	d.OnRestart = onRestart(cfg, "dotnet")
 	d.MaxReplyBytes = replyLimit(cfg)
 	return d
+}
+
+func wasmConfig(cfg Config) wasm.Config {
+	return wasm.Config{DefaultTimeout: cfg.DefaultTimeout, Gateway: cfg.Gateway, Logger: cfg.Logger,
+		MaxReplyBytes: replyLimit(cfg), MaxMemoryPages: cfg.WasmMaxMemoryPages, CacheDir: cfg.WasmCacheDir}
 }
 
 // replyLimit is the engines' reply limit for the node's output limits.

@@ -16,8 +16,6 @@ import (
 	"github.com/virtufin/workmanager/engines"
 )
 
-//go:generate sh -c "rm -f abi/*.go && flatc --go --go-namespace abi -o . ../../sdk/native/worker_api.fbs"
-
 // attrs are the attributes of an input event, read without the copies the
 // generic EventContext getters make.
 type attrs struct {

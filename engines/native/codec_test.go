@@ -11,7 +11,7 @@ import (
 	flatbuffers "github.com/google/flatbuffers/go"
 
 	"github.com/virtufin/workmanager/engines"
-	"github.com/virtufin/workmanager/engines/native/abi"
+	"github.com/virtufin/workmanager/sdk/native/abi"
 )
 
 // responseOf builds a WorkerResponse whose result_events are n references

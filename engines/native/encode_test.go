@@ -13,7 +13,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/virtufin/workmanager/engines/enginetest"
-	"github.com/virtufin/workmanager/engines/native/abi"
+	"github.com/virtufin/workmanager/sdk/native/abi"
 )
 
 // encodeShapes are input events of every shape the encoder lays out

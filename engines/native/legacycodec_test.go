@@ -10,7 +10,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/types"
 	flatbuffers "github.com/google/flatbuffers/go"
 
-	"github.com/virtufin/workmanager/engines/native/abi"
+	"github.com/virtufin/workmanager/sdk/native/abi"
 )
 
 // The codec as it was before issue 47 (flatbuffers.Builder to encode, the

@@ -15,7 +15,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/enginetest"
-	"github.com/virtufin/workmanager/engines/native/abi"
+	"github.com/virtufin/workmanager/sdk/native/abi"
 )
 
 // TestReplyDecodingIsBounded is issue 42's item 4 for native workers, in

@@ -52,6 +52,7 @@ func TestInferMIME(t *testing.T) {
 		{"Pricer.cs", nil, MIMECSharp},
 		{"Worker.dll", nil, MIMEDotnet},
 		{"Acme.Calc.1.0.0.nupkg", nil, MIMEDotnet},
+		{"build/pricer.wasm", nil, MIMEWasm},
 		{"echo.zip", zipOf(t, "manifest.json", "runtimes/linux-x64/native/libecho.so"), MIMENative},
 		{"calc.zip", zipOf(t, "lib/net48/Acme.Calc.dll", "lib/net48/Dep.dll"), MIMEDotnet},
 		{"calc.zip", zipOf(t, "lib/netstandard2.0/Acme.Calc.DLL"), MIMEDotnet},

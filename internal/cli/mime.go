@@ -18,9 +18,10 @@ const (
 	MIMECSharp = "text/x-csharp"
 	MIMEDotnet = "application/x-dotnet-dll"
 	MIMENative = "application/x-native-dll"
+	MIMEWasm   = "application/wasm"
 )
 
-const askMIME = "pass --mime (" + MIMEPython + ", " + MIMECSharp + ", " + MIMEDotnet + " or " + MIMENative + ")"
+const askMIME = "pass --mime (" + MIMEPython + ", " + MIMECSharp + ", " + MIMEDotnet + ", " + MIMENative + " or " + MIMEWasm + ")"
 
 // InferMIME tells a worker's MIME type from its file name and, for a zip,
 // its content: a manifest.json at the root is a native package
@@ -33,6 +34,8 @@ func InferMIME(name string, content []byte) (string, error) {
 		return MIMECSharp, nil
 	case ".dll", ".nupkg":
 		return MIMEDotnet, nil
+	case ".wasm":
+		return MIMEWasm, nil
 	case ".zip":
 		return zipMIME(name, content)
 	case ".so", ".dylib":

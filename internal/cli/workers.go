@@ -79,6 +79,7 @@ func (a *app) createCmd() *cobra.Command {
 		Long: `Create a worker from FILE ("-": standard input) or from --url with --sha256,
 and print its id. Without --mime the MIME type is told from the file:
   .py text/x-python, .cs text/x-csharp, .dll and .nupkg application/x-dotnet-dll,
+  .wasm application/wasm (a WebAssembly module, sdk/wasm),
   .zip: a manifest.json at its root is a native package (application/x-native-dll),
         a lib/<tfm>/*.dll layout or a .nuspec a .NET package (application/x-dotnet-dll).`,
 		Example: `  wmctl create worker.py --topic orders --group shop --name order-pricer

@@ -45,6 +45,10 @@ type NodeInfo struct {
 	// on the node ("python", "dotnet", "native"): a worker of another
 	// engine is not placed there.
 	Engines []string `json:"engines,omitempty"`
+	// MIMETypes are the worker MIME types those engines serve: the control
+	// API accepts a MIME type some live node advertises (an engine
+	// registered outside engines/builtin included).
+	MIMETypes []string `json:"mime_types,omitempty"`
 	// MemoryBytes is the node's memory (cgroup limit or MemTotal);
 	// 0: unknown.
 	MemoryBytes uint64 `json:"memory_bytes,omitempty"`

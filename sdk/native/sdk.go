@@ -4,6 +4,10 @@
 // a new worker's folder so that it builds on its own.
 package nativesdk
 
+// The Go reader of worker_api.fbs (abi/: the engines' tests' reference,
+// and the WebAssembly Go SDK's codec).
+//go:generate sh -c "rm -f abi/*.go && flatc --go --go-namespace abi -o . worker_api.fbs"
+
 import (
 	"embed"
 	"io/fs"

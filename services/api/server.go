@@ -56,9 +56,12 @@ type Server struct {
 	temporal  client.Client
 	catalog   *catalog.Catalog
 	mimeTypes []string
-	opts      Options
-	timeout   time.Duration
-	quota     quotaState
+	// advertised caches the MIME types live nodes advertise
+	// (acceptedMIMETypes).
+	advertised advertisedMIMETypes
+	opts       Options
+	timeout    time.Duration
+	quota      quotaState
 	// drain drains (drained true) or undrains a node through the
 	// placement workflow: workflows.SetDrained on the Temporal client
 	// unless a test replaces it.
@@ -120,7 +123,7 @@ func New(log *slog.Logger, tc client.Client, cat *catalog.Catalog, mimeTypes []s
 
 // CreateWorker implements pb.WorkManagerServiceServer.
 func (s *Server) CreateWorker(ctx context.Context, req *pb.CreateWorkerRequest) (*pb.CreateWorkerResponse, error) {
-	if err := catalog.ValidateSpec(req.GetMimeType(), req.GetTopic(), req.GetGroup(), s.mimeTypes); err != nil {
+	if err := catalog.ValidateSpec(req.GetMimeType(), req.GetTopic(), req.GetGroup(), s.acceptedMIMETypes(ctx)); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	if err := catalog.ValidateGroupKey(req.GetGroup(), req.GetGroupKey()); err != nil {
