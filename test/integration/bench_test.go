@@ -50,10 +50,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 	}
 	// grouped-2nodes (one group served by two nodes) runs last: a second
 	// node joins the cluster for it, and stays.
-	modes := []string{"bare", "ungrouped", "native", "grouped", "grouped-native", "keyed", "slow", "dotnet", "grouped-2nodes"}
+	modes := []string{"bare", "ungrouped", "native", "wasm", "grouped", "grouped-native", "keyed", "slow", "dotnet", "grouped-2nodes"}
 	if m := os.Getenv("WM_BENCH_MODES"); m != "" { // e.g. "bare,native"
 		modes = strings.Split(m, ",")
-		known := []string{"bare", "bare-inproc", "ungrouped", "native", "grouped", "grouped-native", "keyed", "slow", "dotnet", "grouped-2nodes"}
+		known := []string{"bare", "bare-inproc", "ungrouped", "native", "wasm", "grouped", "grouped-native", "keyed", "slow", "dotnet", "grouped-2nodes"}
 		for _, mode := range modes {
 			if !slices.Contains(known, mode) {
 				b.Fatalf("WM_BENCH_MODES: unknown mode %q (%s)", mode, strings.Join(known, ", "))
@@ -171,6 +171,9 @@ func (e *env) benchTarget(b *testing.B, mode, in, out string) (int, func()) {
 	case "native", "grouped-native":
 		req.MimeType = "application/x-native-dll"
 		req.Code = &pb.CodeSource{Source: &pb.CodeSource_Content{Content: nativePackageOf(b, "bench_echo.c", fmt.Sprintf(`-DOUT_TYPE="%s"`, out))}}
+	case "wasm":
+		req.MimeType = "application/wasm"
+		req.Code = &pb.CodeSource{Source: &pb.CodeSource_Content{Content: wasmC(b, out, "ECHO")}}
 	case "dotnet":
 		req.MimeType = "text/x-csharp"
 		req.Code = pyCode(csharpWorker(out, "bench"))

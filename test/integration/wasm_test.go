@@ -14,11 +14,15 @@ import (
 
 // wasmC compiles testdata/wasm_worker.c for wasm32-wasi with clang (the
 // toolchain make test installs), its outputs of type outType.
-func wasmC(t *testing.T, outType string) []byte {
+func wasmC(t testing.TB, outType string, defines ...string) []byte {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "worker.wasm")
 	args := []string{"--target=wasm32-wasi", "-O2", "-mbulk-memory", "-mexec-model=reactor", "-Wall", "-Werror",
-		"-I", "../../sdk/native", "-I", "../../sdk/wasm/c", `-DOUT_TYPE="` + outType + `"`, "-o", out, "testdata/wasm_worker.c"}
+		"-I", "../../sdk/native", "-I", "../../sdk/wasm/c", `-DOUT_TYPE="` + outType + `"`, "-o", out}
+	for _, d := range defines {
+		args = append(args, "-D"+d)
+	}
+	args = append(args, "testdata/wasm_worker.c")
 	if b, err := exec.Command("clang", args...).CombinedOutput(); err != nil {
 		t.Fatalf("clang %v: %v\n%s", args, err, b)
 	}

@@ -2,7 +2,9 @@
  * sdk/wasm): answers each event with one OUT_TYPE event whose data says
  * what the worker saw — the input's id, its fencingtoken extension (set
  * for a grouped worker) and the worker's group from its environment —,
- * keeping the input's correlationid. */
+ * keeping the input's correlationid. With ECHO defined (the benchmark's
+ * mode "wasm") the output's data is the input's, as the bare subscriber
+ * republishes it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +34,10 @@ WM_PROCESS(in, in_len, out, out_len) {
     o.datacontenttype = "application/json";
     o.data = (const uint8_t*)data;
     o.data_len = (size_t)len;
+#ifdef ECHO
+    o.data = ev.data.ptr;
+    o.data_len = ev.data.len;
+#endif
     if (corr.ptr) {
         kv.key = "correlationid";
         kv.value = corr.ptr;

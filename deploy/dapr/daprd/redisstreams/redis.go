@@ -52,7 +52,7 @@ limitations under the License.
 //     stalled healthy daprds in the integration tests; left.
 //  9. redeliverInterval given as a duration ("2s") is honoured: upstream
 //     ignored it and scanned every 15s (parseRedeliverInterval).
-// 10. A message read for a subscription that ended before it reached the
+//  10. A message read for a subscription that ended before it reached the
 //     app is given back at once (giveBack: its idle time set to
 //     processingTimeout), so that the next redelivery scan of any daprd
 //     hands it out. Upstream left it pending for processingTimeout: the
