@@ -77,3 +77,40 @@ func TestErrorAnswerIsPublishedOnceWithoutRetry(t *testing.T) {
 		})
 	}
 }
+
+// A DevKit's error response (type "….error", data {"error", "input_id",
+// "input_type"} of this input) is published as it is and announced once as
+// worker.error; an output that only looks like one (another input's id) is
+// not; the event is done.
+func TestDevKitErrorResponseIsAnnounced(t *testing.T) {
+	_, b, pub, s := oneWorker(t, 1, func(in *event.Event) ([]event.Event, error) {
+		e := event.New()
+		e.SetType("orders.priced.error")
+		inputID := in.ID()
+		if in.ID() == "m2" {
+			inputID = "someone-else"
+		}
+		_ = e.SetData(event.ApplicationJSON, map[string]string{"error": "no stock", "input_id": inputID, "input_type": in.Type()})
+		return []event.Event{e}, nil
+	})
+	for _, id := range []string{"m1", "m2"} {
+		s.In <- request(id, "")
+		if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+			t.Fatalf("ack %+v", a)
+		}
+	}
+	if got := pub.On("orders.priced.error"); len(got) != 2 {
+		t.Fatalf("%d error responses published, want 2", len(got))
+	}
+	var ids []string
+	for _, e := range pub.On(lifecycleevents.Topic) {
+		var d lifecycleevents.Data
+		if e.Type() == lifecycleevents.TypePrefix+string(lifecycleevents.Error) && json.Unmarshal(e.Data(), &d) == nil &&
+			d.ErrorType == dispatch.ErrorTypeAnswer && d.ErrorMessage == "no stock" {
+			ids = append(ids, d.EventID)
+		}
+	}
+	if len(ids) != 1 || ids[0] != "m1" {
+		t.Fatalf("worker.error events for %v, want one for m1", ids)
+	}
+}

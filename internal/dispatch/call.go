@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -45,7 +46,39 @@ func (d *Dispatcher) call(ctx context.Context, w *worker, j *job, in *event.Even
 		d.finish(w, j)
 		return
 	}
+	if j.r.answered == nil {
+		if msg, ok := devKitErrorResponse(j.m, outs); ok {
+			// Announced like an error answer (settle.go); published as it is.
+			j.r.answered = &engines.ErrorAnswer{Message: msg}
+		}
+	}
 	d.publish(ctx, w, j, outs)
+}
+
+// devKitErrorResponse finds, among outs, an error response the DevKits'
+// Error/error helpers build for m (Python, .NET): type "….error", data
+// exactly {"error": message, "input_id": m's id, "input_type": m's type}.
+// Such an answer is the worker's error answer as the native ABI's
+// error_message is: announced as a worker.error (error_type
+// "error_response").
+func devKitErrorResponse(m *message, outs []event.Event) (string, bool) {
+	for i := range outs {
+		o := &outs[i]
+		if !strings.HasSuffix(o.Type(), ErrorSuffix) || len(o.DataEncoded) == 0 || len(o.DataEncoded) > 64<<10 || o.DataEncoded[0] != '{' {
+			continue
+		}
+		var d map[string]any
+		if json.Unmarshal(o.DataEncoded, &d) != nil || len(d) != 3 {
+			continue
+		}
+		msg, ok1 := d["error"].(string)
+		id, ok2 := d["input_id"].(string)
+		typ, ok3 := d["input_type"].(string)
+		if ok1 && ok2 && ok3 && id == m.ev.ID() && typ == m.ev.Type() {
+			return msg, true
+		}
+	}
+	return "", false
 }
 
 // process calls w's current instance; a hot reload between two calls

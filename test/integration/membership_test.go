@@ -218,6 +218,19 @@ func (e *env) lifecycleEventOf(id string, kind lifecycleevents.Kind) (lifecycleE
 	return lifecycleEvent{}, false
 }
 
+// errorEventOf is the first worker.error event of worker id with error_type
+// errorType.
+func (e *env) errorEventOf(id, errorType string) (lifecycleEvent, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, l := range e.lifecycle {
+		if l.Data.WorkerID == id && l.Type == lifecycleevents.TypePrefix+string(lifecycleevents.Error) && l.Data.ErrorType == errorType {
+			return l, true
+		}
+	}
+	return lifecycleEvent{}, false
+}
+
 func (e *env) countLifecycle(id string, kind lifecycleevents.Kind) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
