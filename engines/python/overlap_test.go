@@ -155,11 +155,15 @@ func TestExtraProcessesRetireWhenIdle(t *testing.T) {
 	spec.MaxProcesses = 3
 	inst := load(t, e, spec, defSleeper)
 	pids := map[float64]bool{}
-	for _, iv := range runAtOnce(t, inst, 12) {
-		pids[iv.pid] = true
+	// Bursts until one shows a second process: on a loaded machine a
+	// runner's start may outlast a whole burst, which then ran on the first.
+	for burst := 0; burst < 10 && len(pids) < 2; burst++ {
+		for _, iv := range runAtOnce(t, inst, 12) {
+			pids[iv.pid] = true
+		}
 	}
 	if len(pids) < 2 {
-		t.Fatalf("a burst ran in %d processes, want more than 1", len(pids))
+		t.Fatalf("10 bursts ran in %d processes, want more than 1", len(pids))
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for python.LiveProcesses(inst) != 1 {

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -36,8 +35,13 @@ func TestMain(m *testing.M) {
 // repoRoot is the repository's root (engines/wasm is two levels down).
 func repoRoot(t testing.TB) string {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	// Tests run in the package's directory (runtime.Caller's file name is
+	// the module path, not a directory, under -trimpath).
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
 }
 
 var (
