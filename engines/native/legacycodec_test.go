@@ -3,6 +3,7 @@ package native
 import (
 	"errors"
 	"fmt"
+	"github.com/virtufin/workmanager/engines/internal/fbevent"
 	"time"
 	"unsafe"
 
@@ -40,7 +41,7 @@ func legacyDecodeResponse(buf []byte, limit int) ([]event.Event, error) {
 
 // encode is encoder.encode before issue 47.
 func (e *legacyEncoder) encode(ev *event.Event) ([]byte, error) {
-	a := attrsOf(ev)
+	a := fbevent.AttrsOf(ev)
 	b := e.b
 	b.Reset()
 	var dataOff flatbuffers.UOffsetT
@@ -48,9 +49,9 @@ func (e *legacyEncoder) encode(ev *event.Event) ([]byte, error) {
 		dataOff = b.CreateByteVector(data)
 	}
 	var extOff flatbuffers.UOffsetT
-	if len(a.exts) > 0 {
+	if len(a.Exts) > 0 {
 		e.offs = e.offs[:0]
-		for k, v := range a.exts {
+		for k, v := range a.Exts {
 			s, ok := v.(string)
 			if !ok {
 				var err error
@@ -77,16 +78,16 @@ func (e *legacyEncoder) encode(ev *event.Event) ([]byte, error) {
 		}
 		return b.CreateString(s)
 	}
-	id := str(a.id)
-	source := str(a.source)
-	typ := str(a.typ)
-	spec := str(a.spec)
-	ct := str(a.ct)
-	subject := str(a.subject)
-	schema := str(a.schema)
+	id := str(a.ID)
+	source := str(a.Source)
+	typ := str(a.Type)
+	spec := str(a.Spec)
+	ct := str(a.ContentType)
+	subject := str(a.Subject)
+	schema := str(a.Schema)
 	var tm flatbuffers.UOffsetT
-	if !a.tm.IsZero() {
-		e.tbuf = a.tm.AppendFormat(e.tbuf[:0], time.RFC3339Nano)
+	if !a.Time.IsZero() {
+		e.tbuf = a.Time.AppendFormat(e.tbuf[:0], time.RFC3339Nano)
 		tm = b.CreateByteString(e.tbuf)
 	}
 	abi.CloudEventStart(b)
