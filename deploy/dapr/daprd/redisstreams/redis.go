@@ -54,8 +54,9 @@ limitations under the License.
 //     ignored it and scanned every 15s (parseRedeliverInterval).
 //  10. A message read for a subscription that ended before it reached the
 //     app is given back at once (giveBack: its idle time set to
-//     processingTimeout), so that the next redelivery scan of any daprd
-//     hands it out. Upstream left it pending for processingTimeout: the
+//     processingTimeout), and this daprd's redelivery loops scan at once
+//     (the topic's next subscription here takes it), else the next
+//     redelivery scan of any daprd hands it out. Upstream left it pending for processingTimeout: the
 //     XREADGROUP in flight when a subscription closes (its BLOCK is not
 //     interrupted) takes the first message published after, typically the
 //     first one a worker started again right away should get, which then
@@ -119,6 +120,32 @@ type redisStreams struct {
 	// message of any stream (unix ns); stalledUntil until when it counts as
 	// not answering.
 	lastAnswer, stalledUntil atomic.Int64
+
+	// WorkManager: change 10. given is closed (and replaced) when messages
+	// were given back, waking every redelivery loop of this daprd: the
+	// topic's next subscription here takes them at once.
+	givenMu sync.Mutex
+	given   chan struct{}
+}
+
+// givenBack is the channel the next giveBack closes.
+func (r *redisStreams) givenBack() <-chan struct{} {
+	r.givenMu.Lock()
+	defer r.givenMu.Unlock()
+	if r.given == nil {
+		r.given = make(chan struct{})
+	}
+	return r.given
+}
+
+// wakeReclaimers wakes every redelivery loop waiting on givenBack.
+func (r *redisStreams) wakeReclaimers() {
+	r.givenMu.Lock()
+	defer r.givenMu.Unlock()
+	if r.given != nil {
+		close(r.given)
+		r.given = nil
+	}
 }
 
 // redisMessageWrapper encapsulates the message identifier,
@@ -287,6 +314,7 @@ func (r *redisStreams) giveBack(stream string, ids []string) {
 		return
 	}
 	r.logger.Debugf("redis streams: %d messages of %s given back: their subscription ended", len(ids), stream)
+	r.wakeReclaimers()
 }
 
 // createRedisMessageWrapper encapsulates the Redis message, message identifier, and handler
@@ -469,6 +497,11 @@ func (r *redisStreams) reclaimPendingMessagesLoop(ctx context.Context, stream st
 		case <-reclaimTimer.C:
 			r.reclaimPendingMessages(ctx, stream, handler)
 			reclaimTimer.Reset(jittered(r.clientSettings.RedeliverInterval))
+
+		// WorkManager: change 10: messages were given back (a closed
+		// subscription's), maybe this topic's.
+		case <-r.givenBack():
+			r.reclaimPendingMessages(ctx, stream, handler)
 		}
 	}
 }
