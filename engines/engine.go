@@ -335,6 +335,15 @@ type Concurrent interface {
 	MaxCalls() int
 }
 
+// InProcessCalls is what an in-process engine's instance (native in
+// process, WebAssembly) answers MaxCalls by default: its calls take
+// microseconds, and the rest of a message's time — reading its delivery
+// record, publishing the outputs, writing the record — is I/O that
+// overlaps with the other messages', so the dispatcher's default (8 at
+// once) would cap a worker at 8 messages per round trip time. Python's
+// batched workers get as many (2 batches of 16).
+const InProcessCalls = 32
+
 // ErrGivenBack is wrapped by Process for a call that was still waiting for
 // a process when its ctx's give-back channel closed (WithGiveBack): the
 // worker never saw the event.

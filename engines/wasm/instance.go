@@ -71,12 +71,17 @@ func boundedSleep(ns int64) {
 	time.Sleep(time.Duration(min(ns, int64(time.Millisecond))))
 }
 
-// MaxCalls is the worker's own max_concurrency (engines.Concurrent): the
-// dispatcher hands the instance that many calls at once, each running in a
-// module instance of its own. 0 when the worker sets none: the
-// dispatcher's default applies (calls beyond Config.Instances wait for a
-// module instance).
-func (in *Instance) MaxCalls() int { return in.spec.MaxConcurrency }
+// MaxCalls is how many calls the dispatcher hands the instance at once
+// (engines.Concurrent): the worker's own max_concurrency, each running in a
+// module instance of its own, or engines.InProcessCalls when it sets none
+// (calls beyond Config.Instances wait, microseconds, for a module
+// instance, honouring a stop's give-back).
+func (in *Instance) MaxCalls() int {
+	if in.spec.MaxConcurrency > 0 {
+		return in.spec.MaxConcurrency
+	}
+	return engines.InProcessCalls
+}
 
 // slot is one module instance and what a call on it needs.
 type slot struct {
