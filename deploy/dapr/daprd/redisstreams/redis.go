@@ -121,30 +121,37 @@ type redisStreams struct {
 	// not answering.
 	lastAnswer, stalledUntil atomic.Int64
 
-	// WorkManager: change 10. given is closed (and replaced) when messages
-	// were given back, waking every redelivery loop of this daprd: the
-	// topic's next subscription here takes them at once.
+	// WorkManager: change 10. given[stream] is closed (and forgotten) when
+	// messages of stream were given back, waking that stream's redelivery
+	// loops on this daprd (its next subscription here takes them at once);
+	// only that stream's: waking every topic's loop made each give-back a
+	// burst of one XPENDING per topic, which grew the connection pool.
 	givenMu sync.Mutex
-	given   chan struct{}
+	given   map[string]chan struct{}
 }
 
-// givenBack is the channel the next giveBack closes.
-func (r *redisStreams) givenBack() <-chan struct{} {
+// givenBack is the channel the next giveBack of stream closes.
+func (r *redisStreams) givenBack(stream string) <-chan struct{} {
 	r.givenMu.Lock()
 	defer r.givenMu.Unlock()
 	if r.given == nil {
-		r.given = make(chan struct{})
+		r.given = map[string]chan struct{}{}
 	}
-	return r.given
+	ch := r.given[stream]
+	if ch == nil {
+		ch = make(chan struct{})
+		r.given[stream] = ch
+	}
+	return ch
 }
 
-// wakeReclaimers wakes every redelivery loop waiting on givenBack.
-func (r *redisStreams) wakeReclaimers() {
+// wakeReclaimers wakes the redelivery loops of stream waiting on givenBack.
+func (r *redisStreams) wakeReclaimers(stream string) {
 	r.givenMu.Lock()
 	defer r.givenMu.Unlock()
-	if r.given != nil {
-		close(r.given)
-		r.given = nil
+	if ch := r.given[stream]; ch != nil {
+		close(ch)
+		delete(r.given, stream)
 	}
 }
 
@@ -314,7 +321,7 @@ func (r *redisStreams) giveBack(stream string, ids []string) {
 		return
 	}
 	r.logger.Debugf("redis streams: %d messages of %s given back: their subscription ended", len(ids), stream)
-	r.wakeReclaimers()
+	r.wakeReclaimers(stream)
 }
 
 // createRedisMessageWrapper encapsulates the Redis message, message identifier, and handler
@@ -500,7 +507,7 @@ func (r *redisStreams) reclaimPendingMessagesLoop(ctx context.Context, stream st
 
 		// WorkManager: change 10: messages were given back (a closed
 		// subscription's), maybe this topic's.
-		case <-r.givenBack():
+		case <-r.givenBack(stream):
 			r.reclaimPendingMessages(ctx, stream, handler)
 		}
 	}
