@@ -53,13 +53,22 @@ def process(event):
 			c.req(req)
 			e.createWith(t, req)
 			// A first burst starts the def worker's extra runners (a start
-			// may take longer than the burst's work); the second is counted.
+			// may take longer than the burst's work); the next are counted,
+			// up to five of them while a loaded machine spreads a burst's
+			// deliveries too thin to show the bound. None may exceed it.
 			burst(t, e, in, outs, "warm")
-			ivs := burst(t, e, in, outs, "slow")
-			got := maxSimultaneous(ivs)
-			t.Logf("%s: at most %d of 16 events ran at the same time", c.name, got)
-			if got < c.atLeast || got > c.atMost {
-				t.Fatalf("%s worker: at most %d events ran at the same time, want %d..%d: %+v", c.name, got, c.atLeast, c.atMost, ivs)
+			best := 0
+			for round := 0; round < 5 && best < c.atLeast; round++ {
+				ivs := burst(t, e, in, outs, fmt.Sprintf("slow%d", round))
+				got := maxSimultaneous(ivs)
+				t.Logf("%s, burst %d: at most %d of 16 events ran at the same time", c.name, round, got)
+				if got > c.atMost {
+					t.Fatalf("%s worker: %d events ran at the same time, more than %d: %+v", c.name, got, c.atMost, ivs)
+				}
+				best = max(best, got)
+			}
+			if best < c.atLeast {
+				t.Fatalf("%s worker: at most %d events ran at the same time in 5 bursts, want %d..%d", c.name, best, c.atLeast, c.atMost)
 			}
 		})
 	}
