@@ -36,10 +36,12 @@ public class Robust : IWorker
 }
 `
 
-// gatewayBlock holds every call until its ctx ends (or 10s).
-type gatewayBlock struct{ ended chan error }
+// gatewayBlock holds every call until its ctx ends (or 10s); entered
+// receives one value as each call arrives.
+type gatewayBlock struct{ entered, ended chan error }
 
 func (g *gatewayBlock) Call(ctx context.Context, _, _ string, _ []byte) ([]byte, error) {
+	g.entered <- nil
 	select {
 	case <-ctx.Done():
 		g.ended <- ctx.Err()
@@ -66,7 +68,7 @@ func robustCall(inst engines.Instance, typ string) error {
 // TestGatewayCallEndsAtTheDeadline is issue 34's item 3 for .NET: a
 // gateway call in flight ends with the call's timeout and with Close.
 func TestGatewayCallEndsAtTheDeadline(t *testing.T) {
-	gw := &gatewayBlock{ended: make(chan error, 4)}
+	gw := &gatewayBlock{entered: make(chan error, 4), ended: make(chan error, 4)}
 	inst := robustInstance(t, Config{Gateway: gw}, time.Second)
 	start := time.Now()
 	err := robustCall(inst, "gateway")
@@ -76,14 +78,19 @@ func TestGatewayCallEndsAtTheDeadline(t *testing.T) {
 	if !errors.Is(err, engines.ErrTimeout) {
 		t.Fatalf("err = %v, want ErrTimeout", err)
 	}
-	if gerr := <-gw.ended; gerr == nil {
+	if gerr := recvWithin(t, gw.ended, "the gateway call's end"); gerr == nil {
 		t.Fatal("the gateway call was not cancelled")
 	}
+	recvWithin(t, gw.entered, "the first gateway call")
 
-	// Close cancels a gateway call in flight too.
+	// Close cancels a gateway call in flight too. The call is in flight
+	// once the gateway saw it: a host started on demand can take longer
+	// than any fixed sleep on a loaded machine (a 500 ms sleep let Close
+	// run before the call reached the gateway, and the test waited for
+	// an end that never came).
 	inst2 := robustInstance(t, Config{Gateway: gw}, 30*time.Second)
 	go robustCall(inst2, "gateway")
-	time.Sleep(500 * time.Millisecond)
+	recvWithin(t, gw.entered, "the second gateway call")
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start = time.Now()
@@ -91,8 +98,21 @@ func TestGatewayCallEndsAtTheDeadline(t *testing.T) {
 	if took := time.Since(start); took > 4*time.Second {
 		t.Fatalf("Close took %v with a 200ms context", took)
 	}
-	if gerr := <-gw.ended; gerr == nil {
+	if gerr := recvWithin(t, gw.ended, "the gateway call's end after Close"); gerr == nil {
 		t.Fatal("Close did not cancel the gateway call")
+	}
+}
+
+// recvWithin receives one value from ch or fails the test after two
+// minutes, naming what it waited for.
+func recvWithin(t *testing.T, ch <-chan error, what string) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("waited two minutes for %s", what)
+		return nil
 	}
 }
 

@@ -43,10 +43,14 @@ def process(event):
 }
 
 // blockingGateway holds every call until its ctx ends (or 10s), and
-// reports how it ended.
-type blockingGateway struct{ ended chan error }
+// reports how it ended; entered (when set) receives a value as each
+// call arrives.
+type blockingGateway struct{ entered, ended chan error }
 
 func (g *blockingGateway) Call(ctx context.Context, _, _ string, _ []byte) ([]byte, error) {
+	if g.entered != nil {
+		g.entered <- nil
+	}
 	select {
 	case <-ctx.Done():
 		g.ended <- ctx.Err()
@@ -95,13 +99,17 @@ func TestGatewayCallEndsAtTheDeadline(t *testing.T) {
 // TestCloseEndsGatewayCalls: Close cancels a gateway call in flight (item
 // 3) instead of waiting for the backend.
 func TestCloseEndsGatewayCalls(t *testing.T) {
-	gw := &blockingGateway{ended: make(chan error, 4)}
+	gw := &blockingGateway{entered: make(chan error, 4), ended: make(chan error, 4)}
 	e := newEngine(t, python.Config{Gateway: gw})
 	spec := testSpec
 	spec.Timeout = 30 * time.Second
 	inst := load(t, e, spec, gatewayWorker)
 	go inst.Process(context.Background(), jsonEvent("t", nil))
-	time.Sleep(300 * time.Millisecond) // the call is in the gateway
+	select { // the call is in the gateway (a fixed sleep can be too short under load)
+	case <-gw.entered:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the call never reached the gateway")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
