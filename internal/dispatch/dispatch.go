@@ -223,6 +223,9 @@ type Dispatcher struct {
 	topics     map[string]*topic
 	workers    map[string]*worker
 	unrunnable map[string]Worker // catalog says running, this node cannot run it
+	// held are the unrunnable workers (by id) that keep their topic
+	// subscribed although no worker of it is attached (Hold).
+	held map[string]bool
 
 	draining atomic.Bool
 	inflight atomic.Int64 // messages received and not yet acked
@@ -276,7 +279,7 @@ func New(ctx context.Context, log *slog.Logger, deps Deps, cfg Config) *Dispatch
 	}
 	d := &Dispatcher{
 		log: log, Deps: deps, cfg: cfg, ctx: ctx,
-		topics: map[string]*topic{}, workers: map[string]*worker{}, unrunnable: map[string]Worker{},
+		topics: map[string]*topic{}, workers: map[string]*worker{}, unrunnable: map[string]Worker{}, held: map[string]bool{},
 	}
 	d.letters = &deadletter.Sender{Store: deps.DeadLetters, Pub: deps.Pub, Events: deps.Events, Log: log}
 	if deps.TracerProvider != nil {
@@ -439,7 +442,6 @@ func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 		go d.serve(nw)
 	}
 	d.mu.Lock()
-	d.setUnrunnableLocked(w.ID, nil)
 	var (
 		old      *worker
 		oldTopic *topic
@@ -461,6 +463,10 @@ func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 	}
 	list = append(list, nw)
 	t.workers.Store(&list)
+	// After it joined the topic's list: a message that reads the
+	// unrunnable ones and then the list sees it in one of them, and a
+	// hold on this topic ends without closing the stream it now uses.
+	d.setUnrunnableLocked(w.ID, nil)
 	d.mu.Unlock()
 	if old != nil {
 		d.stop(context.Background(), old, oldTopic, oldLast, false)
@@ -529,6 +535,7 @@ func (d *Dispatcher) setUnrunnableLocked(id string, w *Worker) {
 		}
 		delete(d.unrunnable, id)
 		d.refreshUnrunnableLocked(old.Topic)
+		d.releaseLocked(id, old.Topic)
 		return
 	}
 	d.unrunnable[id] = *w
@@ -550,6 +557,63 @@ func (d *Dispatcher) refreshUnrunnableLocked(name string) {
 		}
 	}
 	t.unrunnable.Store(&list)
+}
+
+// Hold records w as unrunnable here (SetUnrunnable) and, unlike Park,
+// keeps its topic subscribed although no worker of it is attached: no
+// live node can run w (a label none has), so its messages come here and
+// dead-letter as not_runnable after MaxAttempts deliveries and
+// NotRunnableGrace, instead of waiting unseen in the broker. A worker
+// attached under w's id is parked first. Attach, ClearUnrunnable or Park
+// ends the hold.
+func (d *Dispatcher) Hold(ctx context.Context, w Worker) {
+	d.mu.Lock()
+	if _, attached := d.workers[w.ID]; attached {
+		d.mu.Unlock()
+		d.Park(ctx, w)
+		d.mu.Lock()
+	}
+	if cur, ok := d.unrunnable[w.ID]; ok && cur.Topic != w.Topic {
+		d.setUnrunnableLocked(w.ID, nil) // releases its old topic's hold
+	}
+	d.unrunnable[w.ID] = w
+	d.held[w.ID] = true
+	d.topicLocked(w.Topic) // subscribes when it is not yet
+	d.refreshUnrunnableLocked(w.Topic)
+	d.mu.Unlock()
+}
+
+// Held reports whether w is held (Hold) here.
+func (d *Dispatcher) Held(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.held[id]
+}
+
+// releaseLocked ends id's hold on topic name; when that leaves the topic
+// with neither a worker nor a hold, its stream is closed (in the
+// background, once its messages in flight are answered).
+func (d *Dispatcher) releaseLocked(id, name string) {
+	if !d.held[id] {
+		return
+	}
+	delete(d.held, id)
+	t, ok := d.topics[name]
+	if !ok || len(*t.workers.Load()) > 0 || d.heldOnLocked(name) {
+		return
+	}
+	d.unlinkTopicLocked(t)
+	go d.closeTopic(context.WithoutCancel(d.ctx), t)
+}
+
+// heldOnLocked reports whether a held worker keeps topic name subscribed.
+func (d *Dispatcher) heldOnLocked(name string) bool {
+	for id := range d.held {
+		if d.unrunnable[id].Topic == name {
+			return true
+		}
+	}
+	return false
 }
 
 // Detach stops w, which the catalog no longer runs (stopped or deleted):
@@ -576,10 +640,14 @@ func (d *Dispatcher) Park(ctx context.Context, w Worker) {
 func (d *Dispatcher) detach(ctx context.Context, id string, park *Worker) {
 	d.mu.Lock()
 	if park != nil {
+		if old, ok := d.unrunnable[id]; ok && old.Topic != park.Topic {
+			d.setUnrunnableLocked(id, nil)
+		}
 		// Before it leaves the topic's list: a message that reads the list
 		// and then the unrunnable ones sees it in one of them.
 		d.unrunnable[id] = *park
 		d.refreshUnrunnableLocked(park.Topic)
+		d.releaseLocked(id, park.Topic)
 	}
 	w, ok := d.workers[id]
 	if !ok {
@@ -606,17 +674,23 @@ func (d *Dispatcher) unlinkLocked(w *worker) bool {
 		}
 	}
 	t.workers.Store(&list)
-	if len(list) > 0 {
+	if len(list) > 0 || d.heldOnLocked(w.Topic) {
 		return false
 	}
-	delete(d.topics, w.Topic)
+	d.unlinkTopicLocked(t)
+	return true
+}
+
+// unlinkTopicLocked takes t, left without workers and holds, off the
+// dispatcher; the caller closes its stream (closeTopic).
+func (d *Dispatcher) unlinkTopicLocked(t *topic) {
+	delete(d.topics, t.name)
 	// Its stream stays open until the messages in flight are answered
 	// (stop, closeTopic): their acks travel on it.
 	t.closing.Store(true)
 	// Under d.mu: a topic of the same name subscribed again gets
 	// fresh series (what the old stream still counts is lost).
 	t.m.Delete()
-	return true
 }
 
 // topicCloseWait bounds how long a topic whose last worker left keeps its

@@ -905,3 +905,70 @@ func TestDeadLetterMadeOnRedeliveryKeepsTheAttemptsReason(t *testing.T) {
 		t.Fatalf("stored dead letters %+v %v", entries, err)
 	}
 }
+
+// A held worker (no live node can run it) keeps its topic subscribed with
+// no worker attached: its message is given back until its attempts, then
+// dead-lettered not_runnable rather than left unseen in the broker; a Park
+// (or a release) closes that stream, and an Attach takes it over without
+// a new subscription.
+func TestHeldWorkerKeepsItsTopicAndDeadLetters(t *testing.T) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1, MaxAttempts: 2})
+	ctx := context.Background()
+	held := dispatch.Worker{ID: "gpu", Topic: "in"}
+	d.Hold(ctx, held)
+	s := waitStream(t, b, "in")
+	s.In <- request("m", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckRetry {
+		t.Fatalf("ack %+v, want RETRY before the attempts are used", a)
+	}
+	s.In <- request("m", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+		t.Fatalf("ack %+v, want SUCCESS after the not_runnable dead letter", a)
+	}
+	dead := pub.On("in-dead")
+	if len(dead) != 1 || dead[0].Extensions()[dispatch.DeadLetterReasonExtension] != "not_runnable" || dead[0].Extensions()[dispatch.DeadLetterWorkerExtension] != "gpu" {
+		t.Fatalf("dead letters %v", dead)
+	}
+
+	// Parked (placement caught up: another node can run it): the stream
+	// closes, the worker stays unrunnable.
+	d.Park(ctx, held)
+	select {
+	case <-s.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the held topic's stream stayed open after Park")
+	}
+	if d.Held("gpu") || !d.Unrunnable("gpu") {
+		t.Fatalf("held %v unrunnable %v after Park, want false true", d.Held("gpu"), d.Unrunnable("gpu"))
+	}
+
+	// Held again, then attached: the same stream serves the worker.
+	subs := b.Subscriptions()
+	d.Hold(ctx, held)
+	for deadline := time.Now().Add(5 * time.Second); b.Subscriptions() == subs; {
+		if time.Now().After(deadline) {
+			t.Fatal("Hold did not subscribe again")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	subs++
+	s = waitStream(t, b, "in")
+	c := &counting{}
+	d.Attach(held, c.instance("out"))
+	if b.Subscriptions() != subs {
+		t.Fatalf("Attach subscribed again (%d subscriptions, want %d)", b.Subscriptions(), subs)
+	}
+	s.In <- request("m2", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess || c.n("m2") != 1 {
+		t.Fatalf("ack %+v, runs %d: want the attached worker to serve the held topic's stream", a, c.n("m2"))
+	}
+	select {
+	case <-s.Done():
+		t.Fatal("the attach closed the stream it serves on")
+	default:
+	}
+	if d.Held("gpu") {
+		t.Fatal("still held after Attach")
+	}
+}

@@ -281,6 +281,13 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 		if was || !n.disp.Unrunnable(w.ID) {
 			n.log.Warn("worker not runnable on this node", "worker_id", w.ID, "reason", why)
 		}
+		if n.unplaceable(w) {
+			// No live node can run it: its topic stays subscribed here
+			// so that its messages dead-letter as not_runnable after
+			// their attempts and NOT_RUNNABLE_GRACE, not wait unseen.
+			n.hold(ctx, n.hotPath(w))
+			return nil
+		}
 		n.park(ctx, n.hotPath(w))
 		return nil
 	}
@@ -476,6 +483,21 @@ func (n *Node) park(ctx context.Context, w dispatch.Worker) {
 	n.mu.Unlock()
 	if was {
 		n.log.Info("worker detached here; it stays running in the catalog", "worker_id", w.ID)
+	}
+}
+
+// hold is park for a worker no live node can run (dispatch.Hold): its
+// topic stays subscribed here.
+func (n *Node) hold(ctx context.Context, w dispatch.Worker) {
+	n.disp.Hold(ctx, w)
+	n.mu.Lock()
+	_, was := n.attached[w.ID]
+	delete(n.attached, w.ID)
+	delete(n.policy, w.ID)
+	delete(n.budgets, w.ID)
+	n.mu.Unlock()
+	if was {
+		n.log.Info("worker detached here; no live node can run it, so its messages dead-letter as not_runnable", "worker_id", w.ID)
 	}
 }
 

@@ -19,6 +19,9 @@ type Placement interface {
 	// CanRun reports whether this node may run a worker that requires
 	// these labels ("" when it may, else why not).
 	CanRun(require map[string]string) string
+	// Unplaceable reports whether the placement found that no live node
+	// can run worker id of topic.
+	Unplaceable(topic, id string) bool
 }
 
 // SetPlacement makes the node serve only the topics p places on it. Call
@@ -37,6 +40,12 @@ func (n *Node) cannotRun(w catalog.Worker) string {
 		return ""
 	}
 	return n.place.CanRun(w.Placement.Require)
+}
+
+// unplaceable reports whether no live node can run w (the placement
+// record says so).
+func (n *Node) unplaceable(w catalog.Worker) bool {
+	return n.place != nil && n.place.Unplaceable(w.Topic, w.ID)
 }
 
 // unplace stops serving w here because its topic is served elsewhere: it

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/node/nodetest"
@@ -128,5 +129,66 @@ func TestWorkerRequiringALabelTheNodeLacksIsParked(t *testing.T) {
 	}
 	if f.Dispatcher.Attached(w.ID) || !f.Dispatcher.Unrunnable(w.ID) || f.Engine.Loads() != 0 {
 		t.Fatalf("attached %v unrunnable %v loads %d", f.Dispatcher.Attached(w.ID), f.Dispatcher.Unrunnable(w.ID), f.Engine.Loads())
+	}
+}
+
+// A worker that no live node can run (the record says so) is held: its
+// topic is subscribed here although nothing of it is loaded, so that its
+// messages dead-letter as not_runnable instead of waiting unseen; once
+// the record no longer says so it is parked and the subscription ends.
+func TestUnplaceableWorkerKeepsItsTopicSubscribed(t *testing.T) {
+	f, ctx := nodetest.New(t), context.Background()
+	ps := placement.NewStore(f.Store)
+	fol := &placement.Follower{Self: "me", Store: ps, Replicas: 2, Labels: map[string]string{"pool": "cpu"},
+		Alive: func() []string { return []string{"me"} }}
+	f.Node.SetPlacement(fol)
+	sha, _ := f.Catalog.PutCode(ctx, []byte("good"))
+	w := nodetest.Worker(catalog.StatusRunning, sha)
+	w.Group = ""
+	w.Placement = &catalog.Placement{Require: map[string]string{"pool": "tpu"}}
+	setTopic := func(unplaceable bool) {
+		t.Helper()
+		if _, err := ps.Update(ctx, func(r *placement.Record) bool {
+			tp := placement.TopicPlacement{Nodes: []string{"me"}, Replicas: 2}
+			if unplaceable {
+				tp.Unplaceable = map[string]string{w.ID: "no live node has label pool=tpu"}
+			}
+			r.Topics = map[string]placement.TopicPlacement{w.Topic: tp}
+			return true
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fol.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setTopic(true)
+	if err := f.Node.Apply(ctx, w, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !f.Dispatcher.Held(w.ID) || f.Dispatcher.Attached(w.ID) || f.Engine.Loads() != 0 {
+		t.Fatalf("held %v attached %v loads %d: want held, nothing loaded", f.Dispatcher.Held(w.ID), f.Dispatcher.Attached(w.ID), f.Engine.Loads())
+	}
+	waitServed(t, f, w.Topic, true)
+
+	setTopic(false) // the placement is catching up: another node can run it
+	if err := f.Node.Apply(ctx, w, nil); err != nil {
+		t.Fatal(err)
+	}
+	if f.Dispatcher.Held(w.ID) || !f.Dispatcher.Unrunnable(w.ID) {
+		t.Fatalf("held %v unrunnable %v: want parked", f.Dispatcher.Held(w.ID), f.Dispatcher.Unrunnable(w.ID))
+	}
+	waitServed(t, f, w.Topic, false)
+}
+
+// waitServed waits until the node's subscription to topic is (want) or
+// is not confirmed.
+func waitServed(t *testing.T, f *nodetest.Fixture, topic string, want bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); f.Dispatcher.Subscribed(topic) != want; {
+		if time.Now().After(deadline) {
+			t.Fatalf("subscribed to %s: %v, want %v", topic, !want, want)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -82,6 +82,13 @@ func (f *Follower) CanRun(require map[string]string) string {
 	return MissingLabels(f.Labels, require)
 }
 
+// Unplaceable reports whether the last record read names worker id of
+// topic as one no live node can run.
+func (f *Follower) Unplaceable(topic, id string) bool {
+	_, bad := f.Record().Topics[topic].Unplaceable[id]
+	return bad
+}
+
 // MissingLabels says which labels of require labels lacks ("" when none).
 func MissingLabels(labels, require map[string]string) string {
 	var miss []string

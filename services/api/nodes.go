@@ -20,6 +20,7 @@ import (
 	"github.com/virtufin/workmanager/internal/placement"
 	"github.com/virtufin/workmanager/internal/tenant"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
+	"github.com/virtufin/workmanager/workflows"
 )
 
 // Placement limits of CreateWorker.
@@ -185,20 +186,37 @@ func (s *Server) DrainNode(ctx context.Context, req *pb.DrainNodeRequest) (*pb.D
 	// at once (its next step): answer once it is there, so that the answer
 	// (and a wmctl nodes right after) shows it.
 	want := !req.GetUndrain()
-	until := time.Now().Add(drainRecordWait)
+	limit := s.drainWait
+	if limit <= 0 {
+		limit = drainRecordWait
+	}
+	until := time.Now().Add(limit)
 	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
 		if v, err = s.readNodes(ctx); err != nil {
 			return nil, err
 		}
-		if slices.Contains(v.rec.Drained, id) == want || ctx.Err() != nil || time.Now().After(until) {
-			break // not there yet: the answer shows the record as it is
+		if slices.Contains(v.rec.Drained, id) == want {
+			return &pb.DrainNodeResponse{Node: v.node(id)}, nil
+		}
+		if ctx.Err() != nil || time.Now().After(until) {
+			break
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):
 		}
 	}
-	return &pb.DrainNodeResponse{Node: v.node(id)}, nil
+	// Asked (the signal is durable) but not recorded: an answer of
+	// success here would tell the caller the node is drained when the
+	// placement workflow may be stuck (a failed workflow task) or gone.
+	what := "drain"
+	if !want {
+		what = "undrain"
+	}
+	s.log.Warn("node drain asked but not recorded in time", "node_id", id, "undrain", !want, "waited", limit)
+	return nil, status.Errorf(codes.DeadlineExceeded,
+		"%s node %s: asked, but the placement workflow has not recorded it after %s; it keeps the request and records it when it runs (wmctl nodes shows when), and if it does not, the Temporal UI shows workflow %s",
+		what, id, limit, workflows.PlacementWorkflowID)
 }
 
 // clusterReader refuses the node RPCs when the API has no cluster store,

@@ -333,7 +333,19 @@ func TestDrainNode(t *testing.T) {
 	if strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("the workflow's error reached the caller: %v", err)
 	}
-	if want := []call{{"node-a", true}, {"node-c", false}, {"node-b", true}}; fmt.Sprint(calls) != fmt.Sprint(want) {
+	// Asked but never recorded (a stuck placement workflow): not an
+	// answer of success.
+	fail = nil
+	recorded := s.drain
+	s.drain = func(ctx context.Context, node string, drained bool) error {
+		calls = append(calls, call{node, drained})
+		return nil
+	}
+	s.drainWait = 50 * time.Millisecond
+	_, err = s.DrainNode(ctx, &pb.DrainNodeRequest{NodeId: "node-b"})
+	wantCode(t, err, codes.DeadlineExceeded, "drain node node-b: asked, but the placement workflow has not recorded it after 50ms")
+	s.drain = recorded
+	if want := []call{{"node-a", true}, {"node-c", false}, {"node-b", true}, {"node-b", true}}; fmt.Sprint(calls) != fmt.Sprint(want) {
 		t.Fatalf("SetDrained calls %v, want %v", calls, want)
 	}
 }

@@ -66,6 +66,9 @@ type Server struct {
 	// placement workflow: workflows.SetDrained on the Temporal client
 	// unless a test replaces it.
 	drain func(ctx context.Context, node string, drained bool) error
+	// drainWait bounds how long DrainNode waits for the drain to be
+	// recorded (0: drainRecordWait).
+	drainWait time.Duration
 }
 
 // Options tune the API.

@@ -18,6 +18,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/virtufin/workmanager/internal/devstack"
+	"github.com/virtufin/workmanager/internal/dispatch"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
 	"github.com/virtufin/workmanager/internal/placement"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
@@ -402,8 +403,9 @@ func TestPlacementAcrossNodes(t *testing.T) {
 // requiring a label runs only where it is.
 func TestPlacementHonoursEnginesAndLabels(t *testing.T) {
 	inTurn(t) // a stack of its own
-	e := newEnvWith(t, envConfig{nodeEnv: []string{"WORKMANAGER_NODE_ID=node-a", "PLACEMENT_INTERVAL=1s", "NODE_LABELS=pool=cpu"}})
-	x := e.startExtraNode(t, "node-x", "DOTNET_MONO=/nonexistent/mono", "NODE_LABELS=pool=gpu")
+	grace := []string{"WORKER_MAX_ATTEMPTS=2", "NOT_RUNNABLE_GRACE=1s"}
+	e := newEnvWith(t, envConfig{nodeEnv: append([]string{"WORKMANAGER_NODE_ID=node-a", "PLACEMENT_INTERVAL=1s", "NODE_LABELS=pool=cpu"}, grace...)})
+	x := e.startExtraNode(t, "node-x", append([]string{"DOTNET_MONO=/nonexistent/mono", "NODE_LABELS=pool=gpu"}, grace...)...)
 	nodes := []placedNode{{"node-a", e.stack.DaprHTTPAddr}, {"node-x", x.sidecar.HTTPAddr}}
 	waitPlaced(t, 3*time.Minute, "node-a advertises dotnet, node-x does not", func() (bool, string) {
 		var a, b placement.NodeInfo
@@ -465,6 +467,16 @@ func TestPlacementHonoursEnginesAndLabels(t *testing.T) {
 	}
 	if len(w.GetNodes()) == 0 {
 		t.Fatal("the unplaceable worker's topic must still be served (its messages dead-letter as not_runnable)")
+	}
+	// Its messages are not left unseen in the broker: a node serving its
+	// topic holds a subscription without loading it, gives the message
+	// back until its attempts are used and NOT_RUNNABLE_GRACE passed, and
+	// dead-letters it not_runnable.
+	dead := collectFrom(e.subscribe(tpuIn + dispatch.DeadLetterSuffix))
+	e.publish(tpuIn, "tpu-1", map[string]any{"n": 1}, "corr-tpu-1")
+	waitFor(t, 3*time.Minute, "the unplaceable worker's message dead-lettered", func() bool { return dead.count() >= 1 })
+	if evs := dead.get("tpu-1"); len(evs) != 1 || evs[0].Extensions()["deadletterreason"] != "not_runnable" || evs[0].Extensions()["deadletterworker"] != tpuID {
+		t.Fatalf("dead letters of tpu-1: %v, want one not_runnable for %s", evs, tpuID)
 	}
 	ln, err := e.client.ListNodes(ctxT(t), &pb.ListNodesRequest{})
 	if err != nil {
