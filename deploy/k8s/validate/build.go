@@ -85,7 +85,7 @@ func (b *Build) load(root, dir string, seen map[string]bool) error {
 	}
 	if k.Namespace != "" {
 		for i := start; i < len(b.Docs); i++ {
-			if b.Docs[i].Kind != "Namespace" { // cluster-scoped
+			if !clusterScoped(b.Docs[i].Kind) {
 				b.Namespaces[i] = k.Namespace
 			}
 		}
@@ -181,4 +181,10 @@ func objectNamespace(obj any) string {
 		return o.Metadata.Namespace
 	}
 	return ""
+}
+
+// clusterScoped reports whether objects of kind have no namespace
+// (kustomize's namespace transformer leaves them alone).
+func clusterScoped(kind string) bool {
+	return kind == "Namespace" || kind == "PriorityClass"
 }

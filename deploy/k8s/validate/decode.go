@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
@@ -48,6 +49,7 @@ var kinds = map[string]struct {
 	"ServiceAccount":      {"v1", func() any { return &corev1.ServiceAccount{} }},
 	"PodDisruptionBudget": {"policy/v1", func() any { return &policyv1.PodDisruptionBudget{} }},
 	"NetworkPolicy":       {"networking.k8s.io/v1", func() any { return &networkingv1.NetworkPolicy{} }},
+	"PriorityClass":       {"scheduling.k8s.io/v1", func() any { return &schedulingv1.PriorityClass{} }},
 	"Component":           {"dapr.io/v1alpha1", func() any { return &DaprComponent{} }},
 	"Configuration":       {"dapr.io/v1alpha1", func() any { return &DaprConfiguration{} }},
 	"Kustomization":       {"kustomize.config.k8s.io/v1beta1", func() any { return &Kustomization{} }},

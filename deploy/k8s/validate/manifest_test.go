@@ -886,7 +886,7 @@ func (c *checker) namespace() {
 	}
 	ns := nss[0].Obj.(*corev1.Namespace)
 	for i, d := range c.b.Docs {
-		if d.Kind != "Namespace" && c.b.Namespaces[i] != ns.Name {
+		if !clusterScoped(d.Kind) && c.b.Namespaces[i] != ns.Name {
 			c.errorf("%s: deployed to namespace %q, not %q (set namespace in the kustomization)", d, c.b.Namespaces[i], ns.Name)
 		}
 	}

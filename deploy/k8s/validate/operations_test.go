@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -71,6 +72,7 @@ func (v *variant) operations() {
 	v.metricsScraped()
 	v.ownServiceAccounts()
 	v.zoneSpread()
+	v.priority()
 	v.bodySizeMargin()
 }
 
@@ -249,6 +251,29 @@ func (v *variant) zoneSpread() {
 		}
 		if !ok {
 			v.c.errorf("%s: no topologySpreadConstraints on topology.kubernetes.io/zone selecting its pods: one zone can hold all of them", d.Name)
+		}
+	}
+}
+
+// priority: both Deployments name a PriorityClass the build creates,
+// above ordinary workloads and below the system classes (a user class may
+// not exceed 1,000,000,000), not the cluster's global default (which
+// would raise every other pod too).
+func (v *variant) priority() {
+	for _, d := range []*appsv1.Deployment{v.node, v.api} {
+		name := d.Spec.Template.Spec.PriorityClassName
+		if name == "" {
+			v.c.errorf("%s: no priorityClassName: its pods are preempted as early as any ordinary workload's", d.Name)
+			continue
+		}
+		pc, _ := v.b.Get("PriorityClass", name).(*schedulingv1.PriorityClass)
+		switch {
+		case pc == nil:
+			v.c.errorf("%s: priorityClassName %s, which the build does not create", d.Name, name)
+		case pc.Value <= 0 || pc.Value > 1_000_000_000:
+			v.c.errorf("PriorityClass %s: value %d, want above 0 (ordinary workloads) and at most 1000000000 (user classes)", name, pc.Value)
+		case pc.GlobalDefault:
+			v.c.errorf("PriorityClass %s: globalDefault raises every pod without a class: set it false", name)
 		}
 	}
 }
