@@ -39,6 +39,7 @@ type config struct {
 	PythonMaxBatch        int               // PYTHON_MAX_BATCH (1: no batches)
 	PythonMaxConcurrency  int               // PYTHON_MAX_CONCURRENCY: events an async def worker runs at once (per worker: max_concurrency)
 	PythonMaxProcesses    int               // PYTHON_MAX_PROCESSES: runners a plain def worker gets on demand (per worker: max_processes)
+	PythonParkAfter       time.Duration     // PYTHON_PARK_AFTER: stop an idle worker's runners after this long without an event (0: never)
 	ReconcileInterval     time.Duration     // RECONCILE_INTERVAL (0 disables)
 	ReconcileParallel     int               // RECONCILE_PARALLELISM: workers a reconcile brings up at a time
 	TemporalLease         time.Duration     // TEMPORAL_LEASE (0 disables)
@@ -58,6 +59,7 @@ type config struct {
 	PythonDevKitDir       string            // PYTHON_DEVKIT_DIR: where the node installs the Python DevKit its workers import
 	DotnetProcesses       int               // DOTNET_PROCESSES: host processes per .NET worker, always up
 	DotnetMaxProcesses    int               // DOTNET_MAX_PROCESSES: hosts a .NET worker gets on demand while its events are slow (per worker: max_processes)
+	DotnetParkAfter       time.Duration     // DOTNET_PARK_AFTER: stop an idle worker's hosts after this long without an event (0: never)
 	DotnetCacheDir        string            // DOTNET_CACHE_DIR: the compiled .NET host, DevKit, C# workers and unpacked packages
 	WasmMaxMemoryPages    int               // WASM_MAX_MEMORY_PAGES: each WebAssembly instance's memory cap, in 64 KiB pages
 	WasmCacheDir          string            // WASM_CACHE_DIR: compiled WebAssembly modules on disk ("": in memory only)
@@ -121,6 +123,7 @@ func loadConfig() (config, error) {
 		PythonMaxBatch:        r.Int("PYTHON_MAX_BATCH", 16),
 		PythonMaxConcurrency:  r.Int("PYTHON_MAX_CONCURRENCY", python.DefaultMaxConcurrency),
 		PythonMaxProcesses:    r.Int("PYTHON_MAX_PROCESSES", python.DefaultMaxProcesses),
+		PythonParkAfter:       r.Duration("PYTHON_PARK_AFTER", 0),
 		ReconcileInterval:     r.Duration("RECONCILE_INTERVAL", 30*time.Second),
 		ReconcileParallel:     r.Int("RECONCILE_PARALLELISM", node.DefaultReconcileParallelism),
 		TemporalLease:         r.Duration("TEMPORAL_LEASE", 30*time.Second),
@@ -138,6 +141,7 @@ func loadConfig() (config, error) {
 		PythonDevKitDir:       r.String("PYTHON_DEVKIT_DIR", filepath.Join(os.TempDir(), "workmanager-devkit")),
 		DotnetProcesses:       r.Int("DOTNET_PROCESSES", 1),
 		DotnetMaxProcesses:    r.Int("DOTNET_MAX_PROCESSES", dotnet.DefaultMaxProcesses),
+		DotnetParkAfter:       r.Duration("DOTNET_PARK_AFTER", 0),
 		DotnetCacheDir:        r.String("DOTNET_CACHE_DIR", filepath.Join(os.TempDir(), "workmanager-dotnet")),
 		WasmMaxMemoryPages:    r.Int("WASM_MAX_MEMORY_PAGES", wasm.DefaultMaxMemoryPages),
 		WasmCacheDir:          r.String("WASM_CACHE_DIR", filepath.Join(os.TempDir(), "workmanager-wasm")),
@@ -311,6 +315,10 @@ func (c config) validate() error {
 		return fmt.Errorf("DOTNET_CACHE_DIR must be an absolute path, got %q", c.DotnetCacheDir)
 	case c.PythonMaxConcurrency < 1 || c.PythonMaxConcurrency > python.MaxConcurrencyLimit:
 		return fmt.Errorf("PYTHON_MAX_CONCURRENCY must be 1 to %d, got %d", python.MaxConcurrencyLimit, c.PythonMaxConcurrency)
+	case c.PythonParkAfter < 0:
+		return fmt.Errorf("PYTHON_PARK_AFTER must not be negative (0: runners are never parked), got %s", c.PythonParkAfter)
+	case c.DotnetParkAfter < 0:
+		return fmt.Errorf("DOTNET_PARK_AFTER must not be negative (0: hosts are never parked), got %s", c.DotnetParkAfter)
 	case c.PythonMaxProcesses < 1 || c.PythonMaxProcesses > python.MaxProcessesLimit:
 		return fmt.Errorf("PYTHON_MAX_PROCESSES must be 1 to %d, got %d", python.MaxProcessesLimit, c.PythonMaxProcesses)
 	case c.PythonMaxBatch < 1:

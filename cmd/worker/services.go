@@ -212,13 +212,13 @@ func (p *parts) build(ctx context.Context) error {
 	reg, err := builtin.Registry(builtin.Config{Logger: log, PythonProcesses: cfg.PythonProcesses, PythonDevKitDir: devkitDir,
 		Sandbox: sb, PythonAllowedPackages: cfg.PythonAllowed, WorkerEnv: cfg.WorkerEnv, NativeMaxExtractedBytes: int64(cfg.NativeMaxExtracted),
 		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait, PythonMaxBatch: cfg.PythonMaxBatch,
-		PythonMaxConcurrency: cfg.PythonMaxConcurrency, PythonMaxProcesses: cfg.PythonMaxProcesses,
+		PythonMaxConcurrency: cfg.PythonMaxConcurrency, PythonMaxProcesses: cfg.PythonMaxProcesses, PythonParkAfter: cfg.PythonParkAfter,
 		Gateway:         gw,
 		NativeIsolation: nativeIsolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir,
 		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned, OnProcessRestart: met.EngineRestart, NativeJournal: p.journal,
 		MaxOutputs: cfg.MaxOutputs, MaxOutputBytes: cfg.MaxOutputBytes, // the engines' reply limit while reading
 		WasmMaxMemoryPages: uint32(cfg.WasmMaxMemoryPages), WasmCacheDir: cfg.WasmCacheDir,
-		Dotnet: dotnet.Config{Processes: cfg.DotnetProcesses, MaxProcesses: cfg.DotnetMaxProcesses, CacheDir: cfg.DotnetCacheDir, Mono: cfg.DotnetMono,
+		Dotnet: dotnet.Config{Processes: cfg.DotnetProcesses, MaxProcesses: cfg.DotnetMaxProcesses, ParkAfter: cfg.DotnetParkAfter, CacheDir: cfg.DotnetCacheDir, Mono: cfg.DotnetMono,
 			Compiler: cfg.DotnetCompiler, NoLockdown: !cfg.DotnetLockdown}})
 	if err != nil {
 		return err

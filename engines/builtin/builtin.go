@@ -33,6 +33,8 @@ type Config struct {
 	// engine's, 16 and 4).
 	PythonMaxConcurrency int
 	PythonMaxProcesses   int
+	// PythonParkAfter: python.Config.ParkAfter.
+	PythonParkAfter time.Duration
 	// PythonMaxBatch is how many waiting calls a Python process takes at
 	// once (0: engine default, 1: no batches).
 	PythonMaxBatch int
@@ -105,7 +107,7 @@ func Registry(cfg Config) (*engines.Registry, error) {
 }
 
 func pythonConfig(cfg Config) python.Config {
-	return python.Config{Processes: cfg.PythonProcesses, MaxConcurrency: cfg.PythonMaxConcurrency, MaxProcesses: cfg.PythonMaxProcesses, DefaultTimeout: cfg.DefaultTimeout, MaxReplyBytes: replyLimit(cfg),
+	return python.Config{Processes: cfg.PythonProcesses, MaxConcurrency: cfg.PythonMaxConcurrency, MaxProcesses: cfg.PythonMaxProcesses, ParkAfter: cfg.PythonParkAfter, DefaultTimeout: cfg.DefaultTimeout, MaxReplyBytes: replyLimit(cfg),
 		SpinWait: cfg.PythonSpinWait, MaxBatch: cfg.PythonMaxBatch, Logger: cfg.Logger, Sandbox: cfg.Sandbox,
 		AllowedPackages: cfg.PythonAllowedPackages, Env: cfg.WorkerEnv, Gateway: cfg.Gateway, DevKitDir: cfg.PythonDevKitDir,
 		OnRestart: onRestart(cfg, "python")}

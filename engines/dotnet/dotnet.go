@@ -74,6 +74,10 @@ type Config struct {
 	MaxProcesses int
 	// SlowEvent and IdleRetire: see MaxProcesses. Defaults 2ms and 30s.
 	SlowEvent, IdleRetire time.Duration
+	// ParkAfter, when above 0, stops every host of a worker that got no
+	// event for that long (DOTNET_PARK_AFTER): its next event waits for a
+	// host's start (Mono: about a second). 0 (default): hosts stay.
+	ParkAfter time.Duration
 	// DefaultTimeout bounds one Process call when Spec.Timeout is 0.
 	DefaultTimeout time.Duration
 	// LoadTimeout bounds compiling the code, or starting one host and

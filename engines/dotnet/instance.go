@@ -57,6 +57,7 @@ func newInstance(e *Engine, spec engines.Spec, w *workerCode, key procpool.Key) 
 		// call waits, for slow events only; they are retired when idle.
 		Warm:       e.cfg.Processes,
 		IdleRetire: e.cfg.IdleRetire,
+		ParkIdle:   e.cfg.ParkAfter,
 		Grow:       func() bool { return time.Duration(in.lastEvent.Load()) > e.cfg.SlowEvent },
 		Start: func(ctx context.Context) (*proc, error) {
 			if !in.started.Swap(true) {

@@ -198,3 +198,21 @@ func TestDeadIdleHostIsReplaced(t *testing.T) {
 		t.Fatalf("the call after the host died idle: %v", err)
 	}
 }
+
+// DOTNET_PARK_AFTER (#48 item 4): a worker idle for ParkAfter has its host
+// retired (the pool tracks none); its next event starts one and is
+// answered.
+func TestIdleDotnetWorkerIsParked(t *testing.T) {
+	inst := robustInstance(t, Config{ParkAfter: 300 * time.Millisecond}, 30*time.Second)
+	if err := robustCall(inst, "pid"); err != nil {
+		t.Fatal(err)
+	}
+	pool := inst.(*Instance).pool
+	enginetest.WaitFor(t, "the idle worker's host to be parked", func() bool { return len(pool.Tracked()) == 0 && pool.Live() == 0 })
+	if err := robustCall(inst, "pid"); err != nil {
+		t.Fatalf("the call after parking: %v", err)
+	}
+	if n := len(pool.Tracked()); n != 1 {
+		t.Fatalf("the pool holds %d hosts after the call, want 1", n)
+	}
+}

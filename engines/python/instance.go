@@ -87,6 +87,7 @@ func newInstance(e *Engine, spec engines.Spec, interp string, code []byte) *Inst
 		// calls go in batches); they are retired when idle.
 		Warm:       e.cfg.Processes,
 		IdleRetire: e.cfg.IdleRetire,
+		ParkIdle:   e.cfg.ParkAfter,
 		Grow: func() bool {
 			return !in.async.Load() && time.Duration(in.lastEvent.Load()) > e.cfg.SlowEvent
 		},

@@ -774,3 +774,22 @@ def process(event):
 		})
 	}
 }
+
+// PYTHON_PARK_AFTER (#48 item 4): a worker idle for ParkAfter has its
+// runner stopped (the process is gone, not merely idle); its next event
+// starts one and is answered.
+func TestIdleWorkerIsParkedAndWokenByItsNextEvent(t *testing.T) {
+	e := newEngine(t, python.Config{ParkAfter: 300 * time.Millisecond})
+	inst := load(t, e, testSpec, pidWorker)
+	pid1 := pidOf(t, inst)
+	deadline := time.Now().Add(30 * time.Second)
+	for syscall.Kill(pid1, 0) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("runner %d still there 30 s after its last event (ParkAfter 300ms)", pid1)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if pid2 := pidOf(t, inst); pid2 == pid1 {
+		t.Fatalf("the parked worker answered from pid %d, its stopped runner's", pid1)
+	}
+}

@@ -81,3 +81,36 @@ func TestColdSlotsGrowAndRetire(t *testing.T) {
 	pl.Release(s)
 	pl.Release(s4)
 }
+
+// With ParkIdle, an idle pool retires every process, the warm one too; the
+// next call starts one for itself even though Grow says no (no slot is
+// live), and the pool parks again once idle.
+func TestIdlePoolParks(t *testing.T) {
+	f := &fakes{}
+	pl, _ := newPool(t, 2, f, func(c *Config[*fakeProc]) {
+		c.Warm, c.IdleRetire, c.ParkIdle = 1, time.Hour, 30*time.Millisecond
+		c.Grow = func() bool { return false }
+	})
+	if errs := pl.Fill(ctxFor(t, 5*time.Second)); errs != nil {
+		t.Fatalf("Fill: %v", errs)
+	}
+	parked := func(what string) {
+		t.Helper()
+		within(t, 5*time.Second, what, func() bool {
+			for pl.Live() != 0 {
+				<-time.After(5 * time.Millisecond)
+			}
+			return true
+		})
+	}
+	parked("parking the idle pool")
+	if p := f.all()[0]; !p.exited() || p.retires.Load() != 1 {
+		t.Fatalf("the warm process: exited %v, retired %d times; want retired once", p.exited(), p.retires.Load())
+	}
+	s, p := acquire(t, pl)
+	if p.exited() || len(f.all()) != 2 {
+		t.Fatalf("the call after parking: process exited %v, %d started; want a fresh one, 2 started", p.exited(), len(f.all()))
+	}
+	pl.Release(s)
+	parked("parking again")
+}

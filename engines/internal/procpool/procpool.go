@@ -90,6 +90,12 @@ type Config[P Process] struct {
 	// again, so the pool grows with its queue and shrinks back to Warm.
 	Warm       int
 	IdleRetire time.Duration
+	// ParkIdle, when above 0, retires every process, the warm ones
+	// included, that no call used for ParkIdle: an idle pool then holds
+	// no process at all (it is parked), and the next call starts one (it
+	// waits for a process start; Grow is not asked while no slot is
+	// live). 0: the warm processes stay for as long as the pool.
+	ParkIdle time.Duration
 	// Grow, when set, is asked before a call takes a cold slot: false
 	// keeps the call waiting for a live one, until Wake asks again.
 	Grow func() bool
@@ -218,13 +224,15 @@ func (pl *Pool[P]) Fill(ctx context.Context) []error {
 		pl.cancel()
 		return errs
 	}
+	now := pl.now()
 	for _, s := range warm {
+		s.lastUsed = now
 		pl.free <- s
 	}
 	pl.mu.Lock()
 	pl.cold = append(pl.cold, pl.slots[len(warm):]...)
 	pl.mu.Unlock()
-	if len(warm) < len(pl.slots) && pl.cfg.IdleRetire > 0 {
+	if len(warm) < len(pl.slots) && pl.cfg.IdleRetire > 0 || pl.cfg.ParkIdle > 0 {
 		go pl.retireIdle()
 	}
 	return nil
@@ -235,7 +243,8 @@ func (pl *Pool[P]) Fill(ctx context.Context) []error {
 func (pl *Pool[P]) takeCold() *Slot[P] {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
-	if len(pl.cold) == 0 || pl.cfg.Grow != nil && !pl.cfg.Grow() {
+	parked := len(pl.cold) == len(pl.slots) // no live slot: the call needs one
+	if len(pl.cold) == 0 || !parked && pl.cfg.Grow != nil && !pl.cfg.Grow() {
 		return nil
 	}
 	now := pl.now()
@@ -308,9 +317,14 @@ func (pl *Pool[P]) Live() int {
 }
 
 // retireIdle makes the slots beyond Config.Warm whose process no call used
-// for Config.IdleRetire cold again, until Close.
+// for Config.IdleRetire cold again, and every slot whose process no call
+// used for Config.ParkIdle, until Close.
 func (pl *Pool[P]) retireIdle() {
-	tick := time.NewTicker(max(pl.cfg.IdleRetire/4, 10*time.Millisecond))
+	every := pl.cfg.IdleRetire
+	if p := pl.cfg.ParkIdle; p > 0 && (every <= 0 || p < every) {
+		every = p
+	}
+	tick := time.NewTicker(max(every/4, 10*time.Millisecond))
 	defer tick.Stop()
 	for {
 		select {
@@ -334,8 +348,10 @@ func (pl *Pool[P]) retireIdle() {
 				break
 			}
 			pl.mu.Lock()
-			retire := s.starting == nil && len(pl.slots)-len(pl.cold) > max(pl.cfg.Warm, 1) &&
-				pl.now().Sub(s.lastUsed) >= pl.cfg.IdleRetire
+			idle := pl.now().Sub(s.lastUsed)
+			retire := s.starting == nil &&
+				(pl.cfg.IdleRetire > 0 && len(pl.slots)-len(pl.cold) > max(pl.cfg.Warm, 1) && idle >= pl.cfg.IdleRetire ||
+					pl.cfg.ParkIdle > 0 && idle >= pl.cfg.ParkIdle)
 			pl.mu.Unlock()
 			if !retire {
 				pl.free <- s
