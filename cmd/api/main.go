@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/stats"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/internal/apimetrics"
 	"github.com/virtufin/workmanager/internal/auth"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/daemon"
@@ -99,6 +100,11 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	if err != nil {
 		return err
 	}
+	// Metrics first, so that calls refused by authentication and the rate
+	// limits are counted too (the tap's refusals happen before any
+	// interceptor: they are not).
+	am := apimetrics.New()
+	opts = append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(am.UnaryInterceptor()), grpc.ChainStreamInterceptor(am.StreamInterceptor())}, opts...)
 	if cfg.Auth.Off {
 		log.Warn("API_AUTH=off: THE CONTROL API ACCEPTS EVERY CALL WITHOUT CREDENTIALS, AS AN ADMIN. Never in production.")
 	} else {
@@ -155,7 +161,7 @@ func run(ctx context.Context, log *slog.Logger, cfg config) error {
 	// docs/scaling.md, "Redis").
 	go redischeck.Watch(ctx, log, cfg.RedisCheck, hs, 10*time.Minute)
 	if cfg.HealthAddr != "" {
-		if err := serveHealth(ctx, log, cfg, tc, store, hs); err != nil {
+		if err := serveHealth(ctx, log, cfg, tc, store, hs, am.Handler()); err != nil {
 			return err
 		}
 	}
@@ -189,11 +195,12 @@ func rateLimits(cfg config) (changing, reading *ratelimit.Limiter) {
 			What: "reading calls (API_READ_RATE_LIMIT, API_READ_RATE_BURST)"})
 }
 
-// serveHealth serves GET /health on cfg.HealthAddr: the authentication mode
+// serveHealth serves GET /health (and /metrics, apimetrics) on
+// cfg.HealthAddr: the authentication mode
 // (Degraded, loudly, when it is off) and whether Temporal and the state
 // store answer, refreshed every few seconds, and what else reports into hs
 // (the search attributes).
-func serveHealth(ctx context.Context, log *slog.Logger, cfg config, tc client.Client, store state.Store, hs *health.State) error {
+func serveHealth(ctx context.Context, log *slog.Logger, cfg config, tc client.Client, store state.Store, hs *health.State, metricsHandler http.Handler) error {
 	if cfg.Auth.Off {
 		hs.Set("auth", health.Degraded, "API_AUTH=off: every caller is an admin, without credentials. Never in production.")
 	} else {
@@ -230,7 +237,10 @@ func serveHealth(ctx context.Context, log *slog.Logger, cfg config, tc client.Cl
 	if err != nil {
 		return fmt.Errorf("WORKMANAGER_API_HEALTH_ADDR %s: %w", cfg.HealthAddr, err)
 	}
-	srv := &http.Server{Handler: hs.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", metricsHandler)
+	mux.Handle("/", hs.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()

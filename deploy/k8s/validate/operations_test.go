@@ -199,8 +199,10 @@ func (v *variant) metricsScraped() {
 	if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != strconv.Itoa(int(port)) || a["prometheus.io/path"] != "/metrics" {
 		v.c.errorf("node: its metrics are not scraped: set prometheus.io/scrape \"true\", prometheus.io/port %q, prometheus.io/path /metrics (or document a PodMonitor)", strconv.Itoa(int(port)))
 	}
-	if _, ok := v.api.Spec.Template.Annotations["prometheus.io/scrape"]; ok {
-		v.c.errorf("api: announces metrics, but cmd/api serves none")
+	a = v.api.Spec.Template.Annotations
+	port = v.c.listenPort("api", v.apiEnv, "WORKMANAGER_API_HEALTH_ADDR")
+	if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != strconv.Itoa(int(port)) || a["prometheus.io/path"] != "/metrics" {
+		v.c.errorf("api: its metrics are not scraped: set prometheus.io/scrape \"true\", prometheus.io/port %q, prometheus.io/path /metrics (cmd/api serves them beside /health)", strconv.Itoa(int(port)))
 	}
 }
 
