@@ -2,7 +2,9 @@ package dispatch_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +19,7 @@ import (
 	"github.com/virtufin/workmanager/internal/dispatch/dispatchtest"
 	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
+	"github.com/virtufin/workmanager/internal/publish"
 	"github.com/virtufin/workmanager/internal/publish/publishtest"
 	"github.com/virtufin/workmanager/internal/state"
 )
@@ -169,4 +172,169 @@ func TestDecodeKeepsSubjectTimeAndDataSchema(t *testing.T) {
 	if ev.Subject() != "order-7" || ev.Time().IsZero() || ev.DataSchema() != "https://example.com/s" || ev.Extensions()["partitionkey"] != "p1" {
 		t.Fatalf("decoded subject %q time %v dataschema %q extensions %v", ev.Subject(), ev.Time(), ev.DataSchema(), ev.Extensions())
 	}
+}
+
+// keptGroup is a dispatcher whose group locks are kept across a run
+// (GROUP_LOCK_KEEP_FOR), publishing through pub.
+func keptGroup(t *testing.T, b *dispatchtest.Broker, pub publish.Publisher) *dispatch.Dispatcher {
+	t.Helper()
+	st := state.NewMemoryStore()
+	locks := grouplock.New(st, grouplock.Config{RetryBase: time.Millisecond, MaxRetries: 3, Node: "n1", KeepFor: 64, TokenBlock: 64})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return dispatch.New(ctx, quietLog(), dispatch.Deps{Sub: b, Pub: pub, Events: lifecycleevents.NewEmitter(pub), Records: delivery.NewStore(st, time.Hour),
+		Locks: locks, DeadLetters: deadletter.NewStore(st, time.Hour)},
+		dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 8, QueueDepth: 256})
+}
+
+// Issue 47 item 1, group commit: while one call's outputs are being
+// published, the group's later calls run and queue theirs; the next turn
+// publishes all of them in one ordered request. Outputs still appear in
+// token order on each topic, every one of them once, and the group's calls never
+// overlap; there are fewer publish requests than outputs.
+func TestGroupOutputsGoOutInBatchesInTokenOrder(t *testing.T) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Batching{}
+	d := keptGroup(t, b, slowPublisher{pub, 2 * time.Millisecond})
+	var inside, overlaps atomic.Int32
+	body := func(in *event.Event) ([]event.Event, error) {
+		if inside.Add(1) > 1 {
+			overlaps.Add(1)
+		}
+		time.Sleep(50 * time.Microsecond)
+		inside.Add(-1)
+		return outputs("out", "out", "audit")(in)
+	}
+	d.Attach(dispatch.Worker{ID: "a", Topic: "in", Group: "g"}, &dispatchtest.FuncInstance{Fn: body})
+	s := waitStream(t, b, "in")
+	const n = 200
+	for i := range n {
+		s.In <- request("m"+strconv.Itoa(i), "")
+	}
+	for range n {
+		if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+			t.Fatalf("ack %+v", a)
+		}
+	}
+	if overlaps.Load() != 0 {
+		t.Fatalf("%d overlapping calls in one group", overlaps.Load())
+	}
+	all := pub.All()
+	if len(all) != 3*n {
+		t.Fatalf("%d outputs, want %d", len(all), 3*n)
+	}
+	last, seen := map[string]int64{}, map[string]bool{}
+	for _, p := range all {
+		tok, err := strconv.ParseInt(p.Event.Extensions()[dispatch.FencingExtension].(string), 10, 64)
+		if err != nil || tok < last[p.Topic] {
+			t.Fatalf("output %s on %s: token %v after %d in publish order (%v)", p.Event.ID(), p.Topic, p.Event.Extensions()[dispatch.FencingExtension], last[p.Topic], err)
+		}
+		last[p.Topic] = tok
+		if seen[p.Event.ID()] {
+			t.Fatalf("output %s published twice", p.Event.ID())
+		}
+		seen[p.Event.ID()] = true
+	}
+	reqs := pub.Requests()
+	biggest := 0
+	for _, r := range reqs {
+		biggest = max(biggest, r)
+	}
+	if len(reqs) >= 3*n || biggest < 3 {
+		t.Fatalf("%d publish requests for %d outputs, the largest %d: no group commit", len(reqs), 3*n, biggest)
+	}
+	t.Logf("%d outputs in %d requests (largest %d)", 3*n, len(reqs), biggest)
+}
+
+// A batch whose request fails publishes nothing of it and gives every call
+// in it back (RETRY, a failed attempt each), the calls published before it
+// stay done: a later token's output never appears before an earlier
+// call's retry.
+func TestFailedBatchGivesBackEveryCallInIt(t *testing.T) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Batching{Gate: make(chan struct{})}
+	d := keptGroup(t, b, pub)
+	entered, first := make(chan string, 16), make(chan struct{})
+	var firstID atomic.Value
+	d.Attach(dispatch.Worker{ID: "a", Topic: "in", Group: "g"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
+		entered <- in.ID()
+		if firstID.CompareAndSwap(nil, in.ID()) {
+			<-first // the others wait for the group meanwhile: this call yields to them
+		}
+		return outputs("out")(in)
+	}})
+	s := waitStream(t, b, "in")
+	for i := range 5 {
+		s.In <- request("m"+strconv.Itoa(i), "")
+	}
+	for deadline := time.Now().Add(5 * time.Second); d.Queued("a") > 0 || firstID.Load() == nil; {
+		if time.Now().After(deadline) {
+			t.Fatal("the messages stayed in the worker's queue")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond) // taken off the queue: into the group's wait
+	close(first)
+	// The first call's publish waits at the gate; the other four run
+	// meanwhile and queue their outputs behind it. They enter in token
+	// order.
+	var order []string
+	for range 5 {
+		select {
+		case id := <-entered:
+			order = append(order, id)
+		case <-time.After(5 * time.Second):
+			t.Fatal("the group's calls did not all run while the first publish waited")
+		}
+	}
+	failing := order[4] // the last call: in the batch behind the first publish
+	pub.FailWhen(func(_ string, e *event.Event) error {
+		if strings.HasPrefix(e.ID(), failing+"/") {
+			return errors.New("broker refused it")
+		}
+		return nil
+	})
+	close(pub.Gate)
+	acks := map[string]dispatch.Ack{}
+	for range 5 {
+		a := waitAck(t, b)
+		acks[a.ID] = a.Status
+	}
+	// The first request holds the first call's output and those of any
+	// call that queued before it formed (usually none; all five when the
+	// machine is slow: then it fails); the second the rest, the failing
+	// one's among them: all of them given back.
+	reqs := pub.Requests()
+	k := reqs[0]
+	if k == 5 {
+		k = 0 // all five in the one request that failed
+	} else if len(reqs) < 2 || reqs[1] != 5-k {
+		t.Fatalf("publish requests of %v events, want [k 5-k …] (calls %v)", reqs, order)
+	}
+	for i, id := range order {
+		want := dispatch.AckRetry
+		if i < k {
+			want = dispatch.AckSuccess // published before the failing batch
+		}
+		if acks[id] != want {
+			t.Fatalf("%s (call %d of %v, first request of %d): %v, want %v", id, i, order, k, acks[id], want)
+		}
+	}
+	if outs := pub.On("out"); len(outs) != k {
+		t.Fatalf("%d outputs published, want the first request's %d", len(outs), k)
+	}
+}
+
+// slowPublisher makes every request of a Batcher take d.
+type slowPublisher struct {
+	*publishtest.Batching
+	d time.Duration
+}
+
+func (p slowPublisher) Publish(ctx context.Context, topic string, e *event.Event) error {
+	time.Sleep(p.d)
+	return p.Batching.Publish(ctx, topic, e)
+}
+
+func (p slowPublisher) PublishBatch(ctx context.Context, topic string, es []*event.Event) error {
+	time.Sleep(p.d)
+	return p.Batching.PublishBatch(ctx, topic, es)
 }

@@ -10,7 +10,6 @@ package dispatch
 import (
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/deadletter"
-	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/workerpolicy"
 )
 
@@ -49,43 +47,20 @@ func (d *Dispatcher) publishAll(ctx context.Context, w *worker, j *job, outs []e
 		r.outcome = outcomeCut
 		return
 	}
-	if lease != nil && len(outs) > 0 {
-		// The call is over: the group's next call on this node may start
-		// while these outputs go out (the hold stays this node's until
-		// they have), after those of the group's earlier calls.
-		lease.Yield(ctx)
-		if err := lease.Turn(ctx); err != nil {
-			r.outcome = outcomeCut // shutting down: given back
-			return
-		}
-	}
 	var tp, ts string
 	if j.span != nil {
 		tp, ts = d.traceContext(ctx)
 	} else {
 		tp, ts = inputTraceContext(m) // tracing off: pass the input's on, or start one
 	}
+	if lease != nil && len(outs) > 0 {
+		// A grouped call's outputs go out in token order (turns.go).
+		d.publishInTurn(ctx, w, j, outs, tp, ts)
+		return
+	}
 	for i := range outs {
 		o := &outs[i]
 		setTraceContext(o, tp, ts)
-		if lease != nil && !d.cfg.UnsafeNoFencing {
-			if err := lease.Check(ctx); err != nil {
-				if errors.Is(err, grouplock.ErrStale) {
-					d.stats.staleRefused.Add(1)
-					w.m.StaleRefused.Inc()
-					r.outcome, r.reason, r.err = outcomeFailed, deadletter.ReasonStaleLock, fmt.Errorf("output %d refused: %w", i, err)
-					return
-				}
-				// A store error while checking: not an attempt, as a lock
-				// not taken (the outputs before this one went out, and go
-				// out again).
-				r.outcome, r.reason, r.err = outcomeDeferred, deadletter.ReasonLockError, err
-				return
-			}
-		}
-		if lease != nil {
-			o.SetExtension(FencingExtension, strconv.FormatInt(lease.Token, 10))
-		}
 		if err := d.Pub.Publish(ctx, o.Type(), o); err != nil {
 			r.outcome, r.reason, r.err = outcomeFailed, deadletter.ReasonPublishFailed, err
 			return

@@ -64,6 +64,8 @@ type hold struct {
 	// KeepAlive's goroutine, cancelled and waited for by release.
 	renewCancel context.CancelFunc
 	renewDone   chan struct{}
+	// local is what the hold's users keep with it (Lease.Local).
+	local any
 }
 
 // lease hands out the hold's next token to holder, reserving another block
@@ -172,6 +174,35 @@ func (ls *Lease) Yield(ctx context.Context) bool {
 // once.
 func (ls *Lease) Turn(ctx context.Context) error {
 	return ls.h.waitLive(ctx, func(live []int64) bool { return len(live) == 0 || live[0] >= ls.Token })
+}
+
+// Later returns the tokens of the hold's leases after this one that are
+// not released yet, ascending: the calls that Yield let start after it,
+// whose side effects go out after its own.
+func (ls *Lease) Later() []int64 {
+	h := ls.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []int64
+	for _, t := range h.live {
+		if t > ls.Token {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// Local returns the value the lease's hold keeps for its users, made by
+// create on the first call: state shared by the leases of one hold (the
+// dispatcher's queue of outputs waiting for their turn).
+func (ls *Lease) Local(create func() any) any {
+	h := ls.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.local == nil {
+		h.local = create()
+	}
+	return h.local
 }
 
 // KeepAlive renews the lease's hold (Renew) every Config.RenewEvery in the

@@ -129,3 +129,72 @@ func (c *DaprClient) Calls() []DaprCall {
 	defer c.mu.Unlock()
 	return append([]DaprCall(nil), c.calls...)
 }
+
+// Batching is a Recorder that is also a publish.Batcher: PublishBatch
+// keeps a whole batch in its order, or, when the Recorder's failure
+// refuses any of its events, none of it (as WorkManager's daprd). Every
+// request (Publish or PublishBatch) first waits for Gate when it is set,
+// and counts.
+type Batching struct {
+	Recorder
+	// Gate, when set, holds every request until it is closed.
+	Gate chan struct{}
+
+	bmu   sync.Mutex
+	sizes []int // events per request, in order
+}
+
+var _ publish.Batcher = (*Batching)(nil)
+
+func (p *Batching) wait(ctx context.Context) error {
+	if p.Gate == nil {
+		return nil
+	}
+	select {
+	case <-p.Gate:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Publish implements publish.Publisher.
+func (p *Batching) Publish(ctx context.Context, topic string, e *event.Event) error {
+	if err := p.wait(ctx); err != nil {
+		return err
+	}
+	p.bmu.Lock()
+	p.sizes = append(p.sizes, 1)
+	p.bmu.Unlock()
+	return p.Recorder.Publish(ctx, topic, e)
+}
+
+// PublishBatch implements publish.Batcher.
+func (p *Batching) PublishBatch(ctx context.Context, topic string, es []*event.Event) error {
+	if err := p.wait(ctx); err != nil {
+		return err
+	}
+	p.bmu.Lock()
+	p.sizes = append(p.sizes, len(es))
+	p.bmu.Unlock()
+	p.Recorder.mu.Lock()
+	defer p.Recorder.mu.Unlock()
+	if p.fail != nil {
+		for _, e := range es {
+			if err := p.fail(topic, e); err != nil {
+				return err
+			}
+		}
+	}
+	for _, e := range es {
+		p.events = append(p.events, Published{topic, e.Clone()})
+	}
+	return nil
+}
+
+// Requests returns the number of events of each request so far.
+func (p *Batching) Requests() []int {
+	p.bmu.Lock()
+	defer p.bmu.Unlock()
+	return append([]int(nil), p.sizes...)
+}

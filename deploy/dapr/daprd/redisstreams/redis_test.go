@@ -307,3 +307,81 @@ func TestAMessageReadForAClosedSubscriptionIsGivenBack(t *testing.T) {
 		stop()
 	}
 }
+
+// Change 11: BulkPublish adds every entry in the request's order (the
+// nodes rely on it for a group's outputs, published in fencing-token
+// order in one request), with its metadata, capped like Publish; daprd
+// uses it only because Features says so.
+func TestBulkPublishKeepsTheOrder(t *testing.T) {
+	addr := startRedis(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := NewRedisStreams(logger.NewLogger("test")).(*redisStreams)
+	if err := r.Init(ctx, pubsub.Metadata{Base: metadata.Base{Properties: map[string]string{"redisHost": addr}}}); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if !pubsub.FeatureBulkPublish.IsPresent(r.Features()) {
+		t.Fatal("FeatureBulkPublish not advertised: daprd would fall back to its unordered publisher")
+	}
+	const n = 200
+	req := &pubsub.BulkPublishRequest{Topic: "ordered"}
+	for i := range n {
+		e := pubsub.BulkMessageEntry{EntryId: strconv.Itoa(i), Event: []byte(`{"n":` + strconv.Itoa(i) + `}`), ContentType: "application/json"}
+		if i%2 == 0 {
+			e.Metadata = map[string]string{"k": strconv.Itoa(i)}
+		}
+		req.Entries = append(req.Entries, e)
+	}
+	if res, err := r.BulkPublish(ctx, req); err != nil || len(res.FailedEntries) != 0 {
+		t.Fatalf("BulkPublish: %v, %d failed", err, len(res.FailedEntries))
+	}
+	entries := xrange(ctx, t, r, "ordered")
+	if got := len(entries); got != n {
+		t.Fatalf("%d entries in the stream, want %d", got, n)
+	}
+	for i, m := range entries {
+		if want := `{"n":` + strconv.Itoa(i) + `}`; m["data"] != want {
+			t.Fatalf("entry %d is %v, want %s: out of order", i, m["data"], want)
+		}
+		meta, has := m["metadata"]
+		if i%2 == 0 != has || has && meta != `{"k":"`+strconv.Itoa(i)+`"}` {
+			t.Fatalf("entry %d metadata %v (present %v)", i, meta, has)
+		}
+	}
+
+	// A cap per request, as Publish takes it; a bad one fails every entry.
+	capped := &pubsub.BulkPublishRequest{Topic: "capped"}
+	for i := range 1000 {
+		capped.Entries = append(capped.Entries, pubsub.BulkMessageEntry{EntryId: strconv.Itoa(i), Event: []byte("x"), Metadata: map[string]string{maxLenApprox: "10"}})
+	}
+	if _, err := r.BulkPublish(ctx, capped); err != nil {
+		t.Fatal(err)
+	}
+	if l := len(xrange(ctx, t, r, "capped")); l >= 1000 {
+		t.Fatalf("capped stream holds %d entries: the cap was not applied", l)
+	}
+	capped.Entries[0].Metadata = map[string]string{maxLenApprox: "-1"}
+	if res, err := r.BulkPublish(ctx, capped); err == nil || len(res.FailedEntries) != 1000 {
+		t.Fatalf("a bad cap: %v, %d failed entries", err, len(res.FailedEntries))
+	}
+}
+
+// xrange reads every entry of stream as its fields, in stream order.
+func xrange(ctx context.Context, t *testing.T, r *redisStreams, stream string) []map[string]string {
+	t.Helper()
+	raw, err := r.client.DoRead(ctx, "XRANGE", stream, "-", "+")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]string
+	for _, e := range raw.([]any) {
+		fields := e.([]any)[1].([]any)
+		m := map[string]string{}
+		for i := 0; i+1 < len(fields); i += 2 {
+			m[fmt.Sprint(fields[i])] = fmt.Sprint(fields[i+1])
+		}
+		out = append(out, m)
+	}
+	return out
+}
