@@ -64,14 +64,7 @@ func TestKeptGroupLockPipelinesInTokenOrder(t *testing.T) {
 	d.Attach(dispatch.Worker{ID: "b", Topic: "in", Group: "g"}, &dispatchtest.FuncInstance{Fn: body})
 	s := waitStream(t, b, "in")
 	const n = 200
-	for i := range n {
-		s.In <- request("m"+strconv.Itoa(i), "")
-	}
-	for range n {
-		if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
-			t.Fatalf("ack %+v", a)
-		}
-	}
+	sendAllSucceed(t, b, s, n)
 	if overlaps.Load() != 0 {
 		t.Fatalf("%d overlapping calls in one group", overlaps.Load())
 	}
@@ -207,14 +200,7 @@ func TestGroupOutputsGoOutInBatchesInTokenOrder(t *testing.T) {
 	d.Attach(dispatch.Worker{ID: "a", Topic: "in", Group: "g"}, &dispatchtest.FuncInstance{Fn: body})
 	s := waitStream(t, b, "in")
 	const n = 200
-	for i := range n {
-		s.In <- request("m"+strconv.Itoa(i), "")
-	}
-	for range n {
-		if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
-			t.Fatalf("ack %+v", a)
-		}
-	}
+	sendAllSucceed(t, b, s, n)
 	if overlaps.Load() != 0 {
 		t.Fatalf("%d overlapping calls in one group", overlaps.Load())
 	}
@@ -337,4 +323,18 @@ func (p slowPublisher) Publish(ctx context.Context, topic string, e *event.Event
 func (p slowPublisher) PublishBatch(ctx context.Context, topic string, es []*event.Event) error {
 	time.Sleep(p.d)
 	return p.Batching.PublishBatch(ctx, topic, es)
+}
+
+// sendAllSucceed sends messages m0..m<n-1> on s and waits for n SUCCESS
+// acks.
+func sendAllSucceed(t *testing.T, b *dispatchtest.Broker, s *dispatchtest.Stream, n int) {
+	t.Helper()
+	for i := range n {
+		s.In <- request("m"+strconv.Itoa(i), "")
+	}
+	for range n {
+		if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+			t.Fatalf("ack %+v", a)
+		}
+	}
 }

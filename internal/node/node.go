@@ -475,13 +475,7 @@ func (n *Node) remove(ctx context.Context, id string) {
 // caller holds its lock.
 func (n *Node) park(ctx context.Context, w dispatch.Worker) {
 	n.disp.Park(ctx, w)
-	n.mu.Lock()
-	_, was := n.attached[w.ID]
-	delete(n.attached, w.ID)
-	delete(n.policy, w.ID)
-	delete(n.budgets, w.ID)
-	n.mu.Unlock()
-	if was {
+	if n.forget(w.ID) {
 		n.log.Info("worker detached here; it stays running in the catalog", "worker_id", w.ID)
 	}
 }
@@ -490,15 +484,21 @@ func (n *Node) park(ctx context.Context, w dispatch.Worker) {
 // topic stays subscribed here.
 func (n *Node) hold(ctx context.Context, w dispatch.Worker) {
 	n.disp.Hold(ctx, w)
-	n.mu.Lock()
-	_, was := n.attached[w.ID]
-	delete(n.attached, w.ID)
-	delete(n.policy, w.ID)
-	delete(n.budgets, w.ID)
-	n.mu.Unlock()
-	if was {
+	if n.forget(w.ID) {
 		n.log.Info("worker detached here; no live node can run it, so its messages dead-letter as not_runnable", "worker_id", w.ID)
 	}
+}
+
+// forget drops what the node keeps for an attached worker id, reporting
+// whether it was attached.
+func (n *Node) forget(id string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	_, was := n.attached[id]
+	delete(n.attached, id)
+	delete(n.policy, id)
+	delete(n.budgets, id)
+	return was
 }
 
 // ReconcileResult counts what Reconcile did.

@@ -60,11 +60,7 @@ func (n *Node) unplace(ctx context.Context, w dispatch.Worker) {
 		return
 	}
 	n.disp.Park(ctx, w)
-	n.mu.Lock()
-	delete(n.attached, w.ID)
-	delete(n.policy, w.ID)
-	delete(n.budgets, w.ID)
-	n.mu.Unlock()
+	n.forget(w.ID)
 	if was {
 		n.log.Info("worker's topic moved to other nodes: detached here", "worker_id", w.ID, "topic", w.Topic)
 	}
