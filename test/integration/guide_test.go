@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -126,7 +127,12 @@ func runGuide(t *testing.T, e *env, root, file string, want []string) {
 	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
 	cmd.Dir = root
 	cmd.WaitDelay = 5 * time.Second
-	cmd.Env = append(os.Environ(), "PATH="+notDebian+":"+os.Getenv("PATH"), "PIP_NO_CACHE_DIR=1", "PYTHONDONTWRITEBYTECODE=1",
+	// A newcomer's shell: none of the caller's own wmctl settings (a
+	// WMCTL_TOKEN exported for another stack made every call of the
+	// README's walkthrough "not valid"), no wmctl config of theirs.
+	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "WMCTL_") }),
+		"XDG_CONFIG_HOME="+t.TempDir(),
+		"PATH="+notDebian+":"+os.Getenv("PATH"), "PIP_NO_CACHE_DIR=1", "PYTHONDONTWRITEBYTECODE=1",
 		// wmctl's own defaults are make run's addresses: point them here.
 		"WMCTL_ADDR="+e.apiAddr, "DAPR_GRPC_ADDRESS="+e.stack.DaprGRPCAddr,
 		// make run's Temporal namespace is "default"; the test stacks' are not.
