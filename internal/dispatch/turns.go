@@ -32,7 +32,6 @@ type turnQueue struct {
 
 // turn is one call's outputs waiting to be published.
 type turn struct {
-	ctx    context.Context
 	w      *worker
 	j      *job
 	outs   []event.Event
@@ -47,7 +46,7 @@ type turn struct {
 func (d *Dispatcher) publishInTurn(ctx context.Context, w *worker, j *job, outs []event.Event, tp, ts string) {
 	lease := j.lease
 	q := lease.Local(func() any { return &turnQueue{waiting: map[int64]*turn{}} }).(*turnQueue)
-	me := &turn{ctx: ctx, w: w, j: j, outs: outs, tp: tp, ts: ts, done: make(chan struct{})}
+	me := &turn{w: w, j: j, outs: outs, tp: tp, ts: ts, done: make(chan struct{})}
 	// Queued before the next call may start, so that whoever publishes
 	// finds it in token order.
 	q.mu.Lock()
