@@ -590,6 +590,17 @@ func (d *Dispatcher) Held(id string) bool {
 	return d.held[id]
 }
 
+// HeldWorkers returns the workers held here (Hold).
+func (d *Dispatcher) HeldWorkers() []Worker {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]Worker, 0, len(d.held))
+	for id := range d.held {
+		out = append(out, d.unrunnable[id])
+	}
+	return out
+}
+
 // releaseLocked ends id's hold on topic name; when that leaves the topic
 // with neither a worker nor a hold, its stream is closed (in the
 // background, once its messages in flight are answered).

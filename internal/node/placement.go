@@ -56,10 +56,10 @@ func (n *Node) unplace(ctx context.Context, w dispatch.Worker) {
 	_, was := n.attached[w.ID]
 	delete(n.broken, w.ID)
 	n.mu.Unlock()
-	if !was && n.disp.Unrunnable(w.ID) {
+	if !was && n.disp.Unrunnable(w.ID) && !n.disp.Held(w.ID) {
 		return
 	}
-	n.disp.Park(ctx, w)
+	n.disp.Park(ctx, w) // a held worker's topic is let go too
 	n.forget(w.ID)
 	if was {
 		n.log.Info("worker's topic moved to other nodes: detached here", "worker_id", w.ID, "topic", w.Topic)
@@ -105,6 +105,18 @@ func (n *Node) ConvergePlacement(ctx context.Context) (ConvergeResult, error) {
 			res.Detached++
 		}
 		unlock()
+	}
+	// A worker held here (no live node can run it) whose topic moved away
+	// lets its topic go: its messages are the new nodes' to give back or
+	// dead-letter, or to run once a node that can run it serves them.
+	for _, w := range n.disp.HeldWorkers() {
+		if !n.servesTopic(ctx, w.Topic) {
+			unlock := n.lockWorker(w.ID)
+			if n.disp.Held(w.ID) && !n.servesTopic(ctx, w.Topic) {
+				n.disp.Park(ctx, w)
+			}
+			unlock()
+		}
 	}
 	ids, err := n.catalog.WorkerIDs(ctx)
 	if err != nil {

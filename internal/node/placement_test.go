@@ -179,6 +179,45 @@ func TestUnplaceableWorkerKeepsItsTopicSubscribed(t *testing.T) {
 		t.Fatalf("held %v unrunnable %v: want parked", f.Dispatcher.Held(w.ID), f.Dispatcher.Unrunnable(w.ID))
 	}
 	waitServed(t, f, w.Topic, false)
+
+	// Held again, then its topic moves to other nodes: this node lets the
+	// topic go, by an apply and by ConvergePlacement, so that it never
+	// gives back or dead-letters messages another node may run.
+	fol.Alive = func() []string { return []string{"me", "other"} }
+	moveAway := func() {
+		t.Helper()
+		if _, err := ps.Update(ctx, func(r *placement.Record) bool {
+			r.Topics = map[string]placement.TopicPlacement{w.Topic: {Nodes: []string{"other"}, Replicas: 1,
+				Unplaceable: map[string]string{w.ID: "no live node has label pool=tpu"}}}
+			return true
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fol.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, how := range []string{"apply", "converge"} {
+		setTopic(true)
+		if err := f.Node.Apply(ctx, w, nil); err != nil {
+			t.Fatal(err)
+		}
+		waitServed(t, f, w.Topic, true)
+		moveAway()
+		var err error
+		if how == "apply" {
+			err = f.Node.Apply(ctx, w, nil)
+		} else {
+			_, err = f.Node.ConvergePlacement(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Dispatcher.Held(w.ID) {
+			t.Fatalf("%s: still held after its topic moved to another node", how)
+		}
+		waitServed(t, f, w.Topic, false)
+	}
 }
 
 // waitServed waits until the node's subscription to topic is (want) or
