@@ -266,7 +266,12 @@ func TestPlacementAcrossNodes(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("WM_PLACEMENT_TOPICS")); err == nil && v > 0 {
 		nTopics = v
 	}
-	lo, hi := 0.5, 5.0/6
+	// At 24 topics a node's share is rendezvous hashing's: each topic
+	// leaves a node out with probability 1/3, so a node serves 16 ± 2.3
+	// topics, and the planner bounds only the top (125 % of the mean, 20);
+	// 11 of 24 (46 %) was seen once in a CI-like run. 40 % (10) is three
+	// standard deviations; the band applies at its scale below.
+	lo, hi := 0.4, 5.0/6
 	if nTopics >= 100 {
 		lo, hi = 0.55, 0.78
 	}
