@@ -87,8 +87,9 @@ func clientIdle(line string) int {
 // Issue 6, done when: several hundred workers on as many topics, at least 200
 // stop/start cycles, then a message to every topic gets every answer, and the
 // Redis connections stay within the documented bound (docs/scaling.md): one
-// reader per subscribed topic, plus a fixed allowance for publishes, state
-// and redelivery scans that does not grow with cycles.
+// reader per subscribed topic (closed subscriptions' readers released), and
+// in all no more than the pub/sub pool (topics + 110: about 120 beyond the
+// readers for publishes, acks and redelivery scans) plus the state store's.
 func TestManyTopicsSurviveStopStartCycles(t *testing.T) {
 	inTurn(t) // a stack of its own
 	cfg := scaleFromEnv(t)
