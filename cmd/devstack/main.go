@@ -190,7 +190,7 @@ WorkManager is running (data and logs in %s):
   control API (gRPC)   %s        needs a bearer token: the dev token (admin, default tenant) is in %s
                        %s %s -H "authorization: Bearer $(cat %s)" %s list
                        %s list      (the CLI, cmd/wmctl/README.md; events: add 'events --follow --dapr %s')
-  API health           http://%s/health   (authentication mode, Temporal, state store)
+  API health           http://%s/health   (authentication mode, Temporal, state store)   metrics http://%[10]s/metrics
 %s  Temporal frontend    %s
   Temporal Web UI      %s
 %s  Redis                %s
