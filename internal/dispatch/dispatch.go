@@ -125,7 +125,7 @@ const (
 	// FencingExtension carries the group lock's fencing token (decimal) on
 	// the input a grouped worker sees and on each of its outputs, so that
 	// downstream services can refuse a stale holder.
-	FencingExtension = "fencingtoken"
+	FencingExtension = publish.FencingExtension
 	// Dead-letter extensions, added to the original event on "<topic>-dead".
 	DeadLetterReasonExtension    = deadletter.ReasonExtension
 	DeadLetterAttemptsExtension  = deadletter.AttemptsExtension

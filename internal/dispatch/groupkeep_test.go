@@ -333,6 +333,11 @@ func (p slowPublisher) PublishBatch(ctx context.Context, topic string, es []*eve
 	return p.Batching.PublishBatch(ctx, topic, es)
 }
 
+func (p slowPublisher) PublishFenced(ctx context.Context, topic, lock string, es []*event.Event) error {
+	time.Sleep(p.d)
+	return p.Batching.PublishFenced(ctx, topic, lock, es)
+}
+
 // sendAllSucceed sends messages m0..m<n-1> on s and waits for n SUCCESS
 // acks.
 func sendAllSucceed(t *testing.T, b *dispatchtest.Broker, s *dispatchtest.Stream, n int) {

@@ -972,3 +972,37 @@ func TestHeldWorkerKeepsItsTopicAndDeadLetters(t *testing.T) {
 		t.Fatal("still held after Attach")
 	}
 }
+
+// A node paused between its lock check and its publish (the check passed,
+// a later holder of the lock then published on the topic) has its outputs
+// refused by the broker's fence: counted as stale, the attempt fails and
+// the message comes back; a lock's outputs go out fenced by it.
+func TestBrokerFenceRefusesAPausedHoldersOutputs(t *testing.T) {
+	b, pub, st := dispatchtest.NewBroker(), &publishtest.Batching{}, state.NewMemoryStore()
+	d := newTestDispatcherWith(t, b, pub, st, dispatch.Config{PubSub: "pubsub", NodeID: "n1", MaxConcurrency: 1})
+	d.Attach(dispatch.Worker{ID: "w", Topic: "in", Group: "g"}, &dispatchtest.FuncInstance{Fn: outputs("out")})
+	s := waitStream(t, b, "in")
+	s.In <- request("m1", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+		t.Fatalf("ack %+v, want SUCCESS", a)
+	}
+	if outs := pub.On("out"); len(outs) != 1 || outs[0].Extensions()[dispatch.FencingExtension] == nil {
+		t.Fatalf("outputs %v, want one with a token", outs)
+	}
+	// Another node took the lock and published under a far higher token.
+	pub.Mark("out", "g", 1<<40)
+	s.In <- request("m2", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckRetry {
+		t.Fatalf("ack %+v, want RETRY", a)
+	}
+	if n := len(pub.On("out")); n != 1 || d.Stats().StaleRefused != 1 {
+		t.Fatalf("outputs %d, stale refused %d; want 1 and 1", n, d.Stats().StaleRefused)
+	}
+	// Another lock's outputs are not held back by g's mark.
+	d.Attach(dispatch.Worker{ID: "w2", Topic: "in2", Group: "h"}, &dispatchtest.FuncInstance{Fn: outputs("out")})
+	s2 := waitStream(t, b, "in2")
+	s2.In <- request("m3", "")
+	if a := waitAck(t, b); a.Status != dispatch.AckSuccess {
+		t.Fatalf("ack %+v, want SUCCESS", a)
+	}
+}

@@ -102,7 +102,9 @@ func (d *Dispatcher) publishInTurn(ctx context.Context, w *worker, j *job, outs 
 // one ordered request per topic (a topic's outputs in token order; the
 // order between topics is not one a consumer can see); before each
 // request, the lease of every call not yet fully published is checked
-// (Lease.Check: still the group's lock). When a Check or a request fails,
+// (Lease.Check: still the group's lock), and the broker checks the tokens
+// again as it takes the request (publish.Fenced: a node paused between
+// the two is refused, as stale). When a Check or a request fails,
 // the first call with an output not known to be published gets that
 // outcome, and so does every call after it (each is retried under a new,
 // higher token); what went out before stays, in token order per topic.
@@ -154,12 +156,22 @@ func (d *Dispatcher) publishTurns(ctx context.Context, batch []*turn) {
 		for i, e := range es {
 			run[i] = e.o
 		}
-		n, err := publish.Batch(ctx, d.Pub, topic, run)
+		// The broker refuses them when a later holder of the lock already
+		// published to topic (this node paused after its Check).
+		lock := batch[0].j.lease.Group
+		if d.cfg.UnsafeNoFencing {
+			lock = ""
+		}
+		n, err := publish.Fenced(ctx, d.Pub, topic, lock, run)
 		for _, e := range es[:n] {
 			batch[e.call].w.m.Outputs.Inc()
 			batch[e.call].j.outputs++
 		}
-		if err != nil {
+		switch {
+		case errors.Is(err, publish.ErrFenced):
+			d.failTurns(batch, unpublished(k, n), fmt.Errorf("%w: %w", grouplock.ErrStale, err))
+			return
+		case err != nil:
 			d.failTurns(batch, unpublished(k, n), fmt.Errorf("%w: %w", errPublish, err))
 			return
 		}

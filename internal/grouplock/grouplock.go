@@ -254,6 +254,13 @@ type Locks struct {
 
 	mu    sync.Mutex
 	slots map[string]*slot
+	// giving holds, by group, the channel closed once this process's hold
+	// of the group being given up in the background (drop, endLinger,
+	// ReleaseIdle: after the side effects of its yielded leases) is
+	// released in the store: until then an Acquire here must not take the
+	// record over as its own (try), or its outputs could go out before
+	// those of the yielded leases, out of token order.
+	giving map[string]chan struct{}
 
 	// localWait, when set (by tests), is called before Acquire blocks on
 	// the local slot of a group.
@@ -400,6 +407,12 @@ func (l *Locks) Acquire(ctx context.Context, group, holder string) (*Lease, erro
 			// It could not reserve tokens: given up, and acquired anew.
 			_ = kept.release(context.WithoutCancel(ctx), holder)
 		}
+	}
+	// A hold of ours given up in the background is released first: its
+	// yielded leases' side effects go out before this lease's.
+	if err := l.afterGivingUp(ctx, group); err != nil {
+		l.unlockLocal(group, s)
+		return nil, err
 	}
 	lease, err := l.acquire(ctx, group, holder)
 	if err != nil {
@@ -640,12 +653,51 @@ func (l *Locks) endLinger(group string, s *slot, h *hold) {
 		return // taken by a caller meanwhile
 	}
 	s.hold, s.lingering = nil, false
+	given := l.givingUp(group)
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
 	_ = h.idle(ctx)
 	_ = h.release(ctx, h.holder)
 	cancel()
+	given()
 	l.drop(group, s)
+}
+
+// givingUp records that group's hold is being given up in the background
+// (Locks.giving); the caller holds l.mu and calls the returned function
+// once the hold is released.
+func (l *Locks) givingUp(group string) func() {
+	if l.giving == nil {
+		l.giving = map[string]chan struct{}{}
+	}
+	ch := make(chan struct{})
+	l.giving[group] = ch
+	return func() {
+		l.mu.Lock()
+		if l.giving[group] == ch {
+			delete(l.giving, group)
+		}
+		l.mu.Unlock()
+		close(ch)
+	}
+}
+
+// afterGivingUp waits until no hold of group is being given up here
+// (Locks.giving), or ctx ends.
+func (l *Locks) afterGivingUp(ctx context.Context, group string) error {
+	for {
+		l.mu.Lock()
+		ch := l.giving[group]
+		l.mu.Unlock()
+		if ch == nil {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // ReleaseIdle gives up every hold that lingers (Config.Linger) at once:
@@ -658,17 +710,20 @@ func (l *Locks) ReleaseIdle(ctx context.Context) {
 	}
 	var all []parked
 	l.mu.Lock()
+	var given []func()
 	for group, s := range l.slots {
 		if s.lingering {
 			s.linger.Stop()
 			all = append(all, parked{group, s, s.hold})
 			s.hold, s.lingering = nil, false
+			given = append(given, l.givingUp(group))
 		}
 	}
 	l.mu.Unlock()
-	for _, p := range all {
+	for i, p := range all {
 		_ = p.h.idle(ctx)
 		_ = p.h.release(ctx, p.h.holder)
+		given[i]()
 		l.drop(p.group, p.s)
 	}
 }
@@ -716,7 +771,9 @@ func (l *Locks) drop(group string, s *slot) {
 			// it any more, so it is released (in the background: drop
 			// runs under l.mu and on the caller's path).
 			s.hold = nil
+			given := l.givingUp(group)
 			go func() {
+				defer given()
 				// After the side effects of leases that yielded (bounded:
 				// a lease that does not end is the dispatcher's bug).
 				wctx, wcancel := context.WithTimeout(context.Background(), time.Minute)

@@ -355,3 +355,71 @@ func TestWaiterTriesAsSoonAsTheLockIsFree(t *testing.T) {
 		t.Fatalf("events %v: one try failed quietly, one acquired", got)
 	}
 }
+
+// A hold given up in the background while a lease of it that yielded is
+// still publishing (its linger ended: the run's last call had no outputs
+// and released before the yielded one published) is not taken over by
+// this process's next Acquire as its own lock: that Acquire waits until
+// the hold is released, so its side effects cannot go out before the
+// yielded lease's (a token of the next block before an earlier one).
+func TestNextAcquireWaitsForAHoldBeingGivenUp(t *testing.T) {
+	w := newWorld(t)
+	a := w.node(nil, func(c *Config) { c.Node, c.KeepFor, c.TokenBlock, c.Linger = "a", 100, 100, 5*time.Millisecond })
+	waiting := make(chan struct{}, 1)
+	a.localWait = func(string) {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	}
+	ctx := context.Background()
+	first := mustAcquire(t, a, "g", "a/1")
+	if err := first.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *Lease, 1)
+	go func() {
+		ls, err := a.Acquire(ctx, "g", "a/2")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- ls
+	}()
+	<-waiting
+	if !first.Yield(ctx) {
+		t.Fatal("Yield with a caller waiting did not yield")
+	}
+	second := <-got
+	mustRelease(t, second) // no outputs, nobody waits: lingers
+	// The linger ends: the hold is being given up, after first.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		a.mu.Lock()
+		s := a.slots["g"]
+		ending := s != nil && !s.lingering && a.giving["g"] != nil
+		a.mu.Unlock()
+		if ending {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the linger did not end")
+		}
+	}
+	go func() {
+		ls, err := a.Acquire(ctx, "g", "a/3")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- ls
+	}()
+	select {
+	case third := <-got:
+		t.Fatalf("acquired token %d while token %d of the hold given up was still publishing", third.Token, first.Token)
+	case <-time.After(50 * time.Millisecond):
+	}
+	mustRelease(t, first)
+	third := <-got
+	if third == nil || third.Token <= 100 {
+		t.Fatalf("third lease %+v, want one of the next block", third)
+	}
+	mustRelease(t, third)
+}

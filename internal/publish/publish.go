@@ -6,8 +6,10 @@ package publish
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -34,6 +36,42 @@ type Batcher interface {
 	// none of them is known to be published (some may be: a retry may
 	// publish them again, never out of order).
 	PublishBatch(ctx context.Context, topic string, es []*event.Event) error
+}
+
+// FencingExtension is the CloudEvents extension that carries the fencing
+// token of the group lock an output was made under.
+const FencingExtension = "fencingtoken"
+
+// ErrFenced: the broker refused fenced outputs because it already took, on
+// that topic, an output of the same lock with a higher fencing token — their
+// maker no longer held the lock (a node paused between its lock check and
+// its publish). Nothing of the request was published.
+var ErrFenced = errors.New("refused by the broker's fence: a later holder of the group's lock already published to this topic")
+
+// Fencer is a Publisher whose broker checks fencing tokens (WorkManager's
+// daprd, deploy/dapr/daprd/redisstreams change 12).
+type Fencer interface {
+	Publisher
+	// PublishFenced publishes es to topic in their order, in one request,
+	// unless the broker already took an output of lock on topic with a
+	// higher fencing token than the first of es (extension
+	// FencingExtension, in order in es): then none of them, and the error
+	// wraps ErrFenced. On another error none of them is known to be
+	// published, as PublishBatch.
+	PublishFenced(ctx context.Context, topic, lock string, es []*event.Event) error
+}
+
+// Fenced publishes es to topic as Batch does, fenced by lock (see Fencer)
+// when pub is a Fencer and lock is not "", in one request that publishes
+// all of them or none.
+func Fenced(ctx context.Context, pub Publisher, topic, lock string, es []*event.Event) (int, error) {
+	if f, ok := pub.(Fencer); ok && lock != "" && len(es) > 0 {
+		if err := f.PublishFenced(ctx, topic, lock, es); err != nil {
+			return 0, err
+		}
+		return len(es), nil
+	}
+	return Batch(ctx, pub, topic, es)
 }
 
 // Batch publishes es to topic in their order: in one request when pub is a
@@ -111,6 +149,24 @@ func (p *Dapr) send(ctx context.Context, topic string, e *event.Event, meta map[
 // topic's stream in their order in one step (deploy/dapr/daprd/redisstreams,
 // change 11), each as Publish would, capped at MaxLen.
 func (p *Dapr) PublishBatch(ctx context.Context, topic string, es []*event.Event) error {
+	return p.bulk(ctx, topic, "", es)
+}
+
+// PublishFenced implements Fencer: PublishBatch's request, each entry
+// with its lock and token (metadata fenceLock, fenceToken), which
+// WorkManager's daprd checks against the topic's high-water mark of the
+// lock in the same step as it adds them.
+func (p *Dapr) PublishFenced(ctx context.Context, topic, lock string, es []*event.Event) error {
+	if lock == "" {
+		return errors.New("publish: a fenced publish without a lock")
+	}
+	return p.bulk(ctx, topic, lock, es)
+}
+
+// fencedReply starts the error of a request daprd's fence refused.
+const fencedReply = "WMFENCED"
+
+func (p *Dapr) bulk(ctx context.Context, topic, lock string, es []*event.Event) error {
 	var meta map[string]string
 	if p.MaxLen > 0 {
 		meta = maxLen(p.MaxLen)
@@ -123,13 +179,28 @@ func (p *Dapr) PublishBatch(ctx context.Context, topic string, es []*event.Event
 		}
 		// Metadata on each entry: daprd hands request metadata to the
 		// component only beside entries that have their own.
-		entries[i] = dapr.PublishEventsEvent{EntryID: strconv.Itoa(i), Data: body, ContentType: ContentType, Metadata: meta}
+		m := meta
+		if lock != "" {
+			tok, ok := e.Extensions()[FencingExtension].(string)
+			if !ok {
+				return fmt.Errorf("publish: fenced output %s has no %s extension", e.ID(), FencingExtension)
+			}
+			m = map[string]string{"fenceLock": lock, "fenceToken": tok}
+			for k, v := range meta {
+				m[k] = v
+			}
+		}
+		entries[i] = dapr.PublishEventsEvent{EntryID: strconv.Itoa(i), Data: body, ContentType: ContentType, Metadata: m}
 	}
 	if p.Propagator != nil {
 		ctx = tracing.InjectGRPC(ctx, p.Propagator)
 	}
 	if res := p.client.PublishEvents(ctx, p.pubsub, topic, entries); res.Error != nil {
-		return fmt.Errorf("publish %d events (%s first) to %s/%s: %w", len(es), es[0].ID(), p.pubsub, topic, res.Error)
+		err := res.Error
+		if strings.Contains(err.Error(), fencedReply) {
+			err = fmt.Errorf("%w (%w)", ErrFenced, err)
+		}
+		return fmt.Errorf("publish %d events (%s first) to %s/%s: %w", len(es), es[0].ID(), p.pubsub, topic, err)
 	}
 	return nil
 }
@@ -216,5 +287,18 @@ func (o observed) Publish(ctx context.Context, topic string, e *event.Event) err
 func (o observed) PublishBatch(ctx context.Context, topic string, es []*event.Event) error {
 	_, err := Batch(ctx, o.Publisher, topic, es)
 	o.observe(err)
+	return err
+}
+
+// PublishFenced implements Fencer when the observed Publisher does (else
+// it publishes as Batch, unfenced). A fence's refusal is the broker
+// answering: observed as a success.
+func (o observed) PublishFenced(ctx context.Context, topic, lock string, es []*event.Event) error {
+	_, err := Fenced(ctx, o.Publisher, topic, lock, es)
+	if errors.Is(err, ErrFenced) {
+		o.observe(nil)
+	} else {
+		o.observe(err)
+	}
 	return err
 }

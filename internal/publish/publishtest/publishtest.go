@@ -6,6 +6,8 @@ package publishtest
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -130,21 +132,72 @@ func (c *DaprClient) Calls() []DaprCall {
 	return append([]DaprCall(nil), c.calls...)
 }
 
-// Batching is a Recorder that is also a publish.Batcher: PublishBatch
-// keeps a whole batch in its order, or, when the Recorder's failure
-// refuses any of its events, none of it (as WorkManager's daprd). Every
-// request (Publish or PublishBatch) first waits for Gate when it is set,
-// and counts.
+// Batching is a Recorder that is also a publish.Batcher and a
+// publish.Fencer: PublishBatch keeps a whole batch in its order, or, when
+// the Recorder's failure refuses any of its events, none of it;
+// PublishFenced also refuses it (publish.ErrFenced) when a higher token of
+// its lock went out on its topic (Mark) — as WorkManager's daprd. Every
+// request (Publish, PublishBatch, PublishFenced) first waits for Gate when
+// it is set, and counts.
 type Batching struct {
 	Recorder
 	// Gate, when set, holds every request until it is closed.
 	Gate chan struct{}
 
 	bmu   sync.Mutex
-	sizes []int // events per request, in order
+	sizes []int             // events per request, in order
+	marks map[string]int64  // topic|lock → highest token published
+	locks map[string]string // topic → lock of its last fenced request
 }
 
-var _ publish.Batcher = (*Batching)(nil)
+var (
+	_ publish.Batcher = (*Batching)(nil)
+	_ publish.Fencer  = (*Batching)(nil)
+)
+
+// Mark records that an output of lock with fencing token tok went out on
+// topic (a later holder's, published by another node).
+func (p *Batching) Mark(topic, lock string, tok int64) {
+	p.bmu.Lock()
+	defer p.bmu.Unlock()
+	if p.marks == nil {
+		p.marks = map[string]int64{}
+	}
+	if tok > p.marks[topic+"|"+lock] {
+		p.marks[topic+"|"+lock] = tok
+	}
+}
+
+// PublishFenced implements publish.Fencer.
+func (p *Batching) PublishFenced(ctx context.Context, topic, lock string, es []*event.Event) error {
+	var low, high int64 = -1, -1
+	for _, e := range es {
+		s, _ := e.Extensions()[publish.FencingExtension].(string)
+		tok, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return fmt.Errorf("fenced output %s without a token: %q", e.ID(), s)
+		}
+		if low < 0 {
+			low = tok
+		}
+		high = tok
+	}
+	if err := p.wait(ctx); err != nil {
+		return err
+	}
+	p.bmu.Lock()
+	if m, ok := p.marks[topic+"|"+lock]; ok && low < m {
+		p.sizes = append(p.sizes, len(es))
+		p.bmu.Unlock()
+		return fmt.Errorf("token %d of %s on %s below %d: %w", low, lock, topic, m, publish.ErrFenced)
+	}
+	p.bmu.Unlock()
+	if err := p.publishBatch(topic, es); err != nil {
+		return err
+	}
+	p.Mark(topic, lock, high)
+	return nil
+}
 
 func (p *Batching) wait(ctx context.Context) error {
 	if p.Gate == nil {
@@ -174,6 +227,10 @@ func (p *Batching) PublishBatch(ctx context.Context, topic string, es []*event.E
 	if err := p.wait(ctx); err != nil {
 		return err
 	}
+	return p.publishBatch(topic, es)
+}
+
+func (p *Batching) publishBatch(topic string, es []*event.Event) error {
 	p.bmu.Lock()
 	p.sizes = append(p.sizes, len(es))
 	p.bmu.Unlock()

@@ -12,7 +12,7 @@ limitations under the License.
 */
 
 // Package redisstreams is components-contrib v1.14.0's pubsub/redis (Redis
-// streams), copied whole, with ten changes for WorkManager, each marked
+// streams), copied whole, with twelve changes for WorkManager, each marked
 // "WorkManager:" below:
 //
 //  1. XREADGROUP never blocks forever. Upstream passes readTimeout as BLOCK,
@@ -66,6 +66,17 @@ limitations under the License.
 //     nodes publish the outputs of a group's calls in fencing-token order
 //     in one request, where upstream's default bulk publisher sent each
 //     entry on its own goroutine, in any order (FeatureBulkPublish).
+//  12. A BulkPublish whose entries carry a fence (metadata fenceLock and
+//     fenceToken: the group lock an output was made under and its fencing
+//     token) is refused whole when the stream already took an output of
+//     that lock with a higher token (fenced: the stale holder's outputs
+//     never land after its successor's), checked and recorded in the same
+//     script as the XADDs. The lock's check in the node cannot close the
+//     gap between a passed check and the publish after it (a node paused
+//     there, SIGSTOP or a long GC stop, wakes and publishes late); the
+//     broker can. The high-water mark lives beside the stream, in the key
+//     "workmanager-fence|<stream>|<lock>", for fenceTTL after its last
+//     output; the fence fields are not stored with the entries.
 //
 // main.go registers it as "pubsub.redis" in place of the upstream one.
 package redisstreams
@@ -98,6 +109,18 @@ const (
 	queueDepth        = "queueDepth"
 	concurrency       = "concurrency"
 	maxLenApprox      = "maxLenApprox"
+
+	// WorkManager: change 12. The per-entry metadata of a fenced output,
+	// the prefix of its high-water mark's key, and how long the mark
+	// outlives the lock's last output on the stream: a holder paused
+	// between its lock check and its publish for longer than that is no
+	// longer refused (the keyed locks' own records expire after an hour).
+	fenceLock   = "fenceLock"
+	fenceToken  = "fenceToken"
+	fencePrefix = "workmanager-fence|"
+	fenceTTL    = time.Hour
+	// fencedReply starts the error of a refused request.
+	fencedReply = "WMFENCED"
 
 	// WorkManager: the BLOCK of XREADGROUP when readTimeout is unset (or not positive).
 	blockTimeout = 2 * time.Second
@@ -207,6 +230,16 @@ func (r *redisStreams) Init(ctx context.Context, metadata pubsub.Metadata) error
 func (r *redisStreams) Publish(ctx context.Context, req *pubsub.PublishRequest) error {
 	if r.closed.Load() {
 		return errors.New("component is closed")
+	}
+
+	// WorkManager: change 12. A fenced output goes through the script.
+	if _, ok := req.Metadata[fenceLock]; ok {
+		res, err := r.BulkPublish(ctx, &pubsub.BulkPublishRequest{PubsubName: req.PubsubName, Topic: req.Topic, Metadata: req.Metadata,
+			Entries: []pubsub.BulkMessageEntry{{EntryId: "0", Event: req.Data, ContentType: ptrOr(req.ContentType), Metadata: req.Metadata}}})
+		if err == nil && len(res.FailedEntries) > 0 {
+			err = res.FailedEntries[0].Error
+		}
+		return err
 	}
 
 	redisPayload := map[string]interface{}{"data": req.Data}
@@ -713,13 +746,28 @@ func (r *redisStreams) Features() []pubsub.Feature {
 }
 
 // bulkXAdd adds ARGV's entries to the stream KEYS[1] in their order, in
-// one atomic step: ARGV[1] is the approximate cap (0: none), then per
-// entry its data and its metadata ("" for none, written as Publish writes
-// it: no metadata field).
+// one atomic step: ARGV[1] is the approximate cap (0: none); ARGV[2] and
+// ARGV[3] the lowest and highest fencing token of the entries and ARGV[4]
+// the mark's TTL in ms when KEYS[2], the high-water mark of their lock on
+// this stream, is given (change 12: refused, nothing added, when the mark
+// is above the lowest token; else set to the highest); then per entry its
+// data and its metadata ("" for none, written as Publish writes it: no
+// metadata field). Tokens are compared as decimal strings, shorter first:
+// Lua's numbers are doubles.
 const bulkXAdd = `
+local function below(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+if KEYS[2] then
+  local mark = redis.call('GET', KEYS[2])
+  if mark and below(ARGV[2], mark) then
+    return redis.error_reply('` + fencedReply + ` token ' .. ARGV[2] .. ' of ' .. KEYS[2] .. ' is below ' .. mark .. ', already published')
+  end
+end
 local cap = tonumber(ARGV[1])
 local n = 0
-for i = 2, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   local args = {'XADD', KEYS[1]}
   if cap > 0 then
     table.insert(args, 'MAXLEN'); table.insert(args, '~'); table.insert(args, cap)
@@ -731,6 +779,11 @@ for i = 2, #ARGV, 2 do
   redis.call(unpack(args))
   n = n + 1
 end
+if KEYS[2] then
+  local mark = redis.call('GET', KEYS[2])
+  if not mark or below(mark, ARGV[3]) then mark = ARGV[3] end
+  redis.call('SET', KEYS[2], mark, 'PX', ARGV[4])
+end
 return n`
 
 // BulkPublish implements pubsub.BulkPublisher (change 11): every entry of
@@ -739,7 +792,8 @@ return n`
 // the failing XADD stay added (Redis does not roll a script back): a
 // retry may add them twice, never out of order. The stream's
 // cap is the first entry's maxLenApprox (else the request's, else the
-// component's), as Publish reads it.
+// component's), as Publish reads it. Entries with a fence (change 12)
+// must all name the same lock, tokens in order.
 func (r *redisStreams) BulkPublish(ctx context.Context, req *pubsub.BulkPublishRequest) (pubsub.BulkPublishResponse, error) {
 	failAll := func(err error) (pubsub.BulkPublishResponse, error) {
 		res := pubsub.BulkPublishResponse{FailedEntries: make([]pubsub.BulkPublishResponseFailedEntry, len(req.Entries))}
@@ -766,12 +820,16 @@ func (r *redisStreams) BulkPublish(ctx context.Context, req *pubsub.BulkPublishR
 		}
 		maxLen = n
 	}
-	args := make([]any, 0, 1+2*len(req.Entries))
-	args = append(args, maxLen)
+	keys, fence, err := fenceOf(req)
+	if err != nil {
+		return failAll(err)
+	}
+	args := make([]any, 0, 4+2*len(req.Entries))
+	args = append(args, maxLen, fence.low, fence.high, fenceTTL.Milliseconds())
 	for _, e := range req.Entries {
 		meta := ""
-		if e.Metadata != nil {
-			b, err := json.Marshal(e.Metadata)
+		if m := withoutFence(e.Metadata); m != nil {
+			b, err := json.Marshal(m)
 			if err != nil {
 				return failAll(err)
 			}
@@ -779,7 +837,7 @@ func (r *redisStreams) BulkPublish(ctx context.Context, req *pubsub.BulkPublishR
 		}
 		args = append(args, e.Event, meta)
 	}
-	n, evalErr, err := r.client.EvalInt(ctx, bulkXAdd, []string{req.Topic}, args...)
+	n, evalErr, err := r.client.EvalInt(ctx, bulkXAdd, keys, args...)
 	if err == nil {
 		err = evalErr
 	}
@@ -790,6 +848,75 @@ func (r *redisStreams) BulkPublish(ctx context.Context, req *pubsub.BulkPublishR
 		return failAll(fmt.Errorf("redis streams: error from bulk publish: %s", err))
 	}
 	return pubsub.BulkPublishResponse{}, nil
+}
+
+func ptrOr(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// fence is the fencing tokens of a request's entries (change 12).
+type fence struct{ low, high string }
+
+// fenceOf returns the script's keys for req (its stream, then its lock's
+// high-water mark when its entries carry a fence) and the entries' lowest
+// and highest token. Every entry must then carry one, of the same lock,
+// the tokens decimal and in order.
+func fenceOf(req *pubsub.BulkPublishRequest) ([]string, fence, error) {
+	keys := []string{req.Topic}
+	lock, ok := req.Entries[0].Metadata[fenceLock]
+	if !ok {
+		for _, e := range req.Entries {
+			if _, has := e.Metadata[fenceLock]; has {
+				return nil, fence{}, errors.New("redis streams: some entries of the request carry a fence and some do not")
+			}
+		}
+		return keys, fence{}, nil
+	}
+	if lock == "" {
+		return nil, fence{}, fmt.Errorf("redis streams: metadata %s is empty", fenceLock)
+	}
+	var f fence
+	var last int64 = -1
+	for i, e := range req.Entries {
+		if e.Metadata[fenceLock] != lock {
+			return nil, fence{}, fmt.Errorf("redis streams: entry %d is fenced by lock %q, the first by %q: one lock per request", i, e.Metadata[fenceLock], lock)
+		}
+		v := e.Metadata[fenceToken]
+		tok, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || tok < 0 || strconv.FormatInt(tok, 10) != v {
+			return nil, fence{}, fmt.Errorf("redis streams: entry %d: metadata %s=%q is not a non-negative decimal integer", i, fenceToken, v)
+		}
+		if tok < last {
+			return nil, fence{}, fmt.Errorf("redis streams: entry %d: fencing token %d after %d: a request's tokens must be in order", i, tok, last)
+		}
+		if i == 0 {
+			f.low = v
+		}
+		f.high, last = v, tok
+	}
+	return append(keys, fencePrefix+req.Topic+"|"+lock), f, nil
+}
+
+// withoutFence is m without the fence fields (not stored with an entry).
+func withoutFence(m map[string]string) map[string]string {
+	_, a := m[fenceLock]
+	_, b := m[fenceToken]
+	if !a && !b {
+		return m
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		if k != fenceLock && k != fenceToken {
+			out[k] = v
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 func (r *redisStreams) Ping(ctx context.Context) error {

@@ -385,3 +385,86 @@ func xrange(ctx context.Context, t *testing.T, r *redisStreams, stream string) [
 	}
 	return out
 }
+
+// TestFencedPublishRefusesAStaleToken is change 12: outputs fenced by a
+// lock are refused, whole request, when the stream already took a higher
+// token of that lock (a holder paused between its lock check and its
+// publish); equal tokens, other locks and other streams pass; the fence
+// fields are not stored.
+func TestFencedPublishRefusesAStaleToken(t *testing.T) {
+	addr := startRedis(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := NewRedisStreams(logger.NewLogger("test")).(*redisStreams)
+	if err := r.Init(ctx, pubsub.Metadata{Base: metadata.Base{Properties: map[string]string{"redisHost": addr}}}); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	bulk := func(topic, lock string, tokens ...int64) error {
+		req := &pubsub.BulkPublishRequest{Topic: topic}
+		for i, tok := range tokens {
+			req.Entries = append(req.Entries, pubsub.BulkMessageEntry{EntryId: strconv.Itoa(i), Event: []byte(strconv.FormatInt(tok, 10)),
+				Metadata: map[string]string{fenceLock: lock, fenceToken: strconv.FormatInt(tok, 10), maxLenApprox: "100000"}})
+		}
+		res, err := r.BulkPublish(ctx, req)
+		if err != nil && len(res.FailedEntries) != len(tokens) {
+			t.Fatalf("a failed request reports %d of %d entries failed", len(res.FailedEntries), len(tokens))
+		}
+		return err
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(bulk("out", "t/g", 9, 10, 10))
+	must(bulk("out", "t/g", 10, 12)) // the same token again: the same call
+	err := bulk("out", "t/g", 11, 13)
+	if err == nil || !strings.Contains(err.Error(), fencedReply) {
+		t.Fatalf("token 11 after 12: %v, want a %s refusal", err, fencedReply)
+	}
+	must(bulk("other", "t/g", 3))   // another stream has its own mark
+	must(bulk("out", "t/g2", 1))    // and another lock
+	must(bulk("out", "t/g", 1<<60)) // beyond a double's precision
+	if err := bulk("out", "t/g", 1<<60-1); err == nil {
+		t.Fatal("token 2^60-1 after 2^60 was taken")
+	}
+	// A single Publish with a fence goes through the same check.
+	one := func(tok string) error {
+		return r.Publish(ctx, &pubsub.PublishRequest{Topic: "out", Data: []byte(tok), Metadata: map[string]string{fenceLock: "t/g", fenceToken: tok}})
+	}
+	if err := one("5"); err == nil || !strings.Contains(err.Error(), fencedReply) {
+		t.Fatalf("a single stale publish: %v", err)
+	}
+	must(one(strconv.FormatInt(1<<60+1, 10)))
+
+	var got []string
+	for _, m := range xrange(ctx, t, r, "out") {
+		got = append(got, m["data"])
+		if strings.Contains(m["metadata"], fenceLock) {
+			t.Fatalf("fence stored with the entry: %s", m["metadata"])
+		}
+	}
+	want := []string{"9", "10", "10", "10", "12", "1", strconv.FormatInt(1<<60, 10), strconv.FormatInt(1<<60+1, 10)}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("stream holds %v, want %v", got, want)
+	}
+
+	// Bad fences are refused with what is wrong.
+	for name, req := range map[string]*pubsub.BulkPublishRequest{
+		"mixed":        {Topic: "out", Entries: []pubsub.BulkMessageEntry{{EntryId: "0", Event: []byte("x"), Metadata: map[string]string{fenceLock: "t/g", fenceToken: "20"}}, {EntryId: "1", Event: []byte("y")}}},
+		"two locks":    {Topic: "out", Entries: []pubsub.BulkMessageEntry{{EntryId: "0", Event: []byte("x"), Metadata: map[string]string{fenceLock: "t/g", fenceToken: "20"}}, {EntryId: "1", Event: []byte("y"), Metadata: map[string]string{fenceLock: "t/h", fenceToken: "20"}}}},
+		"backwards":    {Topic: "out", Entries: []pubsub.BulkMessageEntry{{EntryId: "0", Event: []byte("x"), Metadata: map[string]string{fenceLock: "t/g", fenceToken: "21"}}, {EntryId: "1", Event: []byte("y"), Metadata: map[string]string{fenceLock: "t/g", fenceToken: "20"}}}},
+		"not a number": {Topic: "out", Entries: []pubsub.BulkMessageEntry{{EntryId: "0", Event: []byte("x"), Metadata: map[string]string{fenceLock: "t/g", fenceToken: "0x10"}}}},
+	} {
+		if _, err := r.BulkPublish(ctx, req); err == nil {
+			t.Errorf("%s: taken", name)
+		} else {
+			t.Logf("%s: %v", name, err)
+		}
+	}
+	if n := len(xrange(ctx, t, r, "out")); n != len(want) {
+		t.Fatalf("%d entries after the bad requests, want %d", n, len(want))
+	}
+}
