@@ -50,10 +50,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 	}
 	// grouped-2nodes (one group served by two nodes) runs last: a second
 	// node joins the cluster for it, and stays.
-	modes := []string{"bare", "ungrouped", "native", "wasm", "grouped", "grouped-native", "keyed", "slow", "dotnet", "grouped-2nodes"}
+	modes := []string{"bare", "ungrouped", "native", "wasm", "grouped", "grouped-native", "keyed", "keyed-native", "slow", "dotnet", "grouped-2nodes"}
 	if m := os.Getenv("WM_BENCH_MODES"); m != "" { // e.g. "bare,native"
 		modes = strings.Split(m, ",")
-		known := []string{"bare", "bare-inproc", "ungrouped", "native", "wasm", "grouped", "grouped-native", "keyed", "slow", "dotnet", "grouped-2nodes"}
+		known := []string{"bare", "bare-inproc", "ungrouped", "native", "wasm", "grouped", "grouped-native", "keyed", "keyed-native", "slow", "dotnet", "grouped-2nodes"}
 		for _, mode := range modes {
 			if !slices.Contains(known, mode) {
 				b.Fatalf("WM_BENCH_MODES: unknown mode %q (%s)", mode, strings.Join(known, ", "))
@@ -160,15 +160,16 @@ func (e *env) benchTarget(b *testing.B, mode, in, out string) (int, func()) {
 	}
 	req := &pb.CreateWorkerRequest{Topic: in}
 	switch mode {
-	case "grouped", "grouped-native", "keyed", "grouped-2nodes":
-		// One group; "keyed": 64 keys of it (benchAttrs), run in parallel.
+	case "grouped", "grouped-native", "keyed", "keyed-native", "grouped-2nodes":
+		// One group; "keyed", "keyed-native": 64 keys of it (benchAttrs),
+		// run in parallel.
 		req.Group = "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-		if mode == "keyed" {
+		if strings.HasPrefix(mode, "keyed") {
 			req.GroupKey = "subject"
 		}
 	}
 	switch mode {
-	case "native", "grouped-native":
+	case "native", "grouped-native", "keyed-native":
 		req.MimeType = "application/x-native-dll"
 		req.Code = &pb.CodeSource{Source: &pb.CodeSource_Content{Content: nativePackageOf(b, "bench_echo.c", fmt.Sprintf(`-DOUT_TYPE="%s"`, out))}}
 	case "wasm":
@@ -197,10 +198,11 @@ func (e *env) benchTarget(b *testing.B, mode, in, out string) (int, func()) {
 	}
 }
 
-// benchAttrs adds the attributes a mode's events carry: "keyed" spreads
-// them over 64 subjects (its group's keys); nil for the others.
+// benchAttrs adds the attributes a mode's events carry: "keyed" and
+// "keyed-native" spread them over 64 subjects (its group's keys); nil for
+// the others.
 func benchAttrs(mode string) func(i int, ce map[string]any) {
-	if mode != "keyed" {
+	if !strings.HasPrefix(mode, "keyed") {
 		return nil
 	}
 	return func(i int, ce map[string]any) { ce["subject"] = "k" + strconv.Itoa(i%64) }
