@@ -40,6 +40,7 @@ type config struct {
 	PythonMaxConcurrency  int               // PYTHON_MAX_CONCURRENCY: events an async def worker runs at once (per worker: max_concurrency)
 	PythonMaxProcesses    int               // PYTHON_MAX_PROCESSES: runners a plain def worker gets on demand (per worker: max_processes)
 	PythonParkAfter       time.Duration     // PYTHON_PARK_AFTER: stop an idle worker's runners after this long without an event (0: never)
+	PythonSpares          int               // PYTHON_SPARE_RUNNERS: runners kept started ahead of need for the next create, start or reload (0: none)
 	ReconcileInterval     time.Duration     // RECONCILE_INTERVAL (0 disables)
 	ReconcileParallel     int               // RECONCILE_PARALLELISM: workers a reconcile brings up at a time
 	TemporalLease         time.Duration     // TEMPORAL_LEASE (0 disables)
@@ -124,6 +125,7 @@ func loadConfig() (config, error) {
 		PythonMaxConcurrency:  r.Int("PYTHON_MAX_CONCURRENCY", python.DefaultMaxConcurrency),
 		PythonMaxProcesses:    r.Int("PYTHON_MAX_PROCESSES", python.DefaultMaxProcesses),
 		PythonParkAfter:       r.Duration("PYTHON_PARK_AFTER", 0),
+		PythonSpares:          r.Int("PYTHON_SPARE_RUNNERS", 2),
 		ReconcileInterval:     r.Duration("RECONCILE_INTERVAL", 30*time.Second),
 		ReconcileParallel:     r.Int("RECONCILE_PARALLELISM", node.DefaultReconcileParallelism),
 		TemporalLease:         r.Duration("TEMPORAL_LEASE", 30*time.Second),
@@ -315,6 +317,8 @@ func (c config) validate() error {
 		return fmt.Errorf("DOTNET_CACHE_DIR must be an absolute path, got %q", c.DotnetCacheDir)
 	case c.PythonMaxConcurrency < 1 || c.PythonMaxConcurrency > python.MaxConcurrencyLimit:
 		return fmt.Errorf("PYTHON_MAX_CONCURRENCY must be 1 to %d, got %d", python.MaxConcurrencyLimit, c.PythonMaxConcurrency)
+	case c.PythonSpares < 0 || c.PythonSpares > python.MaxSpares:
+		return fmt.Errorf("PYTHON_SPARE_RUNNERS must be 0 (none) to %d, got %d", python.MaxSpares, c.PythonSpares)
 	case c.PythonParkAfter < 0:
 		return fmt.Errorf("PYTHON_PARK_AFTER must not be negative (0: runners are never parked), got %s", c.PythonParkAfter)
 	case c.DotnetParkAfter < 0:

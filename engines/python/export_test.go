@@ -45,3 +45,26 @@ func LiveProcesses(inst engines.Instance) int { return inst.(*Instance).pool.Liv
 func WaitRetireTick(inst engines.Instance) {
 	<-time.After(inst.(*Instance).e.cfg.IdleRetire / 4)
 }
+
+// SpareCount is how many spare runners e keeps ready (Config.Spares).
+func SpareCount(e *Engine) int { return e.spareCount() }
+
+// SparePIDs are the pids of e's ready spare runners.
+func SparePIDs(e *Engine) []int {
+	e.spareMu.Lock()
+	defer e.spareMu.Unlock()
+	var pids []int
+	for _, p := range e.spares.idle {
+		pids = append(pids, p.Pid)
+	}
+	return pids
+}
+
+// RunnerPIDs are the host pids of inst's runner processes.
+func RunnerPIDs(inst engines.Instance) []int {
+	var pids []int
+	for _, p := range inst.(*Instance).pool.Tracked() {
+		pids = append(pids, p.Pid)
+	}
+	return pids
+}

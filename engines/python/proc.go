@@ -26,6 +26,7 @@ import (
 // Frame kinds (see README.md and engines/internal/wire).
 const (
 	kindLoad         = wire.KindLoad   // worker source
+	kindSetup        = wire.KindSetup  // a spare runner's worker settings
 	kindEvent        = wire.KindEvent  // one CloudEvent, structured JSON
 	kindHello        = wire.KindHello  // runner started; payload sys.version
 	kindOK           = wire.KindOK     // code loaded
@@ -127,9 +128,21 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, interp stri
 	if len(code) > maxFrame {
 		return nil, fmt.Errorf("%w: the code is larger than %d bytes", engines.ErrInvalidCode, maxFrame)
 	}
-	p, err := e.spawn(spec, interp)
-	if err != nil {
-		return nil, err
+	// A spare runner (spare.go) said hello already: it gets the worker's
+	// settings, then the code.
+	var setup []byte
+	p := e.takeSpare(spec, interp)
+	if p != nil {
+		var err error
+		if setup, err = e.setupFrame(spec); err != nil {
+			p.Retire()
+			return nil, fmt.Errorf("python engine: %w", err)
+		}
+	} else {
+		var err error
+		if p, err = e.spawn(spec, interp); err != nil {
+			return nil, err
+		}
 	}
 	if pool != nil && !pool.Track(p) {
 		p.Retire()
@@ -140,13 +153,19 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, interp stri
 	p.wbuf.b = append(p.wbuf.b, code...)
 	var kind byte
 	var payload []byte
-	hello := false
+	var err error
+	hello := setup != nil
 	if !p.Arm(ctx, deadline) {
 		p.MarkTimedOut()
 		err = errProcessGone
 	} else {
-		err = p.writeFrame()
+		if setup != nil {
+			err = p.writeRaw(setup)
+		}
 		if err == nil {
+			err = p.writeFrame()
+		}
+		if err == nil && !hello {
 			kind, _, err = p.readFrame()
 			if err == nil && kind != kindHello {
 				err = fmt.Errorf("protocol error: expected a hello frame, got %q", kind)

@@ -36,7 +36,9 @@ const (
 	DefaultMaxBatch    = 16
 	DefaultSlowEvent   = 2 * time.Millisecond
 	DefaultParkTTL     = 30 * time.Second
-	DefaultParkMax     = 32
+	// MaxSpares bounds Config.Spares (PYTHON_SPARE_RUNNERS).
+	MaxSpares      = 16
+	DefaultParkMax = 32
 	// DefaultMaxConcurrency bounds the events an async def worker runs at
 	// once on its runner's event loop (PYTHON_MAX_CONCURRENCY).
 	DefaultMaxConcurrency = 16
@@ -158,6 +160,12 @@ type Config struct {
 	// ParkTTL negative turns it off.
 	ParkTTL time.Duration
 	ParkMax int
+	// Spares is how many runners the engine keeps started ahead of need,
+	// for no worker yet (spare.go, PYTHON_SPARE_RUNNERS): a create, start
+	// or reload takes one instead of starting an interpreter. Each is
+	// given to one worker once. 0 (the default here; the node's default
+	// is 2): none.
+	Spares int
 }
 
 // Engine is the Python engine. It is safe for concurrent use.
@@ -172,6 +180,9 @@ type Engine struct {
 	probeErr  error
 
 	parking procpool.Parking[procpool.Key, *proc]
+
+	spareMu sync.Mutex
+	spares  spareSet
 }
 
 var _ engines.Engine = (*Engine)(nil)
@@ -255,10 +266,12 @@ func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) erro
 	return nil
 }
 
-// Close retires the runners parked by Check (engines.Closer). Loaded
+// Close retires the runners parked by Check and the spares
+// (engines.Closer). Loaded
 // Instances are closed by their owners.
 func (e *Engine) Close() error {
 	e.parking.Close()
+	e.closeSpares()
 	return nil
 }
 

@@ -48,6 +48,7 @@ K_ERROR = ord("X")
 K_GATEWAY = ord("G")  # Python -> Go during an event: a gateway call
 K_GATEWAY_REPLY = ord("g")  # Go -> Python: its answer
 K_CANCEL = ord("C")  # Go -> Python, concurrent mode: cancel a call's task
+K_SETUP = ord("S")  # Go -> Python, before K_LOAD: a spare runner's worker settings
 
 # Concurrent mode (an async def worker with a max concurrency above 1): the
 # load's K carries b"async" and every later frame starts with a 4-byte tag
@@ -878,6 +879,19 @@ def _await_without_loop(aw):
     )
 
 
+def _setup(payload):
+    # A spare runner (started before its worker was known) learns its
+    # worker's settings before the code: the VIRTUFIN_WORKER_* variables
+    # (os.environ, so also the processes it may start) and how many events
+    # an async def worker runs at once. No reply: the load's answers.
+    global _max_concurrency
+    settings = json.loads(payload)
+    for key, value in settings.get("env", {}).items():
+        if key.startswith("VIRTUFIN_WORKER_"):
+            os.environ[key] = value
+    _max_concurrency = int(settings.get("max_concurrency", 1))
+
+
 def _load(source):
     global _process, _is_async, _loop
     text = source.decode("utf-8", "replace")
@@ -1273,6 +1287,8 @@ def main():
         if kind == K_EVENT:
             _flush_held()
             _handle_event(payload)
+        elif kind == K_SETUP and _process is None:
+            _setup(payload)
         elif kind == K_LOAD:
             _load(payload)
             if _concurrent:

@@ -22,6 +22,8 @@ const (
 // logger, the mark removed. exec.Cmd
 // writes to it from one goroutine; Tail may be called from others.
 type LineLogger struct {
+	// log and workerID may change once (Rebind), from another goroutine
+	// than the one writing: read under mu.
 	log      *slog.Logger
 	level    slog.Level
 	stream   string
@@ -67,16 +69,27 @@ func (l *LineLogger) Flush() {
 	}
 }
 
+// Rebind sends the lines from now on to log, as workerID's: a process
+// started before it was a worker's (a spare runner) gets its worker.
+func (l *LineLogger) Rebind(log *slog.Logger, workerID string) {
+	l.mu.Lock()
+	l.log, l.workerID = log, workerID
+	l.mu.Unlock()
+}
+
 func (l *LineLogger) emit(line []byte) {
 	line = bytes.TrimRight(line, "\r")
 	level, logger, line := splitLevelMark(line, l.level)
 	s := string(line)
+	l.mu.Lock()
+	log, workerID := l.log, l.workerID
+	l.mu.Unlock()
 	if logger != "" && logger != "root" {
-		l.log.LogAttrs(context.Background(), level, s,
-			slog.String("worker_id", l.workerID), slog.String("stream", l.stream), slog.String("logger", logger))
+		log.LogAttrs(context.Background(), level, s,
+			slog.String("worker_id", workerID), slog.String("stream", l.stream), slog.String("logger", logger))
 	} else {
-		l.log.LogAttrs(context.Background(), level, s,
-			slog.String("worker_id", l.workerID), slog.String("stream", l.stream))
+		log.LogAttrs(context.Background(), level, s,
+			slog.String("worker_id", workerID), slog.String("stream", l.stream))
 	}
 	if l.keepTail && len(bytes.TrimSpace(line)) > 0 {
 		if len(s) > tailWidth {

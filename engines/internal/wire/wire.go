@@ -20,6 +20,7 @@ import (
 // byte and the payload.
 const (
 	KindLoad   = 'L' // node -> child: the code to load
+	KindSetup  = 'S' // node -> child, before KindLoad: a spare runner's worker settings (Python)
 	KindEvent  = 'E' // node -> child: one CloudEvent, structured JSON
 	KindHello  = 'H' // child -> node: started; payload describes the runtime
 	KindOK     = 'K' // child -> node: code loaded

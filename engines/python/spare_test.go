@@ -1,0 +1,168 @@
+package python_test
+
+import (
+	"os"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/enginetest"
+	"github.com/virtufin/workmanager/engines/python"
+	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
+)
+
+// whoAmI answers with what its process is: pid, uid and its worker's
+// variables.
+const whoAmI = `
+import os
+
+def process(event):
+    return {"type": "who", "data": {"pid": os.getpid(), "uid": os.getuid(),
+        "id": os.environ.get("VIRTUFIN_WORKER_ID"), "topic": os.environ.get("VIRTUFIN_WORKER_TOPIC"),
+        "group": os.environ.get("VIRTUFIN_WORKER_GROUP")}}
+`
+
+type who struct {
+	PID, UID         int
+	ID, Topic, Group string
+}
+
+func ask(t *testing.T, inst engines.Instance) who {
+	t.Helper()
+	out, err := call(t, inst, enginetest.NewEvent("q", "ask", map[string]any{}, ""))
+	if err != nil || len(out) != 1 {
+		t.Fatalf("outputs %v, err %v", out, err)
+	}
+	var w who
+	if err := out[0].DataAs(&w); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// waitSpares waits until e keeps n spares ready and returns their pids.
+func waitSpares(t *testing.T, e *python.Engine, n int) []int {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if pids := python.SparePIDs(e); len(pids) == n {
+			return pids
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d spare runners ready after 30s, want %d", python.SpareCount(e), n)
+		}
+	}
+}
+
+func specOf(id string) engines.Spec {
+	s := testSpec
+	s.WorkerID, s.Topic, s.Group = id, "topic-"+id, "group-"+id
+	return s
+}
+
+// A spare runner serves one worker, once: it gets that worker's variables,
+// is never given to another worker (nor again after its worker closed it),
+// and a spare that died while it waited is never given out.
+func TestSpareRunnerServesOneWorkerOnce(t *testing.T) {
+	testSpareRunners(t, python.Config{Spares: 1})
+}
+
+// The same inside the OS sandbox: a spare runs under a user id of its own,
+// not the one of a worker loaded before.
+func TestSpareRunnerServesOneWorkerOnceSandboxed(t *testing.T) {
+	testSpareRunners(t, python.Config{Spares: 1, Sandbox: sandboxtest.Strict(t)})
+}
+
+func testSpareRunners(t *testing.T, cfg python.Config) {
+	e := newEngine(t, cfg)
+	a := load(t, e, specOf("a"), whoAmI) // no spare yet: its own runner
+	wa := ask(t, a)
+	pidA := only(t, a)
+	spare := waitSpares(t, e, 1)[0]
+
+	b := load(t, e, specOf("b"), whoAmI)
+	wb := ask(t, b)
+	if got := only(t, b); got != spare {
+		t.Fatalf("b runs in pid %d, want the spare %d", got, spare)
+	}
+	if wb.ID != "b" || wb.Topic != "topic-b" || wb.Group != "group-b" {
+		t.Fatalf("the spare's worker variables: %+v, want b's", wb)
+	}
+	if cfg.Sandbox != nil && wb.UID == wa.UID {
+		t.Fatalf("workers a and b share uid %d", wa.UID)
+	}
+	next := waitSpares(t, e, 1)[0]
+	if next == spare || next == pidA {
+		t.Fatalf("the next spare is pid %d: a runner given out before", next)
+	}
+	if err := b.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	c := load(t, e, specOf("c"), whoAmI)
+	if wc := ask(t, c); only(t, c) != next || wc.ID != "c" {
+		t.Fatalf("c runs in pid %d as %q, want the spare %d", only(t, c), wc.ID, next)
+	}
+	if err := syscall.Kill(spare, 0); err == nil {
+		t.Fatalf("b's runner (pid %d) still lives after b closed", spare)
+	}
+
+	// A spare killed while it waits is not given out.
+	dead := waitSpares(t, e, 1)[0]
+	p, err := os.FindProcess(dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); syscall.Kill(dead, 0) == nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the killed spare did not exit")
+		}
+	}
+	d := load(t, e, specOf("d"), whoAmI)
+	wd := ask(t, d)
+	if got := only(t, d); wd.ID != "d" || slices.Contains([]int{pidA, spare, next, dead}, got) {
+		t.Fatalf("d runs in pid %d as %q: a runner given out before, or the dead spare (%d)", got, wd.ID, dead)
+	}
+}
+
+// only is the host pid of inst's one runner.
+func only(t *testing.T, inst engines.Instance) int {
+	t.Helper()
+	pids := python.RunnerPIDs(inst)
+	if len(pids) != 1 {
+		t.Fatalf("runner pids %v, want one", pids)
+	}
+	return pids[0]
+}
+
+// An async def worker given a spare runs its events concurrently up to its
+// own max_concurrency (the setup frame), as one started for it.
+func TestSpareRunnerTakesTheWorkersConcurrency(t *testing.T) {
+	e := newEngine(t, python.Config{Spares: 1})
+	load(t, e, specOf("first"), whoAmI)
+	spare := waitSpares(t, e, 1)[0]
+	spec := specOf("async")
+	spec.MaxConcurrency = 3
+	inst := load(t, e, spec, asyncSleeper)
+	if got := only(t, inst); got != spare {
+		t.Fatalf("the async worker runs in pid %d, want the spare %d", got, spare)
+	}
+	ivs := runAtOnce(t, inst, 12)
+	if got := maxOverlap(ivs); got > 3 || got < 2 {
+		t.Fatalf("%d events ran at the same time with max_concurrency 3 on a spare, want 2..3", got)
+	}
+	if pids := python.SparePIDs(e); slices.Contains(pids, only(t, inst)) {
+		t.Fatal("the worker's runner is still listed as a spare")
+	}
+}
+
+func TestConformanceWithSpares(t *testing.T) {
+	enginetest.Run(t, enginetest.Harness{
+		Engine:   newEngine(t, python.Config{Spares: 2}),
+		MIMEType: python.MIMEType,
+		Fixtures: fixtures,
+	})
+}
