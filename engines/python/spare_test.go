@@ -19,14 +19,19 @@ const whoAmI = `
 import os
 
 def process(event):
+    status = [l for l in open("/proc/self/status").read().splitlines()
+              if l.split(":")[0] in ("Seccomp", "NoNewPrivs", "CapEff", "CapBnd")]
     return {"type": "who", "data": {"pid": os.getpid(), "uid": os.getuid(),
         "id": os.environ.get("VIRTUFIN_WORKER_ID"), "topic": os.environ.get("VIRTUFIN_WORKER_TOPIC"),
-        "group": os.environ.get("VIRTUFIN_WORKER_GROUP")}}
+        "group": os.environ.get("VIRTUFIN_WORKER_GROUP"), "layers": status, "env": sorted(os.environ)}}
 `
 
 type who struct {
 	PID, UID         int
 	ID, Topic, Group string
+	// Layers are the process's seccomp, no_new_privs and capability
+	// lines; Env its variables' names.
+	Layers, Env []string
 }
 
 func ask(t *testing.T, inst engines.Instance) who {
@@ -92,6 +97,14 @@ func testSpareRunners(t *testing.T, cfg python.Config) {
 	if cfg.Sandbox != nil && wb.UID == wa.UID {
 		t.Fatalf("workers a and b share uid %d", wa.UID)
 	}
+	// Sandboxed like a runner started for its worker: the same layers,
+	// the same variables.
+	if !slices.Equal(wa.Layers, wb.Layers) || !slices.Equal(wa.Env, wb.Env) {
+		t.Fatalf("a spare's process differs from one started for its worker:\n own   %v %v\n spare %v %v", wa.Layers, wa.Env, wb.Layers, wb.Env)
+	}
+	if cfg.Sandbox != nil && (wb.UID < 200000 || !slices.Contains(wb.Layers, "NoNewPrivs:\t1")) {
+		t.Fatalf("a spare outside the sandbox's user layer: uid %d, %v", wb.UID, wb.Layers)
+	}
 	next := waitSpares(t, e, 1)[0]
 	if next == spare || next == pidA {
 		t.Fatalf("the next spare is pid %d: a runner given out before", next)
@@ -120,6 +133,10 @@ func testSpareRunners(t *testing.T, cfg python.Config) {
 		if time.Now().After(deadline) {
 			t.Fatal("the killed spare did not exit")
 		}
+	}
+	// ...and its death touches no running worker.
+	if wc := ask(t, c); wc.ID != "c" {
+		t.Fatalf("c after a spare died: %+v", wc)
 	}
 	d := load(t, e, specOf("d"), whoAmI)
 	wd := ask(t, d)
