@@ -47,14 +47,12 @@ func WaitRetireTick(inst engines.Instance) {
 }
 
 // SpareCount is how many spare runners e keeps ready (Config.Spares).
-func SpareCount(e *Engine) int { return e.spareCount() }
+func SpareCount(e *Engine) int { return len(e.spares.Ready()) }
 
 // SparePIDs are the pids of e's ready spare runners.
 func SparePIDs(e *Engine) []int {
-	e.spareMu.Lock()
-	defer e.spareMu.Unlock()
 	var pids []int
-	for _, p := range e.spares.idle {
+	for _, p := range e.spares.Ready() {
 		pids = append(pids, p.Pid)
 	}
 	return pids

@@ -18,6 +18,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
+	"github.com/virtufin/workmanager/engines/internal/spares"
 	"github.com/virtufin/workmanager/engines/sandbox"
 )
 
@@ -181,8 +182,7 @@ type Engine struct {
 
 	parking procpool.Parking[procpool.Key, *proc]
 
-	spareMu sync.Mutex
-	spares  spareSet
+	spares spares.Set[*proc]
 }
 
 var _ engines.Engine = (*Engine)(nil)
@@ -233,6 +233,11 @@ func New(cfg Config) *Engine {
 	}
 	e := &Engine{cfg: cfg}
 	e.parking.TTL, e.parking.Max = cfg.ParkTTL, cfg.ParkMax
+	e.spares = spares.Set[*proc]{Want: cfg.Spares,
+		Start: func() (*proc, error) { return e.startSpare(e.spareInterp()) },
+		OnError: func(err error) {
+			cfg.Logger.Warn("python engine: a spare runner did not start; creates and starts start their own", "error", err)
+		}}
 	return e
 }
 
@@ -271,7 +276,7 @@ func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) erro
 // Instances are closed by their owners.
 func (e *Engine) Close() error {
 	e.parking.Close()
-	e.closeSpares()
+	e.spares.Close()
 	return nil
 }
 

@@ -1,0 +1,122 @@
+// Package spares owns the worker processes an engine starts ahead of
+// need, for no worker yet (the Python engine's spare runners, the .NET
+// engine's spare hosts): a create, start or reload takes a ready one
+// instead of waiting for a runtime to start. A spare is handed out once
+// and never taken back; one that died while it waited is retired, never
+// handed out. The next ones start in the background, one at a time.
+package spares
+
+import "sync"
+
+// Proc is what a Set needs of a process.
+type Proc interface {
+	// Exited reports whether the process has exited.
+	Exited() bool
+	// Healthy reports whether it can serve (no deadline or cancellation
+	// killed it).
+	Healthy() bool
+	// Retire kills and reaps it.
+	Retire()
+}
+
+// Set keeps Want processes ready. Its zero value with Want 0 keeps none.
+type Set[P Proc] struct {
+	// Want is how many to keep ready (0: none).
+	Want int
+	// Start starts one, ready to be handed out (called in the background,
+	// one at a time).
+	Start func() (P, error)
+	// OnError, when set, learns of a Start that failed: no more start
+	// until the next Take.
+	OnError func(error)
+
+	mu       sync.Mutex
+	idle     []P
+	starting bool
+	closed   bool
+}
+
+// Take hands out a ready process, or reports false when none is ready;
+// either way it starts the next ones in the background.
+func (s *Set[P]) Take() (P, bool) {
+	var zero P
+	if s.Want <= 0 {
+		return zero, false
+	}
+	var dead []P
+	s.mu.Lock()
+	p, ok := zero, false
+	for !ok && len(s.idle) > 0 {
+		c := s.idle[0]
+		s.idle = s.idle[1:]
+		if c.Exited() || !c.Healthy() {
+			dead = append(dead, c)
+			continue
+		}
+		p, ok = c, true
+	}
+	s.mu.Unlock()
+	for _, d := range dead {
+		d.Retire()
+	}
+	s.refill()
+	return p, ok
+}
+
+// refill starts processes in the background, one after another, until
+// Want are ready (or the Set is closed).
+func (s *Set[P]) refill() {
+	s.mu.Lock()
+	if s.starting || s.closed || len(s.idle) >= s.Want {
+		s.mu.Unlock()
+		return
+	}
+	s.starting = true
+	s.mu.Unlock()
+	go func() {
+		for {
+			p, err := s.Start()
+			s.mu.Lock()
+			switch {
+			case err != nil:
+				s.starting = false
+				s.mu.Unlock()
+				if s.OnError != nil {
+					s.OnError(err)
+				}
+				return
+			case s.closed:
+				s.starting = false
+				s.mu.Unlock()
+				p.Retire()
+				return
+			}
+			s.idle = append(s.idle, p)
+			if len(s.idle) >= s.Want {
+				s.starting = false
+				s.mu.Unlock()
+				return
+			}
+			s.mu.Unlock()
+		}
+	}()
+}
+
+// Close retires the ready processes and starts no more; one starting now
+// is retired once started.
+func (s *Set[P]) Close() {
+	s.mu.Lock()
+	idle := s.idle
+	s.idle, s.closed = nil, true
+	s.mu.Unlock()
+	for _, p := range idle {
+		p.Retire()
+	}
+}
+
+// Ready returns the processes ready now (tests).
+func (s *Set[P]) Ready() []P {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]P(nil), s.idle...)
+}
