@@ -22,6 +22,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
+	"github.com/virtufin/workmanager/engines/internal/spares"
 	"github.com/virtufin/workmanager/engines/sandbox"
 )
 
@@ -122,7 +123,15 @@ type Config struct {
 	// replaced. Default engines.DefaultMaxReplyBytes; builtin sets
 	// engines.ReplyLimit of the node's output limits.
 	MaxReplyBytes int
+	// Spares is how many hosts the engine keeps started ahead of need, for
+	// no worker yet (spare.go, DOTNET_SPARE_HOSTS): a create, start or
+	// reload takes one instead of starting the runtime. Each is given to
+	// one worker once. 0 (the default here; the node's default is 1): none.
+	Spares int
 }
+
+// MaxSpares bounds Config.Spares (DOTNET_SPARE_HOSTS).
+const MaxSpares = 16
 
 // Engine is the .NET engine. It is safe for concurrent use.
 type Engine struct {
@@ -138,6 +147,8 @@ type Engine struct {
 	// parking keeps the host a Check started for the Load of the same
 	// worker and code (procpool.Parking).
 	parking procpool.Parking[procpool.Key, *proc]
+
+	spares spares.Set[*proc]
 }
 
 // ParkTTL and ParkMax bound the hosts Check keeps for the following Load:
@@ -184,6 +195,10 @@ func New(cfg Config) *Engine {
 	}
 	e := &Engine{cfg: cfg}
 	e.parking.TTL, e.parking.Max = ParkTTL, ParkMax
+	e.spares = spares.Set[*proc]{Want: cfg.Spares, Start: e.startSpare,
+		OnError: func(err error) {
+			cfg.Logger.Warn("dotnet engine: a spare host did not start; creates and starts start their own", "error", err)
+		}}
 	if !cfg.NoLockdown && cfg.Sandbox != nil && cfg.Sandbox.Mode() != sandbox.Off {
 		lockdown := sandbox.LockdownProgram
 		if !cfg.Sandbox.HasNamespaces() {
@@ -243,9 +258,11 @@ func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) erro
 	return nil
 }
 
-// Close retires the hosts parked by Check (engines.Closer).
+// Close retires the hosts parked by Check and the spares
+// (engines.Closer).
 func (e *Engine) Close() error {
 	e.parking.Close()
+	e.spares.Close()
 	return nil
 }
 

@@ -23,6 +23,7 @@ import (
 // Frame kinds (host/Host.cs has the protocol).
 const (
 	kindLoad         = wire.KindLoad
+	kindSetup        = wire.KindSetup
 	kindEvent        = wire.KindEvent
 	kindHello        = wire.KindHello
 	kindOK           = wire.KindOK
@@ -47,6 +48,9 @@ type proc struct {
 	// JSON, encoded in place); rbuf the last frame read. Both are kept
 	// for the next call unless one big message grew them past keepBuf.
 	wbuf, rbuf []byte
+	// slot is a spare host's directory of worker files (spare.go); "" for
+	// a host started for its worker.
+	slot string
 }
 
 // keepBuf caps the frame buffers a host keeps between calls. A buffer up
@@ -108,9 +112,30 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, w *workerCo
 	if err != nil {
 		return nil, err
 	}
-	p, err := e.spawn(spec, rt, w)
-	if err != nil {
-		return nil, err
+	// A spare host (spare.go) said hello already: it gets the worker's
+	// files in its slot, its variables, then the load request.
+	var setup []byte
+	p := e.takeSpare(spec, rt)
+	if p != nil {
+		var ok bool
+		var onSpare *workerCode
+		if setup, ok = setupPayload(spec); ok {
+			if onSpare, err = onSlot(p, w); err != nil {
+				spec.Logger.Warn("dotnet engine: a spare host could not take the worker's files; starting a host for it", "worker_id", spec.WorkerID, "error", err)
+				ok = false
+			}
+		}
+		if ok {
+			w = onSpare
+		} else {
+			p.Retire()
+			p, setup = nil, nil
+		}
+	}
+	if p == nil {
+		if p, err = e.spawn(spec, rt, w.dir, nil); err != nil {
+			return nil, err
+		}
 	}
 	if pool != nil && !pool.Track(p) {
 		p.Retire()
@@ -123,14 +148,18 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, w *workerCo
 	}
 	var kind byte
 	var payload []byte
-	hello := false
+	hello := setup != nil
 	if !p.Arm(ctx, deadline) {
 		p.MarkTimedOut()
 		err = childproc.ErrGone
 	} else {
-		kind, payload, err = p.readFrame()
-		if err == nil && kind != kindHello {
-			err = fmt.Errorf("protocol error: expected a hello frame, got %q", kind)
+		if !hello {
+			kind, payload, err = p.readFrame()
+			if err == nil && kind != kindHello {
+				err = fmt.Errorf("protocol error: expected a hello frame, got %q", kind)
+			}
+		} else {
+			err = p.writeFrame(kindSetup, setup)
 		}
 		if err == nil {
 			hello = true
@@ -150,8 +179,10 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, w *workerCo
 	return nil, p.LoadFailure(ctx, names, hello, kind, payload, err, deadline.Sub(start))
 }
 
-// spawn starts a host process.
-func (e *Engine) spawn(spec engines.Spec, rt *runtime, w *workerCode) (*proc, error) {
+// spawn starts a host process that reads the worker's files from dir
+// (bound read-only into its sandbox); cleanup, when set, runs once the
+// process has exited.
+func (e *Engine) spawn(spec engines.Spec, rt *runtime, dir string, cleanup func()) (*proc, error) {
 	pipes, err := procpool.NewPipes()
 	if err != nil {
 		return nil, fmt.Errorf("dotnet engine: %w", err)
@@ -166,7 +197,7 @@ func (e *Engine) spawn(spec engines.Spec, rt *runtime, w *workerCode) (*proc, er
 	if e.cfg.Sandbox != nil {
 		cmd, release, err = e.cfg.Sandbox.Command(sandbox.Spec{
 			Owner: spec.WorkerID, Path: rt.mono, Args: args, Env: e.workerEnv(spec),
-			ReadOnly:   []string{"/etc/mono", rt.dir, w.dir},
+			ReadOnly:   []string{"/etc/mono", rt.dir, dir},
 			ExtraFiles: pipes.ChildEnds(),
 		})
 		if err != nil {
@@ -178,6 +209,15 @@ func (e *Engine) spawn(spec engines.Spec, rt *runtime, w *workerCode) (*proc, er
 		cmd = exec.Command(rt.mono, args...)
 		cmd.ExtraFiles = pipes.ChildEnds()
 		cmd.Env = append(os.Environ(), e.workerEnv(spec)...)
+	}
+	if cleanup != nil {
+		sandboxRelease := release
+		release = func() {
+			if sandboxRelease != nil {
+				sandboxRelease()
+			}
+			cleanup()
+		}
 	}
 	if err := p.Start(cmd, release, pipes); err != nil {
 		return nil, fmt.Errorf("dotnet engine: starting %s: %w", rt.mono, err)

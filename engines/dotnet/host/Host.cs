@@ -6,6 +6,7 @@
 // kind byte and the payload.
 //
 //   host -> node  'H' hello (runtime description)
+//   node -> host  'S' setup (a spare host, before 'L'): KEY=VALUE lines of its worker's VIRTUFIN_WORKER_* variables
 //   node -> host  'L' load: JSON {"assemblies": [paths], "probe": [dirs], "lockdown": base64 or absent}
 //   host -> node  'K' loaded, or 'X' error
 //   node -> host  'E' one CloudEvent, structured JSON
@@ -108,6 +109,7 @@ namespace Virtufin.WorkManager.Host
 
     internal static class Program
     {
+        const byte KindSetup = (byte)'S';
         const byte KindLoad = (byte)'L', KindEvent = (byte)'E', KindHello = (byte)'H', KindOK = (byte)'K',
             KindResult = (byte)'R', KindError = (byte)'X', KindGateway = (byte)'G', KindGatewayReply = (byte)'g';
         const int MaxFrame = 1 << 30;
@@ -128,6 +130,18 @@ namespace Virtufin.WorkManager.Host
             byte[] payload;
             if (!ReadFrame(out kind, out payload))
                 return 0;
+            if (kind == KindSetup)
+            {
+                // A spare host learns its worker's variables before the code.
+                foreach (var line in Utf8.GetString(payload).Split('\n'))
+                {
+                    int eq = line.IndexOf('=');
+                    if (eq > 0 && line.StartsWith("VIRTUFIN_WORKER_", StringComparison.Ordinal))
+                        Environment.SetEnvironmentVariable(line.Substring(0, eq), line.Substring(eq + 1));
+                }
+                if (!ReadFrame(out kind, out payload))
+                    return 0;
+            }
             if (kind != KindLoad)
             {
                 Console.Error.WriteLine("wmhost: protocol error: expected a load frame, got " + (char)kind);

@@ -1,0 +1,174 @@
+package dotnet
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/internal/childproc"
+)
+
+// Spare hosts (Config.Spares, DOTNET_SPARE_HOSTS; engines/internal/spares):
+// hosts started ahead of need, past their hello, for no worker yet, so
+// that a create, a start or a reload takes one instead of starting the
+// runtime inside the sandbox. A host reads its worker's files from a
+// directory bound read-only into its sandbox at its start; a spare's is an
+// empty slot of its own (<cache>/spares/slot-*), into which the worker's
+// files are hard-linked when it is taken, so that it sees that worker's
+// files and no other's. It then gets the worker's VIRTUFIN_WORKER_*
+// variables (a setup frame) and the load request, with the paths under the
+// slot. A spare is given to one worker, once, and never given back; it runs
+// under a user id of its own (the sandbox's anonymous lease); its slot is
+// removed when it exits.
+
+// takeSpare returns a ready spare host bound to spec's worker, or nil when
+// none is ready (Config.Spares 0: never); either way the next ones start
+// in the background.
+func (e *Engine) takeSpare(spec engines.Spec, rt *runtime) *proc {
+	if e.cfg.Spares <= 0 || rt != e.currentRuntime() {
+		return nil
+	}
+	p, ok := e.spares.Take()
+	if !ok {
+		return nil
+	}
+	p.Stdout.Rebind(spec.Logger, spec.WorkerID)
+	p.Stderr.Rebind(spec.Logger, spec.WorkerID)
+	return p
+}
+
+// currentRuntime is the runtime built by the first Check or Load (nil
+// before).
+func (e *Engine) currentRuntime() *runtime {
+	e.rtMu.Lock()
+	defer e.rtMu.Unlock()
+	return e.rt
+}
+
+// startSpare starts a host for no worker yet, on an empty slot, and reads
+// its hello.
+func (e *Engine) startSpare() (*proc, error) {
+	rt := e.currentRuntime()
+	if rt == nil {
+		return nil, fmt.Errorf("dotnet engine: spare host: no runtime yet")
+	}
+	parent := filepath.Join(e.cfg.CacheDir, "spares")
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return nil, fmt.Errorf("dotnet engine: spare host: %w", err)
+	}
+	slot, err := os.MkdirTemp(parent, "slot-")
+	if err != nil {
+		return nil, fmt.Errorf("dotnet engine: spare host: %w", err)
+	}
+	// Readable by the host's user id (MkdirTemp makes it 0700).
+	if err := os.Chmod(slot, 0o755); err != nil {
+		os.RemoveAll(slot)
+		return nil, fmt.Errorf("dotnet engine: spare host: %w", err)
+	}
+	p, err := e.spawn(engines.Spec{Logger: e.cfg.Logger}, rt, slot, func() { os.RemoveAll(slot) })
+	if err != nil {
+		return nil, err
+	}
+	p.slot = slot
+	ok := p.Arm(context.Background(), time.Now().Add(e.cfg.LoadTimeout))
+	if ok {
+		var kind byte
+		kind, _, err = p.readFrame()
+		if err == nil && kind != kindHello {
+			err = fmt.Errorf("protocol error: expected a hello frame, got %q", kind)
+		}
+		p.Disarm()
+	}
+	if !ok || err != nil || !p.Healthy() {
+		p.Retire()
+		return nil, fmt.Errorf("dotnet engine: spare host: no hello within %s: %v", e.cfg.LoadTimeout, err)
+	}
+	return p, nil
+}
+
+// onSlot gives spare p the files of w (hard links in its slot, copies
+// where a link cannot be made) and returns w with its paths in the slot.
+func onSlot(p *proc, w *workerCode) (*workerCode, error) {
+	if err := linkTree(w.dir, p.slot); err != nil {
+		return nil, fmt.Errorf("dotnet engine: spare host: %w", err)
+	}
+	move := func(paths []string) []string {
+		out := make([]string, len(paths))
+		for i, path := range paths {
+			if rel, err := filepath.Rel(w.dir, path); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+				path = filepath.Join(p.slot, rel)
+			}
+			out[i] = path
+		}
+		return out
+	}
+	return &workerCode{assemblies: move(w.assemblies), probe: move(w.probe), dir: p.slot}, nil
+}
+
+// linkTree makes dst (an existing, empty directory) hold src's directories
+// and regular files, each file a hard link or else a copy; anything else
+// in src (a symbolic link) is an error.
+func linkTree(src, dst string) error {
+	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil || rel == "." {
+			return err
+		}
+		to := filepath.Join(dst, rel)
+		switch {
+		case d.IsDir():
+			return os.Mkdir(to, 0o755)
+		case d.Type().IsRegular():
+			if os.Link(path, to) == nil {
+				return nil
+			}
+			return copyFile(path, to)
+		default:
+			return fmt.Errorf("%s is not a regular file or a directory", path)
+		}
+	})
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// setupFrame is the payload that gives a spare host spec's variables:
+// KEY=VALUE lines of the VIRTUFIN_WORKER_* variables. ok is false when a
+// value cannot go on a line (then no spare is used).
+func setupPayload(spec engines.Spec) ([]byte, bool) {
+	var b strings.Builder
+	for _, kv := range childproc.Env(spec, nil) {
+		if !strings.HasPrefix(kv, "VIRTUFIN_WORKER_") {
+			continue
+		}
+		if strings.ContainsAny(kv, "\n\x00") {
+			return nil, false
+		}
+		b.WriteString(kv)
+		b.WriteByte('\n')
+	}
+	return []byte(b.String()), true
+}

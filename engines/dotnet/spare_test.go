@@ -1,0 +1,183 @@
+package dotnet
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/enginetest"
+	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
+)
+
+// whoAmIWorker answers with its worker's variables, its user id and its
+// sandbox layers (lines of /proc/self/status).
+const whoAmIWorker = `
+using System;
+using System.IO;
+using System.Linq;
+using System.Threading.Tasks;
+using Virtufin.Worker;
+using Virtufin.Worker.Json;
+
+public class WhoAmI : IWorker
+{
+    public Task<CloudEvent> ProcessAsync(CloudEvent input)
+    {
+        var status = File.ReadAllLines("/proc/self/status");
+        var layers = string.Join("|", status.Where(l => l.StartsWith("Seccomp:") || l.StartsWith("NoNewPrivs:") || l.StartsWith("CapEff:")));
+        var uid = status.First(l => l.StartsWith("Uid:")).Split('\t')[1];
+        var data = new JsonObject {
+            ["id"] = Environment.GetEnvironmentVariable("VIRTUFIN_WORKER_ID"),
+            ["topic"] = Environment.GetEnvironmentVariable("VIRTUFIN_WORKER_TOPIC"),
+            ["uid"] = uid, ["layers"] = layers,
+        };
+        return Task.FromResult(new CloudEvent { Type = "who", DataContentType = "application/json", Data = data });
+    }
+}
+`
+
+type hostWho struct{ ID, Topic, UID, Layers string }
+
+func askHost(t *testing.T, inst engines.Instance) hostWho {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := inst.Process(ctx, enginetest.NewEvent("q", "ask", nil, ""))
+	if err != nil || len(out) != 1 {
+		t.Fatalf("outputs %v, err %v", out, err)
+	}
+	var w hostWho
+	if err := out[0].DataAs(&w); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func hostPID(t *testing.T, inst engines.Instance) int {
+	t.Helper()
+	procs := inst.(*Instance).pool.Tracked()
+	if len(procs) != 1 {
+		t.Fatalf("%d hosts, want one", len(procs))
+	}
+	return procs[0].Pid
+}
+
+func waitSpareHost(t *testing.T, e *Engine) *proc {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		if r := e.spares.Ready(); len(r) == 1 {
+			return r[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no spare host ready after 2 minutes")
+		}
+	}
+}
+
+func hostSpec(id string) engines.Spec {
+	return engines.Spec{WorkerID: id, Topic: "topic-" + id, MIMEType: MIMESource}
+}
+
+// A spare host serves one worker, once, sandboxed like a host started for
+// its worker: it sees that worker's variables and files (hard-linked into
+// its own slot, removed when it exits), never another's; a spare that died
+// while it waited is not given out.
+func TestSpareHostServesOneWorkerOnce(t *testing.T) {
+	testSpareHosts(t, Config{Spares: 1})
+}
+
+func TestSpareHostServesOneWorkerOnceSandboxed(t *testing.T) {
+	testSpareHosts(t, Config{Spares: 1, Sandbox: sandboxtest.Strict(t)})
+}
+
+func testSpareHosts(t *testing.T, cfg Config) {
+	e := newTestEngine(t, cfg)
+	t.Cleanup(func() { _ = e.Close() })
+	a := enginetest.Load(t, e, hostSpec("a"), []byte(whoAmIWorker))
+	wa := askHost(t, a)
+	spare := waitSpareHost(t, e)
+	if entries, err := os.ReadDir(spare.slot); err != nil || len(entries) != 0 {
+		t.Fatalf("a waiting spare's slot %s holds %v (%v), want nothing", spare.slot, entries, err)
+	}
+
+	b := enginetest.Load(t, e, hostSpec("b"), []byte(whoAmIWorker))
+	if got := hostPID(t, b); got != spare.Pid {
+		t.Fatalf("b runs in host %d, want the spare %d", got, spare.Pid)
+	}
+	wb := askHost(t, b)
+	if wb.ID != "b" || wb.Topic != "topic-b" {
+		t.Fatalf("the spare's variables: %+v, want b's", wb)
+	}
+	if wb.Layers != wa.Layers {
+		t.Fatalf("a spare's layers %q, a host started for its worker %q", wb.Layers, wa.Layers)
+	}
+	if cfg.Sandbox != nil && wb.UID == wa.UID {
+		t.Fatalf("workers a and b share uid %s", wa.UID)
+	}
+	if entries, _ := os.ReadDir(spare.slot); len(entries) == 0 {
+		t.Fatal("b's files are not in its spare's slot")
+	}
+	next := waitSpareHost(t, e)
+	if next.Pid == spare.Pid || next.slot == spare.slot {
+		t.Fatal("the next spare is the one given out")
+	}
+	if err := b.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(spare.slot); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("b's slot %s still there after b closed", spare.slot)
+		}
+	}
+
+	// A spare killed while it waits is not given out; running workers
+	// go on.
+	if err := syscall.Kill(next.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); !next.Exited(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the killed spare did not exit")
+		}
+	}
+	if w := askHost(t, a); w.ID != "a" {
+		t.Fatalf("a after a spare died: %+v", w)
+	}
+	c := enginetest.Load(t, e, hostSpec("c"), []byte(whoAmIWorker))
+	if got := hostPID(t, c); slices.Contains([]int{spare.Pid, next.Pid}, got) {
+		t.Fatalf("c runs in host %d: given out before, or dead", got)
+	}
+	if w := askHost(t, c); w.ID != "c" || !strings.Contains(w.Layers, "Seccomp") {
+		t.Fatalf("c: %+v", w)
+	}
+}
+
+// A package worker (its assemblies unpacked in the cache) runs on a spare
+// too: its files are linked into the slot and its paths moved there.
+func TestSpareHostRunsAPackage(t *testing.T) {
+	e := newTestEngine(t, Config{Spares: 1})
+	t.Cleanup(func() { _ = e.Close() })
+	pkg := buildPackage(t, e, "echo", "net48", fixture(t, "echo"))
+	enginetest.Load(t, e, hostSpec("first"), []byte(whoAmIWorker))
+	spare := waitSpareHost(t, e)
+	spec := hostSpec("pkg")
+	spec.MIMEType = MIMEPackage
+	inst := enginetest.Load(t, e, spec, pkg)
+	if got := hostPID(t, inst); got != spare.Pid {
+		t.Fatalf("the package runs in host %d, want the spare %d", got, spare.Pid)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := inst.Process(ctx, enginetest.NewEvent("e1", "t", map[string]any{"x": 1}, ""))
+	if err != nil || len(out) != 1 || out[0].Type() != "conformance.echo" {
+		t.Fatalf("outputs %v, err %v", out, err)
+	}
+}
