@@ -195,6 +195,14 @@ func New(cfg Config) *Engine {
 	}
 	e := &Engine{cfg: cfg}
 	e.parking.TTL, e.parking.Max = ParkTTL, ParkMax
+	if cfg.Spares > 0 && cfg.Sandbox != nil && cfg.Sandbox.SharesPaths() {
+		// A spare runs under a user id of its own: with paths shared
+		// read-write, a worker's files there would not be its other
+		// hosts'.
+		cfg.Logger.Info("dotnet engine: no spare hosts, as worker sandboxes share writable paths (SANDBOX_WRITABLE_PATHS)")
+		cfg.Spares = 0
+		e.cfg.Spares = 0
+	}
 	e.spares = spares.Set[*proc]{Want: cfg.Spares, Start: e.startSpare,
 		OnError: func(err error) {
 			cfg.Logger.Warn("dotnet engine: a spare host did not start; creates and starts start their own", "error", err)

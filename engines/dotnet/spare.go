@@ -40,6 +40,7 @@ func (e *Engine) takeSpare(spec engines.Spec, rt *runtime) *proc {
 	}
 	p.Stdout.Rebind(spec.Logger, spec.WorkerID)
 	p.Stderr.Rebind(spec.Logger, spec.WorkerID)
+	spec.Logger.Debug("dotnet engine: a spare host taken", "worker_id", spec.WorkerID, "pid", p.Pid)
 	return p
 }
 

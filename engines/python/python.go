@@ -233,6 +233,14 @@ func New(cfg Config) *Engine {
 	}
 	e := &Engine{cfg: cfg}
 	e.parking.TTL, e.parking.Max = cfg.ParkTTL, cfg.ParkMax
+	if cfg.Spares > 0 && cfg.Sandbox != nil && cfg.Sandbox.SharesPaths() {
+		// A spare runs under a user id of its own: with paths shared
+		// read-write, a worker's files there would not be its other
+		// processes'.
+		cfg.Logger.Info("python engine: no spare runners, as worker sandboxes share writable paths (SANDBOX_WRITABLE_PATHS)")
+		cfg.Spares = 0
+		e.cfg.Spares = 0
+	}
 	e.spares = spares.Set[*proc]{Want: cfg.Spares,
 		Start: func() (*proc, error) { return e.startSpare(e.spareInterp()) },
 		OnError: func(err error) {

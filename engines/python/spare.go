@@ -37,6 +37,7 @@ func (e *Engine) takeSpare(spec engines.Spec, interp string) *proc {
 	}
 	p.Stdout.Rebind(spec.Logger, spec.WorkerID)
 	p.Stderr.Rebind(spec.Logger, spec.WorkerID)
+	spec.Logger.Debug("python engine: a spare runner taken", "worker_id", spec.WorkerID, "pid", p.Pid)
 	return p
 }
 

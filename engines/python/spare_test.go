@@ -1,7 +1,10 @@
 package python_test
 
 import (
+	"fmt"
+	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"syscall"
 	"testing"
@@ -10,6 +13,7 @@ import (
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/engines/python"
+	"github.com/virtufin/workmanager/engines/sandbox"
 	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
 )
 
@@ -182,4 +186,47 @@ func TestConformanceWithSpares(t *testing.T) {
 		MIMEType: python.MIMEType,
 		Fixtures: fixtures,
 	})
+}
+
+// With paths shared read-write (SANDBOX_WRITABLE_PATHS), a worker's files
+// there are its user id's: every runner of one worker must run under it,
+// so the engine keeps no spares (which run under ids of their own), and a
+// second runner of the worker can append to the file its first made
+// (found by the integration tests: a spare's PermissionError).
+func TestNoSparesWhenSandboxesSharePaths(t *testing.T) {
+	// Outside /tmp, which each sandbox has a tmpfs of its own at.
+	dir, err := os.MkdirTemp("/var/tmp", "wm-spares-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	limits := sandbox.DefaultLimits
+	limits.FileSize = 16 << 20
+	sb := sandboxtest.New(t, sandbox.Config{Mode: sandbox.Strict, Log: slog.New(slog.DiscardHandler), Limits: limits, Writable: []string{dir}})
+	e := newEngine(t, python.Config{Spares: 1, Sandbox: sb})
+	appender := fmt.Sprintf(`
+import os
+
+def process(event):
+    with open(%q, "a") as f:
+        f.write("x")
+    return {"type": "done", "data": {"uid": os.getuid()}}
+`, filepath.Join(dir, "w.log"))
+	first := load(t, e, specOf("w"), appender)
+	if _, err := call(t, first, enginetest.NewEvent("1", "t", map[string]any{}, "")); err != nil {
+		t.Fatal(err)
+	}
+	// Where spares were kept, one would be ready well within this.
+	for deadline := time.Now().Add(3 * time.Second); python.SpareCount(e) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	}
+	second := load(t, e, specOf("w"), appender) // a reload: another runner
+	if _, err := call(t, second, enginetest.NewEvent("2", "t", map[string]any{}, "")); err != nil {
+		t.Fatalf("the worker's second runner cannot append to its own file: %v", err)
+	}
+	if n := python.SpareCount(e); n != 0 {
+		t.Fatalf("%d spares with shared paths, want none", n)
+	}
 }

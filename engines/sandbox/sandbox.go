@@ -363,6 +363,12 @@ func (s *Sandbox) probe(ctx context.Context) (string, error) {
 // (NoNamespacesLockdownProgram).
 func (s *Sandbox) HasNamespaces() bool { return s.namespaces }
 
+// SharesPaths reports whether worker processes get host paths bound
+// read-write (Config.Writable): files a worker makes there are its user
+// id's, so every process of one worker must run under that one id (no
+// spare processes, which run under ids of their own).
+func (s *Sandbox) SharesPaths() bool { return len(s.cfg.Writable) > 0 }
+
 // Layers reports the layers and whether each is on.
 func (s *Sandbox) Layers() []Layer { return append([]Layer(nil), s.layers...) }
 
@@ -710,7 +716,8 @@ func (s *Sandbox) bwrapArgs(worker bool, mounted string, readOnly []string, extr
 		a = append(append(a, parentDirs(p, made)...), "--ro-bind", p, p)
 	}
 	for _, p := range s.cfg.Writable {
-		a = append(a, "--bind", p, p)
+		// Its parents made traversable (bwrap would make them 0700, root's).
+		a = append(append(a, parentDirs(p, made)...), "--bind", p, p)
 	}
 	if worker {
 		// The worker's home and working directory: a tmpfs of its own, as

@@ -62,9 +62,10 @@ var cpOps = []string{"create", "create→msg", "load", "load→msg", "stop", "st
 // pick. With few samples p99 is the slowest. Run it with `make bench`
 // (-benchtime 1x).
 func BenchmarkControlPlane(b *testing.B) {
-	// WM_BENCH_NODE_ENV adds settings to the node, as for
-	// BenchmarkEndToEnd (e.g. PYTHON_SPARE_RUNNERS=0, the baseline).
-	e := newEnvWith(b, envConfig{nodeEnv: strings.Fields(os.Getenv("WM_BENCH_NODE_ENV"))})
+	// No shared writable path (which turns spare runners off), as a node
+	// installed by default; WM_BENCH_NODE_ENV adds settings to the node,
+	// as for BenchmarkEndToEnd (e.g. PYTHON_SPARE_RUNNERS=0, the baseline).
+	e := newEnvWith(b, envConfig{nodeEnv: append([]string{"SANDBOX_WRITABLE_PATHS="}, strings.Fields(os.Getenv("WM_BENCH_NODE_ENV"))...)})
 	c := &cpBench{e: e, b: b,
 		rounds: envInt("WM_CP_ROUNDS", 2), cycles: envInt("WM_CP_CYCLES", 1),
 		many: envInt("WM_CP_MANY", 100), clients: envInt("WM_CP_CLIENTS", 8),
