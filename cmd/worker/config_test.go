@@ -20,7 +20,8 @@ func TestConfigDefaultsAndBadValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.WorkerTimeout != 30*time.Second || c.MaxConcurrency != 8 || !c.RecoveryOnStart || c.BrokerProbe != 2*time.Second || c.BrokerReadyGrace != 15*time.Second || c.ReconcileParallel != 4 {
+	if c.WorkerTimeout != 30*time.Second || c.MaxConcurrency != 8 || !c.RecoveryOnStart || c.BrokerProbe != 2*time.Second || c.BrokerReadyGrace != 15*time.Second || c.ReconcileParallel != 4 ||
+		c.PythonSpares != 2 || c.DotnetSpares != 1 {
 		t.Fatalf("defaults: %+v", c)
 	}
 	for name, tc := range map[string]struct{ env, value, want string }{
@@ -31,6 +32,8 @@ func TestConfigDefaultsAndBadValues(t *testing.T) {
 		"no reconcile parallelism":  {"RECONCILE_PARALLELISM", "0", "RECONCILE_PARALLELISM must be 1 to 64, got 0"},
 		"stream cap too small":      {"STREAM_MAX_LEN", "500", "STREAM_MAX_LEN must be 0 (the pub/sub component's maxLenApprox applies) or at least 10000 entries, got 500"},
 		"temporal cert without tls": {"TEMPORAL_TLS_CERT_FILE", "/c.pem", "TEMPORAL_TLS_CERT_FILE is set but TEMPORAL_TLS is not true"},
+		"too many spare runners":    {"PYTHON_SPARE_RUNNERS", "99", "PYTHON_SPARE_RUNNERS must be 0 (none) to 16, got 99"},
+		"negative spare hosts":      {"DOTNET_SPARE_HOSTS", "-1", "DOTNET_SPARE_HOSTS must be 0 (none) to 16, got -1"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv(tc.env, tc.value)
