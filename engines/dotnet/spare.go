@@ -1,14 +1,12 @@
 package dotnet
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/childproc"
@@ -38,9 +36,7 @@ func (e *Engine) takeSpare(spec engines.Spec, rt *runtime) *proc {
 	if !ok {
 		return nil
 	}
-	p.Stdout.Rebind(spec.Logger, spec.WorkerID)
-	p.Stderr.Rebind(spec.Logger, spec.WorkerID)
-	spec.Logger.Debug("dotnet engine: a spare host taken", "worker_id", spec.WorkerID, "pid", p.Pid)
+	p.Adopt(spec, childproc.Names{Engine: "dotnet", Process: "host"})
 	return p
 }
 
@@ -77,18 +73,9 @@ func (e *Engine) startSpare() (*proc, error) {
 		return nil, err
 	}
 	p.slot = slot
-	ok := p.Arm(context.Background(), time.Now().Add(e.cfg.LoadTimeout))
-	if ok {
-		var kind byte
-		kind, _, err = p.readFrame()
-		if err == nil && kind != kindHello {
-			err = fmt.Errorf("protocol error: expected a hello frame, got %q", kind)
-		}
-		p.Disarm()
-	}
-	if !ok || err != nil || !p.Healthy() {
+	if err := p.AwaitHello(p.readFrame, e.cfg.LoadTimeout); err != nil {
 		p.Retire()
-		return nil, fmt.Errorf("dotnet engine: spare host: no hello within %s: %v", e.cfg.LoadTimeout, err)
+		return nil, fmt.Errorf("dotnet engine: spare host: %w", err)
 	}
 	return p, nil
 }

@@ -1,14 +1,12 @@
 package python
 
 import (
-	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/childproc"
@@ -35,9 +33,7 @@ func (e *Engine) takeSpare(spec engines.Spec, interp string) *proc {
 	if !ok {
 		return nil
 	}
-	p.Stdout.Rebind(spec.Logger, spec.WorkerID)
-	p.Stderr.Rebind(spec.Logger, spec.WorkerID)
-	spec.Logger.Debug("python engine: a spare runner taken", "worker_id", spec.WorkerID, "pid", p.Pid)
+	p.Adopt(spec, spareNames)
 	return p
 }
 
@@ -57,21 +53,15 @@ func (e *Engine) startSpare(interp string) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	ok := p.Arm(context.Background(), time.Now().Add(e.cfg.LoadTimeout))
-	if ok {
-		var kind byte
-		kind, _, err = p.readFrame()
-		if err == nil && kind != kindHello {
-			err = fmt.Errorf("protocol error: expected a hello frame, got %q", kind)
-		}
-		p.Disarm()
-	}
-	if !ok || err != nil || !p.Healthy() || p.pending() {
+	if err := p.AwaitHello(p.readFrame, e.cfg.LoadTimeout); err != nil || p.pending() {
 		p.Retire()
-		return nil, fmt.Errorf("python engine: spare runner: no hello within %s: %v", e.cfg.LoadTimeout, err)
+		return nil, fmt.Errorf("python engine: spare runner: %v", err)
 	}
 	return p, nil
 }
+
+// spareNames name a spare in the node's log.
+var spareNames = childproc.Names{Engine: "python", Process: "runner"}
 
 // setupFrame is the frame that gives a spare runner spec's settings.
 func (e *Engine) setupFrame(spec engines.Spec) ([]byte, error) {

@@ -377,14 +377,7 @@ func TestNextAcquireWaitsForAHoldBeingGivenUp(t *testing.T) {
 	if err := first.Check(ctx); err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *Lease, 1)
-	go func() {
-		ls, err := a.Acquire(ctx, "g", "a/2")
-		if err != nil {
-			t.Error(err)
-		}
-		got <- ls
-	}()
+	got := acquireLater(t, a.Locks, "g", "a/2")
 	<-waiting
 	if !first.Yield(ctx) {
 		t.Fatal("Yield with a caller waiting did not yield")
@@ -404,13 +397,7 @@ func TestNextAcquireWaitsForAHoldBeingGivenUp(t *testing.T) {
 			t.Fatal("the linger did not end")
 		}
 	}
-	go func() {
-		ls, err := a.Acquire(ctx, "g", "a/3")
-		if err != nil {
-			t.Error(err)
-		}
-		got <- ls
-	}()
+	got = acquireLater(t, a.Locks, "g", "a/3")
 	select {
 	case third := <-got:
 		t.Fatalf("acquired token %d while token %d of the hold given up was still publishing", third.Token, first.Token)
@@ -422,4 +409,18 @@ func TestNextAcquireWaitsForAHoldBeingGivenUp(t *testing.T) {
 		t.Fatalf("third lease %+v, want one of the next block", third)
 	}
 	mustRelease(t, third)
+}
+
+// acquireLater acquires group for holder on l in the background; the
+// lease comes on the channel (nil on an error, which fails t).
+func acquireLater(t *testing.T, l *Locks, group, holder string) chan *Lease {
+	got := make(chan *Lease, 1)
+	go func() {
+		ls, err := l.Acquire(context.Background(), group, holder)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- ls
+	}()
+	return got
 }

@@ -327,3 +327,32 @@ func Env(spec engines.Spec, extra []string, base ...string) []string {
 		"VIRTUFIN_WORKER_TOPIC="+spec.Topic,
 	)
 }
+
+// Adopt gives a spare process, started for no worker yet, to spec's
+// worker: its output is logged as that worker's from now on.
+func (p *Proc) Adopt(spec engines.Spec, n Names) {
+	p.Stdout.Rebind(spec.Logger, spec.WorkerID)
+	p.Stderr.Rebind(spec.Logger, spec.WorkerID)
+	spec.Logger.Debug(n.Engine+" engine: a spare "+n.Process+" taken", "worker_id", spec.WorkerID, "pid", p.Pid)
+}
+
+// AwaitHello reads the hello frame of a child just started, with read (the
+// engine's frame reader), within timeout; on any failure the child is
+// killed and the error says what came instead.
+func (p *Proc) AwaitHello(read func() (byte, []byte, error), timeout time.Duration) error {
+	var err error
+	ok := p.Arm(context.Background(), time.Now().Add(timeout))
+	if ok {
+		var kind byte
+		kind, _, err = read()
+		if err == nil && kind != wire.KindHello {
+			err = fmt.Errorf("protocol error: expected a hello frame, got %q", kind)
+		}
+		p.Disarm()
+	}
+	if !ok || err != nil || !p.Healthy() {
+		p.Kill()
+		return fmt.Errorf("no hello within %s: %v", timeout, err)
+	}
+	return nil
+}

@@ -313,14 +313,7 @@ func TestAMessageReadForAClosedSubscriptionIsGivenBack(t *testing.T) {
 // order in one request), with its metadata, capped like Publish; daprd
 // uses it only because Features says so.
 func TestBulkPublishKeepsTheOrder(t *testing.T) {
-	addr := startRedis(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	r := NewRedisStreams(logger.NewLogger("test")).(*redisStreams)
-	if err := r.Init(ctx, pubsub.Metadata{Base: metadata.Base{Properties: map[string]string{"redisHost": addr}}}); err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	ctx, r := newStreams(t)
 	if !pubsub.FeatureBulkPublish.IsPresent(r.Features()) {
 		t.Fatal("FeatureBulkPublish not advertised: daprd would fall back to its unordered publisher")
 	}
@@ -392,14 +385,7 @@ func xrange(ctx context.Context, t *testing.T, r *redisStreams, stream string) [
 // publish); equal tokens, other locks and other streams pass; the fence
 // fields are not stored.
 func TestFencedPublishRefusesAStaleToken(t *testing.T) {
-	addr := startRedis(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	r := NewRedisStreams(logger.NewLogger("test")).(*redisStreams)
-	if err := r.Init(ctx, pubsub.Metadata{Base: metadata.Base{Properties: map[string]string{"redisHost": addr}}}); err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	ctx, r := newStreams(t)
 	bulk := func(topic, lock string, tokens ...int64) error {
 		req := &pubsub.BulkPublishRequest{Topic: topic}
 		for i, tok := range tokens {
@@ -467,4 +453,19 @@ func TestFencedPublishRefusesAStaleToken(t *testing.T) {
 	if n := len(xrange(ctx, t, r, "out")); n != len(want) {
 		t.Fatalf("%d entries after the bad requests, want %d", n, len(want))
 	}
+}
+
+// newStreams is the component on a Redis of the test's own, closed when
+// the test ends, and a context bounded by a minute.
+func newStreams(t *testing.T) (context.Context, *redisStreams) {
+	t.Helper()
+	addr := startRedis(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	r := NewRedisStreams(logger.NewLogger("test")).(*redisStreams)
+	if err := r.Init(ctx, pubsub.Metadata{Base: metadata.Base{Properties: map[string]string{"redisHost": addr}}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return ctx, r
 }
