@@ -143,7 +143,7 @@ func copyFile(from, to string) error {
 	return out.Close()
 }
 
-// setupFrame is the payload that gives a spare host spec's variables:
+// setupPayload is what gives a spare host spec's variables (a setup frame):
 // KEY=VALUE lines of the VIRTUFIN_WORKER_* variables. ok is false when a
 // value cannot go on a line (then no spare is used).
 func setupPayload(spec engines.Spec) ([]byte, bool) {
