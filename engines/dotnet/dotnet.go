@@ -148,7 +148,7 @@ type Engine struct {
 	// worker and code (procpool.Parking).
 	parking procpool.Parking[procpool.Key, *proc]
 
-	spares spares.Set[*proc]
+	spares *spares.Set[*proc]
 }
 
 // ParkTTL and ParkMax bound the hosts Check keeps for the following Load:
@@ -195,18 +195,7 @@ func New(cfg Config) *Engine {
 	}
 	e := &Engine{cfg: cfg}
 	e.parking.TTL, e.parking.Max = ParkTTL, ParkMax
-	if cfg.Spares > 0 && cfg.Sandbox != nil && cfg.Sandbox.SharesPaths() {
-		// A spare runs under a user id of its own: with paths shared
-		// read-write, a worker's files there would not be its other
-		// hosts'.
-		cfg.Logger.Info("dotnet engine: no spare hosts, as worker sandboxes share writable paths (SANDBOX_WRITABLE_PATHS)")
-		cfg.Spares = 0
-		e.cfg.Spares = 0
-	}
-	e.spares = spares.Set[*proc]{Want: cfg.Spares, Start: e.startSpare,
-		OnError: func(err error) {
-			cfg.Logger.Warn("dotnet engine: a spare host did not start; creates and starts start their own", "error", err)
-		}}
+	e.spares = spares.New(cfg.Spares, cfg.Sandbox, e.startSpare, cfg.Logger, "dotnet engine: a spare host")
 	if !cfg.NoLockdown && cfg.Sandbox != nil && cfg.Sandbox.Mode() != sandbox.Off {
 		lockdown := sandbox.LockdownProgram
 		if !cfg.Sandbox.HasNamespaces() {

@@ -114,28 +114,11 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, w *workerCo
 	}
 	// A spare host (spare.go) said hello already: it gets the worker's
 	// files in its slot, its variables, then the load request.
-	var setup []byte
-	p := e.takeSpare(spec, rt)
+	p, onSpare, setup := e.takeSpare(spec, w)
 	if p != nil {
-		var ok bool
-		var onSpare *workerCode
-		if setup, ok = setupPayload(spec); ok {
-			if onSpare, err = onSlot(p, w); err != nil {
-				spec.Logger.Warn("dotnet engine: a spare host could not take the worker's files; starting a host for it", "worker_id", spec.WorkerID, "error", err)
-				ok = false
-			}
-		}
-		if ok {
-			w = onSpare
-		} else {
-			p.Retire()
-			p, setup = nil, nil
-		}
-	}
-	if p == nil {
-		if p, err = e.spawn(spec, rt, w.dir, nil); err != nil {
-			return nil, err
-		}
+		w = onSpare
+	} else if p, err = e.spawn(spec, rt, w.dir, nil); err != nil {
+		return nil, err
 	}
 	if pool != nil && !pool.Track(p) {
 		p.Retire()

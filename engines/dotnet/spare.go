@@ -25,19 +25,29 @@ import (
 // under a user id of its own (the sandbox's anonymous lease); its slot is
 // removed when it exits.
 
-// takeSpare returns a ready spare host bound to spec's worker, or nil when
-// none is ready (Config.Spares 0: never); either way the next ones start
-// in the background.
-func (e *Engine) takeSpare(spec engines.Spec, rt *runtime) *proc {
-	if e.cfg.Spares <= 0 || rt != e.currentRuntime() {
-		return nil
-	}
+// takeSpare returns a ready spare host given to spec's worker, w moved
+// into its slot (onSlot) and the setup payload with the worker's
+// variables; a nil host when none is ready (Config.Spares 0: never) or the
+// one taken could not take the worker (then retired). Either way the next
+// ones start in the background.
+func (e *Engine) takeSpare(spec engines.Spec, w *workerCode) (*proc, *workerCode, []byte) {
 	p, ok := e.spares.Take()
 	if !ok {
-		return nil
+		return nil, nil, nil
+	}
+	setup, ok := setupPayload(spec)
+	if !ok {
+		p.Retire()
+		return nil, nil, nil
+	}
+	onSpare, err := onSlot(p, w)
+	if err != nil {
+		spec.Logger.Warn("dotnet engine: a spare host could not take the worker's files; starting a host for it", "worker_id", spec.WorkerID, "error", err)
+		p.Retire()
+		return nil, nil, nil
 	}
 	p.Adopt(spec, childproc.Names{Engine: "dotnet", Process: "host"})
-	return p
+	return p, onSpare, setup
 }
 
 // currentRuntime is the runtime built by the first Check or Load (nil

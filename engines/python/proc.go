@@ -130,15 +130,8 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, interp stri
 	}
 	// A spare runner (spare.go) said hello already: it gets the worker's
 	// settings, then the code.
-	var setup []byte
-	p := e.takeSpare(spec, interp)
-	if p != nil {
-		var err error
-		if setup, err = e.setupFrame(spec); err != nil {
-			p.Retire()
-			return nil, fmt.Errorf("python engine: %w", err)
-		}
-	} else {
+	p, setup := e.takeSpare(spec)
+	if p == nil {
 		var err error
 		if p, err = e.spawn(spec, interp); err != nil {
 			return nil, err

@@ -182,7 +182,7 @@ type Engine struct {
 
 	parking procpool.Parking[procpool.Key, *proc]
 
-	spares spares.Set[*proc]
+	spares *spares.Set[*proc]
 }
 
 var _ engines.Engine = (*Engine)(nil)
@@ -233,19 +233,8 @@ func New(cfg Config) *Engine {
 	}
 	e := &Engine{cfg: cfg}
 	e.parking.TTL, e.parking.Max = cfg.ParkTTL, cfg.ParkMax
-	if cfg.Spares > 0 && cfg.Sandbox != nil && cfg.Sandbox.SharesPaths() {
-		// A spare runs under a user id of its own: with paths shared
-		// read-write, a worker's files there would not be its other
-		// processes'.
-		cfg.Logger.Info("python engine: no spare runners, as worker sandboxes share writable paths (SANDBOX_WRITABLE_PATHS)")
-		cfg.Spares = 0
-		e.cfg.Spares = 0
-	}
-	e.spares = spares.Set[*proc]{Want: cfg.Spares,
-		Start: func() (*proc, error) { return e.startSpare(e.spareInterp()) },
-		OnError: func(err error) {
-			cfg.Logger.Warn("python engine: a spare runner did not start; creates and starts start their own", "error", err)
-		}}
+	e.spares = spares.New(cfg.Spares, cfg.Sandbox, func() (*proc, error) { return e.startSpare(e.spareInterp()) },
+		cfg.Logger, "python engine: a spare runner")
 	return e
 }
 

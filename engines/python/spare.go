@@ -22,19 +22,17 @@ import (
 // concurrency) and code, and is never given back; it runs under a user id
 // of its own (the sandbox's anonymous lease), not its worker's.
 
-// takeSpare returns a ready spare runner bound to spec's worker, or nil
-// when none is ready (Config.Spares 0: never); either way the next ones
-// start in the background.
-func (e *Engine) takeSpare(spec engines.Spec, interp string) *proc {
-	if e.cfg.Spares <= 0 || interp != e.spareInterp() {
-		return nil
-	}
+// takeSpare returns a ready spare runner given to spec's worker, and the
+// setup frame that gives it the worker's settings; nil when none is ready
+// (Config.Spares 0: never). Either way the next ones start in the
+// background.
+func (e *Engine) takeSpare(spec engines.Spec) (*proc, []byte) {
 	p, ok := e.spares.Take()
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	p.Adopt(spec, spareNames)
-	return p
+	return p, e.setupFrame(spec)
 }
 
 // spareInterp is the interpreter spares run: the engine's (resolved once).
@@ -64,25 +62,22 @@ func (e *Engine) startSpare(interp string) (*proc, error) {
 var spareNames = childproc.Names{Engine: "python", Process: "runner"}
 
 // setupFrame is the frame that gives a spare runner spec's settings.
-func (e *Engine) setupFrame(spec engines.Spec) ([]byte, error) {
+func (e *Engine) setupFrame(spec engines.Spec) []byte {
 	env := map[string]string{}
 	for _, kv := range childproc.Env(spec, nil) {
 		if k, v, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "VIRTUFIN_WORKER_") {
 			env[k] = v
 		}
 	}
-	payload, err := json.Marshal(struct {
+	payload, _ := json.Marshal(struct { // strings and an int: cannot fail
 		Env            map[string]string `json:"env"`
 		MaxConcurrency int               `json:"max_concurrency"`
 	}{env, e.maxConcurrency(spec)})
-	if err != nil {
-		return nil, err
-	}
 	f := make([]byte, headerSize, headerSize+len(payload))
 	f[4] = kindSetup
 	f = append(f, payload...)
 	binary.LittleEndian.PutUint32(f, uint32(len(payload)))
-	return f, nil
+	return f
 }
 
 // writeRaw writes a whole frame (header filled in) to the runner.

@@ -126,11 +126,7 @@ func testSpareRunners(t *testing.T, cfg python.Config) {
 
 	// A spare killed while it waits is not given out.
 	dead := waitSpares(t, e, 1)[0]
-	p, err := os.FindProcess(dead)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Signal(syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(dead, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(10 * time.Second); syscall.Kill(dead, 0) == nil; time.Sleep(5 * time.Millisecond) {

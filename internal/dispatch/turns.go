@@ -54,17 +54,9 @@ func (d *Dispatcher) publishInTurn(ctx context.Context, w *worker, j *job, outs 
 	q.mu.Unlock()
 	lease.Yield(ctx)
 
-	// Wait for this call's turn, or for an earlier turn to take it.
-	tctx, cancel := context.WithCancel(ctx)
-	go func() {
-		select {
-		case <-me.done:
-			cancel()
-		case <-tctx.Done():
-		}
-	}()
-	err := lease.Turn(tctx)
-	cancel()
+	// Wait for this call's turn, or for an earlier turn to take it (and
+	// close me.done once published).
+	err := lease.TurnUnless(ctx, me.done)
 	q.mu.Lock()
 	if me.taken {
 		q.mu.Unlock()
@@ -141,6 +133,12 @@ func (d *Dispatcher) publishTurns(ctx context.Context, batch []*turn) {
 		}
 		return first
 	}
+	// The broker refuses a request when a later holder of the lock
+	// already published to its topic (this node paused after its Check).
+	lock := batch[0].j.lease.Group
+	if d.cfg.UnsafeNoFencing {
+		lock = ""
+	}
 	for k, topic := range topics {
 		from := unpublished(k, 0)
 		if !d.cfg.UnsafeNoFencing {
@@ -155,12 +153,6 @@ func (d *Dispatcher) publishTurns(ctx context.Context, batch []*turn) {
 		run := make([]*event.Event, len(es))
 		for i, e := range es {
 			run[i] = e.o
-		}
-		// The broker refuses them when a later holder of the lock already
-		// published to topic (this node paused after its Check).
-		lock := batch[0].j.lease.Group
-		if d.cfg.UnsafeNoFencing {
-			lock = ""
 		}
 		n, err := publish.Fenced(ctx, d.Pub, topic, lock, run)
 		for _, e := range es[:n] {

@@ -117,8 +117,8 @@ func (h *hold) end(token int64) {
 }
 
 // waitLive waits until done says yes about the live list (under h.mu), or
-// ctx ends.
-func (h *hold) waitLive(ctx context.Context, done func(live []int64) bool) error {
+// ctx ends (its error), or stop is closed (ErrTurnStopped; nil: never).
+func (h *hold) waitLive(ctx context.Context, stop <-chan struct{}, done func(live []int64) bool) error {
 	for {
 		h.mu.Lock()
 		if done(h.live) {
@@ -134,6 +134,8 @@ func (h *hold) waitLive(ctx context.Context, done func(live []int64) bool) error
 		case <-ch:
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-stop:
+			return ErrTurnStopped
 		}
 	}
 }
@@ -141,7 +143,7 @@ func (h *hold) waitLive(ctx context.Context, done func(live []int64) bool) error
 // idle waits until every lease of the hold is released (a yielded one
 // may still be publishing), or ctx ends.
 func (h *hold) idle(ctx context.Context) error {
-	return h.waitLive(ctx, func(live []int64) bool { return len(live) == 0 })
+	return h.waitLive(ctx, nil, func(live []int64) bool { return len(live) == 0 })
 }
 
 // Yield lets the next caller of this process waiting for the group start
@@ -173,7 +175,16 @@ func (ls *Lease) Yield(ctx context.Context) bool {
 // order even when leases yielded (Yield). Without Yield it returns at
 // once.
 func (ls *Lease) Turn(ctx context.Context) error {
-	return ls.h.waitLive(ctx, func(live []int64) bool { return len(live) == 0 || live[0] >= ls.Token })
+	return ls.TurnUnless(ctx, nil)
+}
+
+// ErrTurnStopped: TurnUnless's stop was closed before the turn came.
+var ErrTurnStopped = errors.New("grouplock: the wait for the turn was stopped")
+
+// TurnUnless is Turn that also ends, with ErrTurnStopped, once stop is
+// closed (an earlier lease took this one's side effects over).
+func (ls *Lease) TurnUnless(ctx context.Context, stop <-chan struct{}) error {
+	return ls.h.waitLive(ctx, stop, func(live []int64) bool { return len(live) == 0 || live[0] >= ls.Token })
 }
 
 // Later returns the tokens of the hold's leases after this one that are

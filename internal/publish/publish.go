@@ -163,8 +163,14 @@ func (p *Dapr) PublishFenced(ctx context.Context, topic, lock string, es []*even
 	return p.bulk(ctx, topic, lock, es)
 }
 
-// fencedReply starts the error of a request daprd's fence refused.
-const fencedReply = "WMFENCED"
+// The per-entry metadata of a fenced output, and the start of the error
+// of a request daprd's fence refused (deploy/dapr/daprd/redisstreams,
+// change 12).
+const (
+	fenceLockKey  = "fenceLock"
+	fenceTokenKey = "fenceToken"
+	fencedReply   = "WMFENCED"
+)
 
 func (p *Dapr) bulk(ctx context.Context, topic, lock string, es []*event.Event) error {
 	var meta map[string]string
@@ -185,7 +191,7 @@ func (p *Dapr) bulk(ctx context.Context, topic, lock string, es []*event.Event) 
 			if !ok {
 				return fmt.Errorf("publish: fenced output %s has no %s extension", e.ID(), FencingExtension)
 			}
-			m = map[string]string{"fenceLock": lock, "fenceToken": tok}
+			m = map[string]string{fenceLockKey: lock, fenceTokenKey: tok}
 			for k, v := range meta {
 				m[k] = v
 			}

@@ -6,7 +6,12 @@
 // handed out. The next ones start in the background, one at a time.
 package spares
 
-import "sync"
+import (
+	"log/slog"
+	"sync"
+
+	"github.com/virtufin/workmanager/engines/sandbox"
+)
 
 // Proc is what a Set needs of a process.
 type Proc interface {
@@ -34,6 +39,21 @@ type Set[P Proc] struct {
 	idle     []P
 	starting bool
 	closed   bool
+}
+
+// New keeps want processes (the engine's setting) ready, started by
+// start, and logs the starts that fail; what names them ("python engine:
+// a spare runner"). None when sb shares writable paths: a spare runs
+// under a user id of its own, so a worker's files there would not be
+// writable by all its processes.
+func New[P Proc](want int, sb *sandbox.Sandbox, start func() (P, error), log *slog.Logger, what string) *Set[P] {
+	if want > 0 && sb != nil && sb.SharesPaths() {
+		log.Info(what + ": none kept, as worker sandboxes share writable paths (SANDBOX_WRITABLE_PATHS)")
+		want = 0
+	}
+	return &Set[P]{Want: want, Start: start, OnError: func(err error) {
+		log.Warn(what+" did not start; creates and starts start their own", "error", err)
+	}}
 }
 
 // Take hands out a ready process, or reports false when none is ready;

@@ -750,7 +750,8 @@ func (r *redisStreams) Features() []pubsub.Feature {
 // ARGV[3] the lowest and highest fencing token of the entries and ARGV[4]
 // the mark's TTL in ms when KEYS[2], the high-water mark of their lock on
 // this stream, is given (change 12: refused, nothing added, when the mark
-// is above the lowest token; else set to the highest); then per entry its
+// is above the lowest token; else set to the highest, which is then at
+// least the mark: fenceOf checks that the tokens are in order); then per entry its
 // data and its metadata ("" for none, written as Publish writes it: no
 // metadata field). Tokens are compared as decimal strings, shorter first:
 // Lua's numbers are doubles.
@@ -780,9 +781,7 @@ for i = 5, #ARGV, 2 do
   n = n + 1
 end
 if KEYS[2] then
-  local mark = redis.call('GET', KEYS[2])
-  if not mark or below(mark, ARGV[3]) then mark = ARGV[3] end
-  redis.call('SET', KEYS[2], mark, 'PX', ARGV[4])
+  redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
 end
 return n`
 
