@@ -344,6 +344,24 @@ type Concurrent interface {
 // batched workers get as many (2 batches of 16).
 const InProcessCalls = 32
 
+// Lender is an optional feature of an Instance whose outputs can point
+// into memory the worker owns instead of being copied out of it (the
+// native engine's in-process response buffer): ProcessLent is Process,
+// except that the outputs' data (DataEncoded) and their event contexts —
+// those it returns and those of an ErrorAnswer — stay valid only until
+// the Loan is returned, and the caller must return it exactly once, after
+// its last use of them (a nil Loan: nothing to return). Attribute strings
+// are Go strings a caller may keep. An Instance does not finish closing
+// while a Loan of it is out.
+type Lender interface {
+	ProcessLent(ctx context.Context, in *event.Event) ([]event.Event, Loan, error)
+}
+
+// Loan is what a Lender's outputs point into; Return gives it back.
+type Loan interface {
+	Return()
+}
+
 // ErrGivenBack is wrapped by Process for a call that was still waiting for
 // a process when its ctx's give-back channel closed (WithGiveBack): the
 // worker never saw the event.

@@ -4,11 +4,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/virtufin/workmanager/engines/internal/fbevent"
+	"hash/maphash"
 	"net/url"
 	"strconv"
+	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/virtufin/workmanager/engines/internal/fbevent"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
@@ -32,7 +35,20 @@ func (e *encoder) encode(ev *event.Event) ([]byte, error) { return e.Encode(ev) 
 // gives a *WorkerError, never a crash or a big allocation: verifyResponse
 // checks every offset, length and count against buf before anything is
 // read or allocated.
-func decodeResponse(buf []byte, limit int) (out []event.Event, err error) {
+func decodeResponse(buf []byte, limit int) ([]event.Event, error) {
+	return decodeInto(buf, limit, nil)
+}
+
+// decodeLent is decodeResponse for outputs lent out of buf
+// (engines.Lender): their data is not copied but points into buf, and a
+// single output and its context are put in l, so buf must stay as it is
+// and l unused until the outputs are returned. Their attribute strings
+// are Go strings, as decodeResponse's.
+func decodeLent(buf []byte, limit int, l *oneOutput) ([]event.Event, error) {
+	return decodeInto(buf, limit, l)
+}
+
+func decodeInto(buf []byte, limit int, l *oneOutput) (out []event.Event, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			out, err = nil, &WorkerError{Message: fmt.Sprintf("malformed response (%d bytes): %v", len(buf), r)}
@@ -51,13 +67,13 @@ func decodeResponse(buf []byte, limit int) (out []event.Event, err error) {
 		}
 		return nil, &WorkerError{Message: fmt.Sprintf("malformed response (%d bytes): %v", len(buf), err)}
 	}
-	return decodeVerified(buf)
+	return decodeVerified(buf, l)
 }
 
 // decodeVerified decodes a buffer verifyResponse accepted. The buffer is
 // read where it is (native memory for an in-process worker): only what
-// the outputs keep is copied out of it.
-func decodeVerified(buf []byte) ([]event.Event, error) {
+// the outputs keep is copied out of it (with a loan, l, not their data).
+func decodeVerified(buf []byte, l *oneOutput) ([]event.Event, error) {
 	r := fbTableAt(buf, int(binary.LittleEndian.Uint32(buf)))
 	if msg := r.bytes(slotResponseError); msg != nil {
 		// The worker's own error answer (the ABI: a worker.error event,
@@ -66,18 +82,18 @@ func decodeVerified(buf []byte) ([]event.Event, error) {
 		if m == "" {
 			m = "the worker reported a failure with an empty error_message"
 		}
-		outs, err := decodeOutputs(buf, r)
+		outs, err := decodeOutputs(buf, r, l)
 		if err != nil {
 			return nil, err
 		}
 		return nil, &engines.ErrorAnswer{Message: m, Outputs: outs}
 	}
-	return decodeOutputs(buf, r)
+	return decodeOutputs(buf, r, l)
 }
 
 // decodeOutputs decodes the result_event and result_events of r, the
-// response table.
-func decodeOutputs(buf []byte, r fbTable) ([]event.Event, error) {
+// response table (lent from l's buffer when l is not nil).
+func decodeOutputs(buf []byte, r fbTable, l *oneOutput) ([]event.Event, error) {
 	first := r.ref(slotResponseEvent)
 	n, start := r.vector(slotResponseEvents)
 	total := n
@@ -91,21 +107,24 @@ func decodeOutputs(buf []byte, r fbTable) ([]event.Event, error) {
 	// output, two for more.
 	var out []event.Event
 	var boxes []v1Box
-	if total == 1 {
+	switch {
+	case total == 1 && l != nil:
+		out, boxes = l.ev[:0], l.box[:]
+	case total == 1:
 		one := new(oneOutput)
 		out, boxes = one.ev[:0], one.box[:]
-	} else {
+	default:
 		out, boxes = make([]event.Event, 0, total), make([]v1Box, total)
 	}
 	if first != 0 {
-		ev, err := decodeEvent(fbTableAt(buf, first), &boxes[0])
+		ev, err := decodeEvent(fbTableAt(buf, first), &boxes[0], l != nil)
 		if err != nil {
 			return nil, outputError(0, err)
 		}
 		out = append(out, ev)
 	}
 	for j := range n {
-		ev, err := decodeEvent(r.elem(start, j), &boxes[len(out)])
+		ev, err := decodeEvent(r.elem(start, j), &boxes[len(out)], l != nil)
 		if err != nil {
 			return nil, outputError(len(out), err)
 		}
@@ -186,10 +205,11 @@ type v1Box struct {
 	ct, subject string
 }
 
-// decodeEvent copies one output event; a 1.0 event's context is built in
-// box. Outputs need a type; id and source may be empty (the dispatcher
-// fills them in).
-func decodeEvent(ce fbTable, box *v1Box) (event.Event, error) {
+// decodeEvent copies one output event (its data only when lend is false:
+// then it points into the buffer); a 1.0 event's context is built in box.
+// Outputs need a type; id and source may be empty (the dispatcher fills
+// them in).
+func decodeEvent(ce fbTable, box *v1Box, lend bool) (event.Event, error) {
 	typ := ce.bytes(slotEventType)
 	if len(typ) == 0 {
 		return event.Event{}, fmt.Errorf(`missing required attribute "type"`)
@@ -198,19 +218,32 @@ func decodeEvent(ce fbTable, box *v1Box) (event.Event, error) {
 	var dataCopy []byte
 	switch sv := string(ce.bytes(slotEventSpecversion)); sv {
 	case "", event.CloudEventsVersionV1:
-		// Built directly, with the data and every string copied into one
-		// allocation: the setters cost an allocation or two each. The
-		// data comes first, so that only the strings' part of the slab is
+		// Built directly, with the data (unless lent) and the id and
+		// subject copied into one allocation, the type and content type
+		// interned: the setters cost an allocation or two each. The data
+		// comes first, so that only the strings' part of the slab is
 		// zeroed before it is overwritten (make and copy together), and
-		// capped: appending to DataEncoded reallocates instead of
-		// overwriting the strings.
+		// capped, as lent data is: appending to DataEncoded reallocates
+		// instead of overwriting the strings or the worker's buffer.
 		id, ct, subject, data := ce.bytes(slotEventID), ce.bytes(slotEventDatacontenttype), ce.bytes(slotEventSubject), ce.bytes(slotEventData)
-		slab := make([]byte, len(data)+len(id)+len(typ)+len(ct)+len(subject))
-		copy(slab, data)
-		if data != nil {
-			dataCopy = slab[:len(data):len(data)]
+		var slab []byte
+		off := 0
+		switch {
+		case lend:
+			if data != nil {
+				dataCopy = data[:len(data):len(data)]
+			}
+			if n := len(id) + len(subject); n > 0 {
+				slab = make([]byte, n)
+			}
+		default:
+			slab = make([]byte, len(data)+len(id)+len(subject))
+			copy(slab, data)
+			if data != nil {
+				dataCopy = slab[:len(data):len(data)]
+			}
+			off = len(data)
 		}
-		off := len(data)
 		str := func(b []byte) string {
 			if len(b) == 0 {
 				return ""
@@ -223,9 +256,9 @@ func decodeEvent(ce fbTable, box *v1Box) (event.Event, error) {
 		// The box is zeroed memory: only what is set is written (a
 		// composite assignment would copy all of it).
 		c1 := &box.ctx
-		c1.ID, c1.Type = str(id), str(typ)
+		c1.ID, c1.Type = str(id), intern(typ)
 		if len(ct) > 0 {
-			box.ct = str(ct)
+			box.ct = intern(ct)
 			c1.DataContentType = &box.ct
 		}
 		if len(subject) > 0 {
@@ -321,4 +354,33 @@ func urlCause(err error) error {
 		return ue.Err
 	}
 	return err
+}
+
+// internSlots holds recent short attribute values (output types, content
+// types: a worker uses few) as Go strings, so that an output's type costs
+// no allocation when an earlier output had the same one. A slot is a
+// hash's: a new value replaces the one there. Strings are immutable, so
+// sharing one between workers shares nothing but its value.
+var internSlots [256]atomic.Pointer[string]
+
+var internSeed = maphash.MakeSeed()
+
+// maxInterned bounds what intern keeps.
+const maxInterned = 64
+
+// intern is string(b), taken from internSlots when it is there.
+func intern(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	if len(b) > maxInterned {
+		return string(b)
+	}
+	slot := &internSlots[maphash.Bytes(internSeed, b)%uint64(len(internSlots))]
+	if p := slot.Load(); p != nil && *p == string(b) {
+		return *p
+	}
+	s := string(b)
+	slot.Store(&s)
+	return s
 }

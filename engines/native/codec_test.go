@@ -100,7 +100,7 @@ func TestDecodeForgedLengths(t *testing.T) {
 			buf := append([]byte(nil), good...)
 			binary.LittleEndian.PutUint32(buf[i:], v)
 			if err := verifyResponse(buf, 1<<20); err == nil {
-				if _, derr := decodeVerified(buf); derr != nil {
+				if _, derr := decodeVerified(buf, nil); derr != nil {
 					var werr *WorkerError
 					if !errors.As(derr, &werr) && !errors.Is(derr, engines.ErrWorkerFailed) {
 						t.Fatalf("word %d = %#x: %v", i, v, derr)
@@ -161,7 +161,7 @@ func FuzzDecodeResponse(f *testing.F) {
 			}
 			return
 		}
-		out, _ := decodeVerified(buf)
+		out, _ := decodeVerified(buf, nil)
 		if len(out) > len(buf)/4+1 {
 			t.Fatalf("%d events from %d bytes", len(out), len(buf))
 		}

@@ -68,6 +68,7 @@ type callSlot struct {
 var (
 	_ engines.Instance   = (*inprocInstance)(nil)
 	_ engines.Concurrent = (*inprocInstance)(nil)
+	_ engines.Lender     = (*inprocInstance)(nil)
 )
 
 // MaxCalls implements engines.Concurrent: engines.InProcessCalls, so that
@@ -157,11 +158,18 @@ type pcall struct {
 	// evSource and evID name the event in the crash journal.
 	evSource, evID string
 	slots          loader.CallSlots
-	result         []event.Event
-	err            error
-	state          atomic.Int32  // callRunning, callDone or callAbandoned
-	done           chan struct{} // buffered: the native side never blocks
-	timer          *time.Timer
+	// lend: the caller takes the outputs lent (ProcessLent); lent: they
+	// are, and c is their loan (a single output's context is in one,
+	// the worker's buffer is respBuf) until it is returned.
+	lend    bool
+	lent    bool
+	one     oneOutput
+	respBuf uintptr
+	result  []event.Event
+	err     error
+	state   atomic.Int32  // callRunning, callDone or callAbandoned
+	done    chan struct{} // buffered: the native side never blocks
+	timer   *time.Timer
 }
 
 const (
@@ -178,6 +186,7 @@ var callPool = sync.Pool{New: func() any {
 
 func putCall(c *pcall) {
 	c.in, c.slot, c.input, c.result, c.err = nil, nil, nil, nil, nil
+	c.lend, c.lent, c.one, c.respBuf = false, false, oneOutput{}, 0
 	c.evSource, c.evID = "", ""
 	callPool.Put(c)
 }
@@ -218,23 +227,38 @@ func runner(c *pcall) {
 // the native call keeps running (it cannot be interrupted) and its result is
 // dropped when it returns.
 func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event.Event, error) {
+	out, _, err := in.process(ctx, ev, false)
+	return out, err
+}
+
+// ProcessLent implements engines.Lender: Process without copying the
+// outputs' data out of the worker's response buffer, which the worker's
+// FreeResult frees only when the Loan is returned. The buffer is the
+// worker's until then, as the ABI promises (FreeResult, once, after the
+// host is done with it).
+func (in *inprocInstance) ProcessLent(ctx context.Context, ev *event.Event) ([]event.Event, engines.Loan, error) {
+	return in.process(ctx, ev, true)
+}
+
+func (in *inprocInstance) process(ctx context.Context, ev *event.Event, lend bool) ([]event.Event, engines.Loan, error) {
 	if ev == nil {
-		return nil, errors.New("native engine: nil event")
+		return nil, nil, errors.New("native engine: nil event")
 	}
 	if n := int(in.abandoned.Load()); n >= in.e.cfg.MaxAbandonedCalls {
-		return nil, &WorkerError{Message: fmt.Sprintf("%d earlier calls of this worker timed out and are still running in native code "+
+		return nil, nil, &WorkerError{Message: fmt.Sprintf("%d earlier calls of this worker timed out and are still running in native code "+
 			"(each holds a thread; the limit is %d): no new call until one of them returns; "+
 			"code that can hang belongs in process isolation (\"isolation\": \"process\")", n, in.e.cfg.MaxAbandonedCalls)}
 	}
 	if !in.enter() {
-		return nil, ErrClosed
+		return nil, nil, ErrClosed
 	}
 	c := callPool.Get().(*pcall)
+	c.lend = lend
 	var err error
 	if c.input, err = c.enc.encode(ev); err != nil {
 		in.calls.Done()
 		putCall(c)
-		return nil, err
+		return nil, nil, err
 	}
 	wait := in.timeout
 	if dl, ok := ctx.Deadline(); ok {
@@ -245,7 +269,7 @@ func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event
 	if wait <= 0 || ctx.Err() != nil {
 		in.calls.Done()
 		putCall(c)
-		return nil, engines.ContextError(ctx, "native", "before the call started")
+		return nil, nil, engines.ContextError(ctx, "native", "before the call started")
 	}
 	select {
 	case c.slot = <-in.slots:
@@ -253,7 +277,7 @@ func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event
 		if c.slot, err = in.waitSlot(ctx, c.timer, &wait); err != nil {
 			in.calls.Done()
 			putCall(c)
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	c.in = in
@@ -284,10 +308,10 @@ func (in *inprocInstance) Process(ctx context.Context, ev *event.Event) ([]event
 	in.log.Warn("native worker call abandoned; the call keeps running in native code",
 		"worker_id", in.spec.WorkerID, "reason", why, "after", wait)
 	if why == "timeout" {
-		return nil, fmt.Errorf("%w after %v (the native call cannot be interrupted and keeps running)",
+		return nil, nil, fmt.Errorf("%w after %v (the native call cannot be interrupted and keeps running)",
 			engines.ErrTimeout, wait.Round(time.Millisecond))
 	}
-	return nil, engines.ContextError(ctx, "native", "during the call (it keeps running in native code)")
+	return nil, nil, engines.ContextError(ctx, "native", "during the call (it keeps running in native code)")
 }
 
 // waitSlot waits for a call slot (every one is held by a call in native
@@ -316,15 +340,39 @@ func (in *inprocInstance) waitSlot(ctx context.Context, t *time.Timer, wait *tim
 		engines.ErrTimeout, time.Since(start).Round(time.Millisecond), in.e.cfg.MaxAbandonedCalls, n)
 }
 
-func finish(c *pcall) ([]event.Event, error) {
+func finish(c *pcall) ([]event.Event, engines.Loan, error) {
 	out, err := c.result, c.err
+	if c.lent {
+		return out, c, err // recycled when returned
+	}
 	putCall(c)
-	return out, err
+	return out, nil, err
 }
 
-// run makes the native call, copies its result and frees the worker's
-// buffer, then hands the result to the caller (or recycles c if the caller
-// has gone).
+// Return implements engines.Loan for a call whose outputs were lent
+// (ProcessLent): the worker's FreeResult frees its response buffer, and
+// the call, counted in flight until now so that the library is not
+// unloaded under the outputs, is done.
+func (c *pcall) Return() {
+	in := c.in
+	if !c.lent || in == nil {
+		panic("native engine: a loan returned twice")
+	}
+	in.lib.FreeOut(c.respBuf)
+	putCall(c)
+	in.calls.Done()
+}
+
+// lends says whether a call's result points into its response buffer.
+func lends(out []event.Event, err error) bool {
+	var answer *engines.ErrorAnswer
+	return len(out) > 0 || errors.As(err, &answer) && len(answer.Outputs) > 0
+}
+
+// run makes the native call, decodes its result (copied, or lent out of
+// the worker's buffer for ProcessLent) and frees the worker's buffer
+// unless it is lent, then hands the result to the caller (or recycles c
+// if the caller has gone).
 func (in *inprocInstance) run(c *pcall) {
 	cs := c.slot
 	// In the crash journal from before the native code runs until it
@@ -340,19 +388,31 @@ func (in *inprocInstance) run(c *pcall) {
 	switch {
 	case berr != nil:
 		err = &WorkerError{Code: rc, Message: berr.Error()}
+	case buf != nil && c.lend:
+		out, err = decodeLent(buf, in.e.cfg.MaxReplyBytes, &c.one)
 	case buf != nil:
 		out, err = decodeResponse(buf, in.e.cfg.MaxReplyBytes)
 	}
-	in.lib.FreeOut(c.slots.Out)
+	c.respBuf = c.slots.Out
 	c.slots = loader.CallSlots{}
 	c.result, c.err = withCode(rc, out, err)
+	c.lent = c.lend && buf != nil && lends(c.result, c.err)
+	if !c.lent {
+		in.lib.FreeOut(c.respBuf)
+	}
 	if c.state.CompareAndSwap(callRunning, callDone) {
 		in.slots <- cs
-		in.calls.Done()
+		if !c.lent {
+			in.calls.Done()
+		} // else: in flight until the loan is returned
 		c.done <- struct{}{}
 		return
 	}
-	in.abandoned.Add(-1) // the caller had given up on it (before its slot is free)
+	// The caller had given up on it: nobody takes the outputs.
+	if c.lent {
+		in.lib.FreeOut(c.respBuf)
+	}
+	in.abandoned.Add(-1) // (before its slot is free)
 	in.slots <- cs
 	in.calls.Done()
 	putCall(c)

@@ -165,7 +165,7 @@ func TestDecodeCostIsCharged(t *testing.T) {
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		out, err = decodeVerified(buf)
+		out, err = decodeVerified(buf, nil)
 		runtime.ReadMemStats(&after)
 		alloc := int64(after.TotalAlloc - before.TotalAlloc)
 		if err != nil || len(out) != s.n {

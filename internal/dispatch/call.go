@@ -28,7 +28,7 @@ func (d *Dispatcher) call(ctx context.Context, w *worker, j *job, in *event.Even
 	if w.giveBack {
 		ctx = engines.WithGiveBack(ctx, w.stopped)
 	}
-	outs, err := w.process(ctx, in)
+	outs, loan, err := w.process(ctx, in)
 	w.m.Processing.Observe(time.Since(j.started).Seconds())
 	var answer *engines.ErrorAnswer
 	if errors.As(err, &answer) {
@@ -42,6 +42,7 @@ func (d *Dispatcher) call(ctx context.Context, w *worker, j *job, in *event.Even
 		}
 	}
 	if err != nil {
+		giveBack(loan)
 		d.fail(j.r, err)
 		d.finish(w, j)
 		return
@@ -52,7 +53,22 @@ func (d *Dispatcher) call(ctx context.Context, w *worker, j *job, in *event.Even
 			j.r.answered = &engines.ErrorAnswer{Message: msg}
 		}
 	}
-	d.publish(ctx, w, j, outs)
+	d.publishAll(ctx, w, j, outs)
+	if loan != nil {
+		// Published (or refused): the worker's memory is no longer read.
+		if j.r.answered != nil {
+			j.r.answered.Outputs = nil
+		}
+		loan.Return()
+	}
+	d.finish(w, j)
+}
+
+// giveBack returns a loan, if any.
+func giveBack(l engines.Loan) {
+	if l != nil {
+		l.Return()
+	}
 }
 
 // devKitErrorResponse finds, among outs, an error response the DevKits'
@@ -83,20 +99,30 @@ func devKitErrorResponse(m *message, outs []event.Event) (string, bool) {
 
 // process calls w's current instance; a hot reload between two calls
 // swaps it, and a call in flight finishes on the instance it started on.
-func (w *worker) process(ctx context.Context, in *event.Event) ([]event.Event, error) {
+// Outputs an instance lends (engines.Lender) come with their loan, which
+// the caller returns once they are published: the instance does not
+// finish closing before.
+func (w *worker) process(ctx context.Context, in *event.Event) ([]event.Event, engines.Loan, error) {
 	for {
 		ref := w.inst.Load()
 		ref.mu.RLock()
 		if ref.closed {
 			ref.mu.RUnlock()
 			if w.inst.Load() == ref {
-				return nil, engines.ErrClosed
+				return nil, nil, engines.ErrClosed
 			}
 			continue // swapped by a hot reload: use the new instance
 		}
-		outs, err := ref.Process(ctx, in)
+		var outs []event.Event
+		var loan engines.Loan
+		var err error
+		if ref.lender != nil {
+			outs, loan, err = ref.lender.ProcessLent(ctx, in)
+		} else {
+			outs, err = ref.Process(ctx, in)
+		}
 		ref.mu.RUnlock()
-		return outs, err
+		return outs, loan, err
 	}
 }
 

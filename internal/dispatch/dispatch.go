@@ -355,8 +355,16 @@ type worker struct {
 // in-flight calls returned (hot reload never drops or tears a call).
 type instance struct {
 	engines.Instance
+	// lender is the Instance when it lends its outputs (engines.Lender):
+	// a call's outputs are then published from the worker's own memory.
+	lender engines.Lender
 	mu     sync.RWMutex
 	closed bool
+}
+
+func newInstance(inst engines.Instance) *instance {
+	l, _ := inst.(engines.Lender)
+	return &instance{Instance: inst, lender: l}
 }
 
 func (i *instance) closeWhenIdle(ctx context.Context, log *slog.Logger) {
@@ -414,7 +422,7 @@ func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 		// read it without locks): swap the instance only when they are
 		// equal.
 		d.setUnrunnableLocked(w.ID, nil)
-		old := cur.inst.Swap(&instance{Instance: inst})
+		old := cur.inst.Swap(newInstance(inst))
 		d.mu.Unlock()
 		go old.closeWhenIdle(context.WithoutCancel(d.ctx), d.log)
 		return
@@ -430,7 +438,7 @@ func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 	nw := &worker{Worker: w, source: types.URIRef{URL: url.URL{Path: "workmanager/workers/" + w.ID}}, giveBack: conc > d.cfg.MaxConcurrency,
 		m: d.Metrics.Worker(w.ID, w.Name, w.Engine, w.Group, conc), stats: d.WorkerStats.Worker(w.ID),
 		queue: make(chan job, d.cfg.QueueDepth), stopped: make(chan struct{})}
-	nw.inst.Store(&instance{Instance: inst})
+	nw.inst.Store(newInstance(inst))
 	if w.Group != "" {
 		nw.lock = grouplock.Name(w.Tenant, w.Group)
 	}

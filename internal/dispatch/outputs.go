@@ -22,16 +22,10 @@ import (
 	"github.com/virtufin/workmanager/internal/workerpolicy"
 )
 
-// publish publishes outs, the outputs of w's call at j's message, each to
-// the topic named by its type: all of them or, on the first refusal,
-// none after it.
-func (d *Dispatcher) publish(ctx context.Context, w *worker, j *job, outs []event.Event) {
-	d.publishAll(ctx, w, j, outs)
-	d.finish(w, j)
-}
-
-// publishAll is publish before the attempt is finished: j.r says how it
-// went.
+// publishAll publishes outs, the outputs of w's call at j's message, each
+// to the topic named by its type: all of them or, on the first refusal,
+// none after it; j.r says how it went. It returns once it is done with
+// outs (a grouped call's, once they went out in their turn).
 func (d *Dispatcher) publishAll(ctx context.Context, w *worker, j *job, outs []event.Event) {
 	m, r, lease := j.m, j.r, j.lease
 	// Every output is checked before any is published: a call is

@@ -30,9 +30,11 @@
  *   one was returned. A response with error_message set is a failure even
  *   with return code 0.
  * - FreeResult(out) is called by the host exactly once for every non-NULL
- *   *out the worker returned, after the host has copied what it needs, on
- *   error paths too (non-zero code, malformed response). It is never called
- *   with NULL.
+ *   *out the worker returned, once the host is done with it, on error
+ *   paths too (non-zero code, malformed response). It is never called
+ *   with NULL. In process the host publishes the outputs' data straight
+ *   from *out, so FreeResult may come after later Process calls and on
+ *   another thread: the buffer must stay valid and unchanged until then.
  * - Process may be called concurrently from several threads, for the same
  *   or different events: it must be reentrant (no unsynchronised global
  *   state).

@@ -157,3 +157,57 @@ func errPtr(err error) *error {
 	}
 	return &err
 }
+
+// LendingInstance is a FuncInstance that lends its outputs
+// (engines.Lender), as the native engine does: each output's data is a
+// buffer of the instance's own, overwritten with '#' when its loan comes
+// back, so that an output read after its return shows it. A loan returned
+// twice panics.
+type LendingInstance struct {
+	FuncInstance
+	lent, returned atomic.Int64
+}
+
+var _ engines.Lender = (*LendingInstance)(nil)
+
+// ProcessLent implements engines.Lender.
+func (l *LendingInstance) ProcessLent(ctx context.Context, in *event.Event) ([]event.Event, engines.Loan, error) {
+	outs, err := l.Process(ctx, in)
+	lent := outs
+	var answer *engines.ErrorAnswer
+	if errors.As(err, &answer) {
+		lent = answer.Outputs
+	}
+	if len(lent) == 0 {
+		return outs, nil, err
+	}
+	loan := &lentData{l: l}
+	for i := range lent {
+		buf := append([]byte(nil), lent[i].DataEncoded...)
+		lent[i].DataEncoded = buf
+		loan.bufs = append(loan.bufs, buf)
+	}
+	l.lent.Add(1)
+	return outs, loan, err
+}
+
+// Loans are how many loans were handed out and how many came back.
+func (l *LendingInstance) Loans() (lent, returned int64) { return l.lent.Load(), l.returned.Load() }
+
+type lentData struct {
+	l        *LendingInstance
+	bufs     [][]byte
+	returned atomic.Bool
+}
+
+func (d *lentData) Return() {
+	if d.returned.Swap(true) {
+		panic("dispatchtest: a loan returned twice")
+	}
+	for _, b := range d.bufs {
+		for i := range b {
+			b[i] = '#'
+		}
+	}
+	d.l.returned.Add(1)
+}
