@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -28,6 +29,7 @@ import (
 type config struct {
 	envconfig.Services
 	HTTPAddr              string            // WORKMANAGER_HTTP_ADDR
+	AdvertiseAddr         string            // WORKMANAGER_ADVERTISE_ADDR: the HTTP address (or host: WORKMANAGER_HTTP_ADDR's port) peers reach this node at (group lock hand-overs)
 	PubSub                string            // DAPR_PUBSUB
 	StreamMaxLen          int               // STREAM_MAX_LEN: entries each stream the node publishes to keeps, about (0: the component's maxLenApprox)
 	RecoveryOnStart       bool              // WORKER_RECOVERY_ON_START
@@ -114,6 +116,7 @@ func loadConfig() (config, error) {
 	c := config{
 		Services:              r.Services(),
 		HTTPAddr:              r.String("WORKMANAGER_HTTP_ADDR", "127.0.0.1:8080"),
+		AdvertiseAddr:         r.String("WORKMANAGER_ADVERTISE_ADDR", ""),
 		PubSub:                r.String("DAPR_PUBSUB", "pubsub"),
 		StreamMaxLen:          r.Int("STREAM_MAX_LEN", publish.DefaultStreamMaxLen),
 		RecoveryOnStart:       r.Bool("WORKER_RECOVERY_ON_START", true),
@@ -401,7 +404,34 @@ func (c config) validate() error {
 	case c.TemporalAddress == "" || c.DaprGRPCAddress == "" || c.HTTPAddr == "":
 		return fmt.Errorf("TEMPORAL_ADDRESS, DAPR_GRPC_ADDRESS and WORKMANAGER_HTTP_ADDR must not be empty")
 	}
+	if c.AdvertiseAddr != "" {
+		if err := grouplock.ValidateAdvertiseAddr(c.advertiseAddr()); err != nil {
+			return fmt.Errorf("WORKMANAGER_ADVERTISE_ADDR: %w", err)
+		}
+	}
 	return nil
+}
+
+// advertiseAddr is the HTTP address this node's peers reach it at, for
+// group lock hand-overs: WORKMANAGER_ADVERTISE_ADDR (a host alone takes
+// WORKMANAGER_HTTP_ADDR's port: a pod's IP), else WORKMANAGER_HTTP_ADDR
+// when its host is an address (not a wildcard), else none (peers then
+// wait for a lingering hold by polling).
+func (c config) advertiseAddr() string {
+	a := c.AdvertiseAddr
+	if a == "" {
+		if grouplock.ValidateAdvertiseAddr(c.HTTPAddr) == nil {
+			return c.HTTPAddr
+		}
+		return ""
+	}
+	if _, _, err := net.SplitHostPort(a); err == nil {
+		return a
+	}
+	if _, port, err := net.SplitHostPort(c.HTTPAddr); err == nil {
+		return net.JoinHostPort(a, port)
+	}
+	return a
 }
 
 // defaultNodeID is <hostname>-<pid>: unique among the nodes of one host, and

@@ -24,6 +24,21 @@ func TestConfigDefaultsAndBadValues(t *testing.T) {
 		c.PythonSpares != 2 || c.DotnetSpares != 1 {
 		t.Fatalf("defaults: %+v", c)
 	}
+	// Peers reach the node at its HTTP address unless it listens on a
+	// wildcard; WORKMANAGER_ADVERTISE_ADDR names it then.
+	for _, a := range []struct{ http, advertise, want string }{
+		{"127.0.0.1:8080", "", "127.0.0.1:8080"},
+		{"0.0.0.0:8080", "", ""},
+		{":8080", "", ""},
+		{"0.0.0.0:8080", "10.0.0.7:8081", "10.0.0.7:8081"},
+		{"0.0.0.0:8080", "10.0.0.7", "10.0.0.7:8080"}, // a pod's IP
+		{"0.0.0.0:8080", "fd00::7", "[fd00::7]:8080"},
+	} {
+		c.HTTPAddr, c.AdvertiseAddr = a.http, a.advertise
+		if got := c.advertiseAddr(); got != a.want {
+			t.Errorf("HTTP %q, advertised %q: peers reach %q, want %q", a.http, a.advertise, got, a.want)
+		}
+	}
 	for name, tc := range map[string]struct{ env, value, want string }{
 		"unparsable":                {"BROKER_PROBE_INTERVAL", "often", `BROKER_PROBE_INTERVAL="often"`},
 		"zero probe":                {"BROKER_PROBE_INTERVAL", "0s", "BROKER_PROBE_INTERVAL must be positive"},
@@ -34,6 +49,8 @@ func TestConfigDefaultsAndBadValues(t *testing.T) {
 		"temporal cert without tls": {"TEMPORAL_TLS_CERT_FILE", "/c.pem", "TEMPORAL_TLS_CERT_FILE is set but TEMPORAL_TLS is not true"},
 		"too many spare runners":    {"PYTHON_SPARE_RUNNERS", "99", "PYTHON_SPARE_RUNNERS must be 0 (none) to 16, got 99"},
 		"negative spare hosts":      {"DOTNET_SPARE_HOSTS", "-1", "DOTNET_SPARE_HOSTS must be 0 (none) to 16, got -1"},
+		"wildcard advertised":       {"WORKMANAGER_ADVERTISE_ADDR", "0.0.0.0", "WORKMANAGER_ADVERTISE_ADDR: the host of 0.0.0.0:8080 is a wildcard"},
+		"advertised empty port":     {"WORKMANAGER_ADVERTISE_ADDR", "node-1:", `WORKMANAGER_ADVERTISE_ADDR: "node-1:" has no port`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv(tc.env, tc.value)

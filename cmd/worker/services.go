@@ -314,7 +314,16 @@ func (p *parts) build(ctx context.Context) error {
 		OnEvent: func(e grouplock.Event) {
 			met.GroupLockEvent(e)
 			p.infra.Emit(infraevents.GroupLockTopic, "grouplock."+e.Kind, e)
-		}})
+		},
+		// A group that only lingers on another node is asked for at that
+		// node's advertised HTTP address (grouplock.YieldPath).
+		Notify: grouplock.HTTPNotifier(&http.Client{Timeout: grouplock.NotifyTimeout}, func(ctx context.Context, node string) (string, error) {
+			infos, err := p.pstore.Nodes(ctx, []string{node})
+			if err != nil || len(infos) == 0 {
+				return "", err
+			}
+			return infos[0].Addr, nil
+		})})
 	p.locks = locks
 	// Each worker's counts for GetWorker, written every few seconds off the
 	// message path (internal/workerstats; statsWriter).
@@ -385,7 +394,7 @@ func (p *parts) brokerProbe() startstop.Service {
 func (p *parts) httpServer() startstop.Service {
 	var srv *http.Server
 	return startstop.Funcs("http server", func(context.Context) error {
-		srv = &http.Server{Addr: p.cfg.HTTPAddr, Handler: httpHandler(p.h, p.promReg, p.log, p.cfg.DebugPprof), ReadHeaderTimeout: 5 * time.Second}
+		srv = &http.Server{Addr: p.cfg.HTTPAddr, Handler: httpHandler(p.h, p.promReg, p.log, p.cfg.DebugPprof, grouplock.YieldHandler(p.locks)), ReadHeaderTimeout: 5 * time.Second}
 		ln, err := net.Listen("tcp", p.cfg.HTTPAddr)
 		if err != nil {
 			return fmt.Errorf("health listener: %w", err)
@@ -599,7 +608,7 @@ var hostMemory = sync.OnceValue(placement.HostMemory)
 func (p *parts) nodeInfo() placement.NodeInfo {
 	st := p.disp.Stats()
 	healthy := p.healthy.Healthy()
-	return placement.NodeInfo{ID: p.cfg.NodeID, Labels: p.cfg.NodeLabels, Engines: healthy, MIMETypes: p.reg.MIMETypesOf(healthy), MemoryBytes: hostMemory(),
+	return placement.NodeInfo{ID: p.cfg.NodeID, Addr: p.cfg.advertiseAddr(), Labels: p.cfg.NodeLabels, Engines: healthy, MIMETypes: p.reg.MIMETypesOf(healthy), MemoryBytes: hostMemory(),
 		Workers: st.Workers, Topics: st.Topics, StartedAt: p.started, UpdatedAt: time.Now().UTC()}
 }
 

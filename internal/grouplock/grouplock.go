@@ -223,6 +223,17 @@ type Config struct {
 	// process's waiter marker (default 100ms); a waiting node gets the
 	// lock within about this long plus its own polling.
 	FairEvery time.Duration
+	// Notify, when set, asks the process named node (a lock record's
+	// Node) to give up its hold of group at once if it only lingers
+	// there (Linger: nobody on that node uses it) — that process's
+	// YieldIdle — and reports whether it did. A process that finds the
+	// lock held by another calls it after each try that wrote its waiter
+	// marker and tries again at once when it answers true, so that a group
+	// idle on one node is handed over to another within a few round trips
+	// instead of the rest of the linger and FairEvery's polling. A hold in
+	// use is not given up early: the fairness rules above apply. It is
+	// bounded by NotifyTimeout.
+	Notify func(ctx context.Context, node, group string) bool
 	// TokenBlock is how many fencing tokens one store write reserves
 	// (default 1): an acquisition records the token of the previous one
 	// plus TokenBlock, and its leases take the tokens in between one after
@@ -423,6 +434,11 @@ func (l *Locks) Acquire(ctx context.Context, group, holder string) (*Lease, erro
 	return lease, nil
 }
 
+// NotifyTimeout bounds one Config.Notify call: a node that is up answers
+// in a few milliseconds, and one that is not (paused, cut off) must not
+// hold up a waiter that may have to take the lock from it.
+const NotifyTimeout = 200 * time.Millisecond
+
 func (l *Locks) acquire(ctx context.Context, group, holder string) (*Lease, error) {
 	for try := 0; ; try++ {
 		more := try < l.cfg.MaxRetries
@@ -438,6 +454,9 @@ func (l *Locks) acquire(ctx context.Context, group, holder string) (*Lease, erro
 			l.emit(ev)
 			return nil, fmt.Errorf("grouplock %s: %d tries: %w", group, try+1, ErrContended)
 		}
+		if l.notify(ctx, group, seen) {
+			continue // given up for us: try now
+		}
 		if err := l.wait(ctx, group, backoff(l.cfg.RetryBase, try)); err != nil {
 			return nil, err
 		}
@@ -447,12 +466,24 @@ func (l *Locks) acquire(ctx context.Context, group, holder string) (*Lease, erro
 	}
 }
 
+// notify asks the process holding group in seen to give it up when it
+// only lingers there (Config.Notify), and reports whether it did.
+func (l *Locks) notify(ctx context.Context, group string, seen record) bool {
+	if l.cfg.Notify == nil || !seen.Held || seen.Node == "" || seen.Node == l.cfg.Node || ctx.Err() != nil {
+		return false
+	}
+	nctx, cancel := context.WithTimeout(ctx, NotifyTimeout)
+	defer cancel()
+	return l.cfg.Notify(nctx, seen.Node, group)
+}
+
 // wait sleeps d between two tries of Acquire. With KeepFor (holds that
 // yield to a waiting node within about FairEvery) it looks at the record
 // every FairEvery meanwhile (1 Get each) and ends early once the lock is
-// free for this process, so a hand-over between nodes takes about
-// FairEvery instead of the rest of the backoff; the tries (and their
-// events) stay those of the backoff.
+// free for this process, or its holder gave up a hold that had come to
+// linger when asked (Config.Notify), so a hand-over between nodes takes
+// about FairEvery instead of the rest of the backoff; the tries (and
+// their events) stay those of the backoff.
 func (l *Locks) wait(ctx context.Context, group string, d time.Duration) error {
 	if l.cfg.KeepFor <= 0 || d <= l.cfg.FairEvery {
 		return l.cfg.Sleep(ctx, d)
@@ -474,6 +505,9 @@ func (l *Locks) wait(ctx context.Context, group string, d time.Duration) error {
 		fresh := rec.Waiter != "" && l.cfg.Now().Sub(time.UnixMilli(rec.WaiterMs)) < l.cfg.WaiterMaxAge
 		if !rec.Held && (!fresh || rec.Waiter == me) {
 			return nil // free for us: try now
+		}
+		if l.notify(ctx, group, rec) {
+			return nil // its holder's run ended and it only lingered: given up for us
 		}
 	}
 	return nil
@@ -656,11 +690,38 @@ func (l *Locks) endLinger(group string, s *slot, h *hold) {
 	given := l.givingUp(group)
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
+	defer cancel()
+	l.giveUp(ctx, group, s, h, given)
+}
+
+// giveUp releases h, taken off s (which it lingered on) with given from
+// givingUp, once its yielded leases' side effects went out.
+func (l *Locks) giveUp(ctx context.Context, group string, s *slot, h *hold, given func()) error {
 	_ = h.idle(ctx)
-	_ = h.release(ctx, h.holder)
-	cancel()
+	err := h.release(ctx, h.holder)
 	given()
 	l.drop(group, s)
+	return err
+}
+
+// YieldIdle is the other side of Config.Notify: it gives up this
+// process's hold of group at once when the hold only lingers (Linger:
+// no caller here uses it), and reports whether it was released. A hold
+// in use, or none, is left alone (false).
+func (l *Locks) YieldIdle(ctx context.Context, group string) bool {
+	l.mu.Lock()
+	s := l.slots[group]
+	if s == nil || !s.lingering {
+		l.mu.Unlock()
+		return false
+	}
+	h := s.hold
+	s.linger.Stop() // if it fired, endLinger finds the hold taken
+	s.hold, s.lingering = nil, false
+	given := l.givingUp(group)
+	l.mu.Unlock()
+	// Released (and announced) as at the linger's end.
+	return l.giveUp(context.WithoutCancel(ctx), group, s, h, given) == nil
 }
 
 // givingUp records that group's hold is being given up in the background

@@ -424,3 +424,108 @@ func acquireLater(t *testing.T, l *Locks, group, holder string) chan *Lease {
 	}()
 	return got
 }
+
+// Config.Notify: a node that finds the group held by another asks that
+// node to give it up (YieldIdle) and tries again at once when it did. A
+// hold that only lingers is given up on the spot (released in the store,
+// announced as at the linger's end), and the lock goes to the waiting
+// node without a sleep; the first node's own next caller does not take it
+// back meanwhile (the waiter marker). A hold in use is not given up: the
+// waiter sleeps its backoff as before. Tokens only grow.
+func TestNotifiedHolderGivesUpALingeringHold(t *testing.T) {
+	w := newWorld(t)
+	a := w.node(nil, func(c *Config) { c.Node, c.KeepFor, c.TokenBlock, c.Linger = "a", 100, 100, time.Hour })
+	var asked atomic.Int32
+	b := w.node(nil, func(c *Config) {
+		c.Node, c.KeepFor, c.Linger = "b", 100, time.Hour
+		c.Notify = func(ctx context.Context, node, group string) bool {
+			asked.Add(1)
+			if node != "a" || group != "g" {
+				t.Errorf("asked %s for %s, want a for g", node, group)
+				return false
+			}
+			return a.YieldIdle(ctx, group)
+		}
+	})
+	ctx := context.Background()
+	first := mustAcquire(t, a, "g", "a/1")
+	mustRelease(t, first)
+	if r := w.record("g"); !r.Held {
+		t.Fatalf("record %+v: not lingering", r)
+	}
+	got := mustAcquire(t, b, "g", "b/1")
+	if n := asked.Load(); n != 1 || len(b.sl.Slept()) != 0 {
+		t.Fatalf("asked %d times, slept %v: want one question and no sleep", n, b.sl.Slept())
+	}
+	if got.Token <= first.Token {
+		t.Fatalf("token %d after %d", got.Token, first.Token)
+	}
+	if kinds := a.ev.kinds(); kinds[len(kinds)-1] != EventReleased {
+		t.Fatalf("a's events %v: the hold given up is announced", kinds)
+	}
+	a.mu.Lock()
+	slots := len(a.slots)
+	a.mu.Unlock()
+	if slots != 0 {
+		t.Fatalf("%d slots left on a", slots)
+	}
+	if a.YieldIdle(ctx, "g") {
+		t.Fatal("a yielded a hold it does not have")
+	}
+
+	// b's lease in use: a's caller asks, b does not give it up, a sleeps.
+	a.cfg.Notify = func(ctx context.Context, node, group string) bool { return b.YieldIdle(ctx, group) }
+	a.cfg.MaxRetries = 1
+	if _, err := a.Acquire(ctx, "g", "a/2"); !errors.Is(err, ErrContended) {
+		t.Fatalf("Acquire while b's lease runs: %v, want ErrContended", err)
+	}
+	var slept time.Duration
+	for _, d := range a.sl.Slept() {
+		slept += d
+	}
+	if want := backoff(base, 0); slept != want {
+		t.Fatalf("a slept %v, want its one backoff (%v)", a.sl.Slept(), want)
+	}
+	if err := got.Check(ctx); err != nil {
+		t.Fatalf("b's lease after a's question: %v", err)
+	}
+	mustRelease(t, got)
+}
+
+// A waiting node asks again at each look (FairEvery): the holder's lease
+// that was in use at the first question has ended and its hold only
+// lingers now, so it is given up then, not at the end of the backoff.
+func TestWaiterAsksAgainWhenTheHoldComesToLinger(t *testing.T) {
+	w := newWorld(t)
+	// a reads the record for waiter markers rarely (FairEvery): its hold
+	// comes to linger although b waits.
+	a := w.node(nil, func(c *Config) {
+		c.Node, c.KeepFor, c.TokenBlock, c.Linger, c.FairEvery = "a", 100, 100, time.Hour, time.Hour
+	})
+	mustRelease(t, mustAcquire(t, a, "g", "a/0")) // lingers; the record read
+	held := mustAcquire(t, a, "g", "a/1")
+	var answers []bool
+	b := w.node(nil, func(c *Config) {
+		c.Node, c.KeepFor = "b", 100
+		c.Notify = func(ctx context.Context, _, group string) bool {
+			ok := a.YieldIdle(ctx, group)
+			answers = append(answers, ok)
+			return ok
+		}
+	})
+	b.sl.hook = func(i int) {
+		if i == 0 { // the lease in use ends during b's first look's sleep
+			mustRelease(t, held)
+		}
+	}
+	got := mustAcquire(t, b, "g", "b/1")
+	if len(answers) != 2 || answers[0] || !answers[1] {
+		t.Fatalf("answers %v, want in use, then given up", answers)
+	}
+	if slept := b.sl.Slept(); len(slept) != 1 || slept[0] != b.cfg.FairEvery {
+		t.Fatalf("b slept %v, want one look (%v) of its %v backoff", slept, b.cfg.FairEvery, backoff(base, 0))
+	}
+	if got.Token <= held.Token {
+		t.Fatalf("token %d after %d", got.Token, held.Token)
+	}
+}

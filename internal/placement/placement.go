@@ -39,6 +39,11 @@ const All = 0
 // NodeInfo is what a node advertises about itself.
 type NodeInfo struct {
 	ID string `json:"id"`
+	// Addr is the node's HTTP address as its peers reach it
+	// (WORKMANAGER_ADVERTISE_ADDR): a node waiting for a group lock that
+	// only lingers here asks for it there (grouplock.YieldPath). Empty:
+	// none, peers poll.
+	Addr string `json:"addr,omitempty"`
 	// Labels are the node's NODE_LABELS (zone=a,pool=cpu).
 	Labels map[string]string `json:"labels,omitempty"`
 	// Engines are the names of the engines whose runtime check is Healthy

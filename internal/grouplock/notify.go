@@ -1,0 +1,172 @@
+package grouplock
+
+// The HTTP transport of Config.Notify: a node asks the node that holds a
+// group to give up a hold that only lingers there (YieldIdle), on that
+// node's HTTP address (its advertisement). Nodes share one Dapr app id, so
+// a pub/sub topic reaches one of them, not the one that holds the lock:
+// the question goes to the holder directly.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+)
+
+// YieldPath is where a node answers its peers' Config.Notify: POST, form
+// value "lock" (a lock name, at most MaxLockNameBytes), answered 200 with
+// {"released": bool}. Anyone who can reach the node's HTTP address can
+// ask; the worst an answer does is give up a hold nobody on the node uses
+// (its next message acquires the lock again), never a lease in use.
+const YieldPath = "/internal/grouplock/yield"
+
+// MaxLockNameBytes bounds the lock name a yield request may carry.
+const MaxLockNameBytes = 1024
+
+// YieldHandler serves YieldPath for l.
+func YieldHandler(l *Locks) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, MaxLockNameBytes+64)
+		if err := r.ParseForm(); err != nil {
+			http.Error(w, "grouplock yield: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		lock := r.PostForm.Get("lock")
+		switch {
+		case lock == "":
+			http.Error(w, `grouplock yield: the form value "lock" (a lock name) is missing`, http.StatusBadRequest)
+			return
+		case len(lock) > MaxLockNameBytes:
+			http.Error(w, fmt.Sprintf("grouplock yield: a lock name of %d bytes, more than %d", len(lock), MaxLockNameBytes), http.StatusBadRequest)
+			return
+		}
+		released := l.YieldIdle(r.Context(), lock)
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]bool{"released": released})
+	})
+}
+
+// addrTTL is how long HTTPNotifier trusts an address it looked up.
+const addrTTL = 30 * time.Second
+
+// quietAfterFailure is how long HTTPNotifier asks nothing of a node whose
+// last question failed or timed out (paused, partitioned, restarting): a
+// waiting node then waits as it would without asking, instead of paying
+// a timeout on every try.
+const quietAfterFailure = 5 * time.Second
+
+// HTTPNotifier is Config.Notify over HTTP: lookup finds a node's HTTP
+// address (host:port, "" when it advertises none: then nothing is asked),
+// remembered for a while and looked up again after a failed request; a
+// node whose question failed is not asked again for quietAfterFailure.
+// Callers bound each question (Config.Notify: NotifyTimeout).
+func HTTPNotifier(client *http.Client, lookup func(ctx context.Context, node string) (string, error)) func(ctx context.Context, node, group string) bool {
+	n := &notifier{client: client, lookup: lookup, addrs: map[string]cachedAddr{}}
+	return n.notify
+}
+
+type notifier struct {
+	client *http.Client
+	lookup func(ctx context.Context, node string) (string, error)
+
+	mu    sync.Mutex
+	addrs map[string]cachedAddr
+}
+
+type cachedAddr struct {
+	addr string
+	at   time.Time
+	// quiet: a failed question; nothing is asked before this time.
+	quiet time.Time
+}
+
+func (n *notifier) addr(ctx context.Context, node string) string {
+	n.mu.Lock()
+	c, ok := n.addrs[node]
+	n.mu.Unlock()
+	if ok && time.Now().Before(c.quiet) {
+		return ""
+	}
+	if ok && time.Since(c.at) < addrTTL {
+		return c.addr
+	}
+	a, err := n.lookup(ctx, node)
+	if err != nil {
+		return ""
+	}
+	n.mu.Lock()
+	if len(n.addrs) >= 1024 {
+		clear(n.addrs) // nodes come and go; the live ones are looked up again
+	}
+	n.addrs[node] = cachedAddr{addr: a, at: time.Now()}
+	n.mu.Unlock()
+	return a
+}
+
+// failed keeps n from asking node for a while; its address is looked up
+// again after.
+func (n *notifier) failed(node string) {
+	n.mu.Lock()
+	n.addrs[node] = cachedAddr{quiet: time.Now().Add(quietAfterFailure)}
+	n.mu.Unlock()
+}
+
+func (n *notifier) notify(ctx context.Context, node, group string) bool {
+	addr := n.addr(ctx, node)
+	if addr == "" {
+		return false
+	}
+	released, err := n.ask(ctx, addr, group)
+	if err != nil {
+		n.failed(node)
+		return false
+	}
+	return released
+}
+
+func (n *notifier) ask(ctx context.Context, addr, group string) (bool, error) {
+	body := url.Values{"lock": {group}}.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+YieldPath, strings.NewReader(body))
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := n.client.Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("grouplock yield at %s: %s", addr, resp.Status)
+	}
+	var ans struct {
+		Released bool `json:"released"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 256)).Decode(&ans); err != nil {
+		return false, err
+	}
+	return ans.Released, nil
+}
+
+// ValidateAdvertiseAddr checks a node's advertised HTTP address: host:port
+// with a host its peers can reach (not empty, 0.0.0.0 or ::).
+func ValidateAdvertiseAddr(a string) error {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port: %w", a, err)
+	}
+	if port == "" || port == "0" {
+		return fmt.Errorf("%q has no port", a)
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		return errors.New("the host of " + a + " is a wildcard, which no peer can reach: name this node's address")
+	}
+	return nil
+}

@@ -1,0 +1,109 @@
+package grouplock
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The HTTP transport of Config.Notify: YieldHandler gives up a lingering
+// hold for the asking peer and answers whether it did; a request without a
+// lock name or with one past MaxLockNameBytes is refused with a message
+// saying so; HTTPNotifier asks the address its lookup gives, asks nobody
+// for a node without one, and looks a node up again after a failure.
+func TestYieldOverHTTP(t *testing.T) {
+	w := newWorld(t)
+	a := w.node(nil, func(c *Config) { c.Node, c.KeepFor, c.TokenBlock, c.Linger = "a", 100, 100, time.Hour })
+	srv := httptest.NewServer(YieldHandler(a.Locks))
+	t.Cleanup(srv.Close)
+	post := func(form url.Values) (int, string) {
+		t.Helper()
+		resp, err := http.PostForm(srv.URL+YieldPath, form)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, strings.TrimSpace(string(b))
+	}
+	for name, c := range map[string]struct {
+		form url.Values
+		want string
+	}{
+		"no lock":   {url.Values{}, `the form value "lock" (a lock name) is missing`},
+		"long lock": {url.Values{"lock": {strings.Repeat("g", MaxLockNameBytes+1)}}, "a lock name of 1025 bytes, more than 1024"},
+		"huge body": {url.Values{"lock": {strings.Repeat("g", 1<<20)}}, "request body too large"},
+	} {
+		if code, body := post(c.form); code != http.StatusBadRequest || !strings.Contains(body, c.want) {
+			t.Errorf("%s: %d %q, want 400 saying %q", name, code, body, c.want)
+		}
+	}
+	if code, body := post(url.Values{"lock": {"g"}}); code != http.StatusOK || body != `{"released":false}` {
+		t.Fatalf("no hold: %d %s", code, body)
+	}
+
+	var lookups atomic.Int32
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	notify := HTTPNotifier(srv.Client(), func(_ context.Context, node string) (string, error) {
+		lookups.Add(1)
+		switch node {
+		case "a":
+			return addr, nil
+		case "gone":
+			return "127.0.0.1:1", nil // nobody listens
+		}
+		return "", nil
+	})
+	ctx := context.Background()
+	mustRelease(t, mustAcquire(t, a, "g", "a/1"))
+	if !notify(ctx, "a", "g") {
+		t.Fatal("a lingering hold was not given up")
+	}
+	if r := w.record("g"); r.Held {
+		t.Fatalf("record %+v after the yield", r)
+	}
+	if notify(ctx, "a", "g") || lookups.Load() != 1 {
+		t.Fatalf("second question: released, or %d lookups (want the address remembered)", lookups.Load())
+	}
+	if notify(ctx, "nobody", "g") {
+		t.Fatal("a node without an address answered")
+	}
+	if notify(ctx, "gone", "g") || notify(ctx, "gone", "g") {
+		t.Fatal("an unreachable node answered")
+	}
+	if n := lookups.Load(); n != 3 { // a, nobody, gone once: not asked again for a while after failing
+		t.Fatalf("%d lookups, want 3", n)
+	}
+	// A node that does not answer (paused) costs the asker the caller's
+	// bound once, then nothing for a while.
+	stuck := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-stuck }))
+	t.Cleanup(func() { close(stuck); hung.Close() })
+	paused := HTTPNotifier(hung.Client(), func(context.Context, string) (string, error) { return strings.TrimPrefix(hung.URL, "http://"), nil })
+	for i := range 3 {
+		start := time.Now()
+		qctx, cancel := context.WithTimeout(ctx, NotifyTimeout)
+		if paused(qctx, "p", "g") {
+			t.Fatal("a paused node answered")
+		}
+		cancel()
+		if took := time.Since(start); took > NotifyTimeout+time.Second || i > 0 && took > NotifyTimeout/2 {
+			t.Fatalf("question %d took %v", i, took)
+		}
+	}
+}
+
+func TestValidateAdvertiseAddr(t *testing.T) {
+	for a, ok := range map[string]bool{"127.0.0.1:8080": true, "node-1.svc:8080": true, "[::1]:80": true,
+		"0.0.0.0:8080": false, ":8080": false, "[::]:8080": false, "node-1": false, "node-1:": false, "node-1:0": false} {
+		if err := ValidateAdvertiseAddr(a); (err == nil) != ok {
+			t.Errorf("%q: %v, want ok %v", a, err, ok)
+		}
+	}
+}
