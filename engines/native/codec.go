@@ -60,6 +60,11 @@ func decodeInto(buf []byte, limit int, l *oneOutput) (out []event.Event, err err
 	if limit > 0 && len(buf) > limit {
 		return nil, engines.ReplyTooLarge("the worker's response", int64(len(buf)), limit)
 	}
+	if l != nil {
+		if out, ok := decodeQuick(buf, limit, l); ok {
+			return out, nil
+		}
+	}
 	if err := verifyResponse(buf, limit); err != nil {
 		var fe *fbError
 		if errors.As(err, &fe) && fe.overLimit {

@@ -141,6 +141,9 @@ func FuzzDecodeResponse(f *testing.F) {
 	f.Add(responseOf("t", []byte("data"), 3))
 	f.Add(responseOf("", nil, 0))
 	f.Add(forgedReply(f))
+	f.Add(singleResponse(single{typ: "t", ct: "application/json", data: []byte(`"x"`)}))
+	f.Add(singleResponse(single{id: "o-1", source: "/orders", typ: "orders.done", spec: "1.0", ct: "application/json", subject: "A-7", data: []byte(`{}`)}))
+	f.Add(singleResponse(single{typ: "t", ext: true, time: "2026-11-29T05:00:00Z"}))
 	enc := newEncoder()
 	ev := event.New()
 	ev.SetID("1")
@@ -155,6 +158,22 @@ func FuzzDecodeResponse(f *testing.F) {
 	f.Add(append([]byte(nil), in...)) // a CloudEvent root, not a response
 	f.Fuzz(func(t *testing.T, buf []byte) {
 		const limit = 1 << 20
+		// decodeQuick, the lent fast path, takes only what the long way
+		// takes, and decodes it the same, whatever the limit.
+		for _, lim := range []int{limit, 600, 1200} {
+			var quick, long oneOutput
+			qout, ok := decodeQuick(buf, lim, &quick)
+			if !ok {
+				continue
+			}
+			if err := verifyResponse(buf, lim); err != nil {
+				t.Fatalf("limit %d: decodeQuick took a buffer verifyResponse refuses (%v)", lim, err)
+			}
+			lout, err := decodeVerified(buf, &long)
+			if err != nil || len(qout) != 1 || len(lout) != 1 || !sameOutput(&qout[0], &lout[0]) {
+				t.Fatalf("limit %d: decodeQuick %v, the long way %v (%v)", lim, qout, lout, err)
+			}
+		}
 		if err := verifyResponse(buf, limit); err != nil {
 			if _, derr := decodeResponse(buf, limit); derr == nil && len(buf) >= 8 {
 				t.Fatalf("verify failed (%v) but decodeResponse accepted", err)
@@ -166,4 +185,12 @@ func FuzzDecodeResponse(f *testing.F) {
 			t.Fatalf("%d events from %d bytes", len(out), len(buf))
 		}
 	})
+}
+
+// sameOutput compares what a decoded output carries.
+func sameOutput(a, b *event.Event) bool {
+	return a.ID() == b.ID() && a.Type() == b.Type() && a.Source() == b.Source() && a.Subject() == b.Subject() &&
+		a.DataContentType() == b.DataContentType() && a.SpecVersion() == b.SpecVersion() && a.DataSchema() == b.DataSchema() &&
+		a.Time().Equal(b.Time()) && len(a.Extensions()) == len(b.Extensions()) && string(a.DataEncoded) == string(b.DataEncoded) &&
+		(a.DataEncoded == nil) == (b.DataEncoded == nil)
 }
