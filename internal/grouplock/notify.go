@@ -33,7 +33,7 @@ const MaxLockNameBytes = 1024
 // YieldHandler serves YieldPath for l.
 func YieldHandler(l *Locks) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.Body = http.MaxBytesReader(w, r.Body, MaxLockNameBytes+64)
+		r.Body = http.MaxBytesReader(w, r.Body, 3*MaxLockNameBytes+64) // a name, form-encoded
 		if err := r.ParseForm(); err != nil {
 			http.Error(w, "grouplock yield: "+err.Error(), http.StatusBadRequest)
 			return
