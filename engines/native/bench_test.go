@@ -265,6 +265,7 @@ func BenchmarkInstance(b *testing.B) {
 	bench := packageOf(b, flagsEcho, map[string]any{"entry_point": "BenchProcess", "free_result": "BenchFree"})
 	echo := packageOf(b, flagsEcho, nil)
 	ev := enginetest.BenchEvent1KiB(b)
+	lent := false
 	run := func(b *testing.B, e *Engine, code []byte, parallel bool) {
 		ctx := context.Background()
 		inst, err := e.Load(ctx, engines.Spec{WorkerID: "bench", MIMEType: MIMEType}, code)
@@ -273,6 +274,18 @@ func BenchmarkInstance(b *testing.B) {
 		}
 		defer inst.Close(ctx)
 		b.ReportAllocs()
+		if lender, ok := inst.(engines.Lender); ok && lent {
+			// As the dispatcher calls it: outputs lent, the loan returned
+			// (FreeResult then runs on a runner goroutine).
+			for b.Loop() {
+				_, loan, err := lender.ProcessLent(ctx, ev)
+				if err != nil {
+					b.Fatal(err)
+				}
+				loan.Return()
+			}
+			return
+		}
 		if parallel {
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
@@ -291,6 +304,11 @@ func BenchmarkInstance(b *testing.B) {
 		}
 	}
 	b.Run("InProcess/Trivial1KiB", func(b *testing.B) { run(b, newTestEngine(b, Config{}), bench, false) })
+	b.Run("InProcessLent/Trivial1KiB", func(b *testing.B) {
+		lent = true
+		defer func() { lent = false }()
+		run(b, newTestEngine(b, Config{}), bench, false)
+	})
 	b.Run("InProcess/Trivial1KiBParallel", func(b *testing.B) { run(b, newTestEngine(b, Config{}), bench, true) })
 	b.Run("InProcess/CEcho1KiB", func(b *testing.B) { run(b, newTestEngine(b, Config{}), echo, false) })
 	// As a node runs them: every call in the crash journal (issue 44).

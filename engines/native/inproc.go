@@ -163,6 +163,7 @@ type pcall struct {
 	// the worker's buffer is respBuf) until it is returned.
 	lend    bool
 	lent    bool
+	freeing bool // returned: a runner frees the buffer (freeLent)
 	one     oneOutput
 	respBuf uintptr
 	result  []event.Event
@@ -186,7 +187,7 @@ var callPool = sync.Pool{New: func() any {
 
 func putCall(c *pcall) {
 	c.in, c.slot, c.input, c.result, c.err = nil, nil, nil, nil, nil
-	c.lend, c.lent, c.one, c.respBuf = false, false, oneOutput{}, 0
+	c.lend, c.lent, c.freeing, c.one, c.respBuf = false, false, false, oneOutput{}, 0
 	c.evSource, c.evID = "", ""
 	callPool.Put(c)
 }
@@ -212,7 +213,11 @@ func dispatch(c *pcall) {
 func runner(c *pcall) {
 	work := make(chan *pcall, 1)
 	for {
-		c.in.run(c)
+		if c.freeing {
+			c.in.freeLent(c)
+		} else {
+			c.in.run(c)
+		}
 		select {
 		case idleRunners <- work:
 		default:
@@ -351,13 +356,21 @@ func finish(c *pcall) ([]event.Event, engines.Loan, error) {
 
 // Return implements engines.Loan for a call whose outputs were lent
 // (ProcessLent): the worker's FreeResult frees its response buffer, and
-// the call, counted in flight until now so that the library is not
-// unloaded under the outputs, is done.
+// the call, counted in flight until then so that the library is not
+// unloaded under the outputs, is done. FreeResult is the worker's code:
+// it runs on a runner goroutine, as the call did, so that one that hangs
+// holds that goroutine and keeps the library loaded (as a call that
+// hangs does), not the caller.
 func (c *pcall) Return() {
-	in := c.in
-	if !c.lent || in == nil {
+	if !c.lent || c.in == nil || c.freeing {
 		panic("native engine: a loan returned twice")
 	}
+	c.freeing = true
+	dispatch(c)
+}
+
+// freeLent frees a returned loan's buffer (Return) and recycles c.
+func (in *inprocInstance) freeLent(c *pcall) {
 	in.lib.FreeOut(c.respBuf)
 	putCall(c)
 	in.calls.Done()

@@ -14,8 +14,9 @@ import (
 
 // ProcessLent (engines.Lender, in process): the outputs are Process's, read
 // out of the worker's response buffer, which FreeResult frees only when
-// the loan comes back — once, and not before; a call without outputs, a
-// failed one and one abandoned at its deadline lend nothing and free their
+// the loan comes back — once, and not before, on a runner goroutine (one
+// that hangs does not hold the caller); a call without outputs, a failed
+// one and one abandoned at its deadline lend nothing and free their
 // buffer at once; Close does not unload the library under a loan.
 func TestLentOutputsStayUntilTheLoanComesBack(t *testing.T) {
 	ctx := context.Background()
@@ -36,6 +37,16 @@ func TestLentOutputsStayUntilTheLoanComesBack(t *testing.T) {
 		got := enginetest.DataOf(t, mustCall(t, inst, typed("test.stats", nil)))
 		return got["allocs"].(float64) - got["frees"].(float64)
 	}
+	// freed waits until every buffer handed out is freed (a returned
+	// loan's FreeResult runs on a runner goroutine, soon after Return).
+	freed := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); outstanding() != 0; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %v buffers never freed", what, outstanding())
+			}
+		}
+	}
 	in := enginetest.NewEvent("e-1", enginetest.TypeRequest, map[string]any{"a": 1}, "corr")
 	want := mustCall(t, inst, in)
 	outs, loan, err := lender.ProcessLent(ctx, in)
@@ -51,9 +62,7 @@ func TestLentOutputsStayUntilTheLoanComesBack(t *testing.T) {
 		t.Fatalf("%v buffers not freed while the loan is out, want 1", n)
 	}
 	loan.Return()
-	if n := outstanding(); n != 0 {
-		t.Fatalf("%v buffers not freed after the loan came back, want 0", n)
-	}
+	freed("after the loan came back")
 
 	// Nothing to lend: no outputs, a worker failure, an error answer
 	// without outputs.
@@ -73,9 +82,7 @@ func TestLentOutputsStayUntilTheLoanComesBack(t *testing.T) {
 		t.Fatalf("answerwith: %v, loan %v; want an error answer with its response, lent", err, loan)
 	}
 	loan.Return()
-	if n := outstanding(); n != 0 {
-		t.Fatalf("answerwith: %v buffers not freed after the loan came back", n)
-	}
+	freed("answerwith")
 	// A call abandoned at its deadline: nobody takes its outputs, its
 	// buffer is freed when the native code returns.
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
@@ -84,13 +91,21 @@ func TestLentOutputsStayUntilTheLoanComesBack(t *testing.T) {
 	if err == nil || loan != nil {
 		t.Fatalf("abandoned call: %v, loan %v; want an error and no loan", err, loan)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for outstanding() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the abandoned call's buffer was never freed")
-		}
-		time.Sleep(20 * time.Millisecond)
+	freed("the abandoned call")
+
+	// The worker's FreeResult runs on a runner goroutine: one that hangs
+	// holds that goroutine, not the caller returning the loan.
+	_, loan, err = lender.ProcessLent(ctx, typed("test.hangfree", nil))
+	if err != nil || loan == nil {
+		t.Fatalf("hangfree: %v, loan %v", err, loan)
 	}
+	start := time.Now()
+	loan.Return()
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("Return waited %v for a FreeResult that hangs", took)
+	}
+	mustCall(t, inst, typed("test.unhang", nil)) // no output: nothing to free
+	freed("the FreeResult that hung")
 
 	// Close waits for a loan: the library stays loaded and the outputs
 	// readable until it comes back.

@@ -46,6 +46,7 @@
 #endif
 
 static int64_t n_allocs, n_frees; /* responses handed out / freed */
+static int hang_free;                /* test.hangfree: FreeResult waits until test.unhang */
 static int64_t n_sleeping, max_sleeping; /* test.sleep calls in progress, most at once */
 
 #if defined(CTOR_WRITE)
@@ -429,6 +430,14 @@ VIRTUFIN_EXPORT int32_t PROCESS_NAME(const VirtufinHost* host, const uint8_t* in
         raise(SIGSEGV);
         return 0;
     }
+    if (is(ev.type, "test.hangfree")) { /* this response's FreeResult, and any after it, wait for test.unhang */
+        __atomic_store_n(&hang_free, 1, __ATOMIC_SEQ_CST);
+        return echo(&ev, out, out_len);
+    }
+    if (is(ev.type, "test.unhang")) {
+        __atomic_store_n(&hang_free, 0, __ATOMIC_SEQ_CST);
+        return 0;
+    }
     if (is(ev.type, "test.code")) return 7;
     if (is(ev.type, "test.codemsg")) {
         respond(out, out_len, NULL, 0, "it went wrong");
@@ -502,6 +511,7 @@ VIRTUFIN_EXPORT int32_t PROCESS_NAME(const VirtufinHost* host, const uint8_t* in
 
 #ifndef NO_FREE
 VIRTUFIN_EXPORT void FREE_NAME(uint8_t* out) {
+    while (__atomic_load_n(&hang_free, __ATOMIC_SEQ_CST)) sleep_ms(5);
     __atomic_add_fetch(&n_frees, 1, __ATOMIC_SEQ_CST);
     free(out);
 }
