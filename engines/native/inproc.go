@@ -163,7 +163,7 @@ type pcall struct {
 	// the worker's buffer is respBuf) until it is returned.
 	lend    bool
 	lent    bool
-	freeing bool // returned: a runner frees the buffer (freeLent)
+	freeing bool // returned: freeLent frees the buffer
 	one     oneOutput
 	respBuf uintptr
 	result  []event.Event
@@ -213,11 +213,7 @@ func dispatch(c *pcall) {
 func runner(c *pcall) {
 	work := make(chan *pcall, 1)
 	for {
-		if c.freeing {
-			c.in.freeLent(c)
-		} else {
-			c.in.run(c)
-		}
+		c.in.run(c)
 		select {
 		case idleRunners <- work:
 		default:
@@ -358,15 +354,15 @@ func finish(c *pcall) ([]event.Event, engines.Loan, error) {
 // (ProcessLent): the worker's FreeResult frees its response buffer, and
 // the call, counted in flight until then so that the library is not
 // unloaded under the outputs, is done. FreeResult is the worker's code:
-// it runs on a runner goroutine, as the call did, so that one that hangs
-// holds that goroutine and keeps the library loaded (as a call that
-// hangs does), not the caller.
+// it runs on a goroutine of its own, as the call ran on a runner, so
+// that one that hangs holds that goroutine and keeps the library loaded
+// (as a call that hangs does), not the caller.
 func (c *pcall) Return() {
 	if !c.lent || c.in == nil || c.freeing {
 		panic("native engine: a loan returned twice")
 	}
 	c.freeing = true
-	dispatch(c)
+	go c.in.freeLent(c) // a goroutine of its own: frees and ends (no runner kept idle for it)
 }
 
 // freeLent frees a returned loan's buffer (Return) and recycles c.

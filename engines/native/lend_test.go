@@ -14,7 +14,7 @@ import (
 
 // ProcessLent (engines.Lender, in process): the outputs are Process's, read
 // out of the worker's response buffer, which FreeResult frees only when
-// the loan comes back — once, and not before, on a runner goroutine (one
+// the loan comes back — once, and not before, on a goroutine of its own (one
 // that hangs does not hold the caller); a call without outputs, a failed
 // one and one abandoned at its deadline lend nothing and free their
 // buffer at once; Close does not unload the library under a loan.
@@ -38,7 +38,7 @@ func TestLentOutputsStayUntilTheLoanComesBack(t *testing.T) {
 		return got["allocs"].(float64) - got["frees"].(float64)
 	}
 	// freed waits until every buffer handed out is freed (a returned
-	// loan's FreeResult runs on a runner goroutine, soon after Return).
+	// loan's FreeResult runs on a goroutine of its own, soon after Return).
 	freed := func(what string) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); outstanding() != 0; time.Sleep(10 * time.Millisecond) {
@@ -93,7 +93,7 @@ func TestLentOutputsStayUntilTheLoanComesBack(t *testing.T) {
 	}
 	freed("the abandoned call")
 
-	// The worker's FreeResult runs on a runner goroutine: one that hangs
+	// The worker's FreeResult runs on a goroutine of its own: one that hangs
 	// holds that goroutine, not the caller returning the loan.
 	_, loan, err = lender.ProcessLent(ctx, typed("test.hangfree", nil))
 	if err != nil || loan == nil {

@@ -62,6 +62,20 @@ const addrTTL = 30 * time.Second
 // a timeout on every try.
 const quietAfterFailure = 5 * time.Second
 
+// NotifyClient is the HTTP client HTTPNotifier is meant for: each
+// question bounded by NotifyTimeout, and a connection to a peer closed
+// after a second without questions, so that an idle cluster holds no
+// connections (nor their goroutines) between its nodes.
+func NotifyClient() *http.Client {
+	return &http.Client{Timeout: NotifyTimeout, Transport: &http.Transport{
+		Proxy:               nil, // peers are reached directly
+		DialContext:         (&net.Dialer{Timeout: NotifyTimeout}).DialContext,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     time.Second,
+		DisableCompression:  true,
+	}}
+}
+
 // HTTPNotifier is Config.Notify over HTTP: lookup finds a node's HTTP
 // address (host:port, "" when it advertises none: then nothing is asked),
 // remembered for a while and looked up again after a failed request; a

@@ -3,6 +3,7 @@ package grouplock
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -104,6 +105,38 @@ func TestValidateAdvertiseAddr(t *testing.T) {
 		"0.0.0.0:8080": false, ":8080": false, "[::]:8080": false, "node-1": false, "node-1:": false, "node-1:0": false} {
 		if err := ValidateAdvertiseAddr(a); (err == nil) != ok {
 			t.Errorf("%q: %v, want ok %v", a, err, ok)
+		}
+	}
+}
+
+// An idle cluster holds no connections between its nodes: NotifyClient
+// closes a connection a second after its last question (each one is two
+// goroutines on the asking node and one on the asked).
+func TestNotifyClientClosesIdleConnections(t *testing.T) {
+	w := newWorld(t)
+	a := w.node(nil, func(c *Config) { c.Node, c.KeepFor, c.Linger = "a", 100, time.Hour })
+	var open atomic.Int32
+	srv := httptest.NewUnstartedServer(YieldHandler(a.Locks))
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		switch st {
+		case http.StateNew:
+			open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			open.Add(-1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	notify := HTTPNotifier(NotifyClient(), func(context.Context, string) (string, error) { return strings.TrimPrefix(srv.URL, "http://"), nil })
+	for range 3 {
+		notify(context.Background(), "a", "g")
+	}
+	if open.Load() == 0 {
+		t.Fatal("no connection was made")
+	}
+	for deadline := time.Now().Add(10 * time.Second); open.Load() != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections still open 10 s after the last question", open.Load())
 		}
 	}
 }

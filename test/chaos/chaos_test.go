@@ -446,7 +446,8 @@ func (fs figures) String() string {
 // for the leak bound. Each node's heap profile (taken after the second of
 // two collections, DEBUG_PPROF) is written to heap-<node>-<label>.pb.gz in
 // the stack's directory, kept with the logs (go tool pprof -diff_base
-// compares two).
+// compares two), and its goroutines by stack to
+// goroutines-<node>-<label>.txt.
 func (c *cluster) nodeFigures(label string) figures {
 	var out figures
 	cl := http.Client{Timeout: 30 * time.Second}
@@ -466,6 +467,15 @@ func (c *cluster) nodeFigures(label string) figures {
 		}
 		if profile != nil {
 			_ = os.WriteFile(filepath.Join(c.dir, fmt.Sprintf("heap-%s-%s.pb.gz", n.id, label)), profile, 0o644)
+		}
+		// And its goroutines, by stack (what a goroutine bound that
+		// fails counts).
+		if resp, err := cl.Get("http://" + n.httpAddr + "/debug/pprof/goroutine?debug=1"); err == nil {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				_ = os.WriteFile(filepath.Join(c.dir, fmt.Sprintf("goroutines-%s-%s.txt", n.id, label)), b, 0o644)
+			}
 		}
 	}
 	// After the collections, a few seconds for the runtime's scavenger to

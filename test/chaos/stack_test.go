@@ -564,7 +564,8 @@ func (c *cluster) close() {
 		if err == nil {
 			logs, _ := filepath.Glob(filepath.Join(c.dir, "*.log"))
 			profiles, _ := filepath.Glob(filepath.Join(c.dir, "*.pb.gz"))
-			logs = append(logs, profiles...)
+			goroutines, _ := filepath.Glob(filepath.Join(c.dir, "goroutines-*.txt"))
+			logs = append(append(logs, profiles...), goroutines...)
 			for _, l := range logs {
 				if b, err := os.ReadFile(l); err == nil {
 					_ = os.WriteFile(filepath.Join(keep, filepath.Base(l)), b, 0o644)
