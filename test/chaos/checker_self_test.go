@@ -128,6 +128,20 @@ func TestLeakBound(t *testing.T) {
 			t.Errorf("want %q in %q", want, got)
 		}
 	}
+	// The goroutines that wait on child processes (a worker's extra
+	// processes not retired yet) are not the node's own.
+	withChildren := func(gors, children int64) figures {
+		f := n("n1", 50000, 10000, gors)
+		f.children = children
+		return figures{f}
+	}
+	if iv := leaks(withChildren(200, 2), withChildren(240, 10)); len(iv.failures) != 0 {
+		t.Fatalf("8 more child processes: %v", iv.failures)
+	}
+	if iv := leaks(withChildren(200, 2), withChildren(240, 2)); len(iv.failures) != 1 ||
+		!strings.Contains(iv.failures[0], "n1: 240 goroutines after the run, 200 before (6 and 6 of them waiting on child processes)") {
+		t.Fatalf("40 more goroutines, the same child processes: %v", iv.failures)
+	}
 }
 
 // Under placement a node's share moves: a node that serves more workers
