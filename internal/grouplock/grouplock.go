@@ -720,8 +720,12 @@ func (l *Locks) YieldIdle(ctx context.Context, group string) bool {
 	s.hold, s.lingering = nil, false
 	given := l.givingUp(group)
 	l.mu.Unlock()
-	// Released (and announced) as at the linger's end.
-	return l.giveUp(context.WithoutCancel(ctx), group, s, h, given) == nil
+	// Released (and announced) as at the linger's end, and as bounded:
+	// once taken off the slot the hold is given up whatever the asker
+	// does meanwhile.
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+	defer cancel()
+	return l.giveUp(gctx, group, s, h, given) == nil
 }
 
 // givingUp records that group's hold is being given up in the background
