@@ -265,8 +265,9 @@ func BenchmarkInstance(b *testing.B) {
 	bench := packageOf(b, flagsEcho, map[string]any{"entry_point": "BenchProcess", "free_result": "BenchFree"})
 	echo := packageOf(b, flagsEcho, nil)
 	ev := enginetest.BenchEvent1KiB(b)
-	lent := false
-	run := func(b *testing.B, e *Engine, code []byte, parallel bool) {
+	// how: "serial", "parallel", or "lent" (serial, as the dispatcher
+	// calls an engines.Lender: outputs lent, the loan returned).
+	run := func(b *testing.B, e *Engine, code []byte, how string) {
 		ctx := context.Background()
 		inst, err := e.Load(ctx, engines.Spec{WorkerID: "bench", MIMEType: MIMEType}, code)
 		if err != nil {
@@ -274,9 +275,9 @@ func BenchmarkInstance(b *testing.B) {
 		}
 		defer inst.Close(ctx)
 		b.ReportAllocs()
-		if lender, ok := inst.(engines.Lender); ok && lent {
-			// As the dispatcher calls it: outputs lent, the loan returned
-			// (FreeResult then runs on a runner goroutine).
+		switch how {
+		case "lent":
+			lender := inst.(engines.Lender)
 			for b.Loop() {
 				_, loan, err := lender.ProcessLent(ctx, ev)
 				if err != nil {
@@ -285,8 +286,7 @@ func BenchmarkInstance(b *testing.B) {
 				loan.Return()
 			}
 			return
-		}
-		if parallel {
+		case "parallel":
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					if _, err := inst.Process(ctx, ev); err != nil {
@@ -303,14 +303,10 @@ func BenchmarkInstance(b *testing.B) {
 			}
 		}
 	}
-	b.Run("InProcess/Trivial1KiB", func(b *testing.B) { run(b, newTestEngine(b, Config{}), bench, false) })
-	b.Run("InProcessLent/Trivial1KiB", func(b *testing.B) {
-		lent = true
-		defer func() { lent = false }()
-		run(b, newTestEngine(b, Config{}), bench, false)
-	})
-	b.Run("InProcess/Trivial1KiBParallel", func(b *testing.B) { run(b, newTestEngine(b, Config{}), bench, true) })
-	b.Run("InProcess/CEcho1KiB", func(b *testing.B) { run(b, newTestEngine(b, Config{}), echo, false) })
+	b.Run("InProcess/Trivial1KiB", func(b *testing.B) { run(b, newTestEngine(b, Config{}), bench, "serial") })
+	b.Run("InProcessLent/Trivial1KiB", func(b *testing.B) { run(b, newTestEngine(b, Config{}), bench, "lent") })
+	b.Run("InProcess/Trivial1KiBParallel", func(b *testing.B) { run(b, newTestEngine(b, Config{}), bench, "parallel") })
+	b.Run("InProcess/CEcho1KiB", func(b *testing.B) { run(b, newTestEngine(b, Config{}), echo, "serial") })
 	// As a node runs them: every call in the crash journal (issue 44).
 	b.Run("InProcessJournaled/Trivial1KiB", func(b *testing.B) {
 		j, _, err := crashjournal.Open(b.TempDir(), crashjournal.Options{Slots: 64})
@@ -318,9 +314,9 @@ func BenchmarkInstance(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer j.Close()
-		run(b, newTestEngine(b, Config{Journal: j}), bench, false)
+		run(b, newTestEngine(b, Config{Journal: j}), bench, "serial")
 	})
 	b.Run("ProcessIsolation/Trivial1KiB", func(b *testing.B) {
-		run(b, newTestEngine(b, hostConfig(Config{Isolation: IsolationProcess})), bench, false)
+		run(b, newTestEngine(b, hostConfig(Config{Isolation: IsolationProcess})), bench, "serial")
 	})
 }
