@@ -64,6 +64,7 @@ type config struct {
 	DotnetMaxProcesses    int               // DOTNET_MAX_PROCESSES: hosts a .NET worker gets on demand while its events are slow (per worker: max_processes)
 	DotnetParkAfter       time.Duration     // DOTNET_PARK_AFTER: stop an idle worker's hosts after this long without an event (0: never)
 	DotnetSpares          int               // DOTNET_SPARE_HOSTS: hosts kept started ahead of need for the next create, start or reload (0: none)
+	DotnetSpareCompilers  int               // DOTNET_SPARE_COMPILERS: warm C# compilers kept started ahead of need for the next compile (0: none)
 	DotnetCacheDir        string            // DOTNET_CACHE_DIR: the compiled .NET host, DevKit, C# workers and unpacked packages
 	WasmMaxMemoryPages    int               // WASM_MAX_MEMORY_PAGES: each WebAssembly instance's memory cap, in 64 KiB pages
 	WasmCacheDir          string            // WASM_CACHE_DIR: compiled WebAssembly modules on disk ("": in memory only)
@@ -149,6 +150,7 @@ func loadConfig() (config, error) {
 		DotnetMaxProcesses:    r.Int("DOTNET_MAX_PROCESSES", dotnet.DefaultMaxProcesses),
 		DotnetParkAfter:       r.Duration("DOTNET_PARK_AFTER", 0),
 		DotnetSpares:          r.Int("DOTNET_SPARE_HOSTS", 1),
+		DotnetSpareCompilers:  r.Int("DOTNET_SPARE_COMPILERS", 2),
 		DotnetCacheDir:        r.String("DOTNET_CACHE_DIR", filepath.Join(os.TempDir(), "workmanager-dotnet")),
 		WasmMaxMemoryPages:    r.Int("WASM_MAX_MEMORY_PAGES", wasm.DefaultMaxMemoryPages),
 		WasmCacheDir:          r.String("WASM_CACHE_DIR", filepath.Join(os.TempDir(), "workmanager-wasm")),
@@ -328,6 +330,8 @@ func (c config) validate() error {
 		return fmt.Errorf("PYTHON_PARK_AFTER must not be negative (0: runners are never parked), got %s", c.PythonParkAfter)
 	case c.DotnetSpares < 0 || c.DotnetSpares > dotnet.MaxSpares:
 		return fmt.Errorf("DOTNET_SPARE_HOSTS must be 0 (none) to %d, got %d", dotnet.MaxSpares, c.DotnetSpares)
+	case c.DotnetSpareCompilers < 0 || c.DotnetSpareCompilers > dotnet.MaxSpares:
+		return fmt.Errorf("DOTNET_SPARE_COMPILERS must be 0 (none) to %d, got %d", dotnet.MaxSpares, c.DotnetSpareCompilers)
 	case c.DotnetParkAfter < 0:
 		return fmt.Errorf("DOTNET_PARK_AFTER must not be negative (0: hosts are never parked), got %s", c.DotnetParkAfter)
 	case c.PythonMaxProcesses < 1 || c.PythonMaxProcesses > python.MaxProcessesLimit:

@@ -115,20 +115,48 @@ func BenchmarkDotnetStartup(b *testing.B) {
 	}
 }
 
-// BenchmarkDotnetCompile compiles a new C# source each time (mcs).
+// BenchmarkDotnetCompile compiles a new C# source each time: Mcs starts
+// the compiler for it, Spare takes a warm spare compiler (the wait for the
+// next one to be warm is not timed).
 func BenchmarkDotnetCompile(b *testing.B) {
-	e := newTestEngine(b, Config{})
-	ctx := context.Background()
-	rt, err := e.runtimeFor(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	src := fixture(b, "echo")
-	i := 0
-	for b.Loop() {
-		i++
-		if _, err := rt.compile(ctx, b.TempDir(), append(src, fmt.Sprintf("\n// %d %d\n", i, time.Now().UnixNano())...), e.compilerFor(engines.Spec{WorkerID: "bench"})); err != nil {
-			b.Fatal(err)
+	for _, spare := range []bool{false, true} {
+		name := "Mcs"
+		if spare {
+			name = "Spare"
 		}
+		b.Run(name, func(b *testing.B) {
+			cfg := Config{}
+			if spare {
+				cfg.SpareCompilers = 1
+			}
+			e := newTestEngine(b, cfg)
+			b.Cleanup(func() { _ = e.Close() })
+			ctx := context.Background()
+			rt, err := e.runtimeFor(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			src := fixture(b, "echo")
+			i := 0
+			compile := func() {
+				i++
+				if _, err := rt.compile(ctx, b.TempDir(), append(src, fmt.Sprintf("\n// %d %d\n", i, time.Now().UnixNano())...), e.compilerFor(engines.Spec{WorkerID: "bench"})); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if spare {
+				compile() // starts the first spare
+			}
+			for b.Loop() {
+				if spare {
+					b.StopTimer()
+					for len(e.compilers.Ready()) == 0 {
+						time.Sleep(2 * time.Millisecond)
+					}
+					b.StartTimer()
+				}
+				compile()
+			}
+		})
 	}
 }

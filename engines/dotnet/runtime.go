@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/internal/spares"
 	"github.com/virtufin/workmanager/engines/sandbox"
 	dotnetdevkit "github.com/virtufin/workmanager/sdk/dotnet"
 )
@@ -25,13 +27,19 @@ import (
 type runtime struct {
 	mono, mcs string
 	version   string // first line of `mono --version`
-	dir       string // <cache>/runtime-<key>: wmhost.exe and Virtufin.Worker.dll
+	dir       string // <cache>/runtime-<key>: wmhost.exe, wmcsc.exe and Virtufin.Worker.dll
+	// mcsExe is the compiler's assembly (what the mcs script runs), which
+	// spare compilers load (sparecompiler.go); "" when it was not found:
+	// no spare compilers.
+	mcsExe string
 }
 
 // DevKit assembly and host file names inside runtime.dir.
 const (
 	devKitDLL = "Virtufin.Worker.dll"
 	hostExe   = "wmhost.exe"
+	// compilerExe is the spare compiler's driver (host/Compiler.cs).
+	compilerExe = "wmcsc.exe"
 	// seedDevKitDLL is the original DevKit's file name: a worker
 	// referencing that assembly gets the node's DevKit too.
 	seedDevKitDLL = "Virtufin.Worker.DevKit.dll"
@@ -49,6 +57,35 @@ func (rt *runtime) describe() string {
 
 func (rt *runtime) devKit() string { return filepath.Join(rt.dir, devKitDLL) }
 func (rt *runtime) host() string   { return filepath.Join(rt.dir, hostExe) }
+
+// mcsExeLine finds the assembly in a launcher script such as Debian's
+// /usr/bin/mcs (`exec /usr/bin/mono $MONO_OPTIONS /usr/lib/mono/4.5/mcs.exe "$@"`).
+var mcsExeLine = regexp.MustCompile(`(/[^\s"']*/mcs\.exe)\b`)
+
+// findMcsExe is the assembly mcs runs: mcs itself when it is one, else the
+// one its launcher script names, else <prefix>/lib/mono/4.5/mcs.exe next
+// to mono; "" when none is a file.
+func findMcsExe(mono, mcs string) string {
+	if strings.HasSuffix(mcs, ".exe") {
+		return mcs
+	}
+	var candidates []string
+	if f, err := os.Open(mcs); err == nil {
+		head := make([]byte, 4<<10)
+		n, _ := io.ReadFull(f, head)
+		f.Close()
+		if m := mcsExeLine.FindSubmatch(head[:n]); m != nil {
+			candidates = append(candidates, string(m[1]))
+		}
+	}
+	candidates = append(candidates, filepath.Join(filepath.Dir(filepath.Dir(mono)), "lib", "mono", "4.5", "mcs.exe"))
+	for _, c := range candidates {
+		if st, err := os.Stat(c); err == nil && st.Mode().IsRegular() {
+			return c
+		}
+	}
+	return ""
+}
 
 // Where discover looks when no path is configured, in order.
 var (
@@ -125,7 +162,7 @@ func isExecutable(p string) bool {
 // naming the compiler, the runtime and every source, unless a complete
 // build is there already (another node sharing the cache may have made
 // it). Files are world-readable: sandboxed hosts run as other users.
-func (rt *runtime) build(ctx context.Context, cache string, host []byte) error {
+func (rt *runtime) build(ctx context.Context, cache string, host, driver []byte) error {
 	out, err := exec.CommandContext(ctx, rt.mono, "--version").Output()
 	if err != nil {
 		return fmt.Errorf("dotnet engine: running %s --version: %w", rt.mono, err)
@@ -135,7 +172,9 @@ func (rt *runtime) build(ctx context.Context, cache string, host []byte) error {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00", rt.mono, rt.mcs, out, dotnetdevkit.Digest())
 	h.Write(host)
+	h.Write(driver)
 	rt.dir = filepath.Join(cache, "runtime-"+hex.EncodeToString(h.Sum(nil))[:16])
+	rt.mcsExe = findMcsExe(rt.mono, rt.mcs)
 	if _, err := os.Stat(filepath.Join(rt.dir, hostExe)); err == nil {
 		return nil
 	}
@@ -171,6 +210,13 @@ func (rt *runtime) build(ctx context.Context, cache string, host []byte) error {
 	exe := filepath.Join(tmp, hostExe)
 	if diags, err := rt.mcsRun(ctx, []string{"-target:exe", "-out:" + exe, "-r:" + lib, hostFile}); err != nil {
 		return fmt.Errorf("dotnet engine: compiling the worker host: %w%s", err, diags.summary(src))
+	}
+	driverFile := filepath.Join(src, "Compiler.cs")
+	if err := os.WriteFile(driverFile, driver, 0o644); err != nil {
+		return fmt.Errorf("dotnet engine: %w", err)
+	}
+	if diags, err := rt.mcsRun(ctx, []string{"-target:exe", "-out:" + filepath.Join(tmp, compilerExe), driverFile}); err != nil {
+		return fmt.Errorf("dotnet engine: compiling the spare compiler: %w%s", err, diags.summary(src))
 	}
 	if err := os.RemoveAll(src); err != nil {
 		return fmt.Errorf("dotnet engine: %w", err)
@@ -269,6 +315,9 @@ type compiler struct {
 	// compiler's process limit).
 	owner  string
 	limits sandbox.Limits
+	// spares are the engine's spare compilers (sparecompiler.go); nil or
+	// none ready: the compile starts its own.
+	spares *spares.Set[*spareCompiler]
 }
 
 // compilerFor is how the source of the worker spec describes is compiled.
@@ -283,7 +332,7 @@ func (e *Engine) compilerFor(spec engines.Spec) compiler {
 	if l.FileSize == 0 {
 		l.FileSize = DefaultCompilerFileSize
 	}
-	return compiler{sb: e.cfg.Sandbox, owner: spec.WorkerID + "\x00mcs", limits: l}
+	return compiler{sb: e.cfg.Sandbox, owner: spec.WorkerID + "\x00mcs", limits: l, spares: e.compilers}
 }
 
 func (c compiler) sandboxed() bool { return c.sb != nil && c.sb.Mode() != sandbox.Off }
@@ -294,12 +343,13 @@ const (
 	compileOutDir = "/compile/out"
 )
 
-// command is the compiler with args, reading srcDir and writing outDir
-// (host paths; args name them as compileSrcDir and compileOutDir when
-// sandboxed), and the function to call once it has exited.
-func (c compiler) command(rt *runtime, args []string, srcDir, outDir string) (*exec.Cmd, func(), error) {
+// command is program (the compiler, or mono for a spare compiler) with
+// args, reading srcDir and writing outDir (host paths; args name them as
+// compileSrcDir and compileOutDir when sandboxed), and the function to
+// call once it has exited.
+func (c compiler) command(rt *runtime, program string, args []string, srcDir, outDir string) (*exec.Cmd, func(), error) {
 	if !c.sandboxed() {
-		path := rt.mcs
+		path := program
 		if pl, err := exec.LookPath("prlimit"); err == nil {
 			l := c.limits
 			pa := []string{"--core=0"}
@@ -314,7 +364,7 @@ func (c compiler) command(rt *runtime, args []string, srcDir, outDir string) (*e
 			if l.CPUSeconds > 0 { // SIGXCPU at the limit, as in the sandbox
 				pa = append(pa, fmt.Sprintf("--cpu=%d:%d", l.CPUSeconds, l.CPUSeconds+1))
 			}
-			path, args = pl, append(append(pa, "--", rt.mcs), args...)
+			path, args = pl, append(append(pa, "--", program), args...)
 		}
 		cmd := exec.Command(path, args...)
 		cmd.Env = compilerEnv
@@ -330,7 +380,7 @@ func (c compiler) command(rt *runtime, args []string, srcDir, outDir string) (*e
 	}
 	limits := c.limits
 	cmd, release, err := c.sb.Command(sandbox.Spec{
-		Owner: c.owner, Path: rt.mcs, Args: args, Env: compilerEnv, ReadOnly: ro,
+		Owner: c.owner, Path: program, Args: args, Env: compilerEnv, ReadOnly: ro,
 		Binds: []sandbox.Bind{
 			{Src: srcDir, Dst: compileSrcDir},
 			{Src: outDir, Dst: compileOutDir, Writable: true},
@@ -422,20 +472,47 @@ func signalOf(st *os.ProcessState) syscall.Signal {
 	return 0
 }
 
-// runCompiler compiles srcDir/Worker.cs into outDir/Worker.dll with c.
-// Compile errors, and a source that takes the compiler past a limit, are
-// ErrInvalidCode.
-func (rt *runtime) runCompiler(ctx context.Context, c compiler, srcDir, outDir string) error {
+// compileArgs are the compiler's arguments for srcDir/Worker.cs into
+// outDir/Worker.dll (paths as the compiler sees them).
+func (rt *runtime) compileArgs(srcDir, outDir, name string) []string {
+	return []string{"-debug-", "-optimize+", "-target:library", "-out:" + filepath.Join(outDir, strings.TrimSuffix(name, ".cs")+".dll"),
+		"-r:" + rt.devKit(), "-r:System.Net.Http.dll", "-r:Microsoft.CSharp.dll", "-r:System.Numerics.dll",
+		filepath.Join(srcDir, name)}
+}
+
+// runCompiler compiles code (Worker.cs) with c: in a spare compiler when
+// one is ready (sparecompiler.go), else in a compiler started for it that
+// reads dir/src and writes dir/out. It returns where the assembly is and a
+// function to call once it has been moved away. Compile errors, and a
+// source that takes the compiler past a limit, are ErrInvalidCode.
+func (rt *runtime) runCompiler(ctx context.Context, c compiler, code []byte, dir string) (string, func(), error) {
+	if c.spares != nil && rt.mcsExe != "" {
+		sc, ok, refill := c.spares.TakeDeferred()
+		// The next spare starts once this compile is done.
+		defer refill()
+		if ok {
+			built, err := sc.compile(ctx, rt, c, code)
+			return built, sc.Retire, err
+		}
+	}
+	// The compiler reads src (its own copy of the source) and writes out,
+	// which is its user id's while it runs.
+	srcDir, outDir := filepath.Join(dir, "src"), filepath.Join(dir, "out")
+	for _, d := range []string{srcDir, outDir} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return "", nil, fmt.Errorf("dotnet engine: %w", err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(srcDir, sourceFile), code, 0o644); err != nil {
+		return "", nil, fmt.Errorf("dotnet engine: %w", err)
+	}
 	shownSrc, shownOut := srcDir, outDir
 	if c.sandboxed() {
 		shownSrc, shownOut = compileSrcDir, compileOutDir
 	}
-	args := []string{"-debug-", "-optimize+", "-target:library", "-out:" + filepath.Join(shownOut, "Worker.dll"),
-		"-r:" + rt.devKit(), "-r:System.Net.Http.dll", "-r:Microsoft.CSharp.dll", "-r:System.Numerics.dll",
-		filepath.Join(shownSrc, sourceFile)}
-	cmd, release, err := c.command(rt, args, srcDir, outDir)
+	cmd, release, err := c.command(rt, rt.mcs, rt.compileArgs(shownSrc, shownOut, sourceFile), srcDir, outDir)
 	if err != nil {
-		return fmt.Errorf("dotnet engine: compiling the C# source: %w", err)
+		return "", nil, fmt.Errorf("dotnet engine: compiling the C# source: %w", err)
 	}
 	out := &boundedBuffer{max: compilerOutputBytes}
 	cmd.Stdout, cmd.Stderr = out, out
@@ -446,14 +523,22 @@ func (rt *runtime) runCompiler(ctx context.Context, c compiler, srcDir, outDir s
 	cmd.WaitDelay = time.Second
 	if err := cmd.Start(); err != nil {
 		release()
-		return fmt.Errorf("dotnet engine: starting the C# compiler: %w", err)
+		return "", nil, fmt.Errorf("dotnet engine: starting the C# compiler: %w", err)
 	}
 	pid := cmd.Process.Pid
 	stop := context.AfterFunc(ctx, func() { syscall.Kill(-pid, syscall.SIGKILL) })
 	werr := cmd.Wait()
 	stop()
 	release()
-	st := cmd.ProcessState
+	built := filepath.Join(outDir, "Worker.dll")
+	return built, func() {}, rt.judge(ctx, c, cmd.ProcessState, werr, out, shownSrc, built)
+}
+
+// judge is what a compile that ended with st and werr (cmd.Wait's), with
+// output out, comes to: nil when it succeeded; ErrInvalidCode naming the
+// limit or the compile errors (paths relative to shownSrc) when the source
+// is at fault; another error otherwise.
+func (rt *runtime) judge(ctx context.Context, c compiler, st *os.ProcessState, werr error, out *boundedBuffer, shownSrc, built string) error {
 	if ctx.Err() != nil {
 		return engines.ContextError(ctx, "dotnet", "compiling the C# source")
 	}
@@ -478,7 +563,7 @@ func (rt *runtime) runCompiler(ctx context.Context, c compiler, srcDir, outDir s
 		// SIGKILL: the memory cgroup's OOM killer (the sandbox's memory
 		// layer), whose bound is above the address space's.
 		return fmt.Errorf("%w: the C# compiler exceeded its memory limit of %s compiling this source (string constants that double, huge initializers?)", engines.ErrInvalidCode, bytesText(l.AddressSpace))
-	case l.FileSize > 0 && (sig == syscall.SIGXFSZ || fileAtLeast(filepath.Join(outDir, "Worker.dll"), l.FileSize)):
+	case l.FileSize > 0 && (sig == syscall.SIGXFSZ || fileAtLeast(built, l.FileSize)):
 		return fmt.Errorf("%w: the assembly compiled from this source exceeds the compiler's file size limit of %s", engines.ErrInvalidCode, bytesText(l.FileSize))
 	}
 	if sum := parseDiagnostics(text).summary(shownSrc); sum != "" {
@@ -573,23 +658,16 @@ func (rt *runtime) compile(ctx context.Context, cache string, code []byte, c com
 		return nil, fmt.Errorf("dotnet engine: cache directory: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	// The compiler reads src (its own copy of the source) and writes out,
-	// which is its user id's while it runs.
-	srcDir, outDir := filepath.Join(tmp, "src"), filepath.Join(tmp, "out")
-	for _, d := range []string{srcDir, outDir} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			return nil, fmt.Errorf("dotnet engine: %w", err)
+	built, done, err := rt.runCompiler(ctx, c, code, tmp)
+	if err != nil {
+		if done != nil {
+			done()
 		}
-	}
-	if err := os.WriteFile(filepath.Join(srcDir, sourceFile), code, 0o644); err != nil {
-		return nil, fmt.Errorf("dotnet engine: %w", err)
-	}
-	if err := rt.runCompiler(ctx, c, srcDir, outDir); err != nil {
 		return nil, err
 	}
+	defer done()
 	// The assembly becomes the node's, read-only for everyone else, before
 	// it moves into place.
-	built := filepath.Join(outDir, "Worker.dll")
 	st, err := os.Lstat(built)
 	if err != nil || !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("dotnet engine: the C# compiler succeeded but wrote no assembly (%v)", err)
@@ -606,8 +684,8 @@ func (rt *runtime) compile(ctx context.Context, cache string, code []byte, c com
 	if err := os.Rename(built, filepath.Join(tmp, "Worker.dll")); err != nil {
 		return nil, fmt.Errorf("dotnet engine: %w", err)
 	}
-	for _, d := range []string{srcDir, outDir} {
-		if err := os.RemoveAll(d); err != nil {
+	for _, d := range []string{"src", "out"} {
+		if err := os.RemoveAll(filepath.Join(tmp, d)); err != nil {
 			return nil, fmt.Errorf("dotnet engine: %w", err)
 		}
 	}

@@ -29,25 +29,26 @@ import (
 // into its slot (onSlot) and the setup payload with the worker's
 // variables; a nil host when none is ready (Config.Spares 0: never) or the
 // one taken could not take the worker (then retired). Either way the next
-// ones start in the background.
-func (e *Engine) takeSpare(spec engines.Spec, w *workerCode) (*proc, *workerCode, []byte) {
-	p, ok := e.spares.Take()
+// ones start in the background once the caller calls refill (when its
+// host is loaded).
+func (e *Engine) takeSpare(spec engines.Spec, w *workerCode) (*proc, *workerCode, []byte, func()) {
+	p, ok, refill := e.spares.TakeDeferred()
 	if !ok {
-		return nil, nil, nil
+		return nil, nil, nil, refill
 	}
 	setup, ok := setupPayload(spec)
 	if !ok {
 		p.Retire()
-		return nil, nil, nil
+		return nil, nil, nil, refill
 	}
 	onSpare, err := onSlot(p, w)
 	if err != nil {
 		spec.Logger.Warn("dotnet engine: a spare host could not take the worker's files; starting a host for it", "worker_id", spec.WorkerID, "error", err)
 		p.Retire()
-		return nil, nil, nil
+		return nil, nil, nil, refill
 	}
 	p.Adopt(spec, childproc.Names{Engine: "dotnet", Process: "host"})
-	return p, onSpare, setup
+	return p, onSpare, setup, refill
 }
 
 // currentRuntime is the runtime built by the first Check or Load (nil

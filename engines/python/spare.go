@@ -25,14 +25,14 @@ import (
 // takeSpare returns a ready spare runner given to spec's worker, and the
 // setup frame that gives it the worker's settings; nil when none is ready
 // (Config.Spares 0: never). Either way the next ones start in the
-// background.
-func (e *Engine) takeSpare(spec engines.Spec) (*proc, []byte) {
-	p, ok := e.spares.Take()
+// background once the caller calls refill (when its runner is loaded).
+func (e *Engine) takeSpare(spec engines.Spec) (p *proc, setup []byte, refill func()) {
+	p, ok, refill := e.spares.TakeDeferred()
 	if !ok {
-		return nil, nil
+		return nil, nil, refill
 	}
 	p.Adopt(spec, spareNames)
-	return p, e.setupFrame(spec)
+	return p, e.setupFrame(spec), refill
 }
 
 // spareInterp is the interpreter spares run: the engine's (resolved once).

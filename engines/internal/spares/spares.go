@@ -59,10 +59,29 @@ func New[P Proc](want int, sb *sandbox.Sandbox, start func() (P, error), log *sl
 // Take hands out a ready process, or reports false when none is ready;
 // either way it starts the next ones in the background.
 func (s *Set[P]) Take() (P, bool) {
+	p, ok, refill := s.TakeDeferred()
+	refill()
+	return p, ok
+}
+
+// TakeDeferred is Take, except that the next ones start only when the
+// caller calls the returned function (once, when what it took the spare
+// for is done: a spare that starts meanwhile takes the CPU it needs —
+// measured, a warm C# compile 60–87 ms with the next spare starting later
+// against 83–98 ms beside it, two cores).
+func (s *Set[P]) TakeDeferred() (P, bool, func()) {
 	var zero P
 	if s.Want <= 0 {
-		return zero, false
+		return zero, false, func() {}
 	}
+	p, ok := s.take()
+	var once sync.Once
+	return p, ok, func() { once.Do(s.refill) }
+}
+
+// take hands out a ready process, retiring dead ones on the way.
+func (s *Set[P]) take() (P, bool) {
+	var zero P
 	var dead []P
 	s.mu.Lock()
 	p, ok := zero, false
@@ -79,7 +98,6 @@ func (s *Set[P]) Take() (P, bool) {
 	for _, d := range dead {
 		d.Retire()
 	}
-	s.refill()
 	return p, ok
 }
 

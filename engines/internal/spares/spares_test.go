@@ -81,3 +81,34 @@ func TestSetHandsEachOutOnce(t *testing.T) {
 		t.Fatal("a spare after Close")
 	}
 }
+
+// TakeDeferred starts the next spare only when its caller says so, once
+// however often it says it.
+func TestTakeDeferredStartsTheNextOnlyWhenAsked(t *testing.T) {
+	var started atomic.Int32
+	s := &Set[*fake]{Want: 1, Start: func() (*fake, error) { return &fake{id: int(started.Add(1))}, nil }}
+	defer s.Close()
+	if _, ok, refill := s.TakeDeferred(); ok {
+		t.Fatal("a spare before any started")
+	} else {
+		time.Sleep(20 * time.Millisecond) // nothing may start meanwhile
+		if n := started.Load(); n != 0 {
+			t.Fatalf("%d started before refill", n)
+		}
+		refill()
+		refill()
+	}
+	first := waitReady(t, s, 1)[0]
+	p, ok, refill := s.TakeDeferred()
+	if !ok || p != first {
+		t.Fatalf("took %v %v, want the ready one", p, ok)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if n := started.Load(); n != 1 || len(s.Ready()) != 0 {
+		t.Fatalf("%d started, %d ready before refill; want 1 and 0", n, len(s.Ready()))
+	}
+	refill()
+	if next := waitReady(t, s, 1)[0]; next == first || started.Load() != 2 {
+		t.Fatalf("the next spare: %+v, %d started", next, started.Load())
+	}
+}

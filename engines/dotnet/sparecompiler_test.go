@@ -1,0 +1,217 @@
+package dotnet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
+)
+
+// waitSpareCompiler waits until e has a warm spare compiler other than
+// the ones in not, and returns it.
+func waitSpareCompiler(t *testing.T, e *Engine, not ...*spareCompiler) *spareCompiler {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		for _, s := range e.compilers.Ready() {
+			seen := false
+			for _, n := range not {
+				seen = seen || n == s
+			}
+			if !seen {
+				return s
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no spare compiler ready after 2 minutes")
+		}
+	}
+}
+
+// unique is code with a line of its own, so that the compile cache does
+// not answer.
+func unique(code []byte, tag string) []byte {
+	return append(append([]byte(nil), code...), "\n// "+tag+"\n"...)
+}
+
+// takenBy waits until spare s has been used (its process exited, its slot
+// removed).
+func takenBy(t *testing.T, s *spareCompiler) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(s.slot); s.Exited() && os.IsNotExist(err) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("spare compiler %s not used (exited %v)", s.slot, s.Exited())
+		}
+	}
+}
+
+// A spare compiler compiles one worker's source, once, with what a
+// compiler started for it would say: the same assembly (loaded by a
+// host), the same errors naming Worker.cs (never the warm-up's source or
+// the sandbox's paths), the same limits; it runs as a user id of its
+// own; one killed while it waits is not used and compiles go on.
+func TestSpareCompilerCompilesOneSourceOnce(t *testing.T) {
+	for _, mode := range []string{"strict", "no sandbox"} {
+		t.Run(mode, func(t *testing.T) {
+			cfg := Config{CacheDir: t.TempDir(), SpareCompilers: 1}
+			if mode == "strict" {
+				cfg.Sandbox = sandboxtest.Strict(t)
+			}
+			e := New(cfg)
+			t.Cleanup(func() { _ = e.Close() })
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			if _, err := e.Warm(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if e.currentRuntime().mcsExe == "" {
+				t.Fatal("mcs.exe not found next to " + e.currentRuntime().mcs)
+			}
+			check := func(name string, code []byte) error {
+				return e.Check(ctx, engines.Spec{WorkerID: name, MIMEType: MIMESource}, code)
+			}
+			// The first compile finds none ready and starts one.
+			if err := check("first", unique(fixture(t, "echo"), "first")); err != nil {
+				t.Fatal(err)
+			}
+			s := waitSpareCompiler(t, e)
+			for dir, want := range map[string][]string{s.src: {"Warm.cs"}, s.out: nil} {
+				entries, err := os.ReadDir(dir)
+				var names []string
+				for _, d := range entries {
+					names = append(names, d.Name())
+				}
+				if err != nil || fmt.Sprint(names) != fmt.Sprint(want) {
+					t.Fatalf("a waiting spare's %s holds %v (%v), want %v", dir, names, err, want)
+				}
+			}
+			if st, err := os.Stat(s.out); err != nil {
+				t.Fatal(err)
+			} else if uid := st.Sys().(*syscall.Stat_t).Uid; mode == "strict" && int(uid) == os.Getuid() {
+				t.Fatalf("the spare's out directory belongs to the node's user id %d: not a user id of its own", uid)
+			}
+
+			if err := check("echo", unique(fixture(t, "echo"), "echo")); err != nil {
+				t.Fatalf("echo on a spare: %v", err)
+			}
+			takenBy(t, s)
+
+			s2 := waitSpareCompiler(t, e, s)
+			err := check("invalid", unique(fixture(t, "invalid"), "invalid"))
+			if !errors.Is(err, engines.ErrInvalidCode) || !strings.Contains(err.Error(), "Worker.cs:9:4: error CS1525") ||
+				strings.Contains(err.Error(), "/compile/") || strings.Contains(err.Error(), "Warm") {
+				t.Fatalf("invalid on a spare: err = %v, want ErrInvalidCode with Worker.cs:9:4: error CS1525 and nothing of the warm-up", err)
+			}
+			takenBy(t, s2)
+
+			s3 := waitSpareCompiler(t, e, s, s2)
+			err = check("bomb", compileBomb())
+			want := fmt.Sprintf("the C# compiler exceeded its memory limit of %d MiB", DefaultCompilerMemory>>20)
+			if !errors.Is(err, engines.ErrInvalidCode) || !strings.Contains(err.Error(), want) {
+				t.Fatalf("bomb on a spare: err = %v, want ErrInvalidCode with %q", err, want)
+			}
+			takenBy(t, s3)
+
+			// A spare killed while it waits is not used; the compile
+			// starts its own.
+			s4 := waitSpareCompiler(t, e, s, s2, s3)
+			if err := syscall.Kill(-s4.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(30 * time.Second); !s4.Exited(); time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the killed spare did not exit")
+				}
+			}
+			if err := check("after", unique(fixture(t, "echo"), "after a spare died")); err != nil {
+				t.Fatalf("after a spare died: %v", err)
+			}
+			takenBy(t, s4)
+			if left, _ := filepath.Glob(filepath.Join(cfg.CacheDir, "compilers", "slot-*")); len(left) > 1 {
+				t.Fatalf("slots left: %v, want at most the next spare's", left)
+			}
+		})
+	}
+}
+
+// A compile on a spare stays under the compiler's CPU-time limit, its
+// warm-up counted.
+func TestSpareCompilerLimits(t *testing.T) {
+	cfg := Config{CacheDir: t.TempDir(), SpareCompilers: 1, Sandbox: sandboxtest.Strict(t)}
+	cfg.CompilerLimits.CPUSeconds = 2
+	e := New(cfg)
+	t.Cleanup(func() { _ = e.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if _, err := e.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Check(ctx, engines.Spec{WorkerID: "first", MIMEType: MIMESource}, unique(fixture(t, "echo"), "limits first")); err != nil {
+		t.Fatal(err)
+	}
+	s := waitSpareCompiler(t, e)
+	err := e.Check(ctx, engines.Spec{WorkerID: "cpu", MIMEType: MIMESource}, unique(cpuBomb(7), "limits cpu"))
+	if want := "the C# compiler exceeded its CPU time limit of 2 s"; !errors.Is(err, engines.ErrInvalidCode) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("err = %v, want ErrInvalidCode with %q", err, want)
+	}
+	takenBy(t, s)
+}
+
+// The ready marker and the done line are found whatever pieces the output
+// comes in; a done line with another nonce (or before the marker) is not
+// the one expected.
+func TestReadyWriterFindsItsLinesInPieces(t *testing.T) {
+	out := "warming\n" + readyMarker + "Worker.cs(1,1): warning CS0000: \x01wmcsc done 0000\n\x01wmcsc done abcd\n"
+	for _, piece := range []int{1, 2, 3, 7, len(out)} {
+		w := &readyWriter{ready: make(chan struct{})}
+		var finished <-chan struct{}
+		for i := 0; i < len(out); i += piece {
+			select {
+			case <-w.ready:
+				if finished == nil {
+					finished = w.expect("\x01wmcsc done abcd\n")
+				}
+			default:
+			}
+			w.Write([]byte(out[i:min(i+piece, len(out))]))
+			if finished != nil && i+piece < len(out)-1 {
+				select {
+				case <-finished:
+					t.Fatalf("pieces of %d: done after %q", piece, out[:i+piece])
+				default:
+				}
+			}
+		}
+		select {
+		case <-w.ready:
+		default:
+			t.Fatalf("pieces of %d: not ready", piece)
+		}
+		if finished == nil {
+			finished = w.expect("\x01wmcsc done abcd\n") // the marker came in the last piece
+		}
+		if piece != len(out) {
+			select {
+			case <-finished:
+			default:
+				t.Fatalf("pieces of %d: the done line was not found", piece)
+			}
+		}
+		if got := w.before(); got != "warming" {
+			t.Fatalf("pieces of %d: before = %q", piece, got)
+		}
+		if !strings.HasPrefix(w.after.String(), "Worker.cs(1,1)") {
+			t.Fatalf("pieces of %d: after = %q", piece, w.after.String())
+		}
+	}
+}
