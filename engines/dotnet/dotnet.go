@@ -164,6 +164,9 @@ type Engine struct {
 	// sandbox owners.
 	compilers        *spares.Set[*spareCompiler]
 	spareCompilerSeq atomic.Uint64
+
+	// slots are the directories the spares' slots are made in (slots.go).
+	slots slotOwners
 }
 
 // ParkTTL and ParkMax bound the hosts Check keeps for the following Load:
@@ -277,6 +280,7 @@ func (e *Engine) Close() error {
 	e.parking.Close()
 	e.spares.Close()
 	e.compilers.Close()
+	e.slots.close()
 	return nil
 }
 

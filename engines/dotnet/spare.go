@@ -17,7 +17,7 @@ import (
 // that a create, a start or a reload takes one instead of starting the
 // runtime inside the sandbox. A host reads its worker's files from a
 // directory bound read-only into its sandbox at its start; a spare's is an
-// empty slot of its own (<cache>/spares/slot-*), into which the worker's
+// empty slot of its own (<cache>/spares/owner-*/slot-*, slots.go), into which the worker's
 // files are hard-linked when it is taken, so that it sees that worker's
 // files and no other's. It then gets the worker's VIRTUFIN_WORKER_*
 // variables (a setup frame) and the load request, with the paths under the
@@ -66,8 +66,8 @@ func (e *Engine) startSpare() (*proc, error) {
 	if rt == nil {
 		return nil, fmt.Errorf("dotnet engine: spare host: no runtime yet")
 	}
-	parent := filepath.Join(e.cfg.CacheDir, "spares")
-	if err := os.MkdirAll(parent, 0o755); err != nil {
+	parent, err := e.slots.dir(e.cfg.CacheDir, filepath.Join(e.cfg.CacheDir, "spares"))
+	if err != nil {
 		return nil, fmt.Errorf("dotnet engine: spare host: %w", err)
 	}
 	slot, err := os.MkdirTemp(parent, "slot-")

@@ -25,7 +25,7 @@ import (
 // warmed: host/Compiler.cs (wmcsc.exe) loads mcs.exe and compiles a
 // source of the node's (warmSource) once, then waits. A compile takes one:
 // the worker's source is written into the spare's slot
-// (<cache>/compilers/slot-*/src, bound read-only at compileSrcDir), the
+// (<cache>/compilers/owner-*/slot-*/src, bound read-only at compileSrcDir), the
 // compiler's arguments are sent on its stdin, and it compiles exactly as
 // mcs does (mcs's own in-process entry point resets its static state after
 // the warm-up) into the slot's out directory, then exits. A spare compiles
@@ -109,8 +109,8 @@ func (e *Engine) startSpareCompiler() (*spareCompiler, error) {
 	if rt == nil || rt.mcsExe == "" {
 		return nil, fmt.Errorf("dotnet engine: spare compiler: no compiler assembly (mcs.exe) found")
 	}
-	parent := filepath.Join(e.cfg.CacheDir, "compilers")
-	if err := os.MkdirAll(parent, 0o755); err != nil {
+	parent, err := e.slots.dir(e.cfg.CacheDir, filepath.Join(e.cfg.CacheDir, "compilers"))
+	if err != nil {
 		return nil, fmt.Errorf("dotnet engine: spare compiler: %w", err)
 	}
 	slot, err := os.MkdirTemp(parent, "slot-")

@@ -137,7 +137,7 @@ func TestSpareCompilerCompilesOneSourceOnce(t *testing.T) {
 				t.Fatalf("after a spare died: %v", err)
 			}
 			takenBy(t, s4)
-			if left, _ := filepath.Glob(filepath.Join(cfg.CacheDir, "compilers", "slot-*")); len(left) > 1 {
+			if left, _ := filepath.Glob(filepath.Join(cfg.CacheDir, "compilers", "owner-*", "slot-*")); len(left) > 1 {
 				t.Fatalf("slots left: %v, want at most the next spare's", left)
 			}
 		})
@@ -213,5 +213,76 @@ func TestReadyWriterFindsItsLinesInPieces(t *testing.T) {
 		if !strings.HasPrefix(w.after.String(), "Worker.cs(1,1)") {
 			t.Fatalf("pieces of %d: after = %q", piece, w.after.String())
 		}
+	}
+}
+
+// What a crashed node left in a shared cache (its owner directories of
+// slots, whose locks nobody holds; old slots of the layout before owners;
+// unfinished compile directories) is removed by the next engine that
+// starts a spare; a live engine's directories, and recent ones no lock
+// covers, are left alone; a closed engine leaves nothing of its spares.
+func TestStaleSlotsAreSwept(t *testing.T) {
+	cache := t.TempDir()
+	mk := func(path string, age time.Duration) string {
+		t.Helper()
+		if err := os.MkdirAll(path, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if age > 0 {
+			old := time.Now().Add(-age)
+			if err := os.Chtimes(path, old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return path
+	}
+	compilers := filepath.Join(cache, "compilers")
+	// A live engine's owner directory: its lock held (here, by the test).
+	live := mk(filepath.Join(compilers, "owner-live", "slot-a"), 0)
+	lock, err := os.OpenFile(filepath.Join(compilers, "owner-live", ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	dead := mk(filepath.Join(compilers, "owner-dead", "slot-b"), 0)
+	if err := os.WriteFile(filepath.Join(compilers, "owner-dead", ".lock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	oldSlot := mk(filepath.Join(compilers, "slot-old"), time.Hour)
+	newSlot := mk(filepath.Join(compilers, "slot-new"), 0)
+	oldCompile := mk(filepath.Join(cache, ".cs-old"), time.Hour)
+	newCompile := mk(filepath.Join(cache, ".cs-new"), 0)
+
+	e := New(Config{CacheDir: cache, SpareCompilers: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := e.Check(ctx, engines.Spec{WorkerID: "sweep", MIMEType: MIMESource}, unique(fixture(t, "echo"), "sweep")); err != nil {
+		t.Fatal(err)
+	}
+	s := waitSpareCompiler(t, e)
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+	for _, p := range []string{live, newSlot, newCompile, s.slot} {
+		if !exists(p) {
+			t.Errorf("%s was removed", p)
+		}
+	}
+	for _, p := range []string{filepath.Dir(dead), oldSlot, oldCompile} {
+		if exists(p) {
+			t.Errorf("%s was left", p)
+		}
+	}
+	owner := filepath.Dir(s.slot)
+	if !strings.HasPrefix(filepath.Base(owner), "owner-") || !ownerAlive(owner) {
+		t.Fatalf("the spare's slot %s is not in a locked owner directory", s.slot)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if exists(owner) {
+		entries, _ := os.ReadDir(owner)
+		t.Fatalf("the closed engine left %s: %v", owner, entries)
 	}
 }
