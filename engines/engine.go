@@ -95,6 +95,15 @@ type Spec struct {
 	// worker on demand; 0: the engine's default.
 	MaxConcurrency int
 	MaxProcesses   int
+	// Parked asks Load for an Instance with no process started when the
+	// engine parks idle workers (PYTHON_PARK_AFTER, DOTNET_PARK_AFTER):
+	// its first event starts one, as after parking. A node sets it when it
+	// attaches its workers again (its reconcile at start or after a lapse,
+	// recovery's Activate of a record unchanged since it started): they
+	// wait parked instead of all starting at once. The code was checked when it was
+	// loaded in; a failure to start shows on the first event. Engines that
+	// park nothing (or with parking off) start their processes as usual.
+	Parked bool
 }
 
 // WithDefaults returns the spec with a zero Timeout and a nil Logger

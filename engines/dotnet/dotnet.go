@@ -295,6 +295,10 @@ func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engi
 		return nil, err
 	}
 	in := newInstance(e, spec, w, procpool.KeyOf(spec, code))
+	if spec.Parked && e.cfg.ParkAfter > 0 {
+		in.pool.FillParked() // its first event starts a host
+		return in, nil
+	}
 	if err := procpool.FirstError(in.pool.Fill(ctx), engines.ErrInvalidCode); err != nil {
 		return nil, err
 	}

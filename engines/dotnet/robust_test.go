@@ -216,3 +216,20 @@ func TestIdleDotnetWorkerIsParked(t *testing.T) {
 		t.Fatalf("the pool holds %d hosts after the call, want 1", n)
 	}
 }
+
+// A Load with Spec.Parked (a node attaching its workers again) starts no
+// host when the engine parks idle workers: the first event starts one.
+func TestParkedDotnetLoadStartsNoHost(t *testing.T) {
+	e := newTestEngine(t, Config{ParkAfter: time.Hour})
+	inst := enginetest.Load(t, e, engines.Spec{WorkerID: "w-parked", MIMEType: MIMESource, Timeout: 30 * time.Second, Parked: true}, []byte(robustWorker))
+	pool := inst.(*Instance).pool
+	if n := len(pool.Tracked()); n != 0 || pool.Live() != 0 {
+		t.Fatalf("a parked Load started %d hosts (%d live), want none", n, pool.Live())
+	}
+	if err := robustCall(inst, "pid"); err != nil {
+		t.Fatalf("the first event: %v", err)
+	}
+	if n := len(pool.Tracked()); n != 1 {
+		t.Fatalf("the pool holds %d hosts after the first event, want 1", n)
+	}
+}

@@ -153,3 +153,29 @@ func killPid(t *testing.T, pid string) {
 	}
 	waitGone(t, pid)
 }
+
+// A Load with Spec.Parked (a node attaching its workers again) starts no
+// runner when the engine parks idle workers: the first event starts one
+// and is answered by it. With parking off, Parked changes nothing.
+func TestParkedLoadStartsNoRunner(t *testing.T) {
+	for _, parkAfter := range []time.Duration{time.Hour, 0} {
+		file := filepath.Join(t.TempDir(), "loads")
+		e := newEngine(t, python.Config{Env: []string{"LOADS_FILE=" + file}, ParkAfter: parkAfter})
+		spec := testSpec
+		spec.Parked = true
+		inst := load(t, e, spec, loadsWorker+"TAG = 'parked'\n")
+		want := 0
+		if parkAfter == 0 {
+			want = 1
+		}
+		if got := loads(t, file); len(got) != want {
+			t.Fatalf("park after %v: runners started by a parked Load: %v, want %d", parkAfter, got, want)
+		}
+		if out := mustCall(t, inst, jsonEvent("x", nil)); len(out) != 1 || !strings.Contains(string(out[0].Data()), `"parked"`) {
+			t.Fatalf("park after %v: outputs %v", parkAfter, out)
+		}
+		if got := loads(t, file); len(got) != 1 {
+			t.Fatalf("park after %v: runners after the first event: %v, want 1", parkAfter, got)
+		}
+	}
+}

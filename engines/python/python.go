@@ -287,6 +287,10 @@ func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engi
 		return nil, err
 	}
 	in := newInstance(e, spec, interp, code)
+	if spec.Parked && e.cfg.ParkAfter > 0 {
+		in.pool.FillParked() // its first event starts a runner
+		return in, nil
+	}
 	// An invalid-code error says what is wrong with the code: it is
 	// preferred over start-up failures.
 	if err := procpool.FirstError(in.pool.Fill(ctx), engines.ErrInvalidCode); err != nil {

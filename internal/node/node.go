@@ -33,12 +33,15 @@ import (
 // a detach that takes long holds up only its own worker. mu guards the maps
 // and is never held across a load, a detach or a store call.
 type Node struct {
-	log      *slog.Logger
-	catalog  *catalog.Catalog
-	engines  *engines.Registry
-	disp     *dispatch.Dispatcher
-	timeout  time.Duration
-	now      func() time.Time
+	log     *slog.Logger
+	catalog *catalog.Catalog
+	engines *engines.Registry
+	disp    *dispatch.Dispatcher
+	timeout time.Duration
+	now     func() time.Time
+	// started is when the node was made: a worker whose record has not
+	// changed since is attached again, not started anew (sync).
+	started  time.Time
 	mu       sync.Mutex
 	locks    map[string]*workerLock
 	attached map[string]string // worker id → code sha256 attached
@@ -149,7 +152,7 @@ const (
 
 // New returns a Node. timeout bounds one message in a worker (0: engine default).
 func New(log *slog.Logger, cat *catalog.Catalog, reg *engines.Registry, disp *dispatch.Dispatcher, timeout time.Duration) *Node {
-	return &Node{log: log, catalog: cat, engines: reg, disp: disp, timeout: timeout, now: time.Now,
+	return &Node{log: log, catalog: cat, engines: reg, disp: disp, timeout: timeout, now: time.Now, started: time.Now(),
 		locks: map[string]*workerLock{}, attached: map[string]string{}, policy: map[string]dispatch.Worker{}, broken: map[string]brokenWorker{},
 		parallelism: DefaultReconcileParallelism}
 }
@@ -217,7 +220,7 @@ func (n *Node) Apply(ctx context.Context, w catalog.Worker, history *catalog.His
 	if err := n.catalog.CheckWrite(ctx, w); err != nil {
 		return err
 	}
-	if err := n.apply(ctx, w); err != nil {
+	if err := n.apply(ctx, w, false); err != nil {
 		return err
 	}
 	// The history entry first, then the record: the record is the commit
@@ -252,7 +255,7 @@ func (n *Node) hotPath(w catalog.Worker) dispatch.Worker {
 
 // apply makes the node serve w; the caller holds w's lock. A fenced node
 // serves nothing.
-func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
+func (n *Node) apply(ctx context.Context, w catalog.Worker, reattach bool) error {
 	if w.Status != catalog.StatusRunning {
 		n.remove(ctx, w.ID)
 		n.disp.ClearUnrunnable(w.ID)
@@ -316,7 +319,7 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 	if quarantined {
 		inst = quarantinedInstance{id: w.ID, reason: q.Reason()} // its code is not loaded
 	} else {
-		inst, err = n.load(ctx, w)
+		inst, err = n.load(ctx, w, reattach)
 	}
 	if err != nil {
 		// The catalog runs it, this node cannot: its messages must wait for
@@ -361,7 +364,9 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker) error {
 	return nil
 }
 
-func (n *Node) load(ctx context.Context, w catalog.Worker) (engines.Instance, error) {
+// load loads w's code with its engine; reattach (Reconcile) loads it
+// parked where the engine parks idle workers (engines.Spec.Parked).
+func (n *Node) load(ctx context.Context, w catalog.Worker, reattach bool) (engines.Instance, error) {
 	code, err := n.catalog.GetCode(ctx, w.CodeSHA256)
 	if err != nil {
 		return nil, fmt.Errorf("load code %s of worker %s: %w", w.CodeSHA256, w.ID, err)
@@ -370,7 +375,9 @@ func (n *Node) load(ctx context.Context, w catalog.Worker) (engines.Instance, er
 	if err != nil {
 		return nil, err
 	}
-	inst, err := e.Load(ctx, n.Spec(w), code)
+	spec := n.Spec(w)
+	spec.Parked = reattach
+	inst, err := e.Load(ctx, spec, code)
 	if err != nil {
 		return nil, fmt.Errorf("load worker %s: %w", w.ID, err)
 	}
@@ -679,7 +686,7 @@ func (n *Node) reconcileOne(ctx context.Context, id string) (catalog.Status, err
 		// Restored only by RecoverWorkers (HoldRestore).
 		return statusHeld, nil
 	}
-	if err := n.apply(ctx, w); err != nil {
+	if err := n.apply(ctx, w, true); err != nil {
 		if !wasBroken || !reflect.DeepEqual(b.record, w) {
 			n.announceLoadFailure(ctx, w, err)
 		}
@@ -815,7 +822,11 @@ func (n *Node) sync(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	return n.apply(ctx, w)
+	// A record unchanged since this node started (recovery's Activate
+	// after a restart) is a worker attached again: parked where the engine
+	// parks idle workers. One a lifecycle call changed since (a start, a
+	// reload on another node) starts as Apply's does.
+	return n.apply(ctx, w, w.UpdatedAt.Before(n.started))
 }
 
 // forgetChecked drops the workflow check's answer for a worker the catalog

@@ -46,9 +46,9 @@ func TestApplyAndRemoveOrderNodeBeforeCatalog(t *testing.T) {
 	}
 }
 
-// Reconcile makes the node match the catalog: running workers attached,
-// stopped and deleted ones detached, a broken one counted without stopping
-// the others.
+// Reconcile makes the node match the catalog: running workers attached
+// (parked, engines.Spec.Parked), stopped and deleted ones detached, a
+// broken one counted without stopping the others.
 func TestReconcileMatchesTheCatalog(t *testing.T) {
 	f, ctx := nodetest.New(t), context.Background()
 	good, _ := f.Catalog.PutCode(ctx, []byte("good"))
@@ -84,7 +84,7 @@ func TestReconcileMatchesTheCatalog(t *testing.T) {
 		t.Fatalf("deleted worker still attached: %v", err)
 	}
 	w := records["stop"]
-	w.Status = catalog.StatusRunning
+	w.Status, w.UpdatedAt = catalog.StatusRunning, time.Now()
 	if err := f.Catalog.SaveWorker(ctx, w); err != nil {
 		t.Fatal(err)
 	}
@@ -93,6 +93,25 @@ func TestReconcileMatchesTheCatalog(t *testing.T) {
 	}
 	if loads := f.Engine.Loads(); loads != 2 {
 		t.Fatalf("%d engine loads, want 2 (run, then stop once started)", loads)
+	}
+	// Reconcile attaches its workers parked (engines.Spec.Parked: no
+	// process until their first event where the engine parks idle
+	// workers); Sync of a record changed since the node started (a
+	// start elsewhere), like Apply, does not; Sync of one unchanged since
+	// (recovery's Activate after a restart) does.
+	if parked := f.Engine.ParkedLoads(); parked != 1 {
+		t.Fatalf("%d parked loads, want 1 (Reconcile's of run; not Sync's of stop)", parked)
+	}
+	old := records["run"]
+	old.ID, old.UpdatedAt = "old", time.Now().Add(-time.Hour)
+	if err := f.Catalog.SaveWorker(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Node.Sync(ctx, "old"); err != nil || !f.Dispatcher.Attached("old") {
+		t.Fatalf("Sync did not attach a worker unchanged since before the node started: %v", err)
+	}
+	if parked := f.Engine.ParkedLoads(); parked != 2 {
+		t.Fatalf("%d parked loads, want 2 (and Sync's of a record older than the node)", parked)
 	}
 }
 

@@ -114,3 +114,28 @@ func TestIdlePoolParks(t *testing.T) {
 	pl.Release(s)
 	parked("parking again")
 }
+
+// FillParked starts nothing; the first call starts a process, which parks
+// again when idle.
+func TestFillParkedStartsOnTheFirstCall(t *testing.T) {
+	f := &fakes{}
+	pl, _ := newPool(t, 2, f, func(c *Config[*fakeProc]) {
+		c.Warm, c.IdleRetire, c.ParkIdle = 1, time.Hour, 30*time.Millisecond
+		c.Grow = func() bool { return false }
+	})
+	pl.FillParked()
+	if n := len(f.all()); n != 0 || pl.Live() != 0 {
+		t.Fatalf("FillParked started %d processes (%d live), want none", n, pl.Live())
+	}
+	s, p := acquire(t, pl)
+	if p.exited() || len(f.all()) != 1 {
+		t.Fatalf("the first call: process exited %v, %d started; want one fresh", p.exited(), len(f.all()))
+	}
+	pl.Release(s)
+	within(t, 5*time.Second, "parking the idle pool", func() bool {
+		for pl.Live() != 0 {
+			<-time.After(5 * time.Millisecond)
+		}
+		return true
+	})
+}

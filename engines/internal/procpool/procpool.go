@@ -238,6 +238,16 @@ func (pl *Pool[P]) Fill(ctx context.Context) []error {
 	return nil
 }
 
+// FillParked makes the slots available to Acquire with no process started:
+// the pool is as Config.ParkIdle leaves it, and the first call starts one.
+// Only with ParkIdle (otherwise it is Fill's to start the warm slots).
+func (pl *Pool[P]) FillParked() {
+	pl.mu.Lock()
+	pl.cold = append(pl.cold, pl.slots...)
+	pl.mu.Unlock()
+	go pl.retireIdle()
+}
+
 // takeCold returns a cold slot whose process may be started now (not
 // backing off after failed starts), or nil.
 func (pl *Pool[P]) takeCold() *Slot[P] {

@@ -40,6 +40,7 @@ const SlowCode = "slow"
 type Engine struct {
 	mu       sync.Mutex
 	loads    int
+	parked   int // loads with Spec.Parked
 	attempts int
 	inFlight int // Load calls not returned yet
 	maxIn    int // the most there were at once
@@ -74,6 +75,13 @@ func (e *Engine) Loads() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.loads
+}
+
+// ParkedLoads counts the successful Loads asked for with Spec.Parked.
+func (e *Engine) ParkedLoads() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.parked
 }
 
 // Info implements engines.Engine.
@@ -115,6 +123,9 @@ func (e *Engine) Load(ctx context.Context, s engines.Spec, code []byte) (engines
 	}
 	e.mu.Lock()
 	e.loads++
+	if s.Parked {
+		e.parked++
+	}
 	e.mu.Unlock()
 	return instance{}, nil
 }
