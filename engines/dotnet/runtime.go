@@ -337,6 +337,12 @@ func (e *Engine) compilerFor(spec engines.Spec) compiler {
 
 func (c compiler) sandboxed() bool { return c.sb != nil && c.sb.Mode() != sandbox.Off }
 
+// bound reports whether the compiler sees its directories bound at
+// compileSrcDir and compileOutDir: in the sandbox's namespaces (without
+// them, an unprivileged container, it runs under the other layers on the
+// host paths).
+func (c compiler) bound() bool { return c.sandboxed() && c.sb.HasNamespaces() }
+
 // Where the source and output directories are inside the sandbox.
 const (
 	compileSrcDir = "/compile/src"
@@ -507,7 +513,7 @@ func (rt *runtime) runCompiler(ctx context.Context, c compiler, code []byte, dir
 		return "", nil, fmt.Errorf("dotnet engine: %w", err)
 	}
 	shownSrc, shownOut := srcDir, outDir
-	if c.sandboxed() {
+	if c.bound() {
 		shownSrc, shownOut = compileSrcDir, compileOutDir
 	}
 	cmd, release, err := c.command(rt, rt.mcs, rt.compileArgs(shownSrc, shownOut, sourceFile), srcDir, outDir)

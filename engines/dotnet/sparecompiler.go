@@ -138,7 +138,7 @@ func (e *Engine) startSpareCompiler() (*spareCompiler, error) {
 	c := e.compilerFor(engines.Spec{})
 	c.owner = fmt.Sprintf("\x00mcs-spare-%d", e.spareCompilerSeq.Add(1))
 	s.shownSrc, s.shownOut = s.src, s.out
-	if c.sandboxed() {
+	if c.bound() {
 		s.shownSrc, s.shownOut = compileSrcDir, compileOutDir
 	}
 	args := append([]string{filepath.Join(rt.dir, compilerExe), rt.mcsExe, filepath.Join(s.shownOut, "Warm.dll")},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/sandbox"
 	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
 )
 
@@ -284,5 +286,35 @@ func TestStaleSlotsAreSwept(t *testing.T) {
 	if exists(owner) {
 		entries, _ := os.ReadDir(owner)
 		t.Fatalf("the closed engine left %s: %v", owner, entries)
+	}
+}
+
+// Without bubblewrap (the sandbox's namespaces layer missing: an
+// unprivileged container) nothing is bound at /compile: the compiler reads
+// and writes the host paths, under the layers there are (prlimit, the
+// memory cgroup); with a spare compiler and without.
+func TestCompileWithoutNamespaces(t *testing.T) {
+	sb := sandboxtest.New(t, sandbox.Config{Mode: sandbox.Standard, Bwrap: "/nonexistent/bwrap", Log: slog.New(slog.DiscardHandler)})
+	if sb.HasNamespaces() {
+		t.Fatal("the sandbox has namespaces without bwrap")
+	}
+	for _, spares := range []int{0, 1} {
+		e := New(Config{CacheDir: t.TempDir(), Sandbox: sb, SpareCompilers: spares})
+		t.Cleanup(func() { _ = e.Close() })
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		check := func(name string, code []byte) error {
+			return e.Check(ctx, engines.Spec{WorkerID: name, MIMEType: MIMESource}, code)
+		}
+		if err := check("echo", unique(fixture(t, "echo"), "no namespaces")); err != nil {
+			t.Fatalf("spares %d: echo: %v", spares, err)
+		}
+		if spares > 0 {
+			waitSpareCompiler(t, e)
+		}
+		err := check("invalid", unique(fixture(t, "invalid"), "no namespaces"))
+		if !errors.Is(err, engines.ErrInvalidCode) || !strings.Contains(err.Error(), "Worker.cs:9:4: error CS1525") || strings.Contains(err.Error(), "/compile/") {
+			t.Fatalf("spares %d: invalid: err = %v, want ErrInvalidCode with Worker.cs:9:4: error CS1525", spares, err)
+		}
 	}
 }
