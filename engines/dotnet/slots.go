@@ -26,6 +26,26 @@ import (
 // owner directory and renaming it.
 const slotsStaleAfter = 10 * time.Minute
 
+// newSlot makes an empty slot for a spare of kind ("spares": hosts,
+// "compilers") in the engine's owner directory, readable by the spare's
+// user id.
+func (e *Engine) newSlot(kind string) (string, error) {
+	parent, err := e.slots.dir(e.cfg.CacheDir, filepath.Join(e.cfg.CacheDir, kind))
+	if err != nil {
+		return "", err
+	}
+	slot, err := os.MkdirTemp(parent, "slot-")
+	if err != nil {
+		return "", err
+	}
+	// MkdirTemp makes it 0700.
+	if err := os.Chmod(slot, 0o755); err != nil {
+		os.RemoveAll(slot)
+		return "", err
+	}
+	return slot, nil
+}
+
 // slotOwner is the engine's owner directory under one parent.
 type slotOwner struct {
 	dir  string

@@ -66,17 +66,8 @@ func (e *Engine) startSpare() (*proc, error) {
 	if rt == nil {
 		return nil, fmt.Errorf("dotnet engine: spare host: no runtime yet")
 	}
-	parent, err := e.slots.dir(e.cfg.CacheDir, filepath.Join(e.cfg.CacheDir, "spares"))
+	slot, err := e.newSlot("spares")
 	if err != nil {
-		return nil, fmt.Errorf("dotnet engine: spare host: %w", err)
-	}
-	slot, err := os.MkdirTemp(parent, "slot-")
-	if err != nil {
-		return nil, fmt.Errorf("dotnet engine: spare host: %w", err)
-	}
-	// Readable by the host's user id (MkdirTemp makes it 0700).
-	if err := os.Chmod(slot, 0o755); err != nil {
-		os.RemoveAll(slot)
 		return nil, fmt.Errorf("dotnet engine: spare host: %w", err)
 	}
 	p, err := e.spawn(engines.Spec{Logger: e.cfg.Logger}, rt, slot, func() { os.RemoveAll(slot) })

@@ -109,11 +109,7 @@ func (e *Engine) startSpareCompiler() (*spareCompiler, error) {
 	if rt == nil || rt.mcsExe == "" {
 		return nil, fmt.Errorf("dotnet engine: spare compiler: no compiler assembly (mcs.exe) found")
 	}
-	parent, err := e.slots.dir(e.cfg.CacheDir, filepath.Join(e.cfg.CacheDir, "compilers"))
-	if err != nil {
-		return nil, fmt.Errorf("dotnet engine: spare compiler: %w", err)
-	}
-	slot, err := os.MkdirTemp(parent, "slot-")
+	slot, err := e.newSlot("compilers")
 	if err != nil {
 		return nil, fmt.Errorf("dotnet engine: spare compiler: %w", err)
 	}
@@ -121,9 +117,6 @@ func (e *Engine) startSpareCompiler() (*spareCompiler, error) {
 	fail := func(err error) (*spareCompiler, error) {
 		os.RemoveAll(slot)
 		return nil, fmt.Errorf("dotnet engine: spare compiler: %w", err)
-	}
-	if err := os.Chmod(slot, 0o755); err != nil {
-		return fail(err)
 	}
 	for _, d := range []string{s.src, s.out} {
 		if err := os.Mkdir(d, 0o755); err != nil {
