@@ -317,7 +317,7 @@ func (p *parts) build(ctx context.Context) error {
 		},
 		// A group that only lingers on another node is asked for at that
 		// node's advertised HTTP address (grouplock.YieldPath).
-		Notify: grouplock.HTTPNotifier(grouplock.NotifyClient(), func(ctx context.Context, node string) (string, error) {
+		Notify: grouplock.HTTPNotifier(grouplock.NotifyClient(), cfg.NodeID, func(ctx context.Context, node string) (string, error) {
 			infos, err := p.pstore.Nodes(ctx, []string{node})
 			if err != nil || len(infos) == 0 {
 				return "", err

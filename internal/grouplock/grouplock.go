@@ -272,11 +272,26 @@ type Locks struct {
 	// record over as its own (try), or its outputs could go out before
 	// those of the yielded leases, out of token order.
 	giving map[string]chan struct{}
+	// handedTo holds, by group, the process this one last gave a
+	// lingering hold of the group up to (YieldIdle's asker) and when: the
+	// group's next Acquire here asks that process first (acquire), as it
+	// may only linger with it by then. At most maxHandedTo groups.
+	handedTo map[string]handOver
 
 	// localWait, when set (by tests), is called before Acquire blocks on
 	// the local slot of a group.
 	localWait func(group string)
 }
+
+// handOver is a hold given up to another process (Locks.handedTo).
+type handOver struct {
+	node string
+	at   time.Time
+}
+
+// maxHandedTo bounds Locks.handedTo (a keyed group's keys are groups of
+// their own): past it the map starts again empty.
+const maxHandedTo = 4096
 
 // slot serializes the contenders of one group inside this process; refs
 // counts its holder and waiters so that an unused slot can be dropped.
@@ -440,6 +455,14 @@ func (l *Locks) Acquire(ctx context.Context, group, holder string) (*Lease, erro
 const NotifyTimeout = 200 * time.Millisecond
 
 func (l *Locks) acquire(ctx context.Context, group, holder string) (*Lease, error) {
+	if node := l.handedBack(group); node != "" {
+		// This process gave the group up to node on its request within
+		// Linger: node has likely run its messages and lingers with it
+		// now. Asked before the first read, a hold it gives up saves this
+		// acquisition the read and the waiter marker of a try that finds
+		// it held (and node's release a conflict with that marker).
+		l.notify(ctx, group, record{Held: true, Node: node})
+	}
 	for try := 0; ; try++ {
 		more := try < l.cfg.MaxRetries
 		lease, seen, err := l.try(ctx, group, holder, more)
@@ -464,6 +487,25 @@ func (l *Locks) acquire(ctx context.Context, group, holder string) (*Lease, erro
 			return nil, err
 		}
 	}
+}
+
+// handedBack returns (and forgets) the process this one gave group up to
+// within the last Linger, if any (Locks.handedTo).
+func (l *Locks) handedBack(group string) string {
+	if l.cfg.Notify == nil {
+		return ""
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h, ok := l.handedTo[group]
+	if !ok {
+		return ""
+	}
+	delete(l.handedTo, group)
+	if l.cfg.Now().Sub(h.at) > l.cfg.Linger {
+		return ""
+	}
+	return h.node
 }
 
 // notify asks the process holding group in seen to give it up when it
@@ -707,8 +749,10 @@ func (l *Locks) giveUp(ctx context.Context, group string, s *slot, h *hold, give
 // YieldIdle is the other side of Config.Notify: it gives up this
 // process's hold of group at once when the hold only lingers (Linger:
 // no caller here uses it), and reports whether it was released. A hold
-// in use, or none, is left alone (false).
-func (l *Locks) YieldIdle(ctx context.Context, group string) bool {
+// in use, or none, is left alone (false). asker, when known, is the
+// process that asked (its Config.Node): this process's next Acquire of
+// the group within Linger asks it first (Locks.handedTo).
+func (l *Locks) YieldIdle(ctx context.Context, group, asker string) bool {
 	l.mu.Lock()
 	s := l.slots[group]
 	if s == nil || !s.lingering {
@@ -725,7 +769,18 @@ func (l *Locks) YieldIdle(ctx context.Context, group string) bool {
 	// does meanwhile.
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
 	defer cancel()
-	return l.giveUp(gctx, group, s, h, given) == nil
+	if l.giveUp(gctx, group, s, h, given) != nil {
+		return false
+	}
+	if asker != "" && asker != l.cfg.Node {
+		l.mu.Lock()
+		if l.handedTo == nil || len(l.handedTo) >= maxHandedTo {
+			l.handedTo = map[string]handOver{}
+		}
+		l.handedTo[group] = handOver{node: asker, at: l.cfg.Now()}
+		l.mu.Unlock()
+	}
+	return true
 }
 
 // givingUp records that group's hold is being given up in the background

@@ -444,7 +444,7 @@ func TestNotifiedHolderGivesUpALingeringHold(t *testing.T) {
 				t.Errorf("asked %s for %s, want a for g", node, group)
 				return false
 			}
-			return a.YieldIdle(ctx, group)
+			return a.YieldIdle(ctx, group, "b")
 		}
 	})
 	ctx := context.Background()
@@ -469,12 +469,12 @@ func TestNotifiedHolderGivesUpALingeringHold(t *testing.T) {
 	if slots != 0 {
 		t.Fatalf("%d slots left on a", slots)
 	}
-	if a.YieldIdle(ctx, "g") {
+	if a.YieldIdle(ctx, "g", "") {
 		t.Fatal("a yielded a hold it does not have")
 	}
 
 	// b's lease in use: a's caller asks, b does not give it up, a sleeps.
-	a.cfg.Notify = func(ctx context.Context, node, group string) bool { return b.YieldIdle(ctx, group) }
+	a.cfg.Notify = func(ctx context.Context, node, group string) bool { return b.YieldIdle(ctx, group, "a") }
 	a.cfg.MaxRetries = 1
 	if _, err := a.Acquire(ctx, "g", "a/2"); !errors.Is(err, ErrContended) {
 		t.Fatalf("Acquire while b's lease runs: %v, want ErrContended", err)
@@ -508,7 +508,7 @@ func TestWaiterAsksAgainWhenTheHoldComesToLinger(t *testing.T) {
 	b := w.node(nil, func(c *Config) {
 		c.Node, c.KeepFor = "b", 100
 		c.Notify = func(ctx context.Context, _, group string) bool {
-			ok := a.YieldIdle(ctx, group)
+			ok := a.YieldIdle(ctx, group, "b")
 			answers = append(answers, ok)
 			return ok
 		}
@@ -527,5 +527,75 @@ func TestWaiterAsksAgainWhenTheHoldComesToLinger(t *testing.T) {
 	}
 	if got.Token <= held.Token {
 		t.Fatalf("token %d after %d", got.Token, held.Token)
+	}
+}
+
+// A node that gave a lingering hold up to another on its request asks
+// that node first at its next Acquire of the group within Linger: the
+// hold it gets back costs one read and one write (no try that finds it
+// held, no waiter marker). Past Linger, or when the other node's lease is
+// in use, it acquires as before.
+func TestHandedBackGroupIsAskedForFirst(t *testing.T) {
+	w := newWorld(t)
+	var a, b *node
+	var asked []string
+	var mu sync.Mutex
+	ask := func(from string, to **node) func(context.Context, string, string) bool {
+		return func(ctx context.Context, node, group string) bool {
+			mu.Lock()
+			asked = append(asked, from+">"+node)
+			mu.Unlock()
+			return (*to).YieldIdle(ctx, group, from)
+		}
+	}
+	bst := &countStore{MemoryStore: w.mem}
+	a = w.node(nil, func(c *Config) {
+		c.Node, c.KeepFor, c.TokenBlock, c.Linger, c.Notify = "a", 100, 100, time.Second, ask("a", &b)
+	})
+	b = w.node(bst, func(c *Config) {
+		c.Node, c.KeepFor, c.TokenBlock, c.Linger, c.Notify = "b", 100, 100, time.Second, ask("b", &a)
+	})
+	ctx := context.Background()
+	mustRelease(t, mustAcquire(t, b, "g", "b/1")) // b lingers
+	mustRelease(t, mustAcquire(t, a, "g", "a/1")) // a asks b, which hands it over; a lingers
+	mu.Lock()
+	if len(asked) != 1 || asked[0] != "a>b" {
+		t.Fatalf("questions %v, want a asking b", asked)
+	}
+	asked = nil
+	mu.Unlock()
+
+	g0, p0 := bst.trips()
+	l := mustAcquire(t, b, "g", "b/2")
+	g, p := bst.trips()
+	mu.Lock()
+	if len(asked) != 1 || asked[0] != "b>a" {
+		t.Fatalf("questions %v, want b asking a first", asked)
+	}
+	asked = nil
+	mu.Unlock()
+	if g-g0 != 1 || p-p0 != 1 || len(b.sl.Slept()) != 0 {
+		t.Fatalf("b's acquisition after handing the group over: %d gets %d puts, slept %v; want 1+1, no sleep", g-g0, p-p0, b.sl.Slept())
+	}
+	if err := l.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustRelease(t, l)
+
+	// a takes it back (asking b), then b's next Acquire comes after Linger:
+	// no question first (a's hold may be gone; the try reads and asks if
+	// it is held).
+	mustRelease(t, mustAcquire(t, a, "g", "a/2"))
+	mu.Lock()
+	asked = nil
+	mu.Unlock()
+	w.clk.Advance(2 * time.Second)
+	g0, p0 = bst.trips()
+	mustRelease(t, mustAcquire(t, b, "g", "b/3"))
+	g, p = bst.trips()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) != 1 || asked[0] != "b>a" || g-g0 != 2 || p-p0 != 2 {
+		t.Fatalf("after Linger: questions %v, %d gets %d puts; want the try's question only, 2+2 (read, marker, read, acquire)", asked, g-g0, p-p0)
 	}
 }

@@ -21,19 +21,25 @@ import (
 )
 
 // YieldPath is where a node answers its peers' Config.Notify: POST, form
-// value "lock" (a lock name, at most MaxLockNameBytes), answered 200 with
-// {"released": bool}. Anyone who can reach the node's HTTP address can
+// value "lock" (a lock name, at most MaxLockNameBytes) and, optionally,
+// "node" (the asking node's Config.Node, at most MaxNodeNameBytes: the
+// answering node asks it first when it wants the lock back, YieldIdle),
+// answered 200 with {"released": bool}. Anyone who can reach the node's HTTP address can
 // ask; the worst an answer does is give up a hold nobody on the node uses
 // (its next message acquires the lock again), never a lease in use.
 const YieldPath = "/internal/grouplock/yield"
 
-// MaxLockNameBytes bounds the lock name a yield request may carry.
-const MaxLockNameBytes = 1024
+// MaxLockNameBytes bounds the lock name a yield request may carry,
+// MaxNodeNameBytes its asking node's name.
+const (
+	MaxLockNameBytes = 1024
+	MaxNodeNameBytes = 256
+)
 
 // YieldHandler serves YieldPath for l.
 func YieldHandler(l *Locks) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.Body = http.MaxBytesReader(w, r.Body, 3*MaxLockNameBytes+64) // a name, form-encoded
+		r.Body = http.MaxBytesReader(w, r.Body, 3*(MaxLockNameBytes+MaxNodeNameBytes)+64) // two names, form-encoded
 		if err := r.ParseForm(); err != nil {
 			http.Error(w, "grouplock yield: "+err.Error(), http.StatusBadRequest)
 			return
@@ -47,7 +53,12 @@ func YieldHandler(l *Locks) http.Handler {
 			http.Error(w, fmt.Sprintf("grouplock yield: a lock name of %d bytes, more than %d", len(lock), MaxLockNameBytes), http.StatusBadRequest)
 			return
 		}
-		released := l.YieldIdle(r.Context(), lock)
+		node := r.PostForm.Get("node")
+		if len(node) > MaxNodeNameBytes {
+			http.Error(w, fmt.Sprintf("grouplock yield: a node name of %d bytes, more than %d", len(node), MaxNodeNameBytes), http.StatusBadRequest)
+			return
+		}
+		released := l.YieldIdle(r.Context(), lock, node)
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]bool{"released": released})
 	})
@@ -76,18 +87,20 @@ func NotifyClient() *http.Client {
 	}}
 }
 
-// HTTPNotifier is Config.Notify over HTTP: lookup finds a node's HTTP
+// HTTPNotifier is Config.Notify over HTTP for the node named self (its
+// Config.Node, sent with each question): lookup finds a node's HTTP
 // address (host:port, "" when it advertises none: then nothing is asked),
 // remembered for a while and looked up again after a failed request; a
 // node whose question failed is not asked again for quietAfterFailure.
 // Callers bound each question (Config.Notify: NotifyTimeout).
-func HTTPNotifier(client *http.Client, lookup func(ctx context.Context, node string) (string, error)) func(ctx context.Context, node, group string) bool {
-	n := &notifier{client: client, lookup: lookup, addrs: map[string]cachedAddr{}}
+func HTTPNotifier(client *http.Client, self string, lookup func(ctx context.Context, node string) (string, error)) func(ctx context.Context, node, group string) bool {
+	n := &notifier{client: client, self: self, lookup: lookup, addrs: map[string]cachedAddr{}}
 	return n.notify
 }
 
 type notifier struct {
 	client *http.Client
+	self   string
 	lookup func(ctx context.Context, node string) (string, error)
 
 	mu    sync.Mutex
@@ -146,7 +159,11 @@ func (n *notifier) notify(ctx context.Context, node, group string) bool {
 }
 
 func (n *notifier) ask(ctx context.Context, addr, group string) (bool, error) {
-	body := url.Values{"lock": {group}}.Encode()
+	form := url.Values{"lock": {group}}
+	if n.self != "" {
+		form.Set("node", n.self)
+	}
+	body := form.Encode()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+YieldPath, strings.NewReader(body))
 	if err != nil {
 		return false, err

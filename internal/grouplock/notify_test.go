@@ -39,6 +39,7 @@ func TestYieldOverHTTP(t *testing.T) {
 	}{
 		"no lock":   {url.Values{}, `the form value "lock" (a lock name) is missing`},
 		"long lock": {url.Values{"lock": {strings.Repeat("g", MaxLockNameBytes+1)}}, "a lock name of 1025 bytes, more than 1024"},
+		"long node": {url.Values{"lock": {"g"}, "node": {strings.Repeat("n", MaxNodeNameBytes+1)}}, "a node name of 257 bytes, more than 256"},
 		"huge body": {url.Values{"lock": {strings.Repeat("g", 1<<20)}}, "request body too large"},
 	} {
 		if code, body := post(c.form); code != http.StatusBadRequest || !strings.Contains(body, c.want) {
@@ -51,7 +52,7 @@ func TestYieldOverHTTP(t *testing.T) {
 
 	var lookups atomic.Int32
 	addr := strings.TrimPrefix(srv.URL, "http://")
-	notify := HTTPNotifier(srv.Client(), func(_ context.Context, node string) (string, error) {
+	notify := HTTPNotifier(srv.Client(), "b", func(_ context.Context, node string) (string, error) {
 		lookups.Add(1)
 		switch node {
 		case "a":
@@ -65,6 +66,12 @@ func TestYieldOverHTTP(t *testing.T) {
 	mustRelease(t, mustAcquire(t, a, "g", "a/1"))
 	if !notify(ctx, "a", "g") {
 		t.Fatal("a lingering hold was not given up")
+	}
+	a.mu.Lock()
+	handed := a.handedTo["g"]
+	a.mu.Unlock()
+	if handed.node != "b" {
+		t.Fatalf("a gave g up to %q, want the asking node b", handed.node)
 	}
 	if r := w.record("g"); r.Held {
 		t.Fatalf("record %+v after the yield", r)
@@ -86,7 +93,7 @@ func TestYieldOverHTTP(t *testing.T) {
 	stuck := make(chan struct{})
 	hung := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-stuck }))
 	t.Cleanup(func() { close(stuck); hung.Close() })
-	paused := HTTPNotifier(hung.Client(), func(context.Context, string) (string, error) { return strings.TrimPrefix(hung.URL, "http://"), nil })
+	paused := HTTPNotifier(hung.Client(), "b", func(context.Context, string) (string, error) { return strings.TrimPrefix(hung.URL, "http://"), nil })
 	for i := range 3 {
 		start := time.Now()
 		qctx, cancel := context.WithTimeout(ctx, NotifyTimeout)
@@ -127,7 +134,7 @@ func TestNotifyClientClosesIdleConnections(t *testing.T) {
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)
-	notify := HTTPNotifier(NotifyClient(), func(context.Context, string) (string, error) { return strings.TrimPrefix(srv.URL, "http://"), nil })
+	notify := HTTPNotifier(NotifyClient(), "b", func(context.Context, string) (string, error) { return strings.TrimPrefix(srv.URL, "http://"), nil })
 	for range 3 {
 		notify(context.Background(), "a", "g")
 	}
