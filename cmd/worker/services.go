@@ -311,6 +311,8 @@ func (p *parts) build(ctx context.Context) error {
 		// A Check's store answer that arrives after a lapse (the node
 		// paused with it unread) is not acted on.
 		AliveSince: func(t time.Time) bool { return members.MemberSince(cfg.NodeHeartbeat, t) },
+		// No other live node: no waiter marker to look for.
+		Alone: members.SeenAlone,
 		OnEvent: func(e grouplock.Event) {
 			met.GroupLockEvent(e)
 			p.infra.Emit(infraevents.GroupLockTopic, "grouplock."+e.Kind, e)

@@ -147,13 +147,19 @@ func TestBeatReportsToOnBeat(t *testing.T) {
 	}
 }
 
-// SeenAlive answers from the last successful heartbeat; before the first
-// one every node counts as alive.
+// SeenAlive and SeenAlone answer from the last successful heartbeat;
+// before the first one every node counts as alive, and no node as alone.
 func TestSeenAlive(t *testing.T) {
 	st := state.NewMemoryStore()
 	a := New(st, "a", time.Minute)
-	if !a.SeenAlive("anyone") {
-		t.Fatal("before any beat, a node must count as alive")
+	if !a.SeenAlive("anyone") || a.SeenAlone() {
+		t.Fatal("before any beat, a node must count as alive, and a not as alone")
+	}
+	if err := a.Beat(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !a.SeenAlone() {
+		t.Fatal("a, the only member, is not alone")
 	}
 	b := New(st, "b", time.Minute)
 	if err := b.Beat(context.Background()); err != nil {
@@ -162,8 +168,8 @@ func TestSeenAlive(t *testing.T) {
 	if err := a.Beat(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if !a.SeenAlive("b") || !a.SeenAlive("a") || a.SeenAlive("c") {
-		t.Fatal("SeenAlive does not match the members")
+	if !a.SeenAlive("b") || !a.SeenAlive("a") || a.SeenAlive("c") || a.SeenAlone() {
+		t.Fatal("SeenAlive (or SeenAlone) does not match the members")
 	}
 	if err := b.Leave(context.Background()); err != nil {
 		t.Fatal(err)
@@ -171,7 +177,7 @@ func TestSeenAlive(t *testing.T) {
 	if err := a.Beat(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if a.SeenAlive("b") {
+	if a.SeenAlive("b") || !a.SeenAlone() {
 		t.Fatal("a node that left still counts as alive")
 	}
 }

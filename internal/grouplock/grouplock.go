@@ -223,6 +223,15 @@ type Config struct {
 	// process's waiter marker (default 100ms); a waiting node gets the
 	// lock within about this long plus its own polling.
 	FairEvery time.Duration
+	// Alone, when set, reports whether no other process takes this
+	// store's locks now (the node's last heartbeat saw no other live
+	// node): a kept or lingering hold then skips FairEvery's read, as no
+	// other process can have written a waiter marker — on a node alone, a
+	// keyed group's holds made most of those reads. A process that joins
+	// is seen at the next heartbeat; until then it waits for a busy run at
+	// most KeepFor leases (it asks a lingering hold to be given up, as
+	// always). Nil: never alone.
+	Alone func() bool
 	// Notify, when set, asks the process named node (a lock record's
 	// Node) to give up its hold of group at once if it only lingers
 	// there (Linger: nobody on that node uses it) — that process's

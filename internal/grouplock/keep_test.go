@@ -3,6 +3,7 @@ package grouplock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -598,4 +599,36 @@ func TestHandedBackGroupIsAskedForFirst(t *testing.T) {
 	if len(asked) != 1 || asked[0] != "b>a" || g-g0 != 2 || p-p0 != 2 {
 		t.Fatalf("after Linger: questions %v, %d gets %d puts; want the try's question only, 2+2 (read, marker, read, acquire)", asked, g-g0, p-p0)
 	}
+}
+
+// A node alone (Config.Alone: its last heartbeat saw no other live node)
+// keeps and lingers its holds without FairEvery's read for waiter
+// markers: nobody else can have written one. Not alone, the read comes
+// back, and a marker ends the hold as before.
+func TestAloneNodeSkipsTheWaiterRead(t *testing.T) {
+	w := newWorld(t)
+	st := &countStore{MemoryStore: w.mem}
+	var alone atomic.Bool
+	alone.Store(true)
+	a := w.node(st, func(c *Config) {
+		c.Node, c.KeepFor, c.TokenBlock, c.Linger, c.Alone = "a", 100, 100, time.Hour, alone.Load
+	})
+	mustRelease(t, mustAcquire(t, a, "g", "a/1")) // lingers
+	for i := 2; i <= 4; i++ {
+		w.clk.Advance(time.Second) // past FairEvery each time
+		g0, p0 := st.trips()
+		mustRelease(t, mustAcquire(t, a, "g", fmt.Sprintf("a/%d", i)))
+		if g, p := st.trips(); g != g0 || p != p0 {
+			t.Fatalf("lease %d of a lingering hold on a node alone: %d gets %d puts, want none", i, g-g0, p-p0)
+		}
+	}
+	// Another node appears and marks the record: no longer alone, the
+	// next release reads it and gives the hold up.
+	alone.Store(false)
+	rec := w.record("g")
+	rec.Waiter, rec.WaiterMs = "b", w.clk.Now().UnixMilli()
+	w.putRecord("g", rec)
+	w.clk.Advance(time.Second)
+	mustRelease(t, mustAcquire(t, a, "g", "a/5"))
+	w.waitRecord("g", func(r record) bool { return !r.Held }, "the hold given up for the waiting node")
 }

@@ -551,6 +551,9 @@ func (l *Locks) fairLocked(ctx context.Context, h *hold) bool {
 	if h.stale || h.ending || h.released || h.uses >= l.cfg.KeepFor {
 		return false
 	}
+	if l.cfg.Alone != nil && l.cfg.Alone() {
+		return true // nobody else to wait (Config.Alone)
+	}
 	if now := l.cfg.Now(); now.Sub(h.fairRead) >= l.cfg.FairEvery {
 		rec, _, err := l.read(ctx, Key(h.group))
 		if err != nil || !h.current(rec) {
