@@ -98,9 +98,9 @@ type Spec struct {
 	// Parked asks Load for an Instance with no process started when the
 	// engine parks idle workers (PYTHON_PARK_AFTER, DOTNET_PARK_AFTER):
 	// its first event starts one, as after parking. A node sets it when it
-	// attaches its workers again (its reconcile at start or after a lapse,
-	// recovery's Activate of a record unchanged since it started): they
-	// wait parked instead of all starting at once. The code was checked when it was
+	// attaches a worker again: a record unchanged since the node started,
+	// reached by its reconcile (at start, after a lapse) or recovery's
+	// Activate; they wait parked instead of all starting at once. The code was checked when it was
 	// loaded in; a failure to start shows on the first event. Engines that
 	// park nothing (or with parking off) start their processes as usual.
 	Parked bool

@@ -686,7 +686,7 @@ func (n *Node) reconcileOne(ctx context.Context, id string) (catalog.Status, err
 		// Restored only by RecoverWorkers (HoldRestore).
 		return statusHeld, nil
 	}
-	if err := n.apply(ctx, w, true); err != nil {
+	if err := n.apply(ctx, w, n.unchangedSinceStart(w)); err != nil {
 		if !wasBroken || !reflect.DeepEqual(b.record, w) {
 			n.announceLoadFailure(ctx, w, err)
 		}
@@ -822,11 +822,17 @@ func (n *Node) sync(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	// A record unchanged since this node started (recovery's Activate
-	// after a restart) is a worker attached again: parked where the engine
-	// parks idle workers. One a lifecycle call changed since (a start, a
-	// reload on another node) starts as Apply's does.
-	return n.apply(ctx, w, w.UpdatedAt.Before(n.started))
+	return n.apply(ctx, w, n.unchangedSinceStart(w))
+}
+
+// unchangedSinceStart reports whether w's record is older than this node:
+// attaching it here (a reconcile, recovery's Activate after a restart) is
+// attaching it again, parked where the engine parks idle workers
+// (engines.Spec.Parked). A record a lifecycle call changed since (a
+// create, a start, a reload), even one a reconcile reaches before that
+// call's own fan-out, starts its processes as Apply does.
+func (n *Node) unchangedSinceStart(w catalog.Worker) bool {
+	return w.UpdatedAt.Before(n.started)
 }
 
 // forgetChecked drops the workflow check's answer for a worker the catalog

@@ -94,11 +94,11 @@ func TestReconcileMatchesTheCatalog(t *testing.T) {
 	if loads := f.Engine.Loads(); loads != 2 {
 		t.Fatalf("%d engine loads, want 2 (run, then stop once started)", loads)
 	}
-	// Reconcile attaches its workers parked (engines.Spec.Parked: no
-	// process until their first event where the engine parks idle
-	// workers); Sync of a record changed since the node started (a
-	// start elsewhere), like Apply, does not; Sync of one unchanged since
-	// (recovery's Activate after a restart) does.
+	// Reconcile attaches a worker whose record is older than the node
+	// parked (engines.Spec.Parked: no process until its first event where
+	// the engine parks idle workers); Sync of a record changed since the
+	// node started (a start elsewhere), like Apply, does not; Sync of one
+	// unchanged since (recovery's Activate after a restart) does.
 	if parked := f.Engine.ParkedLoads(); parked != 1 {
 		t.Fatalf("%d parked loads, want 1 (Reconcile's of run; not Sync's of stop)", parked)
 	}
@@ -112,6 +112,19 @@ func TestReconcileMatchesTheCatalog(t *testing.T) {
 	}
 	if parked := f.Engine.ParkedLoads(); parked != 2 {
 		t.Fatalf("%d parked loads, want 2 (and Sync's of a record older than the node)", parked)
+	}
+	// A record created after the node started, reached by a reconcile
+	// before its own fan-out: not parked.
+	fresh := records["run"]
+	fresh.ID, fresh.UpdatedAt = "fresh", time.Now()
+	if err := f.Catalog.SaveWorker(ctx, fresh); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Node.Reconcile(ctx); err != nil || !f.Dispatcher.Attached("fresh") {
+		t.Fatalf("Reconcile did not attach a new worker: %v", err)
+	}
+	if parked := f.Engine.ParkedLoads(); parked != 2 {
+		t.Fatalf("%d parked loads, want still 2 (a record newer than the node starts its processes)", parked)
 	}
 }
 
