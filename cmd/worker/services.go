@@ -317,6 +317,13 @@ func (p *parts) build(ctx context.Context) error {
 			met.GroupLockEvent(e)
 			p.infra.Emit(infraevents.GroupLockTopic, "grouplock."+e.Kind, e)
 		},
+		// A lingering hold asked for is handed straight to the asking
+		// node's holder (one write instead of a release, an acquisition
+		// and a Check) when that node is alive and the holder its own.
+		HandTo: func(node, holder string) bool {
+			n, _, _ := strings.Cut(holder, "/")
+			return n == node && members.SeenAlive(node)
+		},
 		// A group that only lingers on another node is asked for at that
 		// node's advertised HTTP address (grouplock.YieldPath).
 		Notify: grouplock.HTTPNotifier(grouplock.NotifyClient(), cfg.NodeID, func(ctx context.Context, node string) (string, error) {

@@ -14,7 +14,9 @@
 // costs 1 Get + 1 Put per renewal, one every Config.RenewEvery (MaxAge/3),
 // so a call shorter than that costs none. Each ETag conflict with a
 // concurrent writer that leaves the lease current (a waiter marker) costs
-// one more Get + Put. Check and Release cannot write with an ETag remembered from
+// one more Get + Put. A lingering hold handed to another process that
+// asked for it (Config.HandTo) costs the giver 1 Get + 1 Put and the
+// taker none, its first Check included. Check and Release cannot write with an ETag remembered from
 // Acquire because state.Store.Put does not return the new ETag; they read it
 // first.
 //
@@ -235,14 +237,30 @@ type Config struct {
 	// Notify, when set, asks the process named node (a lock record's
 	// Node) to give up its hold of group at once if it only lingers
 	// there (Linger: nobody on that node uses it) — that process's
-	// YieldIdle — and reports whether it did. A process that finds the
-	// lock held by another calls it after each try that wrote its waiter
-	// marker and tries again at once when it answers true, so that a group
-	// idle on one node is handed over to another within a few round trips
-	// instead of the rest of the linger and FairEvery's polling. A hold in
-	// use is not given up early: the fairness rules above apply. It is
-	// bounded by NotifyTimeout.
-	Notify func(ctx context.Context, node, group string) bool
+	// YieldIdle, for holder, the caller of Acquire asking — and returns
+	// its answer. A process that finds the lock held by another calls it
+	// after each try that wrote its waiter marker; when the answer hands
+	// it the lock (Answer.Handed) the Acquire returns a lease of it with
+	// no store round trip of its own, and when it only says released the
+	// Acquire tries again at once, so that a group idle on one node passes
+	// to another within a round trip or two instead of the rest of the
+	// linger and FairEvery's polling. A hold in use is not given up early:
+	// the fairness rules above apply. It is bounded by NotifyTimeout.
+	Notify func(ctx context.Context, node, group, holder string) Answer
+	// HandTo, when set, lets YieldIdle give a lingering hold straight to
+	// the process that asked for it: one ETag-guarded write records the
+	// asker's holder as the lock's, under the next token block, with
+	// wrote=true, and the answer tells the asker its tokens (Answer.Handed),
+	// instead of a release the asker then follows with an acquisition and
+	// its first Check (three writes and three reads in all, one here). It
+	// says whether holder, of the process node, may be written as the
+	// lock's holder: node must be a live member whose holders HolderAlive
+	// counts by node, so that a lock handed to a process that never learns
+	// of it (the answer lost, or a question that was not its) is freed by
+	// that process when asked (YieldIdle) or taken over by its next
+	// Acquire, and is not left to WrittenMaxAge. Nil: holds are released
+	// for the asker, never handed.
+	HandTo func(node, holder string) bool
 	// TokenBlock is how many fencing tokens one store write reserves
 	// (default 1): an acquisition records the token of the previous one
 	// plus TokenBlock, and its leases take the tokens in between one after
@@ -467,10 +485,12 @@ func (l *Locks) acquire(ctx context.Context, group, holder string) (*Lease, erro
 	if node := l.handedBack(group); node != "" {
 		// This process gave the group up to node on its request within
 		// Linger: node has likely run its messages and lingers with it
-		// now. Asked before the first read, a hold it gives up saves this
-		// acquisition the read and the waiter marker of a try that finds
-		// it held (and node's release a conflict with that marker).
-		l.notify(ctx, group, record{Held: true, Node: node})
+		// now. Asked before the first read, a hold it hands back costs
+		// this acquisition no store round trip at all (one it releases,
+		// the read and the waiter marker of a try that finds it held).
+		if lease, _ := l.ask(ctx, group, holder, record{Held: true, Node: node}); lease != nil {
+			return lease, nil
+		}
 	}
 	for try := 0; ; try++ {
 		more := try < l.cfg.MaxRetries
@@ -486,11 +506,13 @@ func (l *Locks) acquire(ctx context.Context, group, holder string) (*Lease, erro
 			l.emit(ev)
 			return nil, fmt.Errorf("grouplock %s: %d tries: %w", group, try+1, ErrContended)
 		}
-		if l.notify(ctx, group, seen) {
+		if lease, released := l.ask(ctx, group, holder, seen); lease != nil {
+			return lease, nil
+		} else if released {
 			continue // given up for us: try now
 		}
-		if err := l.wait(ctx, group, backoff(l.cfg.RetryBase, try)); err != nil {
-			return nil, err
+		if lease, err := l.wait(ctx, group, holder, backoff(l.cfg.RetryBase, try)); err != nil || lease != nil {
+			return lease, err
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -517,15 +539,51 @@ func (l *Locks) handedBack(group string) string {
 	return h.node
 }
 
-// notify asks the process holding group in seen to give it up when it
-// only lingers there (Config.Notify), and reports whether it did.
-func (l *Locks) notify(ctx context.Context, group string, seen record) bool {
+// ask asks the process holding group in seen to give it up, for holder,
+// when it only lingers there (Config.Notify). It returns the lease of a
+// hold handed to holder (Answer.Handed), else whether the hold was given
+// up (released: the next try may take it).
+func (l *Locks) ask(ctx context.Context, group, holder string, seen record) (lease *Lease, released bool) {
 	if l.cfg.Notify == nil || !seen.Held || seen.Node == "" || seen.Node == l.cfg.Node || ctx.Err() != nil {
-		return false
+		return nil, false
 	}
+	asked := l.cfg.Now()
 	nctx, cancel := context.WithTimeout(ctx, NotifyTimeout)
-	defer cancel()
-	return l.cfg.Notify(nctx, seen.Node, group)
+	ans := l.cfg.Notify(nctx, seen.Node, group, holder)
+	cancel()
+	if ans.Handed != nil {
+		// Released to us in any case: when the hand-over cannot be used,
+		// the next try finds the record naming this process and takes it
+		// over (try).
+		return l.takeHanded(group, holder, *ans.Handed, asked), true
+	}
+	return nil, ans.Released
+}
+
+// takeHanded makes the lease of a hold handed to holder by its last
+// holder (Config.HandTo), asked for at asked: the record names holder,
+// with wrote=true, the tokens hv.First to hv.Token reserved for it. Its
+// age counts from asked (not later than the record's acquired_ms), and,
+// as for a Check's answer, an answer that arrives after this process's
+// membership lapsed is not used (nil: the next try reads the store).
+func (l *Locks) takeHanded(group, holder string, hv Handover, asked time.Time) *Lease {
+	if hv.First <= 0 || hv.First > hv.Token {
+		return nil
+	}
+	if l.cfg.AliveSince != nil && !l.cfg.AliveSince(asked) {
+		return nil
+	}
+	acquired := asked
+	if at := time.UnixMilli(hv.AcquiredMs); at.Before(acquired) {
+		acquired = at
+	}
+	h := &hold{locks: l, group: group, holder: holder, top: hv.Token, next: hv.First, acquired: acquired, fairRead: l.cfg.Now(), wrote: true}
+	lease := &Lease{Group: group, Holder: holder, Token: h.next, locks: l, h: h}
+	h.next++
+	h.uses++
+	h.live = []int64{lease.Token}
+	l.emit(Event{Kind: EventAcquired, Group: group, Holder: holder, Token: lease.Token})
+	return lease
 }
 
 // wait sleeps d between two tries of Acquire. With KeepFor (holds that
@@ -535,15 +593,15 @@ func (l *Locks) notify(ctx context.Context, group string, seen record) bool {
 // linger when asked (Config.Notify), so a hand-over between nodes takes
 // about FairEvery instead of the rest of the backoff; the tries (and
 // their events) stay those of the backoff.
-func (l *Locks) wait(ctx context.Context, group string, d time.Duration) error {
+func (l *Locks) wait(ctx context.Context, group, holder string, d time.Duration) (*Lease, error) {
 	if l.cfg.KeepFor <= 0 || d <= l.cfg.FairEvery {
-		return l.cfg.Sleep(ctx, d)
+		return nil, l.cfg.Sleep(ctx, d)
 	}
 	me := l.cfg.Node
 	for d > 0 {
 		step := min(d, l.cfg.FairEvery)
 		if err := l.cfg.Sleep(ctx, step); err != nil {
-			return err
+			return nil, err
 		}
 		d -= step
 		if d <= 0 || me == "" {
@@ -554,14 +612,16 @@ func (l *Locks) wait(ctx context.Context, group string, d time.Duration) error {
 			continue // the next try says what the store says
 		}
 		fresh := rec.Waiter != "" && l.cfg.Now().Sub(time.UnixMilli(rec.WaiterMs)) < l.cfg.WaiterMaxAge
-		if !rec.Held && (!fresh || rec.Waiter == me) {
-			return nil // free for us: try now
+		if !rec.Held && (!fresh || rec.Waiter == me) || rec.Held && rec.Node == me {
+			// Free for us, or recorded as ours (a hold handed to us
+			// whose answer came too late): try now.
+			return nil, nil
 		}
-		if l.notify(ctx, group, rec) {
-			return nil // its holder's run ended and it only lingered: given up for us
+		if lease, released := l.ask(ctx, group, holder, rec); lease != nil || released {
+			return lease, nil // its holder's run ended and it only lingered: given up for us
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 // try makes one attempt on the store: it returns the lease when it took the
@@ -742,31 +802,69 @@ func (l *Locks) endLinger(group string, s *slot, h *hold) {
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
 	defer cancel()
-	l.giveUp(ctx, group, s, h, given)
+	_, _ = l.giveUp(ctx, group, s, h, given, Asker{})
 }
 
 // giveUp releases h, taken off s (which it lingered on) with given from
-// givingUp, once its yielded leases' side effects went out.
-func (l *Locks) giveUp(ctx context.Context, group string, s *slot, h *hold, given func()) error {
+// givingUp, once its yielded leases' side effects went out — or hands it
+// to the asker to when Config.HandTo allows (to: zero for none).
+func (l *Locks) giveUp(ctx context.Context, group string, s *slot, h *hold, given func(), to Asker) (*Handover, error) {
+	defer l.drop(group, s)
+	defer given()
 	_ = h.idle(ctx)
-	err := h.release(ctx, h.holder)
-	given()
-	l.drop(group, s)
-	return err
+	if to.Node != "" && to.Holder != "" && to.Node != l.cfg.Node && l.cfg.HandTo != nil && l.cfg.HandTo(to.Node, to.Holder) {
+		if hv, err := h.handOver(ctx, to); hv != nil || err == nil {
+			return hv, err
+		}
+	}
+	return nil, h.release(ctx, h.holder)
+}
+
+// Asker names who asks for a hold (YieldIdle): its process (Config.Node)
+// and the holder its Acquire is for; either may be empty (unknown).
+type Asker struct{ Node, Holder string }
+
+// Answer is what a process asked to give up its hold of a group answers
+// (YieldIdle, Config.Notify).
+type Answer struct {
+	// Released: the hold was given up (released, or handed to the asker).
+	Released bool `json:"released"`
+	// Handed, when set, is the lock handed to the asker (Config.HandTo).
+	Handed *Handover `json:"handed,omitempty"`
+}
+
+// Handover is a group's lock its holder handed straight to the process
+// that asked for it (Config.HandTo): the record it wrote names the
+// asker's holder, with wrote=true.
+type Handover struct {
+	// Token is the record's token, the last of the block reserved for
+	// the asker; First is its first lease's.
+	Token int64 `json:"token"`
+	First int64 `json:"first"`
+	// AcquiredMs is the record's acquired_ms.
+	AcquiredMs int64 `json:"acquired_ms"`
 }
 
 // YieldIdle is the other side of Config.Notify: it gives up this
 // process's hold of group at once when the hold only lingers (Linger:
-// no caller here uses it), and reports whether it was released. A hold
-// in use, or none, is left alone (false). asker, when known, is the
-// process that asked (its Config.Node): this process's next Acquire of
-// the group within Linger asks it first (Locks.handedTo).
-func (l *Locks) YieldIdle(ctx context.Context, group, asker string) bool {
+// no caller here uses it) — handed to the asker when Config.HandTo
+// allows, else released — and answers whether it did. A hold in use is
+// left alone. With no hold of the group here at all, a record that
+// names this process as the holder is an orphan (a hold handed here
+// whose answer never arrived, a release that could not reach the store)
+// and is released. The asker's process (to.Node), when known, is asked
+// first by this process's next Acquire of the group within Linger
+// (Locks.handedTo).
+func (l *Locks) YieldIdle(ctx context.Context, group string, to Asker) Answer {
 	l.mu.Lock()
 	s := l.slots[group]
-	if s == nil || !s.lingering {
+	if s == nil {
 		l.mu.Unlock()
-		return false
+		return Answer{Released: l.freeOrphan(ctx, group)}
+	}
+	if !s.lingering {
+		l.mu.Unlock()
+		return Answer{}
 	}
 	h := s.hold
 	s.linger.Stop() // if it fired, endLinger finds the hold taken
@@ -778,17 +876,62 @@ func (l *Locks) YieldIdle(ctx context.Context, group, asker string) bool {
 	// does meanwhile.
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
 	defer cancel()
-	if l.giveUp(gctx, group, s, h, given) != nil {
-		return false
+	hv, err := l.giveUp(gctx, group, s, h, given, to)
+	if err != nil {
+		return Answer{}
 	}
-	if asker != "" && asker != l.cfg.Node {
+	if to.Node != "" && to.Node != l.cfg.Node {
 		l.mu.Lock()
 		if l.handedTo == nil || len(l.handedTo) >= maxHandedTo {
 			l.handedTo = map[string]handOver{}
 		}
-		l.handedTo[group] = handOver{node: asker, at: l.cfg.Now()}
+		l.handedTo[group] = handOver{node: to.Node, at: l.cfg.Now()}
 		l.mu.Unlock()
 	}
+	return Answer{Released: true, Handed: hv}
+}
+
+// freeOrphan releases group's lock when the store shows it held by this
+// process (Config.Node) while nothing here holds it, acquires it or gives
+// it up, and reports whether it did. The local slot is held meanwhile, so
+// no Acquire here takes the record over between the read and the write.
+func (l *Locks) freeOrphan(ctx context.Context, group string) bool {
+	if l.cfg.Node == "" {
+		return false
+	}
+	l.mu.Lock()
+	s := l.slots[group]
+	if s == nil {
+		s = &slot{ch: make(chan struct{}, 1)}
+		l.slots[group] = s
+	}
+	s.refs++
+	l.mu.Unlock()
+	select {
+	case s.ch <- struct{}{}:
+	default:
+		l.drop(group, s) // an Acquire here holds it: not an orphan
+		return false
+	}
+	defer l.unlockLocal(group, s)
+	l.mu.Lock()
+	busy := s.hold != nil || l.giving[group] != nil
+	l.mu.Unlock()
+	if busy {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+	defer cancel()
+	key := Key(group)
+	rec, etag, err := l.read(ctx, key)
+	if err != nil || !rec.Held || rec.Node != l.cfg.Node {
+		return false
+	}
+	rec.Held = false
+	if l.put(ctx, key, rec, etag) != nil {
+		return false
+	}
+	l.emit(Event{Kind: EventReleased, Group: group, Holder: rec.Holder, Token: rec.Token})
 	return true
 }
 

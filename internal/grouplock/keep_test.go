@@ -439,13 +439,13 @@ func TestNotifiedHolderGivesUpALingeringHold(t *testing.T) {
 	var asked atomic.Int32
 	b := w.node(nil, func(c *Config) {
 		c.Node, c.KeepFor, c.Linger = "b", 100, time.Hour
-		c.Notify = func(ctx context.Context, node, group string) bool {
+		c.Notify = func(ctx context.Context, node, group, holder string) Answer {
 			asked.Add(1)
-			if node != "a" || group != "g" {
-				t.Errorf("asked %s for %s, want a for g", node, group)
-				return false
+			if node != "a" || group != "g" || holder != "b/1" {
+				t.Errorf("asked %s for %s for %s, want a for g for b/1", node, group, holder)
+				return Answer{}
 			}
-			return a.YieldIdle(ctx, group, "b")
+			return a.YieldIdle(ctx, group, Asker{Node: "b", Holder: holder})
 		}
 	})
 	ctx := context.Background()
@@ -470,12 +470,14 @@ func TestNotifiedHolderGivesUpALingeringHold(t *testing.T) {
 	if slots != 0 {
 		t.Fatalf("%d slots left on a", slots)
 	}
-	if a.YieldIdle(ctx, "g", "") {
+	if a.YieldIdle(ctx, "g", Asker{}).Released {
 		t.Fatal("a yielded a hold it does not have")
 	}
 
 	// b's lease in use: a's caller asks, b does not give it up, a sleeps.
-	a.cfg.Notify = func(ctx context.Context, node, group string) bool { return b.YieldIdle(ctx, group, "a") }
+	a.cfg.Notify = func(ctx context.Context, node, group, holder string) Answer {
+		return b.YieldIdle(ctx, group, Asker{Node: "a", Holder: holder})
+	}
 	a.cfg.MaxRetries = 1
 	if _, err := a.Acquire(ctx, "g", "a/2"); !errors.Is(err, ErrContended) {
 		t.Fatalf("Acquire while b's lease runs: %v, want ErrContended", err)
@@ -508,10 +510,10 @@ func TestWaiterAsksAgainWhenTheHoldComesToLinger(t *testing.T) {
 	var answers []bool
 	b := w.node(nil, func(c *Config) {
 		c.Node, c.KeepFor = "b", 100
-		c.Notify = func(ctx context.Context, _, group string) bool {
-			ok := a.YieldIdle(ctx, group, "b")
-			answers = append(answers, ok)
-			return ok
+		c.Notify = func(ctx context.Context, _, group, holder string) Answer {
+			ans := a.YieldIdle(ctx, group, Asker{Node: "b", Holder: holder})
+			answers = append(answers, ans.Released)
+			return ans
 		}
 	})
 	b.sl.hook = func(i int) {
@@ -541,12 +543,12 @@ func TestHandedBackGroupIsAskedForFirst(t *testing.T) {
 	var a, b *node
 	var asked []string
 	var mu sync.Mutex
-	ask := func(from string, to **node) func(context.Context, string, string) bool {
-		return func(ctx context.Context, node, group string) bool {
+	ask := func(from string, to **node) func(context.Context, string, string, string) Answer {
+		return func(ctx context.Context, node, group, holder string) Answer {
 			mu.Lock()
 			asked = append(asked, from+">"+node)
 			mu.Unlock()
-			return (*to).YieldIdle(ctx, group, from)
+			return (*to).YieldIdle(ctx, group, Asker{Node: from, Holder: holder})
 		}
 	}
 	bst := &countStore{MemoryStore: w.mem}

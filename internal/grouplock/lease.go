@@ -523,6 +523,53 @@ func (h *hold) release(ctx context.Context, releaser string) error {
 	return nil
 }
 
+// handOver gives the hold's lock to the asker to in one ETag-guarded
+// write (Config.HandTo): the record names to.Holder on to.Node, held,
+// wrote=true, under the next block of tokens above this hold's. When
+// another process's fresh waiter marker shows in the record, the lock is
+// released for it instead (nil, nil: the waiter that came first takes it,
+// as without hand-over). A hold no longer current is left alone (nil,
+// nil). On a store error nothing is known to be written: the caller
+// releases as usual.
+func (h *hold) handOver(ctx context.Context, to Asker) (*Handover, error) {
+	h.mu.Lock()
+	h.ending = true // nothing more happens under it, no renewal either
+	h.mu.Unlock()
+	h.stopRenewal()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released || h.stale {
+		h.released = true
+		return nil, nil
+	}
+	l := h.locks
+	var hv *Handover
+	current, err := h.update(ctx, func(rec *record) bool {
+		now := l.cfg.Now()
+		hv = nil
+		if rec.Waiter != "" && rec.Waiter != to.Node && now.Sub(time.UnixMilli(rec.WaiterMs)) < l.cfg.WaiterMaxAge {
+			rec.Held = false // another node waits: its turn
+			return true
+		}
+		from := rec.Token
+		if keyed(h.group) {
+			from = max(from, now.UnixMilli()*TimeTokens)
+		}
+		*rec = record{Token: from + l.cfg.TokenBlock, Holder: to.Holder, Held: true, AcquiredMs: now.UnixMilli(), Wrote: true, Node: to.Node}
+		hv = &Handover{Token: rec.Token, First: from + 1, AcquiredMs: rec.AcquiredMs}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	h.released = true
+	if !current {
+		return nil, nil
+	}
+	l.emit(Event{Kind: EventReleased, Group: h.group, Holder: h.holder, Token: h.next - 1})
+	return hv, nil
+}
+
 func (h *hold) current(rec record) bool {
 	return rec.Held && rec.Token == h.top && rec.Holder == h.holder
 }

@@ -23,23 +23,30 @@ import (
 // YieldPath is where a node answers its peers' Config.Notify: POST, form
 // value "lock" (a lock name, at most MaxLockNameBytes) and, optionally,
 // "node" (the asking node's Config.Node, at most MaxNodeNameBytes: the
-// answering node asks it first when it wants the lock back, YieldIdle),
-// answered 200 with {"released": bool}. Anyone who can reach the node's HTTP address can
-// ask; the worst an answer does is give up a hold nobody on the node uses
-// (its next message acquires the lock again), never a lease in use.
+// answering node asks it first when it wants the lock back, YieldIdle)
+// and "holder" (the holder the asker acquires for, at most
+// MaxHolderBytes: with node, the hold may be handed to it,
+// Config.HandTo), answered 200 with an Answer: {"released": bool,
+// "handed": {"token", "first", "acquired_ms"}}. Anyone who can reach the
+// node's HTTP address can ask; the worst an answer does is give up a hold
+// nobody on the node uses (its next message acquires the lock again) —
+// handed to a live node that did not ask, the lock is freed by that node
+// at the next question, or taken over by its next message —, never a
+// lease in use.
 const YieldPath = "/internal/grouplock/yield"
 
 // MaxLockNameBytes bounds the lock name a yield request may carry,
-// MaxNodeNameBytes its asking node's name.
+// MaxNodeNameBytes its asking node's name, MaxHolderBytes its holder.
 const (
 	MaxLockNameBytes = 1024
 	MaxNodeNameBytes = 256
+	MaxHolderBytes   = 1024
 )
 
 // YieldHandler serves YieldPath for l.
 func YieldHandler(l *Locks) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.Body = http.MaxBytesReader(w, r.Body, 3*(MaxLockNameBytes+MaxNodeNameBytes)+64) // two names, form-encoded
+		r.Body = http.MaxBytesReader(w, r.Body, 3*(MaxLockNameBytes+MaxNodeNameBytes+MaxHolderBytes)+64) // three names, form-encoded
 		if err := r.ParseForm(); err != nil {
 			http.Error(w, "grouplock yield: "+err.Error(), http.StatusBadRequest)
 			return
@@ -58,9 +65,14 @@ func YieldHandler(l *Locks) http.Handler {
 			http.Error(w, fmt.Sprintf("grouplock yield: a node name of %d bytes, more than %d", len(node), MaxNodeNameBytes), http.StatusBadRequest)
 			return
 		}
-		released := l.YieldIdle(r.Context(), lock, node)
+		holder := r.PostForm.Get("holder")
+		if len(holder) > MaxHolderBytes {
+			http.Error(w, fmt.Sprintf("grouplock yield: a holder of %d bytes, more than %d", len(holder), MaxHolderBytes), http.StatusBadRequest)
+			return
+		}
+		ans := l.YieldIdle(r.Context(), lock, Asker{Node: node, Holder: holder})
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(map[string]bool{"released": released})
+		_ = json.NewEncoder(w).Encode(ans)
 	})
 }
 
@@ -93,7 +105,7 @@ func NotifyClient() *http.Client {
 // remembered for a while and looked up again after a failed request; a
 // node whose question failed is not asked again for quietAfterFailure.
 // Callers bound each question (Config.Notify: NotifyTimeout).
-func HTTPNotifier(client *http.Client, self string, lookup func(ctx context.Context, node string) (string, error)) func(ctx context.Context, node, group string) bool {
+func HTTPNotifier(client *http.Client, self string, lookup func(ctx context.Context, node string) (string, error)) func(ctx context.Context, node, group, holder string) Answer {
 	n := &notifier{client: client, self: self, lookup: lookup, addrs: map[string]cachedAddr{}}
 	return n.notify
 }
@@ -145,45 +157,46 @@ func (n *notifier) failed(node string) {
 	n.mu.Unlock()
 }
 
-func (n *notifier) notify(ctx context.Context, node, group string) bool {
+func (n *notifier) notify(ctx context.Context, node, group, holder string) Answer {
 	addr := n.addr(ctx, node)
 	if addr == "" {
-		return false
+		return Answer{}
 	}
-	released, err := n.ask(ctx, addr, group)
+	ans, err := n.ask(ctx, addr, group, holder)
 	if err != nil {
 		n.failed(node)
-		return false
+		return Answer{}
 	}
-	return released
+	return ans
 }
 
-func (n *notifier) ask(ctx context.Context, addr, group string) (bool, error) {
+func (n *notifier) ask(ctx context.Context, addr, group, holder string) (Answer, error) {
 	form := url.Values{"lock": {group}}
 	if n.self != "" {
 		form.Set("node", n.self)
+		if holder != "" {
+			form.Set("holder", holder)
+		}
 	}
 	body := form.Encode()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+YieldPath, strings.NewReader(body))
 	if err != nil {
-		return false, err
+		return Answer{}, err
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	resp, err := n.client.Do(req)
 	if err != nil {
-		return false, err
+		return Answer{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return false, fmt.Errorf("grouplock yield at %s: %s", addr, resp.Status)
+		return Answer{}, fmt.Errorf("grouplock yield at %s: %s", addr, resp.Status)
 	}
-	var ans struct {
-		Released bool `json:"released"`
+	var ans Answer
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1024)).Decode(&ans); err != nil {
+		return Answer{}, err
 	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 256)).Decode(&ans); err != nil {
-		return false, err
-	}
-	return ans.Released, nil
+	return ans, nil
 }
 
 // ValidateAdvertiseAddr checks a node's advertised HTTP address: host:port

@@ -40,6 +40,8 @@ func TestYieldOverHTTP(t *testing.T) {
 		"no lock":   {url.Values{}, `the form value "lock" (a lock name) is missing`},
 		"long lock": {url.Values{"lock": {strings.Repeat("g", MaxLockNameBytes+1)}}, "a lock name of 1025 bytes, more than 1024"},
 		"long node": {url.Values{"lock": {"g"}, "node": {strings.Repeat("n", MaxNodeNameBytes+1)}}, "a node name of 257 bytes, more than 256"},
+		"long holder": {url.Values{"lock": {"g"}, "node": {"b"}, "holder": {strings.Repeat("h", MaxHolderBytes+1)}},
+			"a holder of 1025 bytes, more than 1024"},
 		"huge body": {url.Values{"lock": {strings.Repeat("g", 1<<20)}}, "request body too large"},
 	} {
 		if code, body := post(c.form); code != http.StatusBadRequest || !strings.Contains(body, c.want) {
@@ -64,8 +66,8 @@ func TestYieldOverHTTP(t *testing.T) {
 	})
 	ctx := context.Background()
 	mustRelease(t, mustAcquire(t, a, "g", "a/1"))
-	if !notify(ctx, "a", "g") {
-		t.Fatal("a lingering hold was not given up")
+	if ans := notify(ctx, "a", "g", "b/1"); !ans.Released || ans.Handed != nil {
+		t.Fatalf("a lingering hold, a without HandTo: %+v, want released and not handed", ans)
 	}
 	a.mu.Lock()
 	handed := a.handedTo["g"]
@@ -76,17 +78,31 @@ func TestYieldOverHTTP(t *testing.T) {
 	if r := w.record("g"); r.Held {
 		t.Fatalf("record %+v after the yield", r)
 	}
-	if notify(ctx, "a", "g") || lookups.Load() != 1 {
+	if notify(ctx, "a", "g", "").Released || lookups.Load() != 1 {
 		t.Fatalf("second question: released, or %d lookups (want the address remembered)", lookups.Load())
 	}
-	if notify(ctx, "nobody", "g") {
+	if notify(ctx, "nobody", "g", "").Released {
 		t.Fatal("a node without an address answered")
 	}
-	if notify(ctx, "gone", "g") || notify(ctx, "gone", "g") {
+	if notify(ctx, "gone", "g", "").Released || notify(ctx, "gone", "g", "").Released {
 		t.Fatal("an unreachable node answered")
 	}
 	if n := lookups.Load(); n != 3 { // a, nobody, gone once: not asked again for a while after failing
 		t.Fatalf("%d lookups, want 3", n)
+	}
+
+	// With HandTo, the hold is handed to the asker over HTTP: the answer
+	// carries the record's tokens, and the record names the asker.
+	a.cfg.HandTo = func(node, holder string) bool { return node == "b" && strings.HasPrefix(holder, "b/") }
+	mustRelease(t, mustAcquire(t, a, "g", "a/2"))
+	before := w.record("g")
+	ans := notify(ctx, "a", "g", "b/7")
+	r := w.record("g")
+	if !ans.Released || ans.Handed == nil || ans.Handed.Token != r.Token || ans.Handed.First != before.Token+1 || ans.Handed.AcquiredMs != r.AcquiredMs {
+		t.Fatalf("hand-over answer %+v, record %+v after %+v", ans, r, before)
+	}
+	if !r.Held || r.Holder != "b/7" || r.Node != "b" || !r.Wrote {
+		t.Fatalf("record %+v after the hand-over, want held by b/7 on b, wrote", r)
 	}
 	// A node that does not answer (paused) costs the asker the caller's
 	// bound once, then nothing for a while.
@@ -97,7 +113,7 @@ func TestYieldOverHTTP(t *testing.T) {
 	for i := range 3 {
 		start := time.Now()
 		qctx, cancel := context.WithTimeout(ctx, NotifyTimeout)
-		if paused(qctx, "p", "g") {
+		if paused(qctx, "p", "g", "b/1").Released {
 			t.Fatal("a paused node answered")
 		}
 		cancel()
@@ -136,7 +152,7 @@ func TestNotifyClientClosesIdleConnections(t *testing.T) {
 	t.Cleanup(srv.Close)
 	notify := HTTPNotifier(NotifyClient(), "b", func(context.Context, string) (string, error) { return strings.TrimPrefix(srv.URL, "http://"), nil })
 	for range 3 {
-		notify(context.Background(), "a", "g")
+		notify(context.Background(), "a", "g", "")
 	}
 	if open.Load() == 0 {
 		t.Fatal("no connection was made")

@@ -1,0 +1,245 @@
+package grouplock
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// handing builds nodes that ask each other for a group (Config.Notify,
+// straight to the other's YieldIdle) and hand lingering holds over
+// (Config.HandTo: a holder "<node>/..." of a known node).
+type handing struct {
+	w     *world
+	mu    sync.Mutex
+	nodes map[string]*node
+	asked []string
+}
+
+func newHanding(t *testing.T) *handing {
+	return &handing{w: newWorld(t), nodes: map[string]*node{}}
+}
+
+func (hd *handing) node(name string, st *countStore, mod func(*Config)) *node {
+	var n *node
+	if st == nil {
+		n = hd.w.node(nil, func(c *Config) { hd.config(name, c, mod) })
+	} else {
+		n = hd.w.node(st, func(c *Config) { hd.config(name, c, mod) })
+	}
+	hd.mu.Lock()
+	hd.nodes[name] = n
+	hd.mu.Unlock()
+	return n
+}
+
+func (hd *handing) config(name string, c *Config, mod func(*Config)) {
+	c.Node, c.KeepFor, c.TokenBlock, c.Linger = name, 100, 100, time.Second
+	c.HandTo = func(node, holder string) bool {
+		hd.mu.Lock()
+		defer hd.mu.Unlock()
+		return hd.nodes[node] != nil && strings.HasPrefix(holder, node+"/")
+	}
+	c.Notify = func(ctx context.Context, node, group, holder string) Answer {
+		hd.mu.Lock()
+		hd.asked = append(hd.asked, name+">"+node)
+		to := hd.nodes[node]
+		hd.mu.Unlock()
+		if to == nil {
+			return Answer{}
+		}
+		return to.YieldIdle(ctx, group, Asker{Node: name, Holder: holder})
+	}
+	if mod != nil {
+		mod(c)
+	}
+}
+
+func (hd *handing) questions() []string {
+	hd.mu.Lock()
+	defer hd.mu.Unlock()
+	q := hd.asked
+	hd.asked = nil
+	return q
+}
+
+// Config.HandTo: a node asked for a hold that only lingers writes the
+// asker's holder into the record (the next token block, wrote=true) and
+// answers with its tokens: the asker's lease needs no store round trip of
+// its own, nor does its first Check. Asked back first (Locks.handedTo),
+// the hold comes back the same way: the whole hand-over is one read and
+// one write by the node that gives it. Tokens only grow; the hold given
+// away is stale on its old node.
+func TestLingeringHoldIsHandedToTheAsker(t *testing.T) {
+	hd := newHanding(t)
+	ast, bst := &countStore{MemoryStore: hd.w.mem}, &countStore{MemoryStore: hd.w.mem}
+	a := hd.node("a", ast, nil)
+	b := hd.node("b", bst, nil)
+	ctx := context.Background()
+
+	first := mustAcquire(t, b, "g", "b/1")
+	mustRelease(t, first) // b lingers
+	ag0, ap0 := ast.trips()
+	bg0, bp0 := bst.trips()
+	la := mustAcquire(t, a, "g", "a/1")
+	if err := la.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ag, ap := ast.trips()
+	bg, bp := bst.trips()
+	if q := hd.questions(); len(q) != 1 || q[0] != "a>b" {
+		t.Fatalf("questions %v, want a asking b", q)
+	}
+	// a: the try that found it held (read, waiter marker); b: the hand-over.
+	if ag-ag0 != 1 || ap-ap0 != 1 || bg-bg0 != 1 || bp-bp0 != 1 {
+		t.Fatalf("a's acquisition and Check: a %d gets %d puts, b %d gets %d puts; want 1+1 each", ag-ag0, ap-ap0, bg-bg0, bp-bp0)
+	}
+	r := hd.w.record("g")
+	if !r.Held || r.Holder != "a/1" || r.Node != "a" || !r.Wrote || la.Token != 101 || r.Token != 200 || r.Waiter != "" {
+		t.Fatalf("lease token %d, record %+v: want 101 of the block up to 200, held by a/1 on a, wrote, no waiter", la.Token, r)
+	}
+	if e := a.ev.last(); e.Kind != EventAcquired || e.Holder != "a/1" || e.Token != 101 {
+		t.Fatalf("a's last event %+v, want acquired by a/1 with token 101", e)
+	}
+	if e := b.ev.last(); e.Kind != EventReleased || e.Holder != "b/1" || e.Token != first.Token {
+		t.Fatalf("b's last event %+v, want released by b/1 with token %d", e, first.Token)
+	}
+	if err := first.Check(ctx); !errors.Is(err, ErrStale) {
+		t.Fatalf("b's ended lease checks %v, want ErrStale", err)
+	}
+	mustRelease(t, la) // a lingers
+
+	// b asks a first (it handed the group to a within Linger): a hands it
+	// back, and b's acquisition and Check cost b nothing.
+	ag0, ap0 = ast.trips()
+	bg0, bp0 = bst.trips()
+	lb := mustAcquire(t, b, "g", "b/2")
+	if err := lb.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ag, ap = ast.trips()
+	bg, bp = bst.trips()
+	if q := hd.questions(); len(q) != 1 || q[0] != "b>a" {
+		t.Fatalf("questions %v, want b asking a first", q)
+	}
+	if bg != bg0 || bp != bp0 || ag-ag0 != 1 || ap-ap0 != 1 || len(b.sl.Slept()) != 0 {
+		t.Fatalf("handed back: b %d gets %d puts, a %d gets %d puts, b slept %v; want none, 1+1, no sleep", bg-bg0, bp-bp0, ag-ag0, ap-ap0, b.sl.Slept())
+	}
+	if lb.Token != 201 {
+		t.Fatalf("token %d handed back, want 201", lb.Token)
+	}
+	if err := la.Check(ctx); !errors.Is(err, ErrStale) {
+		t.Fatalf("a's ended lease checks %v, want ErrStale", err)
+	}
+	// b's hold works as any: a second lease of it while the first runs is
+	// kept (KeepFor), and the last release gives the lock up.
+	mustRelease(t, lb)
+	b.ReleaseIdle(ctx)
+	if r := hd.w.record("g"); r.Held || r.Token != 300 {
+		t.Fatalf("record %+v after b gave up, want free at token 300", r)
+	}
+}
+
+// A hold is not handed over the head of another node that has been
+// waiting (its fresh waiter marker): it is released, and the lock stays
+// kept for that waiter, as without hand-over. Neither is it handed when
+// HandTo refuses the asker.
+func TestHandOverLeavesTheLockToAnEarlierWaiter(t *testing.T) {
+	hd := newHanding(t)
+	a := hd.node("a", nil, nil)
+	hd.node("b", nil, nil)
+	ctx := context.Background()
+	mustRelease(t, mustAcquire(t, a, "g", "a/1")) // lingers
+	r := hd.w.record("g")
+	r.Waiter, r.WaiterMs = "c", hd.w.clk.Now().UnixMilli()
+	hd.w.putRecord("g", r)
+	if ans := a.YieldIdle(ctx, "g", Asker{Node: "b", Holder: "b/1"}); !ans.Released || ans.Handed != nil {
+		t.Fatalf("answer %+v, want released, not handed", ans)
+	}
+	if r := hd.w.record("g"); r.Held || r.Waiter != "c" {
+		t.Fatalf("record %+v, want free and kept for c", r)
+	}
+
+	hd.w.clk.Advance(a.cfg.WaiterMaxAge) // c's marker ages out
+	mustRelease(t, mustAcquire(t, a, "g", "a/2"))
+	if ans := a.YieldIdle(ctx, "g", Asker{Node: "x", Holder: "x/1"}); !ans.Released || ans.Handed != nil {
+		t.Fatalf("asked by a node HandTo refuses: %+v, want released, not handed", ans)
+	}
+	if r := hd.w.record("g"); r.Held {
+		t.Fatalf("record %+v, want free", r)
+	}
+}
+
+// A lock handed to a node that never learns of it (the answer lost, or a
+// question that was not its node's: anyone can ask) does not block the
+// group: the node it names frees it when another node asks (it holds,
+// acquires and gives up nothing of the group), and takes it over at its
+// own next Acquire. A node that does hold or acquire the group keeps it.
+func TestHandedLockNobodyTookIsFreed(t *testing.T) {
+	hd := newHanding(t)
+	a := hd.node("a", nil, nil)
+	b := hd.node("b", nil, nil)
+	c := hd.node("c", nil, nil)
+	ctx := context.Background()
+
+	mustRelease(t, mustAcquire(t, a, "g", "a/1"))
+	ans := a.YieldIdle(ctx, "g", Asker{Node: "b", Holder: "b/1"}) // b did not ask
+	if ans.Handed == nil {
+		t.Fatalf("answer %+v, want handed", ans)
+	}
+	lc := mustAcquire(t, c, "g", "c/1")
+	if q := hd.questions(); len(q) != 1 || q[0] != "c>b" || len(c.sl.Slept()) != 0 {
+		t.Fatalf("questions %v, c slept %v: want c asking b once, no sleep", q, c.sl.Slept())
+	}
+	if lc.Token <= ans.Handed.Token {
+		t.Fatalf("c's token %d, want above the handed block's %d", lc.Token, ans.Handed.Token)
+	}
+	if e := b.ev.last(); e.Kind != EventReleased || e.Holder != "b/1" {
+		t.Fatalf("b's last event %+v, want the orphan released", e)
+	}
+	mustRelease(t, lc)
+
+	// Handed to b again, unknown to b: b's own next Acquire takes it over.
+	ans = c.YieldIdle(ctx, "g", Asker{Node: "b", Holder: "b/1"})
+	if ans.Handed == nil {
+		t.Fatalf("answer %+v, want handed", ans)
+	}
+	lb := mustAcquire(t, b, "g", "b/2")
+	if lb.Token <= ans.Handed.Token || len(b.sl.Slept()) != 0 {
+		t.Fatalf("b's token %d after the handed block's %d, slept %v", lb.Token, ans.Handed.Token, b.sl.Slept())
+	}
+	// b holds it (a lease in use): asked, it keeps it.
+	if ans := b.YieldIdle(ctx, "g", Asker{Node: "c", Holder: "c/2"}); ans.Released {
+		t.Fatalf("b gave up a lease in use: %+v", ans)
+	}
+	if err := lb.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustRelease(t, lb)
+}
+
+// A hand-over whose answer arrives after the asker's membership lapsed
+// (a pause: peers may have taken its locks meanwhile) is not used as it
+// is: the asker reads the store, finds the record naming it, and takes
+// it under a new token block; its lease's first Check writes as after
+// any acquisition.
+func TestHandedAnswerAfterALapseIsNotUsed(t *testing.T) {
+	hd := newHanding(t)
+	bst := &countStore{MemoryStore: hd.w.mem}
+	a := hd.node("a", nil, nil)
+	b := hd.node("b", bst, func(c *Config) { c.AliveSince = func(time.Time) bool { return false } })
+	ctx := context.Background()
+	mustRelease(t, mustAcquire(t, a, "g", "a/1"))
+	lb := mustAcquire(t, b, "g", "b/1")
+	r := hd.w.record("g")
+	if lb.Token != 201 || r.Token != 300 || r.Holder != "b/1" || r.Wrote {
+		t.Fatalf("lease token %d, record %+v: want b's own acquisition above the handed block (201 of 300), not written yet", lb.Token, r)
+	}
+	if err := lb.Check(ctx); !errors.Is(err, ErrAnswerOutlived) {
+		t.Fatalf("Check after the lapse: %v, want ErrAnswerOutlived", err)
+	}
+	mustRelease(t, lb)
+}
