@@ -87,6 +87,14 @@ func (d *Dispatcher) record(m *message) {
 		return
 	}
 	ctx := d.ctx
+	// A grouped worker's lock is fetched (its hold handed over by the
+	// node that has it, or taken in the store) while the record is read:
+	// the turn (lock.go) then finds it here instead of starting then.
+	for _, w := range *m.t.workers.Load() {
+		if w.lock != "" && m.isFor(w.ID) {
+			d.Locks.Warm(ctx, w.lockFor(m), d.cfg.NodeID+"/"+w.ID)
+		}
+	}
 	rec, err := d.Records.Load(ctx, m.key)
 	now := time.Now()
 	m.rec, m.now = rec, now

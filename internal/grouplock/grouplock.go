@@ -476,6 +476,46 @@ func (l *Locks) Acquire(ctx context.Context, group, holder string) (*Lease, erro
 	return lease, nil
 }
 
+// Warm asks, in the background, for group's hold from the process this
+// one handed it to within Linger (Locks.handedTo: the group likely only
+// lingers there now) when nothing of the group is here (no hold, no
+// caller holding or waiting for it, none being given up), so that an
+// Acquire of the group that follows soon — after a store read of its own,
+// say — finds the hold handed back and parked here (it waits on the local
+// slot meanwhile) instead of asking then: the question and the other
+// process's write overlap the caller's own round trip. It makes no store
+// round trip of its own and writes no waiter marker: a group that is not
+// handed back is left to the Acquire. It needs Config.KeepFor,
+// Config.Linger and Config.Notify (else it does nothing); ctx bounds it.
+func (l *Locks) Warm(ctx context.Context, group, holder string) {
+	if l.cfg.KeepFor <= 0 || l.cfg.Linger <= 0 || l.cfg.Notify == nil || group == "" || holder == "" || ctx.Err() != nil {
+		return
+	}
+	l.mu.Lock()
+	_, handed := l.handedTo[group]
+	if !handed || l.slots[group] != nil || l.giving[group] != nil {
+		l.mu.Unlock()
+		return
+	}
+	s := &slot{ch: make(chan struct{}, 1), refs: 1}
+	s.ch <- struct{}{} // held by the warm-up until it parks its hold or gives up
+	l.slots[group] = s
+	l.mu.Unlock()
+	go func() {
+		var lease *Lease
+		if node := l.handedBack(group); node != "" {
+			lease, _ = l.ask(ctx, group, holder, record{Held: true, Node: node})
+		}
+		if lease == nil {
+			l.unlockLocal(group, s)
+			return
+		}
+		lease.slot = s
+		// Kept for a caller that waits on the slot by now, else lingering.
+		_ = lease.Release(context.WithoutCancel(ctx))
+	}()
+}
+
 // NotifyTimeout bounds one Config.Notify call: a node that is up answers
 // in a few milliseconds, and one that is not (paused, cut off) must not
 // hold up a waiter that may have to take the lock from it.

@@ -243,3 +243,78 @@ func TestHandedAnswerAfterALapseIsNotUsed(t *testing.T) {
 	}
 	mustRelease(t, lb)
 }
+
+// Warm asks, ahead of an Acquire, for a hold this node handed to another
+// within Linger: handed back, the hold is parked here, and an Acquire
+// that comes meanwhile waits on the local slot and takes it with no store
+// round trip or question of its own. Not handed over before, or with
+// anything of the group here, Warm does nothing; a hold in use on the
+// other node stays there, and the warm-up leaves no slot behind.
+func TestWarmAsksForAHandedGroupBeforeAcquire(t *testing.T) {
+	hd := newHanding(t)
+	ast := &countStore{MemoryStore: hd.w.mem}
+	a := hd.node("a", ast, nil)
+	b := hd.node("b", nil, nil)
+	ctx := context.Background()
+	noSlots := func(n *node) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			n.mu.Lock()
+			k := len(n.slots)
+			n.mu.Unlock()
+			if k == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d slots left", k)
+			}
+		}
+	}
+
+	a.Warm(ctx, "g", "a/0") // never handed over: nothing to ask for
+	noSlots(a)
+	mustRelease(t, mustAcquire(t, a, "g", "a/1")) // a lingers
+	mustRelease(t, mustAcquire(t, b, "g", "b/1")) // handed to b, which lingers
+	hd.questions()
+
+	g0, p0 := ast.trips()
+	a.Warm(ctx, "g", "a/2")
+	got := make(chan *Lease, 1)
+	go func() { // usually waits on the slot the warm-up holds
+		ls, err := a.Acquire(ctx, "g", "a/2")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- ls
+	}()
+	la := <-got
+	if err := la.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g, p := ast.trips()
+	if q := hd.questions(); len(q) != 1 || q[0] != "a>b" {
+		t.Fatalf("questions %v, want a asking b once", q)
+	}
+	// Handed back with tokens 201..300: the warm-up's lease took 201.
+	if la.Token != 202 || g != g0 || p != p0 {
+		t.Fatalf("lease token %d, a's store %d gets %d puts: want 202 of the hold handed back, no round trip", la.Token, g-g0, p-p0)
+	}
+	a.Warm(ctx, "g", "a/3") // held here: nothing
+	if q := hd.questions(); len(q) != 0 {
+		t.Fatalf("questions %v while a holds the group", q)
+	}
+	mustRelease(t, la)
+
+	// Handed to b again, and in use there: a's warm-up asks and leaves it.
+	lb := mustAcquire(t, b, "g", "b/2")
+	hd.questions()
+	a.Warm(ctx, "g", "a/4")
+	noSlots(a)
+	if q := hd.questions(); len(q) != 1 || q[0] != "a>b" {
+		t.Fatalf("questions %v, want a asking b once", q)
+	}
+	if err := lb.Check(ctx); err != nil {
+		t.Fatalf("b's lease in use after a's warm-up: %v", err)
+	}
+	mustRelease(t, lb)
+}
