@@ -285,6 +285,15 @@ func (p *parts) build(ctx context.Context) error {
 	p.infra = infraevents.NewEmitter(log, publish.Observed(p.daprPub.Capped(infraevents.MaxLen), p.broker.Published), cfg.NodeID, 4096)
 	p.met.SetInfraDropped(p.infra.Dropped)
 	store := state.NewDaprStore(p.daprClient, cfg.StateStore)
+	// state.redis counts a key's writes in its ETag: a group lock's hold is
+	// then handed over in one write, without reading the record first.
+	mdCtx, mdCancel := context.WithTimeout(ctx, 5*time.Second)
+	if versions, err := store.DetectVersionETags(mdCtx); err != nil {
+		log.Warn("state store component not identified: group locks read before each hand-over", "err", err)
+	} else {
+		log.Debug("state store component identified", "store", cfg.StateStore, "version_etags", versions)
+	}
+	mdCancel()
 	members := cluster.New(store, cfg.NodeID, 3*cfg.NodeHeartbeat)
 	members.LapseMargin = cfg.NodeHeartbeat // as SelfAlive and the gate below
 	p.members = members

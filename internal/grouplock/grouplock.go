@@ -16,9 +16,11 @@
 // concurrent writer that leaves the lease current (a waiter marker) costs
 // one more Get + Put. A lingering hold handed to another process that
 // asked for it (Config.HandTo) costs the giver 1 Get + 1 Put and the
-// taker none, its first Check included. Check and Release cannot write with an ETag remembered from
-// Acquire because state.Store.Put does not return the new ETag; they read it
-// first.
+// taker none, its first Check included; the Get is left out when the
+// store's ETags are versions (state.Versioned) and nobody wrote the
+// record since the hold's own last write. Check and Release cannot write
+// with an ETag remembered from Acquire on other stores, because
+// state.Store.Put does not return the new ETag; they read it first.
 //
 // A lock's age runs from its acquisition or its holder's last renewal
 // (acquired_ms): a holder that keeps its lease alive while its call runs
@@ -534,7 +536,7 @@ func (l *Locks) acquire(ctx context.Context, group, holder string) (*Lease, erro
 	}
 	for try := 0; ; try++ {
 		more := try < l.cfg.MaxRetries
-		lease, seen, err := l.try(ctx, group, holder, more)
+		lease, seen, mark, err := l.try(ctx, group, holder, more)
 		if err != nil || lease != nil {
 			return lease, err
 		}
@@ -550,6 +552,11 @@ func (l *Locks) acquire(ctx context.Context, group, holder string) (*Lease, erro
 			return lease, nil
 		} else if released {
 			continue // given up for us: try now
+		}
+		if mark != nil {
+			if err := mark(ctx); err != nil {
+				return nil, err
+			}
 		}
 		if lease, err := l.wait(ctx, group, holder, backoff(l.cfg.RetryBase, try)); err != nil || lease != nil {
 			return lease, err
@@ -579,12 +586,17 @@ func (l *Locks) handedBack(group string) string {
 	return h.node
 }
 
+// askable reports whether ask would put a question about seen.
+func (l *Locks) askable(seen record) bool {
+	return l.cfg.Notify != nil && seen.Held && seen.Node != "" && seen.Node != l.cfg.Node
+}
+
 // ask asks the process holding group in seen to give it up, for holder,
 // when it only lingers there (Config.Notify). It returns the lease of a
 // hold handed to holder (Answer.Handed), else whether the hold was given
 // up (released: the next try may take it).
 func (l *Locks) ask(ctx context.Context, group, holder string, seen record) (lease *Lease, released bool) {
-	if l.cfg.Notify == nil || !seen.Held || seen.Node == "" || seen.Node == l.cfg.Node || ctx.Err() != nil {
+	if !l.askable(seen) || ctx.Err() != nil {
 		return nil, false
 	}
 	asked := l.cfg.Now()
@@ -618,6 +630,11 @@ func (l *Locks) takeHanded(group, holder string, hv Handover, asked time.Time) *
 		acquired = at
 	}
 	h := &hold{locks: l, group: group, holder: holder, top: hv.Token, next: hv.First, acquired: acquired, fairRead: l.cfg.Now(), wrote: true}
+	if hv.ETag != "" && l.nextETag(group, "") != "" {
+		// What the giver wrote (handOver), under the ETag it says.
+		h.etag = hv.ETag
+		h.rec = record{Token: hv.Token, Holder: holder, Held: true, AcquiredMs: hv.AcquiredMs, Wrote: true, Node: l.cfg.Node}
+	}
 	lease := &Lease{Group: group, Holder: holder, Token: h.next, locks: l, h: h}
 	h.next++
 	h.uses++
@@ -667,11 +684,11 @@ func (l *Locks) wait(ctx context.Context, group, holder string, d time.Duration)
 // try makes one attempt on the store: it returns the lease when it took the
 // lock, else what it saw (with a nil error for a failed try). more says
 // whether another try follows (only then a waiter marker is worth writing).
-func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Lease, record, error) {
+func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Lease, record, func(context.Context) error, error) {
 	key := Key(group)
 	rec, etag, err := l.read(ctx, key)
 	if err != nil {
-		return nil, rec, err
+		return nil, rec, nil, err
 	}
 	now := l.cfg.Now()
 	age := now.Sub(time.UnixMilli(rec.AcquiredMs))
@@ -681,7 +698,7 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 		if l.cfg.ConfirmGone != nil {
 			// This process's view may predate the holder's return.
 			if gone, err = l.cfg.ConfirmGone(ctx, rec.Holder); err != nil {
-				return nil, rec, fmt.Errorf("grouplock: is %s gone: %w", rec.Holder, err)
+				return nil, rec, nil, fmt.Errorf("grouplock: is %s gone: %w", rec.Holder, err)
 			}
 		}
 	}
@@ -723,22 +740,35 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 			freed := rec
 			freed.Held = false
 			if err := l.put(ctx, key, freed, etag); err != nil && !errors.Is(err, state.ErrConflict) {
-				return nil, rec, err
+				return nil, rec, nil, err
 			} else if err == nil {
 				l.emit(Event{Kind: EventReleased, Group: group, Holder: rec.Holder, Token: rec.Token})
 			}
 		}
-		return nil, rec, nil
+		return nil, rec, nil, nil
 	}
 	if !take {
 		if more && (!waiterFresh || rec.Waiter == me) {
-			mark := rec
-			mark.Waiter, mark.WaiterMs = me, now.UnixMilli()
-			if err := l.put(ctx, key, mark, etag); err != nil && !errors.Is(err, state.ErrConflict) {
-				return nil, rec, err
+			mark := func(ctx context.Context) error {
+				mark := rec
+				mark.Waiter, mark.WaiterMs = me, now.UnixMilli()
+				if err := l.put(ctx, key, mark, etag); err != nil && !errors.Is(err, state.ErrConflict) {
+					return err
+				}
+				return nil
+			}
+			if l.cfg.HandTo != nil && l.askable(rec) {
+				// Its holder is asked first (acquire): a hold it hands
+				// over needs no marker, and a marker written now would
+				// make its hand-over's write conflict. Marked only when
+				// the question does not get the lock.
+				return nil, rec, mark, nil
+			}
+			if err := mark(ctx); err != nil {
+				return nil, rec, nil, err
 			}
 		}
-		return nil, rec, nil
+		return nil, rec, nil, nil
 	}
 	from := rec.Token
 	if keyed(group) {
@@ -748,13 +778,14 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 	next := record{Token: from + l.cfg.TokenBlock, Holder: holder, Held: true, AcquiredMs: now.UnixMilli(), Node: l.cfg.Node}
 	err = l.put(ctx, key, next, etag)
 	if errors.Is(err, state.ErrConflict) {
-		return nil, rec, nil // another acquirer (or a marker) came first
+		return nil, rec, nil, nil // another acquirer (or a marker) came first
 	}
 	if err != nil {
 		l.undo(ctx, key, next)
-		return nil, rec, err
+		return nil, rec, nil, err
 	}
-	h := &hold{locks: l, group: group, holder: holder, top: next.Token, next: from + 1, acquired: time.UnixMilli(next.AcquiredMs), fairRead: now}
+	h := &hold{locks: l, group: group, holder: holder, top: next.Token, next: from + 1, acquired: time.UnixMilli(next.AcquiredMs), fairRead: now,
+		etag: l.nextETag(group, etag), rec: next}
 	lease := &Lease{Group: group, Holder: holder, Token: h.next, locks: l, h: h}
 	h.next++
 	h.uses++
@@ -764,7 +795,7 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 		ev.Stolen, ev.PrevHolder, ev.PrevToken = true, rec.Holder, rec.Token
 	}
 	l.emit(ev)
-	return lease, rec, nil
+	return lease, rec, nil, nil
 }
 
 // undoTimeout bounds undo's store calls.
@@ -883,6 +914,27 @@ type Handover struct {
 	First int64 `json:"first"`
 	// AcquiredMs is the record's acquired_ms.
 	AcquiredMs int64 `json:"acquired_ms"`
+	// ETag, when the store's ETags are versions (state.Versioned), is the
+	// record's after the hand-over: the asker's own hand-over of the lock
+	// writes with it without reading the record first.
+	ETag string `json:"etag,omitempty"`
+}
+
+// nextETag is the ETag of group's record after a write of it conditioned
+// on etag ("": a create), when the store's ETags are versions
+// (state.Versioned) and the record's key is never deleted — not a keyed
+// lock's, which expires (KeyTTL) and would count its versions from 1
+// again; "" otherwise.
+func (l *Locks) nextETag(group, etag string) string {
+	v, ok := l.store.(state.Versioned)
+	if !ok || keyed(group) {
+		return ""
+	}
+	next, ok := v.NextETag(etag)
+	if !ok {
+		return ""
+	}
+	return next
 }
 
 // YieldIdle is the other side of Config.Notify: it gives up this

@@ -66,6 +66,13 @@ type hold struct {
 	renewDone   chan struct{}
 	// local is what the hold's users keep with it (Lease.Local).
 	local any
+	// etag is the record's ETag after this hold's last write and rec what
+	// that write wrote, when the store's ETags are versions and the key is
+	// never deleted (Locks.nextETag): a write conditioned on it succeeds
+	// only while nobody else wrote the record since, so handOver writes
+	// without reading first. "": unknown.
+	etag string
+	rec  record
 }
 
 // lease hands out the hold's next token to holder, reserving another block
@@ -403,8 +410,13 @@ func (h *hold) update(ctx context.Context, change func(*record) bool) (bool, err
 			return true, nil
 		}
 		err = l.put(ctx, key, rec, etag)
+		if err == nil {
+			h.etag, h.rec = l.nextETag(h.group, etag), rec
+			return true, nil
+		}
+		h.etag = ""
 		if !errors.Is(err, state.ErrConflict) {
-			return err == nil, err
+			return false, err
 		}
 		if try == updateTries {
 			return false, fmt.Errorf("grouplock %s token %d: %d writes conflicted (a failing store): %w", h.group, h.top, try, err)
@@ -544,7 +556,7 @@ func (h *hold) handOver(ctx context.Context, to Asker) (*Handover, error) {
 	}
 	l := h.locks
 	var hv *Handover
-	current, err := h.update(ctx, func(rec *record) bool {
+	handTo := func(rec *record) bool {
 		now := l.cfg.Now()
 		hv = nil
 		if rec.Waiter != "" && rec.Waiter != to.Node && now.Sub(time.UnixMilli(rec.WaiterMs)) < l.cfg.WaiterMaxAge {
@@ -558,13 +570,32 @@ func (h *hold) handOver(ctx context.Context, to Asker) (*Handover, error) {
 		*rec = record{Token: from + l.cfg.TokenBlock, Holder: to.Holder, Held: true, AcquiredMs: now.UnixMilli(), Wrote: true, Node: to.Node}
 		hv = &Handover{Token: rec.Token, First: from + 1, AcquiredMs: rec.AcquiredMs}
 		return true
-	})
-	if err != nil {
-		return nil, err
+	}
+	current := false
+	if h.etag != "" {
+		// The record as this hold last wrote it, unless somebody wrote
+		// since (then the write conflicts): no read first.
+		rec, etag := h.rec, h.etag
+		handTo(&rec)
+		if err := l.put(ctx, Key(h.group), rec, etag); err == nil {
+			current = true
+			h.etag, h.rec = l.nextETag(h.group, etag), rec
+		} else {
+			h.etag = "" // read, then write (a landed write shows there)
+		}
+	}
+	if !current {
+		var err error
+		if current, err = h.update(ctx, handTo); err != nil {
+			return nil, err
+		}
 	}
 	h.released = true
 	if !current {
 		return nil, nil
+	}
+	if hv != nil {
+		hv.ETag = h.etag // the asker writes it next without reading
 	}
 	l.emit(Event{Kind: EventReleased, Group: h.group, Holder: h.holder, Token: h.next - 1})
 	return hv, nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	dapr "github.com/dapr/go-sdk/client"
 	"google.golang.org/grpc/codes"
@@ -15,6 +16,36 @@ import (
 type DaprStore struct {
 	client    dapr.Client
 	storeName string
+	// versions: the component is state.redis, whose ETags are versions
+	// (Versioned; DetectVersionETags).
+	versions atomic.Bool
+}
+
+// DetectVersionETags asks daprd which component the store is and, for
+// state.redis, reports its ETags as versions from then on (NextETag). An
+// error (daprd not answering) leaves them unknown, as before the call.
+func (s *DaprStore) DetectVersionETags(ctx context.Context) (bool, error) {
+	md, err := s.client.GetMetadata(ctx)
+	if err != nil {
+		return false, fmt.Errorf("state: daprd metadata: %w", err)
+	}
+	for _, c := range md.RegisteredComponents {
+		if c.Name == s.storeName {
+			v := c.Type == "state.redis"
+			s.versions.Store(v)
+			return v, nil
+		}
+	}
+	return false, nil
+}
+
+// NextETag implements Versioned: state.redis counts a key's writes in its
+// ETag (its Lua script: HINCRBY version 1).
+func (s *DaprStore) NextETag(etag string) (string, bool) {
+	if !s.versions.Load() {
+		return "", false
+	}
+	return nextVersion(etag)
 }
 
 // NewDaprStore uses the state component storeName through client.

@@ -12,6 +12,18 @@ type MemoryStore struct {
 	mu   sync.Mutex
 	data map[string]Item
 	seq  int
+	// Versions, set before use, makes its ETags versions as state.redis
+	// keeps them (Versioned): "1" for a key created, one more for each
+	// write of it. Otherwise an ETag is a sequence number of the store's.
+	Versions bool
+}
+
+// NextETag implements Versioned when Versions is set.
+func (m *MemoryStore) NextETag(etag string) (string, bool) {
+	if !m.Versions {
+		return "", false
+	}
+	return nextVersion(etag)
 }
 
 // NewMemoryStore returns an empty MemoryStore.
@@ -40,7 +52,11 @@ func (m *MemoryStore) Put(_ context.Context, key string, value []byte, opts PutO
 		return fmt.Errorf("state put %q: %w", key, ErrConflict)
 	}
 	m.seq++
-	m.data[key] = Item{Value: append([]byte(nil), value...), ETag: strconv.Itoa(m.seq)}
+	etag := strconv.Itoa(m.seq)
+	if m.Versions {
+		etag, _ = nextVersion(cur.ETag)
+	}
+	m.data[key] = Item{Value: append([]byte(nil), value...), ETag: etag}
 	return nil
 }
 

@@ -7,6 +7,7 @@ package state
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 )
 
@@ -36,6 +37,32 @@ type PutOptions struct {
 	IfAbsent bool
 	// TTL, when positive, lets the store expire the key.
 	TTL time.Duration
+}
+
+// Versioned is implemented by stores whose ETags may be versions: every
+// write of a key makes its ETag the successor of the one before, from "1"
+// for a key created. Dapr's state.redis keeps them so (a counter per key,
+// HINCRBY). A writer that knows the ETag it wrote with then knows the
+// key's ETag after its write without reading it: a write conditioned on
+// that ETag succeeds only while nobody else wrote the key since — as long
+// as the key is not deleted meanwhile (its counter would start again).
+type Versioned interface {
+	// NextETag returns the ETag a key has after a successful write
+	// conditioned on etag ("": a create), and false when this store's
+	// ETags are not known to be versions.
+	NextETag(etag string) (string, bool)
+}
+
+// nextVersion is NextETag for version ETags.
+func nextVersion(etag string) (string, bool) {
+	if etag == "" {
+		return "1", true
+	}
+	n, err := strconv.ParseUint(etag, 10, 63)
+	if err != nil {
+		return "", false
+	}
+	return strconv.FormatUint(n+1, 10), true
 }
 
 // Store is persistent key/value state with optimistic concurrency.

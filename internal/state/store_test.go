@@ -131,9 +131,53 @@ func runBulkConformance(t *testing.T, s state.Bulk) {
 	}
 }
 
+// runVersionConformance checks a store whose ETags are versions
+// (state.Versioned): after each write its ETag is NextETag of the one the
+// write was conditioned on, so a write with that guess succeeds without a
+// read, and fails once somebody else wrote the key.
+func runVersionConformance(t *testing.T, s state.Store) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	v, ok := s.(state.Versioned)
+	if !ok {
+		t.Fatalf("%T is not state.Versioned", s)
+	}
+	key := state.KeyPrefix + "test/" + t.Name() + "/versions"
+	guess, ok := v.NextETag("")
+	if !ok {
+		t.Fatal("the store does not report version ETags")
+	}
+	if err := s.Put(ctx, key, []byte("v1"), state.PutOptions{IfAbsent: true}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 2; i <= 4; i++ {
+		if it, err := s.Get(ctx, key); err != nil || it.ETag != guess {
+			t.Fatalf("ETag %q after a write (%v), want the guess %q", it.ETag, err, guess)
+		}
+		next, _ := v.NextETag(guess)
+		if err := s.Put(ctx, key, []byte(fmt.Sprint("v", i)), state.PutOptions{ETag: guess}); err != nil {
+			t.Fatalf("write with the guessed ETag %q: %v", guess, err)
+		}
+		guess = next
+	}
+	if err := s.Put(ctx, key, []byte("other"), state.PutOptions{ETag: guess}); err != nil { // somebody else
+		t.Fatal(err)
+	}
+	if err := s.Put(ctx, key, []byte("mine"), state.PutOptions{ETag: guess}); !errors.Is(err, state.ErrConflict) {
+		t.Fatalf("write with a guess another write outdated: %v, want ErrConflict", err)
+	}
+}
+
 func TestMemoryStore(t *testing.T) {
 	runConformance(t, state.NewMemoryStore())
 	runBulkConformance(t, state.NewMemoryStore())
+	if _, ok := state.NewMemoryStore().NextETag(""); ok {
+		t.Fatal("a MemoryStore without Versions reports version ETags")
+	}
+	versions := state.NewMemoryStore()
+	versions.Versions = true
+	runConformance(t, versions)
+	runVersionConformance(t, versions)
 }
 
 // TestDaprStore runs the same contract on real daprd with state.redis.
@@ -142,8 +186,15 @@ func TestDaprStore(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s := state.NewDaprStore(dapr.NewClientWithConnection(conn), devstack.StateName)
+	if _, ok := s.NextETag(""); ok {
+		t.Fatal("version ETags reported before DetectVersionETags")
+	}
+	if v, err := s.DetectVersionETags(ctx); err != nil || !v {
+		t.Fatalf("DetectVersionETags on state.redis: %v %v, want true", v, err)
+	}
 	runConformance(t, s)
 	runBulkConformance(t, s)
+	runVersionConformance(t, s)
 
 	// TTL: a staged key expires.
 	key := state.KeyPrefix + "test/ttl"
