@@ -27,7 +27,7 @@ import (
 // and "holder" (the holder the asker acquires for, at most
 // MaxHolderBytes: with node, the hold may be handed to it,
 // Config.HandTo), answered 200 with an Answer: {"released": bool,
-// "handed": {"token", "first", "acquired_ms"}}. Anyone who can reach the
+// "handed": {"token", "first", "acquired_ms", "etag"}}. Anyone who can reach the
 // node's HTTP address can ask; the worst an answer does is give up a hold
 // nobody on the node uses (its next message acquires the lock again) —
 // handed to a live node that did not ask, the lock is freed by that node
