@@ -522,6 +522,12 @@ func (r *redisStreams) reclaimPendingMessagesLoop(ctx context.Context, stream st
 		return
 	}
 
+	// WorkManager: change 10: the give-back channel is taken before each
+	// scan, so a give-back that comes during the scan, or between the
+	// scan and the wait, wakes the next one (a channel taken after the
+	// scan missed it: the message waited for the next timed scan).
+	given := r.givenBack(stream)
+
 	// Do an initial reclaim call
 	r.reclaimPendingMessages(ctx, stream, handler)
 
@@ -543,9 +549,10 @@ func (r *redisStreams) reclaimPendingMessagesLoop(ctx context.Context, stream st
 			r.reclaimPendingMessages(ctx, stream, handler)
 			reclaimTimer.Reset(jittered(r.clientSettings.RedeliverInterval))
 
-		// WorkManager: change 10: messages were given back (a closed
-		// subscription's), maybe this topic's.
-		case <-r.givenBack(stream):
+		// WorkManager: change 10: messages of this topic were given back
+		// (a closed subscription's).
+		case <-given:
+			given = r.givenBack(stream)
 			r.reclaimPendingMessages(ctx, stream, handler)
 		}
 	}
