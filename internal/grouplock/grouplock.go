@@ -16,11 +16,13 @@
 // concurrent writer that leaves the lease current (a waiter marker) costs
 // one more Get + Put. A lingering hold handed to another process that
 // asked for it (Config.HandTo) costs the giver 1 Get + 1 Put and the
-// taker none, its first Check included; the Get is left out when the
-// store's ETags are versions (state.Versioned) and nobody wrote the
-// record since the hold's own last write. Check and Release cannot write
-// with an ETag remembered from Acquire on other stores, because
-// state.Store.Put does not return the new ETag; they read it first.
+// taker none, its first Check included. When the store's ETags are
+// versions (state.Versioned: state.redis), a hold knows its record's ETag
+// after its own writes, so each write of a hold (Check, renewal, release,
+// hand-over, a new token block) leaves out its Get while nobody else
+// wrote the record since (a write by anybody else makes it conflict, and
+// the hold reads and writes as on other stores, where state.Store.Put
+// does not return the new ETag).
 //
 // A lock's age runs from its acquisition or its holder's last renewal
 // (acquired_ms): a holder that keeps its lease alive while its call runs
@@ -632,7 +634,7 @@ func (l *Locks) takeHanded(group, holder string, hv Handover, asked time.Time) *
 	h := &hold{locks: l, group: group, holder: holder, top: hv.Token, next: hv.First, acquired: acquired, fairRead: l.cfg.Now(), wrote: true}
 	if hv.ETag != "" && l.nextETag(group, "") != "" {
 		// What the giver wrote (handOver), under the ETag it says.
-		h.etag = hv.ETag
+		h.etag, h.etagAt = hv.ETag, asked
 		h.rec = record{Token: hv.Token, Holder: holder, Held: true, AcquiredMs: hv.AcquiredMs, Wrote: true, Node: l.cfg.Node}
 	}
 	lease := &Lease{Group: group, Holder: holder, Token: h.next, locks: l, h: h}
@@ -785,7 +787,7 @@ func (l *Locks) try(ctx context.Context, group, holder string, more bool) (*Leas
 		return nil, rec, nil, err
 	}
 	h := &hold{locks: l, group: group, holder: holder, top: next.Token, next: from + 1, acquired: time.UnixMilli(next.AcquiredMs), fairRead: now,
-		etag: l.nextETag(group, etag), rec: next}
+		etag: l.nextETag(group, etag), rec: next, etagAt: now}
 	lease := &Lease{Group: group, Holder: holder, Token: h.next, locks: l, h: h}
 	h.next++
 	h.uses++
@@ -922,12 +924,13 @@ type Handover struct {
 
 // nextETag is the ETag of group's record after a write of it conditioned
 // on etag ("": a create), when the store's ETags are versions
-// (state.Versioned) and the record's key is never deleted — not a keyed
-// lock's, which expires (KeyTTL) and would count its versions from 1
-// again; "" otherwise.
+// (state.Versioned); "" otherwise. A record written this way is assumed
+// to stay until it expires (a keyed lock's, KeyTTL: hold.known) — a key
+// deleted and written again would count its versions from 1 again, as it
+// would restart a group's tokens.
 func (l *Locks) nextETag(group, etag string) string {
 	v, ok := l.store.(state.Versioned)
-	if !ok || keyed(group) {
+	if !ok {
 		return ""
 	}
 	next, ok := v.NextETag(etag)

@@ -332,8 +332,10 @@ func TestHandOverWritesWithoutReadingOnVersionedStores(t *testing.T) {
 	hd := newHanding(t)
 	hd.w.mem.Versions = true
 	ast, bst := &countStore{MemoryStore: hd.w.mem}, &countStore{MemoryStore: hd.w.mem}
-	a := hd.node("a", ast, nil)
-	b := hd.node("b", bst, nil)
+	// A key's TTL short enough that half of it is less than WrittenMaxAge.
+	ttl := func(c *Config) { c.KeyTTL = 2 * time.Minute }
+	a := hd.node("a", ast, ttl)
+	b := hd.node("b", bst, ttl)
 	ctx := context.Background()
 	trips := func(st *countStore, f func()) (int64, int64) {
 		g0, p0 := st.trips()
@@ -379,11 +381,28 @@ func TestHandOverWritesWithoutReadingOnVersionedStores(t *testing.T) {
 		t.Fatalf("record %+v, want free and kept for c", r)
 	}
 
-	// A keyed lock reads before every write.
+	// Any write of a hold leaves the read out: here a fresh acquisition's
+	// first Check (wrote=true). A keyed lock's record expires (KeyTTL),
+	// so its ETag is trusted within KeyTTL/2 of the hold's write only.
 	k := KeyedName("k", "x")
-	mustRelease(t, mustAcquire(t, a, k, "a/3"))
-	if g, p := trips(ast, func() { mustRelease(t, mustAcquire(t, b, k, "b/3")) }); g != 1 || p != 1 {
-		t.Fatalf("a handing a keyed lock over: %d gets %d puts, want a read and a write", g, p)
+	var lk *Lease
+	if g, p := trips(ast, func() { lk = mustAcquire(t, a, k, "a/3") }); g != 1 || p != 1 {
+		t.Fatalf("a keyed acquisition: %d gets %d puts, want a read and a write", g, p)
+	}
+	if g, p := trips(ast, func() {
+		if err := lk.Check(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}); g != 0 || p != 1 || !hd.w.record(k).Wrote {
+		t.Fatalf("its first Check: %d gets %d puts, record %+v; want one write of wrote=true", g, p, hd.w.record(k))
+	}
+	mustRelease(t, lk) // a lingers
+	if g, p := trips(ast, func() { mustRelease(t, mustAcquire(t, b, k, "b/3")) }); g != 0 || p != 1 {
+		t.Fatalf("a handing a keyed lock over: %d gets %d puts, want one write", g, p)
+	}
+	hd.w.clk.Advance(b.cfg.KeyTTL / 2) // b lingers; its record may be near expiry
+	if g, p := trips(bst, func() { mustRelease(t, mustAcquire(t, a, k, "a/4")) }); g != 1 || p != 1 {
+		t.Fatalf("b handing a keyed lock over half its TTL after its write: %d gets %d puts, want a read and a write", g, p)
 	}
 }
 
@@ -414,5 +433,28 @@ func TestWaiterMarksAfterAQuestionThatDidNotGetTheLock(t *testing.T) {
 	b.cfg.MaxRetries = 0 // one try, while a's marker is fresh
 	if _, err := b.Acquire(ctx, "g", "b/2"); !errors.Is(err, ErrContended) {
 		t.Fatalf("b's Acquire of a lock kept for a: %v, want ErrContended", err)
+	}
+}
+
+// A hold whose record was taken over meanwhile (here: written by another
+// holder) finds out on its next write also when it writes without reading
+// (state.Versioned): the write conflicts, the read shows the other holder,
+// and the lease is stale — nothing more happens under it, and the other
+// holder's record stays.
+func TestVersionedWriteOfATakenLockIsStale(t *testing.T) {
+	w := newWorld(t)
+	w.mem.Versions = true
+	a := w.node(nil, func(c *Config) { c.Node = "a" })
+	ctx := context.Background()
+	la := mustAcquire(t, a, "g", "a/1")
+	r := w.record("g")
+	thief := record{Token: r.Token + 5, Holder: "c/1", Held: true, AcquiredMs: w.clk.Now().UnixMilli(), Node: "c"}
+	w.putRecord("g", thief)
+	if err := la.Check(ctx); !errors.Is(err, ErrStale) {
+		t.Fatalf("Check of a taken lock: %v, want ErrStale", err)
+	}
+	mustRelease(t, la)
+	if got := w.record("g"); got != thief {
+		t.Fatalf("record %+v after the stale holder's release, want the new holder's %+v", got, thief)
 	}
 }

@@ -67,12 +67,13 @@ type hold struct {
 	// local is what the hold's users keep with it (Lease.Local).
 	local any
 	// etag is the record's ETag after this hold's last write and rec what
-	// that write wrote, when the store's ETags are versions and the key is
-	// never deleted (Locks.nextETag): a write conditioned on it succeeds
-	// only while nobody else wrote the record since, so handOver writes
-	// without reading first. "": unknown.
-	etag string
-	rec  record
+	// that write wrote, when the store's ETags are versions
+	// (Locks.nextETag): a write conditioned on it succeeds only while
+	// nobody else wrote the record since, so update writes without
+	// reading first (known). "": unknown.
+	etag   string
+	rec    record
+	etagAt time.Time // when the write that etag follows was sent
 }
 
 // lease hands out the hold's next token to holder, reserving another block
@@ -398,6 +399,19 @@ const (
 func (h *hold) update(ctx context.Context, change func(*record) bool) (bool, error) {
 	l := h.locks
 	key := Key(h.group)
+	if rec, etag, ok := h.known(); ok && change(&rec) {
+		// The record as this hold last wrote it, unless somebody wrote
+		// since (then the write conflicts): no read first. A change that
+		// writes nothing reads, so that the store says whether the hold
+		// is still current.
+		at := l.cfg.Now()
+		err := l.put(ctx, key, rec, etag)
+		if err == nil {
+			h.noteWrite(etag, rec, at)
+			return true, nil
+		}
+		h.etag = "" // read, then write (a write that landed shows there)
+	}
 	for try := 1; ; try++ {
 		rec, etag, err := l.read(ctx, key)
 		if err != nil {
@@ -409,9 +423,10 @@ func (h *hold) update(ctx context.Context, change func(*record) bool) (bool, err
 		if !change(&rec) {
 			return true, nil
 		}
+		at := l.cfg.Now()
 		err = l.put(ctx, key, rec, etag)
 		if err == nil {
-			h.etag, h.rec = l.nextETag(h.group, etag), rec
+			h.noteWrite(etag, rec, at)
 			return true, nil
 		}
 		h.etag = ""
@@ -571,24 +586,9 @@ func (h *hold) handOver(ctx context.Context, to Asker) (*Handover, error) {
 		hv = &Handover{Token: rec.Token, First: from + 1, AcquiredMs: rec.AcquiredMs}
 		return true
 	}
-	current := false
-	if h.etag != "" {
-		// The record as this hold last wrote it, unless somebody wrote
-		// since (then the write conflicts): no read first.
-		rec, etag := h.rec, h.etag
-		handTo(&rec)
-		if err := l.put(ctx, Key(h.group), rec, etag); err == nil {
-			current = true
-			h.etag, h.rec = l.nextETag(h.group, etag), rec
-		} else {
-			h.etag = "" // read, then write (a landed write shows there)
-		}
-	}
-	if !current {
-		var err error
-		if current, err = h.update(ctx, handTo); err != nil {
-			return nil, err
-		}
+	current, err := h.update(ctx, handTo) // without a read when it can (known)
+	if err != nil {
+		return nil, err
 	}
 	h.released = true
 	if !current {
@@ -599,6 +599,26 @@ func (h *hold) handOver(ctx context.Context, to Asker) (*Handover, error) {
 	}
 	l.emit(Event{Kind: EventReleased, Group: h.group, Holder: h.holder, Token: h.next - 1})
 	return hv, nil
+}
+
+// known returns the record as this hold last wrote it and the record's
+// ETag after that write, when the store's ETags are versions
+// (Locks.nextETag) and the record cannot have expired since: a keyed
+// lock's key expires KeyTTL after its last write, and written again after
+// that it counts its versions from 1, so its ETag is trusted only within
+// KeyTTL/2 of the hold's write. The caller holds h.mu.
+func (h *hold) known() (record, string, bool) {
+	l := h.locks
+	if h.etag == "" || keyed(h.group) && l.cfg.Now().Sub(h.etagAt) >= l.cfg.KeyTTL/2 {
+		return record{}, "", false
+	}
+	return h.rec, h.etag, true
+}
+
+// noteWrite records the hold's write of rec conditioned on etag, sent at
+// at, for known. The caller holds h.mu.
+func (h *hold) noteWrite(etag string, rec record, at time.Time) {
+	h.etag, h.rec, h.etagAt = h.locks.nextETag(h.group, etag), rec, at
 }
 
 func (h *hold) current(rec record) bool {
