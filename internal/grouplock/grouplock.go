@@ -994,14 +994,7 @@ func (l *Locks) freeOrphan(ctx context.Context, group string) bool {
 	if l.cfg.Node == "" {
 		return false
 	}
-	l.mu.Lock()
-	s := l.slots[group]
-	if s == nil {
-		s = &slot{ch: make(chan struct{}, 1)}
-		l.slots[group] = s
-	}
-	s.refs++
-	l.mu.Unlock()
+	s := l.refSlot(group)
 	select {
 	case s.ch <- struct{}{}:
 	default:
@@ -1095,16 +1088,23 @@ func (l *Locks) ReleaseIdle(ctx context.Context) {
 	}
 }
 
-// lockLocal takes group's local slot, waiting as long as ctx allows.
-func (l *Locks) lockLocal(ctx context.Context, group string) (*slot, error) {
+// refSlot returns group's local slot, made when there is none, with one
+// more reference (drop lets it go).
+func (l *Locks) refSlot(group string) *slot {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	s := l.slots[group]
 	if s == nil {
 		s = &slot{ch: make(chan struct{}, 1)}
 		l.slots[group] = s
 	}
 	s.refs++
-	l.mu.Unlock()
+	return s
+}
+
+// lockLocal takes group's local slot, waiting as long as ctx allows.
+func (l *Locks) lockLocal(ctx context.Context, group string) (*slot, error) {
+	s := l.refSlot(group)
 	select {
 	case s.ch <- struct{}{}:
 		return s, nil

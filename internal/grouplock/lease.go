@@ -508,14 +508,20 @@ func (ls *Lease) isEnded() bool {
 	return ls.ended
 }
 
-// release gives the hold's lock up in the store (see Lease.Release);
-// releaser names the caller in the event.
-func (h *hold) release(ctx context.Context, releaser string) error {
+// beginEnding marks the hold as ending (nothing more happens under it, no
+// renewal either), stops its renewals and returns with h.mu held.
+func (h *hold) beginEnding() {
 	h.mu.Lock()
-	h.ending = true // nothing more happens under it, no renewal either
+	h.ending = true
 	h.mu.Unlock()
 	h.stopRenewal()
 	h.mu.Lock()
+}
+
+// release gives the hold's lock up in the store (see Lease.Release);
+// releaser names the caller in the event.
+func (h *hold) release(ctx context.Context, releaser string) error {
+	h.beginEnding()
 	defer h.mu.Unlock()
 	if h.released {
 		return nil
@@ -559,11 +565,7 @@ func (h *hold) release(ctx context.Context, releaser string) error {
 // nil). On a store error nothing is known to be written: the caller
 // releases as usual.
 func (h *hold) handOver(ctx context.Context, to Asker) (*Handover, error) {
-	h.mu.Lock()
-	h.ending = true // nothing more happens under it, no renewal either
-	h.mu.Unlock()
-	h.stopRenewal()
-	h.mu.Lock()
+	h.beginEnding()
 	defer h.mu.Unlock()
 	if h.released || h.stale {
 		h.released = true
