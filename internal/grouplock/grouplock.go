@@ -133,10 +133,13 @@ type Event struct {
 	// Key is the group key of a keyed lock (KeyedName): the key itself,
 	// or "~" and a hash of it for a key that is long or has other
 	// characters than A-Z a-z 0-9 . _ - ~; empty for a whole group's lock.
-	Key        string    `json:"key,omitempty"`
-	Holder     string    `json:"holder"`
-	Token      int64     `json:"token"`
-	Stolen     bool      `json:"stolen,omitempty"`
+	Key    string `json:"key,omitempty"`
+	Holder string `json:"holder"`
+	Token  int64  `json:"token"`
+	Stolen bool   `json:"stolen,omitempty"`
+	// Handed: "acquired" from the previous holder's hand-over on this
+	// process's request (Config.HandTo), with no store round trip here.
+	Handed     bool      `json:"handed,omitempty"`
 	PrevHolder string    `json:"prev_holder,omitempty"`
 	PrevToken  int64     `json:"prev_token,omitempty"`
 	At         time.Time `json:"at"`
@@ -641,7 +644,7 @@ func (l *Locks) takeHanded(group, holder string, hv Handover, asked time.Time) *
 	h.next++
 	h.uses++
 	h.live = []int64{lease.Token}
-	l.emit(Event{Kind: EventAcquired, Group: group, Holder: holder, Token: lease.Token})
+	l.emit(Event{Kind: EventAcquired, Group: group, Holder: holder, Token: lease.Token, Handed: true})
 	return lease
 }
 

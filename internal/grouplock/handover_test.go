@@ -102,8 +102,8 @@ func TestLingeringHoldIsHandedToTheAsker(t *testing.T) {
 	if !r.Held || r.Holder != "a/1" || r.Node != "a" || !r.Wrote || la.Token != 101 || r.Token != 200 || r.Waiter != "" {
 		t.Fatalf("lease token %d, record %+v: want 101 of the block up to 200, held by a/1 on a, wrote, no waiter", la.Token, r)
 	}
-	if e := a.ev.last(); e.Kind != EventAcquired || e.Holder != "a/1" || e.Token != 101 {
-		t.Fatalf("a's last event %+v, want acquired by a/1 with token 101", e)
+	if e := a.ev.last(); e.Kind != EventAcquired || e.Holder != "a/1" || e.Token != 101 || !e.Handed {
+		t.Fatalf("a's last event %+v, want acquired by a/1 with token 101, handed", e)
 	}
 	if e := b.ev.last(); e.Kind != EventReleased || e.Holder != "b/1" || e.Token != first.Token {
 		t.Fatalf("b's last event %+v, want released by b/1 with token %d", e, first.Token)

@@ -553,6 +553,7 @@ func TestGroupMutualExclusionAcrossNodes(t *testing.T) {
 	dir := workerDir(t)
 	in, out := topicName(t, "in"), topicName(t, "out")
 	outs := collectFrom(e.subscribe(out))
+	infra := collectFrom(e.subscribe(infraevents.GroupLockTopic))
 	group := "g-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	logs := map[string]string{}
 	for _, name := range []string{"a", "b", "free"} {
@@ -601,7 +602,27 @@ func TestGroupMutualExclusionAcrossNodes(t *testing.T) {
 	if o := overlaps(grouped); o != 0 {
 		t.Fatalf("%d overlapping executions inside group %s", o, group)
 	}
-	t.Logf("%d messages, %d grouped executions without overlap", n, len(grouped))
+	// The group passed between the nodes by hand-over too (the holder
+	// wrote the asker into the lock: grouplock.Config.HandTo), not only
+	// by release and acquisition, and the exclusion above held.
+	handed := 0
+	infra.mu.Lock()
+	for _, evs := range infra.evs {
+		for _, ev := range evs {
+			var d struct {
+				Group  string `json:"group"`
+				Handed bool   `json:"handed"`
+			}
+			if ev.Type() == "com.virtufin.workmanager.infra.grouplock.acquired" && ev.DataAs(&d) == nil && d.Group == group && d.Handed {
+				handed++
+			}
+		}
+	}
+	infra.mu.Unlock()
+	if handed == 0 {
+		t.Fatal("no acquisition of the group was handed over between the nodes")
+	}
+	t.Logf("%d messages, %d grouped executions without overlap, %d hand-overs", n, len(grouped), handed)
 }
 
 // publishPaced publishes n inputs "<prefix><i>" at about rate per second
