@@ -509,10 +509,7 @@ func (l *Locks) Warm(ctx context.Context, group, holder string) {
 	l.slots[group] = s
 	l.mu.Unlock()
 	go func() {
-		var lease *Lease
-		if node := l.handedBack(group); node != "" {
-			lease, _ = l.ask(ctx, group, holder, record{Held: true, Node: node})
-		}
+		lease := l.askBack(ctx, group, holder)
 		if lease == nil {
 			l.unlockLocal(group, s)
 			return
@@ -529,15 +526,8 @@ func (l *Locks) Warm(ctx context.Context, group, holder string) {
 const NotifyTimeout = 200 * time.Millisecond
 
 func (l *Locks) acquire(ctx context.Context, group, holder string) (*Lease, error) {
-	if node := l.handedBack(group); node != "" {
-		// This process gave the group up to node on its request within
-		// Linger: node has likely run its messages and lingers with it
-		// now. Asked before the first read, a hold it hands back costs
-		// this acquisition no store round trip at all (one it releases,
-		// the read and the waiter marker of a try that finds it held).
-		if lease, _ := l.ask(ctx, group, holder, record{Held: true, Node: node}); lease != nil {
-			return lease, nil
-		}
+	if lease := l.askBack(ctx, group, holder); lease != nil {
+		return lease, nil
 	}
 	for try := 0; ; try++ {
 		more := try < l.cfg.MaxRetries
@@ -570,6 +560,21 @@ func (l *Locks) acquire(ctx context.Context, group, holder string) (*Lease, erro
 			return nil, err
 		}
 	}
+}
+
+// askBack asks for group, for holder, the process this one gave it up to
+// on its request within Linger (handedBack), if any: that process has
+// likely run its messages and lingers with it now. Asked before the first
+// read, a hold it hands back costs the acquisition no store round trip at
+// all (one it releases, the read and the waiter marker of a try that
+// finds it held). It returns the lease of a hold handed back, else nil.
+func (l *Locks) askBack(ctx context.Context, group, holder string) *Lease {
+	node := l.handedBack(group)
+	if node == "" {
+		return nil
+	}
+	lease, _ := l.ask(ctx, group, holder, record{Held: true, Node: node})
+	return lease
 }
 
 // handedBack returns (and forgets) the process this one gave group up to

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/virtufin/workmanager/internal/state"
 )
 
 // handing builds nodes that ask each other for a group (Config.Notify,
@@ -23,13 +25,12 @@ func newHanding(t *testing.T) *handing {
 	return &handing{w: newWorld(t), nodes: map[string]*node{}}
 }
 
-func (hd *handing) node(name string, st *countStore, mod func(*Config)) *node {
-	var n *node
-	if st == nil {
-		n = hd.w.node(nil, func(c *Config) { hd.config(name, c, mod) })
-	} else {
-		n = hd.w.node(st, func(c *Config) { hd.config(name, c, mod) })
+func (hd *handing) node(name string, cs *countStore, mod func(*Config)) *node {
+	var st state.Store // nil: the world's store (a nil *countStore is not nil here)
+	if cs != nil {
+		st = cs
 	}
+	n := hd.w.node(st, func(c *Config) { hd.config(name, c, mod) })
 	hd.mu.Lock()
 	hd.nodes[name] = n
 	hd.mu.Unlock()
