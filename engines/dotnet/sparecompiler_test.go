@@ -162,7 +162,7 @@ func TestSpareCompilerLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := waitSpareCompiler(t, e)
-	err := e.Check(ctx, engines.Spec{WorkerID: "cpu", MIMEType: MIMESource}, unique(cpuBomb(7), "limits cpu"))
+	err := e.Check(ctx, engines.Spec{WorkerID: "cpu", MIMEType: MIMESource}, unique(cpuBomb(9), "limits cpu"))
 	if want := "the C# compiler exceeded its CPU time limit of 2 s"; !errors.Is(err, engines.ErrInvalidCode) || !strings.Contains(err.Error(), want) {
 		t.Fatalf("err = %v, want ErrInvalidCode with %q", err, want)
 	}
