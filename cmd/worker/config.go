@@ -73,6 +73,7 @@ type config struct {
 	DotnetLockdown        bool              // DOTNET_LOCKDOWN: .NET hosts refuse execve and IP sockets to worker code
 	NativeMaxAbandoned    int               // NATIVE_MAX_ABANDONED_CALLS
 	NativeMaxExtracted    int               // NATIVE_MAX_EXTRACTED_BYTES: disk all extracted native packages may use
+	NativeSpareChecks     int               // NATIVE_SPARE_CHECK_HOSTS: sandboxed hosts kept started for the load check of uploaded packages (0: none)
 	BrokerProbe           time.Duration     // BROKER_PROBE_INTERVAL: how often an idle node checks that publishing works
 	BrokerReadyGrace      time.Duration     // BROKER_READY_GRACE: how long the broker may fail before /readyz does
 	LogLevel              slog.Level        // LOG_LEVEL
@@ -159,6 +160,7 @@ func loadConfig() (config, error) {
 		DotnetLockdown:        r.Bool("DOTNET_LOCKDOWN", true),
 		NativeMaxAbandoned:    r.Int("NATIVE_MAX_ABANDONED_CALLS", 4),
 		NativeMaxExtracted:    r.Int("NATIVE_MAX_EXTRACTED_BYTES", 1<<30),
+		NativeSpareChecks:     r.Int("NATIVE_SPARE_CHECK_HOSTS", 1),
 		BrokerProbe:           r.Duration("BROKER_PROBE_INTERVAL", 2*time.Second),
 		BrokerReadyGrace:      r.Duration("BROKER_READY_GRACE", 15*time.Second),
 		LogLevel:              r.LogLevel("LOG_LEVEL"),
@@ -374,6 +376,8 @@ func (c config) validate() error {
 		return fmt.Errorf("MAX_EVENT_BYTES must be 1024 to 67108864, got %d", c.MaxEventBytes)
 	case c.DaprMaxBodyBytes < 1<<20 || c.DaprMaxBodyBytes > 1<<30:
 		return fmt.Errorf("DAPR_MAX_BODY_BYTES (daprd's --max-body-size) must be 1048576 to 1073741824, got %d", c.DaprMaxBodyBytes)
+	case c.NativeSpareChecks < 0 || c.NativeSpareChecks > dotnet.MaxSpares:
+		return fmt.Errorf("NATIVE_SPARE_CHECK_HOSTS must be 0 (none) to %d, got %d", dotnet.MaxSpares, c.NativeSpareChecks)
 	case c.NativeMaxExtracted < 0:
 		return fmt.Errorf("NATIVE_MAX_EXTRACTED_BYTES must be 0 (unbounded) or more, got %d", c.NativeMaxExtracted)
 	case c.LogLinesPerSecond < 0:

@@ -210,7 +210,7 @@ func (p *parts) build(ctx context.Context) error {
 		return fmt.Errorf("PYTHON_DEVKIT_DIR: %w", err)
 	}
 	reg, err := builtin.Registry(builtin.Config{Logger: log, PythonProcesses: cfg.PythonProcesses, PythonDevKitDir: devkitDir,
-		Sandbox: sb, PythonAllowedPackages: cfg.PythonAllowed, WorkerEnv: cfg.WorkerEnv, NativeMaxExtractedBytes: int64(cfg.NativeMaxExtracted),
+		Sandbox: sb, PythonAllowedPackages: cfg.PythonAllowed, WorkerEnv: cfg.WorkerEnv, NativeMaxExtractedBytes: int64(cfg.NativeMaxExtracted), NativeSpareCheckHosts: cfg.NativeSpareChecks,
 		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait, PythonMaxBatch: cfg.PythonMaxBatch,
 		PythonMaxConcurrency: cfg.PythonMaxConcurrency, PythonMaxProcesses: cfg.PythonMaxProcesses, PythonParkAfter: cfg.PythonParkAfter, PythonSpares: cfg.PythonSpares,
 		Gateway:         gw,

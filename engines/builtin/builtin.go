@@ -63,6 +63,9 @@ type Config struct {
 	// NativeMaxExtractedBytes bounds the disk of extracted native packages
 	// (0: unbounded).
 	NativeMaxExtractedBytes int64
+	// NativeSpareCheckHosts is native.Config.SpareCheckHosts
+	// (NATIVE_SPARE_CHECK_HOSTS).
+	NativeSpareCheckHosts int
 	// WorkerEnv are KEY=VALUE entries every worker process gets
 	// (WORKER_ENV); nothing else of the node's environment reaches it.
 	WorkerEnv []string
@@ -120,7 +123,7 @@ func nativeConfig(cfg Config) native.Config {
 		Isolation: cfg.NativeIsolation, HostPath: cfg.NativeHostPath, TempDir: cfg.NativeTempDir,
 		MaxAbandonedCalls: cfg.NativeMaxAbandonedCalls, Sandbox: cfg.Sandbox, HostEnv: cfg.WorkerEnv,
 		MaxExtractedBytes: cfg.NativeMaxExtractedBytes, MaxReplyBytes: replyLimit(cfg), OnRestart: onRestart(cfg, "native"),
-		Journal: cfg.NativeJournal}
+		Journal: cfg.NativeJournal, SpareCheckHosts: cfg.NativeSpareCheckHosts}
 }
 
 func dotnetConfig(cfg Config) dotnet.Config {

@@ -149,6 +149,18 @@ func isCrashLine(l string) bool {
 // startHost starts a native-host process for the extracted library and
 // waits until it has loaded it (bounded by ctx and Config.LoadTimeout).
 func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath string, m *Manifest, wlog *slog.Logger) (*hostProc, error) {
+	p, err := e.spawnHost(spec, libPath, m, "", "", wlog)
+	if err != nil {
+		return nil, err
+	}
+	return p, p.awaitLoad(ctx, e.cfg.LoadTimeout)
+}
+
+// spawnHost starts a host process: for libPath (in its extraction
+// directory, bound into the sandbox), or, with libPath "" and dir set, a
+// spare (-await) that sees dir as its package directory and waits for
+// what to load (hostproto.FrameLoad), as spareOwner in the sandbox.
+func (e *Engine) spawnHost(spec engines.Spec, libPath string, m *Manifest, dir, spareOwner string, wlog *slog.Logger) (*hostProc, error) {
 	if e.cfg.HostPath == "" {
 		return nil, errors.New("native engine: process isolation needs Config.HostPath (the native-host executable)")
 	}
@@ -163,24 +175,31 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 		return nil, fmt.Errorf("native engine: %w", err)
 	}
 	sb := e.cfg.Sandbox
-	library := libPath
-	if sb != nil {
-		// Inside, the package is bound at sandboxPackageDir.
-		rel, _ := filepath.Rel(extractRoot(libPath), libPath)
-		library = path.Join(sandboxPackageDir, filepath.ToSlash(rel))
+	args := append([]string(nil), e.cfg.HostArgs...)
+	workerEnv := append([]string(nil), e.cfg.HostEnv...)
+	owner := spec.WorkerID
+	if libPath == "" { // a spare: its worker comes with the load frame
+		args = append(args, "-await")
+		owner = spareOwner
+	} else {
+		dir = extractRoot(libPath)
+		library := libPath
+		if sb != nil {
+			// Inside, the package is bound at sandboxPackageDir.
+			rel, _ := filepath.Rel(dir, libPath)
+			library = path.Join(sandboxPackageDir, filepath.ToSlash(rel))
+		}
+		args = append(args, "-library", library, "-entry", m.EntryPoint, "-free", m.FreeResult, "-abi", strconv.Itoa(m.ABIVersion))
+		workerEnv = append(workerEnv, hostproto.EnvWorkerID+"="+spec.WorkerID, hostproto.EnvWorkerGroup+"="+spec.Group, hostproto.EnvWorkerTopic+"="+spec.Topic)
 	}
-	args := append(append([]string(nil), e.cfg.HostArgs...),
-		"-library", library, "-entry", m.EntryPoint, "-free", m.FreeResult, "-abi", strconv.Itoa(m.ABIVersion))
-	workerEnv := append(append([]string(nil), e.cfg.HostEnv...),
-		hostproto.EnvWorkerID+"="+spec.WorkerID, hostproto.EnvWorkerGroup+"="+spec.Group, hostproto.EnvWorkerTopic+"="+spec.Topic)
 	var cmd *exec.Cmd
 	release := func() {}
 	if sb != nil {
 		// The library's directory (given to the worker's uid by extract)
 		// and the host binary are all it sees of the node's files.
-		cmd, release, err = sb.Command(sandbox.Spec{Owner: spec.WorkerID, Path: sandboxHostPath, Args: args,
+		cmd, release, err = sb.Command(sandbox.Spec{Owner: owner, Path: sandboxHostPath, Args: args,
 			Env:        append([]string{"LANG=C.UTF-8", "PATH=/usr/bin:/bin"}, workerEnv...),
-			Binds:      []sandbox.Bind{{Src: e.cfg.HostPath, Dst: sandboxHostPath}, {Src: extractRoot(libPath), Dst: sandboxPackageDir}},
+			Binds:      []sandbox.Bind{{Src: e.cfg.HostPath, Dst: sandboxHostPath}, {Src: dir, Dst: sandboxPackageDir}},
 			ExtraFiles: pipes.ChildEnds()})
 		if err != nil {
 			pipes.CloseChildEnds()
@@ -243,30 +262,35 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 		close(p.done)
 	}()
 
-	// Wait for 'Y' (or 'X'), bounded.
-	lctx, cancel := context.WithTimeout(ctx, e.cfg.LoadTimeout)
+	return p, nil
+}
+
+// awaitLoad waits, at most timeout, for the host to say that it loaded its
+// library ('Y'); any other end retires it and says why.
+func (p *hostProc) awaitLoad(ctx context.Context, timeout time.Duration) error {
+	lctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	stop := context.AfterFunc(lctx, p.Kill)
 	kind, payload, err := p.r.ReadFrame()
 	timedOut := !stop()
 	switch {
 	case err == nil && kind == hostproto.FrameReady && !timedOut:
-		return p, nil
+		return nil
 	case err == nil && kind == hostproto.FrameLoadError && len(payload) >= 1:
 		msg := string(payload[1:])
 		p.Retire()
 		if payload[0] == 1 {
-			return nil, invalidf("%s", msg)
+			return invalidf("%s", msg)
 		}
-		return nil, fmt.Errorf("native engine: the native host could not start: %s", msg)
+		return fmt.Errorf("native engine: the native host could not start: %s", msg)
 	case timedOut:
 		p.Kill()
 		p.Retire()
-		return nil, fmt.Errorf("native engine: the native host did not load the library within %v: %w", e.cfg.LoadTimeout, lctx.Err())
+		return fmt.Errorf("native engine: the native host did not load the library within %v: %w", timeout, lctx.Err())
 	default:
 		p.Kill()
 		p.Retire()
-		return nil, invalidf("the native host exited while loading the library (%v)%s", p.waitErr, p.tail)
+		return invalidf("the native host exited while loading the library (%v)%s", p.waitErr, p.tail)
 	}
 }
 
@@ -323,6 +347,9 @@ func extractRoot(libPath string) string {
 }
 
 func (e *Engine) checkInHost(ctx context.Context, spec engines.Spec, pk *pkg) error {
+	if done, err := e.checkInSpare(ctx, spec, pk); done {
+		return err
+	}
 	dir, libPath, err := e.extract(pk, spec.WorkerID)
 	if err != nil {
 		return err

@@ -18,10 +18,12 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/crashjournal"
+	"github.com/virtufin/workmanager/engines/internal/spares"
 	"github.com/virtufin/workmanager/engines/native/internal/loader"
 	"github.com/virtufin/workmanager/engines/sandbox"
 )
@@ -124,6 +126,11 @@ type Config struct {
 	// fixed text ("timeout", "process exited", …), err the restart's error
 	// (nil: it runs again). Keep it cheap.
 	OnRestart func(reason string, err error)
+	// SpareCheckHosts is how many sandboxed hosts the engine keeps started
+	// ahead of need for the load check of uploaded packages
+	// (NATIVE_SPARE_CHECK_HOSTS; spare.go), when Sandbox and HostPath are
+	// set. 0: none (each Check starts a host of its own).
+	SpareCheckHosts int
 }
 
 // Engine is the native engine. It is safe for concurrent use.
@@ -133,6 +140,10 @@ type Engine struct {
 	diskMu    sync.Mutex
 	diskUsed  int64
 	diskByDir map[string]int64
+
+	spareHosts  *spares.Set[*spareHost]
+	spareSeq    atomic.Uint64
+	spareChecks atomic.Int64 // checks a spare answered (tests)
 }
 
 var _ engines.Engine = (*Engine)(nil)
@@ -160,7 +171,15 @@ func New(cfg Config) *Engine {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Engine{cfg: cfg}
+	e := &Engine{cfg: cfg}
+	e.spareHosts = e.newSpareHosts()
+	return e
+}
+
+// Close implements engines.Closer: the spare check hosts exit.
+func (e *Engine) Close() error {
+	e.spareHosts.Close()
+	return nil
 }
 
 // Info implements engines.Engine. With in-process isolation (the default)
@@ -275,11 +294,16 @@ func (e *Engine) reserveDisk(dir string, size int64) error {
 // removeExtracted deletes an extraction directory and gives its bytes back.
 func (e *Engine) removeExtracted(dir string) error {
 	err := os.RemoveAll(dir)
+	e.releaseDisk(dir)
+	return err
+}
+
+// releaseDisk gives back the bytes reserved for dir.
+func (e *Engine) releaseDisk(dir string) {
 	e.diskMu.Lock()
 	e.diskUsed -= e.diskByDir[dir]
 	delete(e.diskByDir, dir)
 	e.diskMu.Unlock()
-	return err
 }
 
 // openLibrary loads a package's library into this process. A library that

@@ -3,6 +3,7 @@
 package host
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,12 +25,17 @@ import (
 // Arguments: -library PATH [-entry NAME] [-free NAME] [-abi N]. The worker's
 // identity comes from VIRTUFIN_WORKER_ID, VIRTUFIN_WORKER_GROUP and
 // VIRTUFIN_WORKER_TOPIC (exact here: the process hosts one worker).
+// With -await instead of -library (a spare host, started before its worker
+// is known), the first frame on fd 3 says what to load and the worker's
+// identity (hostproto.FrameLoad), which the host sets in its environment
+// before it loads the library.
 func Main(args []string) int {
 	fs := flag.NewFlagSet("native-host", flag.ContinueOnError)
 	libPath := fs.String("library", "", "path of the worker library")
 	entry := fs.String("entry", loader.DefaultEntryPoint, "name of the Process export")
 	free := fs.String("free", loader.DefaultFreeResult, "name of the FreeResult export")
 	abiVersion := fs.Int("abi", loader.CurrentABI, "worker ABI version")
+	await := fs.Bool("await", false, "read what to load from the first frame on fd 3 (a spare host)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -53,6 +59,34 @@ func Main(args []string) int {
 		c.send(hostproto.FrameLoadError, []byte{flag}, []byte(err.Error()))
 		return 3
 	}
+	var rt *loader.Runtime
+	if *await {
+		// A spare: the runtime is ready before the library is known.
+		var err error
+		if rt, err = loader.Init(); err != nil {
+			return fail(false, err)
+		}
+		c.r.Limit = func(byte) int { return hostproto.MaxLoadFrame }
+		kind, payload, err := c.r.ReadFrame()
+		if errors.Is(err, io.EOF) {
+			return 0 // never used
+		}
+		var ld hostproto.Load
+		if err == nil && kind != hostproto.FrameLoad {
+			err = fmt.Errorf("frame %q, want a load frame", kind)
+		}
+		if err == nil {
+			err = json.Unmarshal(payload, &ld)
+		}
+		if err != nil {
+			return fail(false, fmt.Errorf("native-host: reading what to load: %w", err))
+		}
+		c.r.Limit = nil
+		*libPath, *entry, *free, *abiVersion = ld.Library, ld.Entry, ld.Free, ld.ABIVersion
+		for k, v := range map[string]string{hostproto.EnvWorkerID: ld.WorkerID, hostproto.EnvWorkerGroup: ld.Group, hostproto.EnvWorkerTopic: ld.Topic} {
+			os.Setenv(k, v)
+		}
+	}
 	if *libPath == "" {
 		return fail(false, errors.New("native-host: -library is required"))
 	}
@@ -60,9 +94,11 @@ func Main(args []string) int {
 	if !ok {
 		return fail(true, loader.CheckABI(*abiVersion))
 	}
-	rt, err := loader.Init()
-	if err != nil {
-		return fail(false, err)
+	if rt == nil {
+		var err error
+		if rt, err = loader.Init(); err != nil {
+			return fail(false, err)
+		}
 	}
 	sinkID := loader.RegisterSink(c)
 	host := rt.NewHost(spec, sinkID, os.Getenv(hostproto.EnvWorkerID), os.Getenv(hostproto.EnvWorkerGroup), os.Getenv(hostproto.EnvWorkerTopic))

@@ -12,6 +12,8 @@
  *   -DPROCESS_NAME=x / -DFREE_NAME=y   other export names
  *   -DCTOR_WRITE='"path"'   a constructor that writes "ran" to path at load
  *   -DCTOR_KILL     a constructor that SIGKILLs its parent, then itself
+ *   -DCTOR_REQUIRE_ID='"id"'  a constructor that exits (7) unless
+ *                   VIRTUFIN_WORKER_ID is id when the library loads
  *   -DCTOR_SOCKETS  a constructor that writes "LEAKED" to every socket among
  *                   its descriptors 3..1023 (the node's, if any reached it)
  *
@@ -56,6 +58,14 @@ __attribute__((constructor)) static void ctor_write(void) {
         fputs("ran", f);
         fclose(f);
     }
+}
+#endif
+#if defined(CTOR_REQUIRE_ID)
+#include <unistd.h>
+__attribute__((constructor)) static void ctor_require_id(void) {
+    const char* v = getenv("VIRTUFIN_WORKER_ID");
+    if (!v || strcmp(v, CTOR_REQUIRE_ID) != 0)
+        _exit(7);
 }
 #endif
 #if defined(CTOR_KILL)

@@ -25,6 +25,8 @@ import (
 //	engine -> host
 //	  'P' process:        CloudEvent buffer
 //	  'G' gateway reply:  int32 code, response bytes
+//	  'K' load (a spare): the JSON of Load; only to a host started with
+//	                      -await, as its first frame
 //	host -> engine
 //	  'Y' ready:          (empty) the library is loaded
 //	  'X' load failed:    uint8 invalid (1: bad code), message
@@ -42,7 +44,25 @@ const (
 	FrameResult       = 'R'
 	FrameLog          = 'L'
 	FrameGatewayCall  = 'C'
+	FrameLoad         = 'K'
 )
+
+// Load is the payload of a FrameLoad: what a host started with -await
+// (a spare, started before its worker was known) loads, and the worker's
+// identity, which the host puts in its environment before the library's
+// constructors run. Fields as the host's flags.
+type Load struct {
+	Library    string `json:"library"`
+	Entry      string `json:"entry"`
+	Free       string `json:"free"`
+	ABIVersion int    `json:"abi"`
+	WorkerID   string `json:"worker_id"`
+	Group      string `json:"group"`
+	Topic      string `json:"topic"`
+}
+
+// MaxLoadFrame bounds a FrameLoad's payload (the host reads nothing larger).
+const MaxLoadFrame = 64 << 10
 
 // The host's pipes.
 const (

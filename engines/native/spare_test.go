@@ -1,0 +1,114 @@
+//go:build linux
+
+package native
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
+)
+
+// readySpare waits for e's spare check host and returns it.
+func readySpare(t *testing.T, e *Engine) *spareHost {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if r := e.spareHosts.Ready(); len(r) > 0 {
+			return r[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no spare check host started within a minute")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A Check takes a spare check host when one is ready: the package loads
+// in the spare's sandbox (its constructors do not run in this process),
+// with the worker's identity in the environment before the constructors
+// run; a constructor that kills its parent kills only the sandbox; each
+// spare checks one package and is gone after it, its directory removed;
+// without a spare ready a Check starts a host of its own, as before.
+func TestCheckTakesASpareHost(t *testing.T) {
+	sb := sandboxtest.Strict(t)
+	e := newTestEngine(t, hostConfig(Config{Sandbox: sb, SpareCheckHosts: 1}))
+	t.Cleanup(func() { e.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	// None ready before the first Check (spares start once needed): it
+	// checks in a host of its own.
+	if n := len(e.spareHosts.Ready()); n != 0 {
+		t.Fatalf("%d spares before any Check", n)
+	}
+	if err := e.Check(ctx, testSpec, packageOf(t, flagsEcho, nil)); err != nil {
+		t.Fatalf("Check without a spare: %v", err)
+	}
+	if n := e.spareChecks.Load(); n != 0 {
+		t.Fatalf("%d checks by a spare before one was started", n)
+	}
+
+	mark := filepath.Join(t.TempDir(), "ctor-ran")
+	for name, tc := range map[string]struct {
+		flags []string
+		want  string // "" for a package that checks
+	}{
+		"identity before constructors": {[]string{`-DCTOR_REQUIRE_ID="` + testSpec.WorkerID + `"`}, ""},
+		"another worker's identity":    {[]string{`-DCTOR_REQUIRE_ID="somebody-else"`}, "native host exited while loading"},
+		"constructor writes a file":    {[]string{`-DCTOR_WRITE="` + mark + `"`}, ""},
+		"constructor kills its parent": {[]string{"-DCTOR_KILL"}, "native host exited while loading"},
+		"missing export":               {[]string{"-DPROCESS_NAME=Other"}, "Process"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := readySpare(t, e)
+			pk := packageOf(t, tc.flags, nil)
+			before := e.spareChecks.Load()
+			start := time.Now()
+			err := e.Check(ctx, testSpec, pk)
+			t.Logf("checked in %v: %v", time.Since(start).Round(time.Microsecond), err)
+			if n := e.spareChecks.Load() - before; n != 1 {
+				t.Fatalf("%d checks by a spare, want 1", n)
+			}
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("Check: %v", err)
+			case tc.want != "" && (!errors.Is(err, engines.ErrInvalidCode) || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("Check: err = %v, want ErrInvalidCode with %q", err, tc.want)
+			}
+			// That spare did the check, once: it is gone, its directory too.
+			if !s.Exited() {
+				t.Fatal("the spare that checked the package is still running")
+			}
+			if _, err := os.Stat(s.dir); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("the spare's package directory is still there (stat: %v)", err)
+			}
+			for _, r := range e.spareHosts.Ready() {
+				if r == s {
+					t.Fatal("the used spare is ready again")
+				}
+			}
+		})
+	}
+	if _, err := os.Stat(mark); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a constructor wrote %s on the node's file system (stat: %v)", mark, err)
+	}
+	e.diskMu.Lock()
+	used := e.diskUsed
+	e.diskMu.Unlock()
+	if used != 0 {
+		t.Fatalf("%d extracted bytes still counted after the checks", used)
+	}
+	// Close retires the spare that is ready.
+	s := readySpare(t, e)
+	e.Close()
+	if !s.Exited() {
+		t.Fatal("Close left a spare check host running")
+	}
+}
