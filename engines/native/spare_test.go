@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -104,6 +105,21 @@ func TestCheckTakesASpareHost(t *testing.T) {
 	e.diskMu.Unlock()
 	if used != 0 {
 		t.Fatalf("%d extracted bytes still counted after the checks", used)
+	}
+	// A spare that died while it waited is not used: the check starts a
+	// host of its own.
+	dead := readySpare(t, e)
+	syscall.Kill(dead.p.cmd.Process.Pid, syscall.SIGKILL)
+	<-dead.p.done
+	before := e.spareChecks.Load()
+	if err := e.Check(ctx, testSpec, packageOf(t, flagsEcho, nil)); err != nil {
+		t.Fatalf("Check after the spare died: %v", err)
+	}
+	if n := e.spareChecks.Load() - before; n != 0 {
+		t.Fatalf("%d checks by a dead spare", n)
+	}
+	if _, err := os.Stat(dead.dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the dead spare's directory is still there (stat: %v)", err)
 	}
 	// Close retires the spare that is ready.
 	s := readySpare(t, e)
