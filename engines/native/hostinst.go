@@ -153,7 +153,10 @@ func (e *Engine) startHost(ctx context.Context, spec engines.Spec, libPath strin
 	if err != nil {
 		return nil, err
 	}
-	return p, p.awaitLoad(ctx, e.cfg.LoadTimeout)
+	if err := p.awaitLoad(ctx, e.cfg.LoadTimeout); err != nil {
+		return nil, err // awaitLoad retired it
+	}
+	return p, nil
 }
 
 // spawnHost starts a host process: for libPath (in its extraction
