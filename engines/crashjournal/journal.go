@@ -245,26 +245,30 @@ func Open(dir string, o Options) (*Journal, Report, error) {
 	return j, rep, nil
 }
 
-// count adds one crash to every worker and (worker, event) of calls.
+// count adds one crash to every worker and (worker, event) of calls. A
+// worker's LastEvent is, of its calls in this crash, the event in flight
+// at the most crashes so far (the likeliest cause; the first in slot order
+// among equals): a worker with several events in flight names the one
+// that keeps crashing, not whichever took the first slot.
 func (j *Journal) count(calls []Call) {
 	now := j.opts.Now().UTC()
 	if j.counts.Workers == nil {
 		j.counts.Workers = map[string]WorkerCount{}
 	}
-	seen := map[string]bool{}
+	type culprit struct {
+		event   string
+		crashes int
+	}
+	worst := map[string]culprit{}
+	var workers []string
 	for _, c := range calls {
-		if !seen[c.Worker] {
-			seen[c.Worker] = true
-			w := j.counts.Workers[c.Worker]
-			w.Crashes++
-			w.LastEvent, w.LastAt = c.Event, now
-			j.counts.Workers[c.Worker] = w
-		}
+		n := 1
 		found := false
 		for i := range j.counts.Events {
 			if j.counts.Events[i].Call == c {
 				j.counts.Events[i].Crashes++
 				j.counts.Events[i].LastAt = now
+				n = j.counts.Events[i].Crashes
 				found = true
 				break
 			}
@@ -272,6 +276,18 @@ func (j *Journal) count(calls []Call) {
 		if !found {
 			j.counts.Events = append(j.counts.Events, EventCount{Call: c, Crashes: 1, LastAt: now})
 		}
+		if w, ok := worst[c.Worker]; !ok || n > w.crashes {
+			if !ok {
+				workers = append(workers, c.Worker)
+			}
+			worst[c.Worker] = culprit{c.Event, n}
+		}
+	}
+	for _, id := range workers {
+		w := j.counts.Workers[id]
+		w.Crashes++
+		w.LastEvent, w.LastAt = worst[id].event, now
+		j.counts.Workers[id] = w
 	}
 	if len(j.counts.Events) > MaxEvents {
 		sort.SliceStable(j.counts.Events, func(a, b int) bool { return j.counts.Events[a].LastAt.After(j.counts.Events[b].LastAt) })

@@ -22,6 +22,10 @@ func TestMain(m *testing.M) {
 			os.Stderr.WriteString(err.Error())
 			os.Exit(3)
 		}
+		if ev := os.Getenv("WM_CJ_EVENT_BEFORE"); ev != "" { // another call of the worker, in an earlier slot
+			s, _ := j.Acquire()
+			j.Enter(s, os.Getenv("WM_CJ_WORKER"), "src", ev)
+		}
 		s, _ := j.Acquire()
 		j.Enter(s, os.Getenv("WM_CJ_WORKER"), "src", os.Getenv("WM_CJ_EVENT"))
 		other, _ := j.Acquire()
@@ -124,6 +128,38 @@ func TestCrashInFlightIsCountedSuspectedAndQuarantined(t *testing.T) {
 	}
 	if j.Suspect("w1", "src", "e1") {
 		t.Fatal("Forget kept the suspect")
+	}
+}
+
+// A worker with several events in flight at a crash: its quarantine names
+// the event that keeps crashing (in flight at the most crashes), not the
+// one that happens to take the first slot (an event redelivered after the
+// first crash and in flight beside the culprit's redelivery).
+func TestQuarantineNamesTheEventThatKeepsCrashing(t *testing.T) {
+	dir := t.TempDir()
+	crash(t, dir, "w1", "boom", "segv")
+	j, _, err := crashjournal.Open(dir, crashjournal.Options{Slots: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	crash(t, dir, "w1", "boom", "segv", "WM_CJ_EVENT_BEFORE=fine-1")
+	calls, err := crashjournal.Peek(dir)
+	if err != nil || len(calls) != 2 || calls[0].Event != "fine-1" || calls[1].Event != "boom" {
+		t.Fatalf("Peek = %+v, %v; want fine-1 in the first slot, then boom", calls, err)
+	}
+	j, rep, err := crashjournal.Open(dir, crashjournal.Options{Slots: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if c, ok := rep.Quarantine["w1"]; !ok || c.Crashes != 2 || c.LastEvent != "boom" {
+		t.Fatalf("quarantine after two crashes: %+v; want w1, 2 crashes, last event boom", rep.Quarantine)
+	}
+	if !j.Suspect("w1", "src", "boom") || j.Suspect("w1", "src", "fine-1") {
+		t.Fatal("suspects: want boom (two crashes), not fine-1 (one)")
 	}
 }
 
