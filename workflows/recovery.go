@@ -300,7 +300,7 @@ func recoverOne(ctx, actx workflow.Context, w catalog.Worker) workflow.Future {
 		})
 		bound, _ := ctx.Value(continueAsNewAfterKey{}).(int)
 		child := workflow.ExecuteChildWorkflow(cctx, WorkerWorkflow, WorkerInput{State: WorkerState{Worker: w, Created: true}, Recovered: true,
-			ContinueAsNewAfter: bound})
+			ContinueAsNewAfter: bound, Epoch: CurrentEpoch})
 		err := child.GetChildWorkflowExecution().Get(ctx, nil)
 		if err == nil || temporal.IsWorkflowExecutionAlreadyStartedError(err) {
 			err = workflow.ExecuteActivity(actx, a.Activate, w.ID).Get(ctx, nil)

@@ -71,7 +71,21 @@ type WorkerInput struct {
 	// id) the run holds, never that of a request that joined the run. ""
 	// (runs started before it existed, and recovery's): any create.
 	CreateID string
+	// Epoch 1 (CurrentEpoch): the run was started by code that knows every
+	// change in versionedChanges, so each of them is at its version 1
+	// without a GetVersion call — which would record a marker and upsert
+	// the TemporalChangeVersion search attribute, two history events and a
+	// visibility write per change, three in a create. 0: a run started
+	// before epochs existed calls GetVersion, as it did. (A run of epoch 1
+	// that older code began, during an upgrade, has markers the newer code
+	// does not ask for: the SDK skips version markers and their upserts in
+	// its determinism check, and the older code took version 1 too.)
+	Epoch int
 }
+
+// CurrentEpoch is the Epoch of the runs this code starts (a create,
+// recovery, continue-as-new).
+const CurrentEpoch = 1
 
 // WorkerState is what the workflow knows and carries across continue-as-new.
 type WorkerState struct {
@@ -142,16 +156,31 @@ type entity struct {
 	createID string
 	// canAfter is WorkerInput.ContinueAsNewAfter.
 	canAfter int
+	// epoch is WorkerInput.Epoch.
+	epoch int
+}
+
+// version is the version of changeID in this run: for a run of epoch 1
+// or later (WorkerInput.Epoch) version 1, the version GetVersion gives a
+// run that starts with this code, without its marker and search attribute
+// upsert; for older runs GetVersion's. Every change here was introduced
+// before epoch 1 with versions DefaultVersion and 1; a later change calls
+// workflow.GetVersion itself (or comes with the next epoch).
+func (e *entity) version(ctx workflow.Context, changeID string) workflow.Version {
+	if e.epoch >= CurrentEpoch {
+		return 1
+	}
+	return workflow.GetVersion(ctx, changeID, workflow.DefaultVersion, 1)
 }
 
 // WorkerWorkflow is the entity workflow of one worker.
 func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
-	e := &entity{st: in.State, mu: workflow.NewMutex(ctx), createID: in.CreateID, canAfter: in.ContinueAsNewAfter}
+	e := &entity{st: in.State, mu: workflow.NewMutex(ctx), createID: in.CreateID, canAfter: in.ContinueAsNewAfter, epoch: in.Epoch}
 	if e.st.Unsynced != "" && len(e.st.Unannounced) == 0 {
 		// Carried from a run that knew only Unsynced.
 		e.st.Unannounced = []lifecycleevents.Kind{e.st.Unsynced}
 	}
-	reread := in.Recovered && workflow.GetVersion(ctx, "recovered-rereads-catalog", workflow.DefaultVersion, 1) == 1
+	reread := in.Recovered && e.version(ctx, "recovered-rereads-catalog") == 1
 	if reread {
 		// Held before the update handlers exist, so that no update (not
 		// even one delivered with the first task) acts on the stale record.
@@ -190,7 +219,7 @@ func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
 			// Emit waiting out a broker outage) and then succeeded made a
 			// worker that is served: its workflow lives on to manage it.
 			outlasted := e.failed == nil && e.st.Created &&
-				workflow.GetVersion(ctx, "create-outlasting-timeout-lives", workflow.DefaultVersion, 1) == 1
+				e.version(ctx, "create-outlasting-timeout-lives") == 1
 			if !outlasted {
 				if e.failed != nil {
 					return e.st, temporal.NewNonRetryableApplicationError("create failed: "+e.failed.Error(), "CreateFailed", nil)
@@ -208,7 +237,7 @@ func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
 		return e.st, nil
 	}
 	next := in
-	next.State, next.Recovered = e.st, false
+	next.State, next.Recovered, next.Epoch = e.st, false, CurrentEpoch
 	return e.st, workflow.NewContinueAsNewError(ctx, WorkerWorkflow, next)
 }
 
@@ -409,7 +438,7 @@ func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker
 	// A create queued behind another one (accepted while that one ran)
 	// must not run: the worker exists, or that create failed and the run
 	// is ending.
-	if (e.st.Created || e.failed != nil) && workflow.GetVersion(ctx, "create-rechecks-after-lock", workflow.DefaultVersion, 1) == 1 {
+	if (e.st.Created || e.failed != nil) && e.version(ctx, "create-rechecks-after-lock") == 1 {
 		return catalog.Worker{}, failure.New(failure.AlreadyExists, fmt.Sprintf("worker %s already exists", e.st.Worker.ID))
 	}
 	in, err := e.withCodeFor(ctx, req.Ref, 1, true)
@@ -422,7 +451,7 @@ func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker
 	// write of this create back, while a create in a new run may follow a
 	// failed one. Versioned: a run created before incarnations replays
 	// without one, as its record was written ("" never conflicts with "").
-	if workflow.GetVersion(ctx, "worker-incarnation", workflow.DefaultVersion, 1) == 1 {
+	if e.version(ctx, "worker-incarnation") == 1 {
 		in.Worker.Incarnation = workflow.GetInfo(ctx).WorkflowExecution.RunID
 	}
 	e.revise(&in.Worker)
@@ -431,7 +460,7 @@ func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker
 		// Not applied: the record was read back and is not there, but an
 		// attempt of Apply still running (its node paused) may write it
 		// later; the undo's tombstone refuses that write.
-		if applied || workflow.GetVersion(ctx, "failed-create-always-undone", workflow.DefaultVersion, 1) == 1 {
+		if applied || e.version(ctx, "failed-create-always-undone") == 1 {
 			e.undoCreate(ctx, in.Worker)
 		}
 		e.failed, e.st.CreateFailed = err, true
@@ -506,7 +535,7 @@ func (e *entity) setStatus(ctx workflow.Context, status catalog.Status, kind lif
 		pending := e.stillTrue(e.st.Worker, nil)
 		mine, before := slices.Contains(pending, kind), e.st.Unsynced == kind
 		if (mine != before || (mine && len(pending) > 1)) &&
-			workflow.GetVersion(ctx, announcedVersion, workflow.DefaultVersion, 1) == 1 {
+			e.version(ctx, announcedVersion) == 1 {
 			if !mine {
 				return e.st.Worker, nil
 			}
@@ -605,7 +634,7 @@ func (e *entity) loadCode(ctx workflow.Context, ref catalog.CodeRef) (catalog.Wo
 	// revision) replaces the failed one's, which was never shown.
 	version := e.st.Worker.CodeVersion + 1
 	if e.st.LastVersion >= version &&
-		workflow.GetVersion(ctx, "failed-load-number-reused", workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+		e.version(ctx, "failed-load-number-reused") == workflow.DefaultVersion {
 		version = e.st.LastVersion + 1 // runs from before: a failed load's number was never used again
 	}
 	in, err := e.withCode(ctx, ref, version)
@@ -636,7 +665,7 @@ func (e *entity) delete(ctx workflow.Context) error {
 		return err
 	}
 	failed := e.syncNodes(ctx)
-	if len(failed) > 0 && workflow.GetVersion(ctx, "delete-failures-reported", workflow.DefaultVersion, 1) == 1 {
+	if len(failed) > 0 && e.version(ctx, "delete-failures-reported") == 1 {
 		// The record is gone, so the deletion completes ("deleted" is
 		// published), but the live nodes that did not detach the worker are
 		// named in a not_applied error event; they detach it at their next
@@ -647,7 +676,7 @@ func (e *entity) delete(ctx workflow.Context) error {
 		return err
 	}
 	e.st.Deleted = true
-	if workflow.GetVersion(ctx, "deleted-search-attribute", workflow.DefaultVersion, 1) == 1 {
+	if e.version(ctx, "deleted-search-attribute") == 1 {
 		// The closed workflow keeps its search attributes: a visibility
 		// query on WorkerStatus must not list a deleted worker as RUNNING
 		// (issue 44 item 6).
@@ -673,7 +702,7 @@ const StatusDeleted = "DELETED"
 // whether the change was persisted, also when a later step failed.
 func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ...activities.EventSpec) (applied bool, err error) {
 	if err := workflow.ExecuteActivity(applyCtx(ctx), a.Apply, in).Get(ctx, nil); err != nil {
-		if workflow.GetVersion(ctx, "apply-failure-reads-record", workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+		if e.version(ctx, "apply-failure-reads-record") == workflow.DefaultVersion {
 			return false, err
 		}
 		if !e.persisted(ctx, in.Worker) {
@@ -681,7 +710,7 @@ func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ..
 			// attaches the new code before it writes the history and the
 			// record): every node goes back to the record, so that no node
 			// runs a change the API reported as failed.
-			if workflow.GetVersion(ctx, "apply-failure-resyncs-nodes", workflow.DefaultVersion, 1) == 1 {
+			if e.version(ctx, "apply-failure-resyncs-nodes") == 1 {
 				e.syncNodes(ctx)
 			}
 			return false, err
@@ -693,7 +722,7 @@ func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ..
 	failed := e.syncNodes(ctx)
 	everywhere := len(failed) == 0
 	if kind := strictKind(events); kind != "" && len(failed) > 0 &&
-		workflow.GetVersion(ctx, "node-failures-reported", workflow.DefaultVersion, 1) == 1 {
+		e.version(ctx, "node-failures-reported") == 1 {
 		if err := e.reportNodes(ctx, in.Worker, kind, failed); err != nil {
 			e.st.Unsynced = kind
 			e.st.Unannounced = append(e.stillTrue(in.Worker, events), kind)
@@ -706,7 +735,7 @@ func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ..
 	// changes held back for a node that did not apply them are true too.
 	pending := e.stillTrue(in.Worker, events)
 	e.st.Unannounced = pending
-	if len(pending) > 0 && everywhere && workflow.GetVersion(ctx, announcedVersion, workflow.DefaultVersion, 1) == 1 {
+	if len(pending) > 0 && everywhere && e.version(ctx, announcedVersion) == 1 {
 		held := make([]activities.EventSpec, 0, len(pending))
 		for _, k := range pending {
 			held = append(held, e.event(ctx, k))
@@ -842,13 +871,13 @@ func emitCtx(ctx workflow.Context) workflow.Context {
 const localVersion = "local-list-and-emit"
 
 // local tells whether this run takes localVersion.
-func local(ctx workflow.Context) bool {
-	return workflow.GetVersion(ctx, localVersion, workflow.DefaultVersion, 1) == 1
+func (e *entity) local(ctx workflow.Context) bool {
+	return e.version(ctx, localVersion) == 1
 }
 
 // listNodes runs ListNodes (a local activity since localVersion) into out.
 func (e *entity) listNodes(ctx workflow.Context, out *[]string) error {
-	if local(ctx) {
+	if e.local(ctx) {
 		return workflow.ExecuteLocalActivity(listLocalCtx(ctx), a.ListNodes).Get(ctx, out)
 	}
 	return workflow.ExecuteActivity(listCtx(ctx), a.ListNodes).Get(ctx, out)
@@ -861,7 +890,7 @@ func (e *entity) listNodes(ctx workflow.Context, out *[]string) error {
 // run, retried until it succeeds as before (emitCtx): no event is dropped,
 // and the workflow task is not held open for the length of an outage.
 func (e *entity) emit(ctx workflow.Context, in activities.EmitInput) error {
-	if !local(ctx) {
+	if !e.local(ctx) {
 		return workflow.ExecuteActivity(emitCtx(ctx), a.Emit, in).Get(ctx, nil)
 	}
 	err := workflow.ExecuteLocalActivity(emitLocalCtx(ctx), a.Emit, in).Get(ctx, nil)
@@ -940,7 +969,7 @@ type nodeFailure struct {
 // listed, no other node was asked: one failure with node "" says so.
 func (e *entity) syncNodes(ctx workflow.Context) []nodeFailure {
 	log := workflow.GetLogger(ctx)
-	strict := workflow.GetVersion(ctx, "unconfirmed-nodes-not-applied", workflow.DefaultVersion, 1) == 1
+	strict := e.version(ctx, "unconfirmed-nodes-not-applied") == 1
 	var nodes []string
 	if err := e.listNodes(ctx, &nodes); err != nil {
 		log.Warn("cluster members unknown: the change is not confirmed on the other nodes", "err", err)

@@ -65,7 +65,7 @@ func (s *Server) create(ctx context.Context, w catalog.Worker, ref catalog.CodeR
 			workflows.SAWorkerTopic.ValueSet(w.Topic), workflows.SAWorkerGroup.ValueSet(w.Group),
 			workflows.SAWorkerTenant.ValueSet(w.TenantName())),
 		Memo: memo(w),
-	}, workflows.WorkerWorkflow, workflows.WorkerInput{State: workflows.WorkerState{Worker: w}, ContinueAsNewAfter: s.opts.ContinueAsNewAfter, CreateID: createID})
+	}, workflows.WorkerWorkflow, workflows.WorkerInput{State: workflows.WorkerState{Worker: w}, ContinueAsNewAfter: s.opts.ContinueAsNewAfter, CreateID: createID, Epoch: workflows.CurrentEpoch})
 	h, err := s.temporal.UpdateWithStartWorkflow(ctx, client.UpdateWithStartWorkflowOptions{
 		StartWorkflowOperation: start,
 		UpdateOptions: client.UpdateWorkflowOptions{
