@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"slices"
 	"sort"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/virtufin/workmanager/internal/devstack"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
@@ -68,13 +71,20 @@ func BenchmarkEndToEnd(b *testing.B) {
 	if two {
 		modes = append(slices.DeleteFunc(modes, func(m string) bool { return m == "grouped-2nodes" }), "grouped-2nodes")
 	}
+	var nodeB *extraNode
 	measure := func(r int, mode string) {
 		in, out := fmt.Sprintf("bench-%s-%d-in-%d", mode, r, time.Now().UnixNano()), fmt.Sprintf("bench-%s-%d-out-%d", mode, r, time.Now().UnixNano())
 		consumer, stop := e.benchTarget(b, mode, in, out)
 		outs := e.subscribe(out)
+		nodes := []string{e.nodeURL}
+		if nodeB != nil {
+			nodes = append(nodes, nodeB.url())
+		}
+		back0, full0 := givenBack(b, nodes)
 		ops0, cpu0 := e.redisStateOps(b), e.cpuByProcess(b, consumer)
 		rate := e.saturate(b, in, outs, n, payload, benchAttrs(mode))
 		ops, cpu := float64(e.redisStateOps(b)-ops0)/float64(n), e.cpuByProcess(b, consumer)
+		back, full := givenBack(b, nodes)
 		perMsg := map[string]float64{}
 		for k, v := range cpu {
 			perMsg[k] = float64((v - cpu0[k]).Microseconds()) / float64(n)
@@ -84,10 +94,9 @@ func BenchmarkEndToEnd(b *testing.B) {
 		x := res[mode]
 		x.rate, x.p50, x.p99, x.stateOps = append(x.rate, rate), append(x.p50, p50), append(x.p99, p99), append(x.stateOps, ops)
 		x.cpu = append(x.cpu, perMsg)
-		b.Logf("round %d %-14s %7.0f msg/s  p50 %-10s p99 %-10s state ops/msg %.2f  CPU µs/msg: daprd %.0f, consumer %.0f, redis %.0f, test %.0f",
-			r, mode, rate, p50, p99, ops, perMsg["daprd"], perMsg["consumer"], perMsg["redis"], perMsg["test"])
+		b.Logf("round %d %-14s %7.0f msg/s  p50 %-10s p99 %-10s state ops/msg %.2f  CPU µs/msg: daprd %.0f, consumer %.0f, redis %.0f, test %.0f  given back while saturated %.0f (queue full %.0f)",
+			r, mode, rate, p50, p99, ops, perMsg["daprd"], perMsg["consumer"], perMsg["redis"], perMsg["test"], back-back0, full-full0)
 	}
-	var nodeB *extraNode
 	for range b.N {
 		for r := range rounds {
 			for _, mode := range modes {
@@ -348,4 +357,28 @@ func (e *env) redisStateOps(b *testing.B) int64 {
 		}
 	}
 	return total
+}
+
+// givenBack sums, over the nodes at urls, the messages answered RETRY
+// (given back to the broker, which redelivers them after its processing
+// timeout) and, of those, the ones given back because a worker's queue
+// stayed full for WORKER_QUEUE_WAIT: a saturated round that waited out a
+// redelivery shows here.
+func givenBack(b *testing.B, urls []string) (retried, queueFull float64) {
+	b.Helper()
+	for _, u := range urls {
+		resp, err := http.Get(u + "/metrics")
+		if err != nil {
+			b.Fatal(err)
+		}
+		parser := expfmt.NewTextParser(model.LegacyValidation)
+		fams, err := parser.TextToMetricFamilies(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			b.Fatalf("%s/metrics: %v", u, err)
+		}
+		retried += max(0, sampleValue(fams, "workmanager_message_handling_seconds", map[string]string{"status": "retry"}))
+		queueFull += max(0, sampleValue(fams, "workmanager_worker_queue_rejections_total", nil))
+	}
+	return retried, queueFull
 }
