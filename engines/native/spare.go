@@ -39,7 +39,7 @@ type spareHost struct {
 // Exited implements spares.Proc.
 func (s *spareHost) Exited() bool {
 	select {
-	case <-s.p.done:
+	case <-s.p.Done():
 		return true
 	default:
 		return false

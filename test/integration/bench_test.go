@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"slices"
 	"sort"
@@ -15,8 +14,6 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/virtufin/workmanager/internal/devstack"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
@@ -367,16 +364,7 @@ func (e *env) redisStateOps(b *testing.B) int64 {
 func givenBack(b *testing.B, urls []string) (retried, queueFull float64) {
 	b.Helper()
 	for _, u := range urls {
-		resp, err := http.Get(u + "/metrics")
-		if err != nil {
-			b.Fatal(err)
-		}
-		parser := expfmt.NewTextParser(model.LegacyValidation)
-		fams, err := parser.TextToMetricFamilies(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			b.Fatalf("%s/metrics: %v", u, err)
-		}
+		fams := scrapeURL(b, u)
 		retried += max(0, sampleValue(fams, "workmanager_message_handling_seconds", map[string]string{"status": "retry"}))
 		queueFull += max(0, sampleValue(fams, "workmanager_worker_queue_rejections_total", nil))
 	}

@@ -37,7 +37,13 @@ def process(event):
 // scrape GETs the node's /metrics and parses it (Prometheus text format).
 func (e *env) scrape(t *testing.T) map[string]*dto.MetricFamily {
 	t.Helper()
-	resp, err := http.Get(e.nodeURL + "/metrics")
+	return scrapeURL(t, e.nodeURL)
+}
+
+// scrapeURL GETs the /metrics of the node at base and parses it.
+func scrapeURL(t testing.TB, base string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
