@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -119,9 +121,13 @@ func testExampleWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	outs := e.subscribe("order.priced")
-	e.create(t, "orders", code)
-	e.publish("orders", "o-1", map[string]any{"items": []map[string]any{{"sku": "a", "price": 2, "qty": 3}, {"sku": "b", "price": 1}}}, "c-42")
+	// Topics of its own: the README's guide runs the same example on
+	// "orders" in this shared stack, and reads "order.priced" --since 1m.
+	in, out := topicName(t, "orders"), topicName(t, "order.priced")
+	code = bytes.ReplaceAll(code, []byte(`"order.priced"`), []byte(strconv.Quote(out)))
+	outs := e.subscribe(out)
+	e.create(t, in, code)
+	e.publish(in, "o-1", map[string]any{"items": []map[string]any{{"sku": "a", "price": 2, "qty": 3}, {"sku": "b", "price": 1}}}, "c-42")
 	ev := expectEvent(t, outs, 20*time.Second)
 	var d map[string]any
 	if err := ev.DataAs(&d); err != nil {
