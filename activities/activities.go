@@ -157,12 +157,36 @@ type ApplyInput struct {
 	History *catalog.HistoryEntry
 }
 
+// Applied is what Apply and Delete answer: the node that made the change
+// and, having made it, already matches the record as an Activate there
+// would leave it. The fan-out that follows (workflows.syncNodes) need not
+// ask that node again. Empty when the node has no id (no membership).
+type Applied struct {
+	Node string `json:"node,omitempty"`
+}
+
+// applied names this node, which made a change.
+func (a *Activities) applied() Applied {
+	if self, ok := a.Members.(interface{ Self() string }); ok {
+		return Applied{Node: self.Self()}
+	}
+	return Applied{}
+}
+
 // Apply makes this node serve the worker as described (attach, hot-swap code
 // or detach), then persists the record (and history entry). The node goes
 // first so that a worker whose code cannot be attached is never persisted.
 // Its lifecycle events are published by Emit, once every node applied it.
 // It heartbeats while it works (workflows.ApplyHeartbeat), as Activate.
-func (a *Activities) Apply(ctx context.Context, in ApplyInput) error {
+// It answers with this node's id (Applied).
+func (a *Activities) Apply(ctx context.Context, in ApplyInput) (Applied, error) {
+	if err := a.apply(ctx, in); err != nil {
+		return Applied{}, err
+	}
+	return a.applied(), nil
+}
+
+func (a *Activities) apply(ctx context.Context, in ApplyInput) error {
 	defer heartbeatWhileRunning(ctx)()
 	if err := a.ensurePlaced(ctx, in.Worker); err != nil {
 		return classify(a.onNode(fmt.Errorf("place topic %s: %w", in.Worker.Topic, err)))
@@ -199,15 +223,18 @@ type DeleteInput struct {
 // blobs become candidates for collection first, so that a retry after a
 // removal cut off half-way (its history gone) does not leave them stored
 // for ever. Its deleted event is published by Emit, once every node
-// applied the delete.
-func (a *Activities) Delete(ctx context.Context, in DeleteInput) error {
+// applied the delete. It answers with this node's id (Applied).
+func (a *Activities) Delete(ctx context.Context, in DeleteInput) (Applied, error) {
 	if err := a.Catalog.OrphanHistory(ctx, in.Worker.ID); err != nil {
-		return err
+		return Applied{}, err
 	}
 	if err := a.Node.Remove(ctx, in.Worker); err != nil {
-		return classify(err)
+		return Applied{}, classify(err)
 	}
-	return a.Catalog.ClearNotRecovered(ctx, in.Worker.ID)
+	if err := a.Catalog.ClearNotRecovered(ctx, in.Worker.ID); err != nil {
+		return Applied{}, err
+	}
+	return a.applied(), nil
 }
 
 // EmitInput names lifecycle events of a worker.

@@ -131,7 +131,7 @@ func TestApplyAttachesPersistsAndDetaches(t *testing.T) {
 	w := worker(catalog.StatusRunning, sha)
 	in := ApplyInput{Worker: w, History: &catalog.HistoryEntry{Version: 1, SHA256: sha, SourceKind: "content"}}
 	for range 2 { // idempotent: a retry neither loads twice nor adds history
-		if err := f.acts.Apply(ctx, in); err != nil {
+		if _, err := f.acts.Apply(ctx, in); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -149,7 +149,7 @@ func TestApplyAttachesPersistsAndDetaches(t *testing.T) {
 	}
 
 	w.Status = catalog.StatusStopped
-	if err := f.acts.Apply(ctx, ApplyInput{Worker: w}); err != nil {
+	if _, err := f.acts.Apply(ctx, ApplyInput{Worker: w}); err != nil {
 		t.Fatal(err)
 	}
 	if f.Dispatcher.Attached("w1") {
@@ -165,7 +165,7 @@ func TestApplyAttachesPersistsAndDetaches(t *testing.T) {
 func TestApplyWithMissingCodePersistsNothing(t *testing.T) {
 	f, ctx := newFixture(t), context.Background()
 	w := worker(catalog.StatusRunning, catalog.SHA256([]byte("not stored")))
-	if err := f.acts.Apply(ctx, ApplyInput{Worker: w}); err == nil {
+	if _, err := f.acts.Apply(ctx, ApplyInput{Worker: w}); err == nil {
 		t.Fatal("Apply must fail without the code")
 	}
 	if _, err := f.Catalog.GetWorker(ctx, "w1"); !errors.Is(err, catalog.ErrNotFound) {
@@ -180,7 +180,7 @@ func TestDeleteActivateAndEmit(t *testing.T) {
 	f, ctx := newFixture(t), context.Background()
 	sha, _ := f.Catalog.PutCode(ctx, []byte("good"))
 	w := worker(catalog.StatusRunning, sha)
-	if err := f.acts.Apply(ctx, ApplyInput{Worker: w}); err != nil {
+	if _, err := f.acts.Apply(ctx, ApplyInput{Worker: w}); err != nil {
 		t.Fatal(err)
 	}
 	// Another node deleted the record: Activate makes this node match.
@@ -191,7 +191,7 @@ func TestDeleteActivateAndEmit(t *testing.T) {
 		t.Fatalf("Activate after delete: %v, attached %v", err, f.Dispatcher.Attached("w1"))
 	}
 	// Delete publishes nothing; Emit publishes later.
-	if err := f.acts.Delete(ctx, DeleteInput{Worker: w}); err != nil {
+	if _, err := f.acts.Delete(ctx, DeleteInput{Worker: w}); err != nil {
 		t.Fatal(err)
 	}
 	if evs := f.Published.All(); len(evs) != 0 {
@@ -231,7 +231,7 @@ func TestListWorkerIDsAndGetWorkersSkipDeleted(t *testing.T) {
 	for _, id := range []string{"a", "b", "c"} {
 		w := worker(catalog.StatusStopped, sha)
 		w.ID = id
-		if err := f.acts.Apply(ctx, ApplyInput{Worker: w}); err != nil {
+		if _, err := f.acts.Apply(ctx, ApplyInput{Worker: w}); err != nil {
 			t.Fatal(err)
 		}
 	}

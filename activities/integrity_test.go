@@ -93,10 +93,10 @@ func TestDeleteRetriedAfterAHalfRemovalStillCollectsTheCode(t *testing.T) {
 	if err := f.Node.Apply(ctx, w, &catalog.HistoryEntry{Version: 1, SHA256: sha}); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.acts.Delete(ctx, DeleteInput{Worker: w}); err == nil {
+	if _, err := f.acts.Delete(ctx, DeleteInput{Worker: w}); err == nil {
 		t.Fatal("the first removal should fail")
 	}
-	if err := f.acts.Delete(ctx, DeleteInput{Worker: w}); err != nil {
+	if _, err := f.acts.Delete(ctx, DeleteInput{Worker: w}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := f.Catalog.SweepCode(ctx, time.Hour, time.Now().Add(2*time.Hour)); n != 1 || err != nil {

@@ -29,7 +29,7 @@ func TestDeletedWorkerIsNotCreatedAgainAfterRetention(t *testing.T) {
 		if _, err := f.acts.PrepareCode(ctx, PrepareCodeInput{Worker: w, Ref: catalog.CodeRef{SHA256: staged, SourceKind: "content"}, Create: true}); err != nil {
 			t.Fatalf("PrepareCode of the create of incarnation %s: %v", incarnation, err)
 		}
-		if err := f.acts.Apply(ctx, ApplyInput{Worker: w}); err != nil {
+		if _, err := f.acts.Apply(ctx, ApplyInput{Worker: w}); err != nil {
 			t.Fatal(err)
 		}
 		return w
@@ -37,12 +37,12 @@ func TestDeletedWorkerIsNotCreatedAgainAfterRetention(t *testing.T) {
 
 	// A failed create, undone: the request may be tried again in a new run.
 	failed := create("run-1")
-	if err := f.acts.Delete(ctx, DeleteInput{Worker: failed}); err != nil {
+	if _, err := f.acts.Delete(ctx, DeleteInput{Worker: failed}); err != nil {
 		t.Fatal(err)
 	}
 	// Created, then deleted (the deleted event is published by Emit).
 	w := create("run-2")
-	if err := f.acts.Delete(ctx, DeleteInput{Worker: w}); err != nil {
+	if _, err := f.acts.Delete(ctx, DeleteInput{Worker: w}); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.acts.Emit(ctx, EmitInput{Worker: w, Events: []EventSpec{{ID: "e-del", Kind: lifecycleevents.Deleted}}}); err != nil {
@@ -91,7 +91,7 @@ func TestNotRecoveredReasonIsKeptUntilTheWorkerLoads(t *testing.T) {
 	if evs := f.Published.All(); len(evs) != 1 {
 		t.Fatalf("published %d events, want the not_recovered one", len(evs))
 	}
-	if err := f.acts.Apply(ctx, ApplyInput{Worker: w}); err != nil || !f.Dispatcher.Attached(w.ID) {
+	if _, err := f.acts.Apply(ctx, ApplyInput{Worker: w}); err != nil || !f.Dispatcher.Attached(w.ID) {
 		t.Fatalf("Apply: %v", err)
 	}
 	if got := reason(); got != "" {
@@ -100,7 +100,7 @@ func TestNotRecoveredReasonIsKeptUntilTheWorkerLoads(t *testing.T) {
 	if err := f.acts.Emit(ctx, EmitInput{Worker: w, Events: []EventSpec{ev}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.acts.Delete(ctx, DeleteInput{Worker: w}); err != nil {
+	if _, err := f.acts.Delete(ctx, DeleteInput{Worker: w}); err != nil {
 		t.Fatal(err)
 	}
 	if got := reason(); got != "" {

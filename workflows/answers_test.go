@@ -186,7 +186,7 @@ func TestFailedLoadCodeLeavesNoVersionInTheHistory(t *testing.T) {
 	ctx := context.Background()
 	var mu sync.Mutex
 	var applies []activities.ApplyInput
-	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(ctx context.Context, in activities.ApplyInput) error {
+	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(ctx context.Context, in activities.ApplyInput) (activities.Applied, error) {
 		mu.Lock()
 		applies = append(applies, in)
 		mu.Unlock()

@@ -47,13 +47,13 @@ func (s *WorkerWorkflowSuite) TestBackToBackUpdatesWaitForNothingOfThePreviousOn
 		steps = append(steps, "answer "+what)
 		s.mu.Unlock()
 	}
-	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(ctx context.Context, in activities.ApplyInput) error {
+	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(ctx context.Context, in activities.ApplyInput) (activities.Applied, error) {
 		step(ctx, "Apply "+string(in.Worker.Status))
-		return nil
+		return activities.Applied{}, nil
 	})
-	env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(func(ctx context.Context, _ activities.DeleteInput) error {
+	env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(func(ctx context.Context, _ activities.DeleteInput) (activities.Applied, error) {
 		step(ctx, "Delete")
-		return nil
+		return activities.Applied{}, nil
 	})
 	env.OnActivity(a.ListNodes, mock.Anything).Return(func(ctx context.Context) ([]string, error) {
 		step(ctx, "ListNodes")
@@ -126,8 +126,8 @@ func (s *WorkerWorkflowSuite) TestBackToBackUpdatesWaitForNothingOfThePreviousOn
 func (s *WorkerWorkflowSuite) TestEmitThatFailsLocallyIsPublishedByTheActivity() {
 	env := s.NewTestWorkflowEnvironment() // without the suite's Emit mock
 	env.RegisterActivity(&activities.Activities{})
-	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
-	env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
+	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
+	env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	var local int
 	var published []string
 	env.OnActivity(a.Emit, mock.Anything, mock.Anything).Return(func(ctx context.Context, in activities.EmitInput) error {

@@ -26,7 +26,7 @@ import (
 func (s *WorkerWorkflowSuite) TestContinueAsNewIsNotPostponedByUpdatesInFlight() {
 	// Every change takes 1.5 s and a new one arrives every second: from the
 	// second update on, one is always running or queued.
-	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).After(1500 * time.Millisecond).Return(nil)
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).After(1500*time.Millisecond).Return(activities.Applied{}, nil)
 	s.env.OnActivity(a.ListNodes, mock.Anything).Return([]string{}, nil)
 	const sent = 20
 	var accepted, completed int

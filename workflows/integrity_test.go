@@ -34,11 +34,11 @@ func (s *WorkerWorkflowSuite) TestSecondCreateQueuedBehindTheFirstIsRefused() {
 			return in.Ref, nil
 		})
 	applied := []activities.ApplyInput{}
-	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) error {
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) (activities.Applied, error) {
 		s.mu.Lock()
 		applied = append(applied, in)
 		s.mu.Unlock()
-		return nil
+		return activities.Applied{}, nil
 	})
 	var first, second updater
 	s.env.RegisterDelayedCallback(func() {
@@ -104,11 +104,11 @@ func (s *WorkerWorkflowSuite) TestCreateQueuedBehindAFailedCreateIsRefused() {
 			return in.Ref, nil
 		})
 	applied := 0
-	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(context.Context, activities.ApplyInput) error {
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(context.Context, activities.ApplyInput) (activities.Applied, error) {
 		s.mu.Lock()
 		applied++
 		s.mu.Unlock()
-		return nil
+		return activities.Applied{}, nil
 	})
 	var first, second updater
 	s.env.RegisterDelayedCallback(func() {
@@ -146,8 +146,8 @@ func (s *WorkerWorkflowSuite) TestCreateOutlastingTheCreateTimeoutKeepsItsWorkfl
 		return nil
 	})
 	s.prepareAnyCode(env)
-	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
-	env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
+	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
+	env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	var create, stop, del updater
 	env.RegisterDelayedCallback(func() {
 		env.UpdateWorkflow(UpdateCreate, "c", callback(&create), CreateRequest{Ref: catalog.CodeRef{SHA256: sha1, SourceKind: "content"}})
@@ -235,7 +235,7 @@ func (s *WorkerWorkflowSuite) TestStoppedIsNotAnnouncedWhileALiveNodeRunsTheWork
 		return nil
 	})
 	s.prepareAnyCode(env)
-	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
+	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1", "n2"}, nil)
 	broken := true
 	attempts := map[string]int{}
@@ -285,7 +285,7 @@ func (s *WorkerWorkflowSuite) TestStoppedIsNotAnnouncedWhileALiveNodeRunsTheWork
 // meanwhile serves nothing: the change is announced.
 func (s *WorkerWorkflowSuite) TestANodeThatLeftDoesNotHoldTheEventBack() {
 	s.prepareAnyCode(s.env)
-	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	lists := 0
 	s.env.OnActivity(a.ListNodes, mock.Anything).Return(func(context.Context) ([]string, error) {
 		s.mu.Lock()

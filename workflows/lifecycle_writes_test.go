@@ -56,7 +56,7 @@ func TestStaleApplyDoesNotResurrectADeletedWorker(t *testing.T) {
 	ctx := context.Background()
 	var mu sync.Mutex
 	var applies []activities.ApplyInput
-	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(ctx context.Context, in activities.ApplyInput) error {
+	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(ctx context.Context, in activities.ApplyInput) (activities.Applied, error) {
 		mu.Lock()
 		applies = append(applies, in)
 		mu.Unlock()
@@ -72,7 +72,7 @@ func TestStaleApplyDoesNotResurrectADeletedWorker(t *testing.T) {
 	env.RegisterDelayedCallback(func() { env.UpdateWorkflow(UpdateStop, "s", callback(&stop)) }, 2*time.Second)
 	env.RegisterDelayedCallback(func() {
 		// The create's first attempt resumes after the stop.
-		lateOverStop = acts.Apply(ctx, applies[0])
+		_, lateOverStop = acts.Apply(ctx, applies[0])
 		afterLate, _ = catalog.New(f.Store).GetWorker(ctx, "w1")
 	}, 3*time.Second)
 	env.RegisterDelayedCallback(func() { env.UpdateWorkflow(UpdateDelete, "d", callback(&del)) }, 4*time.Second)
@@ -91,7 +91,7 @@ func TestStaleApplyDoesNotResurrectADeletedWorker(t *testing.T) {
 	}
 	// Every Apply the workflow made resumes after the delete.
 	for _, in := range applies {
-		if err := acts.Apply(ctx, in); err == nil {
+		if _, err := acts.Apply(ctx, in); err == nil {
 			t.Errorf("late Apply of revision %d (%s) after the delete succeeded", in.Worker.Revision, in.Worker.Status)
 		}
 	}

@@ -3,6 +3,8 @@ package workflows
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/stretchr/testify/mock"
@@ -39,7 +41,7 @@ func (s *WorkerWorkflowSuite) recordingEnv(ev *events) *testsuite.TestWorkflowEn
 		return nil
 	})
 	s.prepareAnyCode(env)
-	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
+	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	return env
 }
 
@@ -167,7 +169,7 @@ func (s *WorkerWorkflowSuite) TestUnlistedMembersAreNotApplied() {
 func (s *WorkerWorkflowSuite) TestDeleteReportsNodesThatDidNotDetach() {
 	var ev events
 	env := s.recordingEnv(&ev)
-	env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
+	env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1", "n2"}, nil)
 	env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(unpicked("n2"))
 	var del updater
@@ -181,4 +183,95 @@ func (s *WorkerWorkflowSuite) TestDeleteReportsNodesThatDidNotDetach() {
 	s.Equal("not_applied", ev.errors[0].ErrorType)
 	s.Contains(ev.errors[0].ErrorMessage, "n2")
 	s.Contains(ev.errors[0].ErrorMessage, "is deleted")
+}
+
+// A run of epoch 2 (CurrentEpoch) leaves the node whose Apply or Delete
+// made the change out of the fan-out that follows (it already matches the
+// record: activities.Applied); every other live node is asked. A run of
+// an older epoch asks every node, as its history has it.
+func (s *WorkerWorkflowSuite) TestFanOutSkipsTheNodeThatMadeTheChange() {
+	for _, tc := range []struct {
+		epoch int
+		want  []string
+	}{
+		{CurrentEpoch, []string{"n2", "n2"}},
+		{1, []string{"n1", "n2", "n1", "n2"}},
+	} {
+		var ev events
+		env := s.envWithEmit(func(in activities.EmitInput) error {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			var ks []lifecycleevents.Kind
+			for _, e := range in.Events {
+				ks = append(ks, e.Kind)
+			}
+			ev.kinds = append(ev.kinds, ks)
+			return nil
+		})
+		s.prepareAnyCode(env)
+		env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(activities.Applied{Node: "n1"}, nil)
+		env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(activities.Applied{Node: "n1"}, nil)
+		env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1", "n2"}, nil)
+		var asked []string
+		env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(func(ctx context.Context, _ string) error {
+			s.mu.Lock()
+			asked = append(asked, strings.TrimPrefix(activity.GetInfo(ctx).TaskQueue, NodeTaskQueue("")))
+			s.mu.Unlock()
+			return nil
+		})
+		var stop, del updater
+		env.RegisterDelayedCallback(func() { env.UpdateWorkflow(UpdateStop, "s1", callback(&stop)) }, time.Second)
+		env.RegisterDelayedCallback(func() { env.UpdateWorkflow(UpdateDelete, "d1", callback(&del)) }, 2*time.Second)
+		env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: runningWorker(), Created: true}, Epoch: tc.epoch})
+
+		s.Require().NoError(stop.err, "epoch %d", tc.epoch)
+		s.Require().NoError(del.err, "epoch %d", tc.epoch)
+		slices.Sort(asked[:len(asked)/2])
+		slices.Sort(asked[len(asked)/2:])
+		s.Equal(tc.want, asked, "epoch %d: the nodes asked to Activate (stop, then delete)", tc.epoch)
+		s.Equal([][]lifecycleevents.Kind{{lifecycleevents.Stopped}, {lifecycleevents.Deleted}}, ev.kinds, "epoch %d", tc.epoch)
+	}
+}
+
+// A run of epoch 2 runs PrepareCode as a local activity first: its
+// success or the code's refusal is the answer; any other failure (this
+// node cannot check the code, the store does not answer) goes to the
+// PrepareCode activity, which any node may run.
+func (s *WorkerWorkflowSuite) TestLocalPrepareCodeHandsOtherFailuresToTheActivity() {
+	for _, tc := range []struct {
+		name  string
+		local error
+		want  []bool // IsLocalActivity of each PrepareCode attempt
+		kind  string // the LoadCode's failure kind, "" for success
+	}{
+		{"prepared", nil, []bool{true}, ""},
+		{"refused", temporal.NewApplicationError("not a Python module", failure.InvalidArgument), []bool{true}, failure.InvalidArgument},
+		{"not here", errors.New("engine text/x-python not available on this node"), []bool{true, false}, ""},
+	} {
+		env := s.envWithEmit(func(activities.EmitInput) error { return nil })
+		env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(activities.Applied{Node: "n1"}, nil)
+		env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1"}, nil)
+		var attempts []bool
+		env.OnActivity(a.PrepareCode, mock.Anything, mock.Anything).Return(func(ctx context.Context, in activities.PrepareCodeInput) (catalog.CodeRef, error) {
+			local := activity.GetInfo(ctx).IsLocalActivity
+			s.mu.Lock()
+			attempts = append(attempts, local)
+			s.mu.Unlock()
+			if local && tc.local != nil {
+				return catalog.CodeRef{}, tc.local
+			}
+			return in.Ref, nil
+		})
+		var load updater
+		ref := catalog.CodeRef{SHA256: strings.Repeat("b", 64), SourceKind: "content"}
+		env.RegisterDelayedCallback(func() { env.UpdateWorkflow(UpdateLoadCode, "l1", callback(&load), ref) }, time.Second)
+		env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: runningWorker(), Created: true}, Epoch: CurrentEpoch})
+
+		s.Equal(tc.want, attempts, "%s: PrepareCode attempts (local?)", tc.name)
+		if tc.kind == "" {
+			s.NoError(load.err, tc.name)
+		} else {
+			s.Equal(tc.kind, failure.Kind(load.err), "%s: %v", tc.name, load.err)
+		}
+	}
 }

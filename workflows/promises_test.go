@@ -44,7 +44,7 @@ func (s *WorkerWorkflowSuite) TestRecoveredRunOfADeletedWorkerEndsAtOnce() {
 // one recovery read earlier (a stop may have completed in between).
 func (s *WorkerWorkflowSuite) TestRecoveredRunServesTheCurrentRecord() {
 	applied := s.recordApplies()
-	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
+	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	now := newWorker()
 	now.Status = catalog.StatusStopped
 	s.env.OnActivity(a.GetWorkers, mock.Anything, []string{"w1"}).Return([]catalog.Worker{now}, nil)
@@ -67,7 +67,7 @@ func (s *WorkerWorkflowSuite) TestRecoveredRunServesTheCurrentRecord() {
 // differ from every earlier one. Within a run they are distinct.
 func (s *WorkerWorkflowSuite) TestEventIDsAreUniqueAcrossRuns() {
 	s.recordApplies()
-	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
+	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	var create, del updater
 	s.env.RegisterDelayedCallback(func() {
 		s.update(UpdateCreate, &create, CreateRequest{Ref: catalog.CodeRef{SHA256: sha1, SourceKind: "content"}})
@@ -101,21 +101,21 @@ func (s *WorkerWorkflowSuite) TestEventIDsAreUniqueAcrossRuns() {
 func (s *WorkerWorkflowSuite) TestFailedLoadCodeGivesItsNumberToTheNext() {
 	s.prepareAnyCode(s.env)
 	var applied []activities.ApplyInput
-	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) error {
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) (activities.Applied, error) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		applied = append(applied, in)
 		if in.History != nil && in.History.SHA256 == sha1 {
-			return temporal.NewNonRetryableApplicationError("redis: connection reset", "Unavailable", nil)
+			return activities.Applied{}, temporal.NewNonRetryableApplicationError("redis: connection reset", "Unavailable", nil)
 		}
-		return nil
+		return activities.Applied{}, nil
 	})
 	s.env.OnActivity(a.GetWorkers, mock.Anything, []string{"w1"}).Return(func(context.Context, []string) ([]catalog.Worker, error) {
 		w := newWorker() // the record as it was: version 1
 		w.CodeVersion, w.Status = 1, catalog.StatusRunning
 		return []catalog.Worker{w}, nil
 	})
-	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
+	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	var failed, ok, del updater
 	s.env.RegisterDelayedCallback(func() { s.update(UpdateLoadCode, &failed, catalog.CodeRef{SHA256: sha1, SourceKind: "content"}) }, time.Second)
 	s.env.RegisterDelayedCallback(func() { s.update(UpdateLoadCode, &ok, catalog.CodeRef{SHA256: sha2, SourceKind: "content"}) }, 2*time.Second)
@@ -140,14 +140,14 @@ func (s *WorkerWorkflowSuite) TestFailedLoadCodeGivesItsNumberToTheNext() {
 func (s *WorkerWorkflowSuite) TestApplyFailureAfterTheRecordWasSavedIsSuccess() {
 	s.prepareAnyCode(s.env)
 	var saved catalog.Worker
-	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) error {
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) (activities.Applied, error) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if in.History == nil {
-			return nil
+			return activities.Applied{}, nil
 		}
 		saved = in.Worker
-		return temporal.NewNonRetryableApplicationError("context deadline exceeded", "Timeout", nil)
+		return activities.Applied{}, temporal.NewNonRetryableApplicationError("context deadline exceeded", "Timeout", nil)
 	})
 	s.env.OnActivity(a.GetWorkers, mock.Anything, []string{"w1"}).Return(func(context.Context, []string) ([]catalog.Worker, error) {
 		s.mu.Lock()
@@ -156,7 +156,7 @@ func (s *WorkerWorkflowSuite) TestApplyFailureAfterTheRecordWasSavedIsSuccess() 
 	})
 	s.env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1"}, nil)
 	activated := s.countActivations()
-	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
+	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	var load, del updater
 	s.env.RegisterDelayedCallback(func() { s.update(UpdateLoadCode, &load, catalog.CodeRef{SHA256: sha2, SourceKind: "content"}) }, time.Second)
 	s.env.RegisterDelayedCallback(func() { s.update(UpdateDelete, &del) }, 2*time.Second)
@@ -179,11 +179,11 @@ func (s *WorkerWorkflowSuite) TestApplyFailureBeforeTheRecordResyncsNodes() {
 	s.prepareAnyCode(s.env)
 	current := newWorker()
 	current.CodeVersion, current.Status = 1, catalog.StatusRunning
-	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) error {
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) (activities.Applied, error) {
 		if in.History != nil {
-			return temporal.NewNonRetryableApplicationError("state put history: connection refused", "Unavailable", nil)
+			return activities.Applied{}, temporal.NewNonRetryableApplicationError("state put history: connection refused", "Unavailable", nil)
 		}
-		return nil
+		return activities.Applied{}, nil
 	})
 	s.env.OnActivity(a.GetWorkers, mock.Anything, []string{"w1"}).Return([]catalog.Worker{current}, nil)
 	s.env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1", "n2"}, nil)

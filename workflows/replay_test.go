@@ -80,6 +80,9 @@ var (
 		// An epoch-1 run (WorkerInput.Epoch): create, stop, start, reload,
 		// rollback, delete on make run, no version marker.
 		"testdata/worker_epoch1_history.json",
+		// An epoch-2 run: the same calls on make run (one node), whose
+		// fan-out skips the node that made each change: no Activate.
+		"testdata/worker_epoch2_history.json",
 	}
 	recoveryHistories = []string{
 		"testdata/recovery_history.json",
@@ -199,37 +202,47 @@ func TestReplayCoversEveryVersion(t *testing.T) {
 	}
 }
 
-// TestEpochRunRecordsNoVersionMarker: a run started with CurrentEpoch
-// (recorded on the real stack: a create, stop, start, reload, rollback and
-// delete) records no version marker and no TemporalChangeVersion upsert —
-// what epochs save, two history events and a visibility write per change —
-// and replays (TestReplayRecordedHistory).
+// TestEpochRunRecordsNoVersionMarker: runs started with an epoch
+// (recorded on the real stack, make run with one node: a create, stop,
+// start, reload, rollback and delete each) record no version marker and
+// no TemporalChangeVersion upsert — what epochs save, two history events
+// and a visibility write per change — and replay
+// (TestReplayRecordedHistory). The epoch-2 run (CurrentEpoch) schedules
+// no Activate: its only node made every change (skipApplier).
 func TestEpochRunRecordsNoVersionMarker(t *testing.T) {
-	b, err := os.ReadFile("testdata/worker_epoch1_history.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var h historypb.History
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &h); err != nil {
-		t.Fatal(err)
-	}
-	var in WorkerInput
-	if err := converter.GetDefaultDataConverter().FromPayloads(h.GetEvents()[0].GetWorkflowExecutionStartedEventAttributes().GetInput(), &in); err != nil || in.Epoch != CurrentEpoch {
-		t.Fatalf("the recorded run's input: epoch %d (%v), want %d", in.Epoch, err, CurrentEpoch)
-	}
-	updates := 0
-	for _, ev := range h.GetEvents() {
-		if ev.GetMarkerRecordedEventAttributes().GetMarkerName() == "Version" {
-			t.Fatalf("event %d: a version marker in an epoch-%d run", ev.GetEventId(), CurrentEpoch)
+	for file, epoch := range map[string]int{"testdata/worker_epoch1_history.json": 1, "testdata/worker_epoch2_history.json": CurrentEpoch} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if _, ok := ev.GetUpsertWorkflowSearchAttributesEventAttributes().GetSearchAttributes().GetIndexedFields()["TemporalChangeVersion"]; ok {
-			t.Fatalf("event %d: a TemporalChangeVersion upsert in an epoch-%d run", ev.GetEventId(), CurrentEpoch)
+		var h historypb.History
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &h); err != nil {
+			t.Fatal(err)
 		}
-		if ev.GetWorkflowExecutionUpdateCompletedEventAttributes() != nil {
-			updates++
+		var in WorkerInput
+		if err := converter.GetDefaultDataConverter().FromPayloads(h.GetEvents()[0].GetWorkflowExecutionStartedEventAttributes().GetInput(), &in); err != nil || in.Epoch != epoch {
+			t.Fatalf("%s: the recorded run's input: epoch %d (%v), want %d", file, in.Epoch, err, epoch)
 		}
-	}
-	if updates != 6 {
-		t.Fatalf("%d updates completed in the recorded run, want 6 (create, stop, start, reload, rollback, delete)", updates)
+		updates, activates := 0, 0
+		for _, ev := range h.GetEvents() {
+			if ev.GetMarkerRecordedEventAttributes().GetMarkerName() == "Version" {
+				t.Fatalf("%s: event %d: a version marker in an epoch-%d run", file, ev.GetEventId(), epoch)
+			}
+			if _, ok := ev.GetUpsertWorkflowSearchAttributesEventAttributes().GetSearchAttributes().GetIndexedFields()["TemporalChangeVersion"]; ok {
+				t.Fatalf("%s: event %d: a TemporalChangeVersion upsert in an epoch-%d run", file, ev.GetEventId(), epoch)
+			}
+			if ev.GetWorkflowExecutionUpdateCompletedEventAttributes() != nil {
+				updates++
+			}
+			if ev.GetActivityTaskScheduledEventAttributes().GetActivityType().GetName() == "Activate" {
+				activates++
+			}
+		}
+		if updates != 6 {
+			t.Fatalf("%s: %d updates completed in the recorded run, want 6 (create, stop, start, reload, rollback, delete)", file, updates)
+		}
+		if want := map[int]int{1: 6, 2: 0}[epoch]; activates != want {
+			t.Fatalf("%s: %d Activates scheduled on one node, want %d", file, activates, want)
+		}
 	}
 }

@@ -84,8 +84,23 @@ type WorkerInput struct {
 }
 
 // CurrentEpoch is the Epoch of the runs this code starts (a create,
-// recovery, continue-as-new).
-const CurrentEpoch = 1
+// recovery, continue-as-new). Epoch 2: the fan-out after a change skips
+// the node that made it (skipApplier), and PrepareCode runs as a local
+// activity first (prepare).
+const CurrentEpoch = 2
+
+// skipApplier is the node whose Activate a change's fan-out (syncNodes)
+// leaves out: the one whose Apply or Delete made the change, and so
+// already matches the record (activities.Applied), in runs of epoch 2 and
+// later. On one node this takes the fan-out's activity, and the workflow
+// task after it, off every lifecycle call. A run of an older epoch asks
+// every node, as it did (its history has that node's Activate).
+func (e *entity) skipApplier(done activities.Applied) string {
+	if e.epoch >= 2 {
+		return done.Node
+	}
+	return ""
+}
 
 // WorkerState is what the workflow knows and carries across continue-as-new.
 type WorkerState struct {
@@ -167,7 +182,7 @@ type entity struct {
 // before epoch 1 with versions DefaultVersion and 1; a later change calls
 // workflow.GetVersion itself (or comes with the next epoch).
 func (e *entity) version(ctx workflow.Context, changeID string) workflow.Version {
-	if e.epoch >= CurrentEpoch {
+	if e.epoch >= 1 {
 		return 1
 	}
 	return workflow.GetVersion(ctx, changeID, workflow.DefaultVersion, 1)
@@ -358,16 +373,59 @@ const ApplyHeartbeat = 20 * time.Second
 // finding 12).
 func prepareCtx(ctx workflow.Context) workflow.Context {
 	return workflow.WithActivityOptions(activityCtx(ctx), workflow.ActivityOptions{
-		StartToCloseTimeout: 3 * time.Minute,
+		StartToCloseTimeout: PrepareTimeout,
 		HeartbeatTimeout:    ApplyHeartbeat,
 		RetryPolicy: &temporal.RetryPolicy{
 			InitialInterval:        200 * time.Millisecond,
 			BackoffCoefficient:     2,
 			MaximumInterval:        10 * time.Second,
 			MaximumAttempts:        8,
-			NonRetryableErrorTypes: []string{failure.InvalidArgument, failure.PermissionDenied, failure.AlreadyExists},
+			NonRetryableErrorTypes: prepareRefusals,
 		},
 	})
+}
+
+// PrepareTimeout bounds one attempt of PrepareCode (a fetch, a .NET
+// compile).
+const PrepareTimeout = 3 * time.Minute
+
+// prepareRefusals are the failures of PrepareCode that no retry, on any
+// node, turns into a success: the code or the call is refused.
+var prepareRefusals = []string{failure.InvalidArgument, failure.PermissionDenied, failure.AlreadyExists}
+
+// prepareLocalCtx runs PrepareCode once as a local activity.
+func prepareLocalCtx(ctx workflow.Context) workflow.Context {
+	return workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
+		ScheduleToCloseTimeout: PrepareTimeout,
+		StartToCloseTimeout:    PrepareTimeout,
+		RetryPolicy:            &temporal.RetryPolicy{MaximumAttempts: 1, NonRetryableErrorTypes: prepareRefusals},
+	})
+}
+
+// prepare runs PrepareCode. In runs of epoch 2 (CurrentEpoch) it runs
+// first as a local activity, once, on the node that runs the workflow
+// task: no activity task to dispatch and no workflow task after it, which
+// takes about a tenth off a create, a LoadCode and a rollback. The code's
+// refusal (prepareRefusals) is the answer; any other failure (the store
+// not answering, a node that cannot check this code, a fetch cut off) is
+// left to the PrepareCode activity, which any node may run and which is
+// retried as before: a check that fails on one node may pass on another
+// (issue 43 item 13). Older runs run the activity only, as their history
+// has it.
+func (e *entity) prepare(ctx workflow.Context, in activities.PrepareCodeInput) (catalog.CodeRef, error) {
+	var ref catalog.CodeRef
+	if e.epoch >= 2 {
+		err := workflow.ExecuteLocalActivity(prepareLocalCtx(ctx), a.PrepareCode, in).Get(ctx, &ref)
+		var appErr *temporal.ApplicationError
+		if err == nil || temporal.IsCanceledError(err) ||
+			(errors.As(err, &appErr) && (appErr.NonRetryable() || slices.Contains(prepareRefusals, appErr.Type()))) {
+			return ref, err
+		}
+		workflow.GetLogger(ctx).Warn("code not prepared on this node; the PrepareCode activity goes on trying", "worker_id", in.Worker.ID, "err", err)
+		ref = catalog.CodeRef{}
+	}
+	err := workflow.ExecuteActivity(prepareCtx(ctx), a.PrepareCode, in).Get(ctx, &ref)
+	return ref, err
 }
 
 var a *activities.Activities // method values name the activities
@@ -481,7 +539,7 @@ func (e *entity) withCode(ctx workflow.Context, ref catalog.CodeRef, version int
 // have a record yet (a create never writes over a live worker whose
 // workflow was lost).
 func (e *entity) withCodeFor(ctx workflow.Context, ref catalog.CodeRef, version int64, create bool) (activities.ApplyInput, error) {
-	err := workflow.ExecuteActivity(prepareCtx(ctx), a.PrepareCode, activities.PrepareCodeInput{Worker: e.st.Worker, Ref: ref, Create: create}).Get(ctx, &ref)
+	ref, err := e.prepare(ctx, activities.PrepareCodeInput{Worker: e.st.Worker, Ref: ref, Create: create})
 	if err != nil {
 		return activities.ApplyInput{}, err
 	}
@@ -519,7 +577,7 @@ func (e *entity) undoCreate(ctx workflow.Context, w catalog.Worker) {
 		workflow.GetLogger(ctx).Error("failed create not undone; recovery will bring the worker back", "worker_id", w.ID, "err", err)
 		return
 	}
-	e.syncNodes(ctx)
+	e.syncNodes(ctx, "")
 }
 
 func (e *entity) setStatus(ctx workflow.Context, status catalog.Status, kind lifecycleevents.Kind) (catalog.Worker, error) {
@@ -565,7 +623,7 @@ func (e *entity) setStatus(ctx workflow.Context, status catalog.Status, kind lif
 // node did not apply, and publishes its event once every live node has.
 func (e *entity) resync(ctx workflow.Context, kind lifecycleevents.Kind) error {
 	ev := e.event(ctx, kind)
-	if err := e.reportNodes(ctx, e.st.Worker, kind, e.syncNodes(ctx)); err != nil {
+	if err := e.reportNodes(ctx, e.st.Worker, kind, e.syncNodes(ctx, "")); err != nil {
 		return err
 	}
 	e.st.Unsynced, e.st.Unannounced = "", nil
@@ -586,7 +644,7 @@ func (e *entity) announce(ctx workflow.Context, kind lifecycleevents.Kind, pendi
 	for _, k := range pending {
 		evs = append(evs, e.event(ctx, k))
 	}
-	if err := e.reportNodes(ctx, e.st.Worker, kind, e.syncNodes(ctx)); err != nil {
+	if err := e.reportNodes(ctx, e.st.Worker, kind, e.syncNodes(ctx, "")); err != nil {
 		return err
 	}
 	e.st.Unsynced, e.st.Unannounced = "", nil
@@ -661,10 +719,11 @@ func (e *entity) delete(ctx workflow.Context) error {
 	}
 	defer unlock()
 	ev := e.event(ctx, lifecycleevents.Deleted)
-	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Delete, activities.DeleteInput{Worker: e.st.Worker}).Get(ctx, nil); err != nil {
+	var done activities.Applied
+	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Delete, activities.DeleteInput{Worker: e.st.Worker}).Get(ctx, &done); err != nil {
 		return err
 	}
-	failed := e.syncNodes(ctx)
+	failed := e.syncNodes(ctx, e.skipApplier(done))
 	if len(failed) > 0 && e.version(ctx, "delete-failures-reported") == 1 {
 		// The record is gone, so the deletion completes ("deleted" is
 		// published), but the live nodes that did not detach the worker are
@@ -701,7 +760,9 @@ const StatusDeleted = "DELETED"
 // persisted; the node applies it at its next reconcile). applied tells
 // whether the change was persisted, also when a later step failed.
 func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ...activities.EventSpec) (applied bool, err error) {
-	if err := workflow.ExecuteActivity(applyCtx(ctx), a.Apply, in).Get(ctx, nil); err != nil {
+	var done activities.Applied
+	if err := workflow.ExecuteActivity(applyCtx(ctx), a.Apply, in).Get(ctx, &done); err != nil {
+		done = activities.Applied{} // no node is known to match: ask each
 		if e.version(ctx, "apply-failure-reads-record") == workflow.DefaultVersion {
 			return false, err
 		}
@@ -711,7 +772,7 @@ func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ..
 			// record): every node goes back to the record, so that no node
 			// runs a change the API reported as failed.
 			if e.version(ctx, "apply-failure-resyncs-nodes") == 1 {
-				e.syncNodes(ctx)
+				e.syncNodes(ctx, "")
 			}
 			return false, err
 		}
@@ -719,7 +780,7 @@ func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ..
 		// made, and is finished (nodes, events) like any other.
 		workflow.GetLogger(ctx).Warn("Apply failed after the record was saved; finishing the change", "worker_id", in.Worker.ID, "err", err)
 	}
-	failed := e.syncNodes(ctx)
+	failed := e.syncNodes(ctx, e.skipApplier(done))
 	everywhere := len(failed) == 0
 	if kind := strictKind(events); kind != "" && len(failed) > 0 &&
 		e.version(ctx, "node-failures-reported") == 1 {
@@ -967,7 +1028,9 @@ type nodeFailure struct {
 // Temporal and may still serve the old state; reportNodes holds the event
 // back for it while it is still a member. When the members cannot be
 // listed, no other node was asked: one failure with node "" says so.
-func (e *entity) syncNodes(ctx workflow.Context) []nodeFailure {
+// skip, when not empty, is the node that made the change and is not asked
+// again (skipApplier).
+func (e *entity) syncNodes(ctx workflow.Context, skip string) []nodeFailure {
 	log := workflow.GetLogger(ctx)
 	strict := e.version(ctx, "unconfirmed-nodes-not-applied") == 1
 	var nodes []string
@@ -977,6 +1040,9 @@ func (e *entity) syncNodes(ctx workflow.Context) []nodeFailure {
 			return []nodeFailure{{err: err}}
 		}
 		return nil
+	}
+	if skip != "" {
+		nodes = slices.DeleteFunc(nodes, func(n string) bool { return n == skip })
 	}
 	futures := make([]workflow.Future, len(nodes))
 	for i, n := range nodes {

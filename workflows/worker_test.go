@@ -62,11 +62,11 @@ func (s *WorkerWorkflowSuite) prepareAnyCode(env *testsuite.TestWorkflowEnvironm
 func (s *WorkerWorkflowSuite) recordApplies() *[]activities.ApplyInput {
 	var applied []activities.ApplyInput
 	s.prepareAnyCode(s.env)
-	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) error {
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.ApplyInput) (activities.Applied, error) {
 		s.mu.Lock()
 		applied = append(applied, in)
 		s.mu.Unlock()
-		return nil
+		return activities.Applied{}, nil
 	})
 	return &applied
 }
@@ -97,7 +97,7 @@ func (s *WorkerWorkflowSuite) update(name string, u *updater, args ...any) {
 
 func (s *WorkerWorkflowSuite) TestFullLifecycle() {
 	applied := s.recordApplies()
-	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
+	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	var statuses []string // WorkerStatus of each upsert of the search attributes
 	s.env.OnUpsertTypedSearchAttributes(mock.Anything).Run(func(args mock.Arguments) {
 		if v, ok := args.Get(0).(temporal.SearchAttributes).GetKeyword(SAWorkerStatus); ok {
@@ -150,7 +150,7 @@ func (s *WorkerWorkflowSuite) TestFullLifecycle() {
 
 func (s *WorkerWorkflowSuite) TestValidatorsRejectWithoutActivities() {
 	s.prepareAnyCode(s.env)
-	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	var early, create, again, badSHA updater
 	s.env.RegisterDelayedCallback(func() { s.update(UpdateStart, &early) }, time.Second)
 	s.env.RegisterDelayedCallback(func() {
@@ -175,7 +175,7 @@ func (s *WorkerWorkflowSuite) TestValidatorsRejectWithoutActivities() {
 // docs/reliability.md).
 func (s *WorkerWorkflowSuite) TestApplyAndPrepareCodeHaveAHeartbeatTimeout() {
 	s.prepareAnyCode(s.env)
-	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	heartbeat := map[string]time.Duration{}
 	s.env.SetOnActivityStartedListener(func(info *activity.Info, _ context.Context, _ converter.EncodedValues) {
 		heartbeat[info.ActivityType.Name] = info.HeartbeatTimeout
@@ -213,7 +213,7 @@ func (s *WorkerWorkflowSuite) TestNeverCreatedTimesOut() {
 }
 
 func (s *WorkerWorkflowSuite) TestContinueAsNewCarriesState() {
-	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	w := newWorker()
 	w.Status, w.CodeVersion, w.CodeSHA256 = catalog.StatusRunning, 3, sha1
 	var stop, start updater
@@ -237,8 +237,8 @@ func (s *WorkerWorkflowSuite) TestContinueAsNewCarriesState() {
 // queue; a node whose Activate fails is tried again.
 func (s *WorkerWorkflowSuite) TestChangesReachEveryNode() {
 	s.prepareAnyCode(s.env)
-	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
-	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(nil)
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
+	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	s.env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1", "n2"}, nil)
 	var synced []string
 	var emittedBefore []int // how many changes had published their events when a node applied one
@@ -283,16 +283,16 @@ func (s *WorkerWorkflowSuite) TestCreateUndoneWhenItsEventsCannotBePublished() {
 	env := s.NewTestWorkflowEnvironment() // without the suite's Emit mock
 	env.RegisterActivity(&activities.Activities{})
 	s.prepareAnyCode(env)
-	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(nil)
+	env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
 	var emits []activities.EmitInput
 	env.OnActivity(a.Emit, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.EmitInput) error {
 		emits = append(emits, in)
 		return temporal.NewNonRetryableApplicationError("pubsub refused the event", "Refused", nil)
 	})
 	var deleted []activities.DeleteInput
-	env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.DeleteInput) error {
+	env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.DeleteInput) (activities.Applied, error) {
 		deleted = append(deleted, in)
-		return nil
+		return activities.Applied{}, nil
 	})
 	var create updater
 	env.RegisterDelayedCallback(func() {
@@ -317,7 +317,7 @@ func TestWorkflowIDIsStable(t *testing.T) {
 }
 
 func (s *WorkerWorkflowSuite) TestUpdateQueuedBehindDeleteIsNotFound() {
-	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).After(time.Second).Return(nil)
+	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).After(time.Second).Return(activities.Applied{}, nil)
 	w := newWorker()
 	w.Status = catalog.StatusRunning
 	var del, start updater

@@ -402,6 +402,11 @@ func (n *Node) Remove(ctx context.Context, w catalog.Worker) error {
 			n.log.Error("node not brought back to the record after a stale removal", "worker_id", id, "err", serr)
 		}
 	}
+	if err == nil {
+		// As a Sync that finds no record would (the delete's fan-out may
+		// skip this node: activities.Applied).
+		n.forgetChecked(id, nil)
+	}
 	return err
 }
 
