@@ -3,6 +3,7 @@ package workflows
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -132,6 +133,12 @@ func (s *WorkerWorkflowSuite) TestCreateQueuedBehindAFailedCreateIsRefused() {
 // out a broker outage) and then succeeds leaves a managed worker: the
 // workflow lives on and answers later updates, instead of ending FAILED.
 func (s *WorkerWorkflowSuite) TestCreateOutlastingTheCreateTimeoutKeepsItsWorkflow() {
+	for _, epoch := range []int{0, CurrentEpoch} {
+		s.Run(fmt.Sprintf("epoch %d", epoch), func() { s.createOutlastingTheCreateTimeout(epoch) })
+	}
+}
+
+func (s *WorkerWorkflowSuite) createOutlastingTheCreateTimeout(epoch int) {
 	emits := 0
 	var kinds []lifecycleevents.Kind
 	env := s.envWithEmit(func(in activities.EmitInput) error {
@@ -154,7 +161,7 @@ func (s *WorkerWorkflowSuite) TestCreateOutlastingTheCreateTimeoutKeepsItsWorkfl
 	}, time.Second)
 	env.RegisterDelayedCallback(func() { env.UpdateWorkflow(UpdateStop, "s", callback(&stop)) }, 5*time.Minute)
 	env.RegisterDelayedCallback(func() { env.UpdateWorkflow(UpdateDelete, "d", callback(&del)) }, 6*time.Minute)
-	env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: newWorker()}, CreateTimeout: 10 * time.Second})
+	env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: newWorker()}, CreateTimeout: 10 * time.Second, Epoch: epoch})
 
 	s.NoError(create.err)
 	s.NoError(stop.reject)

@@ -208,7 +208,8 @@ func TestReplayCoversEveryVersion(t *testing.T) {
 // no TemporalChangeVersion upsert — what epochs save, two history events
 // and a visibility write per change — and replay
 // (TestReplayRecordedHistory). The epoch-2 run (CurrentEpoch) schedules
-// no Activate: its only node made every change (skipApplier).
+// no Activate (its only node made every change: skipApplier) and cancels
+// the create's timeout timer (awaitCreate).
 func TestEpochRunRecordsNoVersionMarker(t *testing.T) {
 	for file, epoch := range map[string]int{"testdata/worker_epoch1_history.json": 1, "testdata/worker_epoch2_history.json": CurrentEpoch} {
 		b, err := os.ReadFile(file)
@@ -223,7 +224,7 @@ func TestEpochRunRecordsNoVersionMarker(t *testing.T) {
 		if err := converter.GetDefaultDataConverter().FromPayloads(h.GetEvents()[0].GetWorkflowExecutionStartedEventAttributes().GetInput(), &in); err != nil || in.Epoch != epoch {
 			t.Fatalf("%s: the recorded run's input: epoch %d (%v), want %d", file, in.Epoch, err, epoch)
 		}
-		updates, activates := 0, 0
+		updates, activates, timers := 0, 0, 0
 		for _, ev := range h.GetEvents() {
 			if ev.GetMarkerRecordedEventAttributes().GetMarkerName() == "Version" {
 				t.Fatalf("%s: event %d: a version marker in an epoch-%d run", file, ev.GetEventId(), epoch)
@@ -237,12 +238,23 @@ func TestEpochRunRecordsNoVersionMarker(t *testing.T) {
 			if ev.GetActivityTaskScheduledEventAttributes().GetActivityType().GetName() == "Activate" {
 				activates++
 			}
+			switch {
+			case ev.GetTimerStartedEventAttributes() != nil:
+				timers++
+			case ev.GetTimerCanceledEventAttributes() != nil:
+				timers--
+			}
 		}
 		if updates != 6 {
 			t.Fatalf("%s: %d updates completed in the recorded run, want 6 (create, stop, start, reload, rollback, delete)", file, updates)
 		}
 		if want := map[int]int{1: 6, 2: 0}[epoch]; activates != want {
 			t.Fatalf("%s: %d Activates scheduled on one node, want %d", file, activates, want)
+		}
+		// The create's timeout timer: left to fire in epoch 1, cancelled
+		// once the create is done from epoch 2 on (awaitCreate).
+		if want := map[int]int{1: 1, 2: 0}[epoch]; timers != want {
+			t.Fatalf("%s: %d timers left running, want %d", file, timers, want)
 		}
 	}
 }

@@ -85,8 +85,9 @@ type WorkerInput struct {
 
 // CurrentEpoch is the Epoch of the runs this code starts (a create,
 // recovery, continue-as-new). Epoch 2: the fan-out after a change skips
-// the node that made it (skipApplier), and PrepareCode runs as a local
-// activity first (prepare).
+// the node that made it (skipApplier), PrepareCode runs as a local
+// activity first (prepare), and a create's timeout timer is cancelled once
+// the create is done (awaitCreate).
 const CurrentEpoch = 2
 
 // skipApplier is the node whose Activate a change's fan-out (syncNodes)
@@ -188,6 +189,25 @@ func (e *entity) version(ctx workflow.Context, changeID string) workflow.Version
 	return workflow.GetVersion(ctx, changeID, workflow.DefaultVersion, 1)
 }
 
+// awaitCreate waits until the create has succeeded or failed, for at most
+// timeout; ok is false when the timeout passed first. In runs of epoch 2
+// the timeout's timer is cancelled once the create is done: the SDK's
+// AwaitWithTimeout (as older runs use it) leaves it to fire, a workflow
+// task with nothing to do, CreateTimeout (5 min) after every create.
+func (e *entity) awaitCreate(ctx workflow.Context, timeout time.Duration) (ok bool, err error) {
+	done := func() bool { return e.st.Created || e.failed != nil }
+	if e.epoch < 2 {
+		return workflow.AwaitWithTimeout(ctx, timeout, done)
+	}
+	tctx, cancel := workflow.WithCancel(ctx)
+	defer cancel()
+	timer := workflow.NewTimer(tctx, timeout)
+	if err := workflow.Await(ctx, func() bool { return done() || timer.IsReady() }); err != nil {
+		return false, err
+	}
+	return done(), nil
+}
+
 // WorkerWorkflow is the entity workflow of one worker.
 func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
 	e := &entity{st: in.State, mu: workflow.NewMutex(ctx), createID: in.CreateID, canAfter: in.ContinueAsNewAfter, epoch: in.Epoch}
@@ -224,7 +244,7 @@ func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
 		if timeout == 0 {
 			timeout = 5 * time.Minute
 		}
-		ok, err := workflow.AwaitWithTimeout(ctx, timeout, func() bool { return e.st.Created || e.failed != nil })
+		ok, err := e.awaitCreate(ctx, timeout)
 		if err != nil {
 			return e.st, err
 		}

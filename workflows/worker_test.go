@@ -207,9 +207,12 @@ func (s *WorkerWorkflowSuite) TestFailedCreateEndsWorkflow() {
 }
 
 func (s *WorkerWorkflowSuite) TestNeverCreatedTimesOut() {
-	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: newWorker()}, CreateTimeout: time.Minute})
-	s.True(s.env.IsWorkflowCompleted())
-	s.ErrorContains(s.env.GetWorkflowError(), "never created")
+	for _, epoch := range []int{0, CurrentEpoch} {
+		env := s.NewTestWorkflowEnvironment()
+		env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: newWorker()}, CreateTimeout: time.Minute, Epoch: epoch})
+		s.True(env.IsWorkflowCompleted(), "epoch %d", epoch)
+		s.ErrorContains(env.GetWorkflowError(), "never created", "epoch %d", epoch)
+	}
 }
 
 func (s *WorkerWorkflowSuite) TestContinueAsNewCarriesState() {
