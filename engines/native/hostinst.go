@@ -49,6 +49,27 @@ type hostProc struct {
 	killed    atomic.Bool
 	timedOut  atomic.Bool
 	cancelled atomic.Bool
+
+	wlog   atomic.Pointer[slog.Logger] // where its output goes (adopt)
+	exitFn atomic.Pointer[func()]      // run once it was reaped (onExit)
+}
+
+// adopt sends the host's output to l from now on: a host a Check started
+// (a spare's, or one of its own) that serves its worker after that.
+func (p *hostProc) adopt(l *slog.Logger) { p.wlog.Store(l) }
+
+// onExit runs fn once, after the host was reaped (at once if it was):
+// the host owns something that must outlive it no longer, such as the
+// package directory a checking host keeps when it is parked.
+func (p *hostProc) onExit(fn func()) {
+	var once sync.Once
+	f := func() { once.Do(fn) }
+	p.exitFn.Store(&f)
+	select {
+	case <-p.done:
+		f()
+	default:
+	}
 }
 
 // Kill kills the host process and every process its library started
@@ -238,13 +259,14 @@ func (e *Engine) spawnHost(spec engines.Spec, libPath string, m *Manifest, dir, 
 	p := &hostProc{cmd: cmd, reqW: pipes.ReqW, respR: respR, r: hostproto.NewReader(respR), w: hostproto.NewWriter(pipes.ReqW), enc: newEncoder(),
 		done: make(chan struct{}), tail: &tailLog{}}
 	p.r.Limit = e.hostFrameLimit
+	p.wlog.Store(wlog)
 	p.group.Started(cmd.Process.Pid)
 	outDone := make(chan struct{})
 	go func() { // the host's stdout/stderr: the worker's printf and crash reports
 		defer close(outDone)
 		forwardLines(outR, loader.MaxLogLine, func(line string) {
 			p.tail.add(line)
-			wlog.Info(line, "stream", "host-output")
+			p.wlog.Load().Info(line, "stream", "host-output")
 		})
 		outR.Close()
 	}()
@@ -263,6 +285,9 @@ func (e *Engine) spawnHost(spec engines.Spec, libPath string, m *Manifest, dir, 
 			outR.Close()
 		}
 		close(p.done)
+		if f := p.exitFn.Load(); f != nil {
+			(*f)()
+		}
 	}()
 
 	return p, nil
@@ -349,44 +374,62 @@ func extractRoot(libPath string) string {
 	return filepath.Dir(libPath)
 }
 
-func (e *Engine) checkInHost(ctx context.Context, spec engines.Spec, pk *pkg) error {
-	if done, err := e.checkInSpare(ctx, spec, pk); done {
+func (e *Engine) checkInHost(ctx context.Context, spec engines.Spec, pk *pkg, key procpool.Key) error {
+	if done, err := e.checkInSpare(ctx, spec, pk, key); done {
 		return err
 	}
 	dir, libPath, err := e.extract(pk, spec.WorkerID)
 	if err != nil {
 		return err
 	}
-	defer e.removeExtracted(dir)
 	p, err := e.startHost(ctx, spec, libPath, pk.manifest, spec.Logger.With("worker_id", spec.WorkerID))
 	if err != nil {
+		e.removeExtracted(dir)
 		return err
 	}
-	p.Retire()
+	e.park(spec, pk, key, p, func() { e.removeExtracted(dir) })
 	return nil
+}
+
+// park keeps p, the host that checked pk for spec's worker, for the Load
+// of the same worker and code (a process-isolated worker's: it takes p
+// as its first host instead of starting one); release frees what p
+// holds (its package directory) once p has exited. Any other checking
+// host exits now.
+func (e *Engine) park(spec engines.Spec, pk *pkg, key procpool.Key, p *hostProc, release func()) {
+	if e.isolation(pk.manifest) != IsolationProcess {
+		p.Retire()
+		release()
+		return
+	}
+	p.onExit(release)
+	p.adopt(spec.Logger.With("worker_id", spec.WorkerID))
+	e.parking.Park(key, p)
 }
 
 // hostInstance is a worker served by native-host child processes.
 type hostInstance struct {
 	e       *Engine
 	spec    engines.Spec
+	pk      *pkg
 	m       *Manifest
-	libPath string
+	key     procpool.Key
 	timeout time.Duration
 	wlog    *slog.Logger
 	pool    *procpool.Pool[*hostProc]
+	started atomic.Bool // its first start: the host its Check parked, if any
+
+	extractMu sync.Mutex
+	dir       string // the package extracted for hosts started for it ("": not yet)
+	libPath   string
 }
 
 var _ engines.Instance = (*hostInstance)(nil)
 
-func (e *Engine) loadInHost(ctx context.Context, spec engines.Spec, pk *pkg) (engines.Instance, error) {
-	dir, libPath, err := e.extract(pk, spec.WorkerID)
-	if err != nil {
-		return nil, err
-	}
+func (e *Engine) loadInHost(ctx context.Context, spec engines.Spec, pk *pkg, key procpool.Key) (engines.Instance, error) {
 	log := spec.Logger
 	in := &hostInstance{
-		e: e, spec: spec, m: pk.manifest, libPath: libPath,
+		e: e, spec: spec, pk: pk, m: pk.manifest, key: key,
 		timeout: spec.Timeout, wlog: log.With("worker_id", spec.WorkerID),
 	}
 	in.pool = procpool.New(procpool.Config[*hostProc]{
@@ -394,7 +437,7 @@ func (e *Engine) loadInHost(ctx context.Context, spec engines.Spec, pk *pkg) (en
 		Start:            in.start,
 		Grace:            closeGrace,
 		GraceOutlastsCtx: true, // idle hosts get the whole grace period to exit on EOF
-		Cleanup:          func() { e.removeExtracted(dir) },
+		Cleanup:          in.removeExtracted,
 		Logger:           log,
 		Name:             "native host",
 		LogAttrs:         []any{"worker_id", spec.WorkerID},
@@ -402,14 +445,52 @@ func (e *Engine) loadInHost(ctx context.Context, spec engines.Spec, pk *pkg) (en
 	})
 	// An invalid-code error says what is wrong: it is preferred.
 	if err := procpool.FirstError(in.pool.Fill(ctx), engines.ErrInvalidCode); err != nil {
-		e.removeExtracted(dir)
+		in.removeExtracted()
 		return nil, err
 	}
 	return in, nil
 }
 
+// extracted is the library extracted for the hosts started for the
+// worker (once, on the first such start; a host its Check parked has a
+// package directory of its own).
+func (in *hostInstance) extracted() (string, error) {
+	in.extractMu.Lock()
+	defer in.extractMu.Unlock()
+	if in.dir == "" {
+		dir, libPath, err := in.e.extract(in.pk, in.spec.WorkerID)
+		if err != nil {
+			return "", err
+		}
+		in.dir, in.libPath = dir, libPath
+	}
+	return in.libPath, nil
+}
+
+// removeExtracted removes what extracted made (the pool's Cleanup).
+func (in *hostInstance) removeExtracted() {
+	in.extractMu.Lock()
+	defer in.extractMu.Unlock()
+	if in.dir != "" {
+		in.e.removeExtracted(in.dir)
+		in.dir, in.libPath = "", ""
+	}
+}
+
 func (in *hostInstance) start(ctx context.Context) (*hostProc, error) {
-	p, err := in.e.startHost(ctx, in.spec, in.libPath, in.m, in.wlog)
+	if !in.started.Swap(true) {
+		// The first start of a Load: the host its Check loaded, waiting.
+		if p, ok := in.e.parking.TakeFor(in.key, in.pool, nil); ok {
+			p.adopt(in.wlog)
+			in.e.parkedLoads.Add(1)
+			return p, nil
+		}
+	}
+	libPath, err := in.extracted()
+	if err != nil {
+		return nil, err
+	}
+	p, err := in.e.startHost(ctx, in.spec, libPath, in.m, in.wlog)
 	if err != nil {
 		return nil, err
 	}

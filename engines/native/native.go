@@ -23,6 +23,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/crashjournal"
+	"github.com/virtufin/workmanager/engines/internal/procpool"
 	"github.com/virtufin/workmanager/engines/internal/spares"
 	"github.com/virtufin/workmanager/engines/native/internal/loader"
 	"github.com/virtufin/workmanager/engines/sandbox"
@@ -131,7 +132,19 @@ type Config struct {
 	// (NATIVE_SPARE_CHECK_HOSTS; spare.go), when Sandbox and HostPath are
 	// set. 0: none (each Check starts a host of its own).
 	SpareCheckHosts int
+	// ParkTTL is how long the host that checked a process-isolated
+	// worker's package waits, loaded, for the Load of the same worker and
+	// code that usually follows (procpool.Parking; park.go). 0:
+	// DefaultParkTTL; negative: every checking host exits at once.
+	ParkTTL time.Duration
 }
+
+// DefaultParkTTL and DefaultParkMax bound the hosts a Check keeps for
+// the Load: as the Python engine's runners.
+const (
+	DefaultParkTTL = 30 * time.Second
+	DefaultParkMax = 32
+)
 
 // Engine is the native engine. It is safe for concurrent use.
 type Engine struct {
@@ -144,6 +157,9 @@ type Engine struct {
 	spareHosts  *spares.Set[*spareHost]
 	spareSeq    atomic.Uint64
 	spareChecks atomic.Int64 // checks a spare answered (tests)
+
+	parking     procpool.Parking[procpool.Key, *hostProc]
+	parkedLoads atomic.Int64 // loads that took the host their check loaded (tests)
 }
 
 var _ engines.Engine = (*Engine)(nil)
@@ -171,14 +187,22 @@ func New(cfg Config) *Engine {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.ParkTTL == 0 {
+		cfg.ParkTTL = DefaultParkTTL
+	}
 	e := &Engine{cfg: cfg}
 	e.spareHosts = e.newSpareHosts()
+	if cfg.ParkTTL > 0 {
+		e.parking.TTL, e.parking.Max = cfg.ParkTTL, DefaultParkMax
+	}
 	return e
 }
 
-// Close implements engines.Closer: the spare check hosts exit.
+// Close implements engines.Closer: the spare check hosts and the hosts
+// parked for a Load exit.
 func (e *Engine) Close() error {
 	e.spareHosts.Close()
+	e.parking.Close()
 	return nil
 }
 
@@ -216,7 +240,7 @@ func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) erro
 	if e.isolation(p.manifest) == IsolationProcess || e.cfg.Sandbox != nil {
 		// An uploaded library's constructors must not run in the node
 		// before the package is known to load.
-		return e.checkInHost(ctx, spec, p)
+		return e.checkInHost(ctx, spec, p, procpool.KeyOf(spec, code))
 	}
 	dir, libPath, err := e.extract(p, "")
 	if err != nil {
@@ -245,7 +269,7 @@ func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engi
 			"worker_id", spec.WorkerID, "abi_version", abiSpec.Version, "current", CurrentABI)
 	}
 	if e.isolation(p.manifest) == IsolationProcess {
-		return e.loadInHost(ctx, spec, p)
+		return e.loadInHost(ctx, spec, p, procpool.KeyOf(spec, code))
 	}
 	return e.loadInProcess(spec, p, abiSpec)
 }

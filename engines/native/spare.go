@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/internal/procpool"
 	"github.com/virtufin/workmanager/engines/internal/spares"
 	"github.com/virtufin/workmanager/engines/native/internal/hostproto"
 )
@@ -23,11 +24,11 @@ import (
 // Check extracts the package into that directory, gives it to the
 // spare's user id, sends the load frame (the library and the worker's
 // identity, set in the host's environment before the library's
-// constructors run), reads the answer and retires the host. A spare
-// checks one package, once, and is never used again; it runs under a
-// user id of its own, not its worker's (the check only loads the
-// library). Isolated workers' hosts (process isolation) are not spares:
-// they start for their worker, as before.
+// constructors run) and reads the answer. A spare checks one package,
+// once: for an in-process worker it then exits; for a process-isolated
+// worker it is parked for the Load that follows (park), which takes it as
+// the worker's first host. It runs under a user id of its own, not its
+// worker's, as a Python spare runner does.
 
 // spareHost is a host waiting for one package to check.
 type spareHost struct {
@@ -84,17 +85,26 @@ func (e *Engine) startSpareHost() (*spareHost, error) {
 
 // checkInSpare checks pk in a spare host when one is ready (ok false:
 // none was, nothing was done).
-func (e *Engine) checkInSpare(ctx context.Context, spec engines.Spec, pk *pkg) (ok bool, err error) {
+func (e *Engine) checkInSpare(ctx context.Context, spec engines.Spec, pk *pkg, key procpool.Key) (ok bool, err error) {
 	s, ok, refill := e.spareHosts.TakeDeferred()
 	defer refill()
 	if !ok {
 		return false, nil
 	}
-	defer s.Retire()
+	kept := false // parked for the Load (park): it owns its directory then
+	defer func() {
+		if !kept {
+			s.Retire()
+		}
+	}()
 	libPath, size, err := pk.extract(s.dir)
 	if err == nil {
 		if err = e.reserveDisk(s.dir, size); err == nil {
-			defer e.releaseDisk(s.dir)
+			defer func() {
+				if !kept {
+					e.releaseDisk(s.dir)
+				}
+			}()
 		}
 	}
 	if err == nil {
@@ -120,5 +130,10 @@ func (e *Engine) checkInSpare(ctx context.Context, spec engines.Spec, pk *pkg) (
 		return false, nil
 	}
 	e.spareChecks.Add(1)
-	return true, s.p.awaitLoad(ctx, e.cfg.LoadTimeout)
+	if err := s.p.awaitLoad(ctx, e.cfg.LoadTimeout); err != nil {
+		return true, err
+	}
+	kept = true
+	e.park(spec, pk, key, s.p, func() { e.releaseDisk(s.dir); os.RemoveAll(s.dir) })
+	return true, nil
 }

@@ -128,3 +128,133 @@ func TestCheckTakesASpareHost(t *testing.T) {
 		t.Fatal("Close left a spare check host running")
 	}
 }
+
+// waitFor polls cond for up to a minute.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within a minute: %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (e *Engine) extractedBytes() int64 {
+	e.diskMu.Lock()
+	defer e.diskMu.Unlock()
+	return e.diskUsed
+}
+
+// With process isolation, the host that checked a worker's package (a
+// spare, or one started for the check) stays loaded for the Load of the
+// same worker and code, which takes it as its first host instead of
+// starting one: it serves the worker's events with the worker's identity
+// (set before its constructors ran), exits when the instance closes, and
+// its package directory goes with it. A Load of other code, or of
+// another worker, does not take it; one nobody takes exits after the
+// park TTL; one that dies after the Load took it is replaced by a host
+// started for the worker; Close retires the parked ones.
+func TestLoadTakesTheHostItsCheckLoaded(t *testing.T) {
+	sb := sandboxtest.Strict(t)
+	e := newTestEngine(t, hostConfig(Config{Sandbox: sb, SpareCheckHosts: 1, Isolation: IsolationProcess, ParkTTL: 2 * time.Second}))
+	t.Cleanup(func() { e.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	code := packageOf(t, []string{`-DCTOR_REQUIRE_ID="` + testSpec.WorkerID + `"`}, nil)
+	if err := e.Check(ctx, testSpec, code); err != nil { // no spare yet: a host of its own
+		t.Fatalf("Check: %v", err)
+	}
+	if e.parking.Len() != 1 {
+		t.Fatalf("%d hosts parked after a Check in a host of its own, want 1", e.parking.Len())
+	}
+	inst, err := e.Load(ctx, testSpec, code)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if n := e.parkedLoads.Load(); n != 1 {
+		t.Fatalf("%d loads took the checked host, want 1", n)
+	}
+	if out := mustCall(t, inst, typed("first", map[string]any{"n": 1})); len(out) != 1 {
+		t.Fatalf("%d outputs, want 1", len(out))
+	}
+	inst.Close(ctx)
+
+	// Checked by a spare: the Load takes that spare's host.
+	s := readySpare(t, e)
+	if err := e.Check(ctx, testSpec, code); err != nil {
+		t.Fatalf("Check in a spare: %v", err)
+	}
+	if s.Exited() {
+		t.Fatal("the spare that checked the package exited: it should wait for the Load")
+	}
+	inst, err = e.Load(ctx, testSpec, code)
+	if err != nil {
+		t.Fatalf("Load after a spare's check: %v", err)
+	}
+	if n := e.parkedLoads.Load(); n != 2 {
+		t.Fatalf("%d loads took the checked host, want 2", n)
+	}
+	if out := mustCall(t, inst, typed("second", map[string]any{"n": 2})); len(out) != 1 {
+		t.Fatalf("%d outputs, want 1", len(out))
+	}
+	if s.Exited() {
+		t.Fatal("the spare's host is not the one serving the worker")
+	}
+	inst.Close(ctx)
+	waitFor(t, "the spare's host exits with the instance", s.Exited)
+	waitFor(t, "its package directory is removed", func() bool { _, err := os.Stat(s.dir); return errors.Is(err, os.ErrNotExist) })
+
+	// Other code, or another worker: not taken; it exits after the TTL.
+	s = readySpare(t, e)
+	if err := e.Check(ctx, testSpec, code); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	other := testSpec
+	other.WorkerID = "w-other"
+	otherCode := packageOf(t, []string{`-DCTOR_REQUIRE_ID="w-other"`}, nil)
+	for _, c := range []struct {
+		spec engines.Spec
+		code []byte
+	}{{testSpec, packageOf(t, flagsEcho, nil)}, {other, otherCode}} {
+		before := e.parkedLoads.Load()
+		inst, err := e.Load(ctx, c.spec, c.code)
+		if err != nil {
+			t.Fatalf("Load of %s: %v", c.spec.WorkerID, err)
+		}
+		if e.parkedLoads.Load() != before {
+			t.Fatalf("a Load of %s took a host checked for other code or another worker", c.spec.WorkerID)
+		}
+		mustCall(t, inst, typed("third", nil))
+		inst.Close(ctx)
+	}
+	waitFor(t, "a parked host nobody took exits after the TTL", s.Exited)
+	waitFor(t, "and its directory is removed", func() bool { _, err := os.Stat(s.dir); return errors.Is(err, os.ErrNotExist) })
+	waitFor(t, "no extracted bytes counted", func() bool { return e.extractedBytes() == 0 })
+
+	// The parked host dies after the Load took it: the worker's next
+	// host is started for it, from the package extracted for it.
+	s = readySpare(t, e)
+	if err := e.Check(ctx, testSpec, code); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	inst, err = e.Load(ctx, testSpec, code)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	syscall.Kill(s.p.cmd.Process.Pid, syscall.SIGKILL)
+	waitFor(t, "the killed host is reaped", s.Exited)
+	waitFor(t, "a host started for the worker answers", func() bool { _, err := call(t, inst, typed("again", nil)); return err == nil })
+	waitFor(t, "the killed host's directory is removed", func() bool { _, err := os.Stat(s.dir); return errors.Is(err, os.ErrNotExist) })
+	inst.Close(ctx)
+	waitFor(t, "no extracted bytes counted once the instance closed", func() bool { return e.extractedBytes() == 0 })
+
+	// Close retires a parked host.
+	s = readySpare(t, e)
+	if err := e.Check(ctx, testSpec, code); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	e.Close()
+	waitFor(t, "Close retires the parked host", s.Exited)
+}
