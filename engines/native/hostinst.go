@@ -485,6 +485,23 @@ func (in *hostInstance) start(ctx context.Context) (*hostProc, error) {
 			in.e.parkedLoads.Add(1)
 			return p, nil
 		}
+		// None (a start, a node's reconcile, a Load on another node than
+		// its check): a spare host, when one is ready, loads it.
+		p, release, ok, err := in.e.loadInSpare(ctx, in.spec, in.pk)
+		if ok {
+			if err != nil {
+				return nil, err
+			}
+			p.onExit(release)
+			if !in.pool.Track(p) {
+				p.Kill()
+				go p.Retire()
+				return nil, ErrClosed
+			}
+			p.adopt(in.wlog)
+			in.e.spareLoads.Add(1)
+			return p, nil
+		}
 	}
 	libPath, err := in.extracted()
 	if err != nil {

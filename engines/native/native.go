@@ -160,6 +160,7 @@ type Engine struct {
 
 	parking     procpool.Parking[procpool.Key, *hostProc]
 	parkedLoads atomic.Int64 // loads that took the host their check loaded (tests)
+	spareLoads  atomic.Int64 // loads whose first host was a spare (tests)
 }
 
 var _ engines.Engine = (*Engine)(nil)

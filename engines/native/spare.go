@@ -27,8 +27,10 @@ import (
 // constructors run) and reads the answer. A spare checks one package,
 // once: for an in-process worker it then exits; for a process-isolated
 // worker it is parked for the Load that follows (park), which takes it as
-// the worker's first host. It runs under a user id of its own, not its
-// worker's, as a Python spare runner does.
+// the worker's first host; a Load with no check before it (a start, a
+// reconcile) takes a ready spare for its first host too (loadInSpare).
+// It runs under a user id of its own, not its worker's, as a Python spare
+// runner does.
 
 // spareHost is a host waiting for one package to check.
 type spareHost struct {
@@ -84,14 +86,32 @@ func (e *Engine) startSpareHost() (*spareHost, error) {
 }
 
 // checkInSpare checks pk in a spare host when one is ready (ok false:
-// none was, nothing was done).
+// none was, nothing was done); the host is then parked for the Load
+// (park).
 func (e *Engine) checkInSpare(ctx context.Context, spec engines.Spec, pk *pkg, key procpool.Key) (ok bool, err error) {
-	s, ok, refill := e.spareHosts.TakeDeferred()
-	defer refill()
+	p, release, ok, err := e.loadInSpare(ctx, spec, pk)
 	if !ok {
 		return false, nil
 	}
-	kept := false // parked for the Load (park): it owns its directory then
+	e.spareChecks.Add(1)
+	if err != nil {
+		return true, err
+	}
+	e.park(spec, pk, key, p, release)
+	return true, nil
+}
+
+// loadInSpare loads pk for spec's worker in a spare host when one is
+// ready: p is that host, loaded, and release frees its package directory
+// once p has exited (the caller's: park, or onExit). ok false: none was
+// ready, or it was gone, and nothing was done.
+func (e *Engine) loadInSpare(ctx context.Context, spec engines.Spec, pk *pkg) (p *hostProc, release func(), ok bool, err error) {
+	s, ok, refill := e.spareHosts.TakeDeferred()
+	defer refill()
+	if !ok {
+		return nil, nil, false, nil
+	}
+	kept := false // loaded: it owns its directory then
 	defer func() {
 		if !kept {
 			s.Retire()
@@ -111,29 +131,27 @@ func (e *Engine) checkInSpare(ctx context.Context, spec engines.Spec, pk *pkg, k
 		err = e.cfg.Sandbox.Own(s.dir, s.owner)
 	}
 	if err != nil {
-		return true, err
+		return nil, nil, true, err
 	}
 	rel, err := filepath.Rel(s.dir, libPath)
 	if err != nil {
-		return true, fmt.Errorf("native engine: %w", err)
+		return nil, nil, true, fmt.Errorf("native engine: %w", err)
 	}
 	frame, err := json.Marshal(hostproto.Load{Library: path.Join(sandboxPackageDir, filepath.ToSlash(rel)),
 		Entry: pk.manifest.EntryPoint, Free: pk.manifest.FreeResult, ABIVersion: pk.manifest.ABIVersion,
 		WorkerID: spec.WorkerID, Group: spec.Group, Topic: spec.Topic})
 	if err != nil {
-		return true, fmt.Errorf("native engine: %w", err)
+		return nil, nil, true, fmt.Errorf("native engine: %w", err)
 	}
 	if err := s.p.w.WriteFrame(hostproto.FrameLoad, frame); err != nil {
-		// It died while it waited: the check is not done; a host of its
-		// own does it.
-		spec.Logger.Warn("native engine: a spare check host was gone; checking in a host of its own", "worker_id", spec.WorkerID, "error", err)
-		return false, nil
+		// It died while it waited: nothing is done; a host of its own
+		// does it.
+		spec.Logger.Warn("native engine: a spare host was gone; starting a host of its own", "worker_id", spec.WorkerID, "error", err)
+		return nil, nil, false, nil
 	}
-	e.spareChecks.Add(1)
 	if err := s.p.awaitLoad(ctx, e.cfg.LoadTimeout); err != nil {
-		return true, err
+		return nil, nil, true, err
 	}
 	kept = true
-	e.park(spec, pk, key, s.p, func() { e.releaseDisk(s.dir); os.RemoveAll(s.dir) })
-	return true, nil
+	return s.p, func() { e.releaseDisk(s.dir); os.RemoveAll(s.dir) }, true, nil
 }

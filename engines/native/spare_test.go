@@ -155,7 +155,8 @@ func (e *Engine) extractedBytes() int64 {
 // its package directory goes with it. A Load of other code, or of
 // another worker, does not take it; one nobody takes exits after the
 // park TTL; one that dies after the Load took it is replaced by a host
-// started for the worker; Close retires the parked ones.
+// started for the worker; a Load with no check before it takes a ready
+// spare; Close retires the parked ones.
 func TestLoadTakesTheHostItsCheckLoaded(t *testing.T) {
 	sb := sandboxtest.Strict(t)
 	e := newTestEngine(t, hostConfig(Config{Sandbox: sb, SpareCheckHosts: 1, Isolation: IsolationProcess, ParkTTL: 2 * time.Second}))
@@ -249,6 +250,25 @@ func TestLoadTakesTheHostItsCheckLoaded(t *testing.T) {
 	waitFor(t, "the killed host's directory is removed", func() bool { _, err := os.Stat(s.dir); return errors.Is(err, os.ErrNotExist) })
 	inst.Close(ctx)
 	waitFor(t, "no extracted bytes counted once the instance closed", func() bool { return e.extractedBytes() == 0 })
+
+	// A Load with no check before it (a start, a reconcile) takes a
+	// ready spare as its first host.
+	s = readySpare(t, e)
+	before := e.spareLoads.Load()
+	inst, err = e.Load(ctx, testSpec, code)
+	if err != nil {
+		t.Fatalf("Load without a check: %v", err)
+	}
+	if n := e.spareLoads.Load() - before; n != 1 {
+		t.Fatalf("%d loads took a spare, want 1", n)
+	}
+	mustCall(t, inst, typed("fourth", nil))
+	if s.Exited() {
+		t.Fatal("the spare is not the host serving the worker")
+	}
+	inst.Close(ctx)
+	waitFor(t, "the spare's host exits with the instance", s.Exited)
+	waitFor(t, "its package directory is removed", func() bool { _, err := os.Stat(s.dir); return errors.Is(err, os.ErrNotExist) })
 
 	// Close retires a parked host.
 	s = readySpare(t, e)
