@@ -411,6 +411,11 @@ func (s *Stack) startTemporal(ctx context.Context) error {
 		// ~50 ms per read (stop 400 ms instead of 70). A cluster of many
 		// shards spreads this; see docs/operating.md.
 		"--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000",
+		// An activity a workflow task schedules on its own task queue
+		// (Apply) goes back to the worker with the task's answer instead
+		// of through matching (eager activity execution; the SDK asks
+		// for it, the server's default refuses).
+		"--dynamic-config-value", "system.enableActivityEagerExecution=true",
 	}
 	for _, kv := range s.TemporalDynamicConfig {
 		args = append(args, "--dynamic-config-value", kv)
