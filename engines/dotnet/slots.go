@@ -6,8 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/virtufin/workmanager/engines/internal/ownerdir"
 )
 
 // Slots of spare hosts and spare compilers (<cache>/spares,
@@ -46,16 +47,13 @@ func (e *Engine) newSlot(kind string) (string, error) {
 	return slot, nil
 }
 
-// slotOwner is the engine's owner directory under one parent.
-type slotOwner struct {
-	dir  string
-	lock *os.File
-}
+// slotNames are the owner directories' names under a slots parent.
+var slotNames = ownerdir.Names{Owner: "owner-", Making: "making-"}
 
 // slotOwners are an engine's owner directories, made on first use.
 type slotOwners struct {
 	mu     sync.Mutex
-	owners map[string]*slotOwner // by parent
+	owners map[string]*ownerdir.Dir // by parent
 	closed bool
 }
 
@@ -68,44 +66,22 @@ func (o *slotOwners) dir(cache, parent string) (string, error) {
 		return "", errors.New("the engine is closed")
 	}
 	if s := o.owners[parent]; s != nil {
-		return s.dir, nil
+		return s.Path, nil
 	}
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return "", err
 	}
 	sweepSlots(cache, parent, time.Now())
-	// Made as making-*, locked, then renamed: an owner-* directory is
-	// locked from the moment it is there until its engine is gone.
-	making, err := os.MkdirTemp(parent, "making-")
+	// Readable by the sandboxed processes' user ids.
+	d, err := ownerdir.Make(parent, slotNames, 0o755)
 	if err != nil {
-		return "", err
-	}
-	f, err := os.OpenFile(filepath.Join(making, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err == nil {
-		if err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-			f.Close()
-		}
-	}
-	if err != nil {
-		os.RemoveAll(making)
-		return "", err
-	}
-	dir := filepath.Join(parent, "owner-"+strings.TrimPrefix(filepath.Base(making), "making-"))
-	// Readable by the sandboxed processes' user ids (MkdirTemp makes it
-	// 0700).
-	if err = os.Chmod(making, 0o755); err == nil {
-		err = os.Rename(making, dir)
-	}
-	if err != nil {
-		f.Close()
-		os.RemoveAll(making)
 		return "", err
 	}
 	if o.owners == nil {
-		o.owners = map[string]*slotOwner{}
+		o.owners = map[string]*ownerdir.Dir{}
 	}
-	o.owners[parent] = &slotOwner{dir: dir, lock: f}
-	return dir, nil
+	o.owners[parent] = d
+	return d.Path, nil
 }
 
 // close removes the owner directories that are empty (their spares
@@ -115,30 +91,24 @@ func (o *slotOwners) close() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.closed = true
-	for _, s := range o.owners {
-		os.Remove(filepath.Join(s.dir, ".lock"))
-		os.Remove(s.dir) // fails when not empty: swept later
-		s.lock.Close()
+	for _, d := range o.owners {
+		d.Close()
 	}
 }
 
 // sweepSlots removes, under parent, the owner directories whose lock
-// nobody holds and the old layout's slots older than slotsStaleAfter, and
-// in cache the compile directories older than that. Best effort.
+// nobody holds (ownerdir.Sweep, with those being made) and the old
+// layout's slots older than slotsStaleAfter, and in cache the compile
+// directories older than that. Best effort.
 func sweepSlots(cache, parent string, now time.Time) {
 	old := func(path string) bool {
 		st, err := os.Lstat(path)
 		return err == nil && now.Sub(st.ModTime()) > slotsStaleAfter
 	}
+	ownerdir.Sweep(parent, slotNames, slotsStaleAfter, now)
 	entries, _ := os.ReadDir(parent)
 	for _, e := range entries {
-		path := filepath.Join(parent, e.Name())
-		switch {
-		case strings.HasPrefix(e.Name(), "owner-"):
-			if !ownerAlive(path) {
-				os.RemoveAll(path)
-			}
-		case (strings.HasPrefix(e.Name(), "making-") || strings.HasPrefix(e.Name(), "slot-")) && old(path):
+		if path := filepath.Join(parent, e.Name()); strings.HasPrefix(e.Name(), "slot-") && old(path) {
 			os.RemoveAll(path)
 		}
 	}
@@ -148,18 +118,4 @@ func sweepSlots(cache, parent string, now time.Time) {
 			os.RemoveAll(filepath.Join(cache, n))
 		}
 	}
-}
-
-// ownerAlive reports whether a process holds dir's lock.
-func ownerAlive(dir string) bool {
-	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR, 0)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return errors.Is(err, syscall.EWOULDBLOCK)
-	}
-	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-	return false
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/internal/ownerdir"
 	"github.com/virtufin/workmanager/engines/sandbox"
 	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
 )
@@ -277,7 +278,7 @@ func TestStaleSlotsAreSwept(t *testing.T) {
 		}
 	}
 	owner := filepath.Dir(s.slot)
-	if !strings.HasPrefix(filepath.Base(owner), "owner-") || !ownerAlive(owner) {
+	if !strings.HasPrefix(filepath.Base(owner), "owner-") || !ownerdir.Alive(owner) {
 		t.Fatalf("the spare's slot %s is not in a locked owner directory", s.slot)
 	}
 	if err := e.Close(); err != nil {

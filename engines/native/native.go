@@ -158,7 +158,9 @@ type Engine struct {
 	spareSeq    atomic.Uint64
 	spareChecks atomic.Int64 // checks a spare answered (tests)
 
-	parking     procpool.Parking[procpool.Key, *hostProc]
+	parking procpool.Parking[procpool.Key, *hostProc]
+	owner   extractOwner // where extraction directories are made (owner.go)
+
 	parkedLoads atomic.Int64 // loads that took the host their check loaded (tests)
 	spareLoads  atomic.Int64 // loads whose first host was a spare (tests)
 }
@@ -204,6 +206,7 @@ func New(cfg Config) *Engine {
 func (e *Engine) Close() error {
 	e.spareHosts.Close()
 	e.parking.Close()
+	e.owner.close()
 	return nil
 }
 
@@ -281,7 +284,7 @@ func (e *Engine) Load(ctx context.Context, spec engines.Spec, code []byte) (engi
 // extract unpacks p into a fresh directory; owner, when set, is the worker
 // whose sandboxed host will read it (it gets the files).
 func (e *Engine) extract(p *pkg, owner string) (dir, lib string, err error) {
-	dir, err = os.MkdirTemp(e.cfg.TempDir, "virtufin-native-*")
+	dir, err = e.mkdir()
 	if err != nil {
 		return "", "", fmt.Errorf("native engine: creating the extraction directory: %w", err)
 	}

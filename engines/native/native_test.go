@@ -169,7 +169,7 @@ func TestBadPackages(t *testing.T) {
 		})
 	}
 	// Nothing was left behind by the failures.
-	if left, _ := os.ReadDir(e.cfg.TempDir); len(left) != 0 {
+	if left, _ := extractionsIn(e); len(left) != 0 {
 		t.Errorf("temp dir not empty after failed loads: %v", left)
 	}
 }
@@ -509,21 +509,21 @@ func TestCloseReleasesEverything(t *testing.T) {
 	if err := e.Check(context.Background(), testSpec, code); err != nil {
 		t.Fatal(err)
 	}
-	if left, _ := os.ReadDir(e.cfg.TempDir); len(left) != 0 {
+	if left, _ := extractionsIn(e); len(left) != 0 {
 		t.Fatalf("Check left %v in the temp dir", left)
 	}
 	inst := load(t, e, testSpec, code)
 	mustCall(t, inst, typed("test.stats", nil))
-	dirs, _ := os.ReadDir(e.cfg.TempDir)
+	dirs, _ := extractionsIn(e)
 	if len(dirs) != 1 {
 		t.Fatalf("temp dir holds %v, want one extraction directory", dirs)
 	}
-	extracted := filepath.Join(e.cfg.TempDir, dirs[0].Name())
+	extracted := filepath.Join(e.owner.path(), dirs[0].Name())
 	if runtime.GOOS == "linux" && !mapped(t, extracted) {
 		t.Fatalf("the library in %s is not in /proc/self/maps while loaded", extracted)
 	}
 	closeNow(t, inst)
-	if left, _ := os.ReadDir(e.cfg.TempDir); len(left) != 0 {
+	if left, _ := extractionsIn(e); len(left) != 0 {
 		t.Fatalf("Close left %v in the temp dir", left)
 	}
 	if runtime.GOOS == "linux" && mapped(t, extracted) {
@@ -581,7 +581,7 @@ func TestCloseWaitsForCalls(t *testing.T) {
 		t.Fatalf("the call in flight at Close failed: %v", err)
 	}
 	closeNow(t, inst) // waits for the deferred release
-	if left, _ := os.ReadDir(e.cfg.TempDir); len(left) != 0 {
+	if left, _ := extractionsIn(e); len(left) != 0 {
 		t.Fatalf("temp dir holds %v after the release", left)
 	}
 }

@@ -72,7 +72,7 @@ func (e *Engine) newSpareHosts() *spares.Set[*spareHost] {
 
 // startSpareHost starts a host for no package yet.
 func (e *Engine) startSpareHost() (*spareHost, error) {
-	dir, err := os.MkdirTemp(e.cfg.TempDir, "virtufin-native-*")
+	dir, err := e.mkdir()
 	if err != nil {
 		return nil, fmt.Errorf("native engine: spare check host: %w", err)
 	}

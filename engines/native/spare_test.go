@@ -129,6 +129,22 @@ func TestCheckTakesASpareHost(t *testing.T) {
 	}
 }
 
+// servesUntilClosed checks that s, a spare's host, is the one serving
+// inst (an event is answered while it runs) and that it exits with inst,
+// its package directory with it.
+func servesUntilClosed(ctx context.Context, t *testing.T, s *spareHost, inst engines.Instance) {
+	t.Helper()
+	if out := mustCall(t, inst, typed("served", map[string]any{"n": 1})); len(out) != 1 {
+		t.Fatalf("%d outputs, want 1", len(out))
+	}
+	if s.Exited() {
+		t.Fatal("the spare's host is not the one serving the worker")
+	}
+	inst.Close(ctx)
+	waitFor(t, "the spare's host exits with the instance", s.Exited)
+	waitFor(t, "its package directory is removed", func() bool { _, err := os.Stat(s.dir); return errors.Is(err, os.ErrNotExist) })
+}
+
 // waitFor polls cond for up to a minute.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -197,15 +213,7 @@ func TestLoadTakesTheHostItsCheckLoaded(t *testing.T) {
 	if n := e.parkedLoads.Load(); n != 2 {
 		t.Fatalf("%d loads took the checked host, want 2", n)
 	}
-	if out := mustCall(t, inst, typed("second", map[string]any{"n": 2})); len(out) != 1 {
-		t.Fatalf("%d outputs, want 1", len(out))
-	}
-	if s.Exited() {
-		t.Fatal("the spare's host is not the one serving the worker")
-	}
-	inst.Close(ctx)
-	waitFor(t, "the spare's host exits with the instance", s.Exited)
-	waitFor(t, "its package directory is removed", func() bool { _, err := os.Stat(s.dir); return errors.Is(err, os.ErrNotExist) })
+	servesUntilClosed(ctx, t, s, inst)
 
 	// Other code, or another worker: not taken; it exits after the TTL.
 	s = readySpare(t, e)
@@ -262,13 +270,7 @@ func TestLoadTakesTheHostItsCheckLoaded(t *testing.T) {
 	if n := e.spareLoads.Load() - before; n != 1 {
 		t.Fatalf("%d loads took a spare, want 1", n)
 	}
-	mustCall(t, inst, typed("fourth", nil))
-	if s.Exited() {
-		t.Fatal("the spare is not the host serving the worker")
-	}
-	inst.Close(ctx)
-	waitFor(t, "the spare's host exits with the instance", s.Exited)
-	waitFor(t, "its package directory is removed", func() bool { _, err := os.Stat(s.dir); return errors.Is(err, os.ErrNotExist) })
+	servesUntilClosed(ctx, t, s, inst)
 
 	// Close retires a parked host.
 	s = readySpare(t, e)

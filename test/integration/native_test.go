@@ -175,7 +175,9 @@ func TestNativeWorkerEndToEnd(t *testing.T) {
 
 func extracted(t *testing.T, dir string) []string {
 	t.Helper()
-	m, err := filepath.Glob(filepath.Join(dir, "virtufin-native-*"))
+	// The node's native engine extracts into an owner directory of its
+	// own (engines/native/owner.go).
+	m, err := filepath.Glob(filepath.Join(dir, "virtufin-native-owner-*", "virtufin-native-*"))
 	if err != nil {
 		t.Fatal(err)
 	}
