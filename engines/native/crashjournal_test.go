@@ -26,8 +26,11 @@ func TestInProcessCrashIsJournaled(t *testing.T) {
 	}
 	packageOf(t, flagsEcho, nil) // compiled here (skips without gcc)
 	dir := t.TempDir()
+	// The child dies without cleaning up: its temporary files (its
+	// fixtures, its t.TempDir) go under a directory of this test's.
+	tmp := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestInProcessCrashIsJournaled$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "WM_NATIVE_CRASH_JOURNAL="+dir)
+	cmd.Env = append(os.Environ(), "WM_NATIVE_CRASH_JOURNAL="+dir, "TMPDIR="+tmp)
 	out, err := cmd.CombinedOutput()
 	if err == nil {
 		t.Fatalf("the child did not crash:\n%s", out)

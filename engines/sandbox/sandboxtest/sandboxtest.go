@@ -62,12 +62,17 @@ var (
 )
 
 // ExecPath is cmd/sandbox-exec built once per test process (the test
-// binary has no sandbox-exec beside it, as the node's has).
+// binary has no sandbox-exec beside it, as the node's has), at one path
+// in the temporary directory that every test process shares: a test
+// process has no hook at its exit to remove a directory of its own, and
+// one per process piled up in /tmp. Each build goes to a file of its own
+// and is renamed over the shared one (atomic: a process running the
+// previous one keeps it).
 func ExecPath(tb testing.TB) string {
 	tb.Helper()
 	execOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "wm-sandbox-exec-")
-		if err != nil {
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("wm-sandbox-exec-%d", os.Getuid()))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			execErr = err
 			return
 		}
@@ -75,8 +80,13 @@ func ExecPath(tb testing.TB) string {
 		// it usable from anywhere.
 		_ = os.Chmod(dir, 0o755)
 		p := filepath.Join(dir, "sandbox-exec")
-		out, err := exec.Command("go", "build", "-o", p, "github.com/virtufin/workmanager/cmd/sandbox-exec").CombinedOutput()
+		tmp := fmt.Sprintf("%s.%d", p, os.Getpid())
+		out, err := exec.Command("go", "build", "-o", tmp, "github.com/virtufin/workmanager/cmd/sandbox-exec").CombinedOutput()
+		if err == nil {
+			err = os.Rename(tmp, p)
+		}
 		if err != nil {
+			os.Remove(tmp)
 			execErr = fmt.Errorf("building cmd/sandbox-exec: %v\n%s", err, out)
 			return
 		}
