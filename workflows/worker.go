@@ -71,7 +71,7 @@ type WorkerInput struct {
 	// id) the run holds, never that of a request that joined the run. ""
 	// (runs started before it existed, and recovery's): any create.
 	CreateID string
-	// Epoch 1 (CurrentEpoch): the run was started by code that knows every
+	// Epoch 1 and later: the run was started by code that knows every
 	// change in versionedChanges, so each of them is at its version 1
 	// without a GetVersion call — which would record a marker and upsert
 	// the TemporalChangeVersion search attribute, two history events and a
@@ -80,6 +80,7 @@ type WorkerInput struct {
 	// that older code began, during an upgrade, has markers the newer code
 	// does not ask for: the SDK skips version markers and their upserts in
 	// its determinism check, and the older code took version 1 too.)
+	// Epoch 2 changes commands as well (CurrentEpoch).
 	Epoch int
 }
 
@@ -442,7 +443,6 @@ func (e *entity) prepare(ctx workflow.Context, in activities.PrepareCodeInput) (
 			return ref, err
 		}
 		workflow.GetLogger(ctx).Warn("code not prepared on this node; the PrepareCode activity goes on trying", "worker_id", in.Worker.ID, "err", err)
-		ref = catalog.CodeRef{}
 	}
 	err := workflow.ExecuteActivity(prepareCtx(ctx), a.PrepareCode, in).Get(ctx, &ref)
 	return ref, err

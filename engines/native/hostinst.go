@@ -478,36 +478,17 @@ func (in *hostInstance) removeExtracted() {
 }
 
 func (in *hostInstance) start(ctx context.Context) (*hostProc, error) {
-	if !in.started.Swap(true) {
-		// The first start of a Load: the host its Check loaded, waiting.
+	first := !in.started.Swap(true)
+	if first {
+		// The first start of a Load: the host its Check loaded, waiting
+		// (TakeFor has the pool track it).
 		if p, ok := in.e.parking.TakeFor(in.key, in.pool, nil); ok {
 			p.adopt(in.wlog)
 			in.e.parkedLoads.Add(1)
 			return p, nil
 		}
-		// None (a start, a node's reconcile, a Load on another node than
-		// its check): a spare host, when one is ready, loads it.
-		p, release, ok, err := in.e.loadInSpare(ctx, in.spec, in.pk)
-		if ok {
-			if err != nil {
-				return nil, err
-			}
-			p.onExit(release)
-			if !in.pool.Track(p) {
-				p.Kill()
-				go p.Retire()
-				return nil, ErrClosed
-			}
-			p.adopt(in.wlog)
-			in.e.spareLoads.Add(1)
-			return p, nil
-		}
 	}
-	libPath, err := in.extracted()
-	if err != nil {
-		return nil, err
-	}
-	p, err := in.e.startHost(ctx, in.spec, libPath, in.m, in.wlog)
+	p, err := in.launch(ctx, first)
 	if err != nil {
 		return nil, err
 	}
@@ -517,6 +498,29 @@ func (in *hostInstance) start(ctx context.Context) (*hostProc, error) {
 		return nil, ErrClosed
 	}
 	return p, nil
+}
+
+// launch starts a host loaded with the worker's library: for its first
+// host with no check's host parked (a start, a node's reconcile, a Load
+// on another node than its check), a spare host when one is ready;
+// otherwise one started for it from the package extracted for it.
+func (in *hostInstance) launch(ctx context.Context, first bool) (*hostProc, error) {
+	if first {
+		if p, release, ok, err := in.e.loadInSpare(ctx, in.spec, in.pk); ok {
+			if err != nil {
+				return nil, err
+			}
+			p.onExit(release)
+			p.adopt(in.wlog)
+			in.e.spareLoads.Add(1)
+			return p, nil
+		}
+	}
+	libPath, err := in.extracted()
+	if err != nil {
+		return nil, err
+	}
+	return in.e.startHost(ctx, in.spec, libPath, in.m, in.wlog)
 }
 
 // Process implements engines.Instance. A call that times out kills its host

@@ -134,7 +134,7 @@ type Config struct {
 	SpareCheckHosts int
 	// ParkTTL is how long the host that checked a process-isolated
 	// worker's package waits, loaded, for the Load of the same worker and
-	// code that usually follows (procpool.Parking; park.go). 0:
+	// code that usually follows (procpool.Parking; Engine.park). 0:
 	// DefaultParkTTL; negative: every checking host exits at once.
 	ParkTTL time.Duration
 }
