@@ -62,8 +62,18 @@ func BenchmarkPythonStartupSandboxed(b *testing.B) {
 	benchStartup(b, python.Config{Sandbox: sandboxtest.Strict(b)})
 }
 
-func benchStartup(b *testing.B, cfg python.Config) {
+// The baseline of the two above in the same run: runners started from
+// runner.py's source, as before the engine compiled it once (the
+// fallback when it cannot).
+func BenchmarkPythonStartupSandboxedFromSource(b *testing.B) {
+	benchStartup(b, python.Config{Sandbox: sandboxtest.Strict(b)}, true)
+}
+
+// benchStartup times a Check: a runner started, the code compiled in it.
+// fromSource: runners start from runner.py's source (the baseline).
+func benchStartup(b *testing.B, cfg python.Config, fromSource ...bool) {
 	e := newEngine(b, cfg)
+	python.RunnerStart(b, e, len(fromSource) > 0 && fromSource[0])
 	ctx := context.Background()
 	for b.Loop() {
 		if err := e.Check(ctx, engines.Spec{WorkerID: "bench", MIMEType: python.MIMEType}, []byte(benchEcho)); err != nil {

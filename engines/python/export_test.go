@@ -66,3 +66,24 @@ func RunnerPIDs(inst engines.Instance) []int {
 	}
 	return pids
 }
+
+// RunnerStart is how e starts its runners: "compiled" (runner.py compiled
+// once by the probe) or "source"; with source set, e starts them from the
+// source from now on (the fallback when the probe could not compile it).
+func RunnerStart(t testing.TB, e *Engine, source bool) string {
+	t.Helper()
+	interp, err := e.interpreter(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.probe(t.Context(), interp); err != nil {
+		t.Fatal(err)
+	}
+	if source {
+		e.probed.runner = ""
+	}
+	if e.probed.runner != "" {
+		return "compiled"
+	}
+	return "source"
+}

@@ -200,8 +200,9 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 	// variables ignored); -S: no site module (the runner sets the sys.path
 	// the interpreter's site would, see interpInfo); -B: no bytecode
 	// written; -u: unbuffered output.
-	args := []string{"-I", "-S", "-B", "-u", "-c", runnerSource, strconv.Itoa(e.runnerSpinMicros()), strings.Join(e.cfg.AllowedPackages, ","), e.cfg.DevKitDir, info.path,
-		strconv.Itoa(e.maxConcurrency(spec))}
+	args := append([]string{"-I", "-S", "-B", "-u"}, info.runnerArgs()...)
+	args = append(args, strconv.Itoa(e.runnerSpinMicros()), strings.Join(e.cfg.AllowedPackages, ","), e.cfg.DevKitDir, info.path,
+		strconv.Itoa(e.maxConcurrency(spec)))
 	var cmd *exec.Cmd
 	var release func()
 	if e.cfg.Sandbox != nil {

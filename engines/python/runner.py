@@ -2,7 +2,10 @@
 #
 # Started by engines/python as
 # `python -I -S -B -u -c <this file> <spin µs> <allowed packages> <DevKit dir>
-# <sys.path as JSON>`. It
+# <sys.path as JSON> <max concurrency>`, or, as the node usually starts it, with
+# this file compiled once by the same interpreter: `-c <bootstrap> <the code
+# object, marshalled, in base64>` and then the same arguments (the bootstrap
+# removes its own; engines/python/python.go, runnerArgs). It
 # serves exactly one worker: it says hello ('H'), loads the worker's code once
 # ('L'), then answers events ('E') in order until its request pipe reaches
 # EOF. The node may write several events at once (a batch): their replies
@@ -15,8 +18,8 @@
 # stdout/stderr belong to the worker (they are forwarded to the Go logger).
 
 import base64
+import functools
 import gc
-import inspect
 import json
 import linecache
 import os
@@ -26,6 +29,7 @@ import sys
 import time
 import traceback
 import types
+from _collections_abc import Awaitable as _Awaitable
 
 REQ_FD = 3
 RESP_FD = 4
@@ -844,9 +848,88 @@ _is_async = False
 _loop = None
 
 
-# Code flags of coroutine code: async def, generator-based coroutines,
-# async generators.
-_CO_ASYNC = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
+# Code flags (inspect's CO_* values: the runner does not import inspect,
+# which costs a runner about 1.1 MiB and 4 ms to start; the three functions
+# below do for a worker's callable what the runner asked of inspect).
+_CO_VARARGS = 0x04
+_CO_COROUTINE = 0x80
+_CO_ITERABLE_COROUTINE = 0x100
+_CO_ASYNC_GENERATOR = 0x200
+# Code of coroutines: async def, generator-based coroutines, async generators.
+_CO_ASYNC = _CO_COROUTINE | _CO_ITERABLE_COROUTINE | _CO_ASYNC_GENERATOR
+
+
+def _callee(fn):
+    """The Python function a call of fn runs and how many positional
+    arguments fn passes it before the caller's, seen through what
+    inspect.signature sees through: bound methods, functools.partial
+    (without keywords), functools.wraps (__wrapped__) and instances of a
+    class with a __call__ method. (None, 0) for any other callable
+    (builtins, classes, ...), whose parameters the runner does not check."""
+    bound = 0
+    for _ in range(64):
+        t = type(fn)
+        if t is types.FunctionType:
+            wrapped = fn.__dict__.get("__wrapped__")
+            if wrapped is None:
+                return fn, bound
+            fn = wrapped
+        elif t is types.MethodType:
+            fn, bound = fn.__func__, bound + 1
+        elif t is functools.partial:
+            if fn.keywords:
+                return None, 0
+            fn, bound = fn.func, bound + len(fn.args)
+        elif not isinstance(fn, type) and type(getattr(t, "__call__", None)) is types.FunctionType:
+            fn, bound = t.__call__, bound + 1
+        else:
+            return None, 0
+    return None, 0
+
+
+def _takes_one_argument(fn):
+    """Whether fn can be called with one positional argument (what
+    inspect.signature(fn).bind(None) answers for the callables _callee sees
+    through; True for the others, whose first call says)."""
+    f, bound = _callee(fn)
+    if f is None:
+        return True
+    co = f.__code__
+    n = co.co_argcount  # positional parameters, positional-only included
+    given = bound + 1
+    if given < n - len(f.__defaults__ or ()):
+        return False
+    if given > n and not co.co_flags & _CO_VARARGS:
+        return False
+    kwdefaults = f.__kwdefaults__ or {}
+    for name in co.co_varnames[n : n + co.co_kwonlyargcount]:
+        if name not in kwdefaults:
+            return False
+    return True
+
+
+def _is_coroutine_function(f):
+    """inspect.iscoroutinefunction: an async def function, also behind
+    bound methods and functools.partial."""
+    for _ in range(64):
+        t = type(f)
+        if t is types.MethodType:
+            f = f.__func__
+        elif t is functools.partial:
+            f = f.func
+        else:
+            break
+    return type(f) is types.FunctionType and bool(f.__code__.co_flags & _CO_COROUTINE)
+
+
+def _is_awaitable(o):
+    """inspect.isawaitable."""
+    t = type(o)
+    return (
+        t is types.CoroutineType
+        or (t is types.GeneratorType and bool(o.gi_code.co_flags & _CO_ITERABLE_COROUTINE))
+        or isinstance(o, _Awaitable)
+    )
 
 
 def _needs_loop(code):
@@ -948,17 +1031,17 @@ def _load(source):
         _send_error("", "process is not callable (it is a %s)" % type(fn).__name__)
         return
     try:
-        inspect.signature(fn).bind(None)
-    except TypeError:
+        ok = _takes_one_argument(fn)
+        is_async = _is_coroutine_function(fn) or _is_coroutine_function(getattr(fn, "__call__", None))
+    except Exception as e:  # the worker's own attribute code failed
+        _send_error(type(e).__name__, "inspecting process: %s" % _exc_message(e), _format_tb(e))
+        return
+    if not ok:
         _send_error("", "process must accept exactly one argument (the event)")
         return
-    except ValueError:  # no signature available (some builtins): accept
-        pass
 
     _process = fn
-    _is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)
-    )
+    _is_async = is_async
     # Everything loaded so far lives as long as the process: keep it out of
     # the garbage collector's way.
     gc.collect()
@@ -1064,7 +1147,7 @@ def _handle_event(payload):
             result is not None
             and type(result) is not dict
             and type(result) is not list
-            and inspect.isawaitable(result)
+            and _is_awaitable(result)
         ):
             if _loop is not None:
                 result = _loop.run_until_complete(result)

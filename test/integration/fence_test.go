@@ -1,8 +1,11 @@
 package integration
 
 import (
+	"encoding/json"
 	"errors"
+	"maps"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -65,5 +68,28 @@ func TestBrokerFenceRefusesAStaleToken(t *testing.T) {
 	}
 	if want := "a b c d e f"; strings.Join(got, " ") != want {
 		t.Fatalf("the stream holds %v, want %s (the stale output never)", got, want)
+	}
+	// A request of one fenced output ("stale", "e") goes through daprd's
+	// PublishEvent, a longer one through its bulk publish: the broker
+	// stores both alike (the same attributes, the same entry metadata).
+	lines := strings.Split(raw, "\n")
+	var shapes []string
+	for i, l := range lines {
+		l = strings.TrimSpace(l)
+		if l == "data" && i+1 < len(lines) {
+			var attrs map[string]any
+			if err := json.Unmarshal([]byte(strings.TrimSpace(lines[i+1])), &attrs); err != nil {
+				t.Fatalf("entry data %q: %v", lines[i+1], err)
+			}
+			shapes = append(shapes, strings.Join(slices.Sorted(maps.Keys(attrs)), ","))
+		}
+		if l == "metadata" && i+1 < len(lines) {
+			shapes = append(shapes, strings.TrimSpace(lines[i+1]))
+		}
+	}
+	for i := 2; i < len(shapes); i++ {
+		if shapes[i] != shapes[i%2] {
+			t.Fatalf("stored entries differ: %q against %q", shapes[i], shapes[i%2])
+		}
 	}
 }
