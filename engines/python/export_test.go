@@ -87,3 +87,7 @@ func RunnerStart(t testing.TB, e *Engine, source bool) string {
 	}
 	return "source"
 }
+
+// PretendInterpreterChanged makes e start its runners as if the code it
+// compiled came from another interpreter version.
+func PretendInterpreterChanged(e *Engine) { e.probed.hexversion++ }

@@ -336,6 +336,8 @@ type interpInfo struct {
 	// of CPU per runner start here. "" when the probe could not make it,
 	// or it is too long for one argument: runners then get the source.
 	runner string
+	// hexversion is the probed interpreter's sys.hexversion.
+	hexversion int64
 }
 
 // probeScript is what the probe runs (-I, as a runner, without -S): the
@@ -348,23 +350,29 @@ try:
     runner = binascii.b2a_base64(marshal.dumps(code), newline=False).decode("ascii")
 except Exception:
     runner = ""
-print(json.dumps({"prefix": sys.prefix, "base_prefix": sys.base_prefix, "path": sys.path, "runner": runner}))`
+print(json.dumps({"prefix": sys.prefix, "base_prefix": sys.base_prefix, "path": sys.path, "runner": runner, "hexversion": sys.hexversion}))`
 
 // maxCompiledRunner bounds interpInfo.runner: one argument of a process
 // may hold at most 128 KiB on Linux (MAX_ARG_STRLEN).
 const maxCompiledRunner = 120 << 10
 
 // runnerBootstrap is the program a runner starts with when it has the
-// compiled runner: it takes the code from its first argument, leaving the
+// compiled runner (hexversion: sys.hexversion of the interpreter that
+// compiled it): it takes the code from its first argument, leaving the
 // arguments as runner.py reads them, and runs it in the same namespace
-// (__main__'s) as `-c <source>` would, binding no name of its own.
-const runnerBootstrap = `exec(__import__("marshal").loads(__import__("binascii").a2b_base64(__import__("sys").argv.pop(1))))`
+// (__main__'s) as `-c <source>` would, binding no name of its own. A code
+// object is only good for the interpreter version that made it: an
+// interpreter replaced under the running node (a virtualenv upgraded in
+// place) exits saying so, instead of failing on the code.
+func runnerBootstrap(hexversion int64) string {
+	return fmt.Sprintf(`exec(__import__("marshal").loads(__import__("binascii").a2b_base64(__import__("sys").argv.pop(1)))) if __import__("sys").hexversion == %d else __import__("sys").exit("the Python interpreter changed since the node compiled its runner with it (version %#x, now %%#x): restart the node" %% __import__("sys").hexversion)`, hexversion, hexversion)
+}
 
 // runnerArgs are the interpreter's arguments that start runner.py
 // (-c and what follows, before the runner's own arguments).
 func (info interpInfo) runnerArgs() []string {
 	if info.runner != "" {
-		return []string{"-c", runnerBootstrap, info.runner}
+		return []string{"-c", runnerBootstrap(info.hexversion), info.runner}
 	}
 	return []string{"-c", runnerSource}
 }
@@ -386,6 +394,7 @@ func (e *Engine) probe(ctx context.Context, interp string) (interpInfo, error) {
 			BasePrefix string   `json:"base_prefix"`
 			Path       []string `json:"path"`
 			Runner     string   `json:"runner"`
+			HexVersion int64    `json:"hexversion"`
 		}
 		if err := json.Unmarshal(out, &got); err != nil {
 			e.probeErr = fmt.Errorf("python engine: %s answered %q to the prefix and path probe: %w", interp, out, err)
@@ -397,8 +406,8 @@ func (e *Engine) probe(ctx context.Context, interp string) (interpInfo, error) {
 			return
 		}
 		e.probed.path = string(path)
-		if len(got.Runner) <= maxCompiledRunner {
-			e.probed.runner = got.Runner
+		if len(got.Runner) <= maxCompiledRunner && got.HexVersion > 0 {
+			e.probed.runner, e.probed.hexversion = got.Runner, got.HexVersion
 		}
 		seen := map[string]bool{}
 		add := func(p string) {

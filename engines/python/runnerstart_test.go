@@ -107,3 +107,17 @@ def process(event):
 		t.Fatalf("a plain worker's runner: %v, %v; want inspect not imported", outs, err)
 	}
 }
+
+// A runner whose interpreter is not the one that compiled the runner (an
+// interpreter replaced in place under the node) refuses to start, saying
+// so, instead of failing on the foreign code.
+func TestRunnerRefusesCodeOfAnotherInterpreter(t *testing.T) {
+	e := newEngine(t, python.Config{})
+	python.RunnerStart(t, e, false)
+	python.PretendInterpreterChanged(e)
+	err := e.Check(t.Context(), testSpec, []byte("def process(event):\n    pass\n"))
+	if err == nil || !strings.Contains(err.Error(), "interpreter changed since the node compiled its runner") {
+		t.Fatalf("Check = %v, want the refusal naming the changed interpreter", err)
+	}
+	t.Logf("refused: %v", err)
+}
