@@ -313,21 +313,23 @@ func eventLine(ev lifecycleEvent) string {
 
 func (a *app) publishCmd() *cobra.Command {
 	var (
-		typ, data, id, corr, source string
-		exts                        []string
+		typ, data, id, corr, source, subject string
+		exts                                 []string
 	)
 	cmd := &cobra.Command{
 		Use:   "publish TOPIC",
 		Short: "Publish a test CloudEvent to a topic through daprd; prints its id",
 		Long: `Publish a CloudEvent to TOPIC through daprd, as a structured CloudEvent
-(application/cloudevents+json), so that its id, type, source and extensions
-(correlationid, --ext) arrive as given. Prints the event's id (-o json/yaml:
+(application/cloudevents+json), so that its id, type, source, subject and
+extensions (correlationid, --ext) arrive as given: --subject is what a
+worker keyed on it (--group-key subject) serialises by. Prints the event's id (-o json/yaml:
 the event). When no running worker subscribes to TOPIC (as far as the API,
 when it is reachable, lists the caller's workers) a warning goes to stderr;
 the exit code is still 0: the topic keeps the event for a later subscriber.
 'wmctl tail' shows what the workers publish.`,
 		Example: `  wmctl publish orders --type order.placed --data '{"items":[{"sku":"a","price":2,"qty":3}]}' --correlation-id c-42
-  wmctl publish orders --id o-1 --data @order.json`,
+  wmctl publish orders --id o-1 --data @order.json
+  wmctl publish orders --subject order-7 --data '{"items":[]}'`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			// The rules a worker's topic follows, and never WorkManager's
@@ -347,6 +349,9 @@ the exit code is still 0: the topic keeps the event for a later subscriber.
 			ev.SetID(id)
 			ev.SetSource(source)
 			ev.SetType(typ)
+			if subject != "" {
+				ev.SetSubject(subject)
+			}
 			ev.SetTime(time.Now().UTC())
 			if data != "" {
 				b := []byte(data)
@@ -406,6 +411,7 @@ the exit code is still 0: the topic keeps the event for a later subscriber.
 	f.StringVar(&id, "id", "", "CloudEvent id (default: a new UUID)")
 	f.StringVar(&corr, "correlation-id", "", "the correlationid extension")
 	f.StringVar(&source, "source", "wmctl", "CloudEvent source")
+	f.StringVar(&subject, "subject", "", "CloudEvent subject (what a worker with --group-key subject serialises by)")
 	f.StringSliceVar(&exts, "ext", nil, "more extensions, name=value (repeat or comma-separate)")
 	return cmd
 }

@@ -197,7 +197,7 @@ func TestEventsFollow(t *testing.T) {
 func TestPublish(t *testing.T) {
 	f, addr := startFakeDapr(t)
 	r := run(t, map[string]string{"DAPR_GRPC_ADDRESS": addr}, "", "publish", "orders", "--id", "o-1", "--type", "order.placed",
-		"--data", `{"qty":3}`, "--correlation-id", "c-42", "--source", "shop", "--ext", "tier=gold")
+		"--data", `{"qty":3}`, "--correlation-id", "c-42", "--source", "shop", "--subject", "order-7", "--ext", "tier=gold")
 	if r.code != 0 || r.out != "o-1\n" {
 		t.Fatalf("publish: exit %d out %q err %q", r.code, r.out, r.err)
 	}
@@ -209,7 +209,7 @@ func TestPublish(t *testing.T) {
 		t.Fatal(err)
 	}
 	if p.PubsubName != "pubsub" || p.Topic != "orders" || p.DataContentType != "application/cloudevents+json" || ce["id"] != "o-1" ||
-		ce["type"] != "order.placed" || ce["source"] != "shop" || ce["correlationid"] != "c-42" || ce["tier"] != "gold" ||
+		ce["type"] != "order.placed" || ce["source"] != "shop" || ce["subject"] != "order-7" || ce["correlationid"] != "c-42" || ce["tier"] != "gold" ||
 		ce["specversion"] != "1.0" || ce["datacontenttype"] != "application/json" || ce["data"].(map[string]any)["qty"] != 3.0 {
 		t.Errorf("published %s %s: %v", p.Topic, p.DataContentType, ce)
 	}
