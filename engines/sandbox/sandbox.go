@@ -496,13 +496,14 @@ func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
 	}
 	uid, cleanup := 0, func() {}
 	mounted := ""
+	var mountArgs []string // sandbox-exec's --tmpfs arguments
 	if s.setuid {
 		var release func()
 		var err error
 		if uid, release, err = s.uids.acquire(spec.Owner); err != nil {
 			return nil, nil, err
 		}
-		if mounted, err = s.mountPrivate(uid); err != nil {
+		if mounted, mountArgs, err = s.mountPrivate(uid, s.exec != ""); err != nil {
 			release()
 			return nil, nil, err
 		}
@@ -533,24 +534,26 @@ func (s *Sandbox) Command(spec Spec) (*exec.Cmd, func(), error) {
 	}
 	args = append(args, spec.Path)
 	args = append(args, spec.Args...)
-	cmd, release, err := s.command(s.cfg.Bwrap, args, append(append([]*os.File(nil), spec.ExtraFiles...), files...), limits)
+	cmd, release, err := s.command(s.cfg.Bwrap, args, append(append([]*os.File(nil), spec.ExtraFiles...), files...), limits, mountArgs...)
 	if err != nil {
 		closeAll(files)
 		cleanup()
 		return nil, nil, err
 	}
 	cmd.Env = spec.Env
-	// The tmpfs pages are charged to the cgroup: unmount first.
+	// The tmpfs pages are charged to the cgroup: unmount first (a tmpfs in
+	// the process's own namespace went away with its last process).
 	return cmd, func() { closeAll(files); cleanup(); release() }, nil
 }
 
 // command is the command that runs path with args and the extra files,
 // behind cmd/sandbox-exec when there is one: in a memory cgroup of its own
 // (the memory layer), with every descriptor of the node but the ones
-// passed (0, 1, 2 and the extra files) closed before path runs. The
-// function returned removes the cgroup; call it once the process has
-// exited.
-func (s *Sandbox) command(path string, args []string, extra []*os.File, limits Limits) (*exec.Cmd, func(), error) {
+// passed (0, 1, 2 and the extra files) closed before path runs, and the
+// file systems of mounts (sandbox-exec's --tmpfs arguments, only with
+// sandbox-exec) mounted. The function returned removes the cgroup; call
+// it once the process has exited.
+func (s *Sandbox) command(path string, args []string, extra []*os.File, limits Limits, mounts ...string) (*exec.Cmd, func(), error) {
 	if s.exec == "" {
 		cmd := exec.Command(path, args...)
 		cmd.ExtraFiles = extra
@@ -563,7 +566,8 @@ func (s *Sandbox) command(path string, args []string, extra []*os.File, limits L
 			return nil, nil, err
 		}
 	}
-	cmd := exec.Command(s.exec, append([]string{strconv.Itoa(3 + len(extra)), procs, path}, args...)...)
+	execArgs := append(append([]string{strconv.Itoa(3 + len(extra)), procs}, mounts...), path)
+	cmd := exec.Command(s.exec, append(execArgs, args...)...)
 	cmd.ExtraFiles = extra
 	return cmd, release, nil
 }

@@ -164,6 +164,29 @@ func TestCollidingWorkerIDsGetTheirOwnUID(t *testing.T) {
 	}
 }
 
+// A live worker process's /tmp and /scratch are mounted in its own mount
+// namespace (by cmd/sandbox-exec), not in the node's: the node's mount
+// table, which every bubblewrap start copies and reads, does not grow
+// with its workers; each process still has its own two, sized.
+func TestWorkerMountsStayOutOfTheNodesMountTable(t *testing.T) {
+	s := strict(t, sandbox.Config{TmpBytes: 4 << 20, ScratchBytes: 8 << 20})
+	own := "/workmanager-sandbox/" + strconv.Itoa(os.Getpid()) + "-"
+	for i := range 3 {
+		owner := "mounts-" + strconv.Itoa(i)
+		got := strings.Fields(start(t, s, owner, `echo $(df -k /tmp /scratch | tail -2); exec sleep 60`))
+		if len(got) != 12 || got[0] != "tmpfs" || got[1] != "4096" || got[6] != "tmpfs" || got[7] != "8192" {
+			t.Errorf("%s: df says %q; want its two tmpfs of 4096 and 8192 KiB", owner, got)
+		}
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), own); n != 0 {
+		t.Errorf("with 3 processes live the node's mount table holds %d of their mounts; want none:\n%s", n, b)
+	}
+}
+
 // Issue 32 item 3: /tmp and /scratch are tmpfs of the configured sizes
 // (the default 64 MiB each when unset): a write past them fails with
 // ENOSPC inside, and nothing reaches the node's disk or memory beyond it.
