@@ -102,7 +102,7 @@ func MountTmpfs(mounts [][2]string) error {
 		return fmt.Errorf("a mount namespace for the worker's file systems: %w", err)
 	}
 	if err := unix.Mount("none", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
-		return fmt.Errorf("making the worker's mounts private: %w", err)
+		return fmt.Errorf("making the worker's mount namespace a slave of the node's: %w", err)
 	}
 	for _, m := range mounts {
 		if err := unix.Mount("tmpfs", m[0], "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, m[1]); err != nil {
