@@ -67,9 +67,11 @@ func RunnerPIDs(inst engines.Instance) []int {
 	return pids
 }
 
-// RunnerStart is how e starts its runners: "compiled" (runner.py compiled
-// once by the probe) or "source"; with source set, e starts them from the
-// source from now on (the fallback when the probe could not compile it).
+// RunnerStart is how e starts its runners: "file" (runner.py compiled once
+// by the probe, read from a file next to the DevKit), "compiled" (that
+// code on the command line: no DevKit directory) or "source"; with source
+// set, e starts them from the source from now on (the fallback when the
+// probe could not compile it).
 func RunnerStart(t testing.TB, e *Engine, source bool) string {
 	t.Helper()
 	interp, err := e.interpreter(t.Context())
@@ -80,13 +82,20 @@ func RunnerStart(t testing.TB, e *Engine, source bool) string {
 		t.Fatal(err)
 	}
 	if source {
-		e.probed.runner = ""
+		e.probed.runner, e.probed.runnerFile = "", ""
 	}
-	if e.probed.runner != "" {
+	switch {
+	case e.probed.runnerFile != "":
+		return "file"
+	case e.probed.runner != "":
 		return "compiled"
 	}
 	return "source"
 }
+
+// RunnerFile is where e's runners read the compiled runner ("" when they
+// get it on their command line).
+func RunnerFile(e *Engine) string { return e.probed.runnerFile }
 
 // PretendInterpreterChanged makes e start its runners as if the code it
 // compiled came from another interpreter version.

@@ -5,10 +5,14 @@ package python
 
 import (
 	"context"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -338,6 +342,54 @@ type interpInfo struct {
 	runner string
 	// hexversion is the probed interpreter's sys.hexversion.
 	hexversion int64
+	// runnerFile, when set, holds runner (decoded) in the DevKit's
+	// directory, which every runner reads anyway: runners then read the
+	// code from it (runnerArgs) and their command line stays short
+	// (instead of 85 KB of base64 in every `ps` line and through every
+	// exec of the sandbox's chain).
+	runnerFile string
+}
+
+// runnerFileName is the name of the compiled runner in the DevKit's
+// directory: what it was compiled from and by which interpreter version
+// (nodes of other builds or interpreters may share the directory).
+func runnerFileName(hexversion int64) string {
+	sum := sha256.Sum256([]byte(runnerSource))
+	return fmt.Sprintf(".runner-%x-%x.marshal", sum[:8], hexversion)
+}
+
+// writeRunnerFile writes code to path (atomically: another node sharing
+// the directory may be writing the same file), readable by every user.
+func writeRunnerFile(path string, code []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), ".runner-tmp-")
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(code)
+	cerr := f.Close()
+	if err := errors.Join(werr, cerr, os.Chmod(f.Name(), 0o644)); err != nil {
+		os.Remove(f.Name())
+		return err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		os.Remove(f.Name())
+		return err
+	}
+	return nil
+}
+
+// runnerFileReady reports whether info's runner file can be used, writing
+// it again when it went missing (a temporary directory cleaned under the
+// node).
+func (info interpInfo) runnerFileReady() bool {
+	if info.runnerFile == "" {
+		return false
+	}
+	if _, err := os.Stat(info.runnerFile); err == nil {
+		return true
+	}
+	code, err := base64.StdEncoding.DecodeString(info.runner)
+	return err == nil && writeRunnerFile(info.runnerFile, code) == nil
 }
 
 // probeScript is what the probe runs (-I, as a runner, without -S): the
@@ -368,9 +420,19 @@ func runnerBootstrap(hexversion int64) string {
 	return fmt.Sprintf(`exec(__import__("marshal").loads(__import__("binascii").a2b_base64(__import__("sys").argv.pop(1)))) if __import__("sys").hexversion == %d else __import__("sys").exit("the Python interpreter changed since the node compiled its runner with it (version %#x, now %%#x): restart the node" %% __import__("sys").hexversion)`, hexversion, hexversion)
 }
 
+// runnerFileBootstrap is runnerBootstrap for the code in the file at path
+// (a JSON string is a Python string literal).
+func runnerFileBootstrap(path string, hexversion int64) string {
+	lit, _ := json.Marshal(path)
+	return fmt.Sprintf(`exec(__import__("marshal").loads(open(%s, "rb").read())) if __import__("sys").hexversion == %d else __import__("sys").exit("the Python interpreter changed since the node compiled its runner with it (version %#x, now %%#x): restart the node" %% __import__("sys").hexversion)`, lit, hexversion, hexversion)
+}
+
 // runnerArgs are the interpreter's arguments that start runner.py
 // (-c and what follows, before the runner's own arguments).
 func (info interpInfo) runnerArgs() []string {
+	if info.runnerFileReady() {
+		return []string{"-c", runnerFileBootstrap(info.runnerFile, info.hexversion)}
+	}
 	if info.runner != "" {
 		return []string{"-c", runnerBootstrap(info.hexversion), info.runner}
 	}
@@ -408,6 +470,18 @@ func (e *Engine) probe(ctx context.Context, interp string) (interpInfo, error) {
 		e.probed.path = string(path)
 		if len(got.Runner) <= maxCompiledRunner && got.HexVersion > 0 {
 			e.probed.runner, e.probed.hexversion = got.Runner, got.HexVersion
+			if e.cfg.DevKitDir != "" {
+				path := filepath.Join(e.cfg.DevKitDir, runnerFileName(got.HexVersion))
+				code, err := base64.StdEncoding.DecodeString(got.Runner)
+				if err == nil {
+					err = writeRunnerFile(path, code)
+				}
+				if err == nil {
+					e.probed.runnerFile = path
+				} else {
+					e.cfg.Logger.Warn("python engine: the compiled runner could not be written next to the DevKit; runners get it on their command line", "err", err)
+				}
+			}
 		}
 		seen := map[string]bool{}
 		add := func(p string) {

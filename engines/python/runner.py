@@ -3,9 +3,10 @@
 # Started by engines/python as
 # `python -I -S -B -u -c <this file> <spin µs> <allowed packages> <DevKit dir>
 # <sys.path as JSON> <max concurrency>`, or, as the node usually starts it, with
-# this file compiled once by the same interpreter: `-c <bootstrap> <the code
-# object, marshalled, in base64>` and then the same arguments (the bootstrap
-# removes its own; engines/python/python.go, runnerArgs). It
+# this file compiled once by the same interpreter: `-c <bootstrap>` that reads
+# the marshalled code object from a file next to the DevKit (or takes it, in
+# base64, from its own first argument, which it removes), then the same
+# arguments (engines/python/python.go, runnerArgs). It
 # serves exactly one worker: it says hello ('H'), loads the worker's code once
 # ('L'), then answers events ('E') in order until its request pipe reaches
 # EOF. The node may write several events at once (a batch): their replies

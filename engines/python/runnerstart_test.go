@@ -2,11 +2,13 @@ package python_test
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/python"
+	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
 )
 
 // A runner starts from runner.py compiled once by the engine's probe (not
@@ -14,10 +16,14 @@ import (
 // when the probe could not compile it: a worker runs either way, and its
 // traceback starts at its own code, as before.
 func TestRunnerStartsCompiledOrFromSource(t *testing.T) {
-	for _, source := range []bool{false, true} {
-		e := newEngine(t, python.Config{})
-		want := map[bool]string{false: "compiled", true: "source"}[source]
-		if got := python.RunnerStart(t, e, source); got != want {
+	devkit := installedDevKit(t)
+	for want, cfg := range map[string]python.Config{
+		"file":     {DevKitDir: devkit, Sandbox: sandboxtest.Strict(t)},
+		"compiled": {},
+		"source":   {},
+	} {
+		e := newEngine(t, cfg)
+		if got := python.RunnerStart(t, e, want == "source"); got != want {
 			t.Fatalf("runners start %s, want %s", got, want)
 		}
 		inst := load(t, e, testSpec, `
@@ -37,6 +43,21 @@ def process(event):
 		}
 		if strings.Contains(tb, "<string>") {
 			t.Fatalf("%s runner: the traceback shows the runner's frames:\n%s", want, tb)
+		}
+		if want != "file" {
+			continue
+		}
+		// The file gone (a temporary directory cleaned under the node): the
+		// next runner writes it again and starts.
+		if err := os.Remove(python.RunnerFile(e)); err != nil {
+			t.Fatal(err)
+		}
+		again := load(t, e, testSpec, "def process(event):\n    return {'type': 'again'}\n")
+		if outs, err := call(t, again, jsonEvent("in", map[string]any{})); err != nil || len(outs) != 1 || outs[0].Type() != "again" {
+			t.Fatalf("a runner after its file was removed: %v, %v", outs, err)
+		}
+		if _, err := os.Stat(python.RunnerFile(e)); err != nil {
+			t.Fatalf("the runner file was not written again: %v", err)
 		}
 	}
 }
@@ -112,12 +133,14 @@ def process(event):
 // interpreter replaced in place under the node) refuses to start, saying
 // so, instead of failing on the foreign code.
 func TestRunnerRefusesCodeOfAnotherInterpreter(t *testing.T) {
-	e := newEngine(t, python.Config{})
-	python.RunnerStart(t, e, false)
-	python.PretendInterpreterChanged(e)
-	err := e.Check(t.Context(), testSpec, []byte("def process(event):\n    pass\n"))
-	if err == nil || !strings.Contains(err.Error(), "interpreter changed since the node compiled its runner") {
-		t.Fatalf("Check = %v, want the refusal naming the changed interpreter", err)
+	for _, cfg := range []python.Config{{}, {DevKitDir: installedDevKit(t)}} {
+		e := newEngine(t, cfg)
+		how := python.RunnerStart(t, e, false)
+		python.PretendInterpreterChanged(e)
+		err := e.Check(t.Context(), testSpec, []byte("def process(event):\n    pass\n"))
+		if err == nil || !strings.Contains(err.Error(), "interpreter changed since the node compiled its runner") {
+			t.Fatalf("%s: Check = %v, want the refusal naming the changed interpreter", how, err)
+		}
+		t.Logf("%s: refused: %v", how, err)
 	}
-	t.Logf("refused: %v", err)
 }
