@@ -241,6 +241,10 @@ func (a *app) printCloudEvent(ev cloudEvent) error {
 		if corr != "" {
 			line += " correlationid=" + strconv.Quote(corr)
 		}
+		// What a keyed group (--group-key subject) serialises by.
+		if subject, _ := ev.Extensions["subject"].(string); subject != "" {
+			line += " subject=" + strconv.Quote(subject)
+		}
 		if len(ev.Data) > 0 {
 			line += " data=" + compactJSON(ev.Data)
 		}

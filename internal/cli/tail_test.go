@@ -94,6 +94,14 @@ func TestTail(t *testing.T) {
 		ev["extensions"].(map[string]any)["correlationid"] != "c-42" || ev["data"].(map[string]any)["total"] != 6.0 {
 		t.Errorf("tail -o json: exit %d err %q out %q (%v)", r.code, r.err, r.out, err)
 	}
+	// An event's subject (a keyed group's key) is shown.
+	keyed := output(t, "k-1", "order.priced", "", now, `{"total":6}`)
+	keyed.Extensions.Fields["subject"] = structpb.NewStringValue("order-7")
+	_, kaddr := startFakeDapr(t, keyed)
+	if r := run(t, map[string]string{"DAPR_GRPC_ADDRESS": kaddr, "WMCTL_ADDR": api.addr, "WMCTL_TOKEN": goodToken}, "", "tail", "order.priced", "-n", "1"); r.code != 0 ||
+		!strings.Contains(r.out, `id="k-1" subject="order-7" data={"total":6}`) {
+		t.Errorf("tail of an event with a subject: exit %d err %q out %q", r.code, r.err, r.out)
+	}
 	// Fewer events than --count within --timeout: exit 6.
 	if r := run(t, env, "", "tail", "order.priced", "-n", "5", "--timeout", "1s"); r.code != 6 || !strings.Contains(r.err, "of 5 events") {
 		t.Errorf("tail short of --count: exit %d err %q", r.code, r.err)
