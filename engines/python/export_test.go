@@ -82,12 +82,12 @@ func RunnerStart(t testing.TB, e *Engine, source bool) string {
 		t.Fatal(err)
 	}
 	if source {
-		e.probed.runner, e.probed.runnerFile = "", ""
+		e.probed.runner, e.probed.runnerFile = nil, ""
 	}
 	switch {
 	case e.probed.runnerFile != "":
 		return "file"
-	case e.probed.runner != "":
+	case e.probed.runner != nil:
 		return "compiled"
 	}
 	return "source"

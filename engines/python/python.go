@@ -335,18 +335,17 @@ type interpInfo struct {
 	// sets this path itself; it is the runner's argument, as JSON.
 	path string
 	// runner is runner.py compiled by this interpreter, as marshal
-	// writes the code object, in base64: runners start from it
-	// (runnerArgs) instead of compiling the source each time, about 7 ms
-	// of CPU per runner start here. "" when the probe could not make it,
-	// or it is too long for one argument: runners then get the source.
-	runner string
+	// writes the code object: runners start from it (runnerArgs) instead
+	// of compiling the source each time, about 7 ms of CPU per runner
+	// start here. nil when the probe could not make it: runners then get
+	// the source.
+	runner []byte
 	// hexversion is the probed interpreter's sys.hexversion.
 	hexversion int64
-	// runnerFile, when set, holds runner (decoded) in the DevKit's
-	// directory, which every runner reads anyway: runners then read the
-	// code from it (runnerArgs) and their command line stays short
-	// (instead of 85 KB of base64 in every `ps` line and through every
-	// exec of the sandbox's chain).
+	// runnerFile, when set, holds runner in the DevKit's directory, which
+	// every runner reads anyway: runners then read the code from it and
+	// their command line stays short (instead of 85 KB of base64 in every
+	// `ps` line and through every exec of the sandbox's chain).
 	runnerFile string
 }
 
@@ -388,8 +387,7 @@ func (info interpInfo) runnerFileReady() bool {
 	if _, err := os.Stat(info.runnerFile); err == nil {
 		return true
 	}
-	code, err := base64.StdEncoding.DecodeString(info.runner)
-	return err == nil && writeRunnerFile(info.runnerFile, code) == nil
+	return writeRunnerFile(info.runnerFile, info.runner) == nil
 }
 
 // probeScript is what the probe runs (-I, as a runner, without -S): the
@@ -404,37 +402,35 @@ except Exception:
     runner = ""
 print(json.dumps({"prefix": sys.prefix, "base_prefix": sys.base_prefix, "path": sys.path, "runner": runner, "hexversion": sys.hexversion}))`
 
-// maxCompiledRunner bounds interpInfo.runner: one argument of a process
-// may hold at most 128 KiB on Linux (MAX_ARG_STRLEN).
-const maxCompiledRunner = 120 << 10
+// maxRunnerArg bounds the compiled runner on the command line (in
+// base64): one argument of a process may hold at most 128 KiB on Linux
+// (MAX_ARG_STRLEN).
+const maxRunnerArg = 120 << 10
 
 // runnerBootstrap is the program a runner starts with when it has the
-// compiled runner (hexversion: sys.hexversion of the interpreter that
-// compiled it): it takes the code from its first argument, leaving the
-// arguments as runner.py reads them, and runs it in the same namespace
-// (__main__'s) as `-c <source>` would, binding no name of its own. A code
-// object is only good for the interpreter version that made it: an
-// interpreter replaced under the running node (a virtualenv upgraded in
-// place) exits saying so, instead of failing on the code.
-func runnerBootstrap(hexversion int64) string {
-	return fmt.Sprintf(`exec(__import__("marshal").loads(__import__("binascii").a2b_base64(__import__("sys").argv.pop(1)))) if __import__("sys").hexversion == %d else __import__("sys").exit("the Python interpreter changed since the node compiled its runner with it (version %#x, now %%#x): restart the node" %% __import__("sys").hexversion)`, hexversion, hexversion)
+// compiled runner: load is the Python expression that reads the
+// marshalled code, hexversion sys.hexversion of the interpreter that
+// compiled it. It runs the code in the same namespace (__main__'s) as `-c
+// <source>` would, binding no name of its own. A code object is only good
+// for the interpreter version that made it: an interpreter replaced under
+// the running node (a virtualenv upgraded in place) exits saying so,
+// instead of failing on the code.
+func runnerBootstrap(load string, hexversion int64) string {
+	return fmt.Sprintf(`exec(__import__("marshal").loads(%s)) if __import__("sys").hexversion == %d else __import__("sys").exit("the Python interpreter changed since the node compiled its runner with it (version %#x, now %%#x): restart the node" %% __import__("sys").hexversion)`, load, hexversion, hexversion)
 }
 
-// runnerFileBootstrap is runnerBootstrap for the code in the file at path
-// (a JSON string is a Python string literal).
-func runnerFileBootstrap(path string, hexversion int64) string {
-	lit, _ := json.Marshal(path)
-	return fmt.Sprintf(`exec(__import__("marshal").loads(open(%s, "rb").read())) if __import__("sys").hexversion == %d else __import__("sys").exit("the Python interpreter changed since the node compiled its runner with it (version %#x, now %%#x): restart the node" %% __import__("sys").hexversion)`, lit, hexversion, hexversion)
-}
-
-// runnerArgs are the interpreter's arguments that start runner.py
-// (-c and what follows, before the runner's own arguments).
+// runnerArgs are the interpreter's arguments that start runner.py (-c and
+// what follows, before the runner's own arguments): the compiled runner
+// read from runnerFile, or taken (in base64) from the first argument,
+// which the bootstrap removes, leaving the arguments as runner.py reads
+// them; else the source.
 func (info interpInfo) runnerArgs() []string {
 	if info.runnerFileReady() {
-		return []string{"-c", runnerFileBootstrap(info.runnerFile, info.hexversion)}
+		path, _ := json.Marshal(info.runnerFile) // a JSON string is a Python string literal
+		return []string{"-c", runnerBootstrap(fmt.Sprintf(`open(%s, "rb").read()`, path), info.hexversion)}
 	}
-	if info.runner != "" {
-		return []string{"-c", runnerBootstrap(info.hexversion), info.runner}
+	if arg := base64.StdEncoding.EncodeToString(info.runner); info.runner != nil && len(arg) <= maxRunnerArg {
+		return []string{"-c", runnerBootstrap(`__import__("binascii").a2b_base64(__import__("sys").argv.pop(1))`, info.hexversion), arg}
 	}
 	return []string{"-c", runnerSource}
 }
@@ -468,18 +464,14 @@ func (e *Engine) probe(ctx context.Context, interp string) (interpInfo, error) {
 			return
 		}
 		e.probed.path = string(path)
-		if len(got.Runner) <= maxCompiledRunner && got.HexVersion > 0 {
-			e.probed.runner, e.probed.hexversion = got.Runner, got.HexVersion
+		if code, err := base64.StdEncoding.DecodeString(got.Runner); err == nil && len(code) > 0 && got.HexVersion > 0 {
+			e.probed.runner, e.probed.hexversion = code, got.HexVersion
 			if e.cfg.DevKitDir != "" {
 				path := filepath.Join(e.cfg.DevKitDir, runnerFileName(got.HexVersion))
-				code, err := base64.StdEncoding.DecodeString(got.Runner)
-				if err == nil {
-					err = writeRunnerFile(path, code)
-				}
-				if err == nil {
-					e.probed.runnerFile = path
-				} else {
+				if err := writeRunnerFile(path, code); err != nil {
 					e.cfg.Logger.Warn("python engine: the compiled runner could not be written next to the DevKit; runners get it on their command line", "err", err)
+				} else {
+					e.probed.runnerFile = path
 				}
 			}
 		}

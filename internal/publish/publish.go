@@ -117,28 +117,16 @@ func NewDapr(client dapr.Client, pubsub string) *Dapr {
 // Publish implements Publisher: outputs, dead letters, lifecycle events and
 // replays, each stream capped at MaxLen entries when it is set.
 func (p *Dapr) Publish(ctx context.Context, topic string, e *event.Event) error {
-	var meta map[string]string
-	if p.MaxLen > 0 {
-		meta = maxLen(p.MaxLen)
-	}
-	return p.send(ctx, topic, e, meta)
+	return p.send(ctx, topic, e, p.capMeta())
 }
 
 // send publishes e as a structured CloudEvent, with per-request metadata
-// when meta is not nil.
+// when meta is not nil (a fenced output's: PublishFenced).
 func (p *Dapr) send(ctx context.Context, topic string, e *event.Event, meta map[string]string) error {
 	body, err := e.MarshalJSON()
 	if err != nil {
 		return fmt.Errorf("encode CloudEvent %s: %w", e.ID(), err)
 	}
-	if err := p.publishEvent(ctx, topic, body, meta); err != nil {
-		return fmt.Errorf("publish %s to %s/%s: %w", e.ID(), p.pubsub, topic, err)
-	}
-	return nil
-}
-
-// publishEvent sends one encoded CloudEvent through daprd's PublishEvent.
-func (p *Dapr) publishEvent(ctx context.Context, topic string, body []byte, meta map[string]string) error {
 	if p.Propagator != nil {
 		ctx = tracing.InjectGRPC(ctx, p.Propagator)
 	}
@@ -146,18 +134,8 @@ func (p *Dapr) publishEvent(ctx context.Context, topic string, body []byte, meta
 	if meta != nil {
 		opts = append(opts, dapr.PublishEventWithMetadata(meta))
 	}
-	return p.client.PublishEvent(ctx, p.pubsub, topic, body, opts...)
-}
-
-// fencedOne publishes one fenced output (body, e encoded; meta with its
-// lock and token) through PublishEvent, an error of the fence wrapping
-// ErrFenced as bulk's does.
-func (p *Dapr) fencedOne(ctx context.Context, topic string, e *event.Event, body []byte, meta map[string]string) error {
-	if err := p.publishEvent(ctx, topic, body, meta); err != nil {
-		if strings.Contains(err.Error(), fencedReply) {
-			err = fmt.Errorf("%w (%w)", ErrFenced, err)
-		}
-		return fmt.Errorf("publish %s to %s/%s: %w", e.ID(), p.pubsub, topic, err)
+	if err := p.client.PublishEvent(ctx, p.pubsub, topic, body, opts...); err != nil {
+		return fmt.Errorf("publish %s to %s/%s: %w", e.ID(), p.pubsub, topic, fenced(err))
 	}
 	return nil
 }
@@ -181,6 +159,17 @@ func (p *Dapr) PublishFenced(ctx context.Context, topic, lock string, es []*even
 	if lock == "" {
 		return errors.New("publish: a fenced publish without a lock")
 	}
+	if len(es) == 1 {
+		// One fenced output (a keyed group's call, most often): daprd's
+		// PublishEvent hands the metadata to the component's Publish,
+		// which takes it through the same script as a bulk request
+		// (change 12).
+		m, err := fenceMeta(es[0], lock, p.capMeta())
+		if err != nil {
+			return err
+		}
+		return p.send(ctx, topic, es[0], m)
+	}
 	return p.bulk(ctx, topic, lock, es)
 }
 
@@ -194,10 +183,7 @@ const (
 )
 
 func (p *Dapr) bulk(ctx context.Context, topic, lock string, es []*event.Event) error {
-	var meta map[string]string
-	if p.MaxLen > 0 {
-		meta = maxLen(p.MaxLen)
-	}
+	meta := p.capMeta()
 	entries := make([]any, len(es))
 	for i, e := range es {
 		body, err := e.MarshalJSON()
@@ -208,21 +194,9 @@ func (p *Dapr) bulk(ctx context.Context, topic, lock string, es []*event.Event) 
 		// component only beside entries that have their own.
 		m := meta
 		if lock != "" {
-			tok, ok := e.Extensions()[FencingExtension].(string)
-			if !ok {
-				return fmt.Errorf("publish: fenced output %s has no %s extension", e.ID(), FencingExtension)
+			if m, err = fenceMeta(e, lock, meta); err != nil {
+				return err
 			}
-			m = map[string]string{fenceLockKey: lock, fenceTokenKey: tok}
-			for k, v := range meta {
-				m[k] = v
-			}
-		}
-		if len(es) == 1 && lock != "" {
-			// One fenced output (a keyed group's call, most often): daprd's
-			// PublishEvent hands the metadata to the component's Publish,
-			// which takes it through the same script as a bulk request
-			// (change 12), and costs daprd less than a bulk request of one.
-			return p.fencedOne(ctx, topic, es[0], body, m)
 		}
 		entries[i] = dapr.PublishEventsEvent{EntryID: strconv.Itoa(i), Data: body, ContentType: ContentType, Metadata: m}
 	}
@@ -230,13 +204,39 @@ func (p *Dapr) bulk(ctx context.Context, topic, lock string, es []*event.Event) 
 		ctx = tracing.InjectGRPC(ctx, p.Propagator)
 	}
 	if res := p.client.PublishEvents(ctx, p.pubsub, topic, entries); res.Error != nil {
-		err := res.Error
-		if strings.Contains(err.Error(), fencedReply) {
-			err = fmt.Errorf("%w (%w)", ErrFenced, err)
-		}
-		return fmt.Errorf("publish %d events (%s first) to %s/%s: %w", len(es), es[0].ID(), p.pubsub, topic, err)
+		return fmt.Errorf("publish %d events (%s first) to %s/%s: %w", len(es), es[0].ID(), p.pubsub, topic, fenced(res.Error))
 	}
 	return nil
+}
+
+// capMeta is the metadata that caps a stream at MaxLen (nil: no cap).
+func (p *Dapr) capMeta() map[string]string {
+	if p.MaxLen > 0 {
+		return maxLen(p.MaxLen)
+	}
+	return nil
+}
+
+// fenceMeta is meta and the fence of e (lock and e's fencing token).
+func fenceMeta(e *event.Event, lock string, meta map[string]string) (map[string]string, error) {
+	tok, ok := e.Extensions()[FencingExtension].(string)
+	if !ok {
+		return nil, fmt.Errorf("publish: fenced output %s has no %s extension", e.ID(), FencingExtension)
+	}
+	m := map[string]string{fenceLockKey: lock, fenceTokenKey: tok}
+	for k, v := range meta {
+		m[k] = v
+	}
+	return m, nil
+}
+
+// fenced wraps ErrFenced around err when it is daprd's fence refusing a
+// request.
+func fenced(err error) error {
+	if strings.Contains(err.Error(), fencedReply) {
+		return fmt.Errorf("%w (%w)", ErrFenced, err)
+	}
+	return err
 }
 
 // DefaultStreamMaxLen is STREAM_MAX_LEN's default: about 1,000,000 entries
