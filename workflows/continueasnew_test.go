@@ -3,6 +3,7 @@ package workflows
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -63,6 +64,78 @@ func (s *WorkerWorkflowSuite) TestContinueAsNewIsNotPostponedByUpdatesInFlight()
 	var next WorkerInput
 	s.NoError(converterDecode(can, &next))
 	s.Equal(2, next.ContinueAsNewAfter, "the next run keeps the bound")
+}
+
+// A burst of updates on a small ContinueAsNewAfter made runs of a few
+// milliseconds, and Temporal holds the first task of a run continued as
+// new until its minimal interval after the previous run's execution time,
+// which moves on by the interval with every short run (the seventh run of
+// TestConcurrentUpdatesAcrossContinueAsNew got its first task 5.4 s late).
+// From epoch 3 on a run is MinRunAge old before it continues as new:
+// updates that arrive sooner are taken by the run; one that arrives after
+// that is refused (retryable) and the run continues as new. An epoch-2 run
+// continues as new as soon as its bound is reached, as it did.
+func (s *WorkerWorkflowSuite) TestContinueAsNewWaitsForTheRunsMinimalAge() {
+	for _, epoch := range []int{2, CurrentEpoch} {
+		s.Run(fmt.Sprint("epoch ", epoch), func() {
+			s.SetupTest()
+			s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
+			s.env.OnActivity(a.ListNodes, mock.Anything).Return([]string{}, nil)
+			var accepted int
+			var refused []error
+			send := func(name string, after time.Duration) {
+				s.env.RegisterDelayedCallback(func() {
+					s.env.UpdateWorkflow(name, name+after.String(), &testsuite.TestUpdateCallback{
+						OnReject: func(err error) { refused = append(refused, err) }, OnAccept: func() { accepted++ }, OnComplete: func(any, error) {},
+					})
+				}, after)
+			}
+			// Four within the first 400 ms (the bound is 2), one after
+			// MinRunAge.
+			for i, name := range []string{UpdateStop, UpdateStart, UpdateStop, UpdateStart} {
+				send(name, time.Duration(i+1)*100*time.Millisecond)
+			}
+			send(UpdateStop, MinRunAge+500*time.Millisecond)
+			start := s.env.Now()
+			w := newWorker()
+			w.Status, w.CodeVersion, w.CodeSHA256 = catalog.StatusRunning, 1, sha1
+			s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: w, Created: true}, ContinueAsNewAfter: 2, Epoch: epoch})
+
+			var can *workflow.ContinueAsNewError
+			s.Require().True(errors.As(s.env.GetWorkflowError(), &can), "got %v", s.env.GetWorkflowError())
+			lived := s.env.Now().Sub(start)
+			if epoch < 3 {
+				s.Equal(2, accepted, "an epoch-2 run continues as new at its bound")
+				s.Less(lived, MinRunAge)
+				return
+			}
+			s.Equal(4, accepted, "updates within MinRunAge are taken by the run")
+			s.GreaterOrEqual(lived, MinRunAge, "the run continued as new younger than MinRunAge")
+			s.Less(lived, MinRunAge+500*time.Millisecond, "the run waited for an update instead of its timer")
+			var next WorkerInput
+			s.NoError(converterDecode(can, &next))
+			s.Equal(CurrentEpoch, next.Epoch)
+		})
+	}
+}
+
+// A worker deleted while its run waits out MinRunAge ends as deleted.
+func (s *WorkerWorkflowSuite) TestDeleteWhileTheRunWaitsOutItsMinimalAge() {
+	s.env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
+	s.env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(activities.Applied{}, nil)
+	s.env.OnActivity(a.ListNodes, mock.Anything).Return([]string{}, nil)
+	for i, name := range []string{UpdateStop, UpdateStart, UpdateDelete} {
+		s.env.RegisterDelayedCallback(func() {
+			s.env.UpdateWorkflow(name, name, &testsuite.TestUpdateCallback{OnReject: func(err error) { s.Fail("refused", "%s: %v", name, err) }, OnAccept: func() {}, OnComplete: func(any, error) {}})
+		}, time.Duration(i+1)*100*time.Millisecond)
+	}
+	w := newWorker()
+	w.Status, w.CodeVersion, w.CodeSHA256 = catalog.StatusRunning, 1, sha1
+	s.env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: w, Created: true}, ContinueAsNewAfter: 2, Epoch: CurrentEpoch})
+	s.Require().NoError(s.env.GetWorkflowError())
+	var st WorkerState
+	s.Require().NoError(s.env.GetWorkflowResult(&st))
+	s.True(st.Deleted)
 }
 
 // A run that recovery starts gets the configured bound (it started with 0,

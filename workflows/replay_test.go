@@ -83,6 +83,10 @@ var (
 		// An epoch-2 run: the same calls on make run (one node), whose
 		// fan-out skips the node that made each change: no Activate.
 		"testdata/worker_epoch2_history.json",
+		// An epoch-3 run continued as new by its bound (3) before it was
+		// MinRunAge old: stops and starts on make run with
+		// WORKMANAGER_CONTINUE_AS_NEW_AFTER=3 (TestEpoch3RunWaitsOutMinRunAge).
+		"testdata/worker_epoch3_min_age_history.json",
 	}
 	recoveryHistories = []string{
 		"testdata/recovery_history.json",
@@ -211,7 +215,7 @@ func TestReplayCoversEveryVersion(t *testing.T) {
 // no Activate (its only node made every change: skipApplier) and cancels
 // the create's timeout timer (awaitCreate).
 func TestEpochRunRecordsNoVersionMarker(t *testing.T) {
-	for file, epoch := range map[string]int{"testdata/worker_epoch1_history.json": 1, "testdata/worker_epoch2_history.json": CurrentEpoch} {
+	for file, epoch := range map[string]int{"testdata/worker_epoch1_history.json": 1, "testdata/worker_epoch2_history.json": 2} {
 		b, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)
@@ -256,5 +260,47 @@ func TestEpochRunRecordsNoVersionMarker(t *testing.T) {
 		if want := map[int]int{1: 1, 2: 0}[epoch]; timers != want {
 			t.Fatalf("%s: %d timers left running, want %d", file, timers, want)
 		}
+	}
+}
+
+// TestEpoch3RunWaitsOutMinRunAge: a run of epoch 3 recorded on the real
+// stack (a bound of 3 reached 100 ms after the run began) started a timer
+// for the rest of MinRunAge, took the updates that came meanwhile, and
+// continued as new when it fired, no sooner than MinRunAge after its start
+// (replayed by TestReplayRecordedHistory).
+func TestEpoch3RunWaitsOutMinRunAge(t *testing.T) {
+	b, err := os.ReadFile("testdata/worker_epoch3_min_age_history.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h historypb.History
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &h); err != nil {
+		t.Fatal(err)
+	}
+	evs := h.GetEvents()
+	var in WorkerInput
+	if err := converter.GetDefaultDataConverter().FromPayloads(evs[0].GetWorkflowExecutionStartedEventAttributes().GetInput(), &in); err != nil || in.Epoch != 3 || in.ContinueAsNewAfter != 3 {
+		t.Fatalf("the recorded run's input: epoch %d, bound %d (%v), want 3 and 3", in.Epoch, in.ContinueAsNewAfter, err)
+	}
+	timerAt, fired, acceptedAfter := -1, false, 0
+	for i, ev := range evs {
+		switch {
+		case ev.GetTimerStartedEventAttributes() != nil:
+			timerAt = i
+		case ev.GetTimerFiredEventAttributes() != nil:
+			fired = true
+		case ev.GetWorkflowExecutionUpdateAcceptedEventAttributes() != nil && timerAt >= 0:
+			acceptedAfter++
+		}
+	}
+	last := evs[len(evs)-1]
+	if last.GetWorkflowExecutionContinuedAsNewEventAttributes() == nil || timerAt < 0 || !fired {
+		t.Fatalf("want a timer started and fired, then continue-as-new; last event %s, timer at %d, fired %v", last.GetEventType(), timerAt, fired)
+	}
+	if acceptedAfter == 0 {
+		t.Fatal("no update taken while the run waited out MinRunAge")
+	}
+	if lived := last.GetEventTime().AsTime().Sub(evs[0].GetEventTime().AsTime()); lived < MinRunAge {
+		t.Fatalf("the run continued as new %s after its start, want at least %s", lived, MinRunAge)
 	}
 }

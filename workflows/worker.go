@@ -80,7 +80,7 @@ type WorkerInput struct {
 	// that older code began, during an upgrade, has markers the newer code
 	// does not ask for: the SDK skips version markers and their upserts in
 	// its determinism check, and the older code took version 1 too.)
-	// Epoch 2 changes commands as well (CurrentEpoch).
+	// Epochs 2 and 3 change commands as well (CurrentEpoch).
 	Epoch int
 }
 
@@ -88,8 +88,21 @@ type WorkerInput struct {
 // recovery, continue-as-new). Epoch 2: the fan-out after a change skips
 // the node that made it (skipApplier), PrepareCode runs as a local
 // activity first (prepare), and a create's timeout timer is cancelled once
-// the create is done (awaitCreate).
-const CurrentEpoch = 2
+// the create is done (awaitCreate). Epoch 3: a run continues as new no
+// sooner than MinRunAge after it started (awaitRunEnd).
+const CurrentEpoch = 3
+
+// MinRunAge is the least time a run of epoch 3 or later lives before it
+// continues as new. Temporal enforces a minimal interval between the runs
+// of one workflow id (history.workflowIdReuseMinimalInterval, 1 s by
+// default): a run continued as new sooner gets its first workflow task
+// only that long after its predecessor's execution time, which itself
+// moves on by the interval with every short run. A burst of updates on a
+// small WORKMANAGER_CONTINUE_AS_NEW_AFTER made runs of 30 ms each, and the
+// seventh had its first task 5.4 s after it began (every update held
+// meanwhile; some timed out). A cluster whose interval is raised above
+// this needs the same of us (docs/operating.md).
+const MinRunAge = time.Second
 
 // skipApplier is the node whose Activate a change's fan-out (syncNodes)
 // leaves out: the one whose Apply or Delete made the change, and so
@@ -175,6 +188,9 @@ type entity struct {
 	canAfter int
 	// epoch is WorkerInput.Epoch.
 	epoch int
+	// aged: the run wants to continue as new and is MinRunAge old
+	// (awaitRunEnd; epoch 3 and later).
+	aged bool
 }
 
 // version is the version of changeID in this run: for a run of epoch 1
@@ -264,9 +280,7 @@ func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
 			}
 		}
 	}
-	if err := workflow.Await(ctx, func() bool {
-		return (e.st.Deleted || e.continueAsNewDue(ctx)) && workflow.AllHandlersFinished(ctx)
-	}); err != nil {
+	if err := e.awaitRunEnd(ctx); err != nil {
 		return e.st, err
 	}
 	if e.st.Deleted {
@@ -277,12 +291,50 @@ func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
 	return e.st, workflow.NewContinueAsNewError(ctx, WorkerWorkflow, next)
 }
 
-// continueAsNewDue tells that the run should continue as new: the server
-// suggests it, or the run handled its ContinueAsNewAfter updates. It does
-// so once no handler runs; meanwhile the validators refuse new updates
-// (ContinueAsNewDue), so that a steady stream of updates cannot postpone
-// it without end.
+// awaitRunEnd waits until the run is to end: its worker deleted, or the
+// run due to continue as new (continueAsNewDue), and no handler running.
+// From epoch 3 on a run that would continue as new younger than MinRunAge
+// first waits until it is that old (a timer, only then), taking updates
+// meanwhile; from then on the validators refuse new ones.
+func (e *entity) awaitRunEnd(ctx workflow.Context) error {
+	if e.epoch < 3 {
+		return workflow.Await(ctx, func() bool {
+			return (e.st.Deleted || e.continueAsNewDue(ctx)) && workflow.AllHandlersFinished(ctx)
+		})
+	}
+	if err := workflow.Await(ctx, func() bool { return e.st.Deleted || e.continueAsNewWanted(ctx) }); err != nil {
+		return err
+	}
+	if !e.st.Deleted {
+		if wait := MinRunAge - workflow.Now(ctx).Sub(workflow.GetInfo(ctx).WorkflowStartTime); wait > 0 {
+			tctx, cancel := workflow.WithCancel(ctx)
+			timer := workflow.NewTimer(tctx, wait)
+			err := workflow.Await(ctx, func() bool { return e.st.Deleted || timer.IsReady() })
+			cancel()
+			if err != nil {
+				return err
+			}
+		}
+		e.aged = true
+	}
+	return workflow.Await(ctx, func() bool { return workflow.AllHandlersFinished(ctx) })
+}
+
+// continueAsNewDue tells that the run is to continue as new: it is wanted
+// (continueAsNewWanted) and, from epoch 3 on, the run is MinRunAge old
+// (awaitRunEnd). It does so once no handler runs; meanwhile the validators
+// refuse new updates (ContinueAsNewDue), so that a steady stream of
+// updates cannot postpone it without end.
 func (e *entity) continueAsNewDue(ctx workflow.Context) bool {
+	if e.epoch >= 3 {
+		return e.aged
+	}
+	return e.continueAsNewWanted(ctx)
+}
+
+// continueAsNewWanted: the server suggests continuing as new, or the run
+// handled its ContinueAsNewAfter updates.
+func (e *entity) continueAsNewWanted(ctx workflow.Context) bool {
 	if workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
 		return true
 	}

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -140,7 +141,9 @@ func testExampleWorker(t *testing.T) {
 
 // Many concurrent lifecycle updates across continue-as-new boundaries lose
 // nothing: every LoadCode gets its own version, the final state is what the
-// last call said, and the workflow really continued as new.
+// last call said, and the workflow really continued as new (twice, while
+// the updates ran: a run lives workflows.MinRunAge at least, so the stops
+// and starts go on until then, and two of the loads wait for the first).
 func TestConcurrentUpdatesAcrossContinueAsNew(t *testing.T) {
 	inTurn(t) // a stack of its own
 	e := newEnvWith(t, envConfig{apiEnv: []string{"WORKMANAGER_CONTINUE_AS_NEW_AFTER=3"}})
@@ -152,6 +155,31 @@ func TestConcurrentUpdatesAcrossContinueAsNew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	logHistories(t, tc, workflows.WorkflowID(id), first.GetWorkflowExecutionInfo().GetExecution().GetRunId())
+
+	// cans counts the runs that followed the first (polled).
+	var cans atomic.Int32
+	watch, stopWatch := context.WithCancel(ctxT(t))
+	defer stopWatch()
+	go func() {
+		last := first.GetWorkflowExecutionInfo().GetExecution().GetRunId()
+		for watch.Err() == nil {
+			d, err := tc.DescribeWorkflowExecution(watch, workflows.WorkflowID(id), "")
+			if run := d.GetWorkflowExecutionInfo().GetExecution().GetRunId(); err == nil && run != last {
+				last = run
+				cans.Add(1)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	waitCANs := func(n int32) error {
+		for end := time.Now().Add(60 * time.Second); cans.Load() < n; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(end) {
+				return fmt.Errorf("the workflow did not continue as new %d times within 60 s", n)
+			}
+		}
+		return nil
+	}
 
 	const loads = 4
 	var wg sync.WaitGroup
@@ -160,6 +188,12 @@ func TestConcurrentUpdatesAcrossContinueAsNew(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			if i >= loads/2 {
+				if err := waitCANs(1); err != nil {
+					errs <- err
+					return
+				}
+			}
 			code := echoWorker(out, "v"+string(rune('1'+i)))
 			if _, err := e.client.LoadCode(ctxT(t), &pb.LoadCodeRequest{WorkerId: id, Code: &pb.CodeSource{Source: &pb.CodeSource_Content{Content: code}}}); err != nil {
 				errs <- err
@@ -170,7 +204,11 @@ func TestConcurrentUpdatesAcrossContinueAsNew(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for range 3 {
+			for round := 0; round < 3 || cans.Load() < 2; round++ {
+				if round == 1000 {
+					errs <- fmt.Errorf("%d stop/start rounds and the workflow continued as new %d times, want 2", round, cans.Load())
+					return
+				}
 				if _, err := e.client.StopWorker(ctxT(t), &pb.StopWorkerRequest{WorkerId: id}); err != nil {
 					errs <- err
 				}

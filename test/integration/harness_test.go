@@ -770,3 +770,48 @@ func ctxT(t testing.TB) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// logHistories prints, when t has failed, the event history of every run
+// of workflow id from runID on (following continue-as-new): each event's
+// time, type and, for a workflow task, its task queue's kind and any
+// timeout — where a stalled lifecycle call waited.
+func logHistories(t testing.TB, tc client.Client, id, runID string) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for run := 0; runID != "" && run < 50; run++ {
+			var b strings.Builder
+			next := ""
+			it := tc.GetWorkflowHistory(ctx, id, runID, false, 0)
+			for it.HasNext() {
+				ev, err := it.Next()
+				if err != nil {
+					fmt.Fprintf(&b, "  (history: %v)\n", err)
+					break
+				}
+				fmt.Fprintf(&b, "  %3d %s %s", ev.GetEventId(), ev.GetEventTime().AsTime().Format("15:04:05.000"), ev.GetEventType())
+				if a := ev.GetWorkflowTaskScheduledEventAttributes(); a != nil {
+					fmt.Fprintf(&b, " queue=%s kind=%s", a.GetTaskQueue().GetName(), a.GetTaskQueue().GetKind())
+				}
+				if a := ev.GetWorkflowTaskTimedOutEventAttributes(); a != nil {
+					fmt.Fprintf(&b, " timeout=%s", a.GetTimeoutType())
+				}
+				if a := ev.GetWorkflowTaskFailedEventAttributes(); a != nil {
+					fmt.Fprintf(&b, " cause=%s %s", a.GetCause(), a.GetFailure().GetMessage())
+				}
+				if a := ev.GetWorkflowExecutionUpdateAcceptedEventAttributes(); a != nil {
+					fmt.Fprintf(&b, " update=%s %s", a.GetAcceptedRequest().GetInput().GetName(), a.GetProtocolInstanceId())
+				}
+				if a := ev.GetWorkflowExecutionContinuedAsNewEventAttributes(); a != nil {
+					next = a.GetNewExecutionRunId()
+				}
+				b.WriteByte('\n')
+			}
+			t.Logf("history of %s run %s:\n%s", id, runID, b.String())
+			runID = next
+		}
+	})
+}
