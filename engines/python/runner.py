@@ -18,17 +18,21 @@
 # A frame is: uint32 little-endian payload length, 1 byte kind, payload.
 # stdout/stderr belong to the worker (they are forwarded to the Go logger).
 
-import base64
-import functools
+# What every runner imports is kept to modules that import nothing heavy
+# (no re, enum or collections): json's C half (_json) instead of json,
+# binascii instead of base64, _functools instead of functools; traceback
+# and linecache only once there is a traceback to format (or worker code
+# imported them); subprocess only if worker code does. An idle runner is
+# about 1 MiB smaller for it and starts some milliseconds sooner
+# (docs/performance.md, "Lighter Python runners").
+import _functools
+import binascii
 import gc
-import json
-import linecache
 import os
 import select
 import struct
 import sys
 import time
-import traceback
 import types
 from _collections_abc import Awaitable as _Awaitable
 
@@ -69,16 +73,30 @@ def _not_serializable(o):
     raise TypeError("Object of type %s is not JSON serializable" % type(o).__name__)
 
 
-# The C scanner and encoder are used directly: json.loads/json.dumps add a
-# few microseconds of Python-level work per call. Input always comes from Go's
-# encoder (valid JSON, no surrounding whitespace).
-_scan = json.decoder.JSONDecoder().scan_once
+# The C scanner and encoder (_json, json's accelerator) are used directly:
+# json.loads/json.dumps add a few microseconds of Python-level work per
+# call, and importing json imports re. The scanner reads its settings from
+# a context object as json.JSONDecoder() would hold them. Input from Go's
+# encoder is valid JSON without surrounding whitespace.
 _join = "".join
-if json.encoder.c_make_encoder is not None:
-    _encode = json.encoder.c_make_encoder(
+try:
+    import _json
+
+    _scan = _json.make_scanner(
+        types.SimpleNamespace(
+            strict=True,
+            object_hook=None,
+            object_pairs_hook=None,
+            parse_float=float,
+            parse_int=int,
+            parse_constant={"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__,
+            memo={},
+        )
+    )
+    _encode = _json.make_encoder(
         None,  # no cycle detection: a cycle ends in RecursionError
         _not_serializable,
-        json.encoder.encode_basestring_ascii,
+        _json.encode_basestring_ascii,
         None,  # indent
         ":",
         ",",
@@ -86,18 +104,40 @@ if json.encoder.c_make_encoder is not None:
         False,  # skipkeys
         False,  # allow_nan
     )
+    del _json
 
     def _dumps(o):
         """o as compact ASCII JSON (str)."""
         return _join(_encode(o, 0))
 
-else:  # an interpreter without the _json accelerator
+except ImportError:  # an interpreter without the _json accelerator
+    import json
+
+    _scan = json.decoder.JSONDecoder().scan_once
     _dumps = json.JSONEncoder(
         ensure_ascii=True,
         allow_nan=False,
         separators=(",", ":"),
         default=_not_serializable,
     ).encode
+    del json
+
+
+def _loads_str(s):
+    """Parses one JSON value from s, as json.loads does (whitespace around
+    it allowed, nothing else)."""
+    start, end = 0, len(s)
+    while start < end and s[start] in " \t\n\r":
+        start += 1
+    while end > start and s[end - 1] in " \t\n\r":
+        end -= 1
+    try:
+        obj, stop = _scan(s[start:end], 0)
+    except StopIteration as e:
+        raise ValueError("invalid JSON at character %s" % (start + e.value)) from None
+    if stop != end - start:
+        raise ValueError("extra data after the JSON value (character %d)" % (start + stop))
+    return obj
 
 
 def _loads(b):
@@ -112,8 +152,14 @@ def _loads(b):
     return obj
 
 
-_b64enc = base64.b64encode
-_b64dec = base64.b64decode
+def _b64enc(b):
+    """base64.b64encode."""
+    return binascii.b2a_base64(b, newline=False)
+
+
+# base64.b64decode (without validate: characters outside the alphabet are
+# discarded).
+_b64dec = binascii.a2b_base64
 
 # Media types the Go CloudEvents SDK embeds as JSON (not as a string) in the
 # structured form; "" means "no datacontenttype", which it also treats as JSON.
@@ -300,6 +346,9 @@ def _worker_frames(tb):
 
 def _format_tb(exc):
     try:
+        import traceback
+
+        _share_source()
         return "".join(
             traceback.format_exception(
                 type(exc), exc, _worker_frames(exc.__traceback__)
@@ -307,6 +356,19 @@ def _format_tb(exc):
         )
     except Exception:  # never let formatting hide the real error
         return ""
+
+
+# The worker's source as linecache keeps it (len, mtime None: never
+# checked against a file, lines, name), for the tracebacks of its code;
+# linecache gets it once imported (_share_source), by the runner's
+# _format_tb or by worker code (logging, traceback: _make_importer).
+_source_entry = None
+
+
+def _share_source():
+    lc = sys.modules.get("linecache")
+    if lc is not None and _source_entry is not None and lc.cache.get(FILENAME) is not _source_entry:
+        lc.cache[FILENAME] = _source_entry
 
 
 def _worker_line(exc):
@@ -607,6 +669,8 @@ def _make_importer(allows, real_import, view):
         m = view(real_import(name, globals, locals, fromlist, level))
         if log_pending and "logging" in modules:
             _setup_logging()
+        if "linecache" in modules:
+            _share_source()
         return m
 
     return __import__
@@ -625,10 +689,12 @@ def _close_process_backdoors():
     it (subprocess._fork_exec is reachable from the safe subset as
     asyncio.base_events.subprocess._fork_exec)."""
     import _posixsubprocess
-    import subprocess
 
     _posixsubprocess.fork_exec = _denied_fork_exec
-    subprocess._fork_exec = _denied_fork_exec
+    # subprocess binds fork_exec when it is imported: from now on it gets
+    # the denial. Imported already (not by the runner), it is set too.
+    if "subprocess" in sys.modules:
+        sys.modules["subprocess"]._fork_exec = _denied_fork_exec
 
 
 # Where the sandbox offers the process lockdown filter (struct
@@ -877,7 +943,7 @@ def _callee(fn):
             fn = wrapped
         elif t is types.MethodType:
             fn, bound = fn.__func__, bound + 1
-        elif t is functools.partial:
+        elif t is _functools.partial:
             if fn.keywords:
                 return None, 0
             fn, bound = fn.func, bound + len(fn.args)
@@ -916,7 +982,7 @@ def _is_coroutine_function(f):
         t = type(f)
         if t is types.MethodType:
             f = f.__func__
-        elif t is functools.partial:
+        elif t is _functools.partial:
             f = f.func
         else:
             break
@@ -969,7 +1035,7 @@ def _setup(payload):
     # (os.environ, so also the processes it may start) and how many events
     # an async def worker runs at once. No reply: the load's answers.
     global _max_concurrency
-    settings = json.loads(payload)
+    settings = _loads(payload)
     for key, value in settings.get("env", {}).items():
         if key.startswith("VIRTUFIN_WORKER_"):
             os.environ[key] = value
@@ -978,8 +1044,10 @@ def _setup(payload):
 
 def _load(source):
     global _process, _is_async, _loop
+    global _source_entry
     text = source.decode("utf-8", "replace")
-    linecache.cache[FILENAME] = (len(text), None, text.splitlines(True), FILENAME)
+    _source_entry = (len(text), None, text.splitlines(True), FILENAME)
+    _share_source()
     try:
         code = compile(source, FILENAME, "exec", dont_inherit=True)
     except SyntaxError as e:  # includes IndentationError, TabError
@@ -1068,7 +1136,7 @@ def _decode_event(payload):
             mt = _media_type(ev["datacontenttype"])
             if mt not in _SDK_JSON and mt.endswith("+json"):
                 try:
-                    ev["data"] = json.loads(data)
+                    ev["data"] = _loads_str(data)
                 except ValueError:
                     pass
     return ev
@@ -1339,7 +1407,7 @@ def main():
     # The interpreter's sys.path as its site module would make it (the
     # runner starts with -S; the node asked the interpreter once).
     if len(sys.argv) > 4 and sys.argv[4]:
-        sys.path[:] = json.loads(sys.argv[4])
+        sys.path[:] = _loads_str(sys.argv[4])
     packages = [p.strip() for p in allowed.split(",") if p.strip()]
     if devkit:
         sys.path.append(devkit)

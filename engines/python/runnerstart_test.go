@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cloudevents/sdk-go/v2/event"
+
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/python"
 	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
@@ -142,5 +144,80 @@ func TestRunnerRefusesCodeOfAnotherInterpreter(t *testing.T) {
 			t.Fatalf("%s: Check = %v, want the refusal naming the changed interpreter", how, err)
 		}
 		t.Logf("%s: refused: %v", how, err)
+	}
+}
+
+// A runner imports only what imports nothing heavy (json's C half,
+// binascii, _functools: no re, enum or collections; traceback, linecache
+// and subprocess not until something needs them), and worker code still
+// gets what those modules gave: tracebacks with its own source lines
+// (logging's, which imports traceback and linecache after the runner
+// started), +json text decoded
+// as json.loads would (whitespace around it), bytes as data_base64.
+func TestRunnerImportsLittleAndKeepsWhatItGave(t *testing.T) {
+	e := newEngine(t, python.Config{})
+	plain := load(t, e, testSpec, `
+import sys
+
+HEAVY = ("re", "enum", "json", "base64", "functools", "collections", "traceback", "linecache",
+         "tokenize", "subprocess", "threading", "inspect", "asyncio", "ctypes")
+
+def process(event):
+    return {"type": "out", "data": {"heavy": [m for m in HEAVY if m in sys.modules]}}
+`)
+	outs, err := call(t, plain, jsonEvent("in", map[string]any{}))
+	if err != nil || len(outs) != 1 || string(outs[0].Data()) != `{"heavy":[]}` {
+		t.Fatalf("a plain worker's runner imported: %v, %v; want none of the heavy modules", outs, err)
+	}
+
+	inst := load(t, e, testSpec, `
+import logging, sys
+def process(event):
+    if isinstance(event["data"], bytes):
+        return {"type": "bytes", "data": event["data"][::-1]}
+    if not isinstance(event["data"], dict) or "n" not in event["data"]:
+        return {"type": "decoded", "data": {"got": event["data"]}}
+    try:
+        raise ValueError("boom %d" % event["data"]["n"])
+    except ValueError:
+        return {"type": "out", "data": {"tb": logging.Formatter().formatException(sys.exc_info())}}
+`)
+	outs, err = call(t, inst, jsonEvent("in", map[string]any{"n": 7}))
+	if err != nil || len(outs) != 1 {
+		t.Fatalf("traceback: %v, %v", outs, err)
+	}
+	var d struct{ TB string }
+	if err := outs[0].DataAs(&d); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(d.TB, `File "<worker>", line 9, in process`) || !strings.Contains(d.TB, `raise ValueError("boom %d" % event["data"]["n"])`) || !strings.Contains(d.TB, "ValueError: boom 7") {
+		t.Fatalf("the worker's traceback lacks its source line:\n%s", d.TB)
+	}
+
+	// The text as the event's data: Go's SDK writes it as a JSON string
+	// (it embeds only its own JSON types as JSON).
+	jsonText := func(ct, text string) *event.Event {
+		ev := jsonEvent("in", nil)
+		ev.SetDataContentType(ct)
+		ev.DataEncoded = []byte(text)
+		return ev
+	}
+	ev := jsonText("application/vnd.example+json", " \n{\"a\": [1, 2.5, \"x\"], \"b\": null}\t ")
+	outs, err = call(t, inst, ev)
+	if err != nil || len(outs) != 1 || string(outs[0].Data()) != `{"got":{"a":[1,2.5,"x"],"b":null}}` {
+		t.Fatalf("+json text: %v, %v; want it decoded", outs, err)
+	}
+	ev = jsonText("application/vnd.example+json", `{"a": 1} trailing`)
+	outs, err = call(t, inst, ev)
+	if err != nil || len(outs) != 1 || string(outs[0].Data()) != `{"got":"{\"a\": 1} trailing"}` {
+		t.Fatalf("+json text that is not JSON: %v, %v; want it kept as text", outs, err)
+	}
+	ev = jsonEvent("in", nil)
+	if err := ev.SetData("application/octet-stream", []byte{0, 1, 2, 250}); err != nil {
+		t.Fatal(err)
+	}
+	outs, err = call(t, inst, ev)
+	if err != nil || len(outs) != 1 || string(outs[0].Data()) != string([]byte{250, 2, 1, 0}) {
+		t.Fatalf("bytes: %v, %v; want them reversed", outs, err)
 	}
 }
