@@ -101,7 +101,7 @@ const CurrentEpoch = 3
 // small WORKMANAGER_CONTINUE_AS_NEW_AFTER made runs of 30 ms each, and the
 // seventh had its first task 5.4 s after it began (every update held
 // meanwhile; some timed out). A cluster whose interval is raised above
-// this needs the same of us (docs/operating.md).
+// this needs the same of us (docs/architecture.md).
 const MinRunAge = time.Second
 
 // skipApplier is the node whose Activate a change's fan-out (syncNodes)
