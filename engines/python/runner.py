@@ -125,19 +125,8 @@ except ImportError:  # an interpreter without the _json accelerator
 
 def _loads_str(s):
     """Parses one JSON value from s, as json.loads does (whitespace around
-    it allowed, nothing else)."""
-    start, end = 0, len(s)
-    while start < end and s[start] in " \t\n\r":
-        start += 1
-    while end > start and s[end - 1] in " \t\n\r":
-        end -= 1
-    try:
-        obj, stop = _scan(s[start:end], 0)
-    except StopIteration as e:
-        raise ValueError("invalid JSON at character %s" % (start + e.value)) from None
-    if stop != end - start:
-        raise ValueError("extra data after the JSON value (character %d)" % (start + stop))
-    return obj
+    it allowed, nothing else). Off the hot path: s goes through _loads."""
+    return _loads(s.strip(" \t\n\r").encode("utf-8", "surrogatepass"))
 
 
 def _loads(b):
