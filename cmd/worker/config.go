@@ -32,6 +32,7 @@ type config struct {
 	AdvertiseAddr         string            // WORKMANAGER_ADVERTISE_ADDR: the HTTP address (or host: WORKMANAGER_HTTP_ADDR's port) peers reach this node at (group lock hand-overs)
 	PubSub                string            // DAPR_PUBSUB
 	StreamMaxLen          int               // STREAM_MAX_LEN: entries each stream the node publishes to keeps, about (0: the component's maxLenApprox)
+	PublishCoalesce       bool              // PUBLISH_COALESCE: concurrent publishes to one topic go out as one bulk request (publish.Coalescing)
 	RecoveryOnStart       bool              // WORKER_RECOVERY_ON_START
 	ContinueAsNewAfter    int               // WORKMANAGER_CONTINUE_AS_NEW_AFTER: given to the worker workflows recovery starts (as the API's)
 	MaxConcurrency        int               // WORKER_MAX_CONCURRENCY
@@ -121,6 +122,7 @@ func loadConfig() (config, error) {
 		AdvertiseAddr:         r.String("WORKMANAGER_ADVERTISE_ADDR", ""),
 		PubSub:                r.String("DAPR_PUBSUB", "pubsub"),
 		StreamMaxLen:          r.Int("STREAM_MAX_LEN", publish.DefaultStreamMaxLen),
+		PublishCoalesce:       r.Bool("PUBLISH_COALESCE", true),
 		RecoveryOnStart:       r.Bool("WORKER_RECOVERY_ON_START", true),
 		ContinueAsNewAfter:    r.Int("WORKMANAGER_CONTINUE_AS_NEW_AFTER", 0),
 		MaxConcurrency:        r.Int("WORKER_MAX_CONCURRENCY", 8),

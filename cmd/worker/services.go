@@ -276,7 +276,13 @@ func (p *parts) build(ctx context.Context) error {
 	// STREAM_MAX_LEN entries (docs/scaling.md, "Stream length").
 	p.daprPub = newPublisher(p.daprClient, cfg)
 	p.daprPub.Propagator = p.prop
-	pub := publish.Observed(p.daprPub, p.broker.Published)
+	var pub publish.Publisher = p.daprPub
+	if cfg.PublishCoalesce {
+		// Concurrent publishes to one topic share a request (a group
+		// commit): docs/performance.md, "Outputs published together".
+		pub = publish.NewCoalescing(p.daprPub, 0)
+	}
+	pub = publish.Observed(pub, p.broker.Published)
 	p.events = lifecycleevents.NewEmitter(pub)
 	// The hot path lives on its own context: SIGTERM first drains it (in-flight
 	// messages finish and are acked), and only then is it cut off (hotPath).
