@@ -30,14 +30,21 @@ import (
 // only its own call (the events of a failed batch that were already added
 // may then be added twice: at least once, as any retried publish).
 //
+// Fenced publishes (the outputs of a group's or a key's calls, each
+// request one lock's run) are coalesced the same way when the Publisher
+// is a RunsFencer: the runs of many locks to one topic go in one request,
+// each run checked against its own lock's fence and published or refused
+// on its own, so that a run's refusal (ErrFenced) is its caller's alone.
+//
 // A call whose context carries a span (tracing on) publishes on its own,
-// so that daprd continues that trace; PublishBatch and PublishFenced go
-// straight through.
+// so that daprd continues that trace; PublishBatch goes straight through.
 type Coalescing struct {
 	pub      Batcher
+	runs     RunsFencer // nil: fenced publishes go straight through
 	timeout  time.Duration
 	maxBytes int
 	c        batch.Coalescer[pubReq]
+	fc       batch.Coalescer[fenceReq]
 }
 
 // CoalesceMax bounds the events of one coalesced batch.
@@ -55,8 +62,18 @@ func NewCoalescing(pub Batcher, timeout time.Duration) *Coalescing {
 		timeout = 30 * time.Second
 	}
 	c := &Coalescing{pub: pub, timeout: timeout, maxBytes: CoalesceMaxBytes}
+	c.runs, _ = pub.(RunsFencer)
 	c.c = batch.Coalescer[pubReq]{Run: c.run, Max: CoalesceMax}
+	c.fc = batch.Coalescer[fenceReq]{Run: c.runFenced, Max: MaxFencedRuns}
 	return c
+}
+
+type fenceReq struct {
+	topic, lock string
+	es          []*event.Event
+	size        int
+	err         error
+	done        chan struct{}
 }
 
 type pubReq struct {
@@ -88,41 +105,93 @@ func (c *Coalescing) Publish(ctx context.Context, topic string, e *event.Event) 
 }
 
 // Queued is how many calls wait for the next batch.
-func (c *Coalescing) Queued() int { return c.c.Queued() }
+func (c *Coalescing) Queued() int { return c.c.Queued() + c.fc.Queued() }
 
 // PublishBatch implements Batcher (not coalesced).
 func (c *Coalescing) PublishBatch(ctx context.Context, topic string, es []*event.Event) error {
 	return c.pub.PublishBatch(ctx, topic, es)
 }
 
-// PublishFenced implements Fencer when the coalesced Publisher does (not
-// coalesced: a fenced request names one lock).
+// PublishFenced implements Fencer when the coalesced Publisher does:
+// coalesced with other locks' runs to the same topic when it is a
+// RunsFencer.
 func (c *Coalescing) PublishFenced(ctx context.Context, topic, lock string, es []*event.Event) error {
-	_, err := Fenced(ctx, c.pub, topic, lock, es)
-	return err
+	size := 0
+	for _, e := range es {
+		size += len(e.DataEncoded)
+	}
+	if c.runs == nil || lock == "" || len(es) == 0 || size > c.maxBytes || trace.SpanContextFromContext(ctx).IsValid() {
+		_, err := Fenced(ctx, c.pub, topic, lock, es)
+		return err
+	}
+	r := &fenceReq{topic: topic, lock: lock, es: es, size: size, done: make(chan struct{})}
+	c.fc.Add(r)
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		return fmt.Errorf("publish %d fenced outputs (%s first) to %s: %w", len(es), es[0].ID(), topic, ctx.Err())
+	}
+	if errors.Is(r.err, errAlone) {
+		return c.runs.PublishFenced(ctx, topic, lock, es)
+	}
+	return r.err
 }
 
-// run publishes one batch: per topic, in the callers' order, in requests
-// of at most maxBytes of data; the topics' requests go out together.
-func (c *Coalescing) run(reqs []*pubReq) {
+// runFenced publishes one batch of fenced runs: per topic, in requests of
+// at most maxBytes of data; the topics' requests go out together.
+func (c *Coalescing) runFenced(reqs []*fenceReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	var groups [][]*pubReq
+	groups := groupBy(reqs, func(r *fenceReq) (string, int) { return r.topic, r.size }, c.maxBytes)
+	each(groups, func(g []*fenceReq) {
+		defer func() {
+			for _, r := range g {
+				close(r.done)
+			}
+		}()
+		if len(g) == 1 {
+			g[0].err = c.runs.PublishFenced(ctx, g[0].topic, g[0].lock, g[0].es)
+			return
+		}
+		runs := make([]FencedRun, len(g))
+		for i, r := range g {
+			runs[i] = FencedRun{Lock: r.lock, Events: r.es}
+		}
+		errs, err := c.runs.PublishFencedRuns(ctx, g[0].topic, runs)
+		for i, r := range g {
+			if err != nil {
+				r.err = errAlone
+			} else {
+				r.err = errs[i]
+			}
+		}
+	})
+}
+
+// groupBy splits reqs by topic, in their order, into groups of at most
+// maxBytes (as key reports each request's topic and size).
+func groupBy[T any](reqs []*T, key func(*T) (string, int), maxBytes int) [][]*T {
+	var groups [][]*T
 	at := map[string]int{} // topic -> its open group in groups
 	size := map[string]int{}
 	for _, r := range reqs {
-		n := len(r.e.DataEncoded)
-		i, ok := at[r.topic]
-		if !ok || size[r.topic]+n > c.maxBytes {
+		topic, n := key(r)
+		i, ok := at[topic]
+		if !ok || size[topic]+n > maxBytes {
 			i = len(groups)
 			groups = append(groups, nil)
-			at[r.topic], size[r.topic] = i, 0
+			at[topic], size[topic] = i, 0
 		}
 		groups[i] = append(groups[i], r)
-		size[r.topic] += n
+		size[topic] += n
 	}
+	return groups
+}
+
+// each runs send on every group, together, and returns when all are done.
+func each[T any](groups [][]*T, send func([]*T)) {
 	if len(groups) == 1 {
-		c.send(ctx, groups[0])
+		send(groups[0])
 		return
 	}
 	var wg sync.WaitGroup
@@ -130,11 +199,20 @@ func (c *Coalescing) run(reqs []*pubReq) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c.send(ctx, g)
+			send(g)
 		}()
 	}
-	c.send(ctx, groups[0])
+	send(groups[0])
 	wg.Wait()
+}
+
+// run publishes one batch: per topic, in the callers' order, in requests
+// of at most maxBytes of data; the topics' requests go out together.
+func (c *Coalescing) run(reqs []*pubReq) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	groups := groupBy(reqs, func(r *pubReq) (string, int) { return r.topic, len(r.e.DataEncoded) }, c.maxBytes)
+	each(groups, func(g []*pubReq) { c.send(ctx, g) })
 }
 
 // send publishes one topic's group and answers its callers.

@@ -85,6 +85,157 @@ func (f *bulkFake) PublishFenced(ctx context.Context, topic, lock string, es []*
 	return f.PublishBatch(ctx, topic, es)
 }
 
+// fencedFake is bulkFake with runs of several locks in one request
+// (publish.RunsFencer): each lock's mark is the highest token it took; a
+// run whose first token is below it is refused, the others added. While
+// failRuns is set a request of runs fails whole (after adding nothing).
+type fencedFake struct {
+	*bulkFake
+	marks    map[string]int
+	runReqs  [][]string // each request's locks
+	failRuns bool
+}
+
+func token(e *event.Event) int {
+	var n int
+	fmt.Sscan(e.Extensions()[publish.FencingExtension].(string), &n)
+	return n
+}
+
+func (f *fencedFake) fence(lock string, es []*event.Event) error {
+	if token(es[0]) < f.marks[lock] {
+		return fmt.Errorf("%w: %s", publish.ErrFenced, lock)
+	}
+	for _, e := range es {
+		f.add("out", e)
+	}
+	f.marks[lock] = token(es[len(es)-1])
+	return nil
+}
+
+func (f *fencedFake) PublishFenced(_ context.Context, topic, lock string, es []*event.Event) error {
+	f.wait()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fenced++
+	return f.fence(lock, es)
+}
+
+func (f *fencedFake) PublishFencedRuns(_ context.Context, topic string, runs []publish.FencedRun) ([]error, error) {
+	f.wait()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var locks []string
+	for _, r := range runs {
+		locks = append(locks, r.Lock)
+	}
+	f.runReqs = append(f.runReqs, locks)
+	if f.failRuns {
+		return nil, errors.New("daprd unreachable")
+	}
+	errs := make([]error, len(runs))
+	for i, r := range runs {
+		errs[i] = f.fence(r.Lock, r.Events)
+	}
+	return errs, nil
+}
+
+func fencedEv(id string, tok int) *event.Event {
+	e := ev(id, 10)
+	e.SetExtension(publish.FencingExtension, fmt.Sprint(tok))
+	return e
+}
+
+// Fenced publishes of many locks to one topic, made while one is in
+// flight, go out as one request of runs; a stale run is refused on its
+// own (ErrFenced to its caller only); a request that fails whole is
+// retried run by run.
+func TestCoalescingFencedRunsOfManyLocks(t *testing.T) {
+	f := &fencedFake{bulkFake: newBulkFake(), marks: map[string]int{"stale": 9}}
+	c := publish.NewCoalescing(f, 0)
+	ctx := context.Background()
+	round := func(first string) map[string]error {
+		release := f.hold()
+		firstErr := make(chan error, 1)
+		go func() { firstErr <- c.PublishFenced(ctx, "out", first, []*event.Event{fencedEv(first+"-0", 1)}) }()
+		<-f.entered
+		locks := []string{"k1", "k2", "stale", "k3", "k4"}
+		errs := map[string]error{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, l := range locks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tok := 1
+				if l == "stale" {
+					tok = 5
+				}
+				err := c.PublishFenced(ctx, "out", l, []*event.Event{fencedEv(first+l+"-a", tok), fencedEv(first+l+"-b", tok)})
+				mu.Lock()
+				errs[l] = err
+				mu.Unlock()
+			}()
+		}
+		waitFor(t, "the fenced callers to queue", func() bool { return c.Queued() == len(locks) })
+		release()
+		wg.Wait()
+		if err := <-firstErr; err != nil {
+			t.Fatal(err)
+		}
+		return errs
+	}
+	check := func(errs map[string]error) {
+		t.Helper()
+		for l, err := range errs {
+			if stale := l == "stale"; stale != errors.Is(err, publish.ErrFenced) || !stale && err != nil {
+				t.Fatalf("lock %s: %v", l, err)
+			}
+		}
+	}
+	check(round("r1"))
+	f.mu.Lock()
+	if len(f.runReqs) != 1 || len(f.runReqs[0]) != 5 {
+		t.Fatalf("requests of runs %v, want one of the 5 queued locks", f.runReqs)
+	}
+	for _, id := range []string{"r1k1-a", "r1k1-b", "r1k4-b"} {
+		if f.byTopic["out"] == nil || !contains(f.byTopic["out"], id) {
+			t.Fatalf("%s not published: %v", id, f.byTopic["out"])
+		}
+	}
+	if contains(f.byTopic["out"], "r1stale-a") {
+		t.Fatal("the stale run was published")
+	}
+	f.failRuns = true
+	f.mu.Unlock()
+
+	// A request that fails whole: each run again alone, as its caller's
+	// own fenced publish; the marks refuse the runs already taken... here
+	// none was, so each is published once, the stale one still refused.
+	before := f.fenced
+	f.marks["k1"], f.marks["k2"], f.marks["k3"], f.marks["k4"] = 0, 0, 0, 0
+	check(round("r2"))
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if alone := f.fenced - before; alone != 1+5 {
+		t.Fatalf("%d fenced publishes alone, want the first and the 5 retried", alone)
+	}
+	for _, id := range []string{"r2k1-a", "r2k2-b", "r2k4-a"} {
+		if !contains(f.byTopic["out"], id) {
+			t.Fatalf("%s not published after the retry: %v", id, f.byTopic["out"])
+		}
+	}
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
 func (f *bulkFake) hold() func() {
 	g := make(chan struct{})
 	f.mu.Lock()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
 	dapr "github.com/dapr/go-sdk/client"
 	"go.opentelemetry.io/otel/propagation"
 
@@ -171,6 +172,77 @@ func (p *Dapr) PublishFenced(ctx context.Context, topic, lock string, es []*even
 		return p.send(ctx, topic, es[0], m)
 	}
 	return p.bulk(ctx, topic, lock, es)
+}
+
+// FencedRun is one lock's outputs in a PublishFencedRuns request, in
+// fencing-token order.
+type FencedRun struct {
+	Lock   string
+	Events []*event.Event
+}
+
+// RunsFencer is a Fencer that also publishes the outputs of several locks
+// to one topic in one request (WorkManager's daprd, change 13), each
+// lock's run checked against its own fence.
+type RunsFencer interface {
+	Fencer
+	// PublishFencedRuns publishes runs to topic in one request: each run
+	// is published, in its order, or refused by its lock's fence on its
+	// own. It returns one error per run (nil: published; wrapping
+	// ErrFenced: refused, nothing of it published), or an error for the
+	// request as a whole (then none is known to be published).
+	PublishFencedRuns(ctx context.Context, topic string, runs []FencedRun) ([]error, error)
+}
+
+// MaxFencedRuns bounds the runs of one PublishFencedRuns request (the
+// broker's bound: deploy/dapr/daprd/redisstreams, maxFenceRuns).
+const MaxFencedRuns = 48
+
+// PublishFencedRuns implements RunsFencer through Dapr's bulk publish,
+// read from daprd's own answer (the go-sdk keeps which entries failed, not
+// why): each entry carries its run's lock and its fencing token.
+func (p *Dapr) PublishFencedRuns(ctx context.Context, topic string, runs []FencedRun) ([]error, error) {
+	if len(runs) > MaxFencedRuns {
+		return nil, fmt.Errorf("publish: %d fenced runs in one request, more than %d", len(runs), MaxFencedRuns)
+	}
+	meta := p.capMeta()
+	req := &runtimev1.BulkPublishRequest{PubsubName: p.pubsub, Topic: topic}
+	for g, ru := range runs {
+		if ru.Lock == "" || len(ru.Events) == 0 {
+			return nil, fmt.Errorf("publish: fenced run %d without a lock or events", g)
+		}
+		for i, e := range ru.Events {
+			body, err := e.MarshalJSON()
+			if err != nil {
+				return nil, fmt.Errorf("encode CloudEvent %s: %w", e.ID(), err)
+			}
+			m, err := fenceMeta(e, ru.Lock, meta)
+			if err != nil {
+				return nil, err
+			}
+			req.Entries = append(req.Entries, &runtimev1.BulkPublishRequestEntry{
+				EntryId: strconv.Itoa(g) + "/" + strconv.Itoa(i), Event: body, ContentType: ContentType, Metadata: m})
+		}
+	}
+	if p.Propagator != nil {
+		ctx = tracing.InjectGRPC(ctx, p.Propagator)
+	}
+	res, err := p.client.GrpcClient().BulkPublishEventAlpha1(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("publish %d fenced runs to %s/%s: %w", len(runs), p.pubsub, topic, fenced(err))
+	}
+	errs := make([]error, len(runs))
+	for _, f := range res.GetFailedEntries() {
+		run, _, _ := strings.Cut(f.GetEntryId(), "/")
+		g, err := strconv.Atoi(run)
+		if err != nil || g < 0 || g >= len(runs) {
+			return nil, fmt.Errorf("publish to %s/%s: daprd reported a failed entry %q that was not sent", p.pubsub, topic, f.GetEntryId())
+		}
+		if errs[g] == nil {
+			errs[g] = fmt.Errorf("publish %d fenced outputs (%s first) of lock %s to %s/%s: %w", len(runs[g].Events), runs[g].Events[0].ID(), runs[g].Lock, p.pubsub, topic, fenced(errors.New(f.GetError())))
+		}
+	}
+	return errs, nil
 }
 
 // The per-entry metadata of a fenced output, and the start of the error

@@ -57,6 +57,18 @@ func TestBrokerFenceRefusesAStaleToken(t *testing.T) {
 	if err := pub.Publish(ctxT(t), topic, out("f", 2)); err != nil {
 		t.Fatal(err)
 	}
+	// Several locks' runs in one request (change 13, what a node's
+	// coalescing publisher sends): each run fenced on its own, through
+	// daprd's answer per entry.
+	errs, err := pub.PublishFencedRuns(ctxT(t), topic, []publish.FencedRun{
+		{Lock: "t/g", Events: []*event.Event{out("g", 561)}},
+		{Lock: "t/other", Events: []*event.Event{out("stalerun", 0)}},
+		{Lock: "t/third", Events: []*event.Event{out("h", 5), out("i", 6)}},
+	})
+	if err != nil || len(errs) != 3 || errs[0] != nil || !errors.Is(errs[1], publish.ErrFenced) || errs[2] != nil {
+		t.Fatalf("runs: %v, %v; want t/other's refused (ErrFenced), the others published", errs, err)
+	}
+	t.Logf("a stale run among others: %v", errs[1])
 	// The stream, in its order: redis-cli XRANGE.
 	raw := e.redisCLI(t, "XRANGE", topic, "-", "+")
 	if strings.Contains(raw, "fenceLock") {
@@ -66,30 +78,47 @@ func TestBrokerFenceRefusesAStaleToken(t *testing.T) {
 	for _, m := range regexp.MustCompile(`"id":"([a-z]+)"`).FindAllStringSubmatch(raw, -1) {
 		got = append(got, m[1])
 	}
-	if want := "a b c d e f"; strings.Join(got, " ") != want {
+	if want := "a b c d e f g h i"; strings.Join(got, " ") != want {
 		t.Fatalf("the stream holds %v, want %s (the stale output never)", got, want)
 	}
 	// A request of one fenced output ("stale", "e") goes through daprd's
 	// PublishEvent, a longer one through its bulk publish: the broker
 	// stores both alike (the same attributes, the same entry metadata).
+	// Each entry's fields in any order (an unfenced single publish writes
+	// them from a Go map): per entry its data's attribute names and its
+	// metadata.
 	lines := strings.Split(raw, "\n")
 	var shapes []string
+	entryID := regexp.MustCompile(`^\d+-\d+$`)
+	var data, meta string
+	flush := func() {
+		if data != "" || meta != "" {
+			shapes = append(shapes, data+" | "+meta)
+		}
+		data, meta = "", ""
+	}
 	for i, l := range lines {
 		l = strings.TrimSpace(l)
-		if l == "data" && i+1 < len(lines) {
+		switch {
+		case entryID.MatchString(l):
+			flush()
+		case l == "data" && i+1 < len(lines):
 			var attrs map[string]any
 			if err := json.Unmarshal([]byte(strings.TrimSpace(lines[i+1])), &attrs); err != nil {
 				t.Fatalf("entry data %q: %v", lines[i+1], err)
 			}
-			shapes = append(shapes, strings.Join(slices.Sorted(maps.Keys(attrs)), ","))
-		}
-		if l == "metadata" && i+1 < len(lines) {
-			shapes = append(shapes, strings.TrimSpace(lines[i+1]))
+			data = strings.Join(slices.Sorted(maps.Keys(attrs)), ",")
+		case l == "metadata" && i+1 < len(lines):
+			meta = strings.TrimSpace(lines[i+1])
 		}
 	}
-	for i := 2; i < len(shapes); i++ {
-		if shapes[i] != shapes[i%2] {
-			t.Fatalf("stored entries differ: %q against %q", shapes[i], shapes[i%2])
+	flush()
+	if len(shapes) != len(got) {
+		t.Fatalf("%d entries read, %d ids:\n%s", len(shapes), len(got), raw)
+	}
+	for i := 1; i < len(shapes); i++ {
+		if shapes[i] != shapes[0] {
+			t.Fatalf("stored entries differ: entry %d %q against %q\n%s", i, shapes[i], shapes[0], raw)
 		}
 	}
 }

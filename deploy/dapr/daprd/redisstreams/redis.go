@@ -77,6 +77,13 @@ limitations under the License.
 //     broker can. The high-water mark lives beside the stream, in the key
 //     "workmanager-fence|<stream>|<lock>", for fenceTTL after its last
 //     output; the fence fields are not stored with the entries.
+//  13. A fenced BulkPublish may hold the outputs of several locks, each
+//     lock's entries consecutive (a run): every run is checked against its
+//     own lock's mark and added, or refused, on its own, in one script
+//     (bulkXAddRuns); a refused run's entries come back as failed entries
+//     whose error starts with WMFENCED, the others are added. A node
+//     publishes the outputs of many keys' calls so in one request instead
+//     of one each. A request of one run is change 12's.
 //
 // main.go registers it as "pubsub.redis" in place of the upstream one.
 package redisstreams
@@ -792,6 +799,51 @@ if KEYS[2] then
 end
 return n`
 
+// bulkXAddRuns is bulkXAdd for a request of several runs (change 13):
+// KEYS[1] the stream, KEYS[1+g] the high-water mark of run g's lock;
+// ARGV[1] the approximate cap (0: none), ARGV[2] the marks' TTL in ms,
+// ARGV[3] the number of runs, then per run its lowest and highest token
+// and its number of entries, then per entry its data and metadata. Runs
+// are taken in order, each checked against its mark as it stands then
+// (a lock may have several runs); a refused run adds nothing. It returns
+// the refused runs as a bit mask (run g: 2^(g-1); at most maxFenceRuns
+// runs, so the mask stays exact in a double).
+const bulkXAddRuns = `
+local function below(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+local cap = tonumber(ARGV[1])
+local runs = tonumber(ARGV[3])
+local e = 4 + 3 * runs
+local refused, bit = 0, 1
+for g = 1, runs do
+  local low, high, n = ARGV[1 + 3 * g], ARGV[2 + 3 * g], tonumber(ARGV[3 + 3 * g])
+  local mark = redis.call('GET', KEYS[1 + g])
+  if mark and below(low, mark) then
+    refused = refused + bit
+  else
+    for i = e, e + 2 * (n - 1), 2 do
+      local args = {'XADD', KEYS[1]}
+      if cap > 0 then
+        table.insert(args, 'MAXLEN'); table.insert(args, '~'); table.insert(args, cap)
+      end
+      table.insert(args, '*'); table.insert(args, 'data'); table.insert(args, ARGV[i])
+      if ARGV[i + 1] ~= '' then
+        table.insert(args, 'metadata'); table.insert(args, ARGV[i + 1])
+      end
+      redis.call(unpack(args))
+    end
+    redis.call('SET', KEYS[1 + g], high, 'PX', ARGV[2])
+  end
+  e = e + 2 * n
+  bit = bit * 2
+end
+return refused`
+
+// maxFenceRuns bounds the runs of one request (change 13).
+const maxFenceRuns = 48
+
 // BulkPublish implements pubsub.BulkPublisher (change 11): every entry of
 // req, in order, in one script (nothing else writes to the stream between
 // them); on an error every entry is reported failed, though those before
@@ -799,7 +851,9 @@ return n`
 // retry may add them twice, never out of order. The stream's
 // cap is the first entry's maxLenApprox (else the request's, else the
 // component's), as Publish reads it. Entries with a fence (change 12)
-// must all name the same lock, tokens in order.
+// come in runs of one lock, tokens in order within a run; a request of
+// several runs (change 13) reports a refused run's entries as failed
+// entries, without an error for the request.
 func (r *redisStreams) BulkPublish(ctx context.Context, req *pubsub.BulkPublishRequest) (pubsub.BulkPublishResponse, error) {
 	failAll := func(err error) (pubsub.BulkPublishResponse, error) {
 		res := pubsub.BulkPublishResponse{FailedEntries: make([]pubsub.BulkPublishResponseFailedEntry, len(req.Entries))}
@@ -826,12 +880,25 @@ func (r *redisStreams) BulkPublish(ctx context.Context, req *pubsub.BulkPublishR
 		}
 		maxLen = n
 	}
-	keys, fence, err := fenceOf(req)
+	keys, runs, err := fenceOf(req)
 	if err != nil {
 		return failAll(err)
 	}
-	args := make([]any, 0, 4+2*len(req.Entries))
-	args = append(args, maxLen, fence.low, fence.high, fenceTTL.Milliseconds())
+	args := make([]any, 0, 3+3*len(runs)+2*len(req.Entries))
+	script := bulkXAdd
+	if len(runs) > 1 {
+		script = bulkXAddRuns
+		args = append(args, maxLen, fenceTTL.Milliseconds(), len(runs))
+		for _, ru := range runs {
+			args = append(args, ru.low, ru.high, ru.n)
+		}
+	} else {
+		var f run
+		if len(runs) == 1 {
+			f = runs[0]
+		}
+		args = append(args, maxLen, f.low, f.high, fenceTTL.Milliseconds())
+	}
 	for _, e := range req.Entries {
 		meta := ""
 		if m := withoutFence(e.Metadata); m != nil {
@@ -843,7 +910,31 @@ func (r *redisStreams) BulkPublish(ctx context.Context, req *pubsub.BulkPublishR
 		}
 		args = append(args, e.Event, meta)
 	}
-	n, evalErr, err := r.client.EvalInt(ctx, bulkXAdd, keys, args...)
+	if len(runs) > 1 {
+		mask, evalErr, err := r.client.EvalInt(ctx, bulkXAddRuns, keys, args...)
+		if err == nil {
+			err = evalErr
+		}
+		if err == nil && mask == nil {
+			err = errors.New("no answer")
+		}
+		if err != nil {
+			return failAll(fmt.Errorf("redis streams: error from bulk publish: %s", err))
+		}
+		var res pubsub.BulkPublishResponse
+		at := 0
+		for g, ru := range runs {
+			if *mask&(1<<g) != 0 {
+				err := fmt.Errorf("%s token %s of %s is below the lock's mark on %s, already published", fencedReply, ru.low, ru.lock, req.Topic)
+				for _, e := range req.Entries[at : at+ru.n] {
+					res.FailedEntries = append(res.FailedEntries, pubsub.BulkPublishResponseFailedEntry{EntryId: e.EntryId, Error: err})
+				}
+			}
+			at += ru.n
+		}
+		return res, nil
+	}
+	n, evalErr, err := r.client.EvalInt(ctx, script, keys, args...)
 	if err == nil {
 		err = evalErr
 	}
@@ -863,47 +954,58 @@ func ptrOr(s *string) string {
 	return *s
 }
 
-// fence is the fencing tokens of a request's entries (change 12).
-type fence struct{ low, high string }
+// run is one lock's consecutive entries of a fenced request (changes 12
+// and 13): the lock, its entries' lowest and highest token, their number.
+type run struct {
+	lock, low, high string
+	n               int
+}
 
-// fenceOf returns the script's keys for req (its stream, then its lock's
-// high-water mark when its entries carry a fence) and the entries' lowest
-// and highest token. Every entry must then carry one, of the same lock,
-// the tokens decimal and in order.
-func fenceOf(req *pubsub.BulkPublishRequest) ([]string, fence, error) {
+// fenceOf returns the script's keys for req (its stream, then the
+// high-water mark of each run's lock) and its runs (none when no entry
+// carries a fence). Either every entry carries a fence or none does; a
+// run's tokens are decimal and in order.
+func fenceOf(req *pubsub.BulkPublishRequest) ([]string, []run, error) {
 	keys := []string{req.Topic}
-	lock, ok := req.Entries[0].Metadata[fenceLock]
-	if !ok {
+	if _, ok := req.Entries[0].Metadata[fenceLock]; !ok {
 		for _, e := range req.Entries {
 			if _, has := e.Metadata[fenceLock]; has {
-				return nil, fence{}, errors.New("redis streams: some entries of the request carry a fence and some do not")
+				return nil, nil, errors.New("redis streams: some entries of the request carry a fence and some do not")
 			}
 		}
-		return keys, fence{}, nil
+		return keys, nil, nil
 	}
-	if lock == "" {
-		return nil, fence{}, fmt.Errorf("redis streams: metadata %s is empty", fenceLock)
-	}
-	var f fence
-	var last int64 = -1
+	var runs []run
+	var last int64
 	for i, e := range req.Entries {
-		if e.Metadata[fenceLock] != lock {
-			return nil, fence{}, fmt.Errorf("redis streams: entry %d is fenced by lock %q, the first by %q: one lock per request", i, e.Metadata[fenceLock], lock)
+		lock, ok := e.Metadata[fenceLock]
+		if !ok {
+			return nil, nil, errors.New("redis streams: some entries of the request carry a fence and some do not")
+		}
+		if lock == "" {
+			return nil, nil, fmt.Errorf("redis streams: entry %d: metadata %s is empty", i, fenceLock)
 		}
 		v := e.Metadata[fenceToken]
 		tok, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || tok < 0 || strconv.FormatInt(tok, 10) != v {
-			return nil, fence{}, fmt.Errorf("redis streams: entry %d: metadata %s=%q is not a non-negative decimal integer", i, fenceToken, v)
+			return nil, nil, fmt.Errorf("redis streams: entry %d: metadata %s=%q is not a non-negative decimal integer", i, fenceToken, v)
 		}
-		if tok < last {
-			return nil, fence{}, fmt.Errorf("redis streams: entry %d: fencing token %d after %d: a request's tokens must be in order", i, tok, last)
+		if len(runs) > 0 && runs[len(runs)-1].lock == lock {
+			ru := &runs[len(runs)-1]
+			if tok < last {
+				return nil, nil, fmt.Errorf("redis streams: entry %d: fencing token %d after %d of lock %q: a run's tokens must be in order", i, tok, last, lock)
+			}
+			ru.high, ru.n, last = v, ru.n+1, tok
+			continue
 		}
-		if i == 0 {
-			f.low = v
+		if len(runs) == maxFenceRuns {
+			return nil, nil, fmt.Errorf("redis streams: more than %d runs of fenced entries in one request", maxFenceRuns)
 		}
-		f.high, last = v, tok
+		runs = append(runs, run{lock: lock, low: v, high: v, n: 1})
+		keys = append(keys, fencePrefix+req.Topic+"|"+lock)
+		last = tok
 	}
-	return append(keys, fencePrefix+req.Topic+"|"+lock), f, nil
+	return keys, runs, nil
 }
 
 // withoutFence is m without the fence fields (not stored with an entry).

@@ -440,7 +440,8 @@ func TestFencedPublishRefusesAStaleToken(t *testing.T) {
 	// Bad fences are refused with what is wrong.
 	for name, req := range map[string]*pubsub.BulkPublishRequest{
 		"mixed":        {Topic: "out", Entries: []pubsub.BulkMessageEntry{{EntryId: "0", Event: []byte("x"), Metadata: map[string]string{fenceLock: "t/g", fenceToken: "20"}}, {EntryId: "1", Event: []byte("y")}}},
-		"two locks":    {Topic: "out", Entries: []pubsub.BulkMessageEntry{{EntryId: "0", Event: []byte("x"), Metadata: map[string]string{fenceLock: "t/g", fenceToken: "20"}}, {EntryId: "1", Event: []byte("y"), Metadata: map[string]string{fenceLock: "t/h", fenceToken: "20"}}}},
+		"mixed later":  {Topic: "out", Entries: []pubsub.BulkMessageEntry{{EntryId: "0", Event: []byte("x"), Metadata: map[string]string{fenceLock: "t/g", fenceToken: "20"}}, {EntryId: "1", Event: []byte("y"), Metadata: map[string]string{fenceLock: "t/h", fenceToken: "20"}}, {EntryId: "2", Event: []byte("z")}}},
+		"empty lock":   {Topic: "out", Entries: []pubsub.BulkMessageEntry{{EntryId: "0", Event: []byte("x"), Metadata: map[string]string{fenceLock: "", fenceToken: "20"}}}},
 		"backwards":    {Topic: "out", Entries: []pubsub.BulkMessageEntry{{EntryId: "0", Event: []byte("x"), Metadata: map[string]string{fenceLock: "t/g", fenceToken: "21"}}, {EntryId: "1", Event: []byte("y"), Metadata: map[string]string{fenceLock: "t/g", fenceToken: "20"}}}},
 		"not a number": {Topic: "out", Entries: []pubsub.BulkMessageEntry{{EntryId: "0", Event: []byte("x"), Metadata: map[string]string{fenceLock: "t/g", fenceToken: "0x10"}}}},
 	} {
@@ -452,6 +453,104 @@ func TestFencedPublishRefusesAStaleToken(t *testing.T) {
 	}
 	if n := len(xrange(ctx, t, r, "out")); n != len(want) {
 		t.Fatalf("%d entries after the bad requests, want %d", n, len(want))
+	}
+}
+
+// TestFencedRunsAreCheckedEachOnItsOwn is change 13: one request holds
+// the outputs of several locks, each lock's entries consecutive; a run
+// whose lock already took a higher token is refused (its entries come
+// back failed, WMFENCED) while the other runs are added, in order, and
+// move their own marks; the request itself does not fail.
+func TestFencedRunsAreCheckedEachOnItsOwn(t *testing.T) {
+	ctx, r := newStreams(t)
+	type ent struct {
+		lock string
+		tok  int64
+	}
+	send := func(es ...ent) (failed []string) {
+		t.Helper()
+		req := &pubsub.BulkPublishRequest{Topic: "out"}
+		for i, e := range es {
+			req.Entries = append(req.Entries, pubsub.BulkMessageEntry{EntryId: strconv.Itoa(i),
+				Event:    []byte(e.lock + ":" + strconv.FormatInt(e.tok, 10)),
+				Metadata: map[string]string{fenceLock: e.lock, fenceToken: strconv.FormatInt(e.tok, 10), maxLenApprox: "100000"}})
+		}
+		res, err := r.BulkPublish(ctx, req)
+		if err != nil {
+			t.Fatalf("a request of runs failed whole: %v", err)
+		}
+		for _, f := range res.FailedEntries {
+			if f.Error == nil || !strings.HasPrefix(f.Error.Error(), fencedReply) {
+				t.Fatalf("entry %s failed with %v, want a %s refusal", f.EntryId, f.Error, fencedReply)
+			}
+			failed = append(failed, f.EntryId)
+		}
+		return failed
+	}
+	if f := send(ent{"g", 10}); len(f) != 0 {
+		t.Fatalf("refused %v", f)
+	}
+	// g's run is stale (5 after 10); h's and k's are new.
+	if f := send(ent{"h", 1}, ent{"h", 2}, ent{"g", 5}, ent{"g", 6}, ent{"k", 7}); strings.Join(f, ",") != "2,3" {
+		t.Fatalf("refused entries %v, want 2,3 (lock g's run)", f)
+	}
+	// A lock may come back later in the request: each run is checked
+	// against the mark as the runs before it left it.
+	if f := send(ent{"g", 11}, ent{"h", 3}, ent{"g", 12}); len(f) != 0 {
+		t.Fatalf("refused %v", f)
+	}
+	if f := send(ent{"g", 14}, ent{"h", 4}, ent{"g", 13}); strings.Join(f, ",") != "2" {
+		t.Fatalf("refused entries %v, want 2 (g's 13 after its 14)", f)
+	}
+	// A stale holder's single fenced publish is still refused whole.
+	err := r.Publish(ctx, &pubsub.PublishRequest{Topic: "out", Data: []byte("h:2"), Metadata: map[string]string{fenceLock: "h", fenceToken: "2"}})
+	if err == nil || !strings.Contains(err.Error(), fencedReply) {
+		t.Fatalf("h's token 2 after 4: %v", err)
+	}
+	var got []string
+	for _, m := range xrange(ctx, t, r, "out") {
+		got = append(got, m["data"])
+		if strings.Contains(m["metadata"], fenceLock) {
+			t.Fatalf("fence stored with the entry: %s", m["metadata"])
+		}
+	}
+	if want := "g:10 h:1 h:2 k:7 g:11 h:3 g:12 g:14 h:4"; strings.Join(got, " ") != want {
+		t.Fatalf("stream holds %v, want %s", got, want)
+	}
+	// Too many runs in one request: refused whole, nothing added.
+	var many []ent
+	for i := range maxFenceRuns + 1 {
+		many = append(many, ent{"lock-" + strconv.Itoa(i), 1})
+	}
+	req := &pubsub.BulkPublishRequest{Topic: "out"}
+	for i, e := range many {
+		req.Entries = append(req.Entries, pubsub.BulkMessageEntry{EntryId: strconv.Itoa(i), Event: []byte("x"),
+			Metadata: map[string]string{fenceLock: e.lock, fenceToken: "1"}})
+	}
+	if res, err := r.BulkPublish(ctx, req); err == nil || len(res.FailedEntries) != len(many) {
+		t.Fatalf("%d runs: %v, %d failed entries", len(many), err, len(res.FailedEntries))
+	}
+	// maxFenceRuns runs, every other one stale: the mask reaches its top bit.
+	req.Entries = req.Entries[:maxFenceRuns]
+	for i := 0; i < maxFenceRuns; i += 2 {
+		if err := r.Publish(ctx, &pubsub.PublishRequest{Topic: "out", Data: []byte("x"), Metadata: map[string]string{fenceLock: many[i].lock, fenceToken: "2"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i < maxFenceRuns; i += 2 { // odd runs: a mark of 2 too, refused (1 < 2)
+		if err := r.Publish(ctx, &pubsub.PublishRequest{Topic: "out", Data: []byte("x"), Metadata: map[string]string{fenceLock: many[i].lock, fenceToken: "2"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < maxFenceRuns; i += 2 { // even runs: token 3, taken
+		req.Entries[i].Metadata = map[string]string{fenceLock: many[i].lock, fenceToken: "3"}
+	}
+	res, err := r.BulkPublish(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.FailedEntries) != maxFenceRuns/2 || res.FailedEntries[len(res.FailedEntries)-1].EntryId != strconv.Itoa(maxFenceRuns-1) {
+		t.Fatalf("%d failed entries (last %v), want the %d odd runs", len(res.FailedEntries), res.FailedEntries[len(res.FailedEntries)-1].EntryId, maxFenceRuns/2)
 	}
 }
 
