@@ -30,6 +30,9 @@ import (
 //   - ungrouped: a Python echo worker with the delivery guarantees;
 //   - native:    a native (C, in process) echo worker, no group;
 //   - grouped:   the same worker in a group (uncontended lock);
+//   - grouped-pair: two such workers of one group on the event's topic,
+//     both answering every event, never at once (the group's lock): its
+//     msg/s counts their calls (outputs), two per event;
 //
 // in alternating rounds, and the state-store round trips per message on the
 // success path (Redis commands of the state component, counted by Redis).
@@ -50,10 +53,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 	}
 	// grouped-2nodes (one group served by two nodes) runs last: a second
 	// node joins the cluster for it, and stays.
-	modes := []string{"bare", "ungrouped", "native", "wasm", "grouped", "grouped-native", "keyed", "keyed-native", "slow", "dotnet", "grouped-2nodes"}
+	modes := []string{"bare", "ungrouped", "native", "wasm", "grouped", "grouped-pair", "grouped-native", "keyed", "keyed-native", "slow", "dotnet", "grouped-2nodes"}
 	if m := os.Getenv("WM_BENCH_MODES"); m != "" { // e.g. "bare,native"
 		modes = strings.Split(m, ",")
-		known := []string{"bare", "bare-inproc", "ungrouped", "native", "wasm", "grouped", "grouped-native", "keyed", "keyed-native", "slow", "dotnet", "grouped-2nodes"}
+		known := []string{"bare", "bare-inproc", "ungrouped", "native", "wasm", "grouped", "grouped-pair", "grouped-native", "keyed", "keyed-native", "slow", "dotnet", "grouped-2nodes"}
 		for _, mode := range modes {
 			if !slices.Contains(known, mode) {
 				b.Fatalf("WM_BENCH_MODES: unknown mode %q (%s)", mode, strings.Join(known, ", "))
@@ -79,14 +82,18 @@ func BenchmarkEndToEnd(b *testing.B) {
 		}
 		back0, full0 := givenBack(b, nodes)
 		ops0, cpu0 := e.redisStateOps(b), e.cpuByProcess(b, consumer)
-		rate := e.saturate(b, in, outs, n, payload, benchAttrs(mode))
+		k := 1 // outputs per event
+		if mode == "grouped-pair" {
+			k = 2
+		}
+		rate := e.saturate(b, in, outs, n, k, payload, benchAttrs(mode))
 		ops, cpu := float64(e.redisStateOps(b)-ops0)/float64(n), e.cpuByProcess(b, consumer)
 		back, full := givenBack(b, nodes)
 		perMsg := map[string]float64{}
 		for k, v := range cpu {
 			perMsg[k] = float64((v - cpu0[k]).Microseconds()) / float64(n)
 		}
-		p50, p99 := e.paced(b, in, outs, 300, 100, benchAttrs(mode))
+		p50, p99 := e.paced(b, in, outs, 300, 100, k, benchAttrs(mode))
 		stop()
 		x := res[mode]
 		x.rate, x.p50, x.p99, x.stateOps = append(x.rate, rate), append(x.p50, p50), append(x.p99, p99), append(x.stateOps, ops)
@@ -166,7 +173,7 @@ func (e *env) benchTarget(b *testing.B, mode, in, out string) (int, func()) {
 	}
 	req := &pb.CreateWorkerRequest{Topic: in}
 	switch mode {
-	case "grouped", "grouped-native", "keyed", "keyed-native", "grouped-2nodes":
+	case "grouped", "grouped-pair", "grouped-native", "keyed", "keyed-native", "grouped-2nodes":
 		// One group; "keyed", "keyed-native": 64 keys of it (benchAttrs),
 		// run in parallel.
 		req.Group = "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -193,13 +200,23 @@ func (e *env) benchTarget(b *testing.B, mode, in, out string) (int, func()) {
 		req.MimeType = "text/x-python"
 		req.Code = pyCode([]byte(fmt.Sprintf("def process(event):\n    return {\"type\": %q, \"data\": event.get(\"data\")}\n", out)))
 	}
-	resp, err := e.client.CreateWorker(ctxT(b), req)
-	if err != nil {
-		b.Fatal(err)
+	workers := 1
+	if mode == "grouped-pair" {
+		workers = 2
+	}
+	var ids []string
+	for range workers {
+		resp, err := e.client.CreateWorker(ctxT(b), req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids = append(ids, resp.GetWorkerId())
 	}
 	return e.node.Cmd.Process.Pid, func() {
-		if _, err := e.client.DeleteWorker(ctxT(b), &pb.DeleteWorkerRequest{WorkerId: resp.GetWorkerId()}); err != nil {
-			b.Fatal(err)
+		for _, id := range ids {
+			if _, err := e.client.DeleteWorker(ctxT(b), &pb.DeleteWorkerRequest{WorkerId: id}); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 }
@@ -215,9 +232,9 @@ func benchAttrs(mode string) func(i int, ce map[string]any) {
 }
 
 // saturate publishes n events from 16 publishers as fast as daprd takes
-// them and returns outputs/s until all n outputs arrived; attrs, when set,
-// adds attributes to event i.
-func (e *env) saturate(b *testing.B, in string, outs <-chan event.Event, n int, payload string, attrs func(int, map[string]any)) float64 {
+// them and returns outputs/s until all k×n outputs arrived (k per event);
+// attrs, when set, adds attributes to event i.
+func (e *env) saturate(b *testing.B, in string, outs <-chan event.Event, n, k int, payload string, attrs func(int, map[string]any)) float64 {
 	b.Helper()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -235,28 +252,29 @@ func (e *env) saturate(b *testing.B, in string, outs <-chan event.Event, n int, 
 			}
 		}()
 	}
-	for got := 0; got < n; got++ {
+	for got := 0; got < k*n; got++ {
 		select {
 		case <-outs:
 		case <-time.After(time.Minute):
-			b.Fatalf("%d of %d outputs", got, n)
+			b.Fatalf("%d of %d outputs", got, k*n)
 		}
 	}
 	d := time.Since(start)
 	wg.Wait()
-	return float64(n) / d.Seconds()
+	return float64(k*n) / d.Seconds()
 }
 
 // paced publishes n events at rate/s and returns the p50 and p99 from
-// publish to output (attrs as for saturate).
-func (e *env) paced(b *testing.B, in string, outs <-chan event.Event, n, rate int, attrs func(int, map[string]any)) (time.Duration, time.Duration) {
+// publish to output, over the k outputs of every event (k and attrs as for
+// saturate).
+func (e *env) paced(b *testing.B, in string, outs <-chan event.Event, n, rate, k int, attrs func(int, map[string]any)) (time.Duration, time.Duration) {
 	b.Helper()
 	sent := make([]time.Time, n)
 	var mu sync.Mutex
 	done := make(chan []time.Duration)
 	go func() {
 		var ds []time.Duration
-		for len(ds) < n {
+		for len(ds) < k*n {
 			select {
 			case ev := <-outs:
 				if i, ok := pacedIndex(ev); ok && i < n {
@@ -287,8 +305,8 @@ func (e *env) paced(b *testing.B, in string, outs <-chan event.Event, n, rate in
 		e.publishEvent(in, ce)
 	}
 	ds := <-done
-	if len(ds) < n {
-		b.Fatalf("%d of %d paced outputs", len(ds), n)
+	if len(ds) < k*n {
+		b.Fatalf("%d of %d paced outputs", len(ds), k*n)
 	}
 	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 	return ds[len(ds)/2], ds[len(ds)*99/100]
