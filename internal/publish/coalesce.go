@@ -50,10 +50,28 @@ type Coalescing struct {
 // CoalesceMax bounds the events of one coalesced batch.
 const CoalesceMax = 64
 
-// CoalesceMaxBytes bounds the data of one coalesced request: an event
-// larger than that goes alone, and a batch is cut before it would pass it
-// (well inside daprd's request limit, --max-body-size).
+// CoalesceMaxBytes bounds one coalesced request, its events' data and
+// attributes (eventSize): an event larger than that goes alone, and a
+// batch is cut before it would pass it — well inside daprd's request
+// limit (--max-body-size; a request over it would fail whole and its
+// events go again one by one).
 const CoalesceMaxBytes = 1 << 20
+
+// eventSize is about the size of e as published: its data, its attributes
+// and extensions (a few bytes more than their text for the JSON around
+// them).
+func eventSize(e *event.Event) int {
+	n := len(e.DataEncoded) + len(e.ID()) + len(e.Type()) + len(e.Source()) + len(e.Subject()) + len(e.DataContentType()) + 128
+	for k, v := range e.Extensions() {
+		n += len(k) + 8
+		if s, ok := v.(string); ok {
+			n += len(s)
+		} else {
+			n += len(fmt.Sprint(v))
+		}
+	}
+	return n
+}
 
 // NewCoalescing coalesces the Publish calls made on pub; timeout bounds
 // one batch (0: 30s).
@@ -79,6 +97,7 @@ type fenceReq struct {
 type pubReq struct {
 	topic string
 	e     *event.Event
+	size  int // eventSize
 	err   error
 	done  chan struct{}
 }
@@ -88,10 +107,11 @@ var errAlone = errors.New("publish: batch failed, publish alone")
 
 // Publish implements Publisher.
 func (c *Coalescing) Publish(ctx context.Context, topic string, e *event.Event) error {
-	if trace.SpanContextFromContext(ctx).IsValid() || len(e.DataEncoded) > c.maxBytes {
+	size := eventSize(e)
+	if trace.SpanContextFromContext(ctx).IsValid() || size > c.maxBytes {
 		return c.pub.Publish(ctx, topic, e)
 	}
-	r := &pubReq{topic: topic, e: e, done: make(chan struct{})}
+	r := &pubReq{topic: topic, e: e, size: size, done: make(chan struct{})}
 	c.c.Add(r)
 	select {
 	case <-r.done:
@@ -118,7 +138,7 @@ func (c *Coalescing) PublishBatch(ctx context.Context, topic string, es []*event
 func (c *Coalescing) PublishFenced(ctx context.Context, topic, lock string, es []*event.Event) error {
 	size := 0
 	for _, e := range es {
-		size += len(e.DataEncoded)
+		size += eventSize(e)
 	}
 	if c.runs == nil || lock == "" || len(es) == 0 || size > c.maxBytes || trace.SpanContextFromContext(ctx).IsValid() {
 		_, err := Fenced(ctx, c.pub, topic, lock, es)
@@ -138,7 +158,7 @@ func (c *Coalescing) PublishFenced(ctx context.Context, topic, lock string, es [
 }
 
 // runFenced publishes one batch of fenced runs: per topic, in requests of
-// at most maxBytes of data; the topics' requests go out together.
+// at most maxBytes; the topics' requests go out together.
 func (c *Coalescing) runFenced(reqs []*fenceReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
@@ -207,11 +227,11 @@ func each[T any](groups [][]*T, send func([]*T)) {
 }
 
 // run publishes one batch: per topic, in the callers' order, in requests
-// of at most maxBytes of data; the topics' requests go out together.
+// of at most maxBytes; the topics' requests go out together.
 func (c *Coalescing) run(reqs []*pubReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	groups := groupBy(reqs, func(r *pubReq) (string, int) { return r.topic, len(r.e.DataEncoded) }, c.maxBytes)
+	groups := groupBy(reqs, func(r *pubReq) (string, int) { return r.topic, r.size }, c.maxBytes)
 	each(groups, func(g []*pubReq) { c.send(ctx, g) })
 }
 
