@@ -155,10 +155,9 @@ func TestCoalescingFencedRunsOfManyLocks(t *testing.T) {
 	c := publish.NewCoalescing(f, 0)
 	ctx := context.Background()
 	round := func(first string) map[string]error {
-		release := f.hold()
-		firstErr := make(chan error, 1)
-		go func() { firstErr <- c.PublishFenced(ctx, "out", first, []*event.Event{fencedEv(first+"-0", 1)}) }()
-		<-f.entered
+		release, firstErr := inFlight(f.bulkFake, func() error {
+			return c.PublishFenced(ctx, "out", first, []*event.Event{fencedEv(first+"-0", 1)})
+		})
 		locks := []string{"k1", "k2", "stale", "k3", "k4"}
 		errs := map[string]error{}
 		var mu sync.Mutex
@@ -236,6 +235,17 @@ func contains(xs []string, x string) bool {
 	return false
 }
 
+// inFlight holds the broker, sends one request (send) and returns once it
+// reached the broker: what callers publish meanwhile queues behind it
+// until release.
+func inFlight(f *bulkFake, send func() error) (release func(), first <-chan error) {
+	release = f.hold()
+	ch := make(chan error, 1)
+	go func() { ch <- send() }()
+	<-f.entered
+	return release, ch
+}
+
 func (f *bulkFake) hold() func() {
 	g := make(chan struct{})
 	f.mu.Lock()
@@ -288,10 +298,8 @@ func TestCoalescingBatchesConcurrentPublishes(t *testing.T) {
 		t.Fatalf("a lone publish: %d singles, %d bulks; want it alone", f.singles, len(f.bulks))
 	}
 
-	release := f.hold()
-	first := make(chan error, 1)
-	go func() { first <- c.Publish(ctx, "a", ev("first", 10)) }()
-	<-f.entered // the first request is in flight, held
+	// The first request is in flight, held: the callers queue behind it.
+	release, first := inFlight(f, func() error { return c.Publish(ctx, "a", ev("first", 10)) })
 	const callers, each = 8, 5
 	var wg sync.WaitGroup
 	errs := make(chan error, callers*each)
@@ -360,10 +368,7 @@ func TestCoalescingFailedBatchFailsOnlyTheRefusedEvent(t *testing.T) {
 	f := newBulkFake()
 	c := publish.NewCoalescing(f, 0)
 	ctx := context.Background()
-	release := f.hold()
-	first := make(chan error, 1)
-	go func() { first <- c.Publish(ctx, "a", ev("first", 10)) }()
-	<-f.entered
+	release, first := inFlight(f, func() error { return c.Publish(ctx, "a", ev("first", 10)) })
 	ids := []string{"ok1", "ok2", "bad3", "ok4", "ok5"}
 	errs := make([]error, len(ids))
 	var wg sync.WaitGroup
@@ -409,10 +414,7 @@ func TestCoalescingBoundsARequestsBytes(t *testing.T) {
 	f := newBulkFake()
 	c := publish.NewCoalescing(f, 0)
 	ctx := context.Background()
-	release := f.hold()
-	first := make(chan error, 1)
-	go func() { first <- c.Publish(ctx, "a", ev("first", 10)) }()
-	<-f.entered
+	release, first := inFlight(f, func() error { return c.Publish(ctx, "a", ev("first", 10)) })
 	third := publish.CoalesceMaxBytes * 2 / 5
 	var wg sync.WaitGroup
 	for i := range 5 {
@@ -458,11 +460,8 @@ func TestCoalescingBoundsARequestsBytes(t *testing.T) {
 func TestCoalescingCallersKeepTheirOwnContext(t *testing.T) {
 	f := newBulkFake()
 	c := publish.NewCoalescing(f, 0)
-	release := f.hold()
+	release, first := inFlight(f, func() error { return c.Publish(context.Background(), "a", ev("first", 10)) })
 	defer release()
-	first := make(chan error, 1)
-	go func() { first <- c.Publish(context.Background(), "a", ev("first", 10)) }()
-	<-f.entered
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -482,7 +481,7 @@ func TestCoalescingCallersKeepTheirOwnContext(t *testing.T) {
 	}()
 	<-f.entered
 	release()
-	for _, ch := range []chan error{first, traced, fenced} {
+	for _, ch := range []<-chan error{first, traced, fenced} {
 		if err := <-ch; err != nil {
 			t.Fatal(err)
 		}

@@ -759,21 +759,38 @@ func (r *redisStreams) Features() []pubsub.Feature {
 	return []pubsub.Feature{pubsub.FeatureBulkPublish}
 }
 
+// luaFns are the scripts' shared functions: below compares two fencing
+// tokens as decimal strings, shorter first (Lua's numbers are doubles);
+// xadd adds one entry, its data and its metadata ("" for none, written as
+// Publish writes it: no metadata field), to stream, capped at about cap
+// entries (0: none).
+const luaFns = `
+local function below(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+local function xadd(stream, cap, data, meta)
+  local args = {'XADD', stream}
+  if cap > 0 then
+    table.insert(args, 'MAXLEN'); table.insert(args, '~'); table.insert(args, cap)
+  end
+  table.insert(args, '*'); table.insert(args, 'data'); table.insert(args, data)
+  if meta ~= '' then
+    table.insert(args, 'metadata'); table.insert(args, meta)
+  end
+  redis.call(unpack(args))
+end
+`
+
 // bulkXAdd adds ARGV's entries to the stream KEYS[1] in their order, in
 // one atomic step: ARGV[1] is the approximate cap (0: none); ARGV[2] and
 // ARGV[3] the lowest and highest fencing token of the entries and ARGV[4]
 // the mark's TTL in ms when KEYS[2], the high-water mark of their lock on
 // this stream, is given (change 12: refused, nothing added, when the mark
 // is above the lowest token; else set to the highest, which is then at
-// least the mark: fenceOf checks that the tokens are in order); then per entry its
-// data and its metadata ("" for none, written as Publish writes it: no
-// metadata field). Tokens are compared as decimal strings, shorter first:
-// Lua's numbers are doubles.
-const bulkXAdd = `
-local function below(a, b)
-  if #a ~= #b then return #a < #b end
-  return a < b
-end
+// least the mark: fenceOf checks that the tokens are in order); then per
+// entry its data and its metadata.
+const bulkXAdd = luaFns + `
 if KEYS[2] then
   local mark = redis.call('GET', KEYS[2])
   if mark and below(ARGV[2], mark) then
@@ -783,15 +800,7 @@ end
 local cap = tonumber(ARGV[1])
 local n = 0
 for i = 5, #ARGV, 2 do
-  local args = {'XADD', KEYS[1]}
-  if cap > 0 then
-    table.insert(args, 'MAXLEN'); table.insert(args, '~'); table.insert(args, cap)
-  end
-  table.insert(args, '*'); table.insert(args, 'data'); table.insert(args, ARGV[i])
-  if ARGV[i+1] ~= '' then
-    table.insert(args, 'metadata'); table.insert(args, ARGV[i+1])
-  end
-  redis.call(unpack(args))
+  xadd(KEYS[1], cap, ARGV[i], ARGV[i + 1])
   n = n + 1
 end
 if KEYS[2] then
@@ -808,11 +817,7 @@ return n`
 // (a lock may have several runs); a refused run adds nothing. It returns
 // the refused runs as a bit mask (run g: 2^(g-1); at most maxFenceRuns
 // runs, so the mask stays exact in a double).
-const bulkXAddRuns = `
-local function below(a, b)
-  if #a ~= #b then return #a < #b end
-  return a < b
-end
+const bulkXAddRuns = luaFns + `
 local cap = tonumber(ARGV[1])
 local runs = tonumber(ARGV[3])
 local e = 4 + 3 * runs
@@ -824,15 +829,7 @@ for g = 1, runs do
     refused = refused + bit
   else
     for i = e, e + 2 * (n - 1), 2 do
-      local args = {'XADD', KEYS[1]}
-      if cap > 0 then
-        table.insert(args, 'MAXLEN'); table.insert(args, '~'); table.insert(args, cap)
-      end
-      table.insert(args, '*'); table.insert(args, 'data'); table.insert(args, ARGV[i])
-      if ARGV[i + 1] ~= '' then
-        table.insert(args, 'metadata'); table.insert(args, ARGV[i + 1])
-      end
-      redis.call(unpack(args))
+      xadd(KEYS[1], cap, ARGV[i], ARGV[i + 1])
     end
     redis.call('SET', KEYS[1 + g], high, 'PX', ARGV[2])
   end
