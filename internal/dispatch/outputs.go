@@ -9,16 +9,15 @@ package dispatch
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"net/url"
 	"strconv"
 
 	"github.com/cloudevents/sdk-go/v2/event"
-	"github.com/cloudevents/sdk-go/v2/types"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/deadletter"
+	"github.com/virtufin/workmanager/internal/publish"
 	"github.com/virtufin/workmanager/internal/workerpolicy"
 )
 
@@ -87,7 +86,7 @@ func (d *Dispatcher) checkOutputs(w *worker, m *message, outs []event.Event) (de
 		if n := len(o.DataEncoded); n > d.cfg.MaxOutputBytes {
 			return deadletter.ReasonOutputLimit, fmt.Errorf("%w: output %d: %d bytes of data, more than MAX_OUTPUT_BYTES %d", engines.ErrWorkerFailed, i, n, d.cfg.MaxOutputBytes)
 		}
-		if n := attributesSize(o.Context.(*event.EventContextV1), MaxOutputAttributeBytes); n > MaxOutputAttributeBytes {
+		if n := publish.AttributesSize(o.Context.(*event.EventContextV1), MaxOutputAttributeBytes); n > MaxOutputAttributeBytes {
 			return deadletter.ReasonOutputLimit, fmt.Errorf("%w: output %d: its attributes and extensions take %d bytes or more, more than %d", engines.ErrWorkerFailed, i, n, MaxOutputAttributeBytes)
 		}
 	}
@@ -98,47 +97,6 @@ func (d *Dispatcher) checkOutputs(w *worker, m *message, outs []event.Event) (de
 // (its encoded size beyond its data, as the reply limit allows for it),
 // the input's correlation id included.
 const MaxOutputAttributeBytes = engines.ReplyOutputOverhead
-
-// urlSize is about the length of u as a string (without building it).
-func urlSize(u *url.URL) int {
-	n := len(u.Scheme) + len(u.Opaque) + len(u.Host) + len(u.Path) + len(u.RawPath) + len(u.RawQuery) + len(u.Fragment) + len(u.RawFragment) + 8
-	if u.User != nil {
-		n += len(u.User.String())
-	}
-	return n
-}
-
-// attributesSize is about the size of ec's attributes and extensions as
-// they are published; it stops counting above limit.
-func attributesSize(ec *event.EventContextV1, limit int) int {
-	const perAttribute = 6                                                         // quotes, colon, comma
-	n := len(ec.ID) + len(ec.Type) + urlSize(&ec.Source.URL) + 5*perAttribute + 40 // specversion, time
-	if ec.Subject != nil {
-		n += len(*ec.Subject) + perAttribute
-	}
-	if ec.DataContentType != nil {
-		n += len(*ec.DataContentType) + perAttribute
-	}
-	if ec.DataSchema != nil {
-		n += urlSize(&ec.DataSchema.URL) + perAttribute
-	}
-	for k, v := range ec.Extensions {
-		if n > limit {
-			break
-		}
-		n += len(k) + perAttribute
-		switch v := v.(type) {
-		case string:
-			n += len(v)
-		case []byte:
-			n += base64.StdEncoding.EncodedLen(len(v))
-		default:
-			s, _ := types.Format(v)
-			n += len(s)
-		}
-	}
-	return n
-}
 
 // completeOutput fills an output's defaults (id derived from the input's
 // id (idBase: outputIDBase, a hash of a long id) and source, so a

@@ -57,20 +57,14 @@ const CoalesceMax = 64
 // events go again one by one).
 const CoalesceMaxBytes = 1 << 20
 
-// eventSize is about the size of e as published: its data, its attributes
-// and extensions (a few bytes more than their text for the JSON around
-// them).
-func eventSize(e *event.Event) int {
-	n := len(e.DataEncoded) + len(e.ID()) + len(e.Type()) + len(e.Source()) + len(e.Subject()) + len(e.DataContentType()) + 128
-	for k, v := range e.Extensions() {
-		n += len(k) + 8
-		if s, ok := v.(string); ok {
-			n += len(s)
-		} else {
-			n += len(fmt.Sprint(v))
-		}
+// eventSize is about the size of e as published (its data, attributes
+// and extensions), counted up to limit.
+func eventSize(e *event.Event, limit int) int {
+	n := len(e.DataEncoded)
+	if ec, ok := e.Context.(*event.EventContextV1); ok {
+		return n + AttributesSize(ec, limit)
 	}
-	return n
+	return n + 1<<10 // another spec version: an allowance
 }
 
 // NewCoalescing coalesces the Publish calls made on pub; timeout bounds
@@ -107,8 +101,8 @@ var errAlone = errors.New("publish: batch failed, publish alone")
 
 // Publish implements Publisher.
 func (c *Coalescing) Publish(ctx context.Context, topic string, e *event.Event) error {
-	size := eventSize(e)
-	if trace.SpanContextFromContext(ctx).IsValid() || size > c.maxBytes {
+	size := eventSize(e, c.maxBytes)
+	if size > c.maxBytes || trace.SpanContextFromContext(ctx).IsValid() {
 		return c.pub.Publish(ctx, topic, e)
 	}
 	r := &pubReq{topic: topic, e: e, size: size, done: make(chan struct{})}
@@ -137,8 +131,10 @@ func (c *Coalescing) PublishBatch(ctx context.Context, topic string, es []*event
 // RunsFencer.
 func (c *Coalescing) PublishFenced(ctx context.Context, topic, lock string, es []*event.Event) error {
 	size := 0
-	for _, e := range es {
-		size += eventSize(e)
+	if c.runs != nil && lock != "" {
+		for _, e := range es {
+			size += eventSize(e, c.maxBytes)
+		}
 	}
 	if c.runs == nil || lock == "" || len(es) == 0 || size > c.maxBytes || trace.SpanContextFromContext(ctx).IsValid() {
 		_, err := Fenced(ctx, c.pub, topic, lock, es)

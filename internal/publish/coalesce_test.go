@@ -155,7 +155,7 @@ func TestCoalescingFencedRunsOfManyLocks(t *testing.T) {
 	c := publish.NewCoalescing(f, 0)
 	ctx := context.Background()
 	round := func(first string) map[string]error {
-		release, firstErr := inFlight(f.bulkFake, func() error {
+		release, firstErr := inFlight(t, f.bulkFake, func() error {
 			return c.PublishFenced(ctx, "out", first, []*event.Event{fencedEv(first+"-0", 1)})
 		})
 		locks := []string{"k1", "k2", "stale", "k3", "k4"}
@@ -238,12 +238,23 @@ func contains(xs []string, x string) bool {
 // inFlight holds the broker, sends one request (send) and returns once it
 // reached the broker: what callers publish meanwhile queues behind it
 // until release.
-func inFlight(f *bulkFake, send func() error) (release func(), first <-chan error) {
+func inFlight(t *testing.T, f *bulkFake, send func() error) (release func(), first <-chan error) {
+	t.Helper()
 	release = f.hold()
 	ch := make(chan error, 1)
 	go func() { ch <- send() }()
-	<-f.entered
+	f.reached(t)
 	return release, ch
+}
+
+// reached waits for the next request to reach the broker (10 s at most).
+func (f *bulkFake) reached(t *testing.T) {
+	t.Helper()
+	select {
+	case <-f.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("timed out waiting for a request to reach the broker")
+	}
 }
 
 func (f *bulkFake) hold() func() {
@@ -293,13 +304,13 @@ func TestCoalescingBatchesConcurrentPublishes(t *testing.T) {
 	if err := c.Publish(ctx, "a", ev("lone", 10)); err != nil {
 		t.Fatal(err)
 	}
-	<-f.entered
+	f.reached(t)
 	if f.singles != 1 || len(f.bulks) != 0 {
 		t.Fatalf("a lone publish: %d singles, %d bulks; want it alone", f.singles, len(f.bulks))
 	}
 
 	// The first request is in flight, held: the callers queue behind it.
-	release, first := inFlight(f, func() error { return c.Publish(ctx, "a", ev("first", 10)) })
+	release, first := inFlight(t, f, func() error { return c.Publish(ctx, "a", ev("first", 10)) })
 	const callers, each = 8, 5
 	var wg sync.WaitGroup
 	errs := make(chan error, callers*each)
@@ -368,7 +379,7 @@ func TestCoalescingFailedBatchFailsOnlyTheRefusedEvent(t *testing.T) {
 	f := newBulkFake()
 	c := publish.NewCoalescing(f, 0)
 	ctx := context.Background()
-	release, first := inFlight(f, func() error { return c.Publish(ctx, "a", ev("first", 10)) })
+	release, first := inFlight(t, f, func() error { return c.Publish(ctx, "a", ev("first", 10)) })
 	ids := []string{"ok1", "ok2", "bad3", "ok4", "ok5"}
 	errs := make([]error, len(ids))
 	var wg sync.WaitGroup
@@ -414,7 +425,7 @@ func TestCoalescingBoundsARequestsBytes(t *testing.T) {
 	f := newBulkFake()
 	c := publish.NewCoalescing(f, 0)
 	ctx := context.Background()
-	release, first := inFlight(f, func() error { return c.Publish(ctx, "a", ev("first", 10)) })
+	release, first := inFlight(t, f, func() error { return c.Publish(ctx, "a", ev("first", 10)) })
 	third := publish.CoalesceMaxBytes * 2 / 5
 	var wg sync.WaitGroup
 	for i := range 5 {
@@ -431,7 +442,7 @@ func TestCoalescingBoundsARequestsBytes(t *testing.T) {
 	// like every request now), not queued behind the batch in flight.
 	huge := make(chan error, 1)
 	go func() { huge <- c.Publish(ctx, "a", ev("huge", publish.CoalesceMaxBytes+1)) }()
-	<-f.entered
+	f.reached(t)
 	if q := c.Queued(); q != 5 {
 		t.Fatalf("%d queued, want the 5 big ones only", q)
 	}
@@ -460,7 +471,7 @@ func TestCoalescingBoundsARequestsBytes(t *testing.T) {
 func TestCoalescingCallersKeepTheirOwnContext(t *testing.T) {
 	f := newBulkFake()
 	c := publish.NewCoalescing(f, 0)
-	release, first := inFlight(f, func() error { return c.Publish(context.Background(), "a", ev("first", 10)) })
+	release, first := inFlight(t, f, func() error { return c.Publish(context.Background(), "a", ev("first", 10)) })
 	defer release()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -474,12 +485,12 @@ func TestCoalescingCallersKeepTheirOwnContext(t *testing.T) {
 	go func() {
 		traced <- c.Publish(trace.ContextWithSpanContext(context.Background(), sc), "a", ev("traced", 10))
 	}()
-	<-f.entered // reached the broker beside the held request, not queued
+	f.reached(t) // beside the held request, not queued
 	fenced := make(chan error, 1)
 	go func() {
 		fenced <- c.PublishFenced(context.Background(), "a", "lock", []*event.Event{ev("f1", 10), ev("f2", 10)})
 	}()
-	<-f.entered
+	f.reached(t)
 	release()
 	for _, ch := range []<-chan error{first, traced, fenced} {
 		if err := <-ch; err != nil {

@@ -6,13 +6,16 @@ package publish
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/cloudevents/sdk-go/v2/types"
 	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
 	dapr "github.com/dapr/go-sdk/client"
 	"go.opentelemetry.io/otel/propagation"
@@ -212,11 +215,7 @@ func (p *Dapr) PublishFencedRuns(ctx context.Context, topic string, runs []Fence
 			return nil, fmt.Errorf("publish: fenced run %d without a lock or events", g)
 		}
 		for i, e := range ru.Events {
-			body, err := e.MarshalJSON()
-			if err != nil {
-				return nil, fmt.Errorf("encode CloudEvent %s: %w", e.ID(), err)
-			}
-			m, err := fenceMeta(e, ru.Lock, meta)
+			body, m, err := bulkEntry(e, ru.Lock, meta)
 			if err != nil {
 				return nil, err
 			}
@@ -258,17 +257,9 @@ func (p *Dapr) bulk(ctx context.Context, topic, lock string, es []*event.Event) 
 	meta := p.capMeta()
 	entries := make([]any, len(es))
 	for i, e := range es {
-		body, err := e.MarshalJSON()
+		body, m, err := bulkEntry(e, lock, meta)
 		if err != nil {
-			return fmt.Errorf("encode CloudEvent %s: %w", e.ID(), err)
-		}
-		// Metadata on each entry: daprd hands request metadata to the
-		// component only beside entries that have their own.
-		m := meta
-		if lock != "" {
-			if m, err = fenceMeta(e, lock, meta); err != nil {
-				return err
-			}
+			return err
 		}
 		entries[i] = dapr.PublishEventsEvent{EntryID: strconv.Itoa(i), Data: body, ContentType: ContentType, Metadata: m}
 	}
@@ -279,6 +270,23 @@ func (p *Dapr) bulk(ctx context.Context, topic, lock string, es []*event.Event) 
 		return fmt.Errorf("publish %d events (%s first) to %s/%s: %w", len(es), es[0].ID(), p.pubsub, topic, fenced(res.Error))
 	}
 	return nil
+}
+
+// bulkEntry is e encoded for a bulk request, with its metadata: meta, and
+// e's fence when lock is not "". Metadata goes on each entry: daprd hands
+// request metadata to the component only beside entries that have their
+// own.
+func bulkEntry(e *event.Event, lock string, meta map[string]string) ([]byte, map[string]string, error) {
+	body, err := e.MarshalJSON()
+	if err != nil {
+		return nil, nil, fmt.Errorf("encode CloudEvent %s: %w", e.ID(), err)
+	}
+	if lock != "" {
+		if meta, err = fenceMeta(e, lock, meta); err != nil {
+			return nil, nil, err
+		}
+	}
+	return body, meta, nil
 }
 
 // capMeta is the metadata that caps a stream at MaxLen (nil: no cap).
@@ -407,4 +415,47 @@ func (o observed) PublishFenced(ctx context.Context, topic, lock string, es []*e
 		o.observe(err)
 	}
 	return err
+}
+
+// urlSize is about the length of u as a string (without building it).
+func urlSize(u *url.URL) int {
+	n := len(u.Scheme) + len(u.Opaque) + len(u.Host) + len(u.Path) + len(u.RawPath) + len(u.RawQuery) + len(u.Fragment) + len(u.RawFragment) + 8
+	if u.User != nil {
+		n += len(u.User.String())
+	}
+	return n
+}
+
+// AttributesSize is about the size of ec's attributes and extensions as
+// they are published, without building them; it stops counting above
+// limit. The dispatcher holds outputs to it (MaxOutputAttributeBytes),
+// Coalescing sizes its requests with it.
+func AttributesSize(ec *event.EventContextV1, limit int) int {
+	const perAttribute = 6                                                         // quotes, colon, comma
+	n := len(ec.ID) + len(ec.Type) + urlSize(&ec.Source.URL) + 5*perAttribute + 40 // specversion, time
+	if ec.Subject != nil {
+		n += len(*ec.Subject) + perAttribute
+	}
+	if ec.DataContentType != nil {
+		n += len(*ec.DataContentType) + perAttribute
+	}
+	if ec.DataSchema != nil {
+		n += urlSize(&ec.DataSchema.URL) + perAttribute
+	}
+	for k, v := range ec.Extensions {
+		if n > limit {
+			break
+		}
+		n += len(k) + perAttribute
+		switch v := v.(type) {
+		case string:
+			n += len(v)
+		case []byte:
+			n += base64.StdEncoding.EncodedLen(len(v))
+		default:
+			s, _ := types.Format(v)
+			n += len(s)
+		}
+	}
+	return n
 }

@@ -964,22 +964,17 @@ type run struct {
 // run's tokens are decimal and in order.
 func fenceOf(req *pubsub.BulkPublishRequest) ([]string, []run, error) {
 	keys := []string{req.Topic}
-	if _, ok := req.Entries[0].Metadata[fenceLock]; !ok {
-		for _, e := range req.Entries {
-			if _, has := e.Metadata[fenceLock]; has {
-				return nil, nil, errors.New("redis streams: some entries of the request carry a fence and some do not")
-			}
-		}
-		return keys, nil, nil
-	}
+	_, fencedReq := req.Entries[0].Metadata[fenceLock]
 	var runs []run
 	var last int64
 	for i, e := range req.Entries {
 		lock, ok := e.Metadata[fenceLock]
-		if !ok {
+		switch {
+		case ok != fencedReq:
 			return nil, nil, errors.New("redis streams: some entries of the request carry a fence and some do not")
-		}
-		if lock == "" {
+		case !ok:
+			continue
+		case lock == "":
 			return nil, nil, fmt.Errorf("redis streams: entry %d: metadata %s is empty", i, fenceLock)
 		}
 		v := e.Metadata[fenceToken]
