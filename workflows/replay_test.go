@@ -87,6 +87,11 @@ var (
 		// MinRunAge old: stops and starts on make run with
 		// WORKMANAGER_CONTINUE_AS_NEW_AFTER=3 (TestEpoch3RunWaitsOutMinRunAge).
 		"testdata/worker_epoch3_min_age_history.json",
+		// Epoch-4 runs on make run: create, stop, start, reload, rollback,
+		// delete; and a create the code's check refused
+		// (TestEpoch4CreateSetsNoTimerAndUpsertsOnlyChanges).
+		"testdata/worker_epoch4_history.json",
+		"testdata/worker_epoch4_create_failed_history.json",
 	}
 	recoveryHistories = []string{
 		"testdata/recovery_history.json",
@@ -260,6 +265,82 @@ func TestEpochRunRecordsNoVersionMarker(t *testing.T) {
 		if want := map[int]int{1: 1, 2: 0}[epoch]; timers != want {
 			t.Fatalf("%s: %d timers left running, want %d", file, timers, want)
 		}
+	}
+}
+
+// TestEpoch4CreateSetsNoTimerAndUpsertsOnlyChanges: in runs of epoch 4
+// recorded on the real stack, a create sent with the start (the API's
+// UpdateWithStart, which sets WorkerStatus RUNNING at the start) starts no
+// timeout timer and upserts no search attribute: the create is 15 history
+// events (18 in epoch 3). A stop and a start upsert WorkerStatus alone, a
+// reload and a rollback nothing; a create the code's check refused takes
+// WorkerStatus off again before the run fails, so a query for running
+// workers does not list it.
+func TestEpoch4CreateSetsNoTimerAndUpsertsOnlyChanges(t *testing.T) {
+	load := func(file string) []*historypb.HistoryEvent {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var h historypb.History
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &h); err != nil {
+			t.Fatal(err)
+		}
+		var in WorkerInput
+		if err := converter.GetDefaultDataConverter().FromPayloads(h.GetEvents()[0].GetWorkflowExecutionStartedEventAttributes().GetInput(), &in); err != nil || in.Epoch != 4 {
+			t.Fatalf("%s: the recorded run's input: epoch %d (%v), want 4", file, in.Epoch, err)
+		}
+		return h.GetEvents()
+	}
+	evs := load("testdata/worker_epoch4_history.json")
+	if _, ok := evs[0].GetWorkflowExecutionStartedEventAttributes().GetSearchAttributes().GetIndexedFields()["WorkerStatus"]; !ok {
+		t.Fatal("the run was started without WorkerStatus")
+	}
+	var upserts [][]string
+	createdAt := 0
+	for _, ev := range evs {
+		if ev.GetTimerStartedEventAttributes() != nil {
+			t.Fatalf("event %d: a timer in an epoch-4 run whose create came with its start", ev.GetEventId())
+		}
+		if a := ev.GetUpsertWorkflowSearchAttributesEventAttributes(); a != nil {
+			var keys []string
+			for k := range a.GetSearchAttributes().GetIndexedFields() {
+				keys = append(keys, k)
+			}
+			upserts = append(upserts, keys)
+		}
+		if ev.GetWorkflowExecutionUpdateCompletedEventAttributes() != nil && createdAt == 0 {
+			createdAt = int(ev.GetEventId())
+			if len(upserts) != 0 {
+				t.Fatalf("the create upserted %v", upserts)
+			}
+		}
+	}
+	if createdAt != 15 {
+		t.Fatalf("the create completed at event %d, want 15", createdAt)
+	}
+	// Stop, start (WorkerStatus each) and delete (WorkerStatus DELETED).
+	if len(upserts) != 3 {
+		t.Fatalf("upserts %v, want 3 (stop, start, delete)", upserts)
+	}
+	for _, keys := range upserts {
+		if len(keys) != 1 || keys[0] != "WorkerStatus" {
+			t.Fatalf("an upsert of %v, want WorkerStatus alone", keys)
+		}
+	}
+
+	evs = load("testdata/worker_epoch4_create_failed_history.json")
+	last := evs[len(evs)-1]
+	if last.GetWorkflowExecutionFailedEventAttributes() == nil {
+		t.Fatalf("the refused create's run ended with %s, want failed", last.GetEventType())
+	}
+	prev := evs[len(evs)-2].GetUpsertWorkflowSearchAttributesEventAttributes()
+	if prev == nil {
+		t.Fatalf("event %d before the failure is %s, want the upsert that takes WorkerStatus off", len(evs)-1, evs[len(evs)-2].GetEventType())
+	}
+	f, ok := prev.GetSearchAttributes().GetIndexedFields()["WorkerStatus"]
+	if !ok || len(f.GetData()) != 0 && string(f.GetData()) != "null" {
+		t.Fatalf("the upsert before the failure: WorkerStatus %v (set %v), want it unset", f, ok)
 	}
 }
 

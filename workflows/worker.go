@@ -89,8 +89,12 @@ type WorkerInput struct {
 // the node that made it (skipApplier), PrepareCode runs as a local
 // activity first (prepare), and a create's timeout timer is cancelled once
 // the create is done (awaitCreate). Epoch 3: a run continues as new no
-// sooner than MinRunAge after it started (awaitRunEnd).
-const CurrentEpoch = 3
+// sooner than MinRunAge after it started (awaitRunEnd). Epoch 4: a create
+// sent with the start sets no timer (awaitCreate), and only the search
+// attributes that differ from the run's are upserted
+// (upsertSearchAttributes: the API starts a create with the status it
+// will have; unsetStartStatus takes it off again when the create fails).
+const CurrentEpoch = 4
 
 // MinRunAge is the least time a run of epoch 3 or later lives before it
 // continues as new. Temporal enforces a minimal interval between the runs
@@ -191,6 +195,8 @@ type entity struct {
 	// aged: the run wants to continue as new and is MinRunAge old
 	// (awaitRunEnd; epoch 3 and later).
 	aged bool
+	// createBegun: the create update's handler has begun (awaitCreate).
+	createBegun bool
 }
 
 // version is the version of changeID in this run: for a run of epoch 1
@@ -215,6 +221,27 @@ func (e *entity) awaitCreate(ctx workflow.Context, timeout time.Duration) (ok bo
 	done := func() bool { return e.st.Created || e.failed != nil }
 	if e.epoch < 2 {
 		return workflow.AwaitWithTimeout(ctx, timeout, done)
+	}
+	if e.epoch >= 4 {
+		// A create sent with the start (UpdateWithStart, as the API
+		// does) has its handler begun by the first workflow task: its
+		// coroutine was made when the handlers were registered, so it
+		// runs before this one's (made now). Such a run needs no
+		// timer (two history events and a timer task a create): the
+		// handler ends one way or the other, and a timeout would wait
+		// for it all the same (WorkerWorkflow). The timer is for a run
+		// whose create never came.
+		yielded := false
+		workflow.Go(ctx, func(workflow.Context) { yielded = true })
+		if err := workflow.Await(ctx, func() bool { return yielded }); err != nil {
+			return false, err
+		}
+		if e.createBegun {
+			if err := workflow.Await(ctx, done); err != nil {
+				return false, err
+			}
+			return true, nil
+		}
 	}
 	tctx, cancel := workflow.WithCancel(ctx)
 	defer cancel()
@@ -267,6 +294,7 @@ func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
 		}
 		if !ok || e.failed != nil {
 			_ = workflow.Await(ctx, func() bool { return workflow.AllHandlersFinished(ctx) })
+			e.unsetStartStatus(ctx)
 			// A create that was still running when the timeout passed (an
 			// Emit waiting out a broker outage) and then succeeded made a
 			// worker that is served: its workflow lives on to manage it.
@@ -289,6 +317,22 @@ func WorkerWorkflow(ctx workflow.Context, in WorkerInput) (WorkerState, error) {
 	next := in
 	next.State, next.Recovered, next.Epoch = e.st, false, CurrentEpoch
 	return e.st, workflow.NewContinueAsNewError(ctx, WorkerWorkflow, next)
+}
+
+// unsetStartStatus takes the WorkerStatus a run of epoch 4 or later was
+// started with (the API sets what a created worker has) off a run whose
+// create failed or never came, as older runs never had it: a query for
+// running workers does not list it.
+func (e *entity) unsetStartStatus(ctx workflow.Context) {
+	if e.epoch < 4 || e.st.Created {
+		return
+	}
+	if _, ok := workflow.GetTypedSearchAttributes(ctx).GetKeyword(SAWorkerStatus); !ok {
+		return
+	}
+	if err := workflow.UpsertTypedSearchAttributes(ctx, SAWorkerStatus.ValueUnset()); err != nil {
+		workflow.GetLogger(ctx).Warn("unset search attribute", "err", err)
+	}
 }
 
 // awaitRunEnd waits until the run is to end: its worker deleted, or the
@@ -560,6 +604,7 @@ func (e *entity) lock(ctx workflow.Context) (func(), error) {
 }
 
 func (e *entity) create(ctx workflow.Context, req CreateRequest) (catalog.Worker, error) {
+	e.createBegun = true
 	unlock, err := e.lock(ctx)
 	if err != nil {
 		return catalog.Worker{}, err
@@ -1161,9 +1206,26 @@ const ActivatePickUp = 5 * time.Second
 
 func (e *entity) upsertSearchAttributes(ctx workflow.Context) {
 	w := e.st.Worker
-	err := workflow.UpsertTypedSearchAttributes(ctx,
-		SAWorkerID.ValueSet(w.ID), SAWorkerTopic.ValueSet(w.Topic),
-		SAWorkerGroup.ValueSet(w.Group), SAWorkerStatus.ValueSet(string(w.Status)), SAWorkerTenant.ValueSet(w.TenantName()))
+	want := []struct {
+		key   temporal.SearchAttributeKeyKeyword
+		value string
+	}{{SAWorkerID, w.ID}, {SAWorkerTopic, w.Topic}, {SAWorkerGroup, w.Group}, {SAWorkerStatus, string(w.Status)}, {SAWorkerTenant, w.TenantName()}}
+	var updates []temporal.SearchAttributeUpdate
+	cur := workflow.GetTypedSearchAttributes(ctx)
+	for _, a := range want {
+		// From epoch 4 on only what differs from the run's attributes
+		// (set at its start, or carried by continue-as-new) is upserted:
+		// each upsert is a history event and a visibility write, and a
+		// create's start already sets what the created worker has.
+		if v, ok := cur.GetKeyword(a.key); e.epoch >= 4 && ok && v == a.value {
+			continue
+		}
+		updates = append(updates, a.key.ValueSet(a.value))
+	}
+	if len(updates) == 0 {
+		return
+	}
+	err := workflow.UpsertTypedSearchAttributes(ctx, updates...)
 	if err != nil {
 		workflow.GetLogger(ctx).Warn("upsert search attributes", "err", err)
 	}

@@ -516,20 +516,41 @@ func (c *Catalog) migrateLegacyIndex(ctx context.Context) error {
 
 // GetWorkers returns the records of ids, in order, leaving out the ones that
 // do not exist (any more).
+// They are read getWorkersChunk at a time, each chunk in one round trip
+// on a Bulk store (the catalog's scans: a node's convergence and
+// reconcile, the API's list).
 func (c *Catalog) GetWorkers(ctx context.Context, ids []string) ([]Worker, error) {
 	out := make([]Worker, 0, len(ids))
-	for _, id := range ids {
-		w, err := c.GetWorker(ctx, id)
-		if errors.Is(err, ErrNotFound) {
-			continue // index written before the record, or a delete in progress
+	for chunk := range slices.Chunk(ids, getWorkersChunk) {
+		keys := make([]string, len(chunk))
+		for i, id := range chunk {
+			keys[i] = workerKey(id)
 		}
+		res, err := c.getMany(ctx, keys)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, w)
+		for i, r := range res {
+			if errors.Is(r.Err, state.ErrNotFound) {
+				continue // index written before the record, or a delete in progress
+			}
+			if r.Err != nil {
+				return nil, r.Err
+			}
+			var w Worker
+			if err := json.Unmarshal(r.Item.Value, &w); err != nil {
+				return nil, fmt.Errorf("decode worker %s: %w", chunk[i], err)
+			}
+			if !w.Deleted {
+				out = append(out, w)
+			}
+		}
 	}
 	return out, nil
 }
+
+// getWorkersChunk is how many records GetWorkers reads in one round trip.
+const getWorkersChunk = 100
 
 // updateIndex applies change to one page of the index with optimistic
 // concurrency.

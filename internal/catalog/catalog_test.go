@@ -219,3 +219,47 @@ func TestIndexPagesAndLegacyMigration(t *testing.T) {
 		t.Fatal("a page out of range must be an error")
 	}
 }
+
+// bulkCounter counts a Bulk store's GetMany calls and the keys of each.
+type bulkCounter struct {
+	*state.MemoryStore
+	mu    sync.Mutex
+	calls []int
+}
+
+func (b *bulkCounter) GetMany(ctx context.Context, keys []string) ([]state.Result, error) {
+	b.mu.Lock()
+	b.calls = append(b.calls, len(keys))
+	b.mu.Unlock()
+	return b.MemoryStore.GetMany(ctx, keys)
+}
+
+// GetWorkers reads the records in bulk, at most 100 a round trip, in the
+// order asked, leaving out ids without a record and deleted workers.
+func TestGetWorkersReadsInBulk(t *testing.T) {
+	ctx := context.Background()
+	store := &bulkCounter{MemoryStore: state.NewMemoryStore()}
+	c := catalog.New(store)
+	var ids []string
+	for i := range 230 {
+		id := fmt.Sprintf("w%03d", i)
+		ids = append(ids, id)
+		if err := c.SaveWorker(ctx, catalog.Worker{ID: id, Topic: "t", Status: catalog.StatusRunning}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.DeleteWorker(ctx, "w007"); err != nil {
+		t.Fatal(err)
+	}
+	store.calls = nil
+	ws, err := c.GetWorkers(ctx, append(ids, "absent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ws) != 229 || ws[0].ID != "w000" || ws[7].ID != "w008" || ws[228].ID != "w229" {
+		t.Fatalf("%d records, first %s, eighth %s: want 229 in order without w007", len(ws), ws[0].ID, ws[7].ID)
+	}
+	if len(store.calls) != 3 || store.calls[0] != 100 || store.calls[2] != 31 {
+		t.Fatalf("bulk reads of %v keys, want 100, 100 and 31", store.calls)
+	}
+}

@@ -99,7 +99,8 @@ type Services struct {
 	// Temporal is how the frontend is reached beyond plain gRPC: TLS,
 	// mTLS, API key (TEMPORAL_TLS, TEMPORAL_TLS_CA_FILE,
 	// TEMPORAL_TLS_CERT_FILE, TEMPORAL_TLS_KEY_FILE,
-	// TEMPORAL_TLS_SERVER_NAME, TEMPORAL_API_KEY_FILE).
+	// TEMPORAL_TLS_SERVER_NAME, TEMPORAL_API_KEY_FILE), and how requests
+	// are compressed (TEMPORAL_GRPC_COMPRESSION).
 	Temporal temporalconn.Settings
 	// RedisCheck is the state store's Redis, which the command asks for
 	// its eviction policy and persistence (internal/redischeck):
@@ -117,12 +118,13 @@ func (r *Reader) Services() Services {
 		StateStore:        r.String("DAPR_STATESTORE", "statestore"),
 		DaprAPIToken:      r.String("DAPR_API_TOKEN", ""),
 		Temporal: temporalconn.Settings{
-			TLS:        r.Bool("TEMPORAL_TLS", false),
-			CAFile:     r.String("TEMPORAL_TLS_CA_FILE", ""),
-			CertFile:   r.String("TEMPORAL_TLS_CERT_FILE", ""),
-			KeyFile:    r.String("TEMPORAL_TLS_KEY_FILE", ""),
-			ServerName: r.String("TEMPORAL_TLS_SERVER_NAME", ""),
-			APIKeyFile: r.String("TEMPORAL_API_KEY_FILE", ""),
+			TLS:         r.Bool("TEMPORAL_TLS", false),
+			CAFile:      r.String("TEMPORAL_TLS_CA_FILE", ""),
+			CertFile:    r.String("TEMPORAL_TLS_CERT_FILE", ""),
+			KeyFile:     r.String("TEMPORAL_TLS_KEY_FILE", ""),
+			ServerName:  r.String("TEMPORAL_TLS_SERVER_NAME", ""),
+			APIKeyFile:  r.String("TEMPORAL_API_KEY_FILE", ""),
+			Compression: r.String("TEMPORAL_GRPC_COMPRESSION", temporalconn.CompressionNone),
 		},
 		RedisCheck: redischeck.Settings{
 			Addr:         r.String("REDIS_CHECK_ADDR", ""),

@@ -122,12 +122,30 @@ func (n *Node) ConvergePlacement(ctx context.Context) (ConvergeResult, error) {
 	if err != nil {
 		return res, err
 	}
+	// A worker attached here stays as it is (its topic is served: the
+	// leave step above parked the others), so only the records of the
+	// workers not attached here are read: on a node that runs most of the
+	// catalog a convergence reads almost nothing.
+	var here []string
+	n.mu.Lock()
+	for _, p := range n.policy {
+		if _, ok := n.attached[p.ID]; ok {
+			here = append(here, p.Topic)
+		}
+	}
+	n.mu.Unlock()
+	topics := map[string]bool{}
+	for _, t := range here {
+		if !topics[t] && n.servesTopic(ctx, t) {
+			topics[t] = true
+		}
+	}
+	ids = slices.DeleteFunc(ids, n.disp.Attached)
 	ws, err := n.catalog.GetWorkers(ctx, ids)
 	if err != nil {
 		return res, err
 	}
 	var todo []catalog.Worker
-	topics := map[string]bool{}
 	for _, w := range ws {
 		if w.Status != catalog.StatusRunning || !n.servesTopic(ctx, w.Topic) {
 			continue

@@ -3,12 +3,15 @@ package node_test
 import (
 	"context"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/node/nodetest"
 	"github.com/virtufin/workmanager/internal/placement"
+	"github.com/virtufin/workmanager/internal/state"
 )
 
 // placeTopic writes a placement record that serves topic on nodes.
@@ -229,5 +232,90 @@ func waitServed(t *testing.T, f *nodetest.Fixture, topic string, want bool) {
 			t.Fatalf("subscribed to %s: %v, want %v", topic, !want, want)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// readCounter is a store that counts the reads of each key.
+type readCounter struct {
+	state.Store
+	mu    sync.Mutex
+	reads map[string]int
+}
+
+func (r *readCounter) Get(ctx context.Context, key string) (state.Item, error) {
+	r.mu.Lock()
+	r.reads[key]++
+	r.mu.Unlock()
+	return r.Store.Get(ctx, key)
+}
+
+func (r *readCounter) workerReads() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]int{}
+	for k, n := range r.reads {
+		if id, ok := strings.CutPrefix(k, "workmanager/workers/"); ok && !strings.Contains(id, "/") {
+			out[id] = n
+		}
+	}
+	clear(r.reads)
+	return out
+}
+
+// A convergence reads the records of the workers not attached here only:
+// those attached stay as they are (their topics are served), so a node
+// that runs its whole share reads no record, and a running worker of a
+// served topic that is not attached yet (w3) is found and attached.
+func TestConvergenceReadsOnlyWorkersNotAttached(t *testing.T) {
+	rc := &readCounter{reads: map[string]int{}}
+	f := nodetest.NewOnStore(t, func(s state.Store) state.Store { rc.Store = s; return rc })
+	ctx := context.Background()
+	ps := placement.NewStore(f.Store)
+	fol := &placement.Follower{Self: "me", Store: ps, Replicas: 2, Alive: func() []string { return []string{"me", "other"} }}
+	f.Node.SetPlacement(fol)
+	sha, _ := f.Catalog.PutCode(ctx, []byte("good"))
+	save := func(id string, status catalog.Status) {
+		w := nodetest.Worker(status, sha)
+		w.ID, w.Group = id, ""
+		if err := f.Catalog.SaveWorker(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	save("w1", catalog.StatusRunning)
+	save("w2", catalog.StatusRunning)
+	save("stopped", catalog.StatusStopped)
+	placeTopic(t, ps, "in", "me", "other")
+	if _, err := fol.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Node.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !f.Dispatcher.Attached("w1") || !f.Dispatcher.Attached("w2") {
+		t.Fatal("the reconcile did not attach the running workers")
+	}
+	rc.workerReads()
+
+	res, err := f.Node.ConvergePlacement(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reads := rc.workerReads(); reads["w1"] != 0 || reads["w2"] != 0 || reads["stopped"] != 1 {
+		t.Fatalf("records read by a convergence with w1 and w2 attached: %v, want only the stopped worker's", reads)
+	}
+	if res.Attached != 0 || !slices.Equal(res.Topics, []string{"in"}) {
+		t.Fatalf("convergence with nothing to do: %+v", res)
+	}
+
+	save("w3", catalog.StatusRunning) // running, not attached here yet
+	res, err = f.Node.ConvergePlacement(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.Dispatcher.Attached("w3") || res.Attached != 1 || !slices.Equal(res.Topics, []string{"in"}) {
+		t.Fatalf("a running worker not attached: %+v, attached %v", res, f.Dispatcher.Attached("w3"))
+	}
+	if reads := rc.workerReads(); reads["w1"] != 0 || reads["w2"] != 0 || reads["w3"] == 0 {
+		t.Fatalf("records read: %v, want w3's and not w1's or w2's", reads)
 	}
 }

@@ -38,6 +38,13 @@ type Settings struct {
 	KeyFile    string // TEMPORAL_TLS_KEY_FILE: its PEM private key
 	ServerName string // TEMPORAL_TLS_SERVER_NAME: the name the frontend's certificate must carry (empty: the host of TEMPORAL_ADDRESS)
 	APIKeyFile string // TEMPORAL_API_KEY_FILE: a file holding an API key, sent as a bearer token (needs TEMPORAL_TLS)
+	// Compression is TEMPORAL_GRPC_COMPRESSION: "none" (the default, ""
+	// too) or "gzip", how requests to the frontend are compressed (its
+	// answers follow). The SDK's own default is gzip, which costs both
+	// sides CPU on every call and poll to save bandwidth WorkManager's
+	// small payloads do not need on a cluster network; gzip is for a
+	// frontend across a slow link.
+	Compression string
 	// ReloadInterval is how often the files above are checked for a
 	// change and read again (CREDENTIALS_RELOAD_INTERVAL, set by each
 	// binary's configuration; 0: read once).
@@ -50,6 +57,11 @@ type Settings struct {
 // Validate checks the settings' combinations and that every file they
 // name can be read and parsed, with errors that name the setting.
 func (s Settings) Validate() error {
+	switch s.Compression {
+	case "", CompressionNone, CompressionGzip:
+	default:
+		return fmt.Errorf("TEMPORAL_GRPC_COMPRESSION must be %q or %q, got %q", CompressionNone, CompressionGzip, s.Compression)
+	}
 	if !s.TLS {
 		for _, f := range []struct{ name, v string }{
 			{"TEMPORAL_TLS_CA_FILE", s.CAFile}, {"TEMPORAL_TLS_CERT_FILE", s.CertFile}, {"TEMPORAL_TLS_KEY_FILE", s.KeyFile},
@@ -82,7 +94,14 @@ func (s Settings) Validate() error {
 	return nil
 }
 
-// Apply sets opts' TLS and credentials from s (nothing when TLS is off).
+// The values of Settings.Compression.
+const (
+	CompressionNone = "none"
+	CompressionGzip = "gzip"
+)
+
+// Apply sets opts' compression, TLS and credentials from s (no TLS when
+// TLS is off).
 // It validates s first. The CA bundle, the client certificate and key and
 // the API key are read again when their files change (checked at most
 // every s.ReloadInterval, at the next handshake or call): a rotated Secret
@@ -92,6 +111,11 @@ func (s Settings) Validate() error {
 func (s Settings) Apply(opts *client.Options) error {
 	if err := s.Validate(); err != nil {
 		return err
+	}
+	if s.Compression == CompressionGzip {
+		opts.ConnectionOptions.GrpcCompression = &client.GrpcCompressionGzip{}
+	} else {
+		opts.ConnectionOptions.GrpcCompression = &client.GrpcCompressionNone{}
 	}
 	if !s.TLS {
 		return nil

@@ -63,7 +63,11 @@ func (s *Server) create(ctx context.Context, w catalog.Worker, ref catalog.CodeR
 		WorkflowIDReusePolicy:    reuse,
 		TypedSearchAttributes: temporal.NewSearchAttributes(workflows.SAWorkerID.ValueSet(w.ID),
 			workflows.SAWorkerTopic.ValueSet(w.Topic), workflows.SAWorkerGroup.ValueSet(w.Group),
-			workflows.SAWorkerTenant.ValueSet(w.TenantName())),
+			workflows.SAWorkerTenant.ValueSet(w.TenantName()),
+			// What the worker has once created: the run then upserts
+			// nothing after its create (a run of epoch 4 takes it off if
+			// the create fails).
+			workflows.SAWorkerStatus.ValueSet(string(catalog.StatusRunning))),
 		Memo: memo(w),
 	}, workflows.WorkerWorkflow, workflows.WorkerInput{State: workflows.WorkerState{Worker: w}, ContinueAsNewAfter: s.opts.ContinueAsNewAfter, CreateID: createID, Epoch: workflows.CurrentEpoch})
 	h, err := s.temporal.UpdateWithStartWorkflow(ctx, client.UpdateWithStartWorkflowOptions{

@@ -22,6 +22,14 @@ type Placed struct {
 	// SubscribeWait bounds how long Converge waits for the subscriptions
 	// of the topics it gained (0: 30 s).
 	SubscribeWait time.Duration
+	// MinGap is the least time between two convergences Run starts on
+	// its own (0: DefaultConvergeGap). A convergence reads every worker
+	// record of the catalog, and every create on a new topic changes the
+	// record: without a gap a burst of creates read the catalog once a
+	// create. The placement workflow's own calls (Converge) never wait:
+	// what Run does is the fallback for a node the workflow did not
+	// reach, and a create's Apply attaches its worker itself.
+	MinGap time.Duration
 
 	kick chan struct{}
 	once sync.Once
@@ -67,19 +75,41 @@ func (p *Placed) Converge(ctx context.Context) ([]string, error) {
 	return res.Topics, nil
 }
 
-// Run converges the node every time its view of the record changes, and
-// refreshes that view every interval, until ctx ends.
+// DefaultConvergeGap is Placed.MinGap's default.
+const DefaultConvergeGap = time.Second
+
+// Run converges the node every time its view of the record changes, at
+// most once every MinGap (changes meanwhile make one convergence at the
+// end of the gap), and refreshes that view every interval, until ctx
+// ends.
 func (p *Placed) Run(ctx context.Context, interval time.Duration) {
 	p.init()
 	go p.Follower.Run(ctx, interval)
+	gap := p.MinGap
+	if gap <= 0 {
+		gap = DefaultConvergeGap
+	}
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-p.kick:
-			if _, err := p.Converge(ctx); err != nil && ctx.Err() == nil && p.Log != nil {
-				p.Log.Warn("placement not converged; trying again at the next change", "err", err)
+		}
+		if wait := gap - time.Since(last); !last.IsZero() && wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
 			}
+			select { // changes during the wait are in this convergence
+			case <-p.kick:
+			default:
+			}
+		}
+		last = time.Now()
+		if _, err := p.Converge(ctx); err != nil && ctx.Err() == nil && p.Log != nil {
+			p.Log.Warn("placement not converged; trying again at the next change", "err", err)
 		}
 	}
 }

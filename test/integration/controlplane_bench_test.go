@@ -11,7 +11,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -387,12 +390,40 @@ func (c *cpBench) manyCreates() {
 		}
 		return float64(c.many) / all.Seconds()
 	}
+	before, mBefore, cmdsBefore, statBefore := cpuSnapshot(), machineCPU(), c.e.redisCLI(c.b, "info", "commandstats"), procStatCPU()
+	forksBefore := forksSinceBoot()
+	took := make([]time.Duration, c.many)
 	c.manyRate = run("create", func(ctx context.Context, i int) error {
+		t0 := time.Now()
 		r, err := c.e.client.CreateWorker(ctx, &pb.CreateWorkerRequest{Code: pyCode(code), MimeType: "text/x-python",
 			Topic: fmt.Sprintf("cp-many-%s-%d", c.nonce, i)})
-		ids[i] = r.GetWorkerId()
+		ids[i], took[i] = r.GetWorkerId(), time.Since(t0)
 		return err
 	})
+	if os.Getenv("WM_CP_DEBUG") != "" {
+		slowest := make([]int, c.many)
+		for i := range slowest {
+			slowest[i] = i
+		}
+		sort.Slice(slowest, func(a, b int) bool { return took[slowest[a]] > took[slowest[b]] })
+		for _, i := range slowest[:min(3, len(slowest))] {
+			c.b.Logf("slow create %s: %s; node log:\n%s", ids[i], took[i], c.nodeLogAbout(ids[i]))
+		}
+	}
+	c.logCPUByProcess(before, cpuSnapshot(), mBefore, machineCPU())
+	c.logRedisCommands(cmdsBefore, c.e.redisCLI(c.b, "info", "commandstats"))
+	statAfter := procStatCPU()
+	var kinds strings.Builder
+	for i, name := range []string{"user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"} {
+		if i < len(statBefore) && i < len(statAfter) {
+			fmt.Fprintf(&kinds, " %s %.1fms;", name, float64(statAfter[i]-statBefore[i])*10/float64(c.many))
+		}
+	}
+	c.b.Logf("many: the machine's CPU per create by kind:%s forks %.1f", kinds.String(), float64(forksSinceBoot()-forksBefore)/float64(c.many))
+	if os.Getenv("WM_CP_DEBUG") != "" {
+		c.b.Logf("node log warnings:\n%s", c.nodeLogAbout("level=WARN"))
+		c.b.Logf("node log errors:\n%s", c.nodeLogAbout("level=ERROR"))
+	}
 	c.manyDelRate = run("delete", func(ctx context.Context, i int) error {
 		_, err := c.e.client.DeleteWorker(ctx, &pb.DeleteWorkerRequest{WorkerId: ids[i]})
 		return err
@@ -400,6 +431,103 @@ func (c *cpBench) manyCreates() {
 	c.b.Logf("many: %d creates from %d clients in %.1fs: %.1f creates/s, p50 %s p99 %s; deletes %.1f/s, p50 %s p99 %s",
 		c.many, c.clients, c.manyAll, c.manyRate, cpPct(c.samples["many/create"], 50), cpPct(c.samples["many/create"], 99),
 		c.manyDelRate, cpPct(c.samples["many/delete"], 50), cpPct(c.samples["many/delete"], 99))
+}
+
+// logCPUByProcess logs the CPU each kind of process (by command name)
+// spent per create between two snapshots, and the machine's: where a
+// burst of creates goes. A process that exited meanwhile is not counted.
+func (c *cpBench) logCPUByProcess(a, b map[int]procStat, ma, mb machineTimes) {
+	by := map[string]time.Duration{}
+	for pid, p := range b {
+		by[p.comm] += p.cpu - a[pid].cpu
+		if r := p.reaped - a[pid].reaped; r > 0 {
+			by[p.comm+"'s exited children"] += r
+		}
+	}
+	names := make([]string, 0, len(by))
+	for n, d := range by {
+		if d > 0 {
+			names = append(names, n)
+		}
+	}
+	sort.Slice(names, func(i, j int) bool { return by[names[i]] > by[names[j]] })
+	per := func(d time.Duration) string {
+		return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond)/float64(c.many))
+	}
+	var sb strings.Builder
+	for i, n := range names {
+		if i == 12 {
+			break
+		}
+		fmt.Fprintf(&sb, " %s %s;", n, per(by[n]))
+	}
+	c.b.Logf("many: CPU per create: machine %s (%.0f%% busy);%s", per(mb.busy-ma.busy),
+		100*float64(mb.busy-ma.busy)/float64(mb.wall-ma.wall)/float64(runtime.NumCPU()), sb.String())
+}
+
+// procStatCPU is /proc/stat's first line: the machine's CPU time by kind,
+// in ticks (user, nice, system, idle, iowait, irq, softirq, steal, …).
+func procStatCPU() []int64 {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return nil
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	var out []int64
+	for _, f := range strings.Fields(line)[1:] {
+		n, _ := strconv.ParseInt(f, 10, 64)
+		out = append(out, n)
+	}
+	return out
+}
+
+// forksSinceBoot is /proc/stat's count of processes (and threads)
+// created since boot.
+func forksSinceBoot() int64 {
+	raw, _ := os.ReadFile("/proc/stat")
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "processes "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// logRedisCommands logs the Redis commands per create between two
+// `INFO commandstats` answers, most frequent first.
+func (c *cpBench) logRedisCommands(a, b string) {
+	calls := func(s string) map[string]int {
+		out := map[string]int{}
+		for _, line := range strings.Split(s, "\n") {
+			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+			if !ok {
+				continue
+			}
+			n, _, _ := strings.Cut(rest, ",")
+			out[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.Atoi(n)
+		}
+		return out
+	}
+	ca, cb := calls(a), calls(b)
+	type cmd struct {
+		name string
+		n    int
+	}
+	var cmds []cmd
+	total := 0
+	for name, n := range cb {
+		if d := n - ca[name]; d > 0 {
+			cmds = append(cmds, cmd{name, d})
+			total += d
+		}
+	}
+	sort.Slice(cmds, func(i, j int) bool { return cmds[i].n > cmds[j].n })
+	var sb strings.Builder
+	for _, x := range cmds {
+		fmt.Fprintf(&sb, " %s %.1f;", x.name, float64(x.n)/float64(c.many))
+	}
+	c.b.Logf("many: Redis commands per create: %.1f;%s", float64(total)/float64(c.many), sb.String())
 }
 
 // cpFlood is the saturating traffic: a Python echo worker on a topic of

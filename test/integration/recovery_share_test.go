@@ -313,6 +313,8 @@ type procStat struct {
 	ppid int
 	comm string
 	cpu  time.Duration
+	// reaped is the CPU of its children that exited and were waited for.
+	reaped time.Duration
 }
 
 // cpuSnapshot reads every process's parent and CPU time (user+system).
@@ -337,13 +339,16 @@ func cpuSnapshot() map[int]procStat {
 			continue
 		}
 		f := strings.Fields(s[close+1:])
-		if len(f) < 13 {
+		if len(f) < 15 {
 			continue
 		}
 		ppid, _ := strconv.Atoi(f[1])
 		ut, _ := strconv.ParseInt(f[11], 10, 64)
 		st, _ := strconv.ParseInt(f[12], 10, 64)
-		out[pid] = procStat{ppid: ppid, comm: s[open+1 : close], cpu: time.Duration(ut+st) * 10 * time.Millisecond}
+		cut, _ := strconv.ParseInt(f[13], 10, 64)
+		cst, _ := strconv.ParseInt(f[14], 10, 64)
+		out[pid] = procStat{ppid: ppid, comm: s[open+1 : close], cpu: time.Duration(ut+st) * 10 * time.Millisecond,
+			reaped: time.Duration(cut+cst) * 10 * time.Millisecond}
 	}
 	return out
 }
