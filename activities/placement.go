@@ -19,6 +19,9 @@ import (
 type PlacedNode interface {
 	// Refresh reads the placement record again.
 	Refresh(ctx context.Context) (bool, error)
+	// Observe takes a record this node read or wrote as its view when it
+	// is newer than the view.
+	Observe(r placement.Record) bool
 	// Converge attaches the workers of the topics the node serves now and
 	// parks those of the topics it no longer serves, and waits until it
 	// holds a subscription to each topic it serves; it returns those
@@ -150,7 +153,7 @@ func (a *Activities) ensurePlaced(ctx context.Context, w catalog.Worker) error {
 	if a.Placement == nil || w.Status != catalog.StatusRunning || w.Deleted {
 		return nil
 	}
-	tp, err := a.Placement.Placer.Ensure(ctx, w)
+	tp, rec, err := a.Placement.Placer.Place(ctx, w)
 	if err != nil {
 		return err
 	}
@@ -165,8 +168,9 @@ func (a *Activities) ensurePlaced(ctx context.Context, w catalog.Worker) error {
 		}
 	}
 	if a.Placement.Node != nil {
-		_, err := a.Placement.Node.Refresh(ctx)
-		return err
+		// The record as Place read or wrote it: the view needs no read
+		// of its own to know the topic (a later change is read as any).
+		a.Placement.Node.Observe(rec)
 	}
 	return nil
 }

@@ -92,6 +92,9 @@ var (
 		// (TestEpoch4CreateSetsNoTimerAndUpsertsOnlyChanges).
 		"testdata/worker_epoch4_history.json",
 		"testdata/worker_epoch4_create_failed_history.json",
+		// An epoch-5 run on make run, the same six calls: Apply as a
+		// local activity (TestEpoch5AppliesInTheWorkflowTask).
+		"testdata/worker_epoch5_history.json",
 	}
 	recoveryHistories = []string{
 		"testdata/recovery_history.json",
@@ -341,6 +344,53 @@ func TestEpoch4CreateSetsNoTimerAndUpsertsOnlyChanges(t *testing.T) {
 	f, ok := prev.GetSearchAttributes().GetIndexedFields()["WorkerStatus"]
 	if !ok || len(f.GetData()) != 0 && string(f.GetData()) != "null" {
 		t.Fatalf("the upsert before the failure: WorkerStatus %v (set %v), want it unset", f, ok)
+	}
+}
+
+// TestEpoch5AppliesInTheWorkflowTask: in a run of epoch 5 recorded on the
+// real stack (create, stop, start, reload, rollback, delete), Apply runs
+// as a local activity in the workflow task that took the update: no Apply
+// activity is scheduled, and each of the five changes completes in the
+// workflow task that accepted it (one task a call; two in epoch 4). The
+// delete's Delete is still an activity.
+func TestEpoch5AppliesInTheWorkflowTask(t *testing.T) {
+	b, err := os.ReadFile("testdata/worker_epoch5_history.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h historypb.History
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &h); err != nil {
+		t.Fatal(err)
+	}
+	evs := h.GetEvents()
+	var in WorkerInput
+	if err := converter.GetDefaultDataConverter().FromPayloads(evs[0].GetWorkflowExecutionStartedEventAttributes().GetInput(), &in); err != nil || in.Epoch != 5 {
+		t.Fatalf("the recorded run's input: epoch %d (%v), want 5", in.Epoch, err)
+	}
+	applies, inOneTask, updates := 0, 0, 0
+	taskOfAccept := false
+	for _, ev := range evs {
+		switch {
+		case ev.GetActivityTaskScheduledEventAttributes().GetActivityType().GetName() == "Apply":
+			t.Fatalf("event %d: an Apply activity in an epoch-5 run", ev.GetEventId())
+		case ev.GetMarkerRecordedEventAttributes().GetMarkerName() == "LocalActivity":
+			var la struct{ ActivityType string }
+			if err := converter.GetDefaultDataConverter().FromPayloads(ev.GetMarkerRecordedEventAttributes().GetDetails()["data"], &la); err == nil && la.ActivityType == "Apply" {
+				applies++
+			}
+		case ev.GetWorkflowExecutionUpdateAcceptedEventAttributes() != nil:
+			taskOfAccept = true
+		case ev.GetWorkflowTaskScheduledEventAttributes() != nil:
+			taskOfAccept = false
+		case ev.GetWorkflowExecutionUpdateCompletedEventAttributes() != nil:
+			updates++
+			if taskOfAccept {
+				inOneTask++
+			}
+		}
+	}
+	if updates != 6 || applies != 5 || inOneTask != 5 {
+		t.Fatalf("%d updates, %d local Applies, %d completed in the task that accepted them; want 6, 5 and 5 (the delete's Delete is an activity)", updates, applies, inOneTask)
 	}
 }
 

@@ -94,7 +94,8 @@ type WorkerInput struct {
 // attributes that differ from the run's are upserted
 // (upsertSearchAttributes: the API starts a create with the status it
 // will have; unsetStartStatus takes it off again when the create fails).
-const CurrentEpoch = 4
+// Epoch 5: Apply runs first as a local activity (runApply).
+const CurrentEpoch = 5
 
 // MinRunAge is the least time a run of epoch 3 or later lives before it
 // continues as new. Temporal enforces a minimal interval between the runs
@@ -877,8 +878,8 @@ const StatusDeleted = "DELETED"
 // persisted; the node applies it at its next reconcile). applied tells
 // whether the change was persisted, also when a later step failed.
 func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ...activities.EventSpec) (applied bool, err error) {
-	var done activities.Applied
-	if err := workflow.ExecuteActivity(applyCtx(ctx), a.Apply, in).Get(ctx, &done); err != nil {
+	done, err := e.runApply(ctx, in)
+	if err != nil {
 		done = activities.Applied{} // no node is known to match: ask each
 		if e.version(ctx, "apply-failure-reads-record") == workflow.DefaultVersion {
 			return false, err
@@ -922,6 +923,43 @@ func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ..
 		e.st.Unannounced = nil
 	}
 	return true, e.emit(ctx, activities.EmitInput{Worker: in.Worker, Events: events})
+}
+
+// runApply runs Apply. In runs of epoch 5 it runs first as a local
+// activity, once, on the node that runs the workflow task, as PrepareCode
+// does (prepare): no activity task to dispatch, and no workflow task
+// after it, so a create, a stop, a start and a reload are each one
+// workflow task (two before). Its refusal (InvalidArgument) is the
+// answer; any other failure is left to the Apply activity, which any node
+// may run and which is retried as before — one more attempt of a change
+// that each attempt makes conditionally (the record's revision, the
+// tombstone). A node paused in the local attempt loses the workflow task
+// at its timeout, and another node runs it again (the paused node's late
+// write is refused like a late activity attempt's). Older runs run the
+// activity only, as their history has it.
+func (e *entity) runApply(ctx workflow.Context, in activities.ApplyInput) (activities.Applied, error) {
+	var done activities.Applied
+	if e.epoch >= 5 {
+		err := workflow.ExecuteLocalActivity(applyLocalCtx(ctx), a.Apply, in).Get(ctx, &done)
+		var appErr *temporal.ApplicationError
+		if err == nil || temporal.IsCanceledError(err) ||
+			(errors.As(err, &appErr) && (appErr.NonRetryable() || appErr.Type() == failure.InvalidArgument)) {
+			return done, err
+		}
+		workflow.GetLogger(ctx).Warn("change not applied on this node; the Apply activity goes on trying", "worker_id", in.Worker.ID, "err", err)
+		done = activities.Applied{}
+	}
+	err := workflow.ExecuteActivity(applyCtx(ctx), a.Apply, in).Get(ctx, &done)
+	return done, err
+}
+
+// applyLocalCtx runs Apply once as a local activity.
+func applyLocalCtx(ctx workflow.Context) workflow.Context {
+	return workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
+		ScheduleToCloseTimeout: ApplyTimeout,
+		StartToCloseTimeout:    ApplyTimeout,
+		RetryPolicy:            &temporal.RetryPolicy{MaximumAttempts: 1, NonRetryableErrorTypes: []string{failure.InvalidArgument}},
+	})
 }
 
 // strictKind is the event among events that promises that no live node

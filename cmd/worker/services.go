@@ -475,7 +475,15 @@ func (p *parts) temporalClient() startstop.Service {
 func (p *parts) temporalWorker() startstop.Service {
 	var w worker.Worker
 	return startstop.Funcs("temporal worker", func(context.Context) error {
-		w = worker.New(p.tc, workflows.TaskQueue, worker.Options{})
+		// Workflow tasks are polled by an autoscaled number of pollers
+		// (the SDK's default is two, of which one polls the shared queue
+		// while the other polls the sticky one): the server spreads a
+		// queue over partitions, and one poll cannot cover them, so in a
+		// burst of creates a first workflow task waited up to 2 s for a
+		// poll (docs/performance.md, "Less work a create").
+		w = worker.New(p.tc, workflows.TaskQueue, worker.Options{
+			WorkflowTaskPollerBehavior: worker.NewPollerBehaviorAutoscaling(worker.PollerBehaviorAutoscalingOptions{}),
+		})
 		w.RegisterWorkflow(workflows.WorkerWorkflow)
 		w.RegisterWorkflow(workflows.RecoveryWorkflow)
 		w.RegisterWorkflow(workflows.PlacementWorkflow)

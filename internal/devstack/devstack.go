@@ -416,6 +416,14 @@ func (s *Stack) startTemporal(ctx context.Context) error {
 		// of through matching (eager activity execution; the SDK asks
 		// for it, the server's default refuses).
 		"--dynamic-config-value", "system.enableActivityEagerExecution=true",
+		// One partition a task queue: the server's default of four
+		// spreads a queue's tasks over partitions that a worker's few
+		// polls do not all cover, and a task in an uncovered one waited
+		// for a poll up to 2 s (a burst of creates; docs/performance.md,
+		// "Less work a create"). A cluster with many workers' polls needs
+		// no such change.
+		"--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
+		"--dynamic-config-value", "matching.numTaskqueueWritePartitions=1",
 	}
 	for _, kv := range s.TemporalDynamicConfig {
 		args = append(args, "--dynamic-config-value", kv)

@@ -76,6 +76,25 @@ func (f *Follower) Refresh(ctx context.Context) (bool, error) {
 	return changed, nil
 }
 
+// Observe takes r as the view when it is newer than the view (a record
+// this node just read or wrote itself, Placer.Place) and then calls
+// OnChange, as Refresh would after reading it. It reports whether the
+// view changed.
+func (f *Follower) Observe(r Record) bool {
+	f.mu.Lock()
+	cur := f.rec.Load()
+	changed := cur == nil || r.Revision > cur.Revision
+	if changed {
+		f.rec.Store(&r)
+		f.lastRead.Store(time.Now().UnixNano())
+	}
+	f.mu.Unlock()
+	if changed && f.OnChange != nil {
+		f.OnChange()
+	}
+	return changed
+}
+
 // CanRun says why this node may not run a worker that requires these
 // labels ("" when it may).
 func (f *Follower) CanRun(require map[string]string) string {

@@ -63,20 +63,27 @@ func (p *Placer) live(ctx context.Context) ([]NodeInfo, error) {
 // needed, make before break); it returns the topic's placement (whose
 // Unplaceable names w when no live node can run it).
 func (p *Placer) Ensure(ctx context.Context, w catalog.Worker) (TopicPlacement, error) {
+	t, _, err := p.Place(ctx, w)
+	return t, err
+}
+
+// Place is Ensure that also returns the record as it is after it (as
+// written, or as read when the topic was placed already): the caller's
+// view of the record (Follower.Observe) needs no read of its own. The
+// record is read once: whether the topic is placed already is decided on
+// the read that the write is conditional on.
+func (p *Placer) Place(ctx context.Context, w catalog.Worker) (TopicPlacement, Record, error) {
 	nodes, err := p.live(ctx)
 	if err != nil {
-		return TopicPlacement{}, err
+		return TopicPlacement{}, Record{}, err
 	}
 	need := p.NeedOf(w)
-	cur, err := p.Store.Load(ctx)
-	if err != nil {
-		return TopicPlacement{}, err
-	}
-	if t, ok := cur.Topics[w.Topic]; ok && satisfied(t, need, nodes, cur.Drained, p.Replicas) {
-		return t, nil
-	}
 	var out TopicPlacement
-	_, err = p.Store.Update(ctx, func(r *Record) bool {
+	rec, err := p.Store.Update(ctx, func(r *Record) bool {
+		if t, ok := r.Topics[w.Topic]; ok && satisfied(t, need, nodes, r.Drained, p.Replicas) {
+			out = t
+			return false
+		}
 		prev, had := r.Topics[w.Topic]
 		// Plan this topic alone, with its placement so far as what it
 		// keeps: the needs of its other workers are in their own
@@ -124,7 +131,10 @@ func (p *Placer) Ensure(ctx context.Context, w catalog.Worker) (TopicPlacement, 
 		out = merged
 		return true
 	})
-	return out, err
+	if err != nil {
+		return TopicPlacement{}, Record{}, err
+	}
+	return out, rec, nil
 }
 
 // replicasOf is a need's replicas with the default applied.

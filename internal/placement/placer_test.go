@@ -178,3 +178,53 @@ func TestPlanKeepsATopicACreateJustPlaced(t *testing.T) {
 		t.Fatalf("after a plan without its worker: %+v (moves %+v), want %v kept", got, r.Moves, tp.Nodes)
 	}
 }
+
+// recordReads counts the reads of the placement record's key.
+type recordReads struct {
+	state.Store
+	n int
+}
+
+func (r *recordReads) Get(ctx context.Context, key string) (state.Item, error) {
+	if key == placement.RecordKey {
+		r.n++
+	}
+	return r.Store.Get(ctx, key)
+}
+
+// Place reads the record once, placed topic or new, and returns it as it
+// left it; a follower that observes it knows the topic without a read, and
+// never goes back to an older record.
+func TestPlaceReadsTheRecordOnceAndTheFollowerObservesIt(t *testing.T) {
+	ctx := context.Background()
+	rr := &recordReads{Store: state.NewMemoryStore()}
+	store := placement.NewStore(rr)
+	for _, id := range []string{"a", "b"} {
+		if err := store.Advertise(ctx, node(id, nil), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := &placement.Placer{Store: store, Replicas: 2, Alive: func(context.Context) ([]string, error) { return []string{"a", "b"}, nil },
+		EngineOf: func(mime string) string { return mime }}
+	tp, rec, err := p.Place(ctx, worker("w1", "new", "python"))
+	if err != nil || len(tp.Nodes) != 2 || rec.Revision != 1 || !slices.Equal(rec.Topics["new"].Nodes, tp.Nodes) {
+		t.Fatalf("a new topic: %+v, record %+v, %v", tp, rec, err)
+	}
+	if rr.n != 1 {
+		t.Fatalf("placing a new topic read the record %d times, want 1", rr.n)
+	}
+	rr.n = 0
+	if _, again, err := p.Place(ctx, worker("w2", "new", "python")); err != nil || again.Revision != 1 || rr.n != 1 {
+		t.Fatalf("a placed topic: revision %d, %d reads, %v; want no write and one read", again.Revision, rr.n, err)
+	}
+
+	changes := 0
+	f := &placement.Follower{Self: "a", Store: store, Replicas: 2, Alive: func() []string { return []string{"a", "b"} }, OnChange: func() { changes++ }}
+	rr.n = 0
+	if !f.Observe(rec) || !f.Serves(ctx, "new") || rr.n != 0 || changes != 1 {
+		t.Fatalf("after observing the record: serves %v, %d reads, %d changes; want served, no read, one change", f.Serves(ctx, "new"), rr.n, changes)
+	}
+	if f.Observe(placement.Record{Revision: 0}) || f.Record().Revision != 1 || changes != 1 {
+		t.Fatal("the follower took an older record")
+	}
+}

@@ -50,6 +50,10 @@ func (p *Placed) Changed() {
 // Refresh reads the placement record again.
 func (p *Placed) Refresh(ctx context.Context) (bool, error) { return p.Follower.Refresh(ctx) }
 
+// Observe takes a record this node read or wrote as its view when it is
+// newer (placement.Follower.Observe).
+func (p *Placed) Observe(r placement.Record) bool { return p.Follower.Observe(r) }
+
 // Converge makes the node match its view of the record and waits until it
 // holds a subscription to every topic it serves (or SubscribeWait passed);
 // it returns the topics it serves.

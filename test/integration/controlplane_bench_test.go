@@ -392,12 +392,12 @@ func (c *cpBench) manyCreates() {
 	}
 	before, mBefore, cmdsBefore, statBefore := cpuSnapshot(), machineCPU(), c.e.redisCLI(c.b, "info", "commandstats"), procStatCPU()
 	forksBefore := forksSinceBoot()
-	took := make([]time.Duration, c.many)
+	took, began := make([]time.Duration, c.many), make([]time.Time, c.many)
 	c.manyRate = run("create", func(ctx context.Context, i int) error {
 		t0 := time.Now()
 		r, err := c.e.client.CreateWorker(ctx, &pb.CreateWorkerRequest{Code: pyCode(code), MimeType: "text/x-python",
 			Topic: fmt.Sprintf("cp-many-%s-%d", c.nonce, i)})
-		ids[i], took[i] = r.GetWorkerId(), time.Since(t0)
+		ids[i], took[i], began[i] = r.GetWorkerId(), time.Since(t0), t0
 		return err
 	})
 	if os.Getenv("WM_CP_DEBUG") != "" {
@@ -406,8 +406,20 @@ func (c *cpBench) manyCreates() {
 			slowest[i] = i
 		}
 		sort.Slice(slowest, func(a, b int) bool { return took[slowest[a]] > took[slowest[b]] })
+		tc := c.e.temporalClient(c.b)
 		for _, i := range slowest[:min(3, len(slowest))] {
-			c.b.Logf("slow create %s: %s; node log:\n%s", ids[i], took[i], c.nodeLogAbout(ids[i]))
+			var h strings.Builder
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			it := tc.GetWorkflowHistory(ctx, "workmanager-worker-"+ids[i], "", false, 0)
+			for n := 0; it.HasNext() && n < 20; n++ {
+				ev, err := it.Next()
+				if err != nil {
+					break
+				}
+				fmt.Fprintf(&h, "  %3d %s %s\n", ev.GetEventId(), ev.GetEventTime().AsTime().Format("15:04:05.000"), ev.GetEventType())
+			}
+			cancel()
+			c.b.Logf("slow create %s: %s (began %s); node log:\n%s\nhistory:\n%s", ids[i], took[i], began[i].Format("15:04:05.000"), c.nodeLogAbout(ids[i]), h.String())
 		}
 	}
 	c.logCPUByProcess(before, cpuSnapshot(), mBefore, machineCPU())

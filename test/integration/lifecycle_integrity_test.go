@@ -110,8 +110,11 @@ func TestConcurrentNamedCreatesRunTheAnsweredCode(t *testing.T) {
 // deleted worker. Two nodes; the create's Apply runs on one of them (X)
 // and is held just before it writes the record (WM_TEST_STATE_HOLD_FILE,
 // a test-only hook on the node's catalog store: the Put of the listed key
-// waits), and X is then really paused (SIGSTOP). Its attempt times out on
-// its heartbeat (20 s), the retry runs on the other node (Y), the create
+// waits), and X is then really paused (SIGSTOP). Its attempt times out —
+// Apply runs as a local activity in the workflow task (epoch 5), so the
+// task times out (10 s) and the other node (Y) runs the task and its Apply
+// again; an Apply activity (older runs, or the local attempt failed)
+// times out on its heartbeat (20 s) and is retried on Y — the create
 // completes and the worker serves; the worker is deleted. Then X resumes
 // and its write goes ahead (the hook lets it through even if the attempt's
 // context was cancelled meanwhile, as a write already on its way would):
