@@ -317,7 +317,8 @@ type procStat struct {
 	reaped time.Duration
 }
 
-// cpuSnapshot reads every process's parent and CPU time (user+system).
+// cpuSnapshot reads every process's parent and CPU time (user+system;
+// the scheduler's run time where the kernel keeps it).
 func cpuSnapshot() map[int]procStat {
 	out := map[int]procStat{}
 	ents, err := os.ReadDir("/proc")
@@ -347,7 +348,29 @@ func cpuSnapshot() map[int]procStat {
 		st, _ := strconv.ParseInt(f[12], 10, 64)
 		cut, _ := strconv.ParseInt(f[13], 10, 64)
 		cst, _ := strconv.ParseInt(f[14], 10, 64)
-		out[pid] = procStat{ppid: ppid, comm: s[open+1 : close], cpu: time.Duration(ut+st) * 10 * time.Millisecond,
+		cpu := time.Duration(ut+st) * 10 * time.Millisecond
+		// The scheduler's own count (ns) where there is one: utime and
+		// stime are sampled at the clock tick, and a process that runs in
+		// short bursts between ticks (a sandboxed runner's 15 ms start)
+		// can show none at all.
+		// (/proc/<pid>/schedstat is the main thread's: every thread's is
+		// summed; a thread that exited is in the ticks' count only, so
+		// the larger of the two is taken.)
+		if tasks, err := os.ReadDir("/proc/" + d.Name() + "/task"); err == nil {
+			var ns int64
+			for _, task := range tasks {
+				ss, err := os.ReadFile("/proc/" + d.Name() + "/task/" + task.Name() + "/schedstat")
+				if err != nil {
+					continue
+				}
+				if run, _, ok := strings.Cut(string(ss), " "); ok {
+					v, _ := strconv.ParseInt(run, 10, 64)
+					ns += v
+				}
+			}
+			cpu = max(cpu, time.Duration(ns))
+		}
+		out[pid] = procStat{ppid: ppid, comm: s[open+1 : close], cpu: cpu,
 			reaped: time.Duration(cut+cst) * 10 * time.Millisecond}
 	}
 	return out
