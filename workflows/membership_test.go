@@ -275,3 +275,48 @@ func (s *WorkerWorkflowSuite) TestLocalPrepareCodeHandsOtherFailuresToTheActivit
 		}
 	}
 }
+
+// In runs of epoch 5 Apply runs first as a local activity: its answer, or
+// its refusal (InvalidArgument), is final; any other failure goes to the
+// Apply activity, which any node runs and retries; older runs run the
+// activity only.
+func (s *WorkerWorkflowSuite) TestLocalApplyHandsOtherFailuresToTheActivity() {
+	for _, tc := range []struct {
+		name  string
+		epoch int
+		local error
+		want  []bool // IsLocalActivity of each Apply attempt
+		kind  string // the stop's failure kind, "" for success
+	}{
+		{"applied", CurrentEpoch, nil, []bool{true}, ""},
+		{"refused", CurrentEpoch, temporal.NewApplicationError("bad record", failure.InvalidArgument), []bool{true}, failure.InvalidArgument},
+		{"store not answering", CurrentEpoch, errors.New("state put: connection refused"), []bool{true, false}, ""},
+		{"epoch 4", 4, nil, []bool{false}, ""},
+	} {
+		env := s.envWithEmit(func(activities.EmitInput) error { return nil })
+		env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1"}, nil)
+		env.OnActivity(a.GetWorkers, mock.Anything, mock.Anything).Return([]catalog.Worker{}, nil)
+		env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(nil) // a refused change resyncs every node
+		var attempts []bool
+		env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(ctx context.Context, in activities.ApplyInput) (activities.Applied, error) {
+			local := activity.GetInfo(ctx).IsLocalActivity
+			s.mu.Lock()
+			attempts = append(attempts, local)
+			s.mu.Unlock()
+			if local && tc.local != nil {
+				return activities.Applied{}, tc.local
+			}
+			return activities.Applied{Node: "n1"}, nil
+		})
+		var stop updater
+		env.RegisterDelayedCallback(func() { env.UpdateWorkflow(UpdateStop, "s1", callback(&stop)) }, time.Second)
+		env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: runningWorker(), Created: true}, Epoch: tc.epoch})
+
+		s.Equal(tc.want, attempts, "%s: Apply attempts (local?)", tc.name)
+		if tc.kind == "" {
+			s.NoError(stop.err, tc.name)
+		} else {
+			s.Equal(tc.kind, failure.Kind(stop.err), "%s: %v", tc.name, stop.err)
+		}
+	}
+}
