@@ -271,6 +271,25 @@ func TestEpochRunRecordsNoVersionMarker(t *testing.T) {
 	}
 }
 
+// recordedRun loads a history recorded on the real stack and the input
+// its run was started with.
+func recordedRun(t *testing.T, file string) ([]*historypb.HistoryEvent, WorkerInput) {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h historypb.History
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &h); err != nil {
+		t.Fatal(err)
+	}
+	var in WorkerInput
+	if err := converter.GetDefaultDataConverter().FromPayloads(h.GetEvents()[0].GetWorkflowExecutionStartedEventAttributes().GetInput(), &in); err != nil {
+		t.Fatalf("%s: the run's input: %v", file, err)
+	}
+	return h.GetEvents(), in
+}
+
 // TestEpoch4CreateSetsNoTimerAndUpsertsOnlyChanges: in runs of epoch 4
 // recorded on the real stack, a create sent with the start (the API's
 // UpdateWithStart, which sets WorkerStatus RUNNING at the start) starts no
@@ -281,19 +300,11 @@ func TestEpochRunRecordsNoVersionMarker(t *testing.T) {
 // workers does not list it.
 func TestEpoch4CreateSetsNoTimerAndUpsertsOnlyChanges(t *testing.T) {
 	load := func(file string) []*historypb.HistoryEvent {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
+		evs, in := recordedRun(t, file)
+		if in.Epoch != 4 {
+			t.Fatalf("%s: the recorded run's epoch is %d, want 4", file, in.Epoch)
 		}
-		var h historypb.History
-		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &h); err != nil {
-			t.Fatal(err)
-		}
-		var in WorkerInput
-		if err := converter.GetDefaultDataConverter().FromPayloads(h.GetEvents()[0].GetWorkflowExecutionStartedEventAttributes().GetInput(), &in); err != nil || in.Epoch != 4 {
-			t.Fatalf("%s: the recorded run's input: epoch %d (%v), want 4", file, in.Epoch, err)
-		}
-		return h.GetEvents()
+		return evs
 	}
 	evs := load("testdata/worker_epoch4_history.json")
 	if _, ok := evs[0].GetWorkflowExecutionStartedEventAttributes().GetSearchAttributes().GetIndexedFields()["WorkerStatus"]; !ok {
@@ -354,18 +365,9 @@ func TestEpoch4CreateSetsNoTimerAndUpsertsOnlyChanges(t *testing.T) {
 // workflow task that accepted it (one task a call; two in epoch 4). The
 // delete's Delete is still an activity.
 func TestEpoch5AppliesInTheWorkflowTask(t *testing.T) {
-	b, err := os.ReadFile("testdata/worker_epoch5_history.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var h historypb.History
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &h); err != nil {
-		t.Fatal(err)
-	}
-	evs := h.GetEvents()
-	var in WorkerInput
-	if err := converter.GetDefaultDataConverter().FromPayloads(evs[0].GetWorkflowExecutionStartedEventAttributes().GetInput(), &in); err != nil || in.Epoch != 5 {
-		t.Fatalf("the recorded run's input: epoch %d (%v), want 5", in.Epoch, err)
+	evs, in := recordedRun(t, "testdata/worker_epoch5_history.json")
+	if in.Epoch != 5 {
+		t.Fatalf("the recorded run's epoch is %d, want 5", in.Epoch)
 	}
 	applies, inOneTask, updates := 0, 0, 0
 	taskOfAccept := false
@@ -400,18 +402,9 @@ func TestEpoch5AppliesInTheWorkflowTask(t *testing.T) {
 // continued as new when it fired, no sooner than MinRunAge after its start
 // (replayed by TestReplayRecordedHistory).
 func TestEpoch3RunWaitsOutMinRunAge(t *testing.T) {
-	b, err := os.ReadFile("testdata/worker_epoch3_min_age_history.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var h historypb.History
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &h); err != nil {
-		t.Fatal(err)
-	}
-	evs := h.GetEvents()
-	var in WorkerInput
-	if err := converter.GetDefaultDataConverter().FromPayloads(evs[0].GetWorkflowExecutionStartedEventAttributes().GetInput(), &in); err != nil || in.Epoch != 3 || in.ContinueAsNewAfter != 3 {
-		t.Fatalf("the recorded run's input: epoch %d, bound %d (%v), want 3 and 3", in.Epoch, in.ContinueAsNewAfter, err)
+	evs, in := recordedRun(t, "testdata/worker_epoch3_min_age_history.json")
+	if in.Epoch != 3 || in.ContinueAsNewAfter != 3 {
+		t.Fatalf("the recorded run's input: epoch %d, bound %d, want 3 and 3", in.Epoch, in.ContinueAsNewAfter)
 	}
 	timerAt, fired, acceptedAfter := -1, false, 0
 	for i, ev := range evs {

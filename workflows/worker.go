@@ -534,9 +534,7 @@ func (e *entity) prepare(ctx workflow.Context, in activities.PrepareCodeInput) (
 	var ref catalog.CodeRef
 	if e.epoch >= 2 {
 		err := workflow.ExecuteLocalActivity(prepareLocalCtx(ctx), a.PrepareCode, in).Get(ctx, &ref)
-		var appErr *temporal.ApplicationError
-		if err == nil || temporal.IsCanceledError(err) ||
-			(errors.As(err, &appErr) && (appErr.NonRetryable() || slices.Contains(prepareRefusals, appErr.Type()))) {
+		if localAnswered(err, prepareRefusals) {
 			return ref, err
 		}
 		workflow.GetLogger(ctx).Warn("code not prepared on this node; the PrepareCode activity goes on trying", "worker_id", in.Worker.ID, "err", err)
@@ -941,9 +939,7 @@ func (e *entity) runApply(ctx workflow.Context, in activities.ApplyInput) (activ
 	var done activities.Applied
 	if e.epoch >= 5 {
 		err := workflow.ExecuteLocalActivity(applyLocalCtx(ctx), a.Apply, in).Get(ctx, &done)
-		var appErr *temporal.ApplicationError
-		if err == nil || temporal.IsCanceledError(err) ||
-			(errors.As(err, &appErr) && (appErr.NonRetryable() || appErr.Type() == failure.InvalidArgument)) {
+		if localAnswered(err, applyRefusals) {
 			return done, err
 		}
 		workflow.GetLogger(ctx).Warn("change not applied on this node; the Apply activity goes on trying", "worker_id", in.Worker.ID, "err", err)
@@ -953,13 +949,25 @@ func (e *entity) runApply(ctx workflow.Context, in activities.ApplyInput) (activ
 	return done, err
 }
 
+// applyRefusals are the failures of Apply that are its answer.
+var applyRefusals = []string{failure.InvalidArgument}
+
 // applyLocalCtx runs Apply once as a local activity.
 func applyLocalCtx(ctx workflow.Context) workflow.Context {
 	return workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
 		ScheduleToCloseTimeout: ApplyTimeout,
 		StartToCloseTimeout:    ApplyTimeout,
-		RetryPolicy:            &temporal.RetryPolicy{MaximumAttempts: 1, NonRetryableErrorTypes: []string{failure.InvalidArgument}},
+		RetryPolicy:            &temporal.RetryPolicy{MaximumAttempts: 1, NonRetryableErrorTypes: applyRefusals},
 	})
+}
+
+// localAnswered reports whether a local activity's outcome is the answer
+// (success, cancellation, or a refusal no other node would turn into a
+// success) rather than a failure to hand to the ordinary activity.
+func localAnswered(err error, refusals []string) bool {
+	var appErr *temporal.ApplicationError
+	return err == nil || temporal.IsCanceledError(err) ||
+		(errors.As(err, &appErr) && (appErr.NonRetryable() || slices.Contains(refusals, appErr.Type())))
 }
 
 // strictKind is the event among events that promises that no live node
