@@ -135,8 +135,25 @@ func (in *Instance) takeWaiting(leader *call) []*call {
 	}
 	clear(in.waiting[len(kept):])
 	in.waiting = kept
+	if in.e.cfg.MaxBatch > 1 && len(calls) >= in.e.cfg.MaxBatch {
+		if in.fullBatches.Add(1) == SaturatedBatches {
+			// The calls already waiting for a process ask Grow again.
+			// (Not under in.mu's lock: Wake only signals.)
+			defer in.pool.Wake()
+		}
+	} else {
+		in.fullBatches.Store(0)
+	}
 	return calls
 }
+
+// SaturatedBatches is how many full batches in a row make a fast worker
+// saturated: its calls then may start a process beyond Config.Processes
+// (up to its maximum), as a slow event's do, so that a worker with more
+// traffic than one runner keeps up uses another core; the process is
+// retired once idle (Config.IdleRetire). A burst of a few batches does not
+// start one.
+const SaturatedBatches = 4
 
 // isClosed reports whether ch is closed (false for nil).
 func isClosed(ch <-chan struct{}) bool {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -362,4 +363,37 @@ func TestWaitingCallsAreGivenBack(t *testing.T) {
 	if got := echoed(t, batchResult{out, err}); got != 9 {
 		t.Fatalf("after the give-back: got %d", got)
 	}
+}
+
+// A fast worker whose calls keep more than one runner's batches full (a
+// backlog, not a burst) gets a second process, up to its maximum, as a
+// slow worker does; a burst of a few batches does not start one.
+func TestSaturatedFastWorkerGetsASecondProcess(t *testing.T) {
+	e := newEngine(t, python.Config{Processes: 1, MaxProcesses: 2, MaxBatch: 8, SlowEvent: time.Minute, IdleRetire: time.Minute})
+	inst := load(t, e, testSpec, batchWorker)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// A burst: 24 calls queued behind a held process, three batches.
+	runQueued(t, inst, numbered(24, nil))
+	if n := python.LiveProcesses(inst); n != 1 {
+		t.Fatalf("after a burst of 24 calls: %d processes, want 1", n)
+	}
+	// A backlog: 32 callers that call again as soon as they are answered.
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for i := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; !stop.Load(); n++ {
+				if _, err := inst.Process(ctx, jsonEvent("n", map[string]any{"n": 1 + 5*(i*100000+n)})); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	enginetest.WaitFor(t, "a second process for the saturated worker", func() bool { return python.LiveProcesses(inst) == 2 })
+	stop.Store(true)
+	wg.Wait()
 }

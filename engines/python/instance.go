@@ -32,7 +32,10 @@ type Instance struct {
 	batched atomic.Int64
 	// lastEvent is how long the last answered event took (batch.go).
 	lastEvent atomic.Int64
-	started   atomic.Bool // the pool's first Start happened (takes a parked runner)
+	// fullBatches counts the batches in a row that took MaxBatch calls
+	// (batch.go): a backlog that outlasts a burst (saturated).
+	fullBatches atomic.Int64
+	started     atomic.Bool // the pool's first Start happened (takes a parked runner)
 
 	// async: the runners run events concurrently (set when one starts;
 	// the code decides); mux serves the calls then.
@@ -83,13 +86,16 @@ func newInstance(e *Engine, spec engines.Spec, interp string, code []byte) *Inst
 	in.pool = procpool.New(procpool.Config[*proc]{
 		Size: in.maxProcs,
 		// Processes beyond Config.Processes start when every one is busy
-		// and a call waits, for slow events only (a fast worker's waiting
-		// calls go in batches); they are retired when idle.
+		// and a call waits, for slow events, or for fast ones once full
+		// batches have come SaturatedBatches times in a row (a backlog a
+		// burst does not make: a fast worker's burst goes in batches on
+		// its warm processes); they are retired when idle.
 		Warm:       e.cfg.Processes,
 		IdleRetire: e.cfg.IdleRetire,
 		ParkIdle:   e.cfg.ParkAfter,
 		Grow: func() bool {
-			return !in.async.Load() && time.Duration(in.lastEvent.Load()) > e.cfg.SlowEvent
+			return !in.async.Load() && (time.Duration(in.lastEvent.Load()) > e.cfg.SlowEvent ||
+				in.fullBatches.Load() >= SaturatedBatches)
 		},
 		Start: func(ctx context.Context) (*proc, error) {
 			if !in.started.Swap(true) {
