@@ -23,10 +23,10 @@ type Placed struct {
 	// of the topics it gained (0: 30 s).
 	SubscribeWait time.Duration
 	// MinGap is the least time between two convergences Run starts on
-	// its own (0: DefaultConvergeGap). A convergence reads every worker
-	// record of the catalog, and every create on a new topic changes the
-	// record: without a gap a burst of creates read the catalog once a
-	// create. The placement workflow's own calls (Converge) never wait:
+	// its own (0: DefaultConvergeGap). A convergence reads the catalog's
+	// index and the records of the workers not attached here, and every
+	// create on a new topic changes the record: without a gap a burst of
+	// creates read them once a create. The placement workflow's own calls (Converge) never wait:
 	// what Run does is the fallback for a node the workflow did not
 	// reach, and a create's Apply attaches its worker itself.
 	MinGap time.Duration

@@ -37,7 +37,8 @@ func (s *scans) count() int {
 }
 
 // A burst of record changes (one a create on a new topic) makes one
-// convergence at once and one at the end of the gap, not one a change; the last change is never lost: what it placed here is attached.
+// convergence at once and one at the end of the gap, not one a change;
+// the last change is never lost: what it placed here is attached.
 func TestPlacedConvergesAtMostOnceAGap(t *testing.T) {
 	sc := &scans{}
 	f := nodetest.NewOnStore(t, func(s state.Store) state.Store { sc.Store = s; return sc })
