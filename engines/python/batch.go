@@ -138,7 +138,8 @@ func (in *Instance) takeWaiting(leader *call) []*call {
 	if in.e.cfg.MaxBatch > 1 && len(calls) >= in.e.cfg.MaxBatch {
 		if in.fullBatches.Add(1) == SaturatedBatches {
 			// The calls already waiting for a process ask Grow again.
-			// (Not under in.mu's lock: Wake only signals.)
+			// (in.mu is held here; Wake takes only the pool's lock, and
+			// the pool never takes in.mu: Grow reads atomics.)
 			defer in.pool.Wake()
 		}
 	} else {

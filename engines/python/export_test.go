@@ -100,6 +100,3 @@ func RunnerFile(e *Engine) string { return e.probed.runnerFile }
 // PretendInterpreterChanged makes e start its runners as if the code it
 // compiled came from another interpreter version.
 func PretendInterpreterChanged(e *Engine) { e.probed.hexversion++ }
-
-// FullBatches is how many full batches in a row inst has sent.
-func FullBatches(inst engines.Instance) int64 { return inst.(*Instance).fullBatches.Load() }

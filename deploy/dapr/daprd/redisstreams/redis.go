@@ -882,9 +882,7 @@ func (r *redisStreams) BulkPublish(ctx context.Context, req *pubsub.BulkPublishR
 		return failAll(err)
 	}
 	args := make([]any, 0, 3+3*len(runs)+2*len(req.Entries))
-	script := bulkXAdd
 	if len(runs) > 1 {
-		script = bulkXAddRuns
 		args = append(args, maxLen, fenceTTL.Milliseconds(), len(runs))
 		for _, ru := range runs {
 			args = append(args, ru.low, ru.high, ru.n)
@@ -931,7 +929,7 @@ func (r *redisStreams) BulkPublish(ctx context.Context, req *pubsub.BulkPublishR
 		}
 		return res, nil
 	}
-	n, evalErr, err := r.client.EvalInt(ctx, script, keys, args...)
+	n, evalErr, err := r.client.EvalInt(ctx, bulkXAdd, keys, args...)
 	if err == nil {
 		err = evalErr
 	}
