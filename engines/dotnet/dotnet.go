@@ -164,6 +164,9 @@ type Engine struct {
 	// sandbox owners.
 	compilers        *spares.Set[*spareCompiler]
 	spareCompilerSeq atomic.Uint64
+	// unstagedWarned is whether a spare compiler that could not stage
+	// its compile has been logged (once).
+	unstagedWarned atomic.Bool
 
 	// slots are the directories the spares' slots are made in (slots.go).
 	slots slotOwners

@@ -118,7 +118,7 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, w *workerCo
 	defer refill() // the next spare starts once this host is loaded
 	if p != nil {
 		w = onSpare
-	} else if p, err = e.spawn(spec, rt, w.dir, nil); err != nil {
+	} else if p, err = e.spawn(spec, rt, w.dir, false, nil); err != nil {
 		return nil, err
 	}
 	if pool != nil && !pool.Track(p) {
@@ -164,9 +164,10 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, w *workerCo
 }
 
 // spawn starts a host process that reads the worker's files from dir
-// (bound read-only into its sandbox); cleanup, when set, runs once the
-// process has exited.
-func (e *Engine) spawn(spec engines.Spec, rt *runtime, dir string, cleanup func()) (*proc, error) {
+// (bound read-only into its sandbox), warming the host's code before its
+// hello when warm (a spare's start, off any call's path); cleanup, when
+// set, runs once the process has exited.
+func (e *Engine) spawn(spec engines.Spec, rt *runtime, dir string, warm bool, cleanup func()) (*proc, error) {
 	pipes, err := procpool.NewPipes()
 	if err != nil {
 		return nil, fmt.Errorf("dotnet engine: %w", err)
@@ -174,8 +175,12 @@ func (e *Engine) spawn(spec engines.Spec, rt *runtime, dir string, cleanup func(
 	p := &proc{maxReply: e.cfg.MaxReplyBytes}
 	p.Init(pipes, spec.Logger, spec.WorkerID)
 	p.rd = bufio.NewReaderSize(p.RespR, 16<<10)
-	// --debug: file and line numbers in the worker's stack traces.
+	// --debug: file and line numbers in the worker's stack traces; a
+	// spare (no worker yet) warms the host's code first (Host.cs, Warm).
 	args := []string{"--debug", rt.host()}
+	if warm {
+		args = append(args, "--warm")
+	}
 	var cmd *exec.Cmd
 	var release func()
 	if e.cfg.Sandbox != nil {

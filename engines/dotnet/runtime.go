@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -171,6 +172,7 @@ func (rt *runtime) build(ctx context.Context, cache string, host, driver []byte)
 	rt.version = strings.TrimSpace(strings.TrimSuffix(rt.version, "(Debian"))
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00", rt.mono, rt.mcs, out, dotnetdevkit.Digest())
+	h.Write([]byte("precompiled\x00")) // the build's steps (precompile)
 	h.Write(host)
 	h.Write(driver)
 	rt.dir = filepath.Join(cache, "runtime-"+hex.EncodeToString(h.Sum(nil))[:16])
@@ -221,6 +223,7 @@ func (rt *runtime) build(ctx context.Context, cache string, host, driver []byte)
 	if err := os.RemoveAll(src); err != nil {
 		return fmt.Errorf("dotnet engine: %w", err)
 	}
+	rt.precompile(ctx, tmp)
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return fmt.Errorf("dotnet engine: %w", err)
 	}
@@ -231,6 +234,25 @@ func (rt *runtime) build(ctx context.Context, cache string, host, driver []byte)
 		return fmt.Errorf("dotnet engine: %w", err)
 	}
 	return nil
+}
+
+// precompile compiles the host's and the DevKit's code to native code
+// ahead of time (mono --aot: <assembly>.so beside each, which Mono loads
+// instead of compiling the methods as they are first called), so that a
+// host loading a worker and running its first call compiles only the
+// worker's own code. Best effort: without the native assembler and linker
+// (binutils, which mono-devel depends on) or with an image Mono refuses,
+// the hosts compile those methods as before.
+func (rt *runtime) precompile(ctx context.Context, dir string) {
+	for _, name := range []string{hostExe, devKitDLL} {
+		cmd := exec.CommandContext(ctx, rt.mono, "--aot", filepath.Join(dir, name))
+		cmd.Dir = dir
+		cmd.Env = compilerEnv
+		if out, err := cmd.CombinedOutput(); err != nil {
+			os.Remove(filepath.Join(dir, name+".so"))
+			slog.Debug("dotnet engine: no ahead-of-time image", "assembly", name, "error", err, "output", string(out))
+		}
+	}
 }
 
 // diagnostic is one compiler message.
@@ -498,7 +520,7 @@ func (rt *runtime) runCompiler(ctx context.Context, c compiler, code []byte, dir
 		defer refill()
 		if ok {
 			built, err := sc.compile(ctx, rt, c, code)
-			return built, sc.Retire, err
+			return built, sc.Release, err
 		}
 	}
 	// The compiler reads src (its own copy of the source) and writes out,

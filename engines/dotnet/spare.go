@@ -70,7 +70,7 @@ func (e *Engine) startSpare() (*proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dotnet engine: spare host: %w", err)
 	}
-	p, err := e.spawn(engines.Spec{Logger: e.cfg.Logger}, rt, slot, func() { os.RemoveAll(slot) })
+	p, err := e.spawn(engines.Spec{Logger: e.cfg.Logger}, rt, slot, true, func() { os.RemoveAll(slot) })
 	if err != nil {
 		return nil, err
 	}

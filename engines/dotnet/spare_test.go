@@ -2,7 +2,11 @@ package dotnet
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -157,6 +161,43 @@ func testSpareHosts(t *testing.T, cfg Config) {
 	}
 	if w := askHost(t, c); w.ID != "c" || !strings.Contains(w.Layers, "Seccomp") {
 		t.Fatalf("c: %+v", w)
+	}
+
+	// A spare warmed its code on the host's own echo (Host.cs, Warm),
+	// which no worker's load can take: code without a worker class is
+	// refused on a spare as on a host started for it.
+	waitSpareHost(t, e)
+	_, err := e.Load(t.Context(), hostSpec("nothing"), []byte("public class Nothing { }"))
+	if !errors.Is(err, engines.ErrInvalidCode) || !strings.Contains(err.Error(), "defines no public, non-abstract class") {
+		t.Fatalf("code without a worker class on a spare: err = %v, want ErrInvalidCode saying it defines no worker class", err)
+	}
+}
+
+// The host's and the DevKit's code is compiled ahead of time (mono --aot)
+// when the runtime is built, and the hosts map those images.
+func TestHostCodeIsPrecompiled(t *testing.T) {
+	if _, err := exec.LookPath("as"); err != nil {
+		t.Skip("no native assembler (binutils): the hosts compile their code as they run it")
+	}
+	e := newTestEngine(t, Config{Spares: 1})
+	t.Cleanup(func() { _ = e.Close() })
+	inst := enginetest.Load(t, e, hostSpec("a"), []byte(whoAmIWorker))
+	rt := e.currentRuntime()
+	for _, name := range []string{hostExe, devKitDLL} {
+		if _, err := os.Stat(filepath.Join(rt.dir, name+".so")); err != nil {
+			t.Fatalf("no ahead-of-time image of %s: %v", name, err)
+		}
+	}
+	for _, pid := range []int{hostPID(t, inst), waitSpareHost(t, e).Pid} {
+		maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{hostExe, devKitDLL} {
+			if !strings.Contains(string(maps), filepath.Join(rt.dir, name+".so")) {
+				t.Fatalf("host %d does not map %s.so", pid, name)
+			}
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -88,6 +89,9 @@ func TestSpareCompilerCompilesOneSourceOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := waitSpareCompiler(t, e)
+			if !s.output.staged {
+				t.Fatalf("the spare did not stage its compile (it said %q)", s.output.before())
+			}
 			for dir, want := range map[string][]string{s.src: {"Warm.cs"}, s.out: nil} {
 				entries, err := os.ReadDir(dir)
 				var names []string
@@ -145,6 +149,72 @@ func TestSpareCompilerCompilesOneSourceOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A spare compiler asked for a compile other than the one it staged, or
+// whose staging failed, compiles from the start, as mcs would: the staged
+// state is never what answers a different compile.
+func TestSpareCompilerUnstagedCompilesFromTheStart(t *testing.T) {
+	e := New(Config{CacheDir: t.TempDir()})
+	t.Cleanup(func() { _ = e.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if _, err := e.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rt := e.currentRuntime()
+	// run starts wmcsc.exe staging stage (nil: nothing), sends it args and
+	// returns what it said and its exit status.
+	run := func(t *testing.T, dir string, stage, args []string) (string, error) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, "Warm.cs"), []byte(warmSource), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmdArgs := append([]string{filepath.Join(rt.dir, compilerExe), rt.mcsExe, filepath.Join(dir, "Warm.dll")}, rt.compileArgs(dir, dir, "Warm.cs")...)
+		if stage != nil {
+			cmdArgs = append(append(cmdArgs, "--"), stage...)
+		}
+		cmd := exec.CommandContext(ctx, rt.mono, cmdArgs...)
+		cmd.Stdin = strings.NewReader("0123\n" + strings.Join(args, "\n") + "\n\n")
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	src := func(t *testing.T, code []byte) string {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, sourceFile), code, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+
+	t.Run("other arguments", func(t *testing.T) {
+		dir := src(t, fixture(t, "echo"))
+		staged := rt.compileArgs(dir, dir, sourceFile)
+		other := append(append([]string(nil), staged[:len(staged)-1]...), "-out:"+filepath.Join(dir, "Other.dll"), staged[len(staged)-1])
+		out, err := run(t, dir, staged, other)
+		if err != nil || !strings.Contains(out, stagedMarker+readyMarker) || !strings.Contains(out, "\x01wmcsc done 0123") {
+			t.Fatalf("err = %v, output %q: want staged, then done", err, out)
+		}
+		// The last -out: wins, as for mcs: the staged Worker.dll is not
+		// what was written.
+		if _, err := os.Stat(filepath.Join(dir, "Other.dll")); err != nil {
+			t.Fatalf("the compile asked for did not write Other.dll: %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "Worker.dll")); err == nil {
+			t.Fatal("the staged compile wrote Worker.dll for a compile that asked for Other.dll")
+		}
+	})
+
+	t.Run("staging failed", func(t *testing.T) {
+		dir := src(t, fixture(t, "echo"))
+		args := append(rt.compileArgs(dir, dir, sourceFile), "-r:/nonexistent/Missing.dll")
+		out, err := run(t, dir, args, args)
+		mcsOut, _ := exec.CommandContext(ctx, rt.mcs, args...).CombinedOutput()
+		if err == nil || strings.Contains(out, stagedMarker) || !strings.Contains(out, "error CS0006: Metadata file `/nonexistent/Missing.dll' could not be found") ||
+			!strings.Contains(string(mcsOut), "error CS0006: Metadata file `/nonexistent/Missing.dll' could not be found") {
+			t.Fatalf("err = %v, output %q (mcs: %q): want no staging and mcs's error", err, out, mcsOut)
+		}
+	})
 }
 
 // A compile on a spare stays under the compiler's CPU-time limit, its

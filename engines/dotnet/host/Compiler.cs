@@ -1,32 +1,41 @@
 // wmcsc: a spare C# compiler (engines/dotnet/sparecompiler.go). It loads
 // mcs.exe, compiles the warm-up source it is given (the node's, not a
 // worker's) so that the compiler's code is loaded and compiled, deletes
-// what that wrote, says it is ready and waits. The node then writes one
-// worker's source into its slot and sends a nonce and the compiler's
-// arguments, one per line, ending with an empty line; it compiles them
-// exactly as mcs would (the same messages on stdout), says it is done
-// (naming the nonce) when the compile succeeded, and exits: 0 when it
-// succeeded, 1 when it did not. One worker's compile per process, never
-// more.
+// what that wrote, then stages the compile it will be asked for: the
+// arguments after "--" (the node's: the references, the slot's source and
+// output paths) are parsed and the referenced assemblies loaded and
+// imported, which is most of a warm compile, before any source is there.
+// It says it is ready and waits. The node then writes one worker's source
+// into its slot and sends a nonce and the compiler's arguments, one per
+// line, ending with an empty line; it compiles them exactly as mcs would
+// (the same messages on stdout; the staged compile finishes only when the
+// arguments are the staged ones and staging said nothing, else the source
+// is compiled from the start), says it is done (naming the nonce) when the
+// compile succeeded, and exits: 0 when it succeeded, 1 when it did not.
+// One worker's compile per process, never more.
 using System;
 using System.Collections.Generic;
 using System.IO;
 using System.Reflection;
+using System.Text;
 
 static class SpareCompiler
 {
     const string Ready = "\u0001wmcsc ready";
+    const string StagedLine = "\u0001wmcsc staged"; // said before Ready when the compile is staged
 
-    // args: mcs.exe, the warm-up output, then the warm-up compile's arguments.
+    // args: mcs.exe, the warm-up output, the warm-up compile's arguments,
+    // then optionally "--" and the arguments of the compile to stage.
     static int Main(string[] args)
     {
         if (args.Length < 3) {
-            Console.Error.WriteLine("usage: wmcsc.exe <mcs.exe> <warm-up output> <mcs arguments...>");
+            Console.Error.WriteLine("usage: wmcsc.exe <mcs.exe> <warm-up output> <mcs arguments...> [-- <mcs arguments to stage...>]");
             return 2;
         }
         var mcs = Assembly.LoadFrom(args[0]);
         var warmOut = args[1];
-        var warm = new string[args.Length - 2];
+        var sep = Array.IndexOf(args, "--", 2);
+        var warm = new string[(sep < 0 ? args.Length : sep) - 2];
         Array.Copy(args, 2, warm, 0, warm.Length);
         var quiet = new StringWriter();
         // The entry point mcs has for compiling in process: it resets the
@@ -39,6 +48,14 @@ static class SpareCompiler
             Console.Error.WriteLine("the warm-up compile failed: " + quiet);
             return 2;
         }
+        Staged staged = null;
+        if (sep >= 0) {
+            var stage = new string[args.Length - sep - 1];
+            Array.Copy(args, sep + 1, stage, 0, stage.Length);
+            staged = Staged.Prepare(new Mcs(mcs), stage);
+            if (staged != null)
+                Console.Out.WriteLine(StagedLine);
+        }
         Console.Out.WriteLine(Ready);
         Console.Out.Flush();
         // The node's nonce, then the arguments, then an empty line.
@@ -49,7 +66,10 @@ static class SpareCompiler
             real.Add(line);
         if (nonce == null || line == null)
             return 2; // the node went away before sending a compile
-        ok = Compile(mcs, real.ToArray(), Console.Out);
+        if (staged != null && staged.Matches(real))
+            ok = staged.Finish();
+        else
+            ok = Compile(mcs, real.ToArray(), Console.Out);
         if (ok) {
             // The assembly is written and closed: the node need not wait
             // for the runtime's shutdown. Only the node knows the nonce,
@@ -73,9 +93,16 @@ static class SpareCompiler
         var driverType = mcs.GetType("Mono.CSharp.Driver", true);
         var driver = Activator.CreateInstance(driverType, BindingFlags.Instance | BindingFlags.Public | BindingFlags.NonPublic, null, new object[] { ctx }, null);
         var compiled = (bool)driverType.GetMethod("Compile").Invoke(driver, null);
-        var report = ctx.GetType().GetProperty("Report").GetValue(ctx, null);
-        var errors = (int)report.GetType().GetProperty("Errors").GetValue(report, null);
-        var warnings = (int)report.GetType().GetProperty("Warnings").GetValue(report, null);
+        return Summarize(new Mcs(mcs), ctx, compiled, output);
+    }
+
+    // Summarize prints mcs's closing line for a compile in ctx and says
+    // whether it succeeded.
+    static bool Summarize(Mcs m, object ctx, bool compiled, TextWriter output)
+    {
+        var report = m.Get(ctx, "Report");
+        var errors = (int)m.Get(report, "Errors");
+        var warnings = (int)m.Get(report, "Warnings");
         if (compiled && errors == 0) {
             if (warnings > 0)
                 output.WriteLine("Compilation succeeded - {0} warning(s)", warnings);
@@ -83,5 +110,189 @@ static class SpareCompiler
         }
         output.WriteLine("Compilation failed: {0} error(s), {1} warnings", errors, warnings);
         return false;
+    }
+
+    // Staged is mcs's Driver.Compile (mcs.exe, built with STATIC: IKVM)
+    // cut in two: Prepare does what needs no source — the output assembly
+    // created, the referenced assemblies loaded and imported, the built-in
+    // types checked — and Finish the rest, from parsing the source on, in
+    // Driver.Compile's order otherwise. The compiled assembly's types are
+    // created after the references are imported instead of before: that
+    // order matters only to a referenced assembly that refers back to the
+    // one being compiled, which the node's references never do.
+    sealed class Staged
+    {
+        Mcs m;
+        string[] args;
+        Relay output;
+        object settings, ctx, module, loader, assembly;
+
+        public static Staged Prepare(Mcs m, string[] args)
+        {
+            var s = new Staged { m = m, args = args, output = new Relay() };
+            try {
+                // Whatever staging would say goes nowhere: a staging that
+                // says anything is not used, and the compile from the start
+                // says it again where the node reads it.
+                var silent = new StringWriter();
+                s.output.Target = silent;
+                s.settings = m.Call(m.New("CommandLineParser", s.output), "ParseArguments", new object[] { args });
+                if (s.settings == null || s.Prepare() == false || silent.GetStringBuilder().Length > 0)
+                    return null;
+                s.output.Target = Console.Out;
+                return s;
+            } catch (Exception) {
+                return null;
+            }
+        }
+
+        bool Prepare()
+        {
+            ctx = m.New("CompilerContext", settings, m.New("StreamReportPrinter", output));
+            m.Set(ctx, "TimeReporter", m.New("TimeReporter", false));
+            module = m.New("ModuleContainer", ctx);
+            m.SetStatic("RootContext", "ToplevelTypes", module);
+            var outputFile = m.Get(settings, "OutputFile") as string;
+            var modules = m.Get(settings, "Modules") as System.Collections.ICollection;
+            if (outputFile == null || m.Get(settings, "FirstSourceFile") == null || m.Get(settings, "Resources") != null || (modules != null && modules.Count > 0))
+                return false; // not the shape of compile the node asks for
+            var importer = m.New("StaticImporter", module);
+            loader = m.New("StaticLoader", importer, ctx);
+            assembly = m.New("AssemblyDefinitionStatic", module, loader, Path.GetFileName(outputFile), outputFile);
+            m.Call(assembly, "Create", m.Get(loader, "Domain"));
+            m.Call(importer, "AddCompiledAssembly", assembly);
+            m.Set(loader, "CompiledAssembly", assembly);
+            m.Call(loader, "LoadReferences", module);
+            return (bool)m.Call(m.Get(ctx, "BuiltinTypes"), "CheckDefinitions", module) && Clean();
+        }
+
+        bool Clean()
+        {
+            var report = m.Get(ctx, "Report");
+            return (int)m.Get(report, "Errors") == 0 && (int)m.Get(report, "Warnings") == 0;
+        }
+
+        public bool Matches(List<string> real)
+        {
+            if (real.Count != args.Length)
+                return false;
+            for (var i = 0; i < args.Length; i++)
+                if (real[i] != args[i])
+                    return false;
+            return true;
+        }
+
+        public bool Finish()
+        {
+            m.Call(m.New("Driver", ctx), "Parse", module);
+            var ok = Errors() == 0;
+            if (ok) {
+                m.Call(module, "CreateContainer");
+                m.Call(loader, "LoadModules", assembly, m.Get(module, "GlobalRootNamespace"));
+                m.Call(module, "InitializePredefinedTypes");
+                m.Call(module, "Define");
+                ok = Errors() == 0;
+            }
+            if (ok) {
+                m.Call(assembly, "Resolve");
+                ok = Errors() == 0;
+            }
+            if (ok) {
+                m.Call(assembly, "Emit");
+                ok = Errors() == 0;
+            }
+            if (ok) {
+                m.Call(module, "CloseContainer");
+                m.Call(assembly, "EmbedResources");
+                ok = Errors() == 0;
+            }
+            if (ok) {
+                m.Call(assembly, "Save");
+                m.Call(loader, "Dispose");
+            }
+            return Summarize(m, ctx, ok, Console.Out);
+        }
+
+        int Errors() { return (int)m.Get(m.Get(ctx, "Report"), "Errors"); }
+    }
+
+    // Relay writes to a writer that can be changed.
+    sealed class Relay : TextWriter
+    {
+        public TextWriter Target;
+        public override Encoding Encoding { get { return Target.Encoding; } }
+        public override void Write(char value) { Target.Write(value); }
+        public override void Write(string value) { Target.Write(value); }
+        public override void Write(char[] buffer, int index, int count) { Target.Write(buffer, index, count); }
+        public override void WriteLine(string value) { Target.WriteLine(value); }
+        public override void Flush() { Target.Flush(); }
+    }
+
+    // Mcs reaches mcs.exe's types, internal ones included, by name.
+    sealed class Mcs
+    {
+        const BindingFlags All = BindingFlags.Instance | BindingFlags.Static | BindingFlags.Public | BindingFlags.NonPublic;
+        readonly Assembly asm;
+
+        public Mcs(Assembly asm) { this.asm = asm; }
+
+        Type T(string name) { return asm.GetType("Mono.CSharp." + name, true); }
+
+        public object New(string type, params object[] args)
+        {
+            return Activator.CreateInstance(T(type), All, null, args, null);
+        }
+
+        // Call calls the method of o's type (or a base type) of that name
+        // whose parameters take args.
+        public object Call(object o, string name, params object[] args)
+        {
+            for (var t = o.GetType(); t != null; t = t.BaseType) {
+                foreach (var mi in t.GetMethods(All | BindingFlags.DeclaredOnly)) {
+                    if (mi.Name != name)
+                        continue;
+                    var ps = mi.GetParameters();
+                    if (ps.Length != args.Length)
+                        continue;
+                    var fits = true;
+                    for (var i = 0; i < ps.Length; i++)
+                        if (args[i] != null && !ps[i].ParameterType.IsInstanceOfType(args[i]))
+                            fits = false;
+                    if (fits)
+                        return mi.Invoke(o, args);
+                }
+            }
+            throw new MissingMethodException(o.GetType().FullName, name);
+        }
+
+        public object Get(object o, string name)
+        {
+            for (var t = o.GetType(); t != null; t = t.BaseType) {
+                var p = t.GetProperty(name, All | BindingFlags.DeclaredOnly);
+                if (p != null)
+                    return p.GetValue(o, null);
+                var f = t.GetField(name, All | BindingFlags.DeclaredOnly);
+                if (f != null)
+                    return f.GetValue(o);
+            }
+            throw new MissingMemberException(o.GetType().FullName, name);
+        }
+
+        public void Set(object o, string name, object value)
+        {
+            for (var t = o.GetType(); t != null; t = t.BaseType) {
+                var p = t.GetProperty(name, All | BindingFlags.DeclaredOnly);
+                if (p != null) {
+                    p.SetValue(o, value, null);
+                    return;
+                }
+            }
+            throw new MissingMemberException(o.GetType().FullName, name);
+        }
+
+        public void SetStatic(string type, string name, object value)
+        {
+            T(type).GetProperty(name, All).SetValue(null, value, null);
+        }
     }
 }

@@ -107,6 +107,23 @@ namespace Virtufin.WorkManager.Host
         public override void SetLength(long value) { throw new NotSupportedException(); }
     }
 
+    // WarmEcho is the host's own worker for Program.Warm: not public, so
+    // no scan for a worker's class could ever take it.
+    internal sealed class WarmEcho : IWorker
+    {
+        public Task<CloudEvent> ProcessAsync(CloudEvent input)
+        {
+            var corr = input["correlationid"];
+            var data = new JsonObject
+            {
+                ["id"] = input.Id,
+                ["data"] = input.Data == null ? null : input.Data.DeepClone(),
+                ["correlationid"] = corr == null ? null : (JsonNode)corr.ToString(),
+            };
+            return Task.FromResult(new CloudEvent { Type = "warm.out", DataContentType = "application/json", Data = data });
+        }
+    }
+
     internal static class Program
     {
         const byte KindSetup = (byte)'S';
@@ -125,6 +142,8 @@ namespace Virtufin.WorkManager.Host
             // pipes are read and written with read(2)/write(2) directly.
             requests = new FdStream(3);
             replies = new FdStream(4);
+            if (args.Length > 0 && args[0] == "--warm")
+                Warm();
             WriteFrame(KindHello, Utf8.GetBytes(RuntimeDescription()));
             byte kind;
             byte[] payload;
@@ -200,6 +219,38 @@ namespace Virtufin.WorkManager.Host
             public object Worker;
             public Func<string, object> Parse;
             public Func<object, object, string> Process;
+        }
+
+        // Warm runs, in a spare host before it says hello, the host's and
+        // the DevKit's code that a worker's load and first call run — the
+        // load request's JSON, the scan for a worker class, the checks on
+        // it, its construction, an event parsed, processed and its output
+        // written as JSON — on the host's own WarmEcho, so that Mono has
+        // compiled it (what mono --aot did not: System.Core's LINQ, the
+        // generic instantiations) before a worker waits for it. Nothing of
+        // a worker is involved; a failure here changes nothing but speed.
+        static void Warm()
+        {
+            try
+            {
+                var req = JsonNode.Parse("{\"assemblies\":[],\"probe\":[\"/warm\"]}").AsObject();
+                foreach (var d in (JsonArray)req["probe"])
+                    d.GetValue<string>();
+                var types = new List<Type>(typeof(WarmEcho).Assembly.GetTypes());
+                var found = types.Where(t => t.IsClass && !t.IsAbstract && !t.ContainsGenericParameters && IsWorker(t)).ToList();
+                string.Join(", ", found.Select(t => t.FullName));
+                HostBinding.ConstraintError(typeof(WarmEcho));
+                Virtufin.Worker.DevKit.HostBinding.IsWorker(typeof(WarmEcho));
+                if (typeof(WarmEcho).GetConstructor(Type.EmptyTypes) == null)
+                    return;
+                var worker = Activator.CreateInstance(typeof(WarmEcho));
+                var input = HostBinding.ParseEvent("{\"specversion\":\"1.0\",\"id\":\"warm\",\"source\":\"wmhost\",\"type\":\"warm\"," +
+                    "\"datacontenttype\":\"application/json\",\"correlationid\":\"warm\",\"data\":{\"n\":1,\"s\":\"x\",\"a\":[true,null,1.5]}}");
+                Utf8.GetBytes(HostBinding.Process(worker, input));
+            }
+            catch (Exception)
+            {
+            }
         }
 
         // IsWorker: whether t implements IWorker or IMultiOutputWorker of
