@@ -463,13 +463,32 @@ func (c *Catalog) ListWorkers(ctx context.Context) ([]Worker, error) {
 	return ws, nil
 }
 
-// WorkerIDs returns the ids of every page of the index.
+// WorkerIDs returns the ids of every page of the index, the pages read
+// in one round trip on a Bulk store (after the legacy index's migration,
+// as WorkerIDsPage does for page 0).
 func (c *Catalog) WorkerIDs(ctx context.Context) ([]string, error) {
-	var all []string
+	if err := c.migrateLegacyIndex(ctx); err != nil {
+		return nil, err
+	}
+	keys := make([]string, IndexPages)
 	for page := range IndexPages {
-		ids, err := c.WorkerIDsPage(ctx, page)
-		if err != nil {
-			return nil, err
+		keys[page] = indexKey(page)
+	}
+	res, err := c.getMany(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
+	var all []string
+	for page, r := range res {
+		if errors.Is(r.Err, state.ErrNotFound) {
+			continue // a page nothing was ever added to
+		}
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		var ids []string
+		if err := json.Unmarshal(r.Item.Value, &ids); err != nil {
+			return nil, fmt.Errorf("decode %s: %w", keys[page], err)
 		}
 		all = append(all, ids...)
 	}

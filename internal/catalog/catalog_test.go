@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -225,6 +226,14 @@ type bulkCounter struct {
 	*state.MemoryStore
 	mu    sync.Mutex
 	calls []int
+	gets  int
+}
+
+func (b *bulkCounter) Get(ctx context.Context, key string) (state.Item, error) {
+	b.mu.Lock()
+	b.gets++
+	b.mu.Unlock()
+	return b.MemoryStore.Get(ctx, key)
 }
 
 func (b *bulkCounter) GetMany(ctx context.Context, keys []string) ([]state.Result, error) {
@@ -232,6 +241,40 @@ func (b *bulkCounter) GetMany(ctx context.Context, keys []string) ([]state.Resul
 	b.calls = append(b.calls, len(keys))
 	b.mu.Unlock()
 	return b.MemoryStore.GetMany(ctx, keys)
+}
+
+// WorkerIDs reads the index's pages in one round trip (and the legacy
+// index, to migrate it), every id once.
+func TestWorkerIDsReadsThePagesInOneRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	store := &bulkCounter{MemoryStore: state.NewMemoryStore()}
+	c := catalog.New(store)
+	want := map[string]bool{}
+	for i := range 230 {
+		id := fmt.Sprintf("w%03d", i)
+		want[id] = true
+		if err := c.SaveWorker(ctx, catalog.Worker{ID: id, Topic: "t", Status: catalog.StatusRunning}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store.calls, store.gets = nil, 0
+	ids, err := c.WorkerIDs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, id := range ids {
+		if got[id] {
+			t.Fatalf("%s listed twice", id)
+		}
+		got[id] = true
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("%d ids, want the 230 saved", len(got))
+	}
+	if fmt.Sprint(store.calls) != fmt.Sprint([]int{catalog.IndexPages}) || store.gets != 1 {
+		t.Fatalf("bulk reads %v and %d single reads, want one bulk read of the %d pages and one read (the legacy index)", store.calls, store.gets, catalog.IndexPages)
+	}
 }
 
 // GetWorkers reads the records in bulk, at most 100 a round trip, in the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -18,15 +19,20 @@ import (
 )
 
 // countingStore counts the reads and, by key prefix, what they read.
+// countingStore counts reads and keeps their keys; the catalog reads
+// keys concurrently (a store without bulk reads: catalog.getMany).
 type countingStore struct {
 	state.Store
 	gets atomic.Int64
+	mu   sync.Mutex
 	keys []string
 }
 
 func (c *countingStore) Get(ctx context.Context, key string) (state.Item, error) {
 	c.gets.Add(1)
+	c.mu.Lock()
 	c.keys = append(c.keys, key)
+	c.mu.Unlock()
 	return c.Store.Get(ctx, key)
 }
 
