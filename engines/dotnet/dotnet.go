@@ -333,7 +333,7 @@ func (e *Engine) runtimeFor(ctx context.Context) (*runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := rt.build(ctx, e.cfg.CacheDir, hostSource, compilerSource); err != nil {
+	if err := rt.build(ctx, e.cfg.CacheDir, hostSource, compilerSource, e.cfg.Logger); err != nil {
 		return nil, err
 	}
 	e.rt = rt

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -163,7 +164,7 @@ func isExecutable(p string) bool {
 // naming the compiler, the runtime and every source, unless a complete
 // build is there already (another node sharing the cache may have made
 // it). Files are world-readable: sandboxed hosts run as other users.
-func (rt *runtime) build(ctx context.Context, cache string, host, driver []byte) error {
+func (rt *runtime) build(ctx context.Context, cache string, host, driver []byte, logger *slog.Logger) error {
 	out, err := exec.CommandContext(ctx, rt.mono, "--version").Output()
 	if err != nil {
 		return fmt.Errorf("dotnet engine: running %s --version: %w", rt.mono, err)
@@ -223,7 +224,9 @@ func (rt *runtime) build(ctx context.Context, cache string, host, driver []byte)
 	if err := os.RemoveAll(src); err != nil {
 		return fmt.Errorf("dotnet engine: %w", err)
 	}
-	rt.precompile(ctx, tmp)
+	if err := rt.precompile(ctx, tmp); err != nil && logger != nil {
+		logger.Warn("dotnet engine: the host's code is not precompiled; hosts compile it as they run it (a slower load and first call)", "error", err)
+	}
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return fmt.Errorf("dotnet engine: %w", err)
 	}
@@ -242,17 +245,22 @@ func (rt *runtime) build(ctx context.Context, cache string, host, driver []byte)
 // host loading a worker and running its first call compiles only the
 // worker's own code. Best effort: without the native assembler and linker
 // (binutils, which mono-devel depends on) or with an image Mono refuses,
-// the hosts compile those methods as before.
-func (rt *runtime) precompile(ctx context.Context, dir string) {
+// no image is left and the hosts compile those methods as before; the
+// error says why.
+func (rt *runtime) precompile(ctx context.Context, dir string) error {
+	var errs []error
 	for _, name := range []string{hostExe, devKitDLL} {
 		cmd := exec.CommandContext(ctx, rt.mono, "--aot", filepath.Join(dir, name))
 		cmd.Dir = dir
 		cmd.Env = compilerEnv
-		if out, err := cmd.CombinedOutput(); err != nil {
+		out := &boundedBuffer{max: 2 << 10}
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Run(); err != nil {
 			os.Remove(filepath.Join(dir, name+".so"))
-			slog.Debug("dotnet engine: no ahead-of-time image", "assembly", name, "error", err, "output", string(out))
+			errs = append(errs, fmt.Errorf("mono --aot %s: %w: %s", name, err, out.text(512)))
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // diagnostic is one compiler message.

@@ -137,7 +137,7 @@ static class SpareCompiler
                 var silent = new StringWriter();
                 s.output.Target = silent;
                 s.settings = m.Call(m.New("CommandLineParser", s.output), "ParseArguments", new object[] { args });
-                if (s.settings == null || s.Prepare() == false || silent.GetStringBuilder().Length > 0)
+                if (s.settings == null || !s.Import() || silent.GetStringBuilder().Length > 0)
                     return null;
                 s.output.Target = Console.Out;
                 return s;
@@ -146,7 +146,8 @@ static class SpareCompiler
             }
         }
 
-        bool Prepare()
+        // Import is the part of Driver.Compile before the source.
+        bool Import()
         {
             ctx = m.New("CompilerContext", settings, m.New("StreamReportPrinter", output));
             m.Set(ctx, "TimeReporter", m.New("TimeReporter", false));
