@@ -114,7 +114,7 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, w *workerCo
 	}
 	// A spare host (spare.go) said hello already: it gets the worker's
 	// files in its slot, its variables, then the load request.
-	p, onSpare, setup, refill := e.takeSpare(spec, w)
+	p, onSpare, setup, refill := e.takeSpare(ctx, spec, w)
 	defer refill() // the next spare starts once this host is loaded
 	if p != nil {
 		w = onSpare

@@ -516,6 +516,11 @@ func (rt *runtime) compileArgs(srcDir, outDir, name string) []string {
 		filepath.Join(srcDir, name)}
 }
 
+// spareCompilerWait bounds how long a compile waits for a spare compiler
+// being started (about 150 ms from its start on two idle cores) before it
+// starts mcs itself (about 135 ms).
+const spareCompilerWait = 400 * time.Millisecond
+
 // runCompiler compiles code (Worker.cs) with c: in a spare compiler when
 // one is ready (sparecompiler.go), else in a compiler started for it that
 // reads dir/src and writes dir/out. It returns where the assembly is and a
@@ -523,8 +528,10 @@ func (rt *runtime) compileArgs(srcDir, outDir, name string) []string {
 // source that takes the compiler past a limit, are ErrInvalidCode.
 func (rt *runtime) runCompiler(ctx context.Context, c compiler, code []byte, dir string) (string, func(), error) {
 	if c.spares != nil && rt.mcsExe != "" {
-		sc, ok, refill := c.spares.TakeDeferred()
-		// The next spare starts once this compile is done.
+		// A spare being started is waited for rather than starting mcs
+		// beside it (spares.Set.TakeAwaiting); the next spare starts once
+		// this compile is done.
+		sc, ok, refill := c.spares.TakeAwaiting(ctx, spareCompilerWait)
 		defer refill()
 		if ok {
 			built, err := sc.compile(ctx, rt, c, code)

@@ -1,12 +1,14 @@
 package dotnet
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/childproc"
@@ -25,14 +27,20 @@ import (
 // under a user id of its own (the sandbox's anonymous lease); its slot is
 // removed when it exits.
 
-// takeSpare returns a ready spare host given to spec's worker, w moved
+// spareHostWait bounds how long a host start waits for a spare being
+// started (40–55 ms from its start, strict sandbox, two idle cores) before
+// it starts a host itself.
+const spareHostWait = 150 * time.Millisecond
+
+// takeSpare returns a ready spare host (or, none ready, the one being
+// started: spares.Set.TakeAwaiting) given to spec's worker, w moved
 // into its slot (onSlot) and the setup payload with the worker's
 // variables; a nil host when none is ready (Config.Spares 0: never) or the
 // one taken could not take the worker (then retired). Either way the next
 // ones start in the background once the caller calls refill (when its
 // host is loaded).
-func (e *Engine) takeSpare(spec engines.Spec, w *workerCode) (*proc, *workerCode, []byte, func()) {
-	p, ok, refill := e.spares.TakeDeferred()
+func (e *Engine) takeSpare(ctx context.Context, spec engines.Spec, w *workerCode) (*proc, *workerCode, []byte, func()) {
+	p, ok, refill := e.spares.TakeAwaiting(ctx, spareHostWait)
 	if !ok {
 		return nil, nil, nil, refill
 	}

@@ -112,3 +112,82 @@ func TestTakeDeferredStartsTheNextOnlyWhenAsked(t *testing.T) {
 		t.Fatalf("the next spare: %+v, %d started", next, started.Load())
 	}
 }
+
+// TakeAwaiting waits for a process being started when none is ready (one
+// caller at a time: a second gets none at once), gets none when nothing
+// is starting, gives up at its bound and when the start fails.
+func TestTakeAwaitingWaitsForTheOneStarting(t *testing.T) {
+	gate := make(chan error)
+	var started atomic.Int32
+	s := &Set[*fake]{Want: 1, Start: func() (*fake, error) {
+		if err := <-gate; err != nil {
+			return nil, err
+		}
+		return &fake{id: int(started.Add(1))}, nil
+	}}
+	ctx := t.Context()
+	if _, ok, refill := s.TakeAwaiting(ctx, time.Second); ok {
+		t.Fatal("a spare before any started")
+	} else {
+		refill() // the first start begins, held at the gate
+	}
+	type took struct {
+		p  *fake
+		ok bool
+	}
+	first := make(chan took, 1)
+	go func() {
+		p, ok, refill := s.TakeAwaiting(ctx, 10*time.Second)
+		refill()
+		first <- took{p, ok}
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.mu.Lock()
+		waiting := s.awaiting
+		s.mu.Unlock()
+		if waiting == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first caller does not wait for the spare being started")
+		}
+	}
+	// A second caller meanwhile does not queue behind the first.
+	if _, ok, _ := s.TakeAwaiting(ctx, 10*time.Second); ok {
+		t.Fatal("a second caller got a spare while one was starting for the first")
+	}
+	gate <- nil // the spare is ready: the waiting caller gets it
+	if got := <-first; !got.ok || got.p.id != 1 {
+		t.Fatalf("the waiting caller got %+v, want the spare that was starting", got)
+	}
+	// The next start (the waiter's refill) fails: a caller waiting for it
+	// is told at once.
+	failed := make(chan bool, 1)
+	go func() {
+		_, ok, _ := s.TakeAwaiting(ctx, 10*time.Second)
+		failed <- ok
+	}()
+	time.Sleep(20 * time.Millisecond)
+	gate <- errors.New("no")
+	select {
+	case ok := <-failed:
+		if ok {
+			t.Fatal("a spare from a failed start")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the caller still waits after the start failed")
+	}
+	// Nothing starting: none at once, whatever the bound.
+	start := time.Now()
+	if _, ok, _ := s.TakeAwaiting(ctx, 10*time.Second); ok || time.Since(start) > 2*time.Second {
+		t.Fatalf("nothing starting: ok %v after %v, want none at once", ok, time.Since(start))
+	}
+	// A start that takes longer than the bound: none after the bound.
+	s.refill()
+	if _, ok, _ := s.TakeAwaiting(ctx, 30*time.Millisecond); ok {
+		t.Fatal("a spare from a start still held")
+	}
+	gate <- nil
+	waitReady(t, s, 1)
+	s.Close()
+}
