@@ -769,34 +769,53 @@ def _lockdown(prog, where, sandboxed):
     nr = _SECCOMP_NR.get(os.uname().machine)
     if prog is not None and nr is None:
         return "not supported on %s" % os.uname().machine
+    # _ctypes directly: the ctypes package's own Python (2.5 ms of a
+    # runner's start, then dropped) adds nothing this needs.
     try:
-        import ctypes
+        import _ctypes
     except ImportError as e:
         return "ctypes is not available: %s" % e
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        c_long = ctypes.c_long
-        # PR_SET_DUMPABLE 0.
-        if libc.prctl(c_long(4), c_long(0), c_long(0), c_long(0), c_long(0)) != 0:
-            return "prctl(PR_SET_DUMPABLE): errno %d" % ctypes.get_errno()
-        if prog is None:
-            return None
 
-        class _Fprog(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    class _long(_ctypes._SimpleCData):
+        _type_ = "l"
 
-        buf = ctypes.create_string_buffer(prog, len(prog))
-        fprog = _Fprog(len(prog) // 8, ctypes.addressof(buf))
-        # PR_SET_NO_NEW_PRIVS (setpriv has set it already; required).
-        if libc.prctl(c_long(38), c_long(1), c_long(0), c_long(0), c_long(0)) != 0:
-            return "prctl(PR_SET_NO_NEW_PRIVS): errno %d" % ctypes.get_errno()
-        # seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &fprog)
-        if libc.syscall(c_long(nr), c_long(1), c_long(1), ctypes.byref(fprog)) != 0:
-            return "seccomp: errno %d" % ctypes.get_errno()
-    finally:
-        # Leave nothing of ctypes for the worker's code to find.
-        for name in [m for m in sys.modules if m == "ctypes" or m.startswith("ctypes.")]:
-            del sys.modules[name]
+    class _int(_ctypes._SimpleCData):
+        _type_ = "i"
+
+    class _Fn(_ctypes.CFuncPtr):  # a libc function: int f(...), errno kept
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = _int
+
+    class _libc:  # what a _ctypes.CFuncPtr needs of a library
+        _handle = _ctypes.dlopen(None, _ctypes.RTLD_LOCAL)
+
+    prctl, syscall = _Fn(("prctl", _libc)), _Fn(("syscall", _libc))
+    # PR_SET_DUMPABLE 0.
+    if prctl(_long(4), _long(0), _long(0), _long(0), _long(0)) != 0:
+        return "prctl(PR_SET_DUMPABLE): errno %d" % _ctypes.get_errno()
+    if prog is None:
+        return None
+
+    class _ushort(_ctypes._SimpleCData):
+        _type_ = "H"
+
+    class _voidp(_ctypes._SimpleCData):
+        _type_ = "P"
+
+    class _char(_ctypes._SimpleCData):
+        _type_ = "c"
+
+    class _Fprog(_ctypes.Structure):  # struct sock_fprog
+        _fields_ = [("len", _ushort), ("filter", _voidp)]
+
+    buf = (_char * len(prog)).from_buffer_copy(prog)
+    fprog = _Fprog(len(prog) // 8, _ctypes.addressof(buf))
+    # PR_SET_NO_NEW_PRIVS (setpriv has set it already; required).
+    if prctl(_long(38), _long(1), _long(0), _long(0), _long(0)) != 0:
+        return "prctl(PR_SET_NO_NEW_PRIVS): errno %d" % _ctypes.get_errno()
+    # seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &fprog)
+    if syscall(_long(nr), _long(1), _long(1), _ctypes.byref(fprog)) != 0:
+        return "seccomp: errno %d" % _ctypes.get_errno()
     return None
 
 
