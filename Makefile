@@ -158,6 +158,9 @@ integration: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 
 bench: deps-test tools
 	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./internal/node/ ./engines/python/ ./engines/native/ ./engines/wasm/
+	# .NET: a C# compile started against one on a spare compiler, and a
+	# create of new source on ready spares (Check, Load, first call).
+	go test -run '^$$' -bench 'BenchmarkDotnetCompile|BenchmarkDotnetCreateOnSpares' -benchtime 20x -timeout 10m ./engines/dotnet/
 	# End to end through the real daprd and Redis: bare subscriber vs. workers
 	# with and without a group, in alternating rounds (-benchtime 1x: one full
 	# comparison; WM_BENCH_MESSAGES / WM_BENCH_ROUNDS size it).
