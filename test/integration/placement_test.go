@@ -363,9 +363,18 @@ func TestPlacementAcrossNodes(t *testing.T) {
 		if !ok {
 			return false, why
 		}
-		// A quarter of the 2×24 topic slots is 12 topics: between 8 and 16.
+		// A quarter of the 2×24 topic slots is 12 topics. The joining node
+		// gets the topics rendezvous hashing ranks it in the top two of
+		// four for (the planner moves a topic only to a better scored
+		// node), Binomial(24, 1/2): 12 ± 2.4, and 7 was seen in a CI-like
+		// run (2026-11-30); P(≤ 7) is 3 %, P(≤ 3) 1.3·10⁻⁴. The issue's
+		// band holds at its scale (WM_PLACEMENT_TOPICS, docs/scaling.md).
 		got := share(t, e, nodes, topics)["node-d"]
-		return got >= nTopics/3 && got <= 2*nTopics/3, fmt.Sprintf("node-d serves %d of %d topics", got, nTopics)
+		low := nTopics / 6
+		if nTopics >= 100 {
+			low = nTopics / 3
+		}
+		return got >= low && got <= 2*nTopics/3, fmt.Sprintf("node-d serves %d of %d topics", got, nTopics)
 	})
 	t.Logf("node-d joined: topics per node %v", share(t, e, nodes, topics))
 	joined()
