@@ -41,7 +41,7 @@ type Set[P Proc] struct {
 
 	mu       sync.Mutex
 	idle     []P
-	starting int // processes being started (0 or 1)
+	starting bool // a process is being started
 	closed   bool
 	// changed is closed (and replaced) when a started process joins idle
 	// or a start ends without one; awaiting counts the callers of
@@ -108,7 +108,7 @@ func (s *Set[P]) TakeAwaiting(ctx context.Context, wait time.Duration) (P, bool,
 		return p, ok, refill
 	}
 	s.mu.Lock()
-	if s.awaiting >= s.starting || s.closed {
+	if !s.starting || s.awaiting > 0 || s.closed {
 		s.mu.Unlock()
 		return zero, false, refill
 	}
@@ -123,7 +123,7 @@ func (s *Set[P]) TakeAwaiting(ctx context.Context, wait time.Duration) (P, bool,
 	defer timer.Stop()
 	for {
 		s.mu.Lock()
-		ch, starting := s.changedLocked(), s.starting > 0
+		ch, starting := s.changedLocked(), s.starting
 		s.mu.Unlock()
 		if p, ok := s.take(); ok {
 			return p, ok, refill
@@ -187,8 +187,8 @@ func (s *Set[P]) take() (P, bool) {
 func (s *Set[P]) refill() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.closed && s.starting == 0 && len(s.idle) < s.Want {
-		s.starting++
+	if !s.closed && !s.starting && len(s.idle) < s.Want {
+		s.starting = true
 		go s.startOne()
 	}
 }
@@ -198,7 +198,7 @@ func (s *Set[P]) refill() {
 func (s *Set[P]) startOne() {
 	p, err := s.Start()
 	s.mu.Lock()
-	s.starting--
+	s.starting = false
 	s.signalLocked()
 	switch {
 	case err != nil:
