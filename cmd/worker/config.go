@@ -197,7 +197,7 @@ func loadConfig() (config, error) {
 		LockMaxRetries:      r.Int("GROUP_LOCK_MAX_RETRIES", 3),
 		LockKeepFor:         r.Int("GROUP_LOCK_KEEP_FOR", 256),
 		KeyLockTTL:          r.Duration("GROUP_KEY_LOCK_TTL", grouplock.DefaultKeyTTL),
-		LockLinger:          r.Duration("GROUP_LOCK_LINGER", 200*time.Millisecond),
+		LockLinger:          r.Duration("GROUP_LOCK_LINGER", time.Second),
 		LockMaxAge:          time.Duration(r.Int("GROUP_LOCK_MAX_AGE_MS", int(grouplock.DefaultMaxAge/time.Millisecond))) * time.Millisecond,
 		ShutdownGrace:       r.Duration("SHUTDOWN_GRACE", 30*time.Second),
 		TestPanicExtension:  r.String("WM_TEST_PANIC_EXTENSION", ""),

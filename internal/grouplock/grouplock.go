@@ -464,7 +464,10 @@ func (l *Locks) Acquire(ctx context.Context, group, holder string) (*Lease, erro
 			return lease, nil
 		}
 		if err != nil {
-			// It could not reserve tokens: given up, and acquired anew.
+			// It could not reserve tokens, or it is too old to serve
+			// (hold.aged): given up once the side effects of its earlier
+			// leases went out, and acquired anew.
+			_ = kept.idle(ctx)
 			_ = kept.release(context.WithoutCancel(ctx), holder)
 		}
 	}

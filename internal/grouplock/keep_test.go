@@ -634,3 +634,45 @@ func TestAloneNodeSkipsTheWaiterRead(t *testing.T) {
 	mustRelease(t, mustAcquire(t, a, "g", "a/5"))
 	w.waitRecord("g", func(r record) bool { return !r.Held }, "the hold given up for the waiting node")
 }
+
+// A hold serves leases without store round trips only while it is younger
+// than half of MaxAge (since it was taken or renewed): a peer may take an
+// unwritten lock older than MaxAge, so a hold reused past that age — a
+// long linger, calls too short to be renewed — would run this node's
+// calls while the peer ran the group's. An aged hold is given up and the
+// lock acquired anew (its record's age starts again); one that ages during
+// a call does not linger.
+func TestAgedHoldIsAcquiredAnew(t *testing.T) {
+	w := newWorld(t)
+	st := &countStore{MemoryStore: w.mem}
+	a := w.node(st, func(c *Config) {
+		c.Node, c.KeepFor, c.TokenBlock, c.Linger, c.Alone = "a", 1000, 1000, time.Hour, func() bool { return true }
+	})
+	first := mustAcquire(t, a, "g", "a/1")
+	mustRelease(t, first) // lingers
+	w.clk.Advance(10 * time.Second)
+	g0, p0 := st.trips()
+	second := mustAcquire(t, a, "g", "a/2")
+	if g, p := st.trips(); g != g0 || p != p0 || second.Token != first.Token+1 {
+		t.Fatalf("lease of a hold 10 s old (MaxAge 30 s): %d gets %d puts, token %d after %d", g-g0, p-p0, second.Token, first.Token)
+	}
+	mustRelease(t, second) // still young: lingers
+	if r := w.record("g"); !r.Held {
+		t.Fatalf("record %+v: a young hold did not linger", r)
+	}
+	w.clk.Advance(6 * time.Second) // 16 s: past half of MaxAge
+	third := mustAcquire(t, a, "g", "a/3")
+	r := w.record("g")
+	if !r.Held || r.Holder != "a/3" || r.AcquiredMs != w.clk.Now().UnixMilli() || third.Token <= second.Token {
+		t.Fatalf("after the aged hold: record %+v, token %d after %d; want a new acquisition by a/3, now", r, third.Token, second.Token)
+	}
+	if got := a.ev.kinds(); len(got) != 3 || got[1] != EventReleased || got[2] != EventAcquired {
+		t.Fatalf("events %v: want acquired, released (the aged hold), acquired", got)
+	}
+	// A hold that ages while its call runs is given up at its release.
+	w.clk.Advance(20 * time.Second)
+	mustRelease(t, third)
+	if r := w.record("g"); r.Held {
+		t.Fatalf("record %+v: an aged hold lingered", r)
+	}
+}

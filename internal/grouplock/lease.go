@@ -86,6 +86,9 @@ func (h *hold) lease(ctx context.Context, holder string) (*Lease, error) {
 	if h.stale || h.ending || h.released {
 		return nil, nil
 	}
+	if h.aged() {
+		return nil, errAged
+	}
 	if h.next > h.top {
 		block := h.locks.cfg.TokenBlock
 		current, err := h.update(ctx, func(rec *record) bool {
@@ -106,6 +109,21 @@ func (h *hold) lease(ctx context.Context, holder string) (*Lease, error) {
 	h.uses++
 	h.live = append(h.live, ls.Token)
 	return ls, nil
+}
+
+// errAged is hold.lease's answer for a hold too old to serve (aged).
+var errAged = errors.New("grouplock: the hold is older than half of MaxAge")
+
+// aged reports whether h was taken (or last renewed) half of MaxAge ago or
+// more. Such a hold serves no more leases, kept or lingering: leases of a
+// kept hold start without a store round trip, and an unwritten lock older
+// than MaxAge may be taken by a peer (Locks.try), so a hold reused at a
+// steady pace past that age — a long GROUP_LOCK_LINGER, a large KeepFor,
+// calls too short for KeepAlive's renewals — would run its calls while
+// another node ran the group's. It is given up, and the next caller
+// acquires anew. The caller holds h.mu.
+func (h *hold) aged() bool {
+	return h.locks.cfg.Now().Sub(h.acquired) >= h.locks.cfg.MaxAge/2
 }
 
 // end takes token off the hold's live list and wakes Turn and idle.
@@ -648,7 +666,7 @@ func (l *Locks) lingers(ctx context.Context, h *hold) bool {
 // fresh waiter marker in the record (read at most every FairEvery). The
 // caller holds h.mu.
 func (l *Locks) fairLocked(ctx context.Context, h *hold) bool {
-	if h.stale || h.ending || h.released || h.uses >= l.cfg.KeepFor {
+	if h.stale || h.ending || h.released || h.uses >= l.cfg.KeepFor || h.aged() {
 		return false
 	}
 	if l.cfg.Alone != nil && l.cfg.Alone() {
