@@ -105,6 +105,7 @@ type config struct {
 	LockKeepFor        int           // GROUP_LOCK_KEEP_FOR: messages one acquisition may serve in a row (0: one each)
 	KeyLockTTL         time.Duration // GROUP_KEY_LOCK_TTL: how long an idle key's lock stays in the store
 	LockLinger         time.Duration // GROUP_LOCK_LINGER: how long a node keeps a group's lock after its last message
+	LockForward        bool          // GROUP_LOCK_FORWARD: send a grouped message's turn to the node holding its group
 	LockMaxAge         time.Duration // GROUP_LOCK_MAX_AGE_MS: longer than WORKER_TIMEOUT
 	ShutdownGrace      time.Duration // SHUTDOWN_GRACE: how long SIGTERM waits for in-flight messages
 	DebugPprof         bool          // DEBUG_PPROF: serve Go's /debug/pprof/ profiles on WORKMANAGER_HTTP_ADDR (off by default)
@@ -198,6 +199,7 @@ func loadConfig() (config, error) {
 		LockKeepFor:         r.Int("GROUP_LOCK_KEEP_FOR", 256),
 		KeyLockTTL:          r.Duration("GROUP_KEY_LOCK_TTL", grouplock.DefaultKeyTTL),
 		LockLinger:          r.Duration("GROUP_LOCK_LINGER", time.Second),
+		LockForward:         r.Bool("GROUP_LOCK_FORWARD", true),
 		LockMaxAge:          time.Duration(r.Int("GROUP_LOCK_MAX_AGE_MS", int(grouplock.DefaultMaxAge/time.Millisecond))) * time.Millisecond,
 		ShutdownGrace:       r.Duration("SHUTDOWN_GRACE", 30*time.Second),
 		TestPanicExtension:  r.String("WM_TEST_PANIC_EXTENSION", ""),

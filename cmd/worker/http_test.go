@@ -19,7 +19,7 @@ func TestHTTPHandlerServesMetricsAndHealth(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
 	m.Worker("w1", "pricer", "python", "", 4).Received.Inc()
-	srv := httptest.NewServer(httpHandler(health.New(), reg, slog.New(slog.NewTextHandler(io.Discard, nil)), false, http.NotFoundHandler()))
+	srv := httptest.NewServer(httpHandler(health.New(), reg, slog.New(slog.NewTextHandler(io.Discard, nil)), false, http.NotFoundHandler(), nil))
 	defer srv.Close()
 
 	get := func(path string) (int, string, string) {
@@ -58,7 +58,7 @@ func TestHTTPHandlerServesMetricsAndHealth(t *testing.T) {
 func TestHTTPHandlerServesProfilesOnlyWhenAsked(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, on := range []bool{false, true} {
-		srv := httptest.NewServer(httpHandler(health.New(), prometheus.NewRegistry(), log, on, http.NotFoundHandler()))
+		srv := httptest.NewServer(httpHandler(health.New(), prometheus.NewRegistry(), log, on, http.NotFoundHandler(), nil))
 		resp, err := http.Get(srv.URL + "/debug/pprof/heap?debug=1")
 		if err != nil {
 			t.Fatal(err)

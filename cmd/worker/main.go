@@ -16,6 +16,7 @@ import (
 	"github.com/virtufin/workmanager/engines/native"
 	"github.com/virtufin/workmanager/internal/daemon"
 	"github.com/virtufin/workmanager/internal/daprconn"
+	"github.com/virtufin/workmanager/internal/dispatch"
 	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/health"
 	"github.com/virtufin/workmanager/internal/publish"
@@ -82,9 +83,12 @@ func daprOptions(cfg config) daprconn.Options {
 // httpHandler serves the node's health endpoints (/health, /healthz,
 // /readyz), its metrics (/metrics, Prometheus text format) and, with
 // DEBUG_PPROF, Go's profiles (/debug/pprof/: heap, goroutine, CPU).
-func httpHandler(h *health.State, reg *prometheus.Registry, log *slog.Logger, debugPprof bool, yield http.Handler) http.Handler {
+func httpHandler(h *health.State, reg *prometheus.Registry, log *slog.Logger, debugPprof bool, yield, forward http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST "+grouplock.YieldPath, yield) // peers asking for a group lock this node only lingers on
+	if forward != nil {
+		mux.Handle("POST "+dispatch.ForwardPath, forward) // peers' turns of a group this node holds (signed)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
 		ErrorLog:      slog.NewLogLogger(log.With("component", "metrics").Handler(), slog.LevelWarn),
 		ErrorHandling: promhttp.ContinueOnError, // a failing collector costs its metrics, not the scrape

@@ -64,6 +64,10 @@ type parts struct {
 	cfg config
 	log *slog.Logger // with trace ids once tracing is on
 
+	// peerKey signs the turns nodes forward to each other (nil:
+	// GROUP_LOCK_FORWARD off).
+	peerKey func(ctx context.Context) ([]byte, error)
+
 	journal *crashjournal.Journal // nil: no crash journal
 	crashes crashjournal.Report
 
@@ -341,24 +345,28 @@ func (p *parts) build(ctx context.Context) error {
 		},
 		// A group that only lingers on another node is asked for at that
 		// node's advertised HTTP address (grouplock.YieldPath).
-		Notify: grouplock.HTTPNotifier(grouplock.NotifyClient(), cfg.NodeID, func(ctx context.Context, node string) (string, error) {
-			infos, err := p.pstore.Nodes(ctx, []string{node})
-			if err != nil || len(infos) == 0 {
-				return "", err
-			}
-			return infos[0].Addr, nil
-		})})
+		Notify: grouplock.HTTPNotifier(grouplock.NotifyClient(), cfg.NodeID, p.peerAddr)})
 	p.locks = locks
 	// Each worker's counts for GetWorker, written every few seconds off the
 	// message path (internal/workerstats; statsWriter).
 	p.stats = workerstats.NewRecorder(state.NewBatching(store, 0), cfg.NodeID, log)
+	dead := deadletter.NewStore(store, cfg.DeadLetterTTL)
+	var peers dispatch.Forwarder
+	if cfg.LockForward {
+		// A grouped message's turn goes to the node that holds its group
+		// (internal/dispatch/forward.go), signed with the cluster's peer
+		// key; the holder serves it on dispatch.ForwardPath.
+		peers = dispatch.HTTPForwarder(&http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 8, IdleConnTimeout: 10 * time.Second, DisableCompression: true}},
+			p.peerAddr, dead.PeerKey)
+		p.peerKey = dead.PeerKey
+	}
 	p.disp = dispatch.New(hotCtx, log, dispatch.Deps{Sub: dispatch.DaprSubscriber{Client: runtimev1.NewDaprClient(p.conn)}, Pub: pub, Events: p.events,
-		Records: delivery.NewStore(state.NewBatching(store, 0), cfg.DeliveryRecordTTL), Locks: locks, DeadLetters: deadletter.NewStore(store, cfg.DeadLetterTTL),
-		Metrics: met, TracerProvider: p.tp, Propagator: p.prop, WorkerStats: p.stats},
+		Records: delivery.NewStore(state.NewBatching(store, 0), cfg.DeliveryRecordTTL), Locks: locks, DeadLetters: dead,
+		Metrics: met, TracerProvider: p.tp, Propagator: p.prop, WorkerStats: p.stats, Peers: peers},
 		dispatch.Config{PubSub: cfg.PubSub, NodeID: cfg.NodeID, MaxConcurrency: cfg.MaxConcurrency, QueueDepth: cfg.QueueDepth, QueueWait: cfg.QueueWait,
 			MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff, NotRunnableGrace: cfg.NotRunnableGrace,
 			MaxEventBytes: cfg.MaxEventBytes, MaxOutputs: cfg.MaxOutputs, MaxOutputBytes: cfg.MaxOutputBytes, Secrets: secretValues(os.Environ()), PanicOn: cfg.TestPanicExtension, UnsafeNoFencing: cfg.TestNoFencing, OnSubscription: p.broker.Subscribed,
-			Suspect: suspect(p.journal),
+			Suspect: suspect(p.journal), ForwardTimeout: cfg.WorkerTimeout + 30*time.Second,
 			// A node that is not a cluster member serves nothing (issue 33 item 5).
 			// Set below, before anything can attach a worker.
 			Serving: func() bool { return p.gate.Serving() }})
@@ -418,7 +426,7 @@ func (p *parts) brokerProbe() startstop.Service {
 func (p *parts) httpServer() startstop.Service {
 	var srv *http.Server
 	return startstop.Funcs("http server", func(context.Context) error {
-		srv = &http.Server{Addr: p.cfg.HTTPAddr, Handler: httpHandler(p.h, p.promReg, p.log, p.cfg.DebugPprof, grouplock.YieldHandler(p.locks)), ReadHeaderTimeout: 5 * time.Second}
+		srv = &http.Server{Addr: p.cfg.HTTPAddr, Handler: httpHandler(p.h, p.promReg, p.log, p.cfg.DebugPprof, grouplock.YieldHandler(p.locks), p.forwardHandler()), ReadHeaderTimeout: 5 * time.Second}
 		ln, err := net.Listen("tcp", p.cfg.HTTPAddr)
 		if err != nil {
 			return fmt.Errorf("health listener: %w", err)
@@ -699,3 +707,22 @@ func (p *parts) placementWorkflow() startstop.Service {
 // round that counts it before it recovers anyway (following the record,
 // or its fallback ranking, as it is).
 const placementWait = time.Minute
+
+// peerAddr is the HTTP address node advertises (its placement record), ""
+// when it advertises none.
+func (p *parts) peerAddr(ctx context.Context, node string) (string, error) {
+	infos, err := p.pstore.Nodes(ctx, []string{node})
+	if err != nil || len(infos) == 0 {
+		return "", err
+	}
+	return infos[0].Addr, nil
+}
+
+// forwardHandler serves the turns peers forward to this node (nil with
+// GROUP_LOCK_FORWARD off: not served).
+func (p *parts) forwardHandler() http.Handler {
+	if p.peerKey == nil {
+		return nil
+	}
+	return dispatch.ForwardHandler(p.disp, p.peerKey)
+}

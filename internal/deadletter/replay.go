@@ -69,6 +69,21 @@ func (s *Store) replayKey(ctx context.Context) ([]byte, error) {
 	return nil, errors.New("replay key: created and read back inconsistently")
 }
 
+// PeerKey is the key nodes sign their requests to each other with (a
+// turn forwarded to the node holding its group, dispatch.ForwardPath):
+// derived from the replay key (HMAC-SHA256 of a label of its own), so
+// that only whoever can read the replay key — WorkManager's nodes and API
+// — can make one, and a signature of one kind is never one of the other.
+func (s *Store) PeerKey(ctx context.Context) ([]byte, error) {
+	k, err := s.replayKey(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m := hmac.New(sha256.New, k)
+	m.Write([]byte("workmanager peer requests v1"))
+	return m.Sum(nil), nil
+}
+
 func replayMAC(key []byte, source, id, worker, topic string) []byte {
 	m := hmac.New(sha256.New, key)
 	for _, f := range []string{source, id, worker, topic} {

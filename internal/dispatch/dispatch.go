@@ -116,6 +116,10 @@ type Config struct {
 	// that worker as `crashed` without calling its engine. It is asked for
 	// every message and worker, so it must be cheap.
 	Suspect func(worker, source, id string) bool
+	// ForwardTimeout bounds the wait for a turn forwarded to the node
+	// holding its group (Deps.Peers): longer than a call and its
+	// publishing (default 2 minutes).
+	ForwardTimeout time.Duration
 }
 
 // CloudEvent extensions the hot path reads or writes.
@@ -174,6 +178,9 @@ type Deps struct {
 	// WorkerStats counts each worker's attempts, failures and dead
 	// letters for GetWorker (nil: not counted); its Run writes them.
 	WorkerStats *workerstats.Recorder
+	// Peers, when set, sends a grouped worker's turn to the node that
+	// holds its group (forward.go; nil: every turn takes the lock here).
+	Peers Forwarder
 }
 
 // serving reports whether the node may serve messages now (Config.Serving).
@@ -261,6 +268,9 @@ func New(ctx context.Context, log *slog.Logger, deps Deps, cfg Config) *Dispatch
 	}
 	if cfg.MaxOutputBytes <= 0 {
 		cfg.MaxOutputBytes = cfg.MaxEventBytes
+	}
+	if cfg.ForwardTimeout <= 0 {
+		cfg.ForwardTimeout = 2 * time.Minute
 	}
 	if cfg.RecordSaveRetry <= 0 {
 		cfg.RecordSaveRetry = 5 * time.Second

@@ -80,7 +80,11 @@ func (d *Dispatcher) take(w *worker, j *job) {
 		d.call(ctx, w, j, &m.ev)
 		return
 	}
-	lease, err := d.acquire(ctx, w, w.lockFor(m))
+	lock := w.lockFor(m)
+	if node := d.forwardsTo(m, lock); node != "" && d.forwardTurn(ctx, w, j, lock, node) {
+		return
+	}
+	lease, err := d.acquire(ctx, w, lock)
 	if err != nil {
 		r.outcome, r.reason, r.err = outcomeFailed, deadletter.ReasonLockError, err
 		switch {
@@ -116,6 +120,16 @@ func (d *Dispatcher) take(w *worker, j *job) {
 	w.m.LockWait.Observe(locked.Sub(start).Seconds())
 	j.started = locked
 	d.call(ctx, w, j, in)
+}
+
+// forwardsTo names the node m's turn under lock is sent to (forward.go):
+// the one this node gave the lock to within the linger, if any. A turn a
+// peer forwarded here, or a replay, runs here.
+func (d *Dispatcher) forwardsTo(m *message, lock string) string {
+	if d.Peers == nil || m.remote != nil || m.replayFor != "" {
+		return ""
+	}
+	return d.Locks.HeldAt(lock)
 }
 
 // acquire takes w's group lock for one message. A stop of w ends the wait

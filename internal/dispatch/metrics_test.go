@@ -152,6 +152,7 @@ func TestMetricsOfAKnownSequence(t *testing.T) {
 		workmanager_worker_queue_wait_seconds{engine=python,worker_id=good,worker_name=} 4
 		workmanager_grouplock_acquire_seconds{group=g} 5
 		workmanager_grouplock_acquisitions_total{group=g} 5
+		workmanager_grouplock_forwarded_total{group=g} 0
 		workmanager_grouplock_stale_refused_total{group=g} 0
 		workmanager_message_handling_seconds{status=retry,topic=in} 1
 		workmanager_message_handling_seconds{status=success,topic=in} 5
@@ -178,6 +179,7 @@ func TestMetricsOfAKnownSequence(t *testing.T) {
 		workmanager_delivery_record_seconds{op=update} 5
 		workmanager_grouplock_acquire_seconds{group=g} 5
 		workmanager_grouplock_acquisitions_total{group=g} 5
+		workmanager_grouplock_forwarded_total{group=g} 0
 		workmanager_grouplock_stale_refused_total{group=g} 0
 		workmanager_messages_in_flight{} 0
 	`, "workmanager_worker_", "workmanager_grouplock_", "workmanager_message", "workmanager_stream_", "workmanager_topic_", "workmanager_delivery_")

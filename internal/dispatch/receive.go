@@ -71,6 +71,10 @@ type message struct {
 	// by).
 	now time.Time
 
+	// remote, for a turn a peer forwarded here (forward.go), is closed when
+	// the turn ended: the message has no stream, record or settling here.
+	remote chan struct{}
+
 	// started is when the node began handling it, decoded (mono); ended,
 	// when set, when its record was written, i.e. its handling ended
 	// (mono; one clock read less for the ack).

@@ -92,7 +92,9 @@ func (d *Dispatcher) record(m *message) {
 	// the turn (lock.go) then finds it here instead of starting then.
 	for _, w := range *m.t.workers.Load() {
 		if w.lock != "" && m.isFor(w.ID) {
-			d.Locks.Warm(ctx, w.lockFor(m), d.cfg.NodeID+"/"+w.ID)
+			if lock := w.lockFor(m); d.forwardsTo(m, lock) == "" { // else its turn goes to the lock (forward.go)
+				d.Locks.Warm(ctx, lock, d.cfg.NodeID+"/"+w.ID)
+			}
 		}
 	}
 	rec, err := d.Records.Load(ctx, m.key)

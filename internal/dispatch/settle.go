@@ -58,6 +58,10 @@ func (d *Dispatcher) leave(m *message) {
 	if m.pending.Add(-1) != 0 {
 		return
 	}
+	if m.remote != nil {
+		close(m.remote) // its peer settles it (forward.go)
+		return
+	}
 	go d.settle(m)
 }
 

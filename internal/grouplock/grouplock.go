@@ -311,6 +311,12 @@ type Locks struct {
 	// group's next Acquire here asks that process first (acquire), as it
 	// may only linger with it by then. At most maxHandedTo groups.
 	handedTo map[string]handOver
+	// heldAt holds, by group, the process that likely holds the group now
+	// because this one gave its hold up to it (YieldIdle's asker, or the
+	// waiter whose marker ended this process's hold: fairLocked) and when,
+	// refreshed by each turn that ran there (HeldAt, Forwarded). At most
+	// maxHandedTo groups.
+	heldAt map[string]handOver
 
 	// localWait, when set (by tests), is called before Acquire blocks on
 	// the local slot of a group.
@@ -483,6 +489,9 @@ func (l *Locks) Acquire(ctx context.Context, group, holder string) (*Lease, erro
 		return nil, err
 	}
 	lease.slot = s
+	l.mu.Lock()
+	delete(l.heldAt, group) // held here now
+	l.mu.Unlock()
 	return lease, nil
 }
 
@@ -597,6 +606,53 @@ func (l *Locks) handedBack(group string) string {
 		return ""
 	}
 	return h.node
+}
+
+// HeldAt returns the process this one gave group's hold up to within the
+// last Linger — at its question (YieldIdle) or for its waiter marker —,
+// when nothing of the group is here (no hold, no caller holding or
+// waiting for it, none being given up): that process likely holds the
+// group now, so a caller may have it run its work there (dispatch's
+// forwarded turns) instead of asking for the hold back. "" when there is
+// none. Forwarded says how the process answered.
+func (l *Locks) HeldAt(group string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h, ok := l.heldAt[group]
+	if !ok || l.slots[group] != nil || l.giving[group] != nil {
+		return ""
+	}
+	if l.cfg.Now().Sub(h.at) > l.cfg.Linger {
+		delete(l.heldAt, group)
+		return ""
+	}
+	return h.node
+}
+
+// Forwarded notes how node, named by HeldAt, answered work of group sent
+// to it: ran (under its lock of the group: HeldAt names it for another
+// Linger) or not (forgotten: the next caller acquires as usual).
+func (l *Locks) Forwarded(group, node string, ran bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h, ok := l.heldAt[group]
+	if !ok || h.node != node {
+		return
+	}
+	if ran {
+		l.heldAt[group] = handOver{node: node, at: l.cfg.Now()}
+	} else {
+		delete(l.heldAt, group)
+	}
+}
+
+// noteHeldAtLocked records that group's hold was given up to node now
+// (HeldAt). The caller holds l.mu.
+func (l *Locks) noteHeldAtLocked(group, node string) {
+	if l.heldAt == nil || len(l.heldAt) >= maxHandedTo {
+		l.heldAt = map[string]handOver{}
+	}
+	l.heldAt[group] = handOver{node: node, at: l.cfg.Now()}
 }
 
 // askable reports whether ask would put a question about seen.
@@ -992,6 +1048,7 @@ func (l *Locks) YieldIdle(ctx context.Context, group string, to Asker) Answer {
 			l.handedTo = map[string]handOver{}
 		}
 		l.handedTo[group] = handOver{node: to.Node, at: l.cfg.Now()}
+		l.noteHeldAtLocked(group, to.Node)
 		l.mu.Unlock()
 	}
 	return Answer{Released: true, Handed: hv}

@@ -676,3 +676,70 @@ func TestAgedHoldIsAcquiredAnew(t *testing.T) {
 		t.Fatalf("record %+v: an aged hold lingered", r)
 	}
 }
+
+// HeldAt names the process this one gave a group's hold up to — at its
+// question, or for its waiter marker — for Linger after, renewed by each
+// turn that ran there (Forwarded), forgotten when one did not or when the
+// group is held here again; never while the group is held or awaited
+// here.
+func TestHeldAtNamesTheProcessTheHoldWentTo(t *testing.T) {
+	w := newWorld(t)
+	a := w.node(nil, func(c *Config) { c.Node, c.KeepFor, c.TokenBlock, c.Linger = "a", 100, 100, time.Second })
+	b := w.node(nil, func(c *Config) {
+		c.Node, c.KeepFor, c.TokenBlock, c.Linger = "b", 100, 100, time.Second
+		c.Notify = func(ctx context.Context, node, group, holder string) Answer {
+			return a.YieldIdle(ctx, group, Asker{Node: "b", Holder: holder})
+		}
+	})
+	first := mustAcquire(t, a, "g", "a/1")
+	if got := a.HeldAt("g"); got != "" {
+		t.Fatalf("HeldAt while held here: %q", got)
+	}
+	mustRelease(t, first) // lingers
+	second := mustAcquire(t, b, "g", "b/1")
+	if got := a.HeldAt("g"); got != "b" {
+		t.Fatalf("HeldAt after the hold went to b at its question: %q", got)
+	}
+	w.clk.Advance(800 * time.Millisecond)
+	a.Forwarded("g", "b", true) // a turn ran there: named for another Linger
+	w.clk.Advance(800 * time.Millisecond)
+	if got := a.HeldAt("g"); got != "b" {
+		t.Fatalf("HeldAt 800 ms after a turn ran there: %q", got)
+	}
+	a.Forwarded("g", "b", false) // one did not
+	if got := a.HeldAt("g"); got != "" {
+		t.Fatalf("HeldAt after a turn did not run there: %q", got)
+	}
+	mustRelease(t, second) // b lingers
+
+	// For a waiter marker: b's kept hold reads the marker of a and gives
+	// the hold up; b then names a.
+	third := mustAcquire(t, b, "g", "b/2")
+	rec := w.record("g")
+	rec.Waiter, rec.WaiterMs = "a", w.clk.Now().UnixMilli()
+	w.putRecord("g", rec)
+	w.clk.Advance(b.cfg.FairEvery)
+	mustRelease(t, third)
+	if got := b.HeldAt("g"); got != "a" {
+		t.Fatalf("HeldAt after the hold was given up for a's marker: %q", got)
+	}
+	// Held here again: forgotten.
+	mustRelease(t, mustAcquire(t, b, "g", "b/3"))
+	b.ReleaseIdle(context.Background())
+	if got := b.HeldAt("g"); got != "" {
+		t.Fatalf("HeldAt after the group was held here again: %q", got)
+	}
+	// Past Linger: forgotten.
+	if got := a.HeldAt("g"); got != "" {
+		t.Fatalf("a's HeldAt: %q", got)
+	}
+	mustRelease(t, mustAcquire(t, a, "g", "a/2"))
+	mustRelease(t, mustAcquire(t, b, "g", "b/4")) // asked of a, which lingered
+	if got := a.HeldAt("g"); got != "b" {
+		t.Fatalf("HeldAt after the hold went to b again: %q", got)
+	}
+	w.clk.Advance(1100 * time.Millisecond)
+	if got := a.HeldAt("g"); got != "" {
+		t.Fatalf("HeldAt past Linger: %q", got)
+	}
+}

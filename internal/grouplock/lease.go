@@ -682,7 +682,14 @@ func (l *Locks) fairLocked(ctx context.Context, h *hold) bool {
 			me = h.holder
 		}
 		if rec.Waiter != "" && rec.Waiter != me && now.Sub(time.UnixMilli(rec.WaiterMs)) < l.cfg.WaiterMaxAge {
-			return false // another node waits: its turn
+			// Another node waits: its turn. It will likely hold the group
+			// next (HeldAt).
+			if l.cfg.Node != "" {
+				l.mu.Lock()
+				l.noteHeldAtLocked(h.group, rec.Waiter)
+				l.mu.Unlock()
+			}
+			return false
 		}
 		h.fairRead = now
 	}

@@ -77,8 +77,8 @@ type Metrics struct {
 	recordErrors     *prometheus.CounterVec   // op
 
 	// Group locks: group.
-	lockAcquisitions, lockContentions, lockThefts, lockTheftsAborted, lockStaleRefused *prometheus.CounterVec
-	lockWait                                                                           *prometheus.HistogramVec
+	lockAcquisitions, lockContentions, lockThefts, lockTheftsAborted, lockStaleRefused, lockForwarded *prometheus.CounterVec
+	lockWait                                                                                          *prometheus.HistogramVec
 
 	// Engines: engine, reason.
 	restarts, restartFailures *prometheus.CounterVec
@@ -127,6 +127,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		lockThefts:        counter("grouplock_thefts_total", "Locks taken from another holder: past GROUP_LOCK_MAX_AGE_MS without a write, or whose node has gone.", LabelGroup),
 		lockTheftsAborted: counter("grouplock_thefts_aborted_total", "Tries that found the lock past its max age but written under its token, so it was not stolen.", LabelGroup),
 		lockStaleRefused:  counter("grouplock_stale_refused_total", "Outputs refused because the lock they were produced under had been taken over (stale fencing token).", LabelGroup),
+		lockForwarded:     counter("grouplock_forwarded_total", "Attempts this node sent to the node holding their group's lock, which ran them under its lock (dispatch's forwarded turns).", LabelGroup),
 		lockWait:          histogram("grouplock_acquire_seconds", "Time one attempt spent acquiring its group's lock (successful acquisitions).", LabelGroup),
 
 		restarts:        counter("engine_process_restarts_total", "Worker processes an engine restarted after a crash or a timeout, by engine and reason.", LabelEngine, LabelReason),
@@ -155,7 +156,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.received, m.succeeded, m.failed, m.deadLettered, m.outputs, m.queueRejections, m.processing,
 			m.queueWait, m.inFlight, m.concurrency, m.handling, m.topicDeadLettered, m.reconnects, m.recordSeconds, m.recordErrors,
-			m.lockAcquisitions, m.lockContentions, m.lockThefts, m.lockTheftsAborted, m.lockStaleRefused, m.lockWait,
+			m.lockAcquisitions, m.lockContentions, m.lockThefts, m.lockTheftsAborted, m.lockStaleRefused, m.lockForwarded, m.lockWait,
 			m.restarts, m.restartFailures, m.recoveryDuration, m.recoveries, m.messagesInFlight, m.infraDropped, m.queues)
 	}
 	return m
@@ -209,9 +210,11 @@ type Worker struct {
 	Processing       prometheus.Observer
 	QueueWait        prometheus.Observer
 	InFlight         prometheus.Gauge
-	// LockWait and StaleRefused are its group's (nil without a group).
+	// LockWait, StaleRefused and Forwarded are its group's (nil without a
+	// group).
 	LockWait     prometheus.Observer
 	StaleRefused prometheus.Counter
+	Forwarded    prometheus.Counter
 
 	mu      sync.Mutex
 	failed  map[string]prometheus.Counter
@@ -233,6 +236,7 @@ func (m *Metrics) Worker(id, name, engine, group string, concurrency int) *Worke
 	if group != "" {
 		w.LockWait = m.lockWait.WithLabelValues(group)
 		w.StaleRefused = m.lockStaleRefused.WithLabelValues(group)
+		w.Forwarded = m.lockForwarded.WithLabelValues(group)
 	}
 	return w
 }

@@ -1,0 +1,372 @@
+package dispatch
+
+// Stage 3, for a grouped worker whose group another node holds: the turn
+// forwarded there. Nodes share one consumer group, so the messages of a
+// group reach whichever node daprd hands them to; a node that gave its
+// hold of the group (or of a key) to another node within the linger
+// (grouplock.Locks.HeldAt) does not ask for the hold back at its next
+// message of the group (a question and a write for every change of node):
+// it sends the attempt to that node, which runs it as one of its own
+// turns — the lease of its hold, the call, the outputs (lock.go, call.go,
+// outputs.go) — and answers with the outcome. The message's delivery
+// record, its retries and its dead letter stay with the node that
+// received it (record.go, settle.go): a forwarded turn is an attempt like
+// any other. A node that does not run it (no such worker there, draining,
+// its queue full, a request it cannot check) says so, and the sender takes
+// the lock itself as before; an answer that never comes leaves the
+// attempt undecided: the message is given back, not counted as an
+// attempt (the peer may have run it: at least once, as after a crash).
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/internal/deadletter"
+)
+
+// ForwardPath is where a node runs the turns its peers forward (POST, a
+// ForwardRequest as JSON, signed: ForwardSignatureHeader).
+const ForwardPath = "/internal/dispatch/forward"
+
+// ForwardSignatureHeader carries a forwarded turn's signature: the hex
+// HMAC-SHA256 of the request body under the cluster's peer key (Forwarder).
+const ForwardSignatureHeader = "X-Workmanager-Signature"
+
+// forwardMaxAge bounds how old a forwarded turn may be when it arrives
+// (its SentMs, by the receiving node's clock): a captured request cannot
+// be sent again later.
+const forwardMaxAge = 30 * time.Second
+
+// ForwardRequest is one forwarded turn: the attempt of worker Worker (on
+// Topic, its lock Lock) at the event daprd delivered (Event: the
+// TopicEventRequest, protobuf).
+type ForwardRequest struct {
+	Worker  string `json:"worker"`
+	Topic   string `json:"topic"`
+	Lock    string `json:"lock"`
+	Attempt int32  `json:"attempt"`
+	Event   []byte `json:"event"`
+	SentMs  int64  `json:"sent_ms"`
+}
+
+// ForwardAnswer is how a forwarded turn ended. Ran false: it was not run
+// there, and the sender runs it; otherwise Outcome is done, failed, cut or
+// deferred (as settle.go counts them), with the failure's Reason and Error
+// and, when the worker answered with an error, its message (Answered).
+type ForwardAnswer struct {
+	Ran       bool    `json:"ran"`
+	Why       string  `json:"why,omitempty"` // why it was not run
+	Outcome   string  `json:"outcome,omitempty"`
+	Reason    string  `json:"reason,omitempty"`
+	Error     string  `json:"error,omitempty"`
+	Traceback string  `json:"traceback,omitempty"`
+	Answered  *string `json:"answered,omitempty"`
+}
+
+// Forwarder sends forwarded turns to the node that holds their group
+// (Deps.Peers). Forward returns an error wrapping ErrNotForwarded when the
+// request surely did not run there (no address, refused, not sent).
+type Forwarder interface {
+	Forward(ctx context.Context, node string, req *ForwardRequest) (*ForwardAnswer, error)
+}
+
+// ErrNotForwarded: a turn that was not sent, or that the peer refused
+// before running it.
+var ErrNotForwarded = errors.New("turn not forwarded")
+
+var outcomeNames = map[outcome]string{outcomeDone: "done", outcomeFailed: "failed", outcomeCut: "cut", outcomeDeferred: "deferred"}
+
+// forwardTurn sends w's attempt at j's message to node, which holds lock,
+// and ends the attempt with its answer; false when node did not run it
+// (the caller takes the lock itself).
+func (d *Dispatcher) forwardTurn(ctx context.Context, w *worker, j *job, lock, node string) bool {
+	m, r := j.m, j.r
+	ev, err := proto.Marshal(m.req)
+	if err != nil {
+		return false
+	}
+	fctx, cancel := context.WithTimeout(ctx, d.cfg.ForwardTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-w.stopped: // a stop ends the wait, as for the lock (acquire)
+			cancel()
+		case <-fctx.Done():
+		}
+	}()
+	ans, err := d.Peers.Forward(fctx, node, &ForwardRequest{Worker: w.ID, Topic: w.Topic, Lock: lock, Attempt: r.attempt, Event: ev, SentMs: time.Now().UnixMilli()})
+	if err == nil && !ans.Ran || errors.Is(err, ErrNotForwarded) {
+		d.Locks.Forwarded(lock, node, false)
+		why := ""
+		if err != nil {
+			why = err.Error()
+		} else {
+			why = ans.Why
+		}
+		d.log.Debug("turn not run on the node holding its group: taking the lock here", "group", w.Group, "worker_id", w.ID, "node", node, "why", why)
+		return false
+	}
+	if err != nil {
+		// Sent, and no answer: it may have run there. Given back, not an
+		// attempt; the node is not asked again until it runs one.
+		d.Locks.Forwarded(lock, node, false)
+		r.outcome = outcomeDeferred
+		if w.isStopped() {
+			r.outcome = outcomeCut
+		}
+		d.log.Warn("a turn forwarded to the node holding its group got no answer; the message is given back, not counted as an attempt",
+			append([]any{"group", w.Group, "worker_id", w.ID, "node", node, "err", err}, logAttrs(m, r.trace)...)...)
+		d.finish(w, j)
+		return true
+	}
+	d.Locks.Forwarded(lock, node, true)
+	if w.m.Forwarded != nil {
+		w.m.Forwarded.Inc()
+	}
+	switch ans.Outcome {
+	case "done":
+		r.outcome = outcomeDone
+	case "cut":
+		r.outcome = outcomeCut
+	case "deferred":
+		r.outcome = outcomeDeferred
+	default:
+		r.outcome, r.reason = outcomeFailed, deadletter.Reason(ans.Reason)
+		if r.reason == "" {
+			r.reason = deadletter.ReasonInternal
+		}
+		r.err = &forwardedError{text: fmt.Sprintf("on node %s: %s", node, ans.Error), traceback: ans.Traceback}
+	}
+	if ans.Answered != nil {
+		r.answered = &engines.ErrorAnswer{Message: *ans.Answered}
+	}
+	d.finish(w, j)
+	return true
+}
+
+// runForwarded runs a peer's forwarded turn here, as a turn of this node's
+// worker req.Worker, and waits for its outcome.
+func (d *Dispatcher) runForwarded(ctx context.Context, req *ForwardRequest) *ForwardAnswer {
+	if d.draining.Load() || !d.serving() {
+		return &ForwardAnswer{Why: "this node does not serve messages now"}
+	}
+	d.mu.Lock()
+	t := d.topics[req.Topic]
+	d.mu.Unlock()
+	var w *worker
+	if t != nil {
+		for _, x := range *t.workers.Load() {
+			if x.ID == req.Worker {
+				w = x
+			}
+		}
+	}
+	if w == nil || w.lock == "" {
+		return &ForwardAnswer{Why: fmt.Sprintf("worker %s is not attached here with a group on topic %q", req.Worker, req.Topic)}
+	}
+	var er runtimev1.TopicEventRequest
+	if err := proto.Unmarshal(req.Event, &er); err != nil {
+		return &ForwardAnswer{Why: "the event does not decode: " + err.Error()}
+	}
+	m := &message{t: t, id: er.GetId(), req: &er, remote: make(chan struct{})}
+	if n := len(er.GetData()); n > d.cfg.MaxEventBytes {
+		return &ForwardAnswer{Why: fmt.Sprintf("event data is %d bytes, more than MAX_EVENT_BYTES %d", n, d.cfg.MaxEventBytes)}
+	}
+	if err := checkInputAttributes(&er); err != nil {
+		return &ForwardAnswer{Why: err.Error()}
+	}
+	if err := d.decode(m, nil); err != nil {
+		return &ForwardAnswer{Why: err.Error()}
+	}
+	if m.replayFor != "" || w.lockFor(m) != req.Lock {
+		return &ForwardAnswer{Why: fmt.Sprintf("the event takes lock %q here, not %q", w.lockFor(m), req.Lock)}
+	}
+	d.flight(t, 1)
+	defer d.flight(t, -1)
+	m.started = mono()
+	m.results = []result{{w: w, queued: mono(), attempt: req.Attempt}}
+	r := &m.results[0]
+	m.pending.Store(1) // this call's hold; the job takes its own
+	if !w.offer(m, r, d.cfg.QueueWait) {
+		// The group's calls run here: a full queue gives the message back
+		// for the worker, as it would on the sending node.
+		w.m.QueueRejection.Inc()
+		return &ForwardAnswer{Ran: true, Outcome: "deferred"}
+	}
+	d.leave(m)
+	select {
+	case <-m.remote:
+	case <-ctx.Done():
+		// The sender gave up: the turn still ends here (its lease and
+		// outputs as for any), unanswered.
+		return &ForwardAnswer{Why: "the sender went away"}
+	}
+	if r.outcome == outcomeNone && r.w.isStopped() {
+		r.outcome = outcomeCut
+	}
+	ans := &ForwardAnswer{Ran: true, Outcome: outcomeNames[r.outcome], Reason: string(r.reason)}
+	if ans.Outcome == "" {
+		ans.Outcome = "cut"
+	}
+	if r.err != nil {
+		ans.Error, ans.Traceback = d.publicText(r.err.Error()), d.publicTraceback(engines.Traceback(r.err))
+	}
+	if r.answered != nil {
+		msg := r.answered.Message
+		ans.Answered = &msg
+	}
+	return ans
+}
+
+// forwardedError is a failed attempt's error as the node that ran it
+// told (its text and the worker's traceback).
+type forwardedError struct{ text, traceback string }
+
+func (e *forwardedError) Error() string           { return e.text }
+func (e *forwardedError) WorkerTraceback() string { return e.traceback }
+
+// ForwardHandler serves ForwardPath for d: a request signed under key
+// (the cluster's peer key) runs as a turn of this node's worker.
+func ForwardHandler(d *Dispatcher, key func(ctx context.Context) ([]byte, error)) http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		limit := int64(d.cfg.MaxEventBytes)*4/3 + 2*MaxInputAttributeBytes + 4<<10 // the event, base64 in JSON, and the envelope
+		body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, limit))
+		if err != nil {
+			http.Error(rw, "dispatch forward: "+err.Error(), http.StatusRequestEntityTooLarge)
+			return
+		}
+		k, err := key(r.Context())
+		if err != nil {
+			http.Error(rw, "dispatch forward: the peer key is unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		sig, err := hex.DecodeString(r.Header.Get(ForwardSignatureHeader))
+		if err != nil || !hmac.Equal(sig, forwardMAC(k, body)) {
+			http.Error(rw, "dispatch forward: missing or wrong signature", http.StatusUnauthorized)
+			return
+		}
+		var req ForwardRequest
+		if err := json.Unmarshal(body, &req); err != nil {
+			http.Error(rw, "dispatch forward: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if age := time.Since(time.UnixMilli(req.SentMs)); age > forwardMaxAge || age < -forwardMaxAge {
+			http.Error(rw, fmt.Sprintf("dispatch forward: sent %s ago, outside ±%s", age.Round(time.Millisecond), forwardMaxAge), http.StatusBadRequest)
+			return
+		}
+		rw.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(rw).Encode(d.runForwarded(r.Context(), &req))
+	})
+}
+
+// forwardMAC signs a forwarded turn's body.
+func forwardMAC(key, body []byte) []byte {
+	m := hmac.New(sha256.New, key)
+	m.Write(body)
+	return m.Sum(nil)
+}
+
+// HTTPForwarder is a Forwarder over HTTP: lookup finds a node's advertised
+// address (host:port; "" when it has none), key the cluster's peer key.
+func HTTPForwarder(client *http.Client, lookup func(ctx context.Context, node string) (string, error), key func(ctx context.Context) ([]byte, error)) Forwarder {
+	return &httpForwarder{client: client, lookup: lookup, key: key}
+}
+
+type httpForwarder struct {
+	client *http.Client
+	lookup func(ctx context.Context, node string) (string, error)
+	key    func(ctx context.Context) ([]byte, error)
+
+	mu    sync.Mutex
+	addrs map[string]peerAddr // looked up, for peerAddrTTL
+}
+
+type peerAddr struct {
+	addr string
+	at   time.Time
+}
+
+// peerAddrTTL is how long a node's looked-up address is used (a failed
+// connection looks it up again).
+const peerAddrTTL = 30 * time.Second
+
+func (f *httpForwarder) addr(ctx context.Context, node string) (string, error) {
+	f.mu.Lock()
+	a, ok := f.addrs[node]
+	f.mu.Unlock()
+	if ok && time.Since(a.at) < peerAddrTTL {
+		return a.addr, nil
+	}
+	addr, err := f.lookup(ctx, node)
+	if err != nil || addr == "" {
+		return "", err
+	}
+	f.mu.Lock()
+	if f.addrs == nil || len(f.addrs) >= 1024 {
+		f.addrs = map[string]peerAddr{} // nodes come and go; the live ones are looked up again
+	}
+	f.addrs[node] = peerAddr{addr: addr, at: time.Now()}
+	f.mu.Unlock()
+	return addr, nil
+}
+
+func (f *httpForwarder) forget(node string) {
+	f.mu.Lock()
+	delete(f.addrs, node)
+	f.mu.Unlock()
+}
+
+func (f *httpForwarder) Forward(ctx context.Context, node string, req *ForwardRequest) (*ForwardAnswer, error) {
+	addr, err := f.addr(ctx, node)
+	if err != nil || addr == "" {
+		return nil, fmt.Errorf("%w: no address for node %s (%v)", ErrNotForwarded, node, err)
+	}
+	k, err := f.key(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: peer key: %v", ErrNotForwarded, err)
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNotForwarded, err)
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+ForwardPath, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNotForwarded, err)
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	hr.Header.Set(ForwardSignatureHeader, hex.EncodeToString(forwardMAC(k, body)))
+	resp, err := f.client.Do(hr)
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		f.forget(node)
+		return nil, fmt.Errorf("%w: %v", ErrNotForwarded, err) // nothing was sent
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return nil, fmt.Errorf("%w: %s: %s", ErrNotForwarded, resp.Status, bytes.TrimSpace(b))
+	}
+	var ans ForwardAnswer
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 2*maxTraceback+4*maxErrorText+4<<10)).Decode(&ans); err != nil {
+		return nil, err
+	}
+	return &ans, nil
+}
