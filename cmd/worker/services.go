@@ -366,7 +366,7 @@ func (p *parts) build(ctx context.Context) error {
 		dispatch.Config{PubSub: cfg.PubSub, NodeID: cfg.NodeID, MaxConcurrency: cfg.MaxConcurrency, QueueDepth: cfg.QueueDepth, QueueWait: cfg.QueueWait,
 			MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff, NotRunnableGrace: cfg.NotRunnableGrace,
 			MaxEventBytes: cfg.MaxEventBytes, MaxOutputs: cfg.MaxOutputs, MaxOutputBytes: cfg.MaxOutputBytes, Secrets: secretValues(os.Environ()), PanicOn: cfg.TestPanicExtension, UnsafeNoFencing: cfg.TestNoFencing, OnSubscription: p.broker.Subscribed,
-			Suspect: suspect(p.journal), ForwardTimeout: cfg.WorkerTimeout + 30*time.Second,
+			Suspect: suspect(p.journal), ForwardTimeout: cfg.WorkerTimeout + 5*time.Second,
 			// A node that is not a cluster member serves nothing (issue 33 item 5).
 			// Set below, before anything can attach a worker.
 			Serving: func() bool { return p.gate.Serving() }})

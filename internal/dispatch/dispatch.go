@@ -118,7 +118,9 @@ type Config struct {
 	Suspect func(worker, source, id string) bool
 	// ForwardTimeout bounds the wait for a turn forwarded to the node
 	// holding its group (Deps.Peers): longer than a call and its
-	// publishing (default 2 minutes).
+	// publishing (the node: WORKER_TIMEOUT + 5 s; default 2 minutes). A
+	// holder that does not answer by then (paused, cut off) leaves the
+	// attempt undecided (forward.go) and is not sent the next one.
 	ForwardTimeout time.Duration
 }
 
