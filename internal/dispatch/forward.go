@@ -22,6 +22,7 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -29,6 +30,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -39,12 +41,14 @@ import (
 	"github.com/virtufin/workmanager/internal/deadletter"
 )
 
-// ForwardPath is where a node runs the turns its peers forward (POST, a
-// ForwardRequest as JSON, signed: ForwardSignatureHeader).
+// ForwardPath is where a node runs the turns its peers forward (POST,
+// NewForwardRequest: the event as the body, the rest in headers, signed:
+// ForwardSignatureHeader), answered with a ForwardAnswer as JSON.
 const ForwardPath = "/internal/dispatch/forward"
 
 // ForwardSignatureHeader carries a forwarded turn's signature: the hex
-// HMAC-SHA256 of the request body under the cluster's peer key (Forwarder).
+// HMAC-SHA256 of its fields and event under the cluster's peer key
+// (forwardMAC).
 const ForwardSignatureHeader = "X-Workmanager-Signature"
 
 // forwardMaxAge bounds how old a forwarded turn may be when it arrives
@@ -56,12 +60,10 @@ const forwardMaxAge = 30 * time.Second
 // Topic, its lock Lock) at the event daprd delivered (Event: the
 // TopicEventRequest, protobuf).
 type ForwardRequest struct {
-	Worker  string `json:"worker"`
-	Topic   string `json:"topic"`
-	Lock    string `json:"lock"`
-	Attempt int32  `json:"attempt"`
-	Event   []byte `json:"event"`
-	SentMs  int64  `json:"sent_ms"`
+	Worker, Topic, Lock string
+	Attempt             int32
+	Event               []byte
+	SentMs              int64
 }
 
 // ForwardAnswer is how a forwarded turn ended. Ran false: it was not run
@@ -240,29 +242,81 @@ type forwardedError struct{ text, traceback string }
 func (e *forwardedError) Error() string           { return e.text }
 func (e *forwardedError) WorkerTraceback() string { return e.traceback }
 
+// The headers of a forwarded turn; its body is the event (protobuf).
+const (
+	forwardWorkerHeader  = "X-Workmanager-Worker"
+	forwardTopicHeader   = "X-Workmanager-Topic"
+	forwardLockHeader    = "X-Workmanager-Lock"
+	forwardAttemptHeader = "X-Workmanager-Attempt"
+	forwardSentHeader    = "X-Workmanager-Sent"
+)
+
+// maxForwardNameBytes bounds a forwarded turn's worker, topic and lock
+// names.
+const maxForwardNameBytes = 1024
+
+// NewForwardRequest is the HTTP request of a forwarded turn to the node at
+// url (its scheme and address), signed under key: the event is the body
+// as it is (no encoding: the turn's cost is the event's bytes), the rest
+// headers, all of it under the signature (ForwardSignatureHeader).
+func NewForwardRequest(ctx context.Context, url string, key []byte, req *ForwardRequest) (*http.Request, error) {
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url+ForwardPath, bytes.NewReader(req.Event))
+	if err != nil {
+		return nil, err
+	}
+	hr.Header.Set("Content-Type", "application/protobuf")
+	hr.Header.Set(forwardWorkerHeader, req.Worker)
+	hr.Header.Set(forwardTopicHeader, req.Topic)
+	hr.Header.Set(forwardLockHeader, req.Lock)
+	hr.Header.Set(forwardAttemptHeader, strconv.FormatInt(int64(req.Attempt), 10))
+	hr.Header.Set(forwardSentHeader, strconv.FormatInt(req.SentMs, 10))
+	hr.Header.Set(ForwardSignatureHeader, hex.EncodeToString(forwardMAC(key, req)))
+	return hr, nil
+}
+
+// forwardMAC signs a forwarded turn: every field, each with its length.
+func forwardMAC(key []byte, req *ForwardRequest) []byte {
+	m := hmac.New(sha256.New, key)
+	for _, f := range [][]byte{[]byte(req.Worker), []byte(req.Topic), []byte(req.Lock),
+		[]byte(strconv.FormatInt(int64(req.Attempt), 10)), []byte(strconv.FormatInt(req.SentMs, 10)), req.Event} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
+		m.Write(n[:])
+		m.Write(f)
+	}
+	return m.Sum(nil)
+}
+
 // ForwardHandler serves ForwardPath for d: a request signed under key
 // (the cluster's peer key) runs as a turn of this node's worker.
 func ForwardHandler(d *Dispatcher, key func(ctx context.Context) ([]byte, error)) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		limit := int64(d.cfg.MaxEventBytes)*4/3 + 2*MaxInputAttributeBytes + 4<<10 // the event, base64 in JSON, and the envelope
+		limit := int64(d.cfg.MaxEventBytes) + 2*MaxInputAttributeBytes + 4<<10 // the event, its attributes and the protobuf around them
 		body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, limit))
 		if err != nil {
 			http.Error(rw, "dispatch forward: "+err.Error(), http.StatusRequestEntityTooLarge)
 			return
 		}
+		req := ForwardRequest{Worker: r.Header.Get(forwardWorkerHeader), Topic: r.Header.Get(forwardTopicHeader), Lock: r.Header.Get(forwardLockHeader), Event: body}
+		attempt, aerr := strconv.ParseInt(r.Header.Get(forwardAttemptHeader), 10, 32)
+		sent, serr := strconv.ParseInt(r.Header.Get(forwardSentHeader), 10, 64)
+		switch {
+		case aerr != nil || serr != nil:
+			http.Error(rw, "dispatch forward: the attempt or sending time header is missing or not a number", http.StatusBadRequest)
+			return
+		case len(req.Worker) > maxForwardNameBytes || len(req.Topic) > maxForwardNameBytes || len(req.Lock) > maxForwardNameBytes:
+			http.Error(rw, fmt.Sprintf("dispatch forward: a worker, topic or lock name over %d bytes", maxForwardNameBytes), http.StatusBadRequest)
+			return
+		}
+		req.Attempt, req.SentMs = int32(attempt), sent
 		k, err := key(r.Context())
 		if err != nil {
 			http.Error(rw, "dispatch forward: the peer key is unavailable", http.StatusServiceUnavailable)
 			return
 		}
 		sig, err := hex.DecodeString(r.Header.Get(ForwardSignatureHeader))
-		if err != nil || !hmac.Equal(sig, forwardMAC(k, body)) {
+		if err != nil || !hmac.Equal(sig, forwardMAC(k, &req)) {
 			http.Error(rw, "dispatch forward: missing or wrong signature", http.StatusUnauthorized)
-			return
-		}
-		var req ForwardRequest
-		if err := json.Unmarshal(body, &req); err != nil {
-			http.Error(rw, "dispatch forward: "+err.Error(), http.StatusBadRequest)
 			return
 		}
 		if age := time.Since(time.UnixMilli(req.SentMs)); age > forwardMaxAge || age < -forwardMaxAge {
@@ -272,13 +326,6 @@ func ForwardHandler(d *Dispatcher, key func(ctx context.Context) ([]byte, error)
 		rw.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(rw).Encode(d.runForwarded(r.Context(), &req))
 	})
-}
-
-// forwardMAC signs a forwarded turn's body.
-func forwardMAC(key, body []byte) []byte {
-	m := hmac.New(sha256.New, key)
-	m.Write(body)
-	return m.Sum(nil)
 }
 
 // HTTPForwarder is a Forwarder over HTTP: lookup finds a node's advertised
@@ -340,16 +387,10 @@ func (f *httpForwarder) Forward(ctx context.Context, node string, req *ForwardRe
 	if err != nil {
 		return nil, fmt.Errorf("%w: peer key: %v", ErrNotForwarded, err)
 	}
-	body, err := json.Marshal(req)
+	hr, err := NewForwardRequest(ctx, "http://"+addr, k, req)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNotForwarded, err)
 	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+ForwardPath, bytes.NewReader(body))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrNotForwarded, err)
-	}
-	hr.Header.Set("Content-Type", "application/json")
-	hr.Header.Set(ForwardSignatureHeader, hex.EncodeToString(forwardMAC(k, body)))
 	resp, err := f.client.Do(hr)
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {

@@ -3,10 +3,6 @@ package dispatch_test
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -243,14 +239,16 @@ func TestForwardHandlerRefusesStrangers(t *testing.T) {
 	a.d.Attach(dispatch.Worker{ID: "w", Topic: "in", Group: "g"}, &dispatchtest.FuncInstance{Fn: outputs("out")})
 	waitStream(t, a.b, "in")
 	ev, _ := proto.Marshal(request("x", ""))
-	post := func(req dispatch.ForwardRequest, sign []byte, pad int) (int, string) {
-		body, _ := json.Marshal(req)
-		body = append(body, bytes.Repeat([]byte(" "), pad)...)
-		hr, _ := http.NewRequest(http.MethodPost, a.srv.URL+dispatch.ForwardPath, bytes.NewReader(body))
-		if sign != nil {
-			m := hmac.New(sha256.New, sign)
-			m.Write(body)
-			hr.Header.Set(dispatch.ForwardSignatureHeader, hex.EncodeToString(m.Sum(nil)))
+	post := func(req dispatch.ForwardRequest, sign []byte, tamper func(*http.Request)) (int, string) {
+		if sign == nil {
+			sign = []byte("unused")
+		}
+		hr, err := dispatch.NewForwardRequest(context.Background(), a.srv.URL, sign, &req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tamper != nil {
+			tamper(hr)
 		}
 		resp, err := http.DefaultClient.Do(hr)
 		if err != nil {
@@ -261,32 +259,43 @@ func TestForwardHandlerRefusesStrangers(t *testing.T) {
 		_, _ = sb.ReadFrom(resp.Body)
 		return resp.StatusCode, sb.String()
 	}
+	unsigned := func(hr *http.Request) { hr.Header.Del(dispatch.ForwardSignatureHeader) }
 	good := dispatch.ForwardRequest{Worker: "w", Topic: "in", Lock: "g", Attempt: 1, Event: ev, SentMs: time.Now().UnixMilli()}
-	if code, _ := post(good, nil, 0); code != http.StatusUnauthorized {
+	if code, _ := post(good, key, unsigned); code != http.StatusUnauthorized {
 		t.Fatalf("unsigned: %d", code)
 	}
-	if code, _ := post(good, []byte("another key of 32 bytes, not it!"), 0); code != http.StatusUnauthorized {
+	if code, _ := post(good, []byte("another key of 32 bytes, not it!"), nil); code != http.StatusUnauthorized {
 		t.Fatalf("wrong key: %d", code)
+	}
+	if code, _ := post(good, key, func(hr *http.Request) { hr.Header.Set("X-Workmanager-Attempt", "2") }); code != http.StatusUnauthorized {
+		t.Fatalf("a field changed after signing: %d", code)
 	}
 	old := good
 	old.SentMs = time.Now().Add(-time.Minute).UnixMilli()
-	if code, _ := post(old, key, 0); code != http.StatusBadRequest {
+	if code, _ := post(old, key, nil); code != http.StatusBadRequest {
 		t.Fatalf("a minute old: %d", code)
 	}
-	if code, _ := post(good, key, 4<<20); code != http.StatusRequestEntityTooLarge {
+	big := good
+	big.Event = bytes.Repeat([]byte("x"), 4<<20)
+	if code, _ := post(big, key, nil); code != http.StatusRequestEntityTooLarge {
 		t.Fatalf("4 MiB: %d", code)
+	}
+	long := good
+	long.Lock = strings.Repeat("g", 2000)
+	if code, _ := post(long, key, nil); code != http.StatusBadRequest {
+		t.Fatalf("a 2,000-byte lock name: %d", code)
 	}
 	other := good
 	other.Worker = "nobody"
-	if code, body := post(other, key, 0); code != http.StatusOK || !strings.Contains(body, `"ran":false`) {
+	if code, body := post(other, key, nil); code != http.StatusOK || !strings.Contains(body, `"ran":false`) {
 		t.Fatalf("unknown worker: %d %s", code, body)
 	}
 	wrongLock := good
 	wrongLock.Lock = "h"
-	if code, body := post(wrongLock, key, 0); code != http.StatusOK || !strings.Contains(body, `"ran":false`) {
+	if code, body := post(wrongLock, key, nil); code != http.StatusOK || !strings.Contains(body, `"ran":false`) {
 		t.Fatalf("another lock: %d %s", code, body)
 	}
-	if code, body := post(good, key, 0); code != http.StatusOK || !strings.Contains(body, `"outcome":"done"`) {
+	if code, body := post(good, key, nil); code != http.StatusOK || !strings.Contains(body, `"outcome":"done"`) {
 		t.Fatalf("signed: %d %s", code, body)
 	}
 	if got := len(pub.On("out")); got != 1 {
