@@ -10,8 +10,10 @@
 // record.go (its delivery record; queued to each worker owing an answer) →
 // lock.go (a worker's turn: its group lock) → call.go (the engine) →
 // outputs.go (checked, fenced, published) → settle.go (the record written,
-// dead letters through internal/deadletter, the ack). This file attaches
-// and detaches workers and topics.
+// dead letters through internal/deadletter, the ack). A grouped turn whose
+// group another node holds goes from lock.go to forward.go (run there, its
+// outcome back) and on to settle.go. This file attaches and detaches
+// workers and topics.
 package dispatch
 
 import (
