@@ -45,6 +45,7 @@ import (
 	"github.com/virtufin/workmanager/internal/metrics"
 	"github.com/virtufin/workmanager/internal/metrics/temporalmetrics"
 	"github.com/virtufin/workmanager/internal/node"
+	"github.com/virtufin/workmanager/internal/peeraddr"
 	"github.com/virtufin/workmanager/internal/placement"
 	"github.com/virtufin/workmanager/internal/publish"
 	"github.com/virtufin/workmanager/internal/redischeck"
@@ -65,8 +66,9 @@ type parts struct {
 	log *slog.Logger // with trace ids once tracing is on
 
 	// peerKey signs the turns nodes forward to each other (nil:
-	// GROUP_LOCK_FORWARD off).
+	// GROUP_LOCK_FORWARD off); peers finds their addresses.
 	peerKey func(ctx context.Context) ([]byte, error)
+	peers   *peeraddr.Cache
 
 	journal *crashjournal.Journal // nil: no crash journal
 	crashes crashjournal.Report
@@ -304,6 +306,9 @@ func (p *parts) build(ctx context.Context) error {
 		log.Debug("state store component identified", "store", cfg.StateStore, "version_etags", versions)
 	}
 	mdCancel()
+	// Peers' advertised HTTP addresses, for the lock questions and the
+	// forwarded turns alike.
+	p.peers = peeraddr.New(p.peerAddr)
 	members := cluster.New(store, cfg.NodeID, 3*cfg.NodeHeartbeat)
 	members.LapseMargin = cfg.NodeHeartbeat // as SelfAlive and the gate below
 	p.members = members
@@ -345,7 +350,7 @@ func (p *parts) build(ctx context.Context) error {
 		},
 		// A group that only lingers on another node is asked for at that
 		// node's advertised HTTP address (grouplock.YieldPath).
-		Notify: grouplock.HTTPNotifier(grouplock.NotifyClient(), cfg.NodeID, p.peerAddr)})
+		Notify: grouplock.HTTPNotifier(grouplock.NotifyClient(), cfg.NodeID, p.peers)})
 	p.locks = locks
 	// Each worker's counts for GetWorker, written every few seconds off the
 	// message path (internal/workerstats; statsWriter).
@@ -357,7 +362,7 @@ func (p *parts) build(ctx context.Context) error {
 		// (internal/dispatch/forward.go), signed with the cluster's peer
 		// key; the holder serves it on dispatch.ForwardPath.
 		peers = dispatch.HTTPForwarder(&http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 8, IdleConnTimeout: 10 * time.Second, DisableCompression: true}},
-			p.peerAddr, dead.PeerKey)
+			p.peers, dead.PeerKey)
 		p.peerKey = dead.PeerKey
 	}
 	p.disp = dispatch.New(hotCtx, log, dispatch.Deps{Sub: dispatch.DaprSubscriber{Client: runtimev1.NewDaprClient(p.conn)}, Pub: pub, Events: p.events,

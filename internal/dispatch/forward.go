@@ -31,7 +31,6 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
@@ -39,6 +38,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/internal/deadletter"
+	"github.com/virtufin/workmanager/internal/peeraddr"
 )
 
 // ForwardPath is where a node runs the turns its peers forward (POST,
@@ -328,60 +328,23 @@ func ForwardHandler(d *Dispatcher, key func(ctx context.Context) ([]byte, error)
 	})
 }
 
-// HTTPForwarder is a Forwarder over HTTP: lookup finds a node's advertised
-// address (host:port; "" when it has none), key the cluster's peer key.
-func HTTPForwarder(client *http.Client, lookup func(ctx context.Context, node string) (string, error), key func(ctx context.Context) ([]byte, error)) Forwarder {
-	return &httpForwarder{client: client, lookup: lookup, key: key}
+// HTTPForwarder is a Forwarder over HTTP: addrs finds a node's advertised
+// address (a node that advertises none is not sent turns), key the
+// cluster's peer key.
+func HTTPForwarder(client *http.Client, addrs *peeraddr.Cache, key func(ctx context.Context) ([]byte, error)) Forwarder {
+	return &httpForwarder{client: client, addrs: addrs, key: key}
 }
 
 type httpForwarder struct {
 	client *http.Client
-	lookup func(ctx context.Context, node string) (string, error)
+	addrs  *peeraddr.Cache
 	key    func(ctx context.Context) ([]byte, error)
-
-	mu    sync.Mutex
-	addrs map[string]peerAddr // looked up, for peerAddrTTL
-}
-
-type peerAddr struct {
-	addr string
-	at   time.Time
-}
-
-// peerAddrTTL is how long a node's looked-up address is used (a failed
-// connection looks it up again).
-const peerAddrTTL = 30 * time.Second
-
-func (f *httpForwarder) addr(ctx context.Context, node string) (string, error) {
-	f.mu.Lock()
-	a, ok := f.addrs[node]
-	f.mu.Unlock()
-	if ok && time.Since(a.at) < peerAddrTTL {
-		return a.addr, nil
-	}
-	addr, err := f.lookup(ctx, node)
-	if err != nil || addr == "" {
-		return "", err
-	}
-	f.mu.Lock()
-	if f.addrs == nil || len(f.addrs) >= 1024 {
-		f.addrs = map[string]peerAddr{} // nodes come and go; the live ones are looked up again
-	}
-	f.addrs[node] = peerAddr{addr: addr, at: time.Now()}
-	f.mu.Unlock()
-	return addr, nil
-}
-
-func (f *httpForwarder) forget(node string) {
-	f.mu.Lock()
-	delete(f.addrs, node)
-	f.mu.Unlock()
 }
 
 func (f *httpForwarder) Forward(ctx context.Context, node string, req *ForwardRequest) (*ForwardAnswer, error) {
-	addr, err := f.addr(ctx, node)
-	if err != nil || addr == "" {
-		return nil, fmt.Errorf("%w: no address for node %s (%v)", ErrNotForwarded, node, err)
+	addr := f.addrs.Addr(ctx, node)
+	if addr == "" {
+		return nil, fmt.Errorf("%w: no address for node %s", ErrNotForwarded, node)
 	}
 	k, err := f.key(ctx)
 	if err != nil {
@@ -394,7 +357,7 @@ func (f *httpForwarder) Forward(ctx context.Context, node string, req *ForwardRe
 	resp, err := f.client.Do(hr)
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
-		f.forget(node)
+		f.addrs.Forget(node)
 		return nil, fmt.Errorf("%w: %v", ErrNotForwarded, err) // nothing was sent
 	}
 	if err != nil {

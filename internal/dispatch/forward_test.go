@@ -23,6 +23,7 @@ import (
 	"github.com/virtufin/workmanager/internal/dispatch/dispatchtest"
 	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
+	"github.com/virtufin/workmanager/internal/peeraddr"
 	"github.com/virtufin/workmanager/internal/publish/publishtest"
 	"github.com/virtufin/workmanager/internal/state"
 )
@@ -70,9 +71,9 @@ func forwardPair(t *testing.T, st state.Store, pub *publishtest.Recorder, key []
 			}})
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
-		peers := countingForwarder{dispatch.HTTPForwarder(http.DefaultClient, func(_ context.Context, node string) (string, error) {
+		peers := countingForwarder{dispatch.HTTPForwarder(http.DefaultClient, peeraddr.New(func(_ context.Context, node string) (string, error) {
 			return strings.TrimPrefix(nodes[node].srv.URL, "http://"), nil
-		}, keyFn), &n.sent}
+		}), keyFn), &n.sent}
 		n.d = dispatch.New(ctx, quietLog(), dispatch.Deps{Sub: n.b, Pub: pub, Events: lifecycleevents.NewEmitter(pub), Records: delivery.NewStore(st, time.Hour),
 			Locks: n.locks, DeadLetters: deadletter.NewStore(st, time.Hour), Peers: peers},
 			dispatch.Config{PubSub: "pubsub", NodeID: name, MaxConcurrency: 4, QueueDepth: 64})

@@ -16,8 +16,9 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/virtufin/workmanager/internal/peeraddr"
 )
 
 // YieldPath is where a node answers its peers' Config.Notify: POST, form
@@ -76,9 +77,6 @@ func YieldHandler(l *Locks) http.Handler {
 	})
 }
 
-// addrTTL is how long HTTPNotifier trusts an address it looked up.
-const addrTTL = 30 * time.Second
-
 // quietAfterFailure is how long HTTPNotifier asks nothing of a node whose
 // last question failed or timed out (paused, partitioned, restarting): a
 // waiting node then waits as it would without asking, instead of paying
@@ -100,71 +98,30 @@ func NotifyClient() *http.Client {
 }
 
 // HTTPNotifier is Config.Notify over HTTP for the node named self (its
-// Config.Node, sent with each question): lookup finds a node's HTTP
-// address (host:port, "" when it advertises none: then nothing is asked),
-// remembered for a while and looked up again after a failed request; a
-// node whose question failed is not asked again for quietAfterFailure.
-// Callers bound each question (Config.Notify: NotifyTimeout).
-func HTTPNotifier(client *http.Client, self string, lookup func(ctx context.Context, node string) (string, error)) func(ctx context.Context, node, group, holder string) Answer {
-	n := &notifier{client: client, self: self, lookup: lookup, addrs: map[string]cachedAddr{}}
+// Config.Node, sent with each question), at the addresses addrs finds (a
+// node that advertises none is not asked); a node whose question failed
+// or timed out is not asked again for quietAfterFailure (addrs.Quiet),
+// and its address is looked up again after. Callers bound each question
+// (Config.Notify: NotifyTimeout).
+func HTTPNotifier(client *http.Client, self string, addrs *peeraddr.Cache) func(ctx context.Context, node, group, holder string) Answer {
+	n := &notifier{client: client, self: self, addrs: addrs}
 	return n.notify
 }
 
 type notifier struct {
 	client *http.Client
 	self   string
-	lookup func(ctx context.Context, node string) (string, error)
-
-	mu    sync.Mutex
-	addrs map[string]cachedAddr
-}
-
-type cachedAddr struct {
-	addr string
-	at   time.Time
-	// quiet: a failed question; nothing is asked before this time.
-	quiet time.Time
-}
-
-func (n *notifier) addr(ctx context.Context, node string) string {
-	n.mu.Lock()
-	c, ok := n.addrs[node]
-	n.mu.Unlock()
-	if ok && time.Now().Before(c.quiet) {
-		return ""
-	}
-	if ok && time.Since(c.at) < addrTTL {
-		return c.addr
-	}
-	a, err := n.lookup(ctx, node)
-	if err != nil {
-		return ""
-	}
-	n.mu.Lock()
-	if len(n.addrs) >= 1024 {
-		clear(n.addrs) // nodes come and go; the live ones are looked up again
-	}
-	n.addrs[node] = cachedAddr{addr: a, at: time.Now()}
-	n.mu.Unlock()
-	return a
-}
-
-// failed keeps n from asking node for a while; its address is looked up
-// again after.
-func (n *notifier) failed(node string) {
-	n.mu.Lock()
-	n.addrs[node] = cachedAddr{quiet: time.Now().Add(quietAfterFailure)}
-	n.mu.Unlock()
+	addrs  *peeraddr.Cache
 }
 
 func (n *notifier) notify(ctx context.Context, node, group, holder string) Answer {
-	addr := n.addr(ctx, node)
+	addr := n.addrs.Addr(ctx, node)
 	if addr == "" {
 		return Answer{}
 	}
 	ans, err := n.ask(ctx, addr, group, holder)
 	if err != nil {
-		n.failed(node)
+		n.addrs.Quiet(node, quietAfterFailure)
 		return Answer{}
 	}
 	return ans

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/virtufin/workmanager/internal/peeraddr"
 )
 
 // The HTTP transport of Config.Notify: YieldHandler gives up a lingering
@@ -54,7 +56,7 @@ func TestYieldOverHTTP(t *testing.T) {
 
 	var lookups atomic.Int32
 	addr := strings.TrimPrefix(srv.URL, "http://")
-	notify := HTTPNotifier(srv.Client(), "b", func(_ context.Context, node string) (string, error) {
+	notify := HTTPNotifier(srv.Client(), "b", peeraddr.New(func(_ context.Context, node string) (string, error) {
 		lookups.Add(1)
 		switch node {
 		case "a":
@@ -63,7 +65,7 @@ func TestYieldOverHTTP(t *testing.T) {
 			return "127.0.0.1:1", nil // nobody listens
 		}
 		return "", nil
-	})
+	}))
 	ctx := context.Background()
 	mustRelease(t, mustAcquire(t, a, "g", "a/1"))
 	if ans := notify(ctx, "a", "g", "b/1"); !ans.Released || ans.Handed != nil {
@@ -109,7 +111,7 @@ func TestYieldOverHTTP(t *testing.T) {
 	stuck := make(chan struct{})
 	hung := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-stuck }))
 	t.Cleanup(func() { close(stuck); hung.Close() })
-	paused := HTTPNotifier(hung.Client(), "b", func(context.Context, string) (string, error) { return strings.TrimPrefix(hung.URL, "http://"), nil })
+	paused := HTTPNotifier(hung.Client(), "b", peeraddr.New(func(context.Context, string) (string, error) { return strings.TrimPrefix(hung.URL, "http://"), nil }))
 	for i := range 3 {
 		start := time.Now()
 		qctx, cancel := context.WithTimeout(ctx, NotifyTimeout)
@@ -150,7 +152,7 @@ func TestNotifyClientClosesIdleConnections(t *testing.T) {
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)
-	notify := HTTPNotifier(NotifyClient(), "b", func(context.Context, string) (string, error) { return strings.TrimPrefix(srv.URL, "http://"), nil })
+	notify := HTTPNotifier(NotifyClient(), "b", peeraddr.New(func(context.Context, string) (string, error) { return strings.TrimPrefix(srv.URL, "http://"), nil }))
 	for range 3 {
 		notify(context.Background(), "a", "g", "")
 	}
