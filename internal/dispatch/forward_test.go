@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/virtufin/workmanager/engines"
@@ -23,6 +24,7 @@ import (
 	"github.com/virtufin/workmanager/internal/dispatch/dispatchtest"
 	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
+	"github.com/virtufin/workmanager/internal/metrics"
 	"github.com/virtufin/workmanager/internal/peeraddr"
 	"github.com/virtufin/workmanager/internal/publish/publishtest"
 	"github.com/virtufin/workmanager/internal/state"
@@ -38,6 +40,7 @@ type forwardNode struct {
 	locks *grouplock.Locks
 	d     *dispatch.Dispatcher
 	srv   *httptest.Server
+	reg   *prometheus.Registry
 	sent  atomic.Int64 // turns forwarded from here that ran there
 }
 
@@ -74,8 +77,9 @@ func forwardPair(t *testing.T, st state.Store, pub *publishtest.Recorder, key []
 		peers := countingForwarder{dispatch.HTTPForwarder(http.DefaultClient, peeraddr.New(func(_ context.Context, node string) (string, error) {
 			return strings.TrimPrefix(nodes[node].srv.URL, "http://"), nil
 		}), keyFn), &n.sent}
+		n.reg = prometheus.NewRegistry()
 		n.d = dispatch.New(ctx, quietLog(), dispatch.Deps{Sub: n.b, Pub: pub, Events: lifecycleevents.NewEmitter(pub), Records: delivery.NewStore(st, time.Hour),
-			Locks: n.locks, DeadLetters: deadletter.NewStore(st, time.Hour), Peers: peers},
+			Locks: n.locks, DeadLetters: deadletter.NewStore(st, time.Hour), Peers: peers, Metrics: metrics.New(n.reg)},
 			dispatch.Config{PubSub: "pubsub", NodeID: name, MaxConcurrency: 4, QueueDepth: 64})
 		n.srv = httptest.NewServer(dispatch.ForwardHandler(n.d, keyFn))
 		t.Cleanup(n.srv.Close)
@@ -143,6 +147,30 @@ func TestForwardedTurnsRunOnTheNodeHoldingTheGroup(t *testing.T) {
 		if on := ranOn[fmt.Sprintf("m%d", i)]; on != "n2" {
 			t.Fatalf("m%d ran on %s, want n2 (the node holding the group)", i, on)
 		}
+	}
+	// Received and succeeded once each, where daprd delivered them; the
+	// outputs where they were published.
+	var received, succeeded, outs float64
+	for _, n := range []*forwardNode{a, b} {
+		fams, err := n.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			for _, m := range f.Metric {
+				switch f.GetName() {
+				case "workmanager_worker_messages_received_total":
+					received += value(m)
+				case "workmanager_worker_messages_processed_total":
+					succeeded += value(m)
+				case "workmanager_worker_outputs_published_total":
+					outs += value(m)
+				}
+			}
+		}
+	}
+	if received != n || succeeded != n || outs != n {
+		t.Fatalf("the two nodes counted %v received, %v succeeded, %v outputs; want %d each", received, succeeded, outs, n)
 	}
 	// Each message's record is its receiving node's, done for the worker.
 	for i := range n {

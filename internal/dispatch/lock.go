@@ -69,7 +69,9 @@ func (d *Dispatcher) take(w *worker, j *job) {
 	}
 	start := time.Now()
 	w.m.QueueWait.Observe(seconds(r.queued, monoOf(start)))
-	w.m.Received.Inc()
+	if m.remote == nil { // a forwarded turn is counted where it was received (forward.go)
+		w.m.Received.Inc()
+	}
 	w.m.InFlight.Inc()
 	j.started = start // from here on, finish counts it out of InFlight
 	ctx := d.ctx
