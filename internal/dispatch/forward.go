@@ -178,7 +178,7 @@ func (d *Dispatcher) runForwarded(ctx context.Context, req *ForwardRequest) *For
 			}
 		}
 	}
-	if w == nil || w.lock == "" {
+	if w == nil || w.lock == "" || t.closing.Load() {
 		return &ForwardAnswer{Why: fmt.Sprintf("worker %s is not attached here with a group on topic %q", req.Worker, req.Topic)}
 	}
 	var er runtimev1.TopicEventRequest
