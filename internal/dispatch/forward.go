@@ -31,6 +31,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	runtimev1 "github.com/dapr/dapr/pkg/proto/runtime/v1"
@@ -274,6 +275,48 @@ func NewForwardRequest(ctx context.Context, url string, key []byte, req *Forward
 	return hr, nil
 }
 
+// seenSignatures remembers the signatures of the forwarded turns received
+// within twice forwardMaxAge, so that a request captured on the way is not
+// run a second time: a request older than forwardMaxAge is refused
+// anyway, and a younger one is run once. At most maxSeenSignatures.
+type seenSignatures struct {
+	mu     sync.Mutex
+	at     map[string]time.Time
+	pruned time.Time
+}
+
+// maxSeenSignatures bounds seenSignatures: about 3,300 forwarded turns a
+// second over its minute, 32 bytes and a time each.
+const maxSeenSignatures = 200_000
+
+var (
+	errReplayed = errors.New("replayed")
+	errTooMany  = errors.New("too many")
+)
+
+// add records sig received at now: errReplayed when it was already,
+// errTooMany when there is no room left.
+func (s *seenSignatures) add(sig string, now time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if now.Sub(s.pruned) > forwardMaxAge/4 || len(s.at) >= maxSeenSignatures {
+		for k, t := range s.at {
+			if now.Sub(t) > 2*forwardMaxAge {
+				delete(s.at, k)
+			}
+		}
+		s.pruned = now
+	}
+	if _, ok := s.at[sig]; ok {
+		return errReplayed
+	}
+	if len(s.at) >= maxSeenSignatures {
+		return errTooMany
+	}
+	s.at[sig] = now
+	return nil
+}
+
 // forwardMAC signs a forwarded turn: every field, each with its length.
 func forwardMAC(key []byte, req *ForwardRequest) []byte {
 	m := hmac.New(sha256.New, key)
@@ -290,6 +333,7 @@ func forwardMAC(key []byte, req *ForwardRequest) []byte {
 // ForwardHandler serves ForwardPath for d: a request signed under key
 // (the cluster's peer key) runs as a turn of this node's worker.
 func ForwardHandler(d *Dispatcher, key func(ctx context.Context) ([]byte, error)) http.Handler {
+	seen := &seenSignatures{at: map[string]time.Time{}}
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		limit := int64(d.cfg.MaxEventBytes) + 2*MaxInputAttributeBytes + 4<<10 // the event, its attributes and the protobuf around them
 		body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, limit))
@@ -321,6 +365,16 @@ func ForwardHandler(d *Dispatcher, key func(ctx context.Context) ([]byte, error)
 		}
 		if age := time.Since(time.UnixMilli(req.SentMs)); age > forwardMaxAge || age < -forwardMaxAge {
 			http.Error(rw, fmt.Sprintf("dispatch forward: sent %s ago, outside ±%s", age.Round(time.Millisecond), forwardMaxAge), http.StatusBadRequest)
+			return
+		}
+		switch seen.add(string(sig), time.Now()) {
+		case errReplayed:
+			http.Error(rw, "dispatch forward: this request was received before (a replay)", http.StatusConflict)
+			return
+		case errTooMany:
+			// Not remembered, so not run: the sender takes the lock itself.
+			rw.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(rw).Encode(&ForwardAnswer{Why: "too many forwarded turns in the last minute to remember"})
 			return
 		}
 		rw.Header().Set("Content-Type", "application/json")

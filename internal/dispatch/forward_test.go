@@ -259,8 +259,9 @@ func TestForwardFallsBackOrGivesBack(t *testing.T) {
 var failing atomic.Pointer[error]
 
 // The forward endpoint refuses what a stranger can send: no signature or
-// a wrong one, an old request, a body over its bound; and a signed
-// request for a worker that is not attached here is not run.
+// a wrong one, an old request, a body over its bound, a signed request
+// sent again; and a signed request for a worker that is not attached here
+// is not run.
 func TestForwardHandlerRefusesStrangers(t *testing.T) {
 	st, pub := state.NewMemoryStore(), &publishtest.Recorder{}
 	key := []byte("0123456789abcdef0123456789abcdef")
@@ -326,6 +327,9 @@ func TestForwardHandlerRefusesStrangers(t *testing.T) {
 	}
 	if code, body := post(good, key, nil); code != http.StatusOK || !strings.Contains(body, `"outcome":"done"`) {
 		t.Fatalf("signed: %d %s", code, body)
+	}
+	if code, _ := post(good, key, nil); code != http.StatusConflict {
+		t.Fatalf("the same signed request again (a replay): %d", code)
 	}
 	if got := len(pub.On("out")); got != 1 {
 		t.Fatalf("%d outputs, want 1 (the signed request's)", got)
