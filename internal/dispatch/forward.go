@@ -92,7 +92,19 @@ type Forwarder interface {
 // before running it.
 var ErrNotForwarded = errors.New("turn not forwarded")
 
+// outcomeNames are the outcomes as a ForwardAnswer names them.
 var outcomeNames = map[outcome]string{outcomeDone: "done", outcomeFailed: "failed", outcomeCut: "cut", outcomeDeferred: "deferred"}
+
+// outcomeNamed is the outcome named s (outcomeNone for a name it does not
+// know).
+func outcomeNamed(s string) outcome {
+	for o, name := range outcomeNames {
+		if name == s {
+			return o
+		}
+	}
+	return outcomeNone
+}
 
 // forwardTurn sends w's attempt at j's message to node, which holds lock,
 // and ends the attempt with its answer; false when node did not run it
@@ -138,16 +150,10 @@ func (d *Dispatcher) forwardTurn(ctx context.Context, w *worker, j *job, lock, n
 		return true
 	}
 	d.Locks.Forwarded(lock, node, true)
-	if w.m.Forwarded != nil {
-		w.m.Forwarded.Inc()
-	}
-	switch ans.Outcome {
-	case "done":
-		r.outcome = outcomeDone
-	case "cut":
-		r.outcome = outcomeCut
-	case "deferred":
-		r.outcome = outcomeDeferred
+	w.m.Forwarded.Inc() // a grouped worker's: set
+	switch o := outcomeNamed(ans.Outcome); o {
+	case outcomeDone, outcomeCut, outcomeDeferred:
+		r.outcome = o
 	default:
 		r.outcome, r.reason = outcomeFailed, deadletter.Reason(ans.Reason)
 		if r.reason == "" {
@@ -187,13 +193,7 @@ func (d *Dispatcher) runForwarded(ctx context.Context, req *ForwardRequest) *For
 		return &ForwardAnswer{Why: "the event does not decode: " + err.Error()}
 	}
 	m := &message{t: t, id: er.GetId(), req: &er, remote: make(chan struct{})}
-	if n := len(er.GetData()); n > d.cfg.MaxEventBytes {
-		return &ForwardAnswer{Why: fmt.Sprintf("event data is %d bytes, more than MAX_EVENT_BYTES %d", n, d.cfg.MaxEventBytes)}
-	}
-	if err := checkInputAttributes(&er); err != nil {
-		return &ForwardAnswer{Why: err.Error()}
-	}
-	if err := d.decode(m, nil); err != nil {
+	if _, err := d.admit(m, nil); err != nil {
 		return &ForwardAnswer{Why: err.Error()}
 	}
 	if m.replayFor != "" || w.lockFor(m) != req.Lock {
@@ -219,12 +219,9 @@ func (d *Dispatcher) runForwarded(ctx context.Context, req *ForwardRequest) *For
 		// outputs as for any), unanswered.
 		return &ForwardAnswer{Why: "the sender went away"}
 	}
-	if r.outcome == outcomeNone && r.w.isStopped() {
-		r.outcome = outcomeCut
-	}
 	ans := &ForwardAnswer{Ran: true, Outcome: outcomeNames[r.outcome], Reason: string(r.reason)}
 	if ans.Outcome == "" {
-		ans.Outcome = "cut"
+		ans.Outcome = outcomeNames[outcomeCut] // ended without an outcome: not an attempt
 	}
 	if r.err != nil {
 		ans.Error, ans.Traceback = d.publicText(r.err.Error()), d.publicTraceback(engines.Traceback(r.err))

@@ -41,22 +41,24 @@ type forwardNode struct {
 	d     *dispatch.Dispatcher
 	srv   *httptest.Server
 	reg   *prometheus.Registry
-	sent  atomic.Int64 // turns forwarded from here that ran there
+	sent  atomic.Int64          // turns forwarded from here that ran there
+	fail  atomic.Pointer[error] // when set, forwarding from here fails with it
 }
 
-// countingForwarder counts the turns that ran on the peer.
+// countingForwarder counts the turns that ran on the peer, and fails with
+// its node's fail when set.
 type countingForwarder struct {
 	dispatch.Forwarder
-	n *atomic.Int64
+	n *forwardNode
 }
 
 func (c countingForwarder) Forward(ctx context.Context, node string, req *dispatch.ForwardRequest) (*dispatch.ForwardAnswer, error) {
-	if p := failing.Load(); p != nil {
+	if p := c.n.fail.Load(); p != nil {
 		return nil, *p
 	}
 	ans, err := c.Forwarder.Forward(ctx, node, req)
 	if err == nil && ans.Ran {
-		c.n.Add(1)
+		c.n.sent.Add(1)
 	}
 	return ans, err
 }
@@ -76,7 +78,7 @@ func forwardPair(t *testing.T, st state.Store, pub *publishtest.Recorder, key []
 		t.Cleanup(cancel)
 		peers := countingForwarder{dispatch.HTTPForwarder(http.DefaultClient, peeraddr.New(func(_ context.Context, node string) (string, error) {
 			return strings.TrimPrefix(nodes[node].srv.URL, "http://"), nil
-		}), keyFn), &n.sent}
+		}), keyFn), n}
 		n.reg = prometheus.NewRegistry()
 		n.d = dispatch.New(ctx, quietLog(), dispatch.Deps{Sub: n.b, Pub: pub, Events: lifecycleevents.NewEmitter(pub), Records: delivery.NewStore(st, time.Hour),
 			Locks: n.locks, DeadLetters: deadletter.NewStore(st, time.Hour), Peers: peers, Metrics: metrics.New(n.reg)},
@@ -240,8 +242,7 @@ func TestForwardFallsBackOrGivesBack(t *testing.T) {
 			waitAck(t, a.b)
 			sb.In <- request("m1", "")
 			waitAck(t, b.b)
-			failing.Store(&tc.err)
-			defer failing.Store(nil)
+			a.fail.Store(&tc.err)
 			sa.In <- request("m2", "")
 			if ack := waitAck(t, a.b); ack.Status != tc.want {
 				t.Fatalf("m2: %+v, want %v", ack, tc.want)
@@ -253,10 +254,6 @@ func TestForwardFallsBackOrGivesBack(t *testing.T) {
 		})
 	}
 }
-
-// failing, when set, makes HTTP forwarding fail with its error (the
-// fallback tests).
-var failing atomic.Pointer[error]
 
 // The forward endpoint refuses what a stranger can send: no signature or
 // a wrong one, an old request, a body over its bound, a signed request

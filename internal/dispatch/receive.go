@@ -168,19 +168,27 @@ func (d *Dispatcher) receive(t *topic, st Stream, req *runtimev1.TopicEventReque
 // hands it to its delivery record otherwise. sources is the topic's source
 // cache when called on its stream goroutine, nil elsewhere.
 func (d *Dispatcher) start(m *message, sources *sourceCache) {
-	if n := len(m.req.GetData()); n > d.cfg.MaxEventBytes {
-		go d.reject(m, deadletter.ReasonTooLarge, fmt.Errorf("event data is %d bytes, more than MAX_EVENT_BYTES %d", n, d.cfg.MaxEventBytes))
-		return
-	}
-	if err := checkInputAttributes(m.req); err != nil {
-		go d.reject(m, deadletter.ReasonTooLarge, err)
-		return
-	}
-	if err := d.decode(m, sources); err != nil {
-		go d.reject(m, deadletter.ReasonUndecodable, err)
+	if reason, err := d.admit(m, sources); err != nil {
+		go d.reject(m, reason, err)
 		return
 	}
 	go d.record(m)
+}
+
+// admit checks m's request against the input bounds and decodes it: the
+// error says why it cannot be processed at all, with the reason of its
+// dead letter. A turn forwarded by a peer (forward.go) is checked the same.
+func (d *Dispatcher) admit(m *message, sources *sourceCache) (deadletter.Reason, error) {
+	if n := len(m.req.GetData()); n > d.cfg.MaxEventBytes {
+		return deadletter.ReasonTooLarge, fmt.Errorf("event data is %d bytes, more than MAX_EVENT_BYTES %d", n, d.cfg.MaxEventBytes)
+	}
+	if err := checkInputAttributes(m.req); err != nil {
+		return deadletter.ReasonTooLarge, err
+	}
+	if err := d.decode(m, sources); err != nil {
+		return deadletter.ReasonUndecodable, err
+	}
+	return "", nil
 }
 
 // decode fills m from its request; a panic while decoding is an error.

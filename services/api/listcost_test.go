@@ -18,7 +18,6 @@ import (
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
 )
 
-// countingStore counts the reads and, by key prefix, what they read.
 // countingStore counts reads and keeps their keys; the catalog reads
 // keys concurrently (a store without bulk reads: catalog.getMany).
 type countingStore struct {

@@ -99,12 +99,8 @@ func (s *Set[P]) TakeDeferred() (P, bool, func()) {
 // another, so a burst of callers must not queue behind them.
 func (s *Set[P]) TakeAwaiting(ctx context.Context, wait time.Duration) (P, bool, func()) {
 	var zero P
-	if s.Want <= 0 {
-		return zero, false, func() {}
-	}
-	var once sync.Once
-	refill := func() { once.Do(s.refill) }
-	if p, ok := s.take(); ok {
+	p, ok, refill := s.TakeDeferred()
+	if ok || s.Want <= 0 {
 		return p, ok, refill
 	}
 	s.mu.Lock()
