@@ -45,12 +45,9 @@ func TestNodeServesOnlyItsTopics(t *testing.T) {
 		}
 	}
 	placeTopic(t, ps, "in", "other", "third")
-	// The view as the record is now: a read made before the write (a
-	// convergence the saves started) would otherwise stand for
-	// unknownRefresh and have the topic served by the fallback ranking.
-	if _, err := fol.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	// The follower has read nothing yet: Reconcile's first questions,
+	// asked at once, read the record (placement's
+	// TestConcurrentFirstQuestionsAnswerByTheRecord).
 	if _, err := f.Node.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -63,12 +63,14 @@ func (f *Follower) Refresh(ctx context.Context) (bool, error) {
 		f.mu.Unlock()
 		return false, err
 	}
-	f.lastRead.Store(time.Now().UnixNano())
 	cur := f.rec.Load()
 	changed := cur == nil || cur.Revision != r.Revision
 	if changed {
 		f.rec.Store(&r)
 	}
+	// After the view: a Serves that finds the read fresh and skips its own
+	// then loads this view, not the one before it.
+	f.lastRead.Store(time.Now().UnixNano())
 	f.mu.Unlock()
 	if changed && f.OnChange != nil {
 		f.OnChange()
@@ -136,8 +138,13 @@ func (f *Follower) Serves(ctx context.Context, topic string) bool {
 			if _, err := f.Refresh(ctx); err != nil && f.Log != nil {
 				f.Log.Warn("placement record not read; serving by the fallback ranking", "topic", topic, "err", err)
 			}
-			rec = f.rec.Load()
 		}
+		// Loaded again either way: a concurrent Refresh may have stored a
+		// newer view since the load above, and this call then skipped its
+		// own read because that one was fresh (Reconcile asks for many
+		// workers at once; a node that had read nothing yet served a
+		// placed topic by the fallback ranking for one reconcile).
+		rec = f.rec.Load()
 	}
 	var r Record
 	if rec != nil {
