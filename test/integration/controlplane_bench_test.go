@@ -71,7 +71,7 @@ func BenchmarkControlPlane(b *testing.B) {
 	e := newEnvWith(b, envConfig{nodeEnv: append([]string{"SANDBOX_WRITABLE_PATHS="}, strings.Fields(os.Getenv("WM_BENCH_NODE_ENV"))...)})
 	c := &cpBench{e: e, b: b,
 		rounds: envInt("WM_CP_ROUNDS", 2), cycles: envInt("WM_CP_CYCLES", 1),
-		many: envInt("WM_CP_MANY", 100), clients: envInt("WM_CP_CLIENTS", 8),
+		many: envCount("WM_CP_MANY", 100), clients: envInt("WM_CP_CLIENTS", 8),
 		gap: 300 * time.Millisecond, samples: map[string][]time.Duration{}}
 	if v := os.Getenv("WM_CP_GAP"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -143,6 +143,15 @@ type cpBench struct {
 type cpCode struct {
 	mime   string
 	v1, v2 []byte
+}
+
+// envCount is the count in the environment variable name, 0 included
+// (WM_CP_MANY=0: no concurrent creates), def when unset or not a count.
+func envCount(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v >= 0 {
+		return v
+	}
+	return def
 }
 
 func (c *cpBench) codeOf(name string) cpCode {
