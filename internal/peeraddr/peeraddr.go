@@ -59,6 +59,13 @@ func (c *Cache) Addr(ctx context.Context, node string) string {
 		return ""
 	}
 	c.mu.Lock()
+	if cur, ok := c.addrs[node]; ok && time.Now().Before(cur.quiet) {
+		// A request to the node failed while this lookup ran: it stays
+		// quiet (the lookup's answer would make the next messages wait out
+		// the same failure again).
+		c.mu.Unlock()
+		return ""
+	}
 	if len(c.addrs) >= maxNodes {
 		clear(c.addrs)
 	}

@@ -47,3 +47,20 @@ func TestCacheLooksUpOnceQuietsAndForgets(t *testing.T) {
 		t.Fatalf("a failed lookup is not remembered: %q after %d lookups", a, lookups)
 	}
 }
+
+// A node made quiet while its address was being looked up (a request to
+// it failed meanwhile) stays quiet: the lookup's answer does not undo it.
+func TestQuietDuringALookupStays(t *testing.T) {
+	var c *Cache
+	c = New(func(_ context.Context, node string) (string, error) {
+		c.Quiet(node, time.Minute) // another message's request to it fails now
+		return node + ":8080", nil
+	})
+	ctx := context.Background()
+	if a := c.Addr(ctx, "a"); a != "" {
+		t.Fatalf("Addr during a failure: %q, want none", a)
+	}
+	if a := c.Addr(ctx, "a"); a != "" {
+		t.Fatalf("Addr after it: %q, want none (the node is quiet for a minute)", a)
+	}
+}
