@@ -28,10 +28,11 @@ const ReplaySignatureExtension = "workmanagerreplaysig"
 // and write every dead letter and delivery record as well.
 const ReplayKeyKey = state.KeyPrefix + "replaykey"
 
-// replayKey caches the key once read.
+// replayKey caches the key once read, and the peer key derived from it.
 type replayKey struct {
-	mu  sync.Mutex
-	key []byte
+	mu   sync.Mutex
+	key  []byte
+	peer []byte
 }
 
 // key returns the replay marker's key, creating it if the store has none.
@@ -74,14 +75,25 @@ func (s *Store) replayKey(ctx context.Context) ([]byte, error) {
 // derived from the replay key (HMAC-SHA256 of a label of its own), so
 // that only whoever can read the replay key — WorkManager's nodes and API
 // — can make one, and a signature of one kind is never one of the other.
+// Derived once: it signs every forwarded turn on both sides.
 func (s *Store) PeerKey(ctx context.Context) ([]byte, error) {
+	s.replay.mu.Lock()
+	p := s.replay.peer
+	s.replay.mu.Unlock()
+	if p != nil {
+		return p, nil
+	}
 	k, err := s.replayKey(ctx)
 	if err != nil {
 		return nil, err
 	}
 	m := hmac.New(sha256.New, k)
 	m.Write([]byte("workmanager peer requests v1"))
-	return m.Sum(nil), nil
+	p = m.Sum(nil)
+	s.replay.mu.Lock()
+	s.replay.peer = p
+	s.replay.mu.Unlock()
+	return p, nil
 }
 
 func replayMAC(key []byte, source, id, worker, topic string) []byte {

@@ -351,9 +351,13 @@ type worker struct {
 	inst  atomic.Pointer[instance]
 	queue chan job
 
-	mu      sync.RWMutex // closed and sends to queue
-	closed  bool
-	stopped chan struct{}
+	mu     sync.RWMutex // closed and sends to queue
+	closed bool
+	// stopCtx is cancelled when the worker is stopped (stop); stopped is
+	// its Done channel.
+	stopCtx context.Context
+	stopNow context.CancelFunc
+	stopped <-chan struct{}
 	wg      sync.WaitGroup
 	// giveBack: its calls carry stopped as their give-back channel
 	// (engines.WithGiveBack): more of them run at once than the default,
@@ -451,7 +455,9 @@ func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 	conc := concurrency(d.cfg.MaxConcurrency, w, inst)
 	nw := &worker{Worker: w, source: types.URIRef{URL: url.URL{Path: "workmanager/workers/" + w.ID}}, giveBack: conc > d.cfg.MaxConcurrency,
 		m: d.Metrics.Worker(w.ID, w.Name, w.Engine, w.Group, conc), stats: d.WorkerStats.Worker(w.ID),
-		queue: make(chan job, d.cfg.QueueDepth), stopped: make(chan struct{})}
+		queue: make(chan job, d.cfg.QueueDepth)}
+	nw.stopCtx, nw.stopNow = context.WithCancel(context.Background())
+	nw.stopped = nw.stopCtx.Done()
 	nw.inst.Store(newInstance(inst))
 	if w.Group != "" {
 		nw.lock = grouplock.Name(w.Tenant, w.Group)
@@ -765,7 +771,7 @@ func (d *Dispatcher) stop(ctx context.Context, w *worker, t *topic, last, delete
 	w.mu.Lock()
 	w.closed = true
 	w.mu.Unlock()
-	close(w.stopped)
+	w.stopNow()
 	w.wg.Wait()
 	for {
 		select {

@@ -115,15 +115,10 @@ func (d *Dispatcher) forwardTurn(ctx context.Context, w *worker, j *job, lock, n
 	if err != nil {
 		return false
 	}
-	fctx, cancel := context.WithTimeout(ctx, d.cfg.ForwardTimeout)
+	sctx, stopCancel := w.untilStopped(ctx) // a stop ends the wait, as for the lock (acquire)
+	defer stopCancel()
+	fctx, cancel := context.WithTimeout(sctx, d.cfg.ForwardTimeout)
 	defer cancel()
-	go func() {
-		select {
-		case <-w.stopped: // a stop ends the wait, as for the lock (acquire)
-			cancel()
-		case <-fctx.Done():
-		}
-	}()
 	ans, err := d.Peers.Forward(fctx, node, &ForwardRequest{Worker: w.ID, Topic: w.Topic, Lock: lock, Attempt: r.attempt, Event: ev, SentMs: time.Now().UnixMilli()})
 	if err == nil && !ans.Ran || errors.Is(err, ErrNotForwarded) {
 		d.Locks.Forwarded(lock, node, false)
@@ -296,7 +291,9 @@ var (
 func (s *seenSignatures) add(sig string, now time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if now.Sub(s.pruned) > forwardMaxAge/4 || len(s.at) >= maxSeenSignatures {
+	// Pruned every quarter of forwardMaxAge, and when full at most once a
+	// second: a full map is not scanned for every request.
+	if since := now.Sub(s.pruned); since > forwardMaxAge/4 || len(s.at) >= maxSeenSignatures && since >= time.Second {
 		for k, t := range s.at {
 			if now.Sub(t) > 2*forwardMaxAge {
 				delete(s.at, k)

@@ -140,15 +140,8 @@ func (d *Dispatcher) forwardsTo(m *message, lock string) string {
 // message waiting for the group, and those come back later. A lock won as
 // the stop comes is given back at once: after a stop no message starts.
 func (d *Dispatcher) acquire(ctx context.Context, w *worker, lock string) (*grouplock.Lease, error) {
-	actx, cancel := context.WithCancel(ctx)
+	actx, cancel := w.untilStopped(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-w.stopped:
-			cancel()
-		case <-actx.Done():
-		}
-	}()
 	lease, err := d.Locks.Acquire(actx, lock, d.cfg.NodeID+"/"+w.ID)
 	if err == nil && w.isStopped() {
 		if rerr := lease.Release(context.WithoutCancel(ctx)); rerr != nil {
@@ -207,6 +200,17 @@ func eventAttribute(ev *event.Event, name string) string {
 }
 
 // isStopped reports whether w was detached.
+// untilStopped is ctx, cancelled too when w is stopped, and its cancel:
+// no goroutine waits for the stop (context.AfterFunc on w.stopCtx).
+func (w *worker) untilStopped(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	unhook := context.AfterFunc(w.stopCtx, cancel)
+	return ctx, func() {
+		unhook()
+		cancel()
+	}
+}
+
 func (w *worker) isStopped() bool {
 	select {
 	case <-w.stopped:
