@@ -44,6 +44,7 @@ type config struct {
 	PythonMaxProcesses    int               // PYTHON_MAX_PROCESSES: runners a plain def worker gets on demand (per worker: max_processes)
 	PythonParkAfter       time.Duration     // PYTHON_PARK_AFTER: stop an idle worker's runners after this long without an event (0: never)
 	PythonSpares          int               // PYTHON_SPARE_RUNNERS: runners kept started ahead of need for the next create, start or reload (0: none)
+	PythonForkServer      bool              // PYTHON_FORK_SERVER: fork runners from a fork server where the sandbox allows it (false: every runner through the sandbox's programs)
 	ReconcileInterval     time.Duration     // RECONCILE_INTERVAL (0 disables)
 	ReconcileParallel     int               // RECONCILE_PARALLELISM: workers a reconcile brings up at a time
 	TemporalLease         time.Duration     // TEMPORAL_LEASE (0 disables)
@@ -135,6 +136,7 @@ func loadConfig() (config, error) {
 		PythonMaxProcesses:    r.Int("PYTHON_MAX_PROCESSES", python.DefaultMaxProcesses),
 		PythonParkAfter:       r.Duration("PYTHON_PARK_AFTER", 0),
 		PythonSpares:          r.Int("PYTHON_SPARE_RUNNERS", 2),
+		PythonForkServer:      r.Bool("PYTHON_FORK_SERVER", true),
 		ReconcileInterval:     r.Duration("RECONCILE_INTERVAL", 30*time.Second),
 		ReconcileParallel:     r.Int("RECONCILE_PARALLELISM", node.DefaultReconcileParallelism),
 		TemporalLease:         r.Duration("TEMPORAL_LEASE", 30*time.Second),

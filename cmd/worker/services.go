@@ -218,7 +218,7 @@ func (p *parts) build(ctx context.Context) error {
 	reg, err := builtin.Registry(builtin.Config{Logger: log, PythonProcesses: cfg.PythonProcesses, PythonDevKitDir: devkitDir,
 		Sandbox: sb, PythonAllowedPackages: cfg.PythonAllowed, WorkerEnv: cfg.WorkerEnv, NativeMaxExtractedBytes: int64(cfg.NativeMaxExtracted), NativeSpareCheckHosts: cfg.NativeSpareChecks,
 		DefaultTimeout: cfg.WorkerTimeout, PythonSpinWait: cfg.PythonSpinWait, PythonMaxBatch: cfg.PythonMaxBatch,
-		PythonMaxConcurrency: cfg.PythonMaxConcurrency, PythonMaxProcesses: cfg.PythonMaxProcesses, PythonParkAfter: cfg.PythonParkAfter, PythonSpares: cfg.PythonSpares,
+		PythonMaxConcurrency: cfg.PythonMaxConcurrency, PythonMaxProcesses: cfg.PythonMaxProcesses, PythonParkAfter: cfg.PythonParkAfter, PythonSpares: cfg.PythonSpares, PythonNoForkServer: !cfg.PythonForkServer,
 		Gateway:         gw,
 		NativeIsolation: nativeIsolation(cfg.NativeIsolation), NativeHostPath: cfg.NativeHostPath, NativeTempDir: cfg.NativeTempDir,
 		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned, OnProcessRestart: met.EngineRestart, NativeJournal: p.journal,

@@ -37,6 +37,9 @@ type Config struct {
 	PythonParkAfter time.Duration
 	// PythonSpares: python.Config.Spares (runners started ahead of need).
 	PythonSpares int
+	// PythonNoForkServer: python.Config.NoForkServer (every runner
+	// through the sandbox's programs).
+	PythonNoForkServer bool
 	// PythonMaxBatch is how many waiting calls a Python process takes at
 	// once (0: engine default, 1: no batches).
 	PythonMaxBatch int
@@ -113,7 +116,7 @@ func Registry(cfg Config) (*engines.Registry, error) {
 
 func pythonConfig(cfg Config) python.Config {
 	return python.Config{Processes: cfg.PythonProcesses, MaxConcurrency: cfg.PythonMaxConcurrency, MaxProcesses: cfg.PythonMaxProcesses, ParkAfter: cfg.PythonParkAfter, DefaultTimeout: cfg.DefaultTimeout, MaxReplyBytes: replyLimit(cfg),
-		Spares: cfg.PythonSpares, SpinWait: cfg.PythonSpinWait, MaxBatch: cfg.PythonMaxBatch, Logger: cfg.Logger, Sandbox: cfg.Sandbox,
+		Spares: cfg.PythonSpares, NoForkServer: cfg.PythonNoForkServer, SpinWait: cfg.PythonSpinWait, MaxBatch: cfg.PythonMaxBatch, Logger: cfg.Logger, Sandbox: cfg.Sandbox,
 		AllowedPackages: cfg.PythonAllowedPackages, Env: cfg.WorkerEnv, Gateway: cfg.Gateway, DevKitDir: cfg.PythonDevKitDir,
 		OnRestart: onRestart(cfg, "python")}
 }

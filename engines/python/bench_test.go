@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"io"
+	"os"
 	"os/exec"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -55,31 +57,60 @@ func BenchmarkPythonRoundTrip1KiBSandboxed(b *testing.B) {
 }
 
 // BenchmarkPythonStartup is one Check: start a runner, load the code, stop;
-// the Sandboxed variant adds the OS layers (bwrap, prlimit, setpriv).
+// the Sandboxed variant adds the OS layers, applied by a runner forked
+// from the fork server to itself, and SandboxedChain, its baseline in the
+// same run, by the chain of programs (sandbox-exec, bwrap, prlimit,
+// setpriv) in front of an interpreter started anew.
 func BenchmarkPythonStartup(b *testing.B) { benchStartup(b, python.Config{}) }
 
 func BenchmarkPythonStartupSandboxed(b *testing.B) {
 	benchStartup(b, python.Config{Sandbox: sandboxtest.Strict(b)})
 }
 
-// The baseline of the two above in the same run: runners started from
+func BenchmarkPythonStartupSandboxedChain(b *testing.B) {
+	benchStartup(b, python.Config{Sandbox: sandboxtest.Strict(b), NoForkServer: true})
+}
+
+// The baseline of SandboxedChain in the same run: runners started from
 // runner.py's source, as before the engine compiled it once (the
 // fallback when it cannot).
 func BenchmarkPythonStartupSandboxedFromSource(b *testing.B) {
-	benchStartup(b, python.Config{Sandbox: sandboxtest.Strict(b)}, true)
+	benchStartup(b, python.Config{Sandbox: sandboxtest.Strict(b), NoForkServer: true}, true)
 }
 
 // benchStartup times a Check: a runner started, the code compiled in it.
 // fromSource: runners start from runner.py's source (the baseline).
+// It reports the machine's busy CPU per start too (/proc/stat: the node's,
+// the server's, the chain's and the runner's together).
 func benchStartup(b *testing.B, cfg python.Config, fromSource ...bool) {
 	e := newEngine(b, cfg)
 	python.RunnerStart(b, e, len(fromSource) > 0 && fromSource[0])
 	ctx := context.Background()
+	start := busyTicks(b)
 	for b.Loop() {
 		if err := e.Check(ctx, engines.Spec{WorkerID: "bench", MIMEType: python.MIMEType}, []byte(benchEcho)); err != nil {
 			b.Fatal(err)
 		}
 	}
+	b.ReportMetric(float64(busyTicks(b)-start)*10/float64(b.N), "cpu-ms/op")
+}
+
+// busyTicks is the machine's busy time so far in clock ticks (1/100 s):
+// /proc/stat's cpu line less idle and iowait.
+func busyTicks(b *testing.B) int64 {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Skip("no /proc/stat")
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	var total int64
+	for i, f := range strings.Fields(line)[1:] {
+		n, _ := strconv.ParseInt(f, 10, 64)
+		if i != 3 && i != 4 { // idle, iowait
+			total += n
+		}
+	}
+	return total
 }
 
 // What a CreateWorker costs the engine: Check, then Load, of a sandboxed

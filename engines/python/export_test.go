@@ -100,3 +100,30 @@ func RunnerFile(e *Engine) string { return e.probed.runnerFile }
 // PretendInterpreterChanged makes e start its runners as if the code it
 // compiled came from another interpreter version.
 func PretendInterpreterChanged(e *Engine) { e.probed.hexversion++ }
+
+// RunnerPids are the pids of the runner processes inst holds.
+func RunnerPids(inst engines.Instance) []int {
+	var pids []int
+	for _, p := range inst.(*Instance).pool.Tracked() {
+		pids = append(pids, p.Pid)
+	}
+	return pids
+}
+
+// ForkServerPid is the pid of e's fork server (0: none running).
+func ForkServerPid(e *Engine) int {
+	e.fsMu.Lock()
+	defer e.fsMu.Unlock()
+	if e.fs == nil || !e.fs.alive() {
+		return 0
+	}
+	return e.fs.cmd.Process.Pid
+}
+
+// ForkServerRetry sets how long after a fork server's start a dead one is
+// not started again, until the test ends.
+func ForkServerRetry(t testing.TB, d time.Duration) {
+	old := forkServerRetry
+	forkServerRetry = d
+	t.Cleanup(func() { forkServerRetry = old })
+}

@@ -34,14 +34,20 @@ async def process(event):
 // close-on-exec reach no Python runner (strict sandbox): no runner process
 // holds them, and the worker's writes to every socket it has reach nothing
 // of the node's.
+// Both ways a runner starts: forked from the fork server (which, with its
+// supervisors, holds none of them either) and through the chain.
 func TestNodeDescriptorsDoNotReachPythonWorkers(t *testing.T) {
-	leak := sandboxtest.NodeDescriptors(t)
-	e := newEngine(t, python.Config{Sandbox: sandboxtest.Strict(t), AllowedPackages: []string{"os"}, DefaultTimeout: 20 * time.Second})
-	inst := load(t, e, testSpec, fdWriter)
-	out := mustCall(t, inst, jsonEvent("probe", nil))
-	if len(out) != 1 {
-		t.Fatalf("outputs %v", out)
+	for _, noFork := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fork server", true: "chain"}[noFork], func(t *testing.T) {
+			leak := sandboxtest.NodeDescriptors(t)
+			e := newEngine(t, python.Config{Sandbox: sandboxtest.Strict(t), AllowedPackages: []string{"os"}, DefaultTimeout: 20 * time.Second, NoForkServer: noFork})
+			inst := load(t, e, testSpec, fdWriter)
+			out := mustCall(t, inst, jsonEvent("probe", nil))
+			if len(out) != 1 {
+				t.Fatalf("outputs %v", out)
+			}
+			t.Logf("the worker wrote to sockets %s", out[0].Data())
+			leak.Check(t)
+		})
 	}
-	t.Logf("the worker wrote to sockets %s", out[0].Data())
-	leak.Check(t)
 }

@@ -200,9 +200,16 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 	// variables ignored); -S: no site module (the runner sets the sys.path
 	// the interpreter's site would, see interpInfo); -B: no bytecode
 	// written; -u: unbuffered output.
-	args := append([]string{"-I", "-S", "-B", "-u"}, info.runnerArgs()...)
-	args = append(args, strconv.Itoa(e.runnerSpinMicros()), strings.Join(e.cfg.AllowedPackages, ","), e.cfg.DevKitDir, info.path,
-		strconv.Itoa(e.maxConcurrency(spec)))
+	own := []string{strconv.Itoa(e.runnerSpinMicros()), strings.Join(e.cfg.AllowedPackages, ","), e.cfg.DevKitDir, info.path,
+		strconv.Itoa(e.maxConcurrency(spec))}
+	if forked, err := e.forkRunner(p, spec, interp, info, own, pipes); err != nil {
+		pipes.CloseChildEnds()
+		pipes.CloseParentEnds()
+		return nil, fmt.Errorf("python engine: %w", err)
+	} else if forked {
+		return p.started()
+	}
+	args := append(append([]string{"-I", "-S", "-B", "-u"}, info.runnerArgs()...), own...)
 	var cmd *exec.Cmd
 	var release func()
 	if e.cfg.Sandbox != nil {
@@ -222,6 +229,12 @@ func (e *Engine) spawn(spec engines.Spec, interp string) (*proc, error) {
 	if err := p.Start(cmd, release, pipes); err != nil {
 		return nil, fmt.Errorf("python engine: starting %s: %w", interp, err)
 	}
+	return p.started()
+}
+
+// started finishes a spawn once the runner's process runs.
+func (p *proc) started() (*proc, error) {
+	var err error
 	if p.respRC, err = p.RespR.SyscallConn(); err != nil {
 		p.Retire()
 		return nil, fmt.Errorf("python engine: %w", err)

@@ -171,6 +171,11 @@ type Config struct {
 	// given to one worker once. 0 (the default here; the node's default
 	// is 2): none.
 	Spares int
+	// NoForkServer starts every runner through the sandbox's chain of
+	// programs (PYTHON_FORK_SERVER=false). By default, where the sandbox
+	// is Forkable, runners are forked from a fork server that imported
+	// the runner's modules once (forkserver.go).
+	NoForkServer bool
 }
 
 // Engine is the Python engine. It is safe for concurrent use.
@@ -187,6 +192,12 @@ type Engine struct {
 	parking procpool.Parking[procpool.Key, *proc]
 
 	spares *spares.Set[*proc]
+
+	fsMu      sync.Mutex
+	fs        *forkServer // nil until the first runner forked
+	fsInterp  string
+	fsStarted time.Time
+	fsClosed  bool
 }
 
 var _ engines.Engine = (*Engine)(nil)
@@ -278,6 +289,12 @@ func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) erro
 func (e *Engine) Close() error {
 	e.parking.Close()
 	e.spares.Close()
+	e.fsMu.Lock()
+	e.fsClosed = true
+	if e.fs != nil {
+		e.fs.stop()
+	}
+	e.fsMu.Unlock()
 	return nil
 }
 

@@ -1463,4 +1463,8 @@ def main():
             pass
 
 
-main()
+# Started by the interpreter: run. Forked from the fork server
+# (forkserver.py), which ran this file's definitions once for every runner
+# it forks: the server calls main in each child.
+if __name__ == "__main__":
+    main()

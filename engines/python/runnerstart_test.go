@@ -16,11 +16,12 @@ import (
 // A runner starts from runner.py compiled once by the engine's probe (not
 // from the source, which each start compiled again), and from the source
 // when the probe could not compile it: a worker runs either way, and its
-// traceback starts at its own code, as before.
+// traceback starts at its own code, as before. (The chain's start: a
+// runner forked from the fork server has the code from the server.)
 func TestRunnerStartsCompiledOrFromSource(t *testing.T) {
 	devkit := installedDevKit(t)
 	for want, cfg := range map[string]python.Config{
-		"file":     {DevKitDir: devkit, Sandbox: sandboxtest.Strict(t)},
+		"file":     {DevKitDir: devkit, Sandbox: sandboxtest.Strict(t), NoForkServer: true},
 		"compiled": {},
 		"source":   {},
 	} {

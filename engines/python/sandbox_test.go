@@ -23,6 +23,17 @@ import (
 // reaches the OS layers: each must be blocked or contained, and the
 // instance must keep serving.
 func TestSandboxContainsEscapes(t *testing.T) {
+	// Issue 48: a runner forked from the fork server is held to every
+	// check a runner started through the sandbox's programs is.
+	for _, mode := range []struct {
+		name   string
+		noFork bool
+	}{{"fork server", false}, {"chain", true}} {
+		t.Run(mode.name, func(t *testing.T) { testSandboxContainsEscapes(t, mode.noFork) })
+	}
+}
+
+func testSandboxContainsEscapes(t *testing.T, noFork bool) {
 	sb := sandboxtest.Strict(t)
 	t.Setenv("WM_NODE_SECRET", "hunter2")
 	secretFile := filepath.Join(t.TempDir(), "secret")
@@ -46,7 +57,7 @@ func TestSandboxContainsEscapes(t *testing.T) {
 	}
 	defer ux.Close()
 
-	e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"os", "socket", "subprocess", "sys", "signal", "resource", "ctypes"}, DefaultTimeout: 20 * time.Second})
+	e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"os", "socket", "subprocess", "sys", "signal", "resource", "ctypes"}, DefaultTimeout: 20 * time.Second, NoForkServer: noFork})
 	inst := load(t, e, testSpec, `
 import os, socket, subprocess, sys, time
 

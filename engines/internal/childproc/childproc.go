@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -57,6 +58,11 @@ type Proc struct {
 	gen      uint64
 	deadline time.Time
 
+	// ext is the process when the node did not start it itself (a fork
+	// server's child; StartExternal), with the read ends of its output.
+	ext            External
+	extOut, extErr *os.File
+
 	mu     sync.Mutex
 	exited bool // the leader exited; its pid is not reaped yet or is gone
 
@@ -97,11 +103,70 @@ func (p *Proc) Start(cmd *exec.Cmd, release func(), pipes *procpool.Pipes) error
 	return nil
 }
 
+// External is a child process the node did not start itself (a fork
+// server's child): Kill ends it and everything it started (safe from any
+// goroutine, a no-op once it has exited), and Wait returns once it has
+// exited, with how it ended (nil: exit status 0).
+type External interface {
+	Pid() int
+	Kill()
+	Wait() error
+}
+
+// StartExternal takes over proc, started with the child's ends of pipes
+// (closed here) and the write ends of stdout and stderr, whose read ends
+// are given here: its output goes to the log, release (may be nil) runs
+// once it has exited, as with Start.
+func (p *Proc) StartExternal(proc External, stdout, stderr *os.File, release func(), pipes *procpool.Pipes) {
+	pipes.CloseChildEnds()
+	p.ext, p.extOut, p.extErr, p.release = proc, stdout, stderr, release
+	p.Pid = proc.Pid()
+	p.timer = time.AfterFunc(time.Hour, p.onTimeout)
+	p.timer.Stop()
+	go p.wait()
+}
+
+// waitExternal waits for an External process and for its output: once it
+// has exited, its output is read to the end (everything that held the
+// pipes was in its PID namespace and went with it) or for a second at
+// most, as exec.Cmd's WaitDelay.
+func (p *Proc) waitExternal() error {
+	var copies sync.WaitGroup
+	for _, c := range []struct {
+		r *os.File
+		w io.Writer
+	}{{p.extOut, p.Stdout}, {p.extErr, p.Stderr}} {
+		copies.Add(1)
+		go func() {
+			defer copies.Done()
+			_, _ = io.Copy(c.w, c.r)
+		}()
+	}
+	err := p.ext.Wait()
+	p.mu.Lock()
+	p.exited = true
+	p.mu.Unlock()
+	copied := make(chan struct{})
+	go func() { copies.Wait(); close(copied) }()
+	select {
+	case <-copied:
+	case <-time.After(time.Second):
+		p.extOut.Close()
+		p.extErr.Close()
+		<-copied
+	}
+	p.extOut.Close()
+	p.extErr.Close()
+	return err
+}
+
 // wait reaps the process. Once the leader has exited (and before it is
 // reaped, so that its pid cannot be reused yet) the whole process group is
 // killed: processes the worker forked must not keep the protocol pipes open.
 func (p *Proc) wait() {
-	if canWaitNoReap {
+	if p.ext != nil {
+		p.waitErr = p.waitExternal()
+	} else if canWaitNoReap {
 		waitExitedNoReap(p.Pid)
 		p.mu.Lock()
 		p.exited = true
@@ -134,7 +199,11 @@ func (p *Proc) Exited() bool {
 func (p *Proc) Kill() {
 	p.mu.Lock()
 	if !p.exited {
-		syscall.Kill(-p.Pid, syscall.SIGKILL)
+		if p.ext != nil {
+			p.ext.Kill()
+		} else {
+			syscall.Kill(-p.Pid, syscall.SIGKILL)
+		}
 	}
 	p.mu.Unlock()
 }

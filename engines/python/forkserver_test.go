@@ -1,0 +1,332 @@
+package python_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/enginetest"
+	"github.com/virtufin/workmanager/engines/python"
+	"github.com/virtufin/workmanager/engines/sandbox"
+	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
+)
+
+// forkProbe reports what its runner is, seen from inside.
+const forkProbe = `
+import os, sys
+
+def server_names():
+    names = set()
+    try:
+        f = sys._getframe()
+        while f is not None:
+            names.update(f.f_globals)
+            f = f.f_back
+    except Exception as e:
+        return "refused: %s" % e
+    return sorted(n for n in names if n in ("_mount", "_syscall", "_unshare", "supervise", "setup_root"))
+
+def process(event):
+    st = {}
+    for line in open("/proc/self/status"):
+        k, _, v = line.partition(":")
+        st[k] = v.strip()
+    return {"type": "r", "data": {"pid": os.getpid(), "ppid": os.getppid(), "uid": os.getuid(), "gid": os.getgid(),
+        "groups": os.getgroups(), "host": os.uname().nodename, "capeff": st["CapEff"], "capprm": st["CapPrm"],
+        "capbnd": st["CapBnd"], "seccomp": st["Seccomp"], "nnp": st["NoNewPrivs"],
+        "mounts": open("/proc/self/mountinfo").read(), "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")),
+        "cwd": os.getcwd(), "server": server_names(), "modules": sorted(m for m in ("json", "fcntl", "resource", "_socket", "signal") if m in sys.modules)}}
+`
+
+// forkSandbox is a strict sandbox whose processes the fork server can
+// start (it skips, or fails under sandboxtest.RequireEnv, where it cannot).
+func forkSandbox(t *testing.T) *sandbox.Sandbox {
+	t.Helper()
+	sb := sandboxtest.Strict(t)
+	if !sb.Forkable() {
+		if os.Getenv(sandboxtest.RequireEnv) != "" {
+			t.Fatal("a strict sandbox here is not Forkable")
+		}
+		t.Skip("the fork server needs root and the namespaces layer")
+	}
+	return sb
+}
+
+// probe calls a forkProbe instance.
+func probe(t *testing.T, inst engines.Instance) map[string]any {
+	t.Helper()
+	return enginetest.DataOf(t, mustCall(t, inst, jsonEvent("t", map[string]any{})))
+}
+
+// procStatus is /proc/<pid>/status as a map ("" values when pid is gone).
+func procStatus(pid int) map[string]string {
+	m := map[string]string{}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return m
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(l, ":")
+		m[k] = strings.TrimSpace(v)
+	}
+	return m
+}
+
+func ppidOf(pid int) int {
+	n, _ := strconv.Atoi(procStatus(pid)["PPid"])
+	return n
+}
+
+// gone reports whether pid has exited (and been reaped) within 10 s.
+func gone(pid int) bool {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if err := syscall.Kill(pid, 0); err == syscall.ESRCH {
+			return true
+		}
+		if s := procStatus(pid)["State"]; strings.HasPrefix(s, "Z") {
+			return true // exited; its parent reaps it
+		}
+	}
+	return false
+}
+
+// Issue 48: a runner forked from the fork server stands where the
+// sandbox's chain puts one: the first process of its own PID namespace,
+// under the worker's user id with no groups, capabilities or way to gain
+// any, the seccomp filter, its own host name, root and descriptors 0-4;
+// seen from the node, the child of a supervisor that is the server's
+// child, and not the server itself.
+func TestForkedRunnerIsSandboxed(t *testing.T) {
+	sb := forkSandbox(t)
+	secret := t.TempDir()
+	e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"os", "sys"}})
+	inst := load(t, e, testSpec, forkProbe)
+	t.Cleanup(func() { _ = inst.Close(context.Background()) })
+	server := python.ForkServerPid(e)
+	if server == 0 {
+		t.Fatal("no fork server runs: the runner started through the chain")
+	}
+	pids := python.RunnerPids(inst)
+	if len(pids) != 1 {
+		t.Fatalf("runner pids %v; want one", pids)
+	}
+	runner := pids[0]
+	uid, ok := sb.UID(testSpec.WorkerID)
+	if !ok {
+		t.Fatal("no user id for the worker")
+	}
+	st := procStatus(runner)
+	if f := strings.Fields(st["Uid"]); len(f) < 4 || f[0] != strconv.Itoa(uid) || f[1] != f[0] || f[2] != f[0] || f[3] != f[0] {
+		t.Errorf("runner %d Uid %q; want %d four times", runner, st["Uid"], uid)
+	}
+	if f := strings.Fields(st["NSpid"]); len(f) != 2 || f[1] != "1" {
+		t.Errorf("runner NSpid %q; want its host pid and 1 (the first of its own PID namespace)", st["NSpid"])
+	}
+	supervisor := ppidOf(runner)
+	if supervisor == server || supervisor == os.Getpid() || ppidOf(supervisor) != server {
+		t.Errorf("runner %d's parent %d (whose parent is %d); want a supervisor forked by the fork server %d", runner, supervisor, ppidOf(supervisor), server)
+	}
+
+	in := probe(t, inst)
+	want := map[string]any{"pid": 1.0, "ppid": 0.0, "uid": float64(uid), "gid": float64(uid), "host": "worker",
+		"capeff": "0000000000000000", "capprm": "0000000000000000", "capbnd": "0000000000000000", "seccomp": "2", "nnp": "1",
+		"cwd": "/scratch"}
+	for k, v := range want {
+		if in[k] != v {
+			t.Errorf("inside the runner %s = %v; want %v", k, in[k], v)
+		}
+	}
+	// Nothing of the server's is within the worker's reach: not its
+	// functions (through the frames below the runner's), not the modules
+	// it imported for itself.
+	if v, ok := in["server"].([]any); !ok || len(v) != 0 {
+		if str, _ := in["server"].(string); !strings.HasPrefix(str, "refused") {
+			t.Errorf("the fork server's names reachable from the worker: %v", in["server"])
+		}
+	}
+	if m, _ := in["modules"].([]any); len(m) != 0 {
+		t.Errorf("modules only the fork server imports are in the worker's sys.modules: %v", m)
+	}
+	if g, _ := in["groups"].([]any); len(g) != 0 {
+		t.Errorf("supplementary groups %v; want none", g)
+	}
+	for _, fd := range in["fds"].([]any) {
+		if fd.(float64) > 5 { // 0-4, and the one listdir opened
+			t.Errorf("descriptors %v; want 0-4 only", in["fds"])
+			break
+		}
+	}
+	mounts := in["mounts"].(string)
+	if strings.Contains(mounts, secret) || strings.Contains(mounts, filepath.Dir(secret)+" ") {
+		t.Errorf("the node's temporary directory is mounted in the runner:\n%s", mounts)
+	}
+	for _, m := range []string{" /usr ro,", " /tmp rw,", " /scratch rw,", " /proc rw,"} {
+		if !strings.Contains(mounts, m) {
+			t.Errorf("no mount %q in the runner:\n%s", m, mounts)
+		}
+	}
+}
+
+// Issue 48: each worker's runner is a process of its own, forked for it
+// and never given to another worker or reused after its worker let it go:
+// two workers get two runners under two user ids; a worker closed and
+// loaded again, or whose runner was killed, gets a new one.
+func TestForkedRunnersAreNeverShared(t *testing.T) {
+	sb := forkSandbox(t)
+	e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"os", "sys"}, Spares: 1})
+	specA, specB := testSpec, testSpec
+	specA.WorkerID, specB.WorkerID = "fork-a", "fork-b"
+	a, b := load(t, e, specA, forkProbe), load(t, e, specB, forkProbe)
+	pa, pb := python.RunnerPids(a), python.RunnerPids(b)
+	if len(pa) != 1 || len(pb) != 1 || pa[0] == pb[0] {
+		t.Fatalf("runners of two workers: %v and %v; want one each, not the same", pa, pb)
+	}
+	server := python.ForkServerPid(e)
+	if server == 0 || pa[0] == server || pb[0] == server {
+		t.Fatalf("fork server %d, runners %v %v", server, pa, pb)
+	}
+	ua, ub := probe(t, a)["uid"], probe(t, b)["uid"]
+	if ua == ub {
+		t.Errorf("both workers' runners run as uid %v", ua)
+	}
+	// Closed and loaded again: a new process; the old one is gone.
+	if err := a.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !gone(pa[0]) {
+		t.Errorf("runner %d still runs after its worker closed", pa[0])
+	}
+	a2 := load(t, e, specA, forkProbe)
+	t.Cleanup(func() { _ = a2.Close(context.Background()); _ = b.Close(context.Background()) })
+	if p := python.RunnerPids(a2); len(p) != 1 || p[0] == pa[0] || p[0] == pb[0] {
+		t.Errorf("worker loaded again runs in %v; want a new process (before: %v, the other worker's %v)", p, pa, pb)
+	}
+	// Killed: the next event runs in a new process, answered.
+	if err := syscall.Kill(pb[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !gone(pb[0]) {
+		t.Fatalf("runner %d survived SIGKILL", pb[0])
+	}
+	var got map[string]any
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
+		out, err := call(t, b, jsonEvent("t", map[string]any{}))
+		if err == nil {
+			got = enginetest.DataOf(t, out)
+			break
+		}
+	}
+	if got == nil || got["pid"] != 1.0 || got["uid"] == ua {
+		t.Fatalf("after its runner was killed worker b answered %v; want a forked runner, not under worker a's uid %v", got, ua)
+	}
+	if p := python.RunnerPids(b); len(p) != 1 || p[0] == pb[0] {
+		t.Errorf("worker b's runner after the kill: %v; want a new one (killed: %d)", p, pb[0])
+	}
+}
+
+// Issue 48: the fork server's crash takes no running worker with it: a
+// worker loaded before answers after the server was SIGKILLed, in the
+// same runner; the next load starts a new server; closing the workers
+// ends their runners.
+func TestForkServerCrashLeavesRunnersRunning(t *testing.T) {
+	sb := forkSandbox(t)
+	python.ForkServerRetry(t, 0)
+	e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"os", "sys"}})
+	specA, specB := testSpec, testSpec
+	specA.WorkerID, specB.WorkerID = "crash-a", "crash-b"
+	a := load(t, e, specA, forkProbe)
+	before := python.RunnerPids(a)
+	server := python.ForkServerPid(e)
+	if server == 0 || len(before) != 1 {
+		t.Fatalf("fork server %d, runners %v", server, before)
+	}
+	if err := syscall.Kill(server, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); python.ForkServerPid(e) == server; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the fork server did not exit")
+		}
+	}
+	if got := probe(t, a); got["pid"] != 1.0 {
+		t.Fatalf("worker a after the server's crash: %v", got)
+	}
+	if after := python.RunnerPids(a); len(after) != 1 || after[0] != before[0] {
+		t.Errorf("worker a's runner %v after the crash; want the same %v, still running", after, before)
+	}
+	b := load(t, e, specB, forkProbe)
+	if next := python.ForkServerPid(e); next == 0 || next == server {
+		t.Errorf("fork server after the crash: %d (the dead one %d); want a new one", next, server)
+	}
+	pb := python.RunnerPids(b)
+	if got := probe(t, b); got["pid"] != 1.0 {
+		t.Errorf("worker b, loaded after the crash: %v; want a forked runner", got)
+	}
+	for _, inst := range []engines.Instance{a, b} {
+		if err := inst.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, pid := range append(before, pb...) {
+		if !gone(pid) {
+			t.Errorf("runner %d runs after its worker closed", pid)
+		}
+	}
+}
+
+// forkHelperEnv makes this test binary the node of
+// TestForkedRunnersDieWithTheNode.
+const forkHelperEnv = "WM_FORK_SERVER_HELPER"
+
+// Forked runners die with the node, as the chain's do (bwrap's
+// --die-with-parent): a node process that forked a runner is SIGKILLed,
+// and the runner, its supervisor and the fork server are gone.
+func TestForkedRunnersDieWithTheNode(t *testing.T) {
+	if os.Getenv(forkHelperEnv) != "" {
+		e := newEngine(t, python.Config{Sandbox: forkSandbox(t), AllowedPackages: []string{"os", "sys"}})
+		inst := load(t, e, testSpec, forkProbe)
+		pids := python.RunnerPids(inst)
+		fmt.Printf("runner %d supervisor %d server %d\n", pids[0], ppidOf(pids[0]), python.ForkServerPid(e))
+		time.Sleep(time.Minute) // until killed
+		return
+	}
+	forkSandbox(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestForkedRunnersDieWithTheNode$", "-test.v")
+	cmd.Env = append(os.Environ(), forkHelperEnv+"=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	lines := bufio.NewScanner(out)
+	var runner, supervisor, server int
+	for lines.Scan() {
+		if n, _ := fmt.Sscanf(lines.Text(), "runner %d supervisor %d server %d", &runner, &supervisor, &server); n == 3 {
+			break
+		}
+	}
+	if runner == 0 || supervisor == 0 || server == 0 {
+		t.Fatalf("the helper node said no pids (runner %d, supervisor %d, server %d)", runner, supervisor, server)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	for what, pid := range map[string]int{"runner": runner, "supervisor": supervisor, "fork server": server} {
+		if !gone(pid) {
+			t.Errorf("the %s (%d) runs after its node was killed", what, pid)
+		}
+	}
+}
