@@ -184,11 +184,12 @@ func (f *forkServer) spawn(plan *sandbox.Plan, files [5]*os.File) (*forked, erro
 		f.stop()
 		return nil, err
 	}
-	if !strings.HasPrefix(reply, "o ") {
+	supervisor, convErr := strconv.Atoi(strings.TrimPrefix(reply, "o "))
+	if !strings.HasPrefix(reply, "o ") || convErr != nil {
 		status.Close()
 		return nil, fmt.Errorf("python fork server: %s", strings.TrimPrefix(reply, "e "))
 	}
-	h := &forked{server: f, status: status, done: make(chan struct{})}
+	h := &forked{server: f, status: status, supervisor: supervisor, supervisorStart: startTime(supervisor), done: make(chan struct{})}
 	started := make(chan error, 1)
 	go h.read(started)
 	timer := time.NewTimer(forkServerRequestTimeout)
@@ -231,6 +232,10 @@ type forked struct {
 	server *forkServer // keeps the life pipe's write end open while a child runs
 	status *os.File
 	pid    int
+	// supervisor is its supervisor's pid, and supervisorStart that
+	// process's start time (0: unknown), for reapOrphan.
+	supervisor      int
+	supervisorStart uint64
 
 	mu     sync.Mutex
 	exited bool
@@ -273,6 +278,60 @@ func (h *forked) read(started chan<- error) {
 	h.mu.Unlock()
 	h.status.Close()
 	close(h.done)
+	h.reapOrphan()
+}
+
+// reapOrphan reaps the supervisor, which has closed its socket (it exited),
+// when the fork server that forked it has died and cannot: the supervisor
+// is then the child of the nearest subreaper or of its PID namespace's
+// first process, which is the node in a container (deploy/k8s runs the
+// node as its container's first process), and a zombie there stays until
+// the node reaps it. While the server lives it reaps its own children and
+// the node touches none of them; the pid is reaped only while /proc shows
+// it is still the supervisor (its start time), not a process that took its
+// number.
+func (h *forked) reapOrphan() {
+	if h.supervisor <= 0 || h.supervisorStart == 0 {
+		return
+	}
+	select {
+	case <-h.server.done:
+	case <-time.After(2 * time.Second): // the server's next reaping round is within a second
+		if h.server.alive() {
+			return
+		}
+	}
+	for range 20 {
+		if startTime(h.supervisor) != h.supervisorStart {
+			return // reaped (by the server before it died, or by init)
+		}
+		var ws syscall.WaitStatus
+		wpid, err := syscall.Wait4(h.supervisor, &ws, syscall.WNOHANG, nil)
+		if wpid == h.supervisor || errors.Is(err, syscall.ECHILD) {
+			return // reaped here, or another's child (init's: it reaps)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// startTime is pid's start time in clock ticks since boot (/proc/<pid>/stat
+// field 22; a zombie keeps it), 0 when pid does not exist.
+func startTime(pid int) uint64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0
+	}
+	n, _ := strconv.ParseUint(f[19], 10, 64) // field 22: the 20th after the name
+	return n
 }
 
 // Pid is the runner's pid (the node's PID namespace).

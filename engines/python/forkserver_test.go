@@ -330,3 +330,53 @@ func TestForkedRunnersDieWithTheNode(t *testing.T) {
 		}
 	}
 }
+
+// orphanHelperEnv makes this test binary the node of
+// TestOrphanedSupervisorsAreReaped.
+const orphanHelperEnv = "WM_FORK_ORPHAN_HELPER"
+
+// A node that is its container's first process (or a subreaper) becomes
+// the parent of the supervisors a dead fork server leaves: those whose
+// runners end afterwards are reaped by it, not left as zombies.
+func TestOrphanedSupervisorsAreReaped(t *testing.T) {
+	if os.Getenv(orphanHelperEnv) == "" {
+		forkSandbox(t)
+		cmd := exec.Command(os.Args[0], "-test.run=^TestOrphanedSupervisorsAreReaped$", "-test.v")
+		cmd.Env = append(os.Environ(), orphanHelperEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS") {
+			t.Fatalf("the helper node: %v\n%s", err, out)
+		}
+		return
+	}
+	const prSetChildSubreaper = 36
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0); errno != 0 {
+		t.Fatal(errno)
+	}
+	sb := forkSandbox(t)
+	python.ForkServerRetry(t, 0)
+	e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"os", "sys"}})
+	inst := load(t, e, testSpec, forkProbe)
+	runner := python.RunnerPids(inst)[0]
+	supervisor := ppidOf(runner)
+	server := python.ForkServerPid(e)
+	if err := syscall.Kill(server, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ppidOf(supervisor) != os.Getpid(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("supervisor %d's parent is %d; want this process (a subreaper) once the server died", supervisor, ppidOf(supervisor))
+		}
+	}
+	if err := inst.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if err := syscall.Kill(supervisor, 0); err == syscall.ESRCH {
+			break // reaped
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("supervisor %d not reaped (state %q)", supervisor, procStatus(supervisor)["State"])
+		}
+	}
+}
