@@ -346,7 +346,7 @@ def runner(plan_fd, io, alive, runner_mod, keep):
         # Nothing of the server's stays reachable through this frame's
         # globals (its libc functions, its constants): the runner sees
         # what a runner started by the interpreter sees.
-        _exit = os._exit
+        finish = _finisher()
         g = globals()
         for name in [k for k in g if k != "__builtins__"]:
             del g[name]
@@ -358,10 +358,55 @@ def runner(plan_fd, io, alive, runner_mod, keep):
     try:
         runner_mod.main()
     except SystemExit as e:
-        _exit(e.code if isinstance(e.code, int) else 1)
+        finish(e.code)
     except BaseException:
-        _exit(1)
-    _exit(0)
+        finish(None, True)
+    finish(0)
+
+
+def _finisher():
+    """How a forked runner ends, as an interpreter's exit would end it: an
+    uncaught exception printed (exit 1), SystemExit's code or message, the
+    threads the worker started that are not daemons joined
+    (threading._shutdown, which also waits for concurrent.futures'
+    workers), atexit's functions run (logging's flush among them), the
+    standard streams flushed; then _exit, past the server's frames. Made
+    before the server's globals are cleared: it keeps what it needs."""
+    exit_, sys_, import_ = os._exit, sys, __import__
+
+    def finish(code, uncaught=False):
+        if uncaught:
+            try:
+                sys_.excepthook(*sys_.exc_info())
+            except BaseException:
+                pass
+            code = 1
+        elif code is None:
+            code = 0
+        elif not isinstance(code, int):
+            try:
+                sys_.stderr.write("%s\n" % (code,))
+            except BaseException:
+                pass
+            code = 1
+        try:
+            threading = sys_.modules.get("threading")
+            if threading is not None:
+                threading._shutdown()
+        except BaseException:
+            pass
+        try:
+            import_("atexit")._run_exitfuncs()
+        except BaseException:
+            pass
+        for f in (sys_.stdout, sys_.stderr):
+            try:
+                f.flush()
+            except BaseException:
+                pass
+        exit_(code & 0xFF)
+
+    return finish
 
 
 def set_name(name):

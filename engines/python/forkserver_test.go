@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -378,5 +380,46 @@ func TestOrphanedSupervisorsAreReaped(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("supervisor %d not reaped (state %q)", supervisor, procStatus(supervisor)["State"])
 		}
+	}
+}
+
+// A forked runner ends as a started one does when its worker closes: the
+// threads the worker started are joined (a line such a thread prints
+// late still reaches the log) and atexit's functions run, both ways.
+func TestForkedRunnerEndsAsAnInterpreterWould(t *testing.T) {
+	sb := forkSandbox(t)
+	for _, noFork := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fork server", true: "chain"}[noFork], func(t *testing.T) {
+			rec := &recorder{}
+			e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"threading", "atexit"}, NoForkServer: noFork})
+			spec := testSpec
+			spec.Logger = slog.New(rec)
+			inst := load(t, e, spec, `
+import atexit, threading, time
+atexit.register(lambda: print("at exit", flush=True))
+
+def process(event):
+    def late():
+        time.sleep(0.2)
+        print("late line", flush=True)
+    threading.Thread(target=late).start()
+    return None
+`)
+			mustCall(t, inst, jsonEvent("t", map[string]any{}))
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := inst.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			var got []string
+			for _, r := range rec.records {
+				got = append(got, r.Message)
+			}
+			if !slices.Contains(got, "late line") || !slices.Contains(got, "at exit") {
+				t.Errorf("the worker's log after Close: %q; want the thread's late line and the atexit function's", got)
+			}
+		})
 	}
 }
