@@ -101,15 +101,6 @@ func RunnerFile(e *Engine) string { return e.probed.runnerFile }
 // compiled came from another interpreter version.
 func PretendInterpreterChanged(e *Engine) { e.probed.hexversion++ }
 
-// RunnerPids are the pids of the runner processes inst holds.
-func RunnerPids(inst engines.Instance) []int {
-	var pids []int
-	for _, p := range inst.(*Instance).pool.Tracked() {
-		pids = append(pids, p.Pid)
-	}
-	return pids
-}
-
 // ForkServerPid is the pid of e's fork server (0: none running).
 func ForkServerPid(e *Engine) int {
 	e.fsMu.Lock()

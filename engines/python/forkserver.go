@@ -23,7 +23,7 @@ import (
 	"github.com/virtufin/workmanager/engines/sandbox"
 )
 
-// The fork server (forkserver.py, Config.ForkServer, PYTHON_FORK_SERVER):
+// The fork server (forkserver.py, Config.NoForkServer, PYTHON_FORK_SERVER):
 // one Python process per engine that imports what every runner imports
 // once and forks a runner per spawn, each child sandboxing itself by the
 // sandbox's Plan before it runs anything of a worker's, instead of an
@@ -33,14 +33,15 @@ import (
 // is the engine's; otherwise, and whenever the server cannot be reached,
 // runners start through the sandbox's chain as before.
 //
-// Each child is a supervisor (the server's child, in a session of its
-// own) and the runner it forked as the first process of a new PID
-// namespace. The node talks to the supervisor on a socket of that child's
-// own: the runner's pid, a kill, and how the runner ended. Nothing of a
-// worker's passes through the server: the plan goes to the supervisor on
-// a pipe. The server's death takes no child with it (the node starts
-// another on the next spawn); the node's death takes every child (the
-// life pipe, whose only write end the node holds).
+// Each runner is the second process of a PID namespace of its own, whose
+// first is its supervisor (forked by a short-lived child of the server and
+// adopted by the server, a subreaper, with nothing tying its life to the
+// server's): it reaps what ends in the namespace and talks
+// to the node on a socket of its own (its pid, a kill, how the runner
+// ended). Nothing of a worker's passes through the server: the plan goes
+// to the runner on a pipe. The server's death takes no runner with it (the
+// node starts another server on the next spawn); the node's death takes
+// every runner (the life pipe, whose only write end the node holds).
 
 //go:embed forkserver.py
 var forkServerSource string
@@ -170,6 +171,13 @@ func (f *forkServer) spawn(plan *sandbox.Plan, files [5]*os.File) (*forked, erro
 	if err != nil {
 		return nil, fmt.Errorf("python fork server: %w", err)
 	}
+	// Ours non-blocking: os.File then uses the runtime poller (deadlines,
+	// no thread blocked per runner).
+	if err := syscall.SetNonblock(sp[0], true); err != nil {
+		syscall.Close(sp[0])
+		syscall.Close(sp[1])
+		return nil, fmt.Errorf("python fork server: %w", err)
+	}
 	status, theirs := os.NewFile(uintptr(sp[0]), "runner-status"), os.NewFile(uintptr(sp[1]), "runner-status")
 	defer theirs.Close()
 	fds := []int{int(planR.Fd()), int(theirs.Fd())}
@@ -184,28 +192,15 @@ func (f *forkServer) spawn(plan *sandbox.Plan, files [5]*os.File) (*forked, erro
 		f.stop()
 		return nil, err
 	}
-	supervisor, convErr := strconv.Atoi(strings.TrimPrefix(reply, "o "))
-	if !strings.HasPrefix(reply, "o ") || convErr != nil {
+	if !strings.HasPrefix(reply, "o ") {
 		status.Close()
 		return nil, fmt.Errorf("python fork server: %s", strings.TrimPrefix(reply, "e "))
 	}
-	h := &forked{server: f, status: status, supervisor: supervisor, supervisorStart: startTime(supervisor), done: make(chan struct{})}
-	started := make(chan error, 1)
-	go h.read(started)
-	timer := time.NewTimer(forkServerRequestTimeout)
-	defer timer.Stop()
-	select {
-	case err := <-started:
-		if err != nil {
-			h.Kill()
-			<-h.done
-			return nil, err
-		}
-	case <-timer.C:
+	h := &forked{server: f, status: status, r: bufio.NewReaderSize(status, 64)}
+	if err := h.start(time.Now().Add(forkServerRequestTimeout)); err != nil {
 		h.Kill()
-		status.Close()
-		<-h.done
-		return nil, errors.New("python fork server: the runner's supervisor did not start")
+		status.Close() // the supervisor, if any, kills its runner at this EOF
+		return nil, err
 	}
 	return h, nil
 }
@@ -231,84 +226,104 @@ func (f *forkServer) request(oob []byte) (string, error) {
 type forked struct {
 	server *forkServer // keeps the life pipe's write end open while a child runs
 	status *os.File
-	pid    int
-	// supervisor is its supervisor's pid, and supervisorStart that
-	// process's start time (0: unknown), for reapOrphan.
-	supervisor      int
-	supervisorStart uint64
+	r      *bufio.Reader
+	// pid is the supervisor's (the first process of the runner's PID
+	// namespace: killing it ends them all), and pidStart its start time
+	// (0: unknown), for reap.
+	pid      int
+	pidStart uint64
 
 	mu     sync.Mutex
 	exited bool
-	err    error
-	done   chan struct{}
+
+	waitOnce sync.Once
+	err      error
 }
 
-// read reads the supervisor's lines: the runner's pid (reported on
-// started), then how it ended.
-func (h *forked) read(started chan<- error) {
-	r := bufio.NewReaderSize(h.status, 64)
-	var err error = errors.New("the runner's supervisor exited without saying how the runner ended")
-	gotPid := false
+// start reads the supervisor's first line, its pid, by deadline.
+func (h *forked) start(deadline time.Time) error {
+	if err := h.status.SetReadDeadline(deadline); err != nil {
+		return fmt.Errorf("python fork server: %w", err)
+	}
+	kind, n, err := h.next()
+	if err != nil || kind != "p" {
+		return fmt.Errorf("python fork server: the runner's supervisor did not start (%v)", err)
+	}
+	h.pid, h.pidStart = n, startTime(n)
+	return h.status.SetReadDeadline(time.Time{})
+}
+
+// next reads one of the supervisor's lines: a kind and a number.
+func (h *forked) next() (string, int, error) {
 	for {
-		line, rerr := r.ReadString('\n')
-		if rerr != nil {
-			break
+		line, err := h.r.ReadString('\n')
+		if err != nil {
+			return "", 0, err
 		}
 		kind, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
-		n, convErr := strconv.Atoi(arg)
-		if convErr != nil {
-			continue
-		}
-		switch kind {
-		case "p":
-			if !gotPid {
-				gotPid = true
-				h.pid = n
-				started <- nil
-			}
-		case "x":
-			err = waitStatusError(syscall.WaitStatus(n))
+		if n, err := strconv.Atoi(arg); err == nil {
+			return kind, n, nil
 		}
 	}
-	if !gotPid {
-		started <- errors.New("python fork server: the runner's supervisor failed before starting it")
-	}
-	h.mu.Lock()
-	h.exited, h.err = true, err
-	h.mu.Unlock()
-	h.status.Close()
-	close(h.done)
-	h.reapOrphan()
 }
 
-// reapOrphan reaps the supervisor, which has closed its socket (it exited),
-// when the fork server that forked it has died and cannot: the supervisor
-// is then the child of the nearest subreaper or of its PID namespace's
-// first process, which is the node in a container (deploy/k8s runs the
-// node as its container's first process), and a zombie there stays until
-// the node reaps it. While the server lives it reaps its own children and
-// the node touches none of them; the pid is reaped only while /proc shows
-// it is still the supervisor (its start time), not a process that took its
-// number.
-func (h *forked) reapOrphan() {
-	if h.supervisor <= 0 || h.supervisorStart == 0 {
+// Pid is the supervisor's pid (the node's PID namespace).
+func (h *forked) Pid() int { return h.pid }
+
+// Kill asks the supervisor to SIGKILL the runner, and with it everything
+// the runner started (its PID namespace ends with the supervisor).
+func (h *forked) Kill() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.exited {
+		_, _ = h.status.Write([]byte("k"))
+	}
+}
+
+// Wait reads the supervisor's socket until it closes (the supervisor
+// exited: the runner and its namespace are gone) and says how the runner
+// ended; the first call reads, later ones return the same.
+func (h *forked) Wait() error {
+	h.waitOnce.Do(func() {
+		h.err = errors.New("the runner's supervisor exited without saying how the runner ended")
+		for {
+			kind, n, err := h.next()
+			if err != nil {
+				break
+			}
+			if kind == "x" {
+				h.err = waitStatusError(syscall.WaitStatus(n))
+			}
+		}
+		h.mu.Lock()
+		h.exited = true
+		h.mu.Unlock()
+		h.status.Close()
+		h.reap()
+	})
+	return h.err
+}
+
+// reap reaps the supervisor once it has closed its socket (it exited),
+// when the node is its parent: the fork server adopts and reaps its
+// supervisors, but once the server has died they belong to the next
+// reaper, which is the node itself where the node is its container's first
+// process (deploy/k8s runs it so), and a zombie there stays until the node
+// reaps it. Otherwise Wait4 finds no child of the node's and it returns.
+// The pid is reaped only while /proc shows it is still the supervisor (its
+// start time), not a process that took its number.
+func (h *forked) reap() {
+	if h.pid <= 0 || h.pidStart == 0 {
 		return
 	}
-	select {
-	case <-h.server.done:
-	case <-time.After(2 * time.Second): // the server's next reaping round is within a second
-		if h.server.alive() {
-			return
-		}
-	}
-	for range 20 {
-		if startTime(h.supervisor) != h.supervisorStart {
-			return // reaped (by the server before it died, or by init)
+	for range 50 {
+		if startTime(h.pid) != h.pidStart {
+			return // reaped by its parent
 		}
 		var ws syscall.WaitStatus
-		wpid, err := syscall.Wait4(h.supervisor, &ws, syscall.WNOHANG, nil)
-		if wpid == h.supervisor || errors.Is(err, syscall.ECHILD) {
-			return // reaped here, or another's child (init's: it reaps)
+		wpid, err := syscall.Wait4(h.pid, &ws, syscall.WNOHANG, nil)
+		if wpid == h.pid || errors.Is(err, syscall.ECHILD) {
+			return // reaped here, or not the node's child
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -332,25 +347,6 @@ func startTime(pid int) uint64 {
 	}
 	n, _ := strconv.ParseUint(f[19], 10, 64) // field 22: the 20th after the name
 	return n
-}
-
-// Pid is the runner's pid (the node's PID namespace).
-func (h *forked) Pid() int { return h.pid }
-
-// Kill asks the supervisor to SIGKILL the runner: the first process of
-// its PID namespace, so everything it started goes with it.
-func (h *forked) Kill() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if !h.exited {
-		_, _ = h.status.Write([]byte("k"))
-	}
-}
-
-// Wait waits until the runner has exited and says how.
-func (h *forked) Wait() error {
-	<-h.done
-	return h.err
 }
 
 // waitStatusError describes a wait status as os/exec does (nil: exit 0).

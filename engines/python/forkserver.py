@@ -13,15 +13,21 @@
 #
 # It never runs, reads or holds anything of a worker's. Per request (one
 # message from the node: the byte b"F" and, as SCM_RIGHTS, the plan pipe,
-# the status socket and the runner's fds 0-4) it forks a supervisor, sends
-# back the supervisor's pid and closes its copies. The supervisor:
-#   - unshares a PID namespace and forks the runner, its first process;
-#   - tells the node the runner's pid on the status socket ("p <pid>\n"),
-#     relays the node's "k" (kill), kills the runner when the node is gone
-#     (the life pipe) or closes the status socket, and when the runner has
-#     exited writes "x <wait status>\n" and exits. It is not the fork
-#     server's child in any way that matters: the fork server's death
-#     takes no supervisor and no runner with it.
+# the status socket and the runner's fds 0-4) it forks a launcher, answers
+# "o <its pid>" and closes its copies. The launcher unshares a PID
+# namespace, forks the supervisor as that namespace's first process, tells
+# the node the supervisor's pid on the status socket ("p <pid>\n") and
+# exits: the supervisor then belongs to the server, a subreaper, which
+# reaps it (so the node's process tree keeps node, server, supervisor,
+# runner), but nothing ties its life to the server's: the server's death
+# takes no supervisor and no runner with it (they pass to the next reaper:
+# init, or the node where the node is its container's first process). The
+# supervisor, as bwrap's first process does, forks the runner (the
+# namespace's second process) and reaps every process that ends in the
+# namespace; it kills the runner when the node writes "k", closes the
+# status socket or is gone (the life pipe), writes "x <wait status>\n"
+# when the runner has ended, and exits, which ends every process left in
+# the namespace.
 # The runner reads the plan (engines/sandbox.Plan, JSON) from the plan pipe
 # and, before anything of the worker's (each step named after the bwrap,
 # prlimit or setpriv option it stands for):
@@ -93,6 +99,7 @@ MNT_DETACH = 2
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
+PR_SET_CHILD_SUBREAPER = 36
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
@@ -428,44 +435,69 @@ def read_plan(fd):
     return json.loads(b"".join(chunks))
 
 
-def supervise(fds, runner_mod, keep):
-    """The supervisor (a child of the fork server, in its own session)."""
+def launch(fds, runner_mod, keep):
+    """The fork server's child: it unshares a PID namespace, forks the
+    supervisor as that namespace's first process, tells the node the
+    supervisor's pid and exits (the supervisor is then nobody's child but
+    its reaper's: not the server's)."""
     plan_fd, status, io = fds[0], fds[1], fds[2:]
     os.close(CTRL)
     if len(io) != 5 or min(io) < 5:
         os._exit(125)
-    os.setsid()
-    set_name(b"wm-supervisor")
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:
         _check(_unshare(_int(CLONE_NEWPID)), "unshare")
     except BaseException as e:
         os.write(io[2], ("workmanager fork server: %s\n" % (e,)).encode())
         os._exit(125)
+    sync_r, sync_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(sync_w)
+        supervise(plan_fd, status, io, sync_r, runner_mod, keep)
+    os.write(status, b"p %d\n" % pid)
+    os._exit(0)  # closes sync_w: the supervisor goes on
+
+
+def supervise(plan_fd, status, io, sync, runner_mod, keep):
+    """The supervisor: the first process of the runner's PID namespace (its
+    init, as bwrap's is: it reaps what the runner's processes leave behind
+    and, when it exits, the kernel ends every process of the namespace).
+    It forks the runner, kills it when the node writes "k" or lets go of
+    the status socket or is gone (the life pipe), and writes how it ended
+    ("x <wait status>") before it exits. Signals from inside the namespace
+    do not reach it (it handles none but SIGCHLD, which only wakes it)."""
+    # Wait until the launcher has said this process's pid: "p" comes first.
+    while os.read(sync, 1):
+        pass
+    os.close(sync)
+    os.setsid()
+    set_name(b"wm-supervisor")
     # The runner's stdio become the supervisor's too (it holds no pipe of
     # the fork server's, and its own errors go where the runner's go).
     for i in range(3):
         os.dup2(io[i], i)
         os.close(io[i])
     io = [0, 1, 2] + io[3:]
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     alive_r, alive_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.close(alive_w)
-        os.close(status)
-        os.close(LIFE)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in (alive_w, status, LIFE, wake_r, wake_w):
+            os.close(fd)
         set_name(b"python3")
         runner(plan_fd, io, alive_r, runner_mod, keep)
     os.close(alive_r)
     os.close(plan_fd)
     for fd in (0, 1) + tuple(io[3:]):
         os.close(fd)
-    os.write(status, b"p %d\n" % pid)
-    pidfd = os.pidfd_open(pid)
     p = select.poll()
     p.register(status, select.POLLIN)
     p.register(LIFE, select.POLLIN)
-    p.register(pidfd, select.POLLIN)
+    p.register(wake_r, select.POLLIN)
     killed = False
     while True:
         try:
@@ -473,13 +505,26 @@ def supervise(fds, runner_mod, keep):
         except InterruptedError:
             continue
         for fd, ev in ready:
-            if fd == pidfd:
-                _, st = os.waitpid(pid, 0)
+            if fd == wake_r:
                 try:
-                    os.write(status, b"x %d\n" % st)
-                except OSError:
+                    while os.read(wake_r, 64):
+                        pass
+                except BlockingIOError:
                     pass
-                os._exit(0)
+                while True:  # reap every child: the runner, and orphans
+                    try:
+                        child, st = os.waitpid(-1, os.WNOHANG)
+                    except ChildProcessError:
+                        break
+                    if child == 0:
+                        break
+                    if child == pid:
+                        try:
+                            os.write(status, b"x %d\n" % st)
+                        except OSError:
+                            pass
+                        os._exit(0)
+                continue
             if killed:
                 continue
             if fd == LIFE:  # the node is gone
@@ -523,27 +568,44 @@ def main():
     os.set_inheritable(LIFE, False)
     ctrl = _socket.socket(fileno=CTRL)
     set_name(b"wm-fork-server")
+    # The supervisors, orphaned by their launchers, become this process's
+    # children (a subreaper): the node's process tree keeps each runner
+    # under its node (node, server, supervisor, runner), and this process
+    # reaps them. Not their parent in any other way: no signal ties them
+    # to it, so its death takes none with it.
+    _check(_prctl(_long(PR_SET_CHILD_SUBREAPER), _long(1), _long(0), _long(0), _long(0)), "subreaper")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     gc.collect()
     gc.freeze()  # what is here now stays out of every child's collections
     p = select.poll()
     p.register(CTRL, select.POLLIN)
     p.register(LIFE, select.POLLIN)
+    p.register(wake_r, select.POLLIN)
     while True:
         try:
-            ready = p.poll(1000)
+            ready = p.poll()
         except InterruptedError:
             ready = []
-        while True:  # reap supervisors
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
         for fd, ev in ready:
             if fd == LIFE:
                 os._exit(0)
+            if fd == wake_r:
+                try:
+                    while os.read(wake_r, 64):
+                        pass
+                except BlockingIOError:
+                    pass
+                while True:  # reap launchers and supervisors
+                    try:
+                        pid, _ = os.waitpid(-1, os.WNOHANG)
+                    except ChildProcessError:
+                        break
+                    if pid == 0:
+                        break
+                continue
             msg, anc, _, _ = ctrl.recvmsg(16, _socket.CMSG_SPACE(16 * 4))
             if not msg:
                 os._exit(0)
@@ -565,7 +627,11 @@ def main():
                 continue
             if pid == 0:
                 try:
-                    supervise(fds, runner_mod, keep)
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    launch(fds, runner_mod, keep)
                 finally:
                     os._exit(125)
             for fd in fds:

@@ -83,12 +83,30 @@ func procStatus(pid int) map[string]string {
 	return m
 }
 
+// childOf is pid's only child (0: none or several).
+func childOf(pid int) int {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	f := strings.Fields(string(b))
+	if len(f) != 1 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[0])
+	return n
+}
+
 func ppidOf(pid int) int {
 	n, _ := strconv.Atoi(procStatus(pid)["PPid"])
 	return n
 }
 
-// gone reports whether pid has exited (and been reaped) within 10 s.
+// living reports whether pid runs: it exists and is not a zombie (a
+// forked runner's supervisor is reaped by its reaper, init here, a moment
+// after it exited).
+func living(pid int) bool {
+	return syscall.Kill(pid, 0) == nil && !strings.HasPrefix(procStatus(pid)["State"], "Z")
+}
+
+// gone reports whether pid has exited within 10 s.
 func gone(pid int) bool {
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if err := syscall.Kill(pid, 0); err == syscall.ESRCH {
@@ -102,11 +120,11 @@ func gone(pid int) bool {
 }
 
 // Issue 48: a runner forked from the fork server stands where the
-// sandbox's chain puts one: the first process of its own PID namespace,
-// under the worker's user id with no groups, capabilities or way to gain
-// any, the seccomp filter, its own host name, root and descriptors 0-4;
-// seen from the node, the child of a supervisor that is the server's
-// child, and not the server itself.
+// sandbox's chain puts one: the second process of its own PID namespace
+// (whose first, its supervisor, reaps and reports, as bwrap's does), under
+// the worker's user id with no groups, capabilities or way to gain any,
+// the seccomp filter, its own host name, root and descriptors 0-4; seen
+// from the node, under its supervisor, under the server, under the node.
 func TestForkedRunnerIsSandboxed(t *testing.T) {
 	sb := forkSandbox(t)
 	secret := t.TempDir()
@@ -117,11 +135,12 @@ func TestForkedRunnerIsSandboxed(t *testing.T) {
 	if server == 0 {
 		t.Fatal("no fork server runs: the runner started through the chain")
 	}
-	pids := python.RunnerPids(inst)
+	pids := python.RunnerPIDs(inst)
 	if len(pids) != 1 {
 		t.Fatalf("runner pids %v; want one", pids)
 	}
-	runner := pids[0]
+	supervisor := pids[0]
+	runner := childOf(supervisor)
 	uid, ok := sb.UID(testSpec.WorkerID)
 	if !ok {
 		t.Fatal("no user id for the worker")
@@ -130,16 +149,21 @@ func TestForkedRunnerIsSandboxed(t *testing.T) {
 	if f := strings.Fields(st["Uid"]); len(f) < 4 || f[0] != strconv.Itoa(uid) || f[1] != f[0] || f[2] != f[0] || f[3] != f[0] {
 		t.Errorf("runner %d Uid %q; want %d four times", runner, st["Uid"], uid)
 	}
-	if f := strings.Fields(st["NSpid"]); len(f) != 2 || f[1] != "1" {
-		t.Errorf("runner NSpid %q; want its host pid and 1 (the first of its own PID namespace)", st["NSpid"])
+	if f := strings.Fields(st["NSpid"]); len(f) != 2 || f[1] != "2" {
+		t.Errorf("runner NSpid %q; want its host pid and 2 (its supervisor is its PID namespace's first)", st["NSpid"])
 	}
-	supervisor := ppidOf(runner)
-	if supervisor == server || supervisor == os.Getpid() || ppidOf(supervisor) != server {
-		t.Errorf("runner %d's parent %d (whose parent is %d); want a supervisor forked by the fork server %d", runner, supervisor, ppidOf(supervisor), server)
+	sst := procStatus(supervisor)
+	if f := strings.Fields(sst["NSpid"]); len(f) != 2 || f[1] != "1" || sst["Name"] != "wm-supervisor" {
+		t.Errorf("supervisor %d: Name %q NSpid %q; want wm-supervisor, the first of the runner's PID namespace", supervisor, sst["Name"], sst["NSpid"])
+	}
+	// The node's tree: node, fork server, supervisor, runner (the server
+	// is the supervisors' subreaper; the launcher that forked one exited).
+	if p, pp := ppidOf(supervisor), ppidOf(server); p != server || pp != os.Getpid() {
+		t.Errorf("supervisor %d's parent %d, the fork server %d's parent %d; want the server, and this process %d", supervisor, p, server, pp, os.Getpid())
 	}
 
 	in := probe(t, inst)
-	want := map[string]any{"pid": 1.0, "ppid": 0.0, "uid": float64(uid), "gid": float64(uid), "host": "worker",
+	want := map[string]any{"pid": 2.0, "ppid": 1.0, "uid": float64(uid), "gid": float64(uid), "host": "worker",
 		"capeff": "0000000000000000", "capprm": "0000000000000000", "capbnd": "0000000000000000", "seccomp": "2", "nnp": "1",
 		"cwd": "/scratch"}
 	for k, v := range want {
@@ -188,7 +212,7 @@ func TestForkedRunnersAreNeverShared(t *testing.T) {
 	specA, specB := testSpec, testSpec
 	specA.WorkerID, specB.WorkerID = "fork-a", "fork-b"
 	a, b := load(t, e, specA, forkProbe), load(t, e, specB, forkProbe)
-	pa, pb := python.RunnerPids(a), python.RunnerPids(b)
+	pa, pb := python.RunnerPIDs(a), python.RunnerPIDs(b)
 	if len(pa) != 1 || len(pb) != 1 || pa[0] == pb[0] {
 		t.Fatalf("runners of two workers: %v and %v; want one each, not the same", pa, pb)
 	}
@@ -209,7 +233,7 @@ func TestForkedRunnersAreNeverShared(t *testing.T) {
 	}
 	a2 := load(t, e, specA, forkProbe)
 	t.Cleanup(func() { _ = a2.Close(context.Background()); _ = b.Close(context.Background()) })
-	if p := python.RunnerPids(a2); len(p) != 1 || p[0] == pa[0] || p[0] == pb[0] {
+	if p := python.RunnerPIDs(a2); len(p) != 1 || p[0] == pa[0] || p[0] == pb[0] {
 		t.Errorf("worker loaded again runs in %v; want a new process (before: %v, the other worker's %v)", p, pa, pb)
 	}
 	// Killed: the next event runs in a new process, answered.
@@ -227,10 +251,10 @@ func TestForkedRunnersAreNeverShared(t *testing.T) {
 			break
 		}
 	}
-	if got == nil || got["pid"] != 1.0 || got["uid"] == ua {
+	if got == nil || got["pid"] != 2.0 || got["uid"] == ua {
 		t.Fatalf("after its runner was killed worker b answered %v; want a forked runner, not under worker a's uid %v", got, ua)
 	}
-	if p := python.RunnerPids(b); len(p) != 1 || p[0] == pb[0] {
+	if p := python.RunnerPIDs(b); len(p) != 1 || p[0] == pb[0] {
 		t.Errorf("worker b's runner after the kill: %v; want a new one (killed: %d)", p, pb[0])
 	}
 }
@@ -246,7 +270,7 @@ func TestForkServerCrashLeavesRunnersRunning(t *testing.T) {
 	specA, specB := testSpec, testSpec
 	specA.WorkerID, specB.WorkerID = "crash-a", "crash-b"
 	a := load(t, e, specA, forkProbe)
-	before := python.RunnerPids(a)
+	before := python.RunnerPIDs(a)
 	server := python.ForkServerPid(e)
 	if server == 0 || len(before) != 1 {
 		t.Fatalf("fork server %d, runners %v", server, before)
@@ -259,18 +283,18 @@ func TestForkServerCrashLeavesRunnersRunning(t *testing.T) {
 			t.Fatal("the fork server did not exit")
 		}
 	}
-	if got := probe(t, a); got["pid"] != 1.0 {
+	if got := probe(t, a); got["pid"] != 2.0 {
 		t.Fatalf("worker a after the server's crash: %v", got)
 	}
-	if after := python.RunnerPids(a); len(after) != 1 || after[0] != before[0] {
+	if after := python.RunnerPIDs(a); len(after) != 1 || after[0] != before[0] {
 		t.Errorf("worker a's runner %v after the crash; want the same %v, still running", after, before)
 	}
 	b := load(t, e, specB, forkProbe)
 	if next := python.ForkServerPid(e); next == 0 || next == server {
 		t.Errorf("fork server after the crash: %d (the dead one %d); want a new one", next, server)
 	}
-	pb := python.RunnerPids(b)
-	if got := probe(t, b); got["pid"] != 1.0 {
+	pb := python.RunnerPIDs(b)
+	if got := probe(t, b); got["pid"] != 2.0 {
 		t.Errorf("worker b, loaded after the crash: %v; want a forked runner", got)
 	}
 	for _, inst := range []engines.Instance{a, b} {
@@ -296,8 +320,8 @@ func TestForkedRunnersDieWithTheNode(t *testing.T) {
 	if os.Getenv(forkHelperEnv) != "" {
 		e := newEngine(t, python.Config{Sandbox: forkSandbox(t), AllowedPackages: []string{"os", "sys"}})
 		inst := load(t, e, testSpec, forkProbe)
-		pids := python.RunnerPids(inst)
-		fmt.Printf("runner %d supervisor %d server %d\n", pids[0], ppidOf(pids[0]), python.ForkServerPid(e))
+		pids := python.RunnerPIDs(inst)
+		fmt.Printf("runner %d supervisor %d server %d\n", childOf(pids[0]), pids[0], python.ForkServerPid(e))
 		time.Sleep(time.Minute) // until killed
 		return
 	}
@@ -333,18 +357,19 @@ func TestForkedRunnersDieWithTheNode(t *testing.T) {
 	}
 }
 
-// orphanHelperEnv makes this test binary the node of
-// TestOrphanedSupervisorsAreReaped.
-const orphanHelperEnv = "WM_FORK_ORPHAN_HELPER"
+// reapHelperEnv makes this test binary the node of
+// TestSupervisorsAreReapedByTheNode.
+const reapHelperEnv = "WM_FORK_REAP_HELPER"
 
-// A node that is its container's first process (or a subreaper) becomes
-// the parent of the supervisors a dead fork server leaves: those whose
-// runners end afterwards are reaped by it, not left as zombies.
-func TestOrphanedSupervisorsAreReaped(t *testing.T) {
-	if os.Getenv(orphanHelperEnv) == "" {
+// The fork server reaps the supervisors (their subreaper: no zombie when a
+// worker closes); once it has died, a node that is its container's first
+// process (or a subreaper) is their parent, and reaps each once its runner
+// ends.
+func TestSupervisorsAreReapedByTheNode(t *testing.T) {
+	if os.Getenv(reapHelperEnv) == "" {
 		forkSandbox(t)
-		cmd := exec.Command(os.Args[0], "-test.run=^TestOrphanedSupervisorsAreReaped$", "-test.v")
-		cmd.Env = append(os.Environ(), orphanHelperEnv+"=1")
+		cmd := exec.Command(os.Args[0], "-test.run=^TestSupervisorsAreReapedByTheNode$", "-test.v")
+		cmd.Env = append(os.Environ(), reapHelperEnv+"=1")
 		out, err := cmd.CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "--- PASS") {
 			t.Fatalf("the helper node: %v\n%s", err, out)
@@ -358,28 +383,86 @@ func TestOrphanedSupervisorsAreReaped(t *testing.T) {
 	sb := forkSandbox(t)
 	python.ForkServerRetry(t, 0)
 	e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"os", "sys"}})
-	inst := load(t, e, testSpec, forkProbe)
-	runner := python.RunnerPids(inst)[0]
-	supervisor := ppidOf(runner)
+	specA, specB, specC := testSpec, testSpec, testSpec
+	specA.WorkerID, specB.WorkerID, specC.WorkerID = "reap-a", "reap-b", "reap-c"
+	a, b, c := load(t, e, specA, forkProbe), load(t, e, specB, forkProbe), load(t, e, specC, forkProbe)
 	server := python.ForkServerPid(e)
+	reaped := func(pids ...int) {
+		t.Helper()
+		for _, s := range pids {
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				if err := syscall.Kill(s, 0); err == syscall.ESRCH {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("supervisor %d not reaped (state %q, parent %d)", s, procStatus(s)["State"], ppidOf(s))
+				}
+			}
+		}
+	}
+	// While the server lives, it reaps.
+	sc := python.RunnerPIDs(c)
+	if err := c.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	reaped(sc...)
+	// The server dies: the others pass to this process, which reaps them.
+	supervisors := append(python.RunnerPIDs(a), python.RunnerPIDs(b)...)
 	if err := syscall.Kill(server, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ppidOf(supervisor) != os.Getpid(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("supervisor %d's parent is %d; want this process (a subreaper) once the server died", supervisor, ppidOf(supervisor))
+	for _, s := range supervisors {
+		for deadline := time.Now().Add(10 * time.Second); ppidOf(s) != os.Getpid(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("supervisor %d's parent is %d after the server died; want this process (a subreaper)", s, ppidOf(s))
+			}
 		}
 	}
-	if err := inst.Close(context.Background()); err != nil {
-		t.Fatal(err)
+	for _, inst := range []engines.Instance{a, b} {
+		if err := inst.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if err := syscall.Kill(supervisor, 0); err == syscall.ESRCH {
-			break // reaped
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("supervisor %d not reaped (state %q)", supervisor, procStatus(supervisor)["State"])
-		}
+	reaped(supervisors...)
+}
+
+// What a worker's processes leave behind is reaped inside its sandbox, both
+// ways (by bwrap's first process, or by the fork server's supervisor): a
+// process the worker started that started one in the background and
+// exited leaves no zombie behind (which would count against the worker's
+// process limit until its runner ended).
+func TestOrphansOfAWorkerAreReaped(t *testing.T) {
+	sb := forkSandbox(t)
+	for _, noFork := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fork server", true: "chain"}[noFork], func(t *testing.T) {
+			e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"os", "subprocess", "time"}, NoForkServer: noFork})
+			inst := load(t, e, testSpec, `
+import os, subprocess, time
+
+def zombies():
+    n = 0
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                if open("/proc/%s/stat" % p).read().rsplit(")", 1)[1].split()[0] == "Z":
+                    n += 1
+            except OSError:
+                pass
+    return n
+
+def process(event):
+    subprocess.run(["/bin/sh", "-c", "sleep 0.2 & exit 0"], check=True)
+    for _ in range(50):
+        time.sleep(0.1)
+        if zombies() == 0 and len([p for p in os.listdir("/proc") if p.isdigit()]) <= 2:
+            return {"type": "r", "data": {"zombies": 0}}
+    return {"type": "r", "data": {"zombies": zombies()}}
+`)
+			got := enginetest.DataOf(t, mustCall(t, inst, jsonEvent("t", map[string]any{})))
+			if got["zombies"] != 0.0 {
+				t.Errorf("zombies in the worker's sandbox: %v; want none", got["zombies"])
+			}
+		})
 	}
 }
 

@@ -120,7 +120,7 @@ func testSpareRunners(t *testing.T, cfg python.Config) {
 	if wc := ask(t, c); only(t, c) != next || wc.ID != "c" {
 		t.Fatalf("c runs in pid %d as %q, want the spare %d", only(t, c), wc.ID, next)
 	}
-	if err := syscall.Kill(spare, 0); err == nil {
+	if living(spare) {
 		t.Fatalf("b's runner (pid %d) still lives after b closed", spare)
 	}
 
@@ -129,7 +129,7 @@ func testSpareRunners(t *testing.T, cfg python.Config) {
 	if err := syscall.Kill(dead, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); syscall.Kill(dead, 0) == nil; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); living(dead); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the killed spare did not exit")
 		}
