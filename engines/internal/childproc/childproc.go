@@ -1,6 +1,7 @@
 // Package childproc owns one worker child process of the engines that run
 // workers out of process (Python's runner, the .NET host): starting it in
-// its own process group, its protocol pipes' parent ends, its output
+// its own process group (or taking over one a fork server started,
+// External), its protocol pipes' parent ends, its output
 // lines, the deadline and cancellation of a round trip (both kill it),
 // reaping it together with whatever it started, and saying why a round
 // trip or a load failed. What travels on the pipes is the engine's.
@@ -163,6 +164,8 @@ func (p *Proc) waitExternal() error {
 // wait reaps the process. Once the leader has exited (and before it is
 // reaped, so that its pid cannot be reused yet) the whole process group is
 // killed: processes the worker forked must not keep the protocol pipes open.
+// An External process is waited for through its Wait (its supervisor's
+// PID namespace takes what it started with it).
 func (p *Proc) wait() {
 	if p.ext != nil {
 		p.waitErr = p.waitExternal()
