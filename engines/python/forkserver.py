@@ -39,7 +39,7 @@
 #     paths read-only, /etc's few files, /proc, a minimal /dev, its sized
 #     /tmp and /scratch, the lockdown program at its path; brings up lo;
 #     sets the host name; pivots into it and detaches the old root;
-#   - starts a session of its own, sets its resource limits, drops every
+#   - (in the supervisor's new session) sets its resource limits, drops every
 #     capability from its bounding set, its groups, and becomes its user
 #     id (setresgid, setresuid), with no_new_privs;
 #   - installs the sandbox's seccomp filter;
@@ -324,7 +324,8 @@ def runner(plan_fd, io, alive, runner_mod, keep):
                              (CLONE_NEWCGROUP if plan.get("cgroup_procs") else 0))), "unshare")
         setup_root(plan)
         os.chdir("/scratch")
-        os.setsid()  # --new-session
+        # --new-session: the supervisor's (it called setsid), as bwrap's
+        # first process's is the runner's session there.
         drop_privileges(plan)
         # fds 0-4 only (sandbox-exec's descriptors layer).
         for i, fd in enumerate(io):
@@ -342,6 +343,7 @@ def runner(plan_fd, io, alive, runner_mod, keep):
             os.environ[k] = v
         os.environ["HOME"] = "/scratch"
         os.environ["TMPDIR"] = "/tmp"
+        os.environ["PWD"] = "/scratch"  # as bwrap's --chdir sets it
         sys.argv[:] = ["-c"] + list(plan.get("args") or ())
         for name in [m for m in sys.modules if m not in keep]:
             del sys.modules[name]

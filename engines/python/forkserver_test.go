@@ -46,7 +46,7 @@ def process(event):
         "groups": os.getgroups(), "host": os.uname().nodename, "capeff": st["CapEff"], "capprm": st["CapPrm"],
         "capbnd": st["CapBnd"], "seccomp": st["Seccomp"], "nnp": st["NoNewPrivs"],
         "mounts": open("/proc/self/mountinfo").read(), "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")),
-        "cwd": os.getcwd(), "server": server_names(), "modules": sorted(m for m in ("json", "fcntl", "resource", "_socket", "signal") if m in sys.modules)}}
+        "cwd": os.getcwd(), "sid": os.getsid(0), "pwd": os.environ.get("PWD"), "server": server_names(), "modules": sorted(m for m in ("json", "fcntl", "resource", "_socket", "signal") if m in sys.modules)}}
 `
 
 // forkSandbox is a strict sandbox whose processes the fork server can
@@ -165,7 +165,7 @@ func TestForkedRunnerIsSandboxed(t *testing.T) {
 	in := probe(t, inst)
 	want := map[string]any{"pid": 2.0, "ppid": 1.0, "uid": float64(uid), "gid": float64(uid), "host": "worker",
 		"capeff": "0000000000000000", "capprm": "0000000000000000", "capbnd": "0000000000000000", "seccomp": "2", "nnp": "1",
-		"cwd": "/scratch"}
+		"cwd": "/scratch", "pwd": "/scratch", "sid": 1.0} // its supervisor's session, as bwrap's first process's
 	for k, v := range want {
 		if in[k] != v {
 			t.Errorf("inside the runner %s = %v; want %v", k, in[k], v)
@@ -504,5 +504,40 @@ def process(event):
 				t.Errorf("the worker's log after Close: %q; want the thread's late line and the atexit function's", got)
 			}
 		})
+	}
+}
+
+// A forked runner's resource limits are the chain's (prlimit's), field
+// for field, the CPU limit and the fixed ones (no core files, 64 KiB of
+// locked memory) included: /proc/self/limits read by the worker both ways.
+func TestForkedRunnerHasTheChainsLimits(t *testing.T) {
+	limits := sandbox.DefaultLimits
+	limits.FileSize, limits.CPUSeconds = 16<<20, 7
+	sb := sandboxtest.New(t, sandbox.Config{Mode: sandbox.Strict, Log: slog.New(slog.DiscardHandler), Limits: limits})
+	if !sb.Forkable() {
+		t.Skip("not Forkable here")
+	}
+	read := func(noFork bool) string {
+		e := newEngine(t, python.Config{Sandbox: sb, NoForkServer: noFork})
+		inst := load(t, e, testSpec, `
+def process(event):
+    return {"type": "r", "data": open("/proc/self/limits").read()}
+`)
+		defer inst.Close(context.Background())
+		out := mustCall(t, inst, jsonEvent("t", map[string]any{}))
+		var s string
+		if err := out[0].DataAs(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	forked, chain := read(false), read(true)
+	if forked != chain {
+		t.Errorf("limits differ:\nforked:\n%s\nchain:\n%s", forked, chain)
+	}
+	for _, want := range []string{"Max cpu time              7                    8", "Max core file size        0", "Max locked memory         65536"} {
+		if !strings.Contains(forked, want) {
+			t.Errorf("forked runner's limits lack %q:\n%s", want, forked)
+		}
 	}
 }
