@@ -37,17 +37,15 @@ async def process(event):
 // Both ways a runner starts: forked from the fork server (which, with its
 // supervisors, holds none of them either) and through the chain.
 func TestNodeDescriptorsDoNotReachPythonWorkers(t *testing.T) {
-	for _, noFork := range []bool{false, true} {
-		t.Run(map[bool]string{false: "fork server", true: "chain"}[noFork], func(t *testing.T) {
-			leak := sandboxtest.NodeDescriptors(t)
-			e := newEngine(t, python.Config{Sandbox: sandboxtest.Strict(t), AllowedPackages: []string{"os"}, DefaultTimeout: 20 * time.Second, NoForkServer: noFork})
-			inst := load(t, e, testSpec, fdWriter)
-			out := mustCall(t, inst, jsonEvent("probe", nil))
-			if len(out) != 1 {
-				t.Fatalf("outputs %v", out)
-			}
-			t.Logf("the worker wrote to sockets %s", out[0].Data())
-			leak.Check(t)
-		})
-	}
+	bothWays(t, func(t *testing.T, noFork bool) {
+		leak := sandboxtest.NodeDescriptors(t)
+		e := newEngine(t, python.Config{Sandbox: sandboxtest.Strict(t), AllowedPackages: []string{"os"}, DefaultTimeout: 20 * time.Second, NoForkServer: noFork})
+		inst := load(t, e, testSpec, fdWriter)
+		out := mustCall(t, inst, jsonEvent("probe", nil))
+		if len(out) != 1 {
+			t.Fatalf("outputs %v", out)
+		}
+		t.Logf("the worker wrote to sockets %s", out[0].Data())
+		leak.Check(t)
+	})
 }

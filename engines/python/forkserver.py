@@ -113,28 +113,12 @@ SYS = {  # machine: (pivot_root, seccomp)
 LOCKDOWN_PATH = "/etc/workmanager/lockdown-processes.bpf"
 
 
-class _long(_ctypes._SimpleCData):
-    _type_ = "l"
+def _simple(code):
+    """A ctypes simple type (ctypes's own Python is not imported here)."""
+    return type("c_" + code, (_ctypes._SimpleCData,), {"_type_": code})
 
 
-class _int(_ctypes._SimpleCData):
-    _type_ = "i"
-
-
-class _charp(_ctypes._SimpleCData):
-    _type_ = "z"
-
-
-class _voidp(_ctypes._SimpleCData):
-    _type_ = "P"
-
-
-class _ushort(_ctypes._SimpleCData):
-    _type_ = "H"
-
-
-class _char(_ctypes._SimpleCData):
-    _type_ = "c"
+_long, _int, _charp, _voidp, _ushort, _char = (_simple(c) for c in "lizPHc")
 
 
 class _Fn(_ctypes.CFuncPtr):  # a libc function: int f(...), errno kept
@@ -418,6 +402,33 @@ def _finisher():
     return finish
 
 
+def _child_wakeups():
+    """A pipe that becomes readable when a child exits (SIGCHLD, through
+    the interpreter's wake-up descriptor): poll it, then _reaped."""
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    return wake_r, wake_w
+
+
+def _reaped(wake_r):
+    """Empties the wake-up pipe and yields (pid, wait status) of every child
+    that has exited, reaping it."""
+    try:
+        while os.read(wake_r, 64):
+            pass
+    except BlockingIOError:
+        pass
+    while True:
+        try:
+            pid, st = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, st
+
+
 def set_name(name):
     """The name ps and top show (the command line stays the server's)."""
     _prctl(_long(PR_SET_NAME), _charp(name), _long(0), _long(0), _long(0))
@@ -480,9 +491,7 @@ def supervise(plan_fd, status, io, sync, runner_mod, keep):
         os.dup2(io[i], i)
         os.close(io[i])
     io = [0, 1, 2] + io[3:]
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    wake_r, wake_w = _child_wakeups()
     alive_r, alive_w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -508,18 +517,7 @@ def supervise(plan_fd, status, io, sync, runner_mod, keep):
             continue
         for fd, ev in ready:
             if fd == wake_r:
-                try:
-                    while os.read(wake_r, 64):
-                        pass
-                except BlockingIOError:
-                    pass
-                while True:  # reap every child: the runner, and orphans
-                    try:
-                        child, st = os.waitpid(-1, os.WNOHANG)
-                    except ChildProcessError:
-                        break
-                    if child == 0:
-                        break
+                for child, st in _reaped(wake_r):  # the runner, and orphans
                     if child == pid:
                         try:
                             os.write(status, b"x %d\n" % st)
@@ -577,9 +575,7 @@ def main():
     # to it, so its death takes none with it.
     _check(_prctl(_long(PR_SET_CHILD_SUBREAPER), _long(1), _long(0), _long(0), _long(0)), "subreaper")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    wake_r, wake_w = _child_wakeups()
     gc.collect()
     gc.freeze()  # what is here now stays out of every child's collections
     p = select.poll()
@@ -595,18 +591,8 @@ def main():
             if fd == LIFE:
                 os._exit(0)
             if fd == wake_r:
-                try:
-                    while os.read(wake_r, 64):
-                        pass
-                except BlockingIOError:
+                for _ in _reaped(wake_r):  # launchers and supervisors
                     pass
-                while True:  # reap launchers and supervisors
-                    try:
-                        pid, _ = os.waitpid(-1, os.WNOHANG)
-                    except ChildProcessError:
-                        break
-                    if pid == 0:
-                        break
                 continue
             msg, anc, _, _ = ctrl.recvmsg(16, _socket.CMSG_SPACE(16 * 4))
             if not msg:

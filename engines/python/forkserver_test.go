@@ -63,6 +63,16 @@ func forkSandbox(t *testing.T) *sandbox.Sandbox {
 	return sb
 }
 
+// bothWays runs test as a subtest per way a sandboxed runner starts:
+// forked from the fork server ("fork server", noFork false) and through
+// the sandbox's programs ("chain").
+func bothWays(t *testing.T, test func(t *testing.T, noFork bool)) {
+	t.Helper()
+	for _, noFork := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fork server", true: "chain"}[noFork], func(t *testing.T) { test(t, noFork) })
+	}
+}
+
 // probe calls a forkProbe instance.
 func probe(t *testing.T, inst engines.Instance) map[string]any {
 	t.Helper()
@@ -433,10 +443,9 @@ func TestSupervisorsAreReapedByTheNode(t *testing.T) {
 // process limit until its runner ended).
 func TestOrphansOfAWorkerAreReaped(t *testing.T) {
 	sb := forkSandbox(t)
-	for _, noFork := range []bool{false, true} {
-		t.Run(map[bool]string{false: "fork server", true: "chain"}[noFork], func(t *testing.T) {
-			e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"os", "subprocess", "time"}, NoForkServer: noFork})
-			inst := load(t, e, testSpec, `
+	bothWays(t, func(t *testing.T, noFork bool) {
+		e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"os", "subprocess", "time"}, NoForkServer: noFork})
+		inst := load(t, e, testSpec, `
 import os, subprocess, time
 
 def zombies():
@@ -458,12 +467,11 @@ def process(event):
             return {"type": "r", "data": {"zombies": 0}}
     return {"type": "r", "data": {"zombies": zombies()}}
 `)
-			got := enginetest.DataOf(t, mustCall(t, inst, jsonEvent("t", map[string]any{})))
-			if got["zombies"] != 0.0 {
-				t.Errorf("zombies in the worker's sandbox: %v; want none", got["zombies"])
-			}
-		})
-	}
+		got := enginetest.DataOf(t, mustCall(t, inst, jsonEvent("t", map[string]any{})))
+		if got["zombies"] != 0.0 {
+			t.Errorf("zombies in the worker's sandbox: %v; want none", got["zombies"])
+		}
+	})
 }
 
 // A forked runner ends as a started one does when its worker closes: the
@@ -471,13 +479,12 @@ def process(event):
 // late still reaches the log) and atexit's functions run, both ways.
 func TestForkedRunnerEndsAsAnInterpreterWould(t *testing.T) {
 	sb := forkSandbox(t)
-	for _, noFork := range []bool{false, true} {
-		t.Run(map[bool]string{false: "fork server", true: "chain"}[noFork], func(t *testing.T) {
-			rec := &recorder{}
-			e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"threading", "atexit"}, NoForkServer: noFork})
-			spec := testSpec
-			spec.Logger = slog.New(rec)
-			inst := load(t, e, spec, `
+	bothWays(t, func(t *testing.T, noFork bool) {
+		rec := &recorder{}
+		e := newEngine(t, python.Config{Sandbox: sb, AllowedPackages: []string{"threading", "atexit"}, NoForkServer: noFork})
+		spec := testSpec
+		spec.Logger = slog.New(rec)
+		inst := load(t, e, spec, `
 import atexit, threading, time
 atexit.register(lambda: print("at exit", flush=True))
 
@@ -488,23 +495,22 @@ def process(event):
     threading.Thread(target=late).start()
     return None
 `)
-			mustCall(t, inst, jsonEvent("t", map[string]any{}))
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := inst.Close(ctx); err != nil {
-				t.Fatal(err)
-			}
-			rec.mu.Lock()
-			defer rec.mu.Unlock()
-			var got []string
-			for _, r := range rec.records {
-				got = append(got, r.Message)
-			}
-			if !slices.Contains(got, "late line") || !slices.Contains(got, "at exit") {
-				t.Errorf("the worker's log after Close: %q; want the thread's late line and the atexit function's", got)
-			}
-		})
-	}
+		mustCall(t, inst, jsonEvent("t", map[string]any{}))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := inst.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		var got []string
+		for _, r := range rec.records {
+			got = append(got, r.Message)
+		}
+		if !slices.Contains(got, "late line") || !slices.Contains(got, "at exit") {
+			t.Errorf("the worker's log after Close: %q; want the thread's late line and the atexit function's", got)
+		}
+	})
 }
 
 // A forked runner's resource limits are the chain's (prlimit's), field

@@ -1,6 +1,7 @@
 // Package python owns the Python engine (MIME type text/x-python): it runs
 // worker code in persistent CPython subprocesses driven over a framed binary
-// pipe protocol (see README.md and runner.py).
+// pipe protocol (see README.md and runner.py), forked from a fork server
+// where the sandbox allows it (forkserver.go, forkserver.py).
 package python
 
 import (

@@ -25,12 +25,7 @@ import (
 func TestSandboxContainsEscapes(t *testing.T) {
 	// Issue 48: a runner forked from the fork server is held to every
 	// check a runner started through the sandbox's programs is.
-	for _, mode := range []struct {
-		name   string
-		noFork bool
-	}{{"fork server", false}, {"chain", true}} {
-		t.Run(mode.name, func(t *testing.T) { testSandboxContainsEscapes(t, mode.noFork) })
-	}
+	bothWays(t, testSandboxContainsEscapes)
 }
 
 func testSandboxContainsEscapes(t *testing.T, noFork bool) {
