@@ -15,8 +15,8 @@ import (
 // Spare runners (Config.Spares, PYTHON_SPARE_RUNNERS; engines/internal/
 // spares): runners started ahead of need, past their hello, with no
 // worker's settings or code, so that a create, a start or a reload takes
-// one instead of starting an interpreter inside the sandbox (most of a
-// Python runner's start: issue 48's fork server, without forking). A
+// one instead of starting a runner (forked from the fork server where
+// there is one, forkserver.go, else an interpreter inside the sandbox). A
 // spare is given to one worker, once: it then gets that worker's settings
 // (a setup frame: the VIRTUFIN_WORKER_* variables and its async
 // concurrency) and code, and is never given back; it runs under a user id
