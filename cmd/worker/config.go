@@ -18,6 +18,7 @@ import (
 	"github.com/virtufin/workmanager/internal/codesource"
 	"github.com/virtufin/workmanager/internal/credfile"
 	"github.com/virtufin/workmanager/internal/envconfig"
+	"github.com/virtufin/workmanager/internal/gcpacing"
 	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/placement"
@@ -110,6 +111,7 @@ type config struct {
 	LockMaxAge         time.Duration // GROUP_LOCK_MAX_AGE_MS: longer than WORKER_TIMEOUT
 	ShutdownGrace      time.Duration // SHUTDOWN_GRACE: how long SIGTERM waits for in-flight messages
 	DebugPprof         bool          // DEBUG_PPROF: serve Go's /debug/pprof/ profiles on WORKMANAGER_HTTP_ADDR (off by default)
+	GCHeadroomBytes    int           // NODE_GC_HEADROOM_BYTES: the heap grows at least this much between collections, unless GOGC is set (internal/gcpacing)
 	TestPanicExtension string        // WM_TEST_PANIC_EXTENSION: test hook, a hot-path panic for inputs with this extension (never in production)
 	TestStateFaultFile string        // WM_TEST_STATE_FAULT_FILE: test hook, catalog writes to keys with a prefix listed in this file fail (never in production)
 	TestStateHoldFile  string        // WM_TEST_STATE_HOLD_FILE: test hook, catalog writes to a key listed in this file wait while it lists it (never in production)
@@ -209,6 +211,7 @@ func loadConfig() (config, error) {
 		TestStateHoldFile:   r.String("WM_TEST_STATE_HOLD_FILE", ""),
 		TestNoFencing:       r.Bool("WM_TEST_UNSAFE_NO_FENCING", false),
 		DebugPprof:          r.Bool("DEBUG_PPROF", false),
+		GCHeadroomBytes:     r.Int("NODE_GC_HEADROOM_BYTES", gcpacing.DefaultHeadroom),
 	}
 	// The Temporal client's TLS files and API key are read again when they
 	// change (docs/scaling.md, "Rotating certificates and tokens").
@@ -378,6 +381,8 @@ func (c config) validate() error {
 		return fmt.Errorf("DEAD_LETTER_TTL must not be negative, got %s", c.DeadLetterTTL)
 	case c.NotRunnableGrace < 0:
 		return fmt.Errorf("NOT_RUNNABLE_GRACE must not be negative, got %s", c.NotRunnableGrace)
+	case c.GCHeadroomBytes < 0 || c.GCHeadroomBytes > 4<<30:
+		return fmt.Errorf("NODE_GC_HEADROOM_BYTES must be 0 (Go's default pacing) to 4294967296, got %d", c.GCHeadroomBytes)
 	case c.MaxEventBytes < 1024 || c.MaxEventBytes > 64<<20:
 		return fmt.Errorf("MAX_EVENT_BYTES must be 1024 to 67108864, got %d", c.MaxEventBytes)
 	case c.DaprMaxBodyBytes < 1<<20 || c.DaprMaxBodyBytes > 1<<30:

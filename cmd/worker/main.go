@@ -47,6 +47,7 @@ func services(p *parts) []startstop.Service {
 	return []startstop.Service{
 		p.crashJournal(),   // first: what a crash of the node before this one left in flight; closed last
 		p.inheritedFiles(), // nothing the node's parent left open reaches worker processes
+		p.gcPacing(),       // the heap grows by NODE_GC_HEADROOM_BYTES between collections
 		p.tracing(),        // flushed after everything that traces stopped
 		p.daprConnection(),
 		p.nodeCore(), // engines, hot path, node; stop: shut down, engines closed, hot path cut off

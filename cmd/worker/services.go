@@ -38,6 +38,7 @@ import (
 	"github.com/virtufin/workmanager/internal/delivery"
 	"github.com/virtufin/workmanager/internal/dispatch"
 	"github.com/virtufin/workmanager/internal/gateway"
+	"github.com/virtufin/workmanager/internal/gcpacing"
 	"github.com/virtufin/workmanager/internal/grouplock"
 	"github.com/virtufin/workmanager/internal/health"
 	"github.com/virtufin/workmanager/internal/infraevents"
@@ -135,6 +136,24 @@ func (p *parts) crashJournal() startstop.Service {
 // processes.
 func (p *parts) inheritedFiles() startstop.Service {
 	return startstop.Funcs("inherited files", func(context.Context) error { return sandbox.MarkInheritedCloseOnExec() }, nil)
+}
+
+// gcPacing paces the garbage collector by the live heap (internal/
+// gcpacing): off with NODE_GC_HEADROOM_BYTES=0 or GOGC set.
+func (p *parts) gcPacing() startstop.Service {
+	cancel := func() {}
+	done := make(chan struct{})
+	return startstop.Funcs("gc pacing", func(context.Context) error {
+		pacer := gcpacing.New(uint64(p.cfg.GCHeadroomBytes), p.log)
+		if pacer == nil || p.cfg.GCHeadroomBytes == 0 {
+			close(done)
+			return nil
+		}
+		var ctx context.Context
+		ctx, cancel = context.WithCancel(context.Background())
+		go func() { defer close(done); pacer.Run(ctx) }()
+		return nil
+	}, func() { cancel(); <-done })
 }
 
 // tracing sets traces up: on when OTEL_EXPORTER_OTLP_ENDPOINT is set
