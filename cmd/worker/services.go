@@ -145,7 +145,7 @@ func (p *parts) gcPacing() startstop.Service {
 	done := make(chan struct{})
 	return startstop.Funcs("gc pacing", func(context.Context) error {
 		pacer := gcpacing.New(uint64(p.cfg.GCHeadroomBytes), p.log)
-		if pacer == nil || p.cfg.GCHeadroomBytes == 0 {
+		if pacer == nil {
 			close(done)
 			return nil
 		}

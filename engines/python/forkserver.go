@@ -60,7 +60,6 @@ const maxPlan = 1 << 20
 
 // forkServer is one running fork server.
 type forkServer struct {
-	log   *slog.Logger
 	mu    sync.Mutex // one request at a time
 	cmd   *exec.Cmd
 	ctrl  *net.UnixConn
@@ -118,7 +117,7 @@ func startForkServer(interp string, hexversion int64, runner []byte, log *slog.L
 		lifeW.Close()
 		return nil, fmt.Errorf("python fork server: starting %s: %w", interp, err)
 	}
-	f := &forkServer{log: log, cmd: cmd, ctrl: ctrl, lifeW: lifeW, done: make(chan struct{})}
+	f := &forkServer{cmd: cmd, ctrl: ctrl, lifeW: lifeW, done: make(chan struct{})}
 	go func() {
 		err := cmd.Wait()
 		out.Flush()

@@ -50,10 +50,16 @@ def process(event):
 `
 
 // forkSandbox is a strict sandbox whose processes the fork server can
-// start (it skips, or fails under sandboxtest.RequireEnv, where it cannot).
-func forkSandbox(t *testing.T) *sandbox.Sandbox {
+// start (it skips, or fails under sandboxtest.RequireEnv, where it cannot):
+// sandboxtest.Strict's, or one with cfg when given.
+func forkSandbox(t *testing.T, cfg ...sandbox.Config) *sandbox.Sandbox {
 	t.Helper()
-	sb := sandboxtest.Strict(t)
+	var sb *sandbox.Sandbox
+	if len(cfg) > 0 {
+		sb = sandboxtest.New(t, cfg[0])
+	} else {
+		sb = sandboxtest.Strict(t)
+	}
 	if !sb.Forkable() {
 		if os.Getenv(sandboxtest.RequireEnv) != "" {
 			t.Fatal("a strict sandbox here is not Forkable")
@@ -519,10 +525,7 @@ def process(event):
 func TestForkedRunnerHasTheChainsLimits(t *testing.T) {
 	limits := sandbox.DefaultLimits
 	limits.FileSize, limits.CPUSeconds = 16<<20, 7
-	sb := sandboxtest.New(t, sandbox.Config{Mode: sandbox.Strict, Log: slog.New(slog.DiscardHandler), Limits: limits})
-	if !sb.Forkable() {
-		t.Skip("not Forkable here")
-	}
+	sb := forkSandbox(t, sandbox.Config{Mode: sandbox.Strict, Log: slog.New(slog.DiscardHandler), Limits: limits})
 	read := func(noFork bool) string {
 		e := newEngine(t, python.Config{Sandbox: sb, NoForkServer: noFork})
 		inst := load(t, e, testSpec, `

@@ -44,14 +44,11 @@ type Pacer struct {
 	set func(int) int
 }
 
-// New returns a pacer with headroom (0: DefaultHeadroom), or nil when
-// GOGC is set in the environment (the operator's choice stands).
+// New returns a pacer with headroom, or nil when headroom is 0 (pacing
+// off) or GOGC is set in the environment (the operator's choice stands).
 func New(headroom uint64, log *slog.Logger) *Pacer {
-	if _, set := os.LookupEnv("GOGC"); set {
+	if _, set := os.LookupEnv("GOGC"); set || headroom == 0 {
 		return nil
-	}
-	if headroom == 0 {
-		headroom = DefaultHeadroom
 	}
 	return &Pacer{Headroom: headroom, Log: log, live: liveHeap, set: debug.SetGCPercent}
 }

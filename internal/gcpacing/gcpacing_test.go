@@ -54,7 +54,7 @@ func TestPacerFollowsTheLiveHeap(t *testing.T) {
 		t.Fatalf("after Run: %d, want Go's default 100", pct.Load())
 	}
 	t.Setenv("GOGC", "50")
-	if New(0, slog.New(slog.DiscardHandler)) != nil {
+	if New(DefaultHeadroom, slog.New(slog.DiscardHandler)) != nil {
 		t.Fatal("a pacer despite GOGC set")
 	}
 }
