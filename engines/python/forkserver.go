@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/procpool"
 	"github.com/virtufin/workmanager/engines/internal/wire"
@@ -195,10 +197,13 @@ func (f *forkServer) spawn(plan *sandbox.Plan, files [5]*os.File) (*forked, erro
 		status.Close()
 		return nil, fmt.Errorf("python fork server: %s", strings.TrimPrefix(reply, "e "))
 	}
-	h := &forked{server: f, status: status, r: bufio.NewReaderSize(status, 64)}
+	h := &forked{server: f, status: status, r: bufio.NewReaderSize(status, 64), pidfd: -1}
 	if err := h.start(time.Now().Add(forkServerRequestTimeout)); err != nil {
 		h.Kill()
 		status.Close() // the supervisor, if any, kills its runner at this EOF
+		if h.pidfd >= 0 {
+			unix.Close(h.pidfd)
+		}
 		return nil, err
 	}
 	return h, nil
@@ -231,6 +236,10 @@ type forked struct {
 	// (0: unknown), for reap.
 	pid      int
 	pidStart uint64
+	// pidfd refers to the supervisor (-1: none): readable once it has
+	// exited, which Wait waits for after its socket closed (the socket
+	// closes while the process is still on its way out).
+	pidfd int
 
 	mu     sync.Mutex
 	exited bool
@@ -249,6 +258,9 @@ func (h *forked) start(deadline time.Time) error {
 		return fmt.Errorf("python fork server: the runner's supervisor did not start (%v)", err)
 	}
 	h.pid, h.pidStart = n, startTime(n)
+	if h.pidfd, err = unix.PidfdOpen(n, 0); err != nil {
+		h.pidfd = -1 // Wait then returns at the socket's close
+	}
 	return h.status.SetReadDeadline(time.Time{})
 }
 
@@ -279,9 +291,11 @@ func (h *forked) Kill() {
 	}
 }
 
-// Wait reads the supervisor's socket until it closes (the supervisor
-// exited: the runner and its namespace are gone) and says how the runner
-// ended; the first call reads, later ones return the same.
+// Wait reads the supervisor's socket until it closes, then waits (a
+// second at most) until the supervisor has exited, not only closed its
+// descriptors on the way out (the runner and its namespace are gone by
+// then), and says how the runner ended; the first call reads, later ones
+// return the same.
 func (h *forked) Wait() error {
 	h.waitOnce.Do(func() {
 		h.err = errors.New("the runner's supervisor exited without saying how the runner ended")
@@ -293,6 +307,15 @@ func (h *forked) Wait() error {
 			if kind == "x" {
 				h.err = waitStatusError(syscall.WaitStatus(n))
 			}
+		}
+		if h.pidfd >= 0 {
+			fds := []unix.PollFd{{Fd: int32(h.pidfd), Events: unix.POLLIN}}
+			for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+				if n, err := unix.Poll(fds, 100); n > 0 || (err != nil && err != unix.EINTR) {
+					break
+				}
+			}
+			unix.Close(h.pidfd)
 		}
 		h.mu.Lock()
 		h.exited = true
