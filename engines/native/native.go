@@ -161,6 +161,8 @@ type Engine struct {
 	parking procpool.Parking[procpool.Key, *hostProc]
 	owner   extractOwner // where extraction directories are made (owner.go)
 
+	retiring sync.WaitGroup // check hosts exiting in the background (park)
+
 	parkedLoads atomic.Int64 // loads that took the host their check loaded (tests)
 	spareLoads  atomic.Int64 // loads whose first host was a spare (tests)
 }
@@ -206,6 +208,7 @@ func New(cfg Config) *Engine {
 func (e *Engine) Close() error {
 	e.spareHosts.Close()
 	e.parking.Close()
+	e.retiring.Wait()
 	e.owner.close()
 	return nil
 }

@@ -83,13 +83,12 @@ func TestCheckTakesASpareHost(t *testing.T) {
 			case tc.want != "" && (!errors.Is(err, engines.ErrInvalidCode) || !strings.Contains(err.Error(), tc.want)):
 				t.Fatalf("Check: err = %v, want ErrInvalidCode with %q", err, tc.want)
 			}
-			// That spare did the check, once: it is gone, its directory too.
-			if !s.Exited() {
-				t.Fatal("the spare that checked the package is still running")
-			}
-			if _, err := os.Stat(s.dir); !errors.Is(err, os.ErrNotExist) {
-				t.Fatalf("the spare's package directory is still there (stat: %v)", err)
-			}
+			// That spare did the check, once: it exits (in the
+			// background), its directory goes with it.
+			waitFor(t, "the spare that checked the package to exit and its directory to go", func() bool {
+				_, err := os.Stat(s.dir)
+				return s.Exited() && errors.Is(err, os.ErrNotExist)
+			})
 			for _, r := range e.spareHosts.Ready() {
 				if r == s {
 					t.Fatal("the used spare is ready again")
@@ -100,12 +99,7 @@ func TestCheckTakesASpareHost(t *testing.T) {
 	if _, err := os.Stat(mark); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a constructor wrote %s on the node's file system (stat: %v)", mark, err)
 	}
-	e.diskMu.Lock()
-	used := e.diskUsed
-	e.diskMu.Unlock()
-	if used != 0 {
-		t.Fatalf("%d extracted bytes still counted after the checks", used)
-	}
+	waitFor(t, "no extracted bytes counted after the checks", func() bool { return e.extractedBytes() == 0 })
 	// A spare that died while it waited is not used: the check starts a
 	// host of its own.
 	dead := readySpare(t, e)

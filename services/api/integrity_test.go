@@ -141,16 +141,20 @@ func TestCreateJoiningAnotherRequestsRunIsAlreadyExists(t *testing.T) {
 // A GetWorker whose query Temporal could not answer (the workflow task it
 // needed failed: seen in CI under load as "query timed out before a worker
 // could process it") answers from the persisted record; without one, the
-// timeout stays the answer.
+// timeout stays the answer. A timed-out query is asked once more first.
 func TestGetWorkerAnswersFromTheCatalogWhenTheQueryFails(t *testing.T) {
 	id := "6203c8ee-cf77-4964-8144-e0bcaf0e2b6a"
-	for name, qerr := range map[string]error{
-		"query timed out": serviceerror.NewDeadlineExceeded("query timed out before a worker could process it"),
-		"unavailable":     serviceerror.NewUnavailable("connection refused"),
+	for name, tt := range map[string]struct {
+		qerr    error
+		queries int // per GetWorker
+	}{
+		"query timed out": {serviceerror.NewDeadlineExceeded("query timed out before a worker could process it"), 2},
+		"unavailable":     {serviceerror.NewUnavailable("connection refused"), 1},
 	} {
+		qerr := tt.qerr
 		t.Run(name, func(t *testing.T) {
 			tc := mocks.NewClient(t)
-			tc.On("QueryWorkflow", mock.Anything, mock.Anything, "", workflows.QueryState).Return(nil, qerr).Twice()
+			tc.On("QueryWorkflow", mock.Anything, mock.Anything, "", workflows.QueryState).Return(nil, qerr).Times(2 * tt.queries)
 			s, _ := newServer(t, tc)
 			if _, err := s.GetWorker(context.Background(), &pb.GetWorkerRequest{WorkerId: id}); status.Code(err) != status.Code(s.status(qerr, id)) {
 				t.Fatalf("without a record: %v, want the query's own error", err)
@@ -163,5 +167,29 @@ func TestGetWorkerAnswersFromTheCatalogWhenTheQueryFails(t *testing.T) {
 				t.Fatalf("with a record: %v, %v; want the record", w, err)
 			}
 		})
+	}
+}
+
+// A query that timed out in Temporal (its query task expired: "query task
+// not found, or already expired", seen in CI under load for a name whose
+// create was refused) is asked once more, and the second answer stands:
+// NOT_FOUND for a worker that was never created, the state for one that
+// was.
+func TestGetWorkerAsksATimedOutQueryOnceMore(t *testing.T) {
+	id := "6203c8ee-cf77-4964-8144-e0bcaf0e2b6a"
+	expired := serviceerror.NewDeadlineExceeded("query task not found, or already expired")
+	tc := mocks.NewClient(t)
+	tc.On("QueryWorkflow", mock.Anything, mock.Anything, "", workflows.QueryState).Return(nil, expired).Once()
+	tc.On("QueryWorkflow", mock.Anything, mock.Anything, "", workflows.QueryState).Return(stateValue(t, workflows.WorkerState{}), nil).Once()
+	tc.On("QueryWorkflow", mock.Anything, mock.Anything, "", workflows.QueryState).Return(nil, expired).Once()
+	tc.On("QueryWorkflow", mock.Anything, mock.Anything, "", workflows.QueryState).Return(
+		stateValue(t, workflows.WorkerState{Created: true, Worker: catalog.Worker{ID: id, Topic: "orders", Status: catalog.StatusRunning, CodeVersion: 2}}), nil).Once()
+	s, _ := newServer(t, tc)
+	if _, err := s.GetWorker(context.Background(), &pb.GetWorkerRequest{WorkerId: id}); status.Code(err) != codes.NotFound {
+		t.Fatalf("a refused worker, its first query timed out: %v, want NOT_FOUND", err)
+	}
+	w, err := s.GetWorker(context.Background(), &pb.GetWorkerRequest{WorkerId: id})
+	if err != nil || w.GetTopic() != "orders" || w.GetCodeVersion() != 2 {
+		t.Fatalf("a running worker, its first query timed out: %v, %v", w, err)
 	}
 }

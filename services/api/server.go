@@ -482,9 +482,16 @@ func (s *Server) sendUpdate(ctx context.Context, o client.UpdateWorkflowOptions,
 }
 
 // state queries a worker's workflow; a deleted or never-created worker is
-// NOT_FOUND.
+// NOT_FOUND. A query Temporal gave up on while the caller still has time
+// (its query task expired before a node answered it: seen under load as
+// "query task not found, or already expired", a closed run being replayed
+// for it) is asked once more: a read, so asking again changes nothing.
 func (s *Server) state(ctx context.Context, id string) (workflows.WorkerState, error) {
 	v, err := s.temporal.QueryWorkflow(ctx, workflows.WorkflowID(id), "", workflows.QueryState)
+	if err != nil && timedOut(err) && ctx.Err() == nil {
+		s.log.Warn("worker state query timed out in Temporal; asking once more", "worker_id", id, "err", err)
+		v, err = s.temporal.QueryWorkflow(ctx, workflows.WorkflowID(id), "", workflows.QueryState)
+	}
 	if err != nil {
 		return workflows.WorkerState{}, s.status(err, id)
 	}
