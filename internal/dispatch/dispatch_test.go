@@ -284,6 +284,7 @@ func TestDetachClosesStreamAndInstance(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	d.Detach(ctx, "w")
+	d.WaitClosed(ctx)
 	if !inst.Closed() {
 		t.Fatal("instance not closed")
 	}
