@@ -168,45 +168,12 @@ func BenchmarkDotnetCompile(b *testing.B) {
 func BenchmarkDotnetCreateOnSpares(b *testing.B) {
 	e := newTestEngine(b, Config{SpareCompilers: 1, Spares: 1, Sandbox: sandboxtest.Strict(b)})
 	b.Cleanup(func() { _ = e.Close() })
-	ctx := context.Background()
-	ev := enginetest.NewEvent("bench-1", "bench", map[string]any{"x": 1}, "corr")
-	var check, load, call time.Duration
-	i := 0
-	create := func() {
-		i++
-		spec := engines.Spec{WorkerID: fmt.Sprintf("w%d", i), MIMEType: MIMESource}
-		code := unique(fixture(b, "echo"), fmt.Sprintf("%d %d", i, time.Now().UnixNano()))
-		t0 := time.Now()
-		if err := e.Check(ctx, spec, code); err != nil {
-			b.Fatal(err)
-		}
-		t1 := time.Now()
-		inst, err := e.Load(ctx, spec, code)
-		if err != nil {
-			b.Fatal(err)
-		}
-		t2 := time.Now()
-		if _, err := inst.Process(ctx, ev); err != nil {
-			b.Fatal(err)
-		}
-		t3 := time.Now()
-		check, load, call = check+t1.Sub(t0), load+t2.Sub(t1), call+t3.Sub(t2)
-		b.StopTimer()
-		inst.Close(ctx)
-		b.StartTimer()
-	}
-	create()
-	check, load, call = 0, 0, 0
-	for b.Loop() {
-		b.StopTimer()
+	enginetest.BenchCreate(b, e, func(i int) (engines.Spec, []byte) {
+		return engines.Spec{WorkerID: fmt.Sprintf("w%d", i), MIMEType: MIMESource},
+			unique(fixture(b, "echo"), fmt.Sprintf("%d %d", i, time.Now().UnixNano()))
+	}, func() {
 		for len(e.compilers.Ready()) == 0 || len(e.spares.Ready()) == 0 {
 			time.Sleep(2 * time.Millisecond)
 		}
-		b.StartTimer()
-		create()
-	}
-	n := float64(b.N)
-	b.ReportMetric(float64(check.Microseconds())/n/1000, "check-ms")
-	b.ReportMetric(float64(load.Microseconds())/n/1000, "load-ms")
-	b.ReportMetric(float64(call.Microseconds())/n/1000, "first-call-ms")
+	})
 }

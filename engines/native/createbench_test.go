@@ -3,11 +3,11 @@
 package native
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
 )
@@ -23,50 +23,18 @@ func BenchmarkNativeCreateOnSpares(b *testing.B) {
 		b.Run(string(iso), func(b *testing.B) {
 			e := newTestEngine(b, hostConfig(Config{Sandbox: sandboxtest.Strict(b), SpareCheckHosts: 1, Isolation: iso}))
 			b.Cleanup(func() { _ = e.Close() })
-			ctx := context.Background()
 			compileAll(b, flagsEcho)
 			code := packageOf(b, flagsEcho, nil)
-			ev := enginetest.NewEvent("bench-1", "bench", map[string]any{"x": 1}, "corr")
-			var check, load, call time.Duration
-			i := 0
-			create := func() {
-				i++
+			enginetest.BenchCreate(b, e, func(i int) (engines.Spec, []byte) {
 				spec := testSpec
 				spec.WorkerID = fmt.Sprintf("w%d", i)
-				t0 := time.Now()
-				if err := e.Check(ctx, spec, code); err != nil {
-					b.Fatal(err)
-				}
-				t1 := time.Now()
-				inst, err := e.Load(ctx, spec, code)
-				if err != nil {
-					b.Fatal(err)
-				}
-				t2 := time.Now()
-				if _, err := inst.Process(ctx, ev); err != nil {
-					b.Fatal(err)
-				}
-				t3 := time.Now()
-				check, load, call = check+t1.Sub(t0), load+t2.Sub(t1), call+t3.Sub(t2)
-				b.StopTimer()
-				inst.Close(ctx)
-				b.StartTimer()
-			}
-			create()
-			check, load, call = 0, 0, 0
-			for b.Loop() {
-				b.StopTimer()
+				return spec, code
+			}, func() {
 				for len(e.spareHosts.Ready()) == 0 {
 					time.Sleep(2 * time.Millisecond)
 				}
 				time.Sleep(300 * time.Millisecond)
-				b.StartTimer()
-				create()
-			}
-			n := float64(b.N)
-			b.ReportMetric(float64(check.Microseconds())/n/1000, "check-ms")
-			b.ReportMetric(float64(load.Microseconds())/n/1000, "load-ms")
-			b.ReportMetric(float64(call.Microseconds())/n/1000, "first-call-ms")
+			})
 		})
 	}
 }

@@ -1,7 +1,6 @@
 package python_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -18,43 +17,7 @@ import (
 // engines' CreateOnSpares benchmarks.
 func BenchmarkPythonCreateOnSpares(b *testing.B) {
 	e := newEngine(b, python.Config{Sandbox: sandboxtest.Strict(b), Spares: 2})
-	ctx := context.Background()
-	ev := enginetest.NewEvent("bench-1", "bench", map[string]any{"x": 1}, "corr")
-	var check, load, call time.Duration
-	i := 0
-	create := func() {
-		i++
-		spec := engines.Spec{WorkerID: fmt.Sprintf("w%d", i), MIMEType: python.MIMEType}
-		code := []byte(benchEcho)
-		t0 := time.Now()
-		if err := e.Check(ctx, spec, code); err != nil {
-			b.Fatal(err)
-		}
-		t1 := time.Now()
-		inst, err := e.Load(ctx, spec, code)
-		if err != nil {
-			b.Fatal(err)
-		}
-		t2 := time.Now()
-		if _, err := inst.Process(ctx, ev); err != nil {
-			b.Fatal(err)
-		}
-		t3 := time.Now()
-		check, load, call = check+t1.Sub(t0), load+t2.Sub(t1), call+t3.Sub(t2)
-		b.StopTimer()
-		inst.Close(ctx)
-		b.StartTimer()
-	}
-	create()
-	check, load, call = 0, 0, 0
-	for b.Loop() {
-		b.StopTimer()
-		time.Sleep(300 * time.Millisecond)
-		b.StartTimer()
-		create()
-	}
-	n := float64(b.N)
-	b.ReportMetric(float64(check.Microseconds())/n/1000, "check-ms")
-	b.ReportMetric(float64(load.Microseconds())/n/1000, "load-ms")
-	b.ReportMetric(float64(call.Microseconds())/n/1000, "first-call-ms")
+	enginetest.BenchCreate(b, e, func(i int) (engines.Spec, []byte) {
+		return engines.Spec{WorkerID: fmt.Sprintf("w%d", i), MIMEType: python.MIMEType}, []byte(benchEcho)
+	}, func() { time.Sleep(300 * time.Millisecond) })
 }

@@ -275,6 +275,42 @@ func TestHotSwapDrainsOldInstance(t *testing.T) {
 	}
 }
 
+// A detached worker's instance closes after Detach returned (its
+// process's exit is not a stop's to wait for: no message runs in it any
+// more), and DetachAll, a node's shutdown, waits until every close is done.
+func TestDetachAllWaitsForTheClosesDetachDoesNotWaitFor(t *testing.T) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	d := newTestDispatcher(t, b, pub, 1)
+	release := make(chan struct{})
+	slow := &dispatchtest.FuncInstance{Fn: outputs("x"), OnClose: func() { <-release }}
+	d.Attach(dispatch.Worker{ID: "slow", Topic: "in"}, slow)
+	other := &dispatchtest.FuncInstance{Fn: outputs("x")}
+	d.Attach(dispatch.Worker{ID: "other", Topic: "in2"}, other)
+	waitStream(t, b, "in")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d.Detach(ctx, "slow") // returns while the instance's Close blocks
+	if slow.Closed() {
+		t.Fatal("the instance closed before its Close returned")
+	}
+	all := make(chan struct{})
+	go func() { d.DetachAll(ctx); close(all) }()
+	select {
+	case <-all:
+		t.Fatal("DetachAll returned while a detached instance was still closing")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case <-all:
+	case <-ctx.Done():
+		t.Fatal("DetachAll did not return once the close was done")
+	}
+	if !slow.Closed() || !other.Closed() {
+		t.Fatalf("after DetachAll: closed %v and %v, want both", slow.Closed(), other.Closed())
+	}
+}
+
 func TestDetachClosesStreamAndInstance(t *testing.T) {
 	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 	d := newTestDispatcher(t, b, pub, 1)

@@ -128,8 +128,11 @@ type FuncInstance struct {
 	Fn func(*event.Event) ([]event.Event, error)
 	// Ctx, when set, sees each call's context before Fn runs (e.g. for the
 	// group lock's engines.Fence).
-	Ctx    func(context.Context)
-	closed atomic.Bool
+	Ctx func(context.Context)
+	// OnClose, when set, runs in Close before it returns (a slow or
+	// blocking process exit).
+	OnClose func()
+	closed  atomic.Bool
 }
 
 var _ engines.Instance = (*FuncInstance)(nil)
@@ -146,7 +149,13 @@ func (f *FuncInstance) Process(ctx context.Context, in *event.Event) ([]event.Ev
 }
 
 // Close implements engines.Instance.
-func (f *FuncInstance) Close(context.Context) error { f.closed.Store(true); return nil }
+func (f *FuncInstance) Close(context.Context) error {
+	if f.OnClose != nil {
+		f.OnClose()
+	}
+	f.closed.Store(true)
+	return nil
+}
 
 // Closed reports whether Close was called.
 func (f *FuncInstance) Closed() bool { return f.closed.Load() }
