@@ -394,14 +394,23 @@ func newInstance(inst engines.Instance) *instance {
 // returned: stop). A worker process's exit — its sandbox's teardown — was
 // most of a stop's time in the node (Python 2.5 ms, .NET 5-7 ms), and no
 // message runs in it any more; DetachAll (node shutdown) waits for every
-// close.
+// close. Close is given instanceCloseBound: an engine's Close that waits
+// for a call it abandoned (an in-process native call still in native code
+// past its deadline) then returns its error, which is logged.
 func (d *Dispatcher) closeInBackground(ctx context.Context, i *instance) {
 	d.closing.Add(1)
 	go func() {
 		defer d.closing.Done()
+		ctx, cancel := context.WithTimeout(ctx, instanceCloseBound)
+		defer cancel()
 		i.closeWhenIdle(ctx, d.log)
 	}()
 }
+
+// instanceCloseBound bounds a background close: as long as a stop's
+// Apply activity (workflows.ApplyTimeout) waited for it when the stop
+// closed the instance itself.
+var instanceCloseBound = 3 * time.Minute
 
 func (i *instance) closeWhenIdle(ctx context.Context, log *slog.Logger) {
 	i.mu.Lock()

@@ -311,6 +311,29 @@ func TestDetachAllWaitsForTheClosesDetachDoesNotWaitFor(t *testing.T) {
 	}
 }
 
+// A background close that does not end (an engine waiting for a call it
+// abandoned) is given up after its bound: the Close sees its context end,
+// and DetachAll returns.
+func TestABackgroundCloseIsBounded(t *testing.T) {
+	dispatch.SetInstanceCloseBound(t, 100*time.Millisecond)
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	d := newTestDispatcher(t, b, pub, 1)
+	var closeCtx context.Context
+	stuck := &dispatchtest.FuncInstance{Fn: outputs("x")}
+	stuck.OnCtxClose = func(ctx context.Context) { closeCtx = ctx; <-ctx.Done() }
+	d.Attach(dispatch.Worker{ID: "stuck", Topic: "in"}, stuck)
+	waitStream(t, b, "in")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d.DetachAll(ctx)
+	if ctx.Err() != nil {
+		t.Fatal("DetachAll waited for the close past its bound")
+	}
+	if closeCtx == nil || closeCtx.Err() == nil {
+		t.Fatal("the close's context did not end at the bound")
+	}
+}
+
 func TestDetachClosesStreamAndInstance(t *testing.T) {
 	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
 	d := newTestDispatcher(t, b, pub, 1)

@@ -1,5 +1,7 @@
 package dispatch
 
+import "time"
+
 // Draining reports whether Drain has begun (tests wait on it instead of
 // sleeping).
 func (d *Dispatcher) Draining() bool { return d.draining.Load() }
@@ -28,3 +30,11 @@ func (d *Dispatcher) Stopped(id string) <-chan struct{} {
 
 // Concurrency is concurrency, for tests.
 var Concurrency = concurrency
+
+// SetInstanceCloseBound sets how long a background close may take, until
+// the test ends.
+func SetInstanceCloseBound(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := instanceCloseBound
+	instanceCloseBound = d
+	t.Cleanup(func() { instanceCloseBound = old })
+}

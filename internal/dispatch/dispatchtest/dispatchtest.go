@@ -130,9 +130,10 @@ type FuncInstance struct {
 	// group lock's engines.Fence).
 	Ctx func(context.Context)
 	// OnClose, when set, runs in Close before it returns (a slow or
-	// blocking process exit).
-	OnClose func()
-	closed  atomic.Bool
+	// blocking process exit); OnCtxClose the same, with Close's context.
+	OnClose    func()
+	OnCtxClose func(context.Context)
+	closed     atomic.Bool
 }
 
 var _ engines.Instance = (*FuncInstance)(nil)
@@ -149,9 +150,12 @@ func (f *FuncInstance) Process(ctx context.Context, in *event.Event) ([]event.Ev
 }
 
 // Close implements engines.Instance.
-func (f *FuncInstance) Close(context.Context) error {
+func (f *FuncInstance) Close(ctx context.Context) error {
 	if f.OnClose != nil {
 		f.OnClose()
+	}
+	if f.OnCtxClose != nil {
+		f.OnCtxClose(ctx)
 	}
 	f.closed.Store(true)
 	return nil
