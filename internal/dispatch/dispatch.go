@@ -397,11 +397,11 @@ func newInstance(inst engines.Instance) *instance {
 // close. Close is given instanceCloseBound: an engine's Close that waits
 // for a call it abandoned (an in-process native call still in native code
 // past its deadline) then returns its error, which is logged.
-func (d *Dispatcher) closeInBackground(ctx context.Context, i *instance) {
+func (d *Dispatcher) closeInBackground(i *instance) {
 	d.closing.Add(1)
 	go func() {
 		defer d.closing.Done()
-		ctx, cancel := context.WithTimeout(ctx, instanceCloseBound)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), instanceCloseBound)
 		defer cancel()
 		i.closeWhenIdle(ctx, d.log)
 	}()
@@ -469,7 +469,7 @@ func (d *Dispatcher) Attach(w Worker, inst engines.Instance) {
 		d.setUnrunnableLocked(w.ID, nil)
 		old := cur.inst.Swap(newInstance(inst))
 		d.mu.Unlock()
-		d.closeInBackground(context.WithoutCancel(d.ctx), old)
+		d.closeInBackground(old)
 		return
 	}
 	d.mu.Unlock()
@@ -812,7 +812,7 @@ func (d *Dispatcher) stop(ctx context.Context, w *worker, t *topic, last, delete
 		}
 		break
 	}
-	d.closeInBackground(context.WithoutCancel(ctx), w.inst.Load())
+	d.closeInBackground(w.inst.Load())
 	if deleteMetrics {
 		w.m.Delete()
 	}
