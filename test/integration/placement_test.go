@@ -287,9 +287,14 @@ func TestPlacementAcrossNodes(t *testing.T) {
 			t.Fatalf("node %s serves %d of %d topics: want between %.0f%% and %.0f%% (%v)", n.id, s[n.id], nTopics, 100*lo, 100*hi, s)
 		}
 		// One Python runner per Python worker it serves, none for the
-		// others (load checks of the creates run runners that exit).
+		// others. A create's check parks its runner on the node that ran
+		// it, for the worker's Load there; on a node that does not serve
+		// the worker it retires after the engine's park TTL (30 s, from
+		// the check: the last creates end about when placement converged),
+		// so the wait outlasts it, as in TestRecoveryByShare (CI once saw 18
+		// runners for 17 topics for the 30 s this waited before).
 		var py int
-		waitPlaced(t, 30*time.Second, "node "+n.id+" runs one Python process per Python worker it serves", func() (bool, string) {
+		waitPlaced(t, time.Minute, "node "+n.id+" runs one Python process per Python worker it serves", func() (bool, string) {
 			py = pythonProcesses(t, pids[n.id])
 			return py == s[n.id], fmt.Sprintf("%d Python processes for %d topics with one Python worker each", py, s[n.id])
 		})
