@@ -247,10 +247,41 @@ namespace Virtufin.WorkManager.Host
                 var input = HostBinding.ParseEvent("{\"specversion\":\"1.0\",\"id\":\"warm\",\"source\":\"wmhost\",\"type\":\"warm\"," +
                     "\"datacontenttype\":\"application/json\",\"correlationid\":\"warm\",\"data\":{\"n\":1,\"s\":\"x\",\"a\":[true,null,1.5]}}");
                 Utf8.GetBytes(HostBinding.Process(worker, input));
+                WarmSetup();
+                WarmLockdown();
             }
             catch (Exception)
             {
             }
+        }
+
+        // WarmSetup runs what Main runs on a setup frame, on a variable of
+        // the host's own, set and removed again: Mono's first
+        // SetEnvironmentVariable took 1.3-3 ms of a spare host's load.
+        static void WarmSetup()
+        {
+            foreach (var line in "WMHOST_WARM=1".Split('\n'))
+            {
+                int eq = line.IndexOf('=');
+                if (eq > 0 && line.StartsWith("WMHOST_", StringComparison.Ordinal))
+                    Environment.SetEnvironmentVariable(line.Substring(0, eq), line.Substring(eq + 1));
+            }
+            Environment.SetEnvironmentVariable("WMHOST_WARM", null);
+        }
+
+        // WarmLockdown runs what Load's Lockdown runs before its filter is
+        // installed: RuntimeInformation (an assembly of its own in Mono),
+        // the base64 decode, Lockdown's own compile and the binding of its
+        // native calls to libc (through a prctl that only reads): about
+        // 0.3 ms of a load.
+        static void WarmLockdown()
+        {
+            var arch = RuntimeInformation.ProcessArchitecture;
+            Convert.FromBase64String("AAAAAAAAAAA=");
+            System.Runtime.CompilerServices.RuntimeHelpers.PrepareMethod(
+                typeof(Program).GetMethod("Lockdown", BindingFlags.NonPublic | BindingFlags.Static).MethodHandle);
+            const int PR_GET_NO_NEW_PRIVS = 39;
+            prctl(PR_GET_NO_NEW_PRIVS, IntPtr.Zero, IntPtr.Zero, IntPtr.Zero, IntPtr.Zero);
         }
 
         // IsWorker: whether t implements IWorker or IMultiOutputWorker of

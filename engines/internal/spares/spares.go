@@ -38,6 +38,12 @@ type Set[P Proc] struct {
 	// OnError, when set, learns of a Start that failed: no more start
 	// until the next Take.
 	OnError func(error)
+	// Settle, when positive, delays the next start after a take while
+	// another process is still ready: the caller's call goes on (a
+	// create's host load, its workflow's round trips) without a start
+	// beside it taking the CPU it needs. With none ready the next starts
+	// at once, as without Settle.
+	Settle time.Duration
 
 	mu       sync.Mutex
 	idle     []P
@@ -48,6 +54,8 @@ type Set[P Proc] struct {
 	// TakeAwaiting waiting for it.
 	changed  chan struct{}
 	awaiting int
+	// settling is the pending delayed start (Settle).
+	settling *time.Timer
 }
 
 // New keeps want processes (the engine's setting) ready, started by
@@ -183,10 +191,32 @@ func (s *Set[P]) take() (P, bool) {
 func (s *Set[P]) refill() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.closed && !s.starting && len(s.idle) < s.Want {
-		s.starting = true
-		go s.startOne()
+	s.refillLocked(s.Settle > 0 && len(s.idle) > 0)
+}
+
+// refillLocked starts the next process unless one is starting or Want
+// are ready; after Settle when settle is set (s.mu held).
+func (s *Set[P]) refillLocked(settle bool) {
+	if s.closed || s.starting || len(s.idle) >= s.Want {
+		return
 	}
+	if settle {
+		if s.settling == nil {
+			s.settling = time.AfterFunc(s.Settle, func() {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				s.settling = nil
+				s.refillLocked(false)
+			})
+		}
+		return
+	}
+	if s.settling != nil {
+		s.settling.Stop()
+		s.settling = nil
+	}
+	s.starting = true
+	go s.startOne()
 }
 
 // startOne starts one process for the Set, then the next ones (refill). A
@@ -209,8 +239,8 @@ func (s *Set[P]) startOne() {
 		return
 	}
 	s.idle = append(s.idle, p)
+	s.refillLocked(false) // settled already
 	s.mu.Unlock()
-	s.refill()
 }
 
 // Close retires the ready processes and starts no more; one starting now
@@ -219,6 +249,10 @@ func (s *Set[P]) Close() {
 	s.mu.Lock()
 	idle := s.idle
 	s.idle, s.closed = nil, true
+	if s.settling != nil {
+		s.settling.Stop()
+		s.settling = nil
+	}
 	s.mu.Unlock()
 	for _, p := range idle {
 		p.Retire()

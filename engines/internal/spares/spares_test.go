@@ -191,3 +191,39 @@ func TestTakeAwaitingWaitsForTheOneStarting(t *testing.T) {
 	waitReady(t, s, 1)
 	s.Close()
 }
+
+// With Settle, a take that leaves one ready starts the next only after
+// Settle (not while the caller's call goes on); a take that leaves none
+// starts it at once; Close cancels a start still settling.
+func TestSettleDelaysTheNextStartWhileOneIsReady(t *testing.T) {
+	var starts atomic.Int32
+	s := &Set[*fake]{Want: 2, Settle: time.Hour,
+		Start: func() (*fake, error) { return &fake{id: int(starts.Add(1))}, nil }}
+	s.Take() // none ready: the first ones start at once
+	waitReady(t, s, 2)
+	if _, ok := s.Take(); !ok {
+		t.Fatal("none ready")
+	}
+	time.Sleep(20 * time.Millisecond) // a start now would have begun
+	if n := starts.Load(); n != 2 {
+		t.Fatalf("%d starts while one was ready and the settle pending, want 2", n)
+	}
+	if _, ok := s.Take(); !ok { // the last one: the next start at once
+		t.Fatal("none ready")
+	}
+	waitReady(t, s, 2)
+	if n := starts.Load(); n != 4 {
+		t.Fatalf("%d starts, want 4", n)
+	}
+
+	s.Settle = 10 * time.Millisecond
+	s.Take()
+	waitReady(t, s, 2) // started once settled
+	s.Settle = time.Hour
+	s.Take()
+	s.Close()
+	time.Sleep(20 * time.Millisecond)
+	if s.settling != nil || len(s.Ready()) != 0 {
+		t.Fatal("a start still settling after Close")
+	}
+}
