@@ -217,7 +217,6 @@ func New(cfg Config) *Engine {
 	e := &Engine{cfg: cfg}
 	e.parking.TTL, e.parking.Max = ParkTTL, ParkMax
 	e.spares = spares.New(cfg.Spares, cfg.Sandbox, e.startSpare, cfg.Logger, "dotnet engine: a spare host")
-	e.spares.Settle = spareSettle
 	e.compilers = e.newSpareCompilers()
 	if !cfg.NoLockdown && cfg.Sandbox != nil && cfg.Sandbox.Mode() != sandbox.Off {
 		lockdown := sandbox.LockdownProgram

@@ -115,7 +115,7 @@ func (s *spareCompiler) Release() {
 
 // newSpareCompilers is the engine's set of spare compilers.
 func (e *Engine) newSpareCompilers() *spares.Set[*spareCompiler] {
-	return &spares.Set[*spareCompiler]{Want: e.cfg.SpareCompilers, Start: e.startSpareCompiler, Settle: spareSettle, OnError: func(err error) {
+	return &spares.Set[*spareCompiler]{Want: e.cfg.SpareCompilers, Start: e.startSpareCompiler, Settle: spares.SettleAfterTake, OnError: func(err error) {
 		e.cfg.Logger.Warn("dotnet engine: a spare compiler did not start; compiles start their own", "error", err)
 	}}
 }
@@ -313,11 +313,3 @@ func (w *readyWriter) before() string {
 	}
 	return s
 }
-
-// spareSettle is how long the next spare compiler or host waits after a
-// take while another is still ready (spares.Set.Settle): a compiler's
-// start (Mono loading and warming mcs) is far more CPU than the rest of a
-// create, a host's about 20 ms, and beside the create that took one they
-// slowed its host load and its workflow's round trips on two cores
-// (docs/performance.md, "Where a .NET create's check goes").
-const spareSettle = 50 * time.Millisecond

@@ -58,9 +58,19 @@ type Set[P Proc] struct {
 	settling *time.Timer
 }
 
+// SettleAfterTake is the Settle of the Sets New makes (and of the .NET
+// engine's spare compilers): measured in BenchmarkControlPlane, a spare's
+// start beside the create that took one slowed that create on two cores
+// (a spare native check host's, through the sandbox's chain, 3-5 ms; a C#
+// compiler's far more), and 50 ms takes it off the call's engine step and
+// most of its round trips (docs/performance.md, "Where a .NET create's
+// check goes" and "Spares that settle").
+const SettleAfterTake = 50 * time.Millisecond
+
 // New keeps want processes (the engine's setting) ready, started by
-// start, and logs the starts that fail; what names them ("python engine:
-// a spare runner"). None when sb shares writable paths: a spare runs
+// start, settling SettleAfterTake after a take while one is still ready,
+// and logs the starts that fail; what names them ("python engine: a
+// spare runner"). None when sb shares writable paths: a spare runs
 // under a user id of its own, so a worker's files there would not be
 // writable by all its processes.
 func New[P Proc](want int, sb *sandbox.Sandbox, start func() (P, error), log *slog.Logger, what string) *Set[P] {
@@ -68,7 +78,7 @@ func New[P Proc](want int, sb *sandbox.Sandbox, start func() (P, error), log *sl
 		log.Info(what + ": none kept, as worker sandboxes share writable paths (SANDBOX_WRITABLE_PATHS)")
 		want = 0
 	}
-	return &Set[P]{Want: want, Start: start, OnError: func(err error) {
+	return &Set[P]{Want: want, Start: start, Settle: SettleAfterTake, OnError: func(err error) {
 		log.Warn(what+" did not start; creates and starts start their own", "error", err)
 	}}
 }
