@@ -157,7 +157,7 @@ func loadConfig() (config, error) {
 		DotnetProcesses:       r.Int("DOTNET_PROCESSES", 1),
 		DotnetMaxProcesses:    r.Int("DOTNET_MAX_PROCESSES", dotnet.DefaultMaxProcesses),
 		DotnetParkAfter:       r.Duration("DOTNET_PARK_AFTER", 0),
-		DotnetSpares:          r.Int("DOTNET_SPARE_HOSTS", 2),
+		DotnetSpares:          r.Int("DOTNET_SPARE_HOSTS", 3),
 		DotnetSpareCompilers:  r.Int("DOTNET_SPARE_COMPILERS", 2),
 		DotnetCacheDir:        r.String("DOTNET_CACHE_DIR", filepath.Join(os.TempDir(), "workmanager-dotnet")),
 		WasmMaxMemoryPages:    r.Int("WASM_MAX_MEMORY_PAGES", wasm.DefaultMaxMemoryPages),
