@@ -167,7 +167,7 @@ func loadConfig() (config, error) {
 		DotnetLockdown:        r.Bool("DOTNET_LOCKDOWN", true),
 		NativeMaxAbandoned:    r.Int("NATIVE_MAX_ABANDONED_CALLS", 4),
 		NativeMaxExtracted:    r.Int("NATIVE_MAX_EXTRACTED_BYTES", 1<<30),
-		NativeSpareChecks:     r.Int("NATIVE_SPARE_CHECK_HOSTS", 2),
+		NativeSpareChecks:     r.Int("NATIVE_SPARE_CHECK_HOSTS", 3),
 		BrokerProbe:           r.Duration("BROKER_PROBE_INTERVAL", 2*time.Second),
 		BrokerReadyGrace:      r.Duration("BROKER_READY_GRACE", 15*time.Second),
 		LogLevel:              r.LogLevel("LOG_LEVEL"),
