@@ -122,6 +122,11 @@ func (s *Set[P]) TakeAwaiting(ctx context.Context, wait time.Duration) (P, bool,
 		return p, ok, refill
 	}
 	s.mu.Lock()
+	if s.settling != nil && s.awaiting == 0 {
+		// A settling start is what this caller would wait for: it begins
+		// now.
+		s.refillLocked(false)
+	}
 	if !s.starting || s.awaiting > 0 || s.closed {
 		s.mu.Unlock()
 		return zero, false, refill

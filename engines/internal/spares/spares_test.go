@@ -1,6 +1,7 @@
 package spares
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -225,5 +226,27 @@ func TestSettleDelaysTheNextStartWhileOneIsReady(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	if s.settling != nil || len(s.Ready()) != 0 {
 		t.Fatal("a start still settling after Close")
+	}
+}
+
+// A caller that would wait for a spare being started does not wait for a
+// settling one: TakeAwaiting starts it at once and takes it.
+func TestTakeAwaitingStartsASettlingSpare(t *testing.T) {
+	var starts atomic.Int32
+	s := &Set[*fake]{Want: 2, Settle: time.Hour,
+		Start: func() (*fake, error) { return &fake{id: int(starts.Add(1))}, nil }}
+	t.Cleanup(s.Close)
+	s.Take()
+	waitReady(t, s, 2)
+	s.Take()                          // one left: the next start settles
+	_, ok, refill := s.TakeDeferred() // the last, its refill not called yet
+	if !ok {
+		t.Fatal("none ready")
+	}
+	defer refill()
+	p, ok, r := s.TakeAwaiting(context.Background(), 5*time.Second)
+	defer r()
+	if !ok || p.id != 3 {
+		t.Fatalf("took %+v %v, want the third start", p, ok)
 	}
 }
