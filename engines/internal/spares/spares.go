@@ -3,7 +3,8 @@
 // engine's spare hosts): a create, start or reload takes a ready one
 // instead of waiting for a runtime to start. A spare is handed out once
 // and never taken back; one that died while it waited is retired, never
-// handed out. The next ones start in the background, one at a time; a
+// handed out. The next ones start in the background, one at a time,
+// after a short settle while another is still ready (Set.Settle); a
 // caller may wait for the one being started instead of starting a
 // process of its own (Set.TakeAwaiting).
 package spares
