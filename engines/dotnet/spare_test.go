@@ -39,13 +39,14 @@ public class WhoAmI : IWorker
             ["id"] = Environment.GetEnvironmentVariable("VIRTUFIN_WORKER_ID"),
             ["topic"] = Environment.GetEnvironmentVariable("VIRTUFIN_WORKER_TOPIC"),
             ["uid"] = uid, ["layers"] = layers,
+            ["warm"] = Environment.GetEnvironmentVariable("WMHOST_WARM"),
         };
         return Task.FromResult(new CloudEvent { Type = "who", DataContentType = "application/json", Data = data });
     }
 }
 `
 
-type hostWho struct{ ID, Topic, UID, Layers string }
+type hostWho struct{ ID, Topic, UID, Layers, Warm string }
 
 func askHost(t *testing.T, inst engines.Instance) hostWho {
 	t.Helper()
@@ -114,8 +115,8 @@ func testSpareHosts(t *testing.T, cfg Config) {
 		t.Fatalf("b runs in host %d, want the spare %d", got, spare.Pid)
 	}
 	wb := askHost(t, b)
-	if wb.ID != "b" || wb.Topic != "topic-b" {
-		t.Fatalf("the spare's variables: %+v, want b's", wb)
+	if wb.ID != "b" || wb.Topic != "topic-b" || wb.Warm != "" {
+		t.Fatalf("the spare's variables: %+v, want b's (and none of its warm-up, WarmSetup)", wb)
 	}
 	if wb.Layers != wa.Layers {
 		t.Fatalf("a spare's layers %q, a host started for its worker %q", wb.Layers, wa.Layers)
