@@ -104,6 +104,11 @@ type Spec struct {
 	// loaded in; a failure to start shows on the first event. Engines that
 	// park nothing (or with parking off) start their processes as usual.
 	Parked bool
+	// LoadsElsewhere tells Check that the Load which follows will run on
+	// other nodes (the node does not serve the worker's topic): the
+	// process that checked the code is not kept for a Load here
+	// (procpool.Parking), it exits at once.
+	LoadsElsewhere bool
 }
 
 // WithDefaults returns the spec with a zero Timeout and a nil Logger

@@ -273,7 +273,11 @@ func (e *Engine) Check(ctx context.Context, spec engines.Spec, code []byte) erro
 	if err != nil {
 		return err
 	}
-	e.parking.Park(procpool.KeyOf(spec, code), p)
+	if spec.LoadsElsewhere {
+		e.parking.Discard(p)
+	} else {
+		e.parking.Park(procpool.KeyOf(spec, code), p)
+	}
 	return nil
 }
 

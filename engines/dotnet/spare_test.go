@@ -223,3 +223,26 @@ func TestSpareHostRunsAPackage(t *testing.T) {
 		t.Fatalf("outputs %v, err %v", out, err)
 	}
 }
+
+// A check whose Load runs on another node (Spec.LoadsElsewhere) keeps no
+// host: the one that loaded the code exits; an ordinary check's is kept
+// for the Load.
+func TestCheckForALoadElsewhereParksNoHost(t *testing.T) {
+	e := newTestEngine(t, Config{})
+	t.Cleanup(func() { _ = e.Close() })
+	ctx := context.Background()
+	elsewhere := hostSpec("a")
+	elsewhere.LoadsElsewhere = true
+	if err := e.Check(ctx, elsewhere, []byte(whoAmIWorker)); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.parking.Len(); n != 0 {
+		t.Fatalf("%d hosts parked after a check for a Load elsewhere, want none", n)
+	}
+	if err := e.Check(ctx, hostSpec("a"), []byte(whoAmIWorker)); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.parking.Len(); n != 1 {
+		t.Fatalf("%d hosts parked after an ordinary check, want 1", n)
+	}
+}

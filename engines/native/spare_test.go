@@ -274,3 +274,28 @@ func TestLoadTakesTheHostItsCheckLoaded(t *testing.T) {
 	e.Close()
 	waitFor(t, "Close retires the parked host", s.Exited)
 }
+
+// A process-isolated worker's check whose Load runs on another node
+// (Spec.LoadsElsewhere) keeps nothing: the spare that checked the package
+// exits and its directory goes, as for an in-process worker.
+func TestCheckForALoadElsewhereParksNoHost(t *testing.T) {
+	sb := sandboxtest.Strict(t)
+	e := newTestEngine(t, hostConfig(Config{Sandbox: sb, SpareCheckHosts: 1, Isolation: IsolationProcess}))
+	t.Cleanup(func() { e.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	code := packageOf(t, []string{`-DCTOR_REQUIRE_ID="` + testSpec.WorkerID + `"`}, nil)
+	if err := e.Check(ctx, testSpec, code); err != nil { // starts the spares
+		t.Fatalf("Check: %v", err)
+	}
+	s := readySpare(t, e)
+	elsewhere := testSpec
+	elsewhere.LoadsElsewhere = true
+	if err := e.Check(ctx, elsewhere, code); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	waitFor(t, "the spare that checked the package to exit and its directory to go", func() bool {
+		_, err := os.Stat(s.dir)
+		return s.Exited() && errors.Is(err, os.ErrNotExist)
+	})
+}

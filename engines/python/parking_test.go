@@ -179,3 +179,22 @@ func TestParkedLoadStartsNoRunner(t *testing.T) {
 		}
 	}
 }
+
+// A check whose Load runs on another node (Spec.LoadsElsewhere) keeps
+// nothing: its runner exits at once, and a Load here starts its own.
+func TestCheckForALoadElsewhereParksNothing(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "loads")
+	e := newEngine(t, python.Config{Env: []string{"LOADS_FILE=" + file}})
+	code := loadsWorker + "TAG = 'v1'\n"
+	elsewhere := testSpec
+	elsewhere.LoadsElsewhere = true
+	if err := e.Check(context.Background(), elsewhere, []byte(code)); err != nil {
+		t.Fatal(err)
+	}
+	checked := loads(t, file)[0]
+	waitGone(t, checked)
+	inst := load(t, e, testSpec, code)
+	if got := loads(t, file); len(got) != 2 || itoa(pidOf(t, inst)) != got[1] {
+		t.Fatalf("runners %v: want the check's and one the Load started", got)
+	}
+}

@@ -22,6 +22,8 @@ type Placement interface {
 	// Unplaceable reports whether the placement found that no live node
 	// can run worker id of topic.
 	Unplaceable(topic, id string) bool
+	// ServesByView is Serves without reading anything: a hint (Check).
+	ServesByView(topic string) bool
 }
 
 // SetPlacement makes the node serve only the topics p places on it. Call

@@ -1,8 +1,10 @@
 package node_test
 
 import (
+	"cmp"
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -320,5 +322,51 @@ func TestConvergenceReadsOnlyWorkersNotAttached(t *testing.T) {
 	}
 	if reads := rc.workerReads(); reads["w1"] != 0 || reads["w2"] != 0 || reads["w3"] == 0 {
 		t.Fatalf("records read: %v, want w3's and not w1's or w2's", reads)
+	}
+}
+
+// A node checks code for any worker (the check runs on whichever node
+// takes the activity) but loads only the workers of topics it serves: a
+// check for a topic placed elsewhere tells the engine so
+// (Spec.LoadsElsewhere), which then keeps nothing of it for a Load here;
+// a topic not placed yet (a create's) goes by the fallback ranking. The
+// node reads nothing for it: the view it has decides.
+func TestCheckOfATopicServedElsewhereKeepsNothing(t *testing.T) {
+	f, ctx := nodetest.New(t), context.Background()
+	ps := placement.NewStore(f.Store)
+	alive := []string{"me", "other", "third"}
+	fol := &placement.Follower{Self: "me", Store: ps, Replicas: 2, Alive: func() []string { return alive }}
+	f.Node.SetPlacement(fol)
+	// Two new topics, one the fallback ranking gives this node and one it
+	// does not.
+	var mine, notMine string
+	for i := 0; mine == "" || notMine == ""; i++ {
+		topic := "new-" + strconv.Itoa(i)
+		if slices.Contains(placement.Fallback(alive, nil, topic, 2), "me") {
+			mine = cmp.Or(mine, topic)
+		} else {
+			notMine = cmp.Or(notMine, topic)
+		}
+	}
+	placeTopic(t, ps, mine, "other", "third") // placed elsewhere, the view has not read it yet
+	placeTopic(t, ps, "here", "me", "other")
+	check := func(topic string) bool {
+		t.Helper()
+		w := nodetest.Worker(catalog.StatusRunning, "")
+		w.Topic = topic
+		if err := f.Node.Check(ctx, w, []byte("good")); err != nil {
+			t.Fatal(err)
+		}
+		checks := f.Engine.Checks()
+		return checks[len(checks)-1].LoadsElsewhere
+	}
+	if check(mine) || !check(notMine) {
+		t.Fatal("before the view has read the record: want the fallback ranking's answer")
+	}
+	if _, err := fol.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !check(mine) || check("here") || !check(notMine) {
+		t.Fatal("want LoadsElsewhere for the topics placed, or ranked, on other nodes only")
 	}
 }

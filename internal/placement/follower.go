@@ -156,6 +156,22 @@ func (f *Follower) Serves(ctx context.Context, topic string) bool {
 	return slices.Contains(Fallback(f.Alive(), r.Drained, topic, f.Replicas), f.Self)
 }
 
+// ServesByView is Serves by the view the follower has, without reading
+// the record: for a topic the view does not place, the fallback ranking
+// (which the planner's placement of a new topic mostly agrees with). A
+// hint for what costs nothing when wrong (a check's process kept for a
+// Load here, or not), not for what the node serves.
+func (f *Follower) ServesByView(topic string) bool {
+	var r Record
+	if rec := f.rec.Load(); rec != nil {
+		r = *rec
+	}
+	if f.placedAlive(r, topic) {
+		return slices.Contains(r.Topics[topic].Serving(), f.Self)
+	}
+	return slices.Contains(Fallback(f.Alive(), r.Drained, topic, f.Replicas), f.Self)
+}
+
 // placedAlive reports whether r places topic on at least one live node.
 func (f *Follower) placedAlive(r Record, topic string) bool {
 	t, ok := r.Topics[topic]

@@ -37,6 +37,8 @@ type Parking[K comparable, P Process] struct {
 
 	mu     sync.Mutex
 	parked []*parked[K, P] // oldest first
+	// discarding counts the processes Discard retires in the background.
+	discarding sync.WaitGroup
 }
 
 type parked[K comparable, P Process] struct {
@@ -74,6 +76,18 @@ func (pk *Parking[K, P]) Park(key K, p P) {
 	for _, p := range evicted {
 		p.Retire()
 	}
+}
+
+// Discard retires p in the background instead of parking it (a Check
+// whose Load runs on another node, engines.Spec.LoadsElsewhere): the
+// check's answer is in, and waiting for the process's exit (its sandbox's
+// teardown) would only delay it. Close waits for it.
+func (pk *Parking[K, P]) Discard(p P) {
+	pk.discarding.Add(1)
+	go func() {
+		defer pk.discarding.Done()
+		p.Retire()
+	}()
 }
 
 // Take removes and returns the process parked under key, if any. The
@@ -122,7 +136,8 @@ func (pk *Parking[K, P]) Len() int {
 	return len(pk.parked)
 }
 
-// Close retires every parked process.
+// Close retires every parked process and waits for those Discard
+// retires.
 func (pk *Parking[K, P]) Close() {
 	pk.mu.Lock()
 	all := pk.parked
@@ -132,6 +147,7 @@ func (pk *Parking[K, P]) Close() {
 		e.timer.Stop()
 		e.p.Retire()
 	}
+	pk.discarding.Wait()
 }
 
 // remove takes the first entry that match reports out of the list (nil:

@@ -104,3 +104,21 @@ func TestParkingTakeFor(t *testing.T) {
 		t.Fatal("handed-over process not tracked by the pool")
 	}
 }
+
+// Discard parks nothing: the process is retired in the background, and
+// Close waits for it.
+func TestParkingDiscardRetiresAndCloseWaits(t *testing.T) {
+	pk := &Parking[string, *fakeProc]{TTL: time.Minute, Max: 4}
+	p := newFake(1)
+	pk.Discard(p)
+	if pk.Len() != 0 {
+		t.Fatal("a discarded process was parked")
+	}
+	if _, ok := pk.Take("any"); ok {
+		t.Fatal("a discarded process was handed out")
+	}
+	pk.Close()
+	if p.retires.Load() != 1 {
+		t.Fatalf("retired %d times after Close, want once", p.retires.Load())
+	}
+}

@@ -46,6 +46,14 @@ type Engine struct {
 	maxIn    int // the most there were at once
 	slow     chan struct{}
 	slowOnce sync.Once
+	checks   []engines.Spec // the specs Check was given
+}
+
+// Checks returns the specs Check was given, in order.
+func (e *Engine) Checks() []engines.Spec {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]engines.Spec(nil), e.checks...)
 }
 
 // Attempts counts Load calls, failed ones included.
@@ -92,7 +100,15 @@ func (e *Engine) Info() engines.Info {
 }
 
 // Check implements engines.Engine.
-func (e *Engine) Check(_ context.Context, _ engines.Spec, code []byte) error {
+func (e *Engine) Check(_ context.Context, s engines.Spec, code []byte) error {
+	e.mu.Lock()
+	e.checks = append(e.checks, s)
+	e.mu.Unlock()
+	return valid(code)
+}
+
+// valid refuses BadCode as invalid code.
+func valid(code []byte) error {
 	if string(code) == BadCode {
 		return fmt.Errorf("%w: line 1: nothing good here", engines.ErrInvalidCode)
 	}
@@ -118,7 +134,7 @@ func (e *Engine) Load(ctx context.Context, s engines.Spec, code []byte) (engines
 			return nil, ctx.Err()
 		}
 	}
-	if err := e.Check(ctx, s, code); err != nil {
+	if err := valid(code); err != nil {
 		return nil, err
 	}
 	e.mu.Lock()
