@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/python"
 )
 
@@ -101,15 +102,7 @@ func TestParkedRunnerDiesOrExpires(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "loads")
 	e := newEngine(t, python.Config{Env: []string{"LOADS_FILE=" + file}, ParkTTL: 300 * time.Millisecond})
 	code := loadsWorker + "TAG = 'v1'\n"
-	if err := e.Check(context.Background(), testSpec, []byte(code)); err != nil {
-		t.Fatal(err)
-	}
-	pid := loads(t, file)[0]
-	waitGone(t, pid)
-	inst := load(t, e, testSpec, code)
-	if got := loads(t, file); len(got) != 2 || itoa(pidOf(t, inst)) != got[1] {
-		t.Fatalf("runners %v after the parked one expired", got)
-	}
+	inst := loadAfterTheCheckedRunnerExits(t, e, file, testSpec, code, "after the parked one expired")
 	// Killed while parked.
 	code2 := loadsWorker + "TAG = 'v2'\n"
 	if err := e.Check(context.Background(), testSpec, []byte(code2)); err != nil {
@@ -185,16 +178,24 @@ func TestParkedLoadStartsNoRunner(t *testing.T) {
 func TestCheckForALoadElsewhereParksNothing(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "loads")
 	e := newEngine(t, python.Config{Env: []string{"LOADS_FILE=" + file}})
-	code := loadsWorker + "TAG = 'v1'\n"
 	elsewhere := testSpec
 	elsewhere.LoadsElsewhere = true
-	if err := e.Check(context.Background(), elsewhere, []byte(code)); err != nil {
+	loadAfterTheCheckedRunnerExits(t, e, file, elsewhere, loadsWorker+"TAG = 'v1'\n", "for a check whose Load runs elsewhere")
+}
+
+// loadAfterTheCheckedRunnerExits checks code with spec on a fresh engine
+// (file records its runners), waits until the runner that checked it has
+// exited, then loads it for testSpec: that Load must have started a runner
+// of its own, the second.
+func loadAfterTheCheckedRunnerExits(t *testing.T, e *python.Engine, file string, spec engines.Spec, code, when string) engines.Instance {
+	t.Helper()
+	if err := e.Check(context.Background(), spec, []byte(code)); err != nil {
 		t.Fatal(err)
 	}
-	checked := loads(t, file)[0]
-	waitGone(t, checked)
+	waitGone(t, loads(t, file)[0])
 	inst := load(t, e, testSpec, code)
 	if got := loads(t, file); len(got) != 2 || itoa(pidOf(t, inst)) != got[1] {
-		t.Fatalf("runners %v: want the check's and one the Load started", got)
+		t.Fatalf("runners %v %s: want the check's and one its Load started", got, when)
 	}
+	return inst
 }
