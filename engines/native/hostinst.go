@@ -396,8 +396,8 @@ func (e *Engine) checkInHost(ctx context.Context, spec engines.Spec, pk *pkg, ke
 // as its first host instead of starting one); release frees what p
 // holds (its package directory) once p has exited. Any other checking
 // host (an in-process worker's, or one whose Load runs on another node:
-// engines.Spec.LoadsElsewhere) exits now, in the background: the check's answer is in, and
-// waiting for the host's exit (its sandbox's teardown) was 3 ms of every
+// engines.Spec.LoadsElsewhere) exits now, in the background: the check's
+// answer is in, and waiting for the host's exit (its sandbox's teardown) was 3 ms of every
 // in-process create and reload (BenchmarkNativeCreateOnSpares); its
 // package directory and extracted bytes go once it has exited, and Close
 // waits for it.

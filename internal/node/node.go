@@ -205,8 +205,8 @@ func (n *Node) Check(ctx context.Context, w catalog.Worker, code []byte) error {
 	// The check runs on whichever node takes the activity; a node that
 	// does not serve the topic never loads the worker, so its engine keeps
 	// nothing of the check for a Load here (a parked Python runner held
-	// its memory and a sandbox user id for 30 s).
-	// By the placement view the node has (no read on a create's path).
+	// its memory and a sandbox user id for 30 s). Judged by the placement
+	// view the node has: no read on a create's path.
 	s.LoadsElsewhere = n.place != nil && !n.place.ServesByView(w.Topic)
 	return e.Check(ctx, s, code)
 }

@@ -139,28 +139,21 @@ func (f *Follower) Serves(ctx context.Context, topic string) bool {
 				f.Log.Warn("placement record not read; serving by the fallback ranking", "topic", topic, "err", err)
 			}
 		}
-		// Loaded again either way: a concurrent Refresh may have stored a
-		// newer view since the load above, and this call then skipped its
-		// own read because that one was fresh (Reconcile asks for many
-		// workers at once; a node that had read nothing yet served a
-		// placed topic by the fallback ranking for one reconcile).
-		rec = f.rec.Load()
 	}
-	var r Record
-	if rec != nil {
-		r = *rec
-	}
-	if f.placedAlive(r, topic) {
-		return slices.Contains(r.Topics[topic].Serving(), f.Self)
-	}
-	return slices.Contains(Fallback(f.Alive(), r.Drained, topic, f.Replicas), f.Self)
+	// The view is loaded again either way: a concurrent Refresh may have
+	// stored a newer one since the load above, and this call then skipped
+	// its own read because that one was fresh (Reconcile asks for many
+	// workers at once; a node that had read nothing yet served a placed
+	// topic by the fallback ranking for one reconcile).
+	return f.ServesByView(topic)
 }
 
 // ServesByView is Serves by the view the follower has, without reading
 // the record: for a topic the view does not place, the fallback ranking
-// (which the planner's placement of a new topic mostly agrees with). A
-// hint for what costs nothing when wrong (a check's process kept for a
-// Load here, or not), not for what the node serves.
+// (which the planner's placement of a new topic mostly agrees with).
+// Alone, a hint for what costs nothing when wrong (Node.Check: a check's
+// process kept for a Load here, or not); Serves reads the record first
+// when the view does not place the topic.
 func (f *Follower) ServesByView(topic string) bool {
 	var r Record
 	if rec := f.rec.Load(); rec != nil {

@@ -37,8 +37,10 @@ type Parking[K comparable, P Process] struct {
 
 	mu     sync.Mutex
 	parked []*parked[K, P] // oldest first
-	// discarding counts the processes Discard retires in the background.
+	// discarding counts the processes Discard retires in the background;
+	// closed (Close began) makes Discard retire at once instead.
 	discarding sync.WaitGroup
+	closed     bool
 }
 
 type parked[K comparable, P Process] struct {
@@ -83,7 +85,14 @@ func (pk *Parking[K, P]) Park(key K, p P) {
 // check's answer is in, and waiting for the process's exit (its sandbox's
 // teardown) would only delay it. Close waits for it.
 func (pk *Parking[K, P]) Discard(p P) {
+	pk.mu.Lock()
+	if pk.closed {
+		pk.mu.Unlock()
+		p.Retire()
+		return
+	}
 	pk.discarding.Add(1)
+	pk.mu.Unlock()
 	go func() {
 		defer pk.discarding.Done()
 		p.Retire()
@@ -141,7 +150,7 @@ func (pk *Parking[K, P]) Len() int {
 func (pk *Parking[K, P]) Close() {
 	pk.mu.Lock()
 	all := pk.parked
-	pk.parked = nil
+	pk.parked, pk.closed = nil, true
 	pk.mu.Unlock()
 	for _, e := range all {
 		e.timer.Stop()

@@ -106,7 +106,7 @@ func TestParkingTakeFor(t *testing.T) {
 }
 
 // Discard parks nothing: the process is retired in the background, and
-// Close waits for it.
+// Close waits for it; after Close, at once.
 func TestParkingDiscardRetiresAndCloseWaits(t *testing.T) {
 	pk := &Parking[string, *fakeProc]{TTL: time.Minute, Max: 4}
 	p := newFake(1)
@@ -120,5 +120,12 @@ func TestParkingDiscardRetiresAndCloseWaits(t *testing.T) {
 	pk.Close()
 	if p.retires.Load() != 1 {
 		t.Fatalf("retired %d times after Close, want once", p.retires.Load())
+	}
+	// After Close (a check that ends during the engine's Close): retired
+	// before Discard returns.
+	late := newFake(2)
+	pk.Discard(late)
+	if late.retires.Load() != 1 {
+		t.Fatalf("a process discarded after Close retired %d times, want once", late.retires.Load())
 	}
 }
