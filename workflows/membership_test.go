@@ -276,6 +276,60 @@ func (s *WorkerWorkflowSuite) TestLocalPrepareCodeHandsOtherFailuresToTheActivit
 	}
 }
 
+// In runs of epoch 6 a delete's Delete runs first as a local activity:
+// its success, or a failure no attempt changes, is the answer; any other
+// failure goes to the Delete activity, which any node runs and retries;
+// older runs run the activity only. Either way the worker is deleted and
+// "deleted" published once.
+func (s *WorkerWorkflowSuite) TestLocalDeleteHandsOtherFailuresToTheActivity() {
+	for _, tc := range []struct {
+		name  string
+		epoch int
+		local error
+		want  []bool // IsLocalActivity of each Delete attempt
+		fails bool
+	}{
+		{"deleted", CurrentEpoch, nil, []bool{true}, false},
+		{"stale", CurrentEpoch, temporal.NewNonRetryableApplicationError("moved past", activities.StaleWrite, nil), []bool{true}, true},
+		{"store not answering", CurrentEpoch, errors.New("state delete: connection refused"), []bool{true, false}, false},
+		{"epoch 5", 5, nil, []bool{false}, false},
+	} {
+		var ev events
+		env := s.envWithEmit(func(in activities.EmitInput) error {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			for _, e := range in.Events {
+				ev.kinds = append(ev.kinds, []lifecycleevents.Kind{e.Kind})
+			}
+			return nil
+		})
+		env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1"}, nil)
+		var attempts []bool
+		env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(func(ctx context.Context, in activities.DeleteInput) (activities.Applied, error) {
+			local := activity.GetInfo(ctx).IsLocalActivity
+			s.mu.Lock()
+			attempts = append(attempts, local)
+			s.mu.Unlock()
+			if local && tc.local != nil {
+				return activities.Applied{}, tc.local
+			}
+			return activities.Applied{Node: "n1"}, nil
+		})
+		var del updater
+		env.RegisterDelayedCallback(func() { env.UpdateWorkflow(UpdateDelete, "d1", callback(&del)) }, time.Second)
+		env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: runningWorker(), Created: true}, Epoch: tc.epoch})
+
+		s.Equal(tc.want, attempts, "%s: Delete attempts (local?)", tc.name)
+		if tc.fails {
+			s.Error(del.err, tc.name)
+			s.Empty(ev.kinds, "%s: no deleted event for a delete that failed", tc.name)
+			continue
+		}
+		s.NoError(del.err, tc.name)
+		s.Equal([][]lifecycleevents.Kind{{lifecycleevents.Deleted}}, ev.kinds, tc.name)
+	}
+}
+
 // In runs of epoch 5 Apply runs first as a local activity: its answer, or
 // its refusal (InvalidArgument), is final; any other failure goes to the
 // Apply activity, which any node runs and retries; older runs run the

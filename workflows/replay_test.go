@@ -95,6 +95,9 @@ var (
 		// An epoch-5 run on make run, the same six calls: Apply as a
 		// local activity (TestEpoch5AppliesInTheWorkflowTask).
 		"testdata/worker_epoch5_history.json",
+		// An epoch-6 run on make run, the same six calls: the delete's
+		// Delete as a local activity too (TestEpoch6DeletesInTheWorkflowTask).
+		"testdata/worker_epoch6_history.json",
 	}
 	recoveryHistories = []string{
 		"testdata/recovery_history.json",
@@ -393,6 +396,43 @@ func TestEpoch5AppliesInTheWorkflowTask(t *testing.T) {
 	}
 	if updates != 6 || applies != 5 || inOneTask != 5 {
 		t.Fatalf("%d updates, %d local Applies, %d completed in the task that accepted them; want 6, 5 and 5 (the delete's Delete is an activity)", updates, applies, inOneTask)
+	}
+}
+
+// TestEpoch6DeletesInTheWorkflowTask: in a run of epoch 6 recorded on
+// make run (wmctl create, stop, start, reload, rollback, delete, half a
+// second apart), the delete's Delete runs as a local activity too: no
+// activity is scheduled at all, and each of the six calls completes in
+// the workflow task that accepted it.
+func TestEpoch6DeletesInTheWorkflowTask(t *testing.T) {
+	evs, in := recordedRun(t, "testdata/worker_epoch6_history.json")
+	if in.Epoch != 6 {
+		t.Fatalf("the recorded run's epoch is %d, want 6", in.Epoch)
+	}
+	deletes, inOneTask, updates := 0, 0, 0
+	taskOfAccept := false
+	for _, ev := range evs {
+		switch {
+		case ev.GetActivityTaskScheduledEventAttributes() != nil:
+			t.Fatalf("event %d: a %s activity in an epoch-6 run of six calls", ev.GetEventId(), ev.GetActivityTaskScheduledEventAttributes().GetActivityType().GetName())
+		case ev.GetMarkerRecordedEventAttributes().GetMarkerName() == "LocalActivity":
+			var la struct{ ActivityType string }
+			if err := converter.GetDefaultDataConverter().FromPayloads(ev.GetMarkerRecordedEventAttributes().GetDetails()["data"], &la); err == nil && la.ActivityType == "Delete" {
+				deletes++
+			}
+		case ev.GetWorkflowExecutionUpdateAcceptedEventAttributes() != nil:
+			taskOfAccept = true
+		case ev.GetWorkflowTaskScheduledEventAttributes() != nil:
+			taskOfAccept = false
+		case ev.GetWorkflowExecutionUpdateCompletedEventAttributes() != nil:
+			updates++
+			if taskOfAccept {
+				inOneTask++
+			}
+		}
+	}
+	if updates != 6 || deletes != 1 || inOneTask != 6 {
+		t.Fatalf("%d updates, %d local Deletes, %d completed in the task that accepted them; want 6, 1 and 6", updates, deletes, inOneTask)
 	}
 }
 

@@ -94,8 +94,9 @@ type WorkerInput struct {
 // attributes that differ from the run's are upserted
 // (upsertSearchAttributes: the API starts a create with the status it
 // will have; unsetStartStatus takes it off again when the create fails).
-// Epoch 5: Apply runs first as a local activity (runApply).
-const CurrentEpoch = 5
+// Epoch 5: Apply runs first as a local activity (runApply). Epoch 6: so
+// does a delete's Delete (runDelete).
+const CurrentEpoch = 6
 
 // MinRunAge is the least time a run of epoch 3 or later lives before it
 // continues as new. Temporal enforces a minimal interval between the runs
@@ -835,8 +836,8 @@ func (e *entity) delete(ctx workflow.Context) error {
 	}
 	defer unlock()
 	ev := e.event(ctx, lifecycleevents.Deleted)
-	var done activities.Applied
-	if err := workflow.ExecuteActivity(activityCtx(ctx), a.Delete, activities.DeleteInput{Worker: e.st.Worker}).Get(ctx, &done); err != nil {
+	done, err := e.runDelete(ctx, activities.DeleteInput{Worker: e.st.Worker})
+	if err != nil {
 		return err
 	}
 	failed := e.syncNodes(ctx, e.skipApplier(done))
@@ -946,6 +947,29 @@ func (e *entity) runApply(ctx workflow.Context, in activities.ApplyInput) (activ
 		done = activities.Applied{}
 	}
 	err := workflow.ExecuteActivity(applyCtx(ctx), a.Apply, in).Get(ctx, &done)
+	return done, err
+}
+
+// runDelete runs Delete. In runs of epoch 6 it runs first as a local
+// activity, once, on the node that runs the workflow task, as Apply does
+// (runApply): a delete is then one workflow task, not an activity task
+// and a second workflow task after it. A failure that no attempt
+// changes (non-retryable) is the answer; any other is left to the Delete
+// activity, retried on any node as before. Every step of Delete may run
+// again (a late attempt of a paused node included): the history orphaned,
+// the record removed, the not-recovered note cleared are the same after
+// a second run. Older runs run the activity only, as their history has it.
+func (e *entity) runDelete(ctx workflow.Context, in activities.DeleteInput) (activities.Applied, error) {
+	var done activities.Applied
+	if e.epoch >= 6 {
+		err := workflow.ExecuteLocalActivity(applyLocalCtx(ctx), a.Delete, in).Get(ctx, &done)
+		if localAnswered(err, applyRefusals) {
+			return done, err
+		}
+		workflow.GetLogger(ctx).Warn("worker not deleted on this node; the Delete activity goes on trying", "worker_id", in.Worker.ID, "err", err)
+		done = activities.Applied{}
+	}
+	err := workflow.ExecuteActivity(activityCtx(ctx), a.Delete, in).Get(ctx, &done)
 	return done, err
 }
 

@@ -3,6 +3,7 @@ package dotnet
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -180,6 +181,11 @@ func (e *Engine) spawn(spec engines.Spec, rt *runtime, dir string, warm bool, cl
 	args := []string{"--debug", rt.host()}
 	if warm {
 		args = append(args, "--warm")
+		if len(e.lockdown) > 0 {
+			// The spare installs the lockdown filter before its hello;
+			// the load request names it again (Host.cs, LockdownEarly).
+			args = append(args, "--lockdown="+base64.StdEncoding.EncodeToString(e.lockdown))
+		}
 	}
 	var cmd *exec.Cmd
 	var release func()

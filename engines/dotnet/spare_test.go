@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -33,7 +34,7 @@ public class WhoAmI : IWorker
     public Task<CloudEvent> ProcessAsync(CloudEvent input)
     {
         var status = File.ReadAllLines("/proc/self/status");
-        var layers = string.Join("|", status.Where(l => l.StartsWith("Seccomp:") || l.StartsWith("NoNewPrivs:") || l.StartsWith("CapEff:")));
+        var layers = string.Join("|", status.Where(l => l.StartsWith("Seccomp") || l.StartsWith("NoNewPrivs:") || l.StartsWith("CapEff:")));
         var uid = status.First(l => l.StartsWith("Uid:")).Split('\t')[1];
         var data = new JsonObject {
             ["id"] = Environment.GetEnvironmentVariable("VIRTUFIN_WORKER_ID"),
@@ -61,6 +62,66 @@ func askHost(t *testing.T, inst engines.Instance) hostWho {
 		t.Fatal(err)
 	}
 	return w
+}
+
+// layer is the value of the line of layers (askHost's) that starts with
+// name ("" when there is none).
+func layer(layers, name string) string {
+	for _, l := range strings.Split(layers, "|") {
+		if v, ok := strings.CutPrefix(l, name); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// filtersOf is process pid's Seccomp_filters count, as /proc shows it.
+func filtersOf(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return layer(strings.ReplaceAll(string(b), "\n", "|"), "Seccomp_filters:")
+}
+
+// monoUnder is the Mono process that is pid or runs under it (a sandbox's
+// launcher starts it as a descendant).
+func monoUnder(t *testing.T, pid int) int {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		parent := map[int]int{}
+		dirs, _ := os.ReadDir("/proc")
+		for _, d := range dirs {
+			p, err := strconv.Atoi(d.Name())
+			if err != nil {
+				continue
+			}
+			b, err := os.ReadFile("/proc/" + d.Name() + "/stat")
+			if err != nil {
+				continue
+			}
+			// pid (comm) state ppid ...: the comm may hold spaces.
+			f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+			if len(f) > 1 {
+				parent[p], _ = strconv.Atoi(f[1])
+			}
+		}
+		for p := range parent {
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p))
+			if !strings.HasPrefix(string(comm), "mono") {
+				continue
+			}
+			for q := p; q > 1; q = parent[q] {
+				if q == pid {
+					return p
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no Mono process at or under pid %d", pid)
+		}
+	}
 }
 
 func hostPID(t *testing.T, inst engines.Instance) int {
@@ -108,6 +169,13 @@ func testSpareHosts(t *testing.T, cfg Config) {
 	spare := waitSpareHost(t, e)
 	if entries, err := os.ReadDir(spare.slot); err != nil || len(entries) != 0 {
 		t.Fatalf("a waiting spare's slot %s holds %v (%v), want nothing", spare.slot, entries, err)
+	}
+	// The spare waits with the lockdown filter installed (Host.cs,
+	// LockdownEarly): as many filters as a's host has with a worker.
+	if e.lockdown != nil {
+		if got, want := filtersOf(t, monoUnder(t, spare.Pid)), layer(wa.Layers, "Seccomp_filters:"); got != want {
+			t.Fatalf("a waiting spare has %q seccomp filters, a host serving a worker %q", got, want)
+		}
 	}
 
 	b := enginetest.Load(t, e, hostSpec("b"), []byte(whoAmIWorker))

@@ -113,7 +113,7 @@ public sealed class Quotes : ApiCommandWorker<QuoteCommand>
 
 // dotnetPackage compiles the DevKit and src with mcs, as a worker author
 // would, and packs the worker DLL as a nupkg (lib/net48/).
-func dotnetPackage(t *testing.T, id, src string) []byte {
+func dotnetPackage(t testing.TB, id, src string) []byte {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
