@@ -157,7 +157,7 @@ integration: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	WM_INTEGRATION_PARALLEL=$(INTEGRATION_PARALLEL) go test -timeout $(TEST_TIMEOUT) $(INTEGRATION_FLAGS) -v ./test/integration/
 
 bench: deps-test tools
-	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./internal/node/ ./engines/python/ ./engines/native/ ./engines/wasm/
+	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./internal/node/ ./internal/catalog/ ./engines/python/ ./engines/native/ ./engines/wasm/
 	# .NET: a C# compile started against one on a spare compiler, and a
 	# create of new source on ready spares (Check, Load, first call).
 	go test -run '^$$' -bench 'BenchmarkDotnetCompile|BenchmarkDotnetCreateOnSpares' -benchtime 20x -timeout 10m ./engines/dotnet/

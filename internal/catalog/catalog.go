@@ -251,20 +251,58 @@ func (c *Catalog) SaveWorker(ctx context.Context, w Worker) error {
 	if err != nil {
 		return err
 	}
+	return c.saveOver(ctx, w, cur, etag)
+}
+
+// Read is a worker's stored record as CheckWrite read it, for
+// SaveWorkerOver.
+type Read struct {
+	cur  *Worker // nil: none
+	etag string
+}
+
+// SaveWorkerOver is SaveWorker of w over r, the record CheckWrite read
+// for the same change: the record is not read again. The write is
+// conditional on r's ETag, so a record written since is read again and
+// admitted (or refused) as SaveWorker would.
+func (c *Catalog) SaveWorkerOver(ctx context.Context, w Worker, r Read) error {
+	return c.saveOver(ctx, w, r.cur, r.etag)
+}
+
+// indexed is whether w's ids are in the index and its tenant's already:
+// cur, the stored record, is w's incarnation, live. A record is written
+// only after its ids were indexed (saveOver), and only a delete takes
+// them out, which tombstones the record after (RemoveWorker), so that a
+// change of a live worker — a stop, a start, a reload — reads no index
+// page (two round trips, and a page grows with the catalog).
+func indexed(cur *Worker, w Worker) bool {
+	return cur != nil && !cur.Deleted && cur.Incarnation == w.Incarnation
+}
+
+func (c *Catalog) saveOver(ctx context.Context, w Worker, cur *Worker, etag string) error {
 	if err := admit(cur, w); err != nil {
 		return err
 	}
-	if err := c.updateIndex(ctx, indexPage(w.ID), func(ids []string) ([]string, bool) {
-		if slices.Contains(ids, w.ID) {
-			return ids, false
+	done := false // w's ids indexed by this call
+	index := func() error {
+		if done || indexed(cur, w) {
+			return nil
 		}
-		return append(ids, w.ID), true
-	}); err != nil {
+		if err := c.updateIndex(ctx, indexPage(w.ID), func(ids []string) ([]string, bool) {
+			if slices.Contains(ids, w.ID) {
+				return ids, false
+			}
+			return append(ids, w.ID), true
+		}); err != nil {
+			return err
+		}
+		done = true
+		return c.addToTenantIndex(ctx, w.ID)
+	}
+	if err := index(); err != nil {
 		return err
 	}
-	if err := c.addToTenantIndex(ctx, w.ID); err != nil {
-		return err
-	}
+	var err error
 	for conflicts := 0; ; conflicts++ {
 		if conflicts > 0 {
 			if err := state.ConflictBackoff(ctx, conflicts); err != nil {
@@ -274,6 +312,11 @@ func (c *Catalog) SaveWorker(ctx context.Context, w Worker) error {
 				return err
 			}
 			if err := admit(cur, w); err != nil {
+				return err
+			}
+			// What was written meanwhile may not be w's live record
+			// any more (a record removed, not tombstoned): index it.
+			if err := index(); err != nil {
 				return err
 			}
 		}
@@ -295,12 +338,13 @@ func (c *Catalog) SaveWorker(ctx context.Context, w Worker) error {
 // CheckWrite returns ErrStale when the stored record has moved past w: a
 // newer revision of w's incarnation, another live incarnation, or w's
 // incarnation deleted.
-func (c *Catalog) CheckWrite(ctx context.Context, w Worker) error {
-	cur, _, err := c.stored(ctx, w.ID)
+// The record it read is returned for SaveWorkerOver.
+func (c *Catalog) CheckWrite(ctx context.Context, w Worker) (Read, error) {
+	cur, etag, err := c.stored(ctx, w.ID)
 	if err != nil {
-		return err
+		return Read{}, err
 	}
-	return admit(cur, w)
+	return Read{cur: cur, etag: etag}, admit(cur, w)
 }
 
 // CheckRemove returns ErrStale when the record is another, live

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/state"
+	"github.com/virtufin/workmanager/internal/tenant"
 )
 
 // Issue 43 item 1: a write of a worker's record is conditional on the
@@ -91,5 +94,117 @@ func TestRemoveOfAnUnwrittenRecordRefusesItsLateWrite(t *testing.T) {
 	}
 	if _, err := c.GetWorker(ctx, "w1"); !errors.Is(err, catalog.ErrNotFound) {
 		t.Fatalf("GetWorker: %v", err)
+	}
+}
+
+// keyCounter records the keys a store is asked to read.
+type keyCounter struct {
+	*state.MemoryStore
+	mu   sync.Mutex
+	read []string
+}
+
+func (k *keyCounter) Get(ctx context.Context, key string) (state.Item, error) {
+	k.mu.Lock()
+	k.read = append(k.read, key)
+	k.mu.Unlock()
+	return k.MemoryStore.Get(ctx, key)
+}
+
+func (k *keyCounter) reads() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	r := k.read
+	k.read = nil
+	return r
+}
+
+// A change of a live worker (a stop, a start, a reload: its incarnation's
+// record is there) reads its record once and no index page: the record is
+// written only after its ids were indexed, and only a delete takes them
+// out. A create, a create over a tombstone (a new incarnation) and a save
+// whose record was removed meanwhile index the worker as before.
+func TestSavingALiveWorkerReadsNoIndex(t *testing.T) {
+	ctx := context.Background()
+	store := &keyCounter{MemoryStore: state.NewMemoryStore()}
+	c := catalog.New(store)
+	w := catalog.Worker{ID: "w1", Topic: "t", Status: catalog.StatusRunning, Revision: 1, Incarnation: "run-a"}
+	if err := c.SaveWorker(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	if r := store.reads(); !slices.ContainsFunc(r, func(k string) bool { return strings.Contains(k, "index") }) {
+		t.Fatalf("a create read %v: no index page", r)
+	}
+
+	stopped := w
+	stopped.Status, stopped.Revision = catalog.StatusStopped, 2
+	read, err := c.CheckWrite(ctx, stopped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SaveWorkerOver(ctx, stopped, read); err != nil {
+		t.Fatal(err)
+	}
+	if r := store.reads(); len(r) != 1 || !strings.HasSuffix(r[0], "workers/w1") {
+		t.Fatalf("a stop read %v, want its record once", r)
+	}
+	// Written over by another change since CheckWrite read it: the write
+	// is refused on its ETag, the record read again and admitted.
+	started := stopped
+	started.Status, started.Revision = catalog.StatusRunning, 3
+	read, err = c.CheckWrite(ctx, started)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SaveWorker(ctx, started); err != nil {
+		t.Fatal(err)
+	}
+	store.reads()
+	if err := c.SaveWorkerOver(ctx, started, read); err != nil {
+		t.Fatalf("the same change over a record written since: %v", err)
+	}
+	late := stopped
+	if err := c.SaveWorkerOver(ctx, late, read); !errors.Is(err, catalog.ErrStale) {
+		t.Fatalf("a late stop over a read older than the start: %v, want ErrStale", err)
+	}
+	if got, _ := c.GetWorker(ctx, "w1"); got.Status != catalog.StatusRunning || got.Revision != 3 {
+		t.Fatalf("record %+v, want the start's", got)
+	}
+	if ids, _ := c.WorkerIDs(ctx); !slices.Equal(ids, []string{"w1"}) {
+		t.Fatalf("index %v, want w1", ids)
+	}
+
+	// Deleted, then created again in a new run: indexed again.
+	if err := c.RemoveWorker(ctx, started); err != nil {
+		t.Fatal(err)
+	}
+	again := catalog.Worker{ID: "w1", Topic: "t", Status: catalog.StatusRunning, Revision: 1, Incarnation: "run-b"}
+	if err := c.SaveWorker(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := c.WorkerIDs(ctx); !slices.Equal(ids, []string{"w1"}) {
+		t.Fatalf("index after a create over the tombstone %v, want w1", ids)
+	}
+	if ws, _, _ := c.ListTenantWorkers(ctx, tenant.Of("w1"), "", 10); len(ws) != 1 {
+		t.Fatalf("tenant list %v, want w1", ws)
+	}
+
+	// A record removed (not tombstoned) between the read and the write:
+	// the save indexes it again.
+	read, err = c.CheckWrite(ctx, again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteWorker(ctx, "w1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Delete(ctx, state.KeyPrefix+"workers/w1", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SaveWorkerOver(ctx, again, read); err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := c.WorkerIDs(ctx); !slices.Equal(ids, []string{"w1"}) {
+		t.Fatalf("index after a save over a removed record %v, want w1", ids)
 	}
 }

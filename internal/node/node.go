@@ -224,7 +224,8 @@ func (n *Node) Check(ctx context.Context, w catalog.Worker, code []byte) error {
 // leaves the node matching the record again.
 func (n *Node) Apply(ctx context.Context, w catalog.Worker, history *catalog.HistoryEntry) error {
 	defer n.lockWorker(w.ID)()
-	if err := n.catalog.CheckWrite(ctx, w); err != nil {
+	read, err := n.catalog.CheckWrite(ctx, w)
+	if err != nil {
 		return err
 	}
 	if err := n.apply(ctx, w, false); err != nil {
@@ -240,7 +241,7 @@ func (n *Node) Apply(ctx context.Context, w catalog.Worker, history *catalog.His
 			return err
 		}
 	}
-	err := n.catalog.SaveWorker(ctx, w)
+	err = n.catalog.SaveWorkerOver(ctx, w, read)
 	if errors.Is(err, catalog.ErrStale) {
 		if serr := n.sync(ctx, w.ID); serr != nil {
 			n.log.Error("node not brought back to the record after a stale change", "worker_id", w.ID, "err", serr)
