@@ -220,14 +220,12 @@ type DeleteInput struct {
 }
 
 // Delete detaches the worker and removes its config and history. Its code
-// blobs become candidates for collection first, so that a retry after a
-// removal cut off half-way (its history gone) does not leave them stored
-// for ever. Its deleted event is published by Emit, once every node
-// applied the delete. It answers with this node's id (Applied).
+// blobs become candidates for collection first (catalog.RemoveWorker
+// marks them before it removes anything), so that a retry after a removal
+// cut off half-way (its history gone) does not leave them stored for
+// ever. Its deleted event is published by Emit, once every node applied
+// the delete. It answers with this node's id (Applied).
 func (a *Activities) Delete(ctx context.Context, in DeleteInput) (Applied, error) {
-	if err := a.Catalog.OrphanHistory(ctx, in.Worker.ID); err != nil {
-		return Applied{}, err
-	}
 	if err := a.Node.Remove(ctx, in.Worker); err != nil {
 		return Applied{}, classify(err)
 	}

@@ -3,21 +3,22 @@ package activities
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/failure"
+	"github.com/virtufin/workmanager/internal/node/nodetest"
 	"github.com/virtufin/workmanager/internal/state"
 )
 
-// flakyNode is a Node whose Check and Remove fail the first time (a check
-// on a node that cannot run it, or cut off by the activity's timeout; a
-// removal cut off after it deleted the history).
+// flakyNode is a Node whose Check fails the first time (a check on a
+// node that cannot run it).
 type flakyNode struct {
 	Node
-	cutOff          func(id string) // what the first removal did before it failed
-	checks, removes int
+	checks int
 }
 
 func (n *flakyNode) Check(ctx context.Context, w catalog.Worker, code []byte) error {
@@ -25,14 +26,6 @@ func (n *flakyNode) Check(ctx context.Context, w catalog.Worker, code []byte) er
 		return errors.New("mono: executable file not found in $PATH")
 	}
 	return n.Node.Check(ctx, w, code)
-}
-
-func (n *flakyNode) Remove(ctx context.Context, w catalog.Worker) error {
-	if n.removes++; n.removes == 1 {
-		n.cutOff(w.ID)
-		return errors.New("context deadline exceeded")
-	}
-	return n.Node.Remove(ctx, w)
 }
 
 // Issue 33 item 4: a check that fails for a reason other than the code
@@ -75,26 +68,30 @@ func TestPrepareCodeForACreateRefusesAnExistingRecord(t *testing.T) {
 }
 
 // Issue 33 item 7: a Delete whose removal was cut off after the history
-// was deleted, and then retried (reading no history), still leaves the
-// worker's code blobs to the collection.
+// was deleted (its record's tombstone not written: the store failed), and
+// then retried (reading no history), still leaves the worker's code blobs
+// to the collection: the removal marked them before it removed anything.
 func TestDeleteRetriedAfterAHalfRemovalStillCollectsTheCode(t *testing.T) {
-	f, ctx := newFixture(t), context.Background()
-	f.acts.Node = &flakyNode{Node: f.Node, checks: 1, cutOff: func(id string) {
-		// The history (its one version's key and its head) is deleted,
-		// then the removal is cut off.
-		for _, key := range []string{"/history/1", "/history/head"} {
-			if err := f.Store.Delete(ctx, state.KeyPrefix+"workers/"+id+key, ""); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}}
+	fault := filepath.Join(t.TempDir(), "fault")
+	nf := nodetest.NewOnStore(t, func(st state.Store) state.Store { return state.WithFaultFile(st, fault) })
+	f, ctx := &fixture{Fixture: nf, acts: &Activities{Catalog: nf.Catalog, Node: nf.Node, Events: nf.Events}}, context.Background()
 	sha, _ := f.Catalog.PutCode(ctx, []byte("good"))
 	w := worker(catalog.StatusRunning, sha)
 	if err := f.Node.Apply(ctx, w, &catalog.HistoryEntry{Version: 1, SHA256: sha}); err != nil {
 		t.Fatal(err)
 	}
+	record := state.KeyPrefix + "workers/" + w.ID
+	if err := os.WriteFile(fault, []byte(record+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := f.acts.Delete(ctx, DeleteInput{Worker: w}); err == nil {
-		t.Fatal("the first removal should fail")
+		t.Fatal("the first removal should fail (its tombstone's write)")
+	}
+	if _, err := f.Store.Get(ctx, record+"/history/head"); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("the first removal left the history (%v): not cut off after it", err)
+	}
+	if err := os.Remove(fault); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := f.acts.Delete(ctx, DeleteInput{Worker: w}); err != nil {
 		t.Fatal(err)

@@ -956,7 +956,7 @@ func (e *entity) runApply(ctx workflow.Context, in activities.ApplyInput) (activ
 // and a second workflow task after it. A failure that no attempt
 // changes (non-retryable) is the answer; any other is left to the Delete
 // activity, retried on any node as before. Every step of Delete may run
-// again (a late attempt of a paused node included): the history orphaned,
+// again (a late attempt of a paused node included): the code marked,
 // the record removed, the not-recovered note cleared are the same after
 // a second run. Older runs run the activity only, as their history has it.
 func (e *entity) runDelete(ctx workflow.Context, in activities.DeleteInput) (activities.Applied, error) {

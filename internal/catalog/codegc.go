@@ -162,18 +162,6 @@ func (c *Catalog) SweepCode(ctx context.Context, grace time.Duration, now time.T
 	return deleted, nil
 }
 
-// OrphanHistory lists the blobs of worker id's history as candidates for
-// collection. A delete calls it before it removes anything, so that a
-// delete that failed after removing the history and is retried (which
-// then reads no history) still leaves its blobs to the sweep.
-func (c *Catalog) OrphanHistory(ctx context.Context, id string) error {
-	h, _, err := c.allHistory(ctx, id)
-	if err != nil {
-		return err
-	}
-	return c.orphanCode(ctx, h)
-}
-
 // referencedCode is the set of blobs some worker's history names.
 func (c *Catalog) referencedCode(ctx context.Context) (map[string]bool, error) {
 	ids, err := c.WorkerIDs(ctx)

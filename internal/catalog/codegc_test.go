@@ -156,34 +156,6 @@ func TestSweepKeepsABlobStoredAgainDuringTheScan(t *testing.T) {
 	}
 }
 
-// Issue 33 item 7: OrphanHistory (run by a delete before it removes
-// anything) lists a worker's blobs, so a delete retried after its history
-// was removed still leaves them to the sweep.
-func TestOrphanHistoryBeforeARemovalCutOffHalfWay(t *testing.T) {
-	ctx := context.Background()
-	store := state.NewMemoryStore()
-	c := New(store)
-	sha, _ := c.PutCode(ctx, []byte("code"))
-	if err := c.AppendHistory(ctx, "w", HistoryEntry{Version: 1, SHA256: sha}); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.OrphanHistory(ctx, "w"); err != nil {
-		t.Fatal(err)
-	}
-	// The removal deleted the history, then failed; the retry reads none.
-	for _, key := range []string{historyEntryKey("w", 1), historyHeadKey("w")} {
-		if err := store.Delete(ctx, key, ""); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := c.DeleteWorker(ctx, "w"); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := c.SweepCode(ctx, time.Hour, time.Now().Add(2*time.Hour)); n != 1 || err != nil {
-		t.Fatalf("swept %d, %v; want the blob collected", n, err)
-	}
-}
-
 // failDeleteOnce is a store whose first Delete of one key fails.
 type failDeleteOnce struct {
 	state.Store
