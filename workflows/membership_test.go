@@ -276,6 +276,22 @@ func (s *WorkerWorkflowSuite) TestLocalPrepareCodeHandsOtherFailuresToTheActivit
 	}
 }
 
+// localAttempts is a fake Apply or Delete that records whether each
+// attempt is a local activity and fails the local ones with local (nil:
+// none fails); the others answer that node n1 made the change.
+func localAttempts[In any](s *WorkerWorkflowSuite, attempts *[]bool, local error) func(context.Context, In) (activities.Applied, error) {
+	return func(ctx context.Context, _ In) (activities.Applied, error) {
+		isLocal := activity.GetInfo(ctx).IsLocalActivity
+		s.mu.Lock()
+		*attempts = append(*attempts, isLocal)
+		s.mu.Unlock()
+		if isLocal && local != nil {
+			return activities.Applied{}, local
+		}
+		return activities.Applied{Node: "n1"}, nil
+	}
+}
+
 // In runs of epoch 6 a delete's Delete runs first as a local activity:
 // its success, or a failure no attempt changes, is the answer; any other
 // failure goes to the Delete activity, which any node runs and retries;
@@ -305,16 +321,7 @@ func (s *WorkerWorkflowSuite) TestLocalDeleteHandsOtherFailuresToTheActivity() {
 		})
 		env.OnActivity(a.ListNodes, mock.Anything).Return([]string{"n1"}, nil)
 		var attempts []bool
-		env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(func(ctx context.Context, in activities.DeleteInput) (activities.Applied, error) {
-			local := activity.GetInfo(ctx).IsLocalActivity
-			s.mu.Lock()
-			attempts = append(attempts, local)
-			s.mu.Unlock()
-			if local && tc.local != nil {
-				return activities.Applied{}, tc.local
-			}
-			return activities.Applied{Node: "n1"}, nil
-		})
+		env.OnActivity(a.Delete, mock.Anything, mock.Anything).Return(localAttempts[activities.DeleteInput](s, &attempts, tc.local))
 		var del updater
 		env.RegisterDelayedCallback(func() { env.UpdateWorkflow(UpdateDelete, "d1", callback(&del)) }, time.Second)
 		env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: runningWorker(), Created: true}, Epoch: tc.epoch})
@@ -352,16 +359,7 @@ func (s *WorkerWorkflowSuite) TestLocalApplyHandsOtherFailuresToTheActivity() {
 		env.OnActivity(a.GetWorkers, mock.Anything, mock.Anything).Return([]catalog.Worker{}, nil)
 		env.OnActivity(a.Activate, mock.Anything, mock.Anything).Return(nil) // a refused change resyncs every node
 		var attempts []bool
-		env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(func(ctx context.Context, in activities.ApplyInput) (activities.Applied, error) {
-			local := activity.GetInfo(ctx).IsLocalActivity
-			s.mu.Lock()
-			attempts = append(attempts, local)
-			s.mu.Unlock()
-			if local && tc.local != nil {
-				return activities.Applied{}, tc.local
-			}
-			return activities.Applied{Node: "n1"}, nil
-		})
+		env.OnActivity(a.Apply, mock.Anything, mock.Anything).Return(localAttempts[activities.ApplyInput](s, &attempts, tc.local))
 		var stop updater
 		env.RegisterDelayedCallback(func() { env.UpdateWorkflow(UpdateStop, "s1", callback(&stop)) }, time.Second)
 		env.ExecuteWorkflow(WorkerWorkflow, WorkerInput{State: WorkerState{Worker: runningWorker(), Created: true}, Epoch: tc.epoch})

@@ -361,6 +361,41 @@ func TestEpoch4CreateSetsNoTimerAndUpsertsOnlyChanges(t *testing.T) {
 	}
 }
 
+// callTasks is what a recorded run's history says of its calls: the
+// activities it scheduled (by name), its local activities (by name), its
+// updates, and how many completed in the workflow task that accepted
+// them.
+type callTasks struct {
+	scheduled, local   map[string]int
+	updates, inOneTask int
+}
+
+func callTasksOf(evs []*historypb.HistoryEvent) callTasks {
+	c := callTasks{scheduled: map[string]int{}, local: map[string]int{}}
+	taskOfAccept := false
+	for _, ev := range evs {
+		switch {
+		case ev.GetActivityTaskScheduledEventAttributes() != nil:
+			c.scheduled[ev.GetActivityTaskScheduledEventAttributes().GetActivityType().GetName()]++
+		case ev.GetMarkerRecordedEventAttributes().GetMarkerName() == "LocalActivity":
+			var la struct{ ActivityType string }
+			if err := converter.GetDefaultDataConverter().FromPayloads(ev.GetMarkerRecordedEventAttributes().GetDetails()["data"], &la); err == nil {
+				c.local[la.ActivityType]++
+			}
+		case ev.GetWorkflowExecutionUpdateAcceptedEventAttributes() != nil:
+			taskOfAccept = true
+		case ev.GetWorkflowTaskScheduledEventAttributes() != nil:
+			taskOfAccept = false
+		case ev.GetWorkflowExecutionUpdateCompletedEventAttributes() != nil:
+			c.updates++
+			if taskOfAccept {
+				c.inOneTask++
+			}
+		}
+	}
+	return c
+}
+
 // TestEpoch5AppliesInTheWorkflowTask: in a run of epoch 5 recorded on the
 // real stack (create, stop, start, reload, rollback, delete), Apply runs
 // as a local activity in the workflow task that took the update: no Apply
@@ -372,30 +407,10 @@ func TestEpoch5AppliesInTheWorkflowTask(t *testing.T) {
 	if in.Epoch != 5 {
 		t.Fatalf("the recorded run's epoch is %d, want 5", in.Epoch)
 	}
-	applies, inOneTask, updates := 0, 0, 0
-	taskOfAccept := false
-	for _, ev := range evs {
-		switch {
-		case ev.GetActivityTaskScheduledEventAttributes().GetActivityType().GetName() == "Apply":
-			t.Fatalf("event %d: an Apply activity in an epoch-5 run", ev.GetEventId())
-		case ev.GetMarkerRecordedEventAttributes().GetMarkerName() == "LocalActivity":
-			var la struct{ ActivityType string }
-			if err := converter.GetDefaultDataConverter().FromPayloads(ev.GetMarkerRecordedEventAttributes().GetDetails()["data"], &la); err == nil && la.ActivityType == "Apply" {
-				applies++
-			}
-		case ev.GetWorkflowExecutionUpdateAcceptedEventAttributes() != nil:
-			taskOfAccept = true
-		case ev.GetWorkflowTaskScheduledEventAttributes() != nil:
-			taskOfAccept = false
-		case ev.GetWorkflowExecutionUpdateCompletedEventAttributes() != nil:
-			updates++
-			if taskOfAccept {
-				inOneTask++
-			}
-		}
-	}
-	if updates != 6 || applies != 5 || inOneTask != 5 {
-		t.Fatalf("%d updates, %d local Applies, %d completed in the task that accepted them; want 6, 5 and 5 (the delete's Delete is an activity)", updates, applies, inOneTask)
+	c := callTasksOf(evs)
+	if c.scheduled["Apply"] != 0 || c.scheduled["Delete"] != 1 || c.updates != 6 || c.local["Apply"] != 5 || c.inOneTask != 5 {
+		t.Fatalf("activities %v, %d updates, local %v, %d completed in the task that accepted them; want a Delete activity, 6 updates, 5 local Applies and 5 (the delete's Delete is an activity)",
+			c.scheduled, c.updates, c.local, c.inOneTask)
 	}
 }
 
@@ -409,30 +424,10 @@ func TestEpoch6DeletesInTheWorkflowTask(t *testing.T) {
 	if in.Epoch != 6 {
 		t.Fatalf("the recorded run's epoch is %d, want 6", in.Epoch)
 	}
-	deletes, inOneTask, updates := 0, 0, 0
-	taskOfAccept := false
-	for _, ev := range evs {
-		switch {
-		case ev.GetActivityTaskScheduledEventAttributes() != nil:
-			t.Fatalf("event %d: a %s activity in an epoch-6 run of six calls", ev.GetEventId(), ev.GetActivityTaskScheduledEventAttributes().GetActivityType().GetName())
-		case ev.GetMarkerRecordedEventAttributes().GetMarkerName() == "LocalActivity":
-			var la struct{ ActivityType string }
-			if err := converter.GetDefaultDataConverter().FromPayloads(ev.GetMarkerRecordedEventAttributes().GetDetails()["data"], &la); err == nil && la.ActivityType == "Delete" {
-				deletes++
-			}
-		case ev.GetWorkflowExecutionUpdateAcceptedEventAttributes() != nil:
-			taskOfAccept = true
-		case ev.GetWorkflowTaskScheduledEventAttributes() != nil:
-			taskOfAccept = false
-		case ev.GetWorkflowExecutionUpdateCompletedEventAttributes() != nil:
-			updates++
-			if taskOfAccept {
-				inOneTask++
-			}
-		}
-	}
-	if updates != 6 || deletes != 1 || inOneTask != 6 {
-		t.Fatalf("%d updates, %d local Deletes, %d completed in the task that accepted them; want 6, 1 and 6", updates, deletes, inOneTask)
+	c := callTasksOf(evs)
+	if len(c.scheduled) != 0 || c.updates != 6 || c.local["Delete"] != 1 || c.local["Apply"] != 5 || c.inOneTask != 6 {
+		t.Fatalf("activities %v, %d updates, local %v, %d completed in the task that accepted them; want none, 6, a Delete and 5 Applies, and 6",
+			c.scheduled, c.updates, c.local, c.inOneTask)
 	}
 }
 

@@ -937,17 +937,7 @@ func (e *entity) apply(ctx workflow.Context, in activities.ApplyInput, events ..
 // write is refused like a late activity attempt's). Older runs run the
 // activity only, as their history has it.
 func (e *entity) runApply(ctx workflow.Context, in activities.ApplyInput) (activities.Applied, error) {
-	var done activities.Applied
-	if e.epoch >= 5 {
-		err := workflow.ExecuteLocalActivity(applyLocalCtx(ctx), a.Apply, in).Get(ctx, &done)
-		if localAnswered(err, applyRefusals) {
-			return done, err
-		}
-		workflow.GetLogger(ctx).Warn("change not applied on this node; the Apply activity goes on trying", "worker_id", in.Worker.ID, "err", err)
-		done = activities.Applied{}
-	}
-	err := workflow.ExecuteActivity(applyCtx(ctx), a.Apply, in).Get(ctx, &done)
-	return done, err
+	return e.localFirst(ctx, 5, "Apply", a.Apply, in, applyCtx(ctx), in.Worker.ID)
 }
 
 // runDelete runs Delete. In runs of epoch 6 it runs first as a local
@@ -960,16 +950,24 @@ func (e *entity) runApply(ctx workflow.Context, in activities.ApplyInput) (activ
 // the record removed, the not-recovered note cleared are the same after
 // a second run. Older runs run the activity only, as their history has it.
 func (e *entity) runDelete(ctx workflow.Context, in activities.DeleteInput) (activities.Applied, error) {
+	return e.localFirst(ctx, 6, "Delete", a.Delete, in, activityCtx(ctx), in.Worker.ID)
+}
+
+// localFirst runs activity fn, named name (Apply, Delete), on in: in runs
+// of epoch from or later once as a local activity first, whose success or
+// refusal (applyRefusals, or any non-retryable failure) is the answer;
+// otherwise, and in older runs, as an activity with actx's options.
+func (e *entity) localFirst(ctx workflow.Context, from int, name string, fn, in any, actx workflow.Context, workerID string) (activities.Applied, error) {
 	var done activities.Applied
-	if e.epoch >= 6 {
-		err := workflow.ExecuteLocalActivity(applyLocalCtx(ctx), a.Delete, in).Get(ctx, &done)
+	if e.epoch >= from {
+		err := workflow.ExecuteLocalActivity(applyLocalCtx(ctx), fn, in).Get(ctx, &done)
 		if localAnswered(err, applyRefusals) {
 			return done, err
 		}
-		workflow.GetLogger(ctx).Warn("worker not deleted on this node; the Delete activity goes on trying", "worker_id", in.Worker.ID, "err", err)
+		workflow.GetLogger(ctx).Warn(name+" not done on this node; the "+name+" activity goes on trying", "worker_id", workerID, "err", err)
 		done = activities.Applied{}
 	}
-	err := workflow.ExecuteActivity(activityCtx(ctx), a.Delete, in).Get(ctx, &done)
+	err := workflow.ExecuteActivity(actx, fn, in).Get(ctx, &done)
 	return done, err
 }
 
