@@ -86,42 +86,24 @@ func filtersOf(t *testing.T, pid int) string {
 }
 
 // monoUnder is the Mono process that is pid or runs under it (a sandbox's
-// launcher starts it as a descendant).
+// launcher starts it as a descendant), found through the kernel's lists
+// of children.
 func monoUnder(t *testing.T, pid int) int {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		parent := map[int]int{}
-		dirs, _ := os.ReadDir("/proc")
-		for _, d := range dirs {
-			p, err := strconv.Atoi(d.Name())
-			if err != nil {
-				continue
-			}
-			b, err := os.ReadFile("/proc/" + d.Name() + "/stat")
-			if err != nil {
-				continue
-			}
-			// pid (comm) state ppid ...: the comm may hold spaces.
-			f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-			if len(f) > 1 {
-				parent[p], _ = strconv.Atoi(f[1])
-			}
+	for queue := []int{pid}; len(queue) > 0; queue = queue[1:] {
+		p := queue[0]
+		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p)); strings.HasPrefix(string(comm), "mono") {
+			return p
 		}
-		for p := range parent {
-			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p))
-			if !strings.HasPrefix(string(comm), "mono") {
-				continue
+		children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", p, p))
+		for _, f := range strings.Fields(string(children)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				queue = append(queue, c)
 			}
-			for q := p; q > 1; q = parent[q] {
-				if q == pid {
-					return p
-				}
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no Mono process at or under pid %d", pid)
 		}
 	}
+	t.Fatalf("no Mono process at or under pid %d", pid)
+	return 0
 }
 
 func hostPID(t *testing.T, inst engines.Instance) int {

@@ -221,19 +221,31 @@ func TestIndexPagesAndLegacyMigration(t *testing.T) {
 	}
 }
 
-// bulkCounter counts a Bulk store's GetMany calls and the keys of each.
+// bulkCounter counts a Bulk store's GetMany calls and the keys of each,
+// and its single reads (gets), whose keys it keeps (read).
 type bulkCounter struct {
 	*state.MemoryStore
 	mu    sync.Mutex
 	calls []int
 	gets  int
+	read  []string
 }
 
 func (b *bulkCounter) Get(ctx context.Context, key string) (state.Item, error) {
 	b.mu.Lock()
 	b.gets++
+	b.read = append(b.read, key)
 	b.mu.Unlock()
 	return b.MemoryStore.Get(ctx, key)
+}
+
+// reads returns the keys read singly since the last call.
+func (b *bulkCounter) reads() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := b.read
+	b.read = nil
+	return r
 }
 
 func (b *bulkCounter) GetMany(ctx context.Context, keys []string) ([]state.Result, error) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/virtufin/workmanager/internal/catalog"
@@ -97,28 +96,6 @@ func TestRemoveOfAnUnwrittenRecordRefusesItsLateWrite(t *testing.T) {
 	}
 }
 
-// keyCounter records the keys a store is asked to read.
-type keyCounter struct {
-	*state.MemoryStore
-	mu   sync.Mutex
-	read []string
-}
-
-func (k *keyCounter) Get(ctx context.Context, key string) (state.Item, error) {
-	k.mu.Lock()
-	k.read = append(k.read, key)
-	k.mu.Unlock()
-	return k.MemoryStore.Get(ctx, key)
-}
-
-func (k *keyCounter) reads() []string {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	r := k.read
-	k.read = nil
-	return r
-}
-
 // A change of a live worker (a stop, a start, a reload: its incarnation's
 // record is there) reads its record once and no index page: the record is
 // written only after its ids were indexed, and only a delete takes them
@@ -126,7 +103,7 @@ func (k *keyCounter) reads() []string {
 // whose record was removed meanwhile index the worker as before.
 func TestSavingALiveWorkerReadsNoIndex(t *testing.T) {
 	ctx := context.Background()
-	store := &keyCounter{MemoryStore: state.NewMemoryStore()}
+	store := &bulkCounter{MemoryStore: state.NewMemoryStore()}
 	c := catalog.New(store)
 	w := catalog.Worker{ID: "w1", Topic: "t", Status: catalog.StatusRunning, Revision: 1, Incarnation: "run-a"}
 	if err := c.SaveWorker(ctx, w); err != nil {

@@ -127,7 +127,8 @@ namespace Virtufin.WorkManager.Host
     // WarmBase is a worker of the DevKit's WorkerBase, which most workers
     // derive from: Warm runs its first response (a new event id, whose
     // Guid's first use seeds Mono's random number generator; the
-    // correlation id copied over) before any worker waits for it.
+    // correlation id copied over) and a field of the data read by name,
+    // as workers read theirs, before any worker waits for them.
     internal sealed class WarmBase : WorkerBase
     {
         public WarmBase() : base("warm.out") { }
@@ -135,8 +136,8 @@ namespace Virtufin.WorkManager.Host
         public override Task<CloudEvent> ProcessAsync(CloudEvent input)
         {
             var data = input.Data as JsonObject;
-            var skip = data != null && data["skip"] != null;
-            return Task.FromResult(skip ? null : Response(input, new JsonObject { ["input"] = data == null ? null : data.DeepClone() }));
+            var n = data == null ? null : data["n"];
+            return Task.FromResult(Response(input, new JsonObject { ["n"] = n == null ? null : n.DeepClone() }));
         }
     }
 
