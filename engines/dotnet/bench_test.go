@@ -1,6 +1,7 @@
 package dotnet
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -166,14 +167,107 @@ func BenchmarkDotnetCompile(b *testing.B) {
 // strict sandbox): Check (compile, a host loads the assembly), Load (takes
 // that host), the first call. The wait for the next spares is not timed.
 func BenchmarkDotnetCreateOnSpares(b *testing.B) {
-	e := newTestEngine(b, Config{SpareCompilers: 1, Spares: 1, Sandbox: sandboxtest.Strict(b)})
+	// echo: the conformance echo; rich: a worker using LINQ, lambdas, an
+	// async method and string interpolation (what a spare's warm-up and
+	// preload are for, host/Compiler.cs).
+	for _, name := range []string{"echo", "rich"} {
+		b.Run(name, func(b *testing.B) {
+			e := newTestEngine(b, Config{SpareCompilers: 1, Spares: 1, Sandbox: sandboxtest.Strict(b)})
+			b.Cleanup(func() { _ = e.Close() })
+			enginetest.BenchCreate(b, e, func(i int) (engines.Spec, []byte) {
+				return engines.Spec{WorkerID: fmt.Sprintf("w%d", i), MIMEType: MIMESource},
+					unique(fixture(b, name), fmt.Sprintf("%d %d", i, time.Now().UnixNano()))
+			}, func() {
+				for len(e.compilers.Ready()) == 0 || len(e.spares.Ready()) == 0 {
+					time.Sleep(2 * time.Millisecond)
+				}
+				// A spare waits, as between a node's creates: its
+				// preload (host/Compiler.cs) and WarmRich (host/Host.cs)
+				// are done by then.
+				time.Sleep(spareSettled)
+			})
+		})
+	}
+}
+
+// spareSettled is how long the benchmarks let a ready spare wait before
+// taking it: a compiler starts its preload (60–100 ms) and a host its
+// WarmRich (about 45 ms) after 250 ms of waiting.
+const spareSettled = 500 * time.Millisecond
+
+// BenchmarkDotnetSpareStart is what one spare costs the node before any
+// worker takes it (strict sandbox, nothing else running): the time until
+// it is ready (a host's hello, a compiler's ready line) and the CPU of
+// its processes (the sandbox's included) until it is ready and, for a
+// compiler, its preload done (host/Compiler.cs). A spare's start runs
+// beside the calls that took the ones before it.
+func BenchmarkDotnetSpareStart(b *testing.B) {
+	e := newTestEngine(b, Config{Sandbox: sandboxtest.Strict(b)})
 	b.Cleanup(func() { _ = e.Close() })
-	enginetest.BenchCreate(b, e, func(i int) (engines.Spec, []byte) {
-		return engines.Spec{WorkerID: fmt.Sprintf("w%d", i), MIMEType: MIMESource},
-			unique(fixture(b, "echo"), fmt.Sprintf("%d %d", i, time.Now().UnixNano()))
-	}, func() {
-		for len(e.compilers.Ready()) == 0 || len(e.spares.Ready()) == 0 {
-			time.Sleep(2 * time.Millisecond)
+	if _, err := e.Warm(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	// Each start returns its process's pid and its retirement.
+	starts := map[string]func() (int, func(), error){
+		"host": func() (int, func(), error) {
+			p, err := e.startSpare()
+			if err != nil {
+				return 0, nil, err
+			}
+			return p.Pid, p.Retire, nil
+		},
+		"compiler": func() (int, func(), error) {
+			s, err := e.startSpareCompiler()
+			if err != nil {
+				return 0, nil, err
+			}
+			return s.cmd.Process.Pid, s.Retire, nil
+		},
+	}
+	for _, kind := range []string{"host", "compiler"} {
+		b.Run(kind, func(b *testing.B) {
+			var ready, cpu time.Duration
+			for b.Loop() {
+				t0 := time.Now()
+				pid, retire, err := starts[kind]()
+				if err != nil {
+					b.Fatal(err)
+				}
+				ready += time.Since(t0)
+				time.Sleep(spareSettled) // a compiler's preload, a host's WarmRich
+				cpu += treeCPU(pid)
+				retire()
+			}
+			b.ReportMetric(float64(ready.Microseconds())/float64(b.N)/1000, "ready-ms")
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N)/1000, "cpu-ms")
+		})
+	}
+}
+
+// treeCPU is the CPU time used so far by process pid and the processes
+// under it (the sandbox's and Mono), from /proc (in clock ticks of 10 ms).
+func treeCPU(pid int) time.Duration {
+	var total time.Duration
+	for queue := []int{pid}; len(queue) > 0; queue = queue[1:] {
+		p := queue[0]
+		if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p)); err == nil {
+			// The fields after the command's closing parenthesis: utime
+			// and stime are the 12th and 13th.
+			if i := bytes.LastIndexByte(stat, ')'); i > 0 {
+				f := strings.Fields(string(stat[i+1:]))
+				if len(f) > 12 {
+					u, _ := strconv.Atoi(f[11])
+					st, _ := strconv.Atoi(f[12])
+					total += time.Duration(u+st) * 10 * time.Millisecond
+				}
+			}
 		}
-	})
+		children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", p, p))
+		for _, c := range strings.Fields(string(children)) {
+			if n, err := strconv.Atoi(c); err == nil {
+				queue = append(queue, n)
+			}
+		}
+	}
+	return total
 }

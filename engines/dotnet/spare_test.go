@@ -75,14 +75,26 @@ func layer(layers, name string) string {
 	return ""
 }
 
-// filtersOf is process pid's Seccomp_filters count, as /proc shows it.
+// filtersOf is the Seccomp_filters counts of process pid's threads, as
+// /proc shows them, each once: one count when every thread has as many.
 func filtersOf(t *testing.T, pid int) string {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
+	statuses, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	if err != nil || len(statuses) == 0 {
+		t.Fatalf("no threads of %d (%v)", pid, err)
 	}
-	return layer(strings.ReplaceAll(string(b), "\n", "|"), "Seccomp_filters:")
+	var counts []string
+	for _, f := range statuses {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // a thread that ended meanwhile
+		}
+		if n := layer(strings.ReplaceAll(string(b), "\n", "|"), "Seccomp_filters:"); !slices.Contains(counts, n) {
+			counts = append(counts, n)
+		}
+	}
+	slices.Sort(counts)
+	return strings.Join(counts, ",")
 }
 
 // monoUnder is the Mono process that is pid or runs under it (a sandbox's
@@ -153,7 +165,8 @@ func testSpareHosts(t *testing.T, cfg Config) {
 		t.Fatalf("a waiting spare's slot %s holds %v (%v), want nothing", spare.slot, entries, err)
 	}
 	// The spare waits with the lockdown filter installed (Host.cs,
-	// LockdownEarly): as many filters as a's host has with a worker.
+	// LockdownEarly), on every thread (WarmRich's and the ones it
+	// started too): as many filters as a's host has with a worker.
 	if e.lockdown != nil {
 		if got, want := filtersOf(t, monoUnder(t, spare.Pid)), layer(wa.Layers, "Seccomp_filters:"); got != want {
 			t.Fatalf("a waiting spare has %q seccomp filters, a host serving a worker %q", got, want)

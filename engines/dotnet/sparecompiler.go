@@ -37,18 +37,46 @@ import (
 // process is the node's own code. Without a spare ready, a compile starts
 // mcs as before.
 
-// warmSource is the warm-up's source: an ordinary worker, so that the
-// compiler code an ordinary worker needs is loaded and compiled.
-const warmSource = `using System.Threading.Tasks;
+// warmSource is the warm-up's source: a worker using what workers
+// commonly use (an async method, lambdas and LINQ, collections, string
+// interpolation, exceptions), so that the compiler code they need is
+// loaded and compiled before a worker's compile needs it (a worker using
+// them compiled in 40–60 ms on a spare warmed on a bare IWorker, against
+// 30–40 with this; with the preload, host/Compiler.cs, 6–12).
+const warmSource = `using System;
+using System.Collections.Generic;
+using System.Linq;
+using System.Text;
+using System.Threading.Tasks;
 using Virtufin.Worker;
 using Virtufin.Worker.Json;
 
-public class Warm : IWorker
+public class Warm : WorkerBase
 {
-    public Task<CloudEvent> ProcessAsync(CloudEvent input)
+    readonly Dictionary<string, int> seen = new Dictionary<string, int>();
+
+    public Warm() : base("warm") { }
+
+    public override async Task<CloudEvent> ProcessAsync(CloudEvent input)
     {
-        var data = new JsonObject { ["id"] = input.Id, ["data"] = input.Data == null ? null : input.Data.DeepClone() };
-        return Task.FromResult(new CloudEvent { Type = "warm", DataContentType = "application/json", Data = data });
+        var data = input.Data as JsonObject;
+        if (data != null && data["fail"] != null)
+            throw new InvalidOperationException("asked to fail");
+        var items = new List<double> { 1.5, 2.5, Math.Sqrt(2) };
+        var total = items.Where(x => x > 1).Select(x => x * 2).Sum();
+        var sb = new StringBuilder();
+        foreach (var i in items)
+            sb.Append(i.ToString("F2")).Append(',');
+        int n;
+        seen.TryGetValue(input.Id, out n);
+        seen[input.Id] = n + 1;
+        await Task.Yield();
+        try {
+            var text = $"{input.Id}:{total}:{DateTime.UtcNow:o}:{sb}";
+            return Response(input, new JsonObject { ["text"] = text, ["count"] = n + 1, ["data"] = data == null ? null : data.DeepClone() });
+        } catch (ArgumentException e) {
+            throw new InvalidOperationException(e.Message, e);
+        }
     }
 }
 `

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/engines/internal/ownerdir"
 	"github.com/virtufin/workmanager/engines/sandbox"
 	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
@@ -148,6 +149,90 @@ func TestSpareCompilerCompilesOneSourceOnce(t *testing.T) {
 				t.Fatalf("slots left: %v, want at most the next spare's", left)
 			}
 		})
+	}
+}
+
+// A waiting spare imports the members of the types workers use most (its
+// preload thread, host/Compiler.cs) and compiles what a compiler started
+// for it compiles: a worker using LINQ, lambdas, an async method and
+// string interpolation answers as it should, and an invalid source gets a
+// fresh compiler's errors, whether the spare was taken as soon as it was
+// ready (its preload stopped part way) or after its preload was done.
+func TestSpareCompilerPreloadChangesNothingButSpeed(t *testing.T) {
+	e := New(Config{CacheDir: t.TempDir(), SpareCompilers: 1, Sandbox: sandboxtest.Strict(t)})
+	t.Cleanup(func() { _ = e.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	if _, err := e.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The first compile finds none ready and starts one.
+	if err := e.Check(ctx, engines.Spec{WorkerID: "first", MIMEType: MIMESource}, unique(fixture(t, "echo"), "first")); err != nil {
+		t.Fatal(err)
+	}
+	var taken []*spareCompiler
+	for _, wait := range []bool{false, true} {
+		s := waitSpareCompiler(t, e, taken...)
+		taken = append(taken, s)
+		if wait {
+			waitPreloaded(t, s)
+		}
+		tag := fmt.Sprintf("rich waited=%v", wait)
+		spec := engines.Spec{WorkerID: tag, MIMEType: MIMESource}
+		code := unique(fixture(t, "rich"), tag)
+		if err := e.Check(ctx, spec, code); err != nil {
+			t.Fatalf("%s: %v", tag, err)
+		}
+		takenBy(t, s)
+		inst, err := e.Load(ctx, spec, code)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := inst.Process(ctx, enginetest.NewEvent("r1", "t", map[string]any{"x": 1}, ""))
+		_ = inst.Close(ctx)
+		if err != nil || len(out) != 1 || out[0].Type() != "rich.out" {
+			t.Fatalf("%s: outputs %v, err %v", tag, out, err)
+		}
+		var got map[string]any
+		if err := out[0].DataAs(&got); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]any{"total": 13.0, "names": "4.0+2.5+1.5", "rounded": "2;2;4;", "count": 1.0, "summary": "r1:13.0:3", "input": map[string]any{"x": 1.0}}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s: the rich worker answered %v, want %v", tag, got, want)
+		}
+
+		s = waitSpareCompiler(t, e, taken...)
+		taken = append(taken, s)
+		if wait {
+			waitPreloaded(t, s)
+		}
+		err = e.Check(ctx, engines.Spec{WorkerID: "invalid", MIMEType: MIMESource}, unique(fixture(t, "invalid"), tag))
+		if !errors.Is(err, engines.ErrInvalidCode) || !strings.Contains(err.Error(), "Worker.cs:9:4: error CS1525") {
+			t.Fatalf("%s: invalid: err = %v, want ErrInvalidCode with Worker.cs:9:4: error CS1525", tag, err)
+		}
+		takenBy(t, s)
+	}
+}
+
+// waitPreloaded waits until spare s's preload thread (started before the
+// spare says it is ready) has ended.
+func waitPreloaded(t *testing.T, s *spareCompiler) {
+	t.Helper()
+	mono := monoUnder(t, s.cmd.Process.Pid)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
+		comms, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/comm", mono))
+		running := false
+		for _, c := range comms {
+			b, _ := os.ReadFile(c)
+			running = running || strings.TrimSpace(string(b)) == "wmcsc preload"
+		}
+		if !running && len(comms) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the spare's preload did not end within a minute")
+		}
 	}
 }
 
