@@ -158,9 +158,10 @@ integration: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 
 bench: deps-test tools
 	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./internal/node/ ./internal/catalog/ ./engines/python/ ./engines/native/ ./engines/wasm/
-	# .NET: a C# compile started against one on a spare compiler, and a
-	# create of new source on ready spares (Check, Load, first call).
-	go test -run '^$$' -bench 'BenchmarkDotnetCompile|BenchmarkDotnetCreateOnSpares' -benchtime 20x -timeout 10m ./engines/dotnet/
+	# .NET: a C# compile started against one on a spare compiler, a create
+	# of new source on ready spares (Check, Load, first call; an echo and a
+	# worker using LINQ, lambdas and async), and what one spare costs.
+	go test -run '^$$' -bench 'BenchmarkDotnetCompile|BenchmarkDotnetCreateOnSpares|BenchmarkDotnetSpareStart' -benchtime 20x -timeout 10m ./engines/dotnet/
 	# End to end through the real daprd and Redis: bare subscriber vs. workers
 	# with and without a group, in alternating rounds (-benchtime 1x: one full
 	# comparison; WM_BENCH_MESSAGES / WM_BENCH_ROUNDS size it).
