@@ -3,10 +3,13 @@ package sandbox_test
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/virtufin/workmanager/engines/sandbox"
 )
@@ -56,6 +59,49 @@ func TestTwoNodesOnOneHostNeverShareAUID(t *testing.T) {
 	}
 	if m, _ := filepath.Glob(filepath.Join(dir, "*")); len(m) < 3 {
 		t.Errorf("claim files %v; want one per id used", m)
+	}
+}
+
+// One worker attached by two node processes of one host at the same
+// moment keeps one id: a claim found in progress (another node process
+// holding the claim file's exclusive lock until its owner is written) is
+// waited for, not taken for another worker's (the group tests' workers,
+// on both nodes, then wrote a shared file as two ids: "Permission
+// denied"). A claim held longer than the wait (a paused node process)
+// makes the id count as taken, and the attach goes on with another.
+func TestAClaimInProgressIsWaitedFor(t *testing.T) {
+	const w = "acme.0d3a3f0e-2f6c-5b8e-9a51-3c1c2f7e9b10"
+	pref := func(s string) int {
+		sum := sha256.Sum256([]byte(s))
+		return 200000 + int(binary.BigEndian.Uint64(sum[:8])%50000)
+	}
+	uid := strconv.Itoa(pref(w))
+	for _, paused := range []bool{false, true} {
+		dir := t.TempDir()
+		// The other node process, mid-claim: the exclusive lock taken,
+		// the owner written only after a while (or never: paused).
+		f, err := os.OpenFile(filepath.Join(dir, uid), os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			t.Fatal(err)
+		}
+		if !paused {
+			time.AfterFunc(300*time.Millisecond, func() {
+				f.WriteAt([]byte(w), 0)
+				syscall.Flock(int(f.Fd()), syscall.LOCK_SH)
+			})
+		}
+		n := strict(t, sandbox.Config{UIDClaimDir: dir})
+		got := start(t, n, w, "id -u; exec sleep 60")
+		switch {
+		case !paused && got != uid:
+			t.Fatalf("a claim in progress by another node process for the same worker: got id %s, want the shared %s", got, uid)
+		case paused && got == uid:
+			t.Fatalf("a claim held by a paused node process: got its id %s", got)
+		}
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // uidAllocator hands out the user ids of [base, base+n) so that no two
@@ -150,7 +151,14 @@ func (a *uidAllocator) claim(uid int, owner string) (*os.File, error) {
 		f.Close()
 		return nil, err
 	}
-	if err := flock(f, syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+	// Another node process may be claiming the id this moment: it holds
+	// the exclusive lock from its first flock until its owner is written.
+	// That is waited for, boundedly (a paused node process could hold it
+	// indefinitely: the id then counts as taken); read at once, the claim
+	// looked taken, and one worker run by two node processes that
+	// attached it together got two ids (its files on a shared writable
+	// path one's only).
+	if err := flockWait(f, syscall.LOCK_SH, claimWait); err != nil {
 		f.Close()
 		return nil, err
 	}
@@ -161,6 +169,23 @@ func (a *uidAllocator) claim(uid int, owner string) (*os.File, error) {
 		return nil, syscall.EWOULDBLOCK
 	}
 	return f, nil
+}
+
+// claimWait bounds how long a claim waits for another node process's
+// claim of the same id in progress.
+const claimWait = 2 * time.Second
+
+// flockWait takes lock how (without LOCK_NB) on f, trying again while it
+// is held otherwise, for at most wait; then EWOULDBLOCK.
+func flockWait(f *os.File, how int, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := flock(f, how|syscall.LOCK_NB)
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 func flock(f *os.File, how int) error {
