@@ -88,14 +88,20 @@ func TestAClaimInProgressIsWaitedFor(t *testing.T) {
 		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 			t.Fatal(err)
 		}
-		if !paused {
-			time.AfterFunc(300*time.Millisecond, func() {
+		written := make(chan struct{})
+		if paused {
+			close(written)
+		} else {
+			go func() {
+				defer close(written)
+				time.Sleep(300 * time.Millisecond)
 				f.WriteAt([]byte(w), 0)
 				syscall.Flock(int(f.Fd()), syscall.LOCK_SH)
-			})
+			}()
 		}
 		n := strict(t, sandbox.Config{UIDClaimDir: dir})
 		got := start(t, n, w, "id -u; exec sleep 60")
+		<-written
 		switch {
 		case !paused && got != uid:
 			t.Fatalf("a claim in progress by another node process for the same worker: got id %s, want the shared %s", got, uid)
