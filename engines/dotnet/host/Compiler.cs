@@ -7,9 +7,10 @@
 // imported, which is most of a warm compile, before any source is there.
 // It says it is ready and waits, importing meanwhile, once it has waited
 // a quarter of a second, the members of the types workers use most
-// (Staged.StartPreload) until the compile comes. The node then writes one worker's source
-// into its slot and sends a nonce and the compiler's arguments, one per
-// line, ending with an empty line; it compiles them exactly as mcs would
+// (Staged.StartPreload) until the compile comes. The node then writes one
+// worker's source into its slot and sends a nonce and the compiler's
+// arguments, one per line, ending with an empty line; it compiles them
+// exactly as mcs would
 // (the same messages on stdout; the staged compile finishes only when the
 // arguments are the staged ones and staging said nothing, else the source
 // is compiled from the start), says it is done (naming the nonce) when the
@@ -155,7 +156,7 @@ static class SpareCompiler
             "System.Collections.Generic", "System.Linq", "System.Text",
         };
 
-        // PreloadAfter is how long a spare waits before its preload: one
+        // PreloadAfterMs is how long a spare waits before its preload: one
         // taken sooner (calls back to back, its replacement just started)
         // does without, rather than have its preload's CPU beside those
         // calls.

@@ -143,12 +143,12 @@ namespace Virtufin.WorkManager.Host
     }
 
     // WarmRich runs, in a spare host waiting after its hello
-    // (StartWarmRich), what workers commonly run
-    // beyond an echo: an async method's state machine, LINQ with lambdas
-    // over the usual element types, a dictionary, a StringBuilder, string
-    // formatting and interpolation. Mono compiles each method (and each
-    // generic instantiation over int, long, double, bool) on its first
-    // call; a worker doing these waited 20–25 ms on its first event for it.
+    // (StartWarmRich), what workers commonly run beyond an echo: an async
+    // method's state machine, LINQ with lambdas over the usual element
+    // types, a dictionary, a StringBuilder, string formatting and
+    // interpolation. Mono compiles each method (and each generic
+    // instantiation over int, long, double, bool) on its first call; a
+    // worker doing these waited 20–27 ms on its first event for it.
     internal sealed class WarmRich : WorkerBase
     {
         readonly Dictionary<string, int> seen = new Dictionary<string, int>();
