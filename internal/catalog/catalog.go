@@ -354,6 +354,11 @@ func (c *Catalog) CheckRemove(ctx context.Context, w Worker) error {
 	if err != nil {
 		return err
 	}
+	return removable(cur, w)
+}
+
+// removable is CheckRemove of w over cur, the stored record (nil: none).
+func removable(cur *Worker, w Worker) error {
 	if cur != nil && !cur.Deleted && cur.Incarnation != w.Incarnation {
 		return fmt.Errorf("%w: worker %s is incarnation %q, not %q", ErrStale, w.ID, cur.Incarnation, w.Incarnation)
 	}
@@ -429,7 +434,14 @@ func (c *Catalog) DeleteWorker(ctx context.Context, id string) error {
 // period has passed.
 func (c *Catalog) RemoveWorker(ctx context.Context, w Worker) error {
 	id := w.ID
-	if err := c.CheckRemove(ctx, w); err != nil {
+	// The record read for the check is what the tombstone is first
+	// written over (conditional on its ETag: a record written since is
+	// read again), not read a second time.
+	cur, etag, err := c.stored(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := removable(cur, w); err != nil {
 		return err
 	}
 	history, high, err := c.allHistory(ctx, id)
@@ -459,12 +471,13 @@ func (c *Catalog) RemoveWorker(ctx context.Context, w Worker) error {
 		return err
 	}
 	for conflicts := 0; ; conflicts++ {
-		if err := state.ConflictBackoff(ctx, conflicts); err != nil {
-			return err
-		}
-		cur, etag, err := c.stored(ctx, id)
-		if err != nil {
-			return err
+		if conflicts > 0 {
+			if err := state.ConflictBackoff(ctx, conflicts); err != nil {
+				return err
+			}
+			if cur, etag, err = c.stored(ctx, id); err != nil {
+				return err
+			}
 		}
 		tomb := Worker{ID: id, Incarnation: w.Incarnation, Revision: w.Revision, Tenant: w.Tenant, Deleted: true}
 		if cur != nil {

@@ -185,3 +185,83 @@ func TestSavingALiveWorkerReadsNoIndex(t *testing.T) {
 		t.Fatalf("index after a save over a removed record %v, want w1", ids)
 	}
 }
+
+// A delete reads the worker's record once: its tombstone is written over
+// the read its check made. A record written between the two (a late
+// change of the same incarnation, a new incarnation) fails the
+// tombstone's write on its ETag and is read again: the first is
+// tombstoned all the same, the second refused as stale and kept.
+func TestRemovingAWorkerReadsItsRecordOnce(t *testing.T) {
+	ctx := context.Background()
+	for _, between := range []string{"", "late change", "new incarnation"} {
+		store := &writeBetween{bulkCounter: &bulkCounter{MemoryStore: state.NewMemoryStore()}}
+		c := catalog.New(store)
+		w := catalog.Worker{ID: "w1", Topic: "t", Status: catalog.StatusRunning, Revision: 1, Incarnation: "run-a"}
+		if err := c.SaveWorker(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+		store.reads()
+		var written catalog.Worker
+		if between != "" {
+			written = w
+			written.Revision = 2
+			if between == "new incarnation" {
+				written.Revision, written.Incarnation = 1, "run-b"
+			}
+			// Written while the delete takes the worker out of its
+			// index, after its check read the record (a new incarnation
+			// after another delete's tombstone, as a create in a new run
+			// writes one).
+			store.hook = func() {
+				other := catalog.New(store.MemoryStore)
+				if between == "new incarnation" {
+					if err := other.RemoveWorker(ctx, w); err != nil {
+						t.Error(err)
+					}
+				}
+				if err := other.SaveWorker(ctx, written); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+		err := c.RemoveWorker(ctx, w)
+		var recordReads int
+		for _, k := range store.reads() {
+			if strings.HasSuffix(k, "workers/w1") {
+				recordReads++
+			}
+		}
+		got, gerr := c.GetWorker(ctx, "w1")
+		switch between {
+		case "":
+			if err != nil || recordReads != 1 || !errors.Is(gerr, catalog.ErrNotFound) {
+				t.Fatalf("a delete: err %v, the record read %d times (want once), then %+v %v (want none)", err, recordReads, got, gerr)
+			}
+		case "late change":
+			if err != nil || recordReads != 2 || !errors.Is(gerr, catalog.ErrNotFound) {
+				t.Fatalf("a delete over a late change: err %v, the record read %d times (want twice), then %+v %v (want none)", err, recordReads, got, gerr)
+			}
+		case "new incarnation":
+			if !errors.Is(err, catalog.ErrStale) || gerr != nil || got.Incarnation != "run-b" {
+				t.Fatalf("a delete over a new incarnation: err %v (want ErrStale), then %+v %v (want run-b's record)", err, got, gerr)
+			}
+		}
+	}
+}
+
+// writeBetween runs hook once, before the first write of an index page
+// (a delete takes its worker out of its index after its check read the
+// record).
+type writeBetween struct {
+	*bulkCounter
+	hook func()
+}
+
+func (s *writeBetween) Put(ctx context.Context, key string, value []byte, opts state.PutOptions) error {
+	if s.hook != nil && strings.Contains(key, "index") {
+		h := s.hook
+		s.hook = nil
+		h()
+	}
+	return s.bulkCounter.Put(ctx, key, value, opts)
+}
