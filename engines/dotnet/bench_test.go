@@ -248,24 +248,18 @@ func BenchmarkDotnetSpareStart(b *testing.B) {
 // under it (the sandbox's and Mono), from /proc (in clock ticks of 10 ms).
 func treeCPU(pid int) time.Duration {
 	var total time.Duration
-	for queue := []int{pid}; len(queue) > 0; queue = queue[1:] {
-		p := queue[0]
-		if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p)); err == nil {
-			// The fields after the command's closing parenthesis: utime
-			// and stime are the 12th and 13th.
-			if i := bytes.LastIndexByte(stat, ')'); i > 0 {
-				f := strings.Fields(string(stat[i+1:]))
-				if len(f) > 12 {
-					u, _ := strconv.Atoi(f[11])
-					st, _ := strconv.Atoi(f[12])
-					total += time.Duration(u+st) * 10 * time.Millisecond
-				}
-			}
+	for _, p := range processTree(pid) {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+		if err != nil {
+			continue
 		}
-		children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", p, p))
-		for _, c := range strings.Fields(string(children)) {
-			if n, err := strconv.Atoi(c); err == nil {
-				queue = append(queue, n)
+		// The fields after the command's closing parenthesis: utime and
+		// stime are the 12th and 13th.
+		if i := bytes.LastIndexByte(stat, ')'); i > 0 {
+			if f := strings.Fields(string(stat[i+1:])); len(f) > 12 {
+				u, _ := strconv.Atoi(f[11])
+				st, _ := strconv.Atoi(f[12])
+				total += time.Duration(u+st) * 10 * time.Millisecond
 			}
 		}
 	}

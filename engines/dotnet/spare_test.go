@@ -102,20 +102,28 @@ func filtersOf(t *testing.T, pid int) string {
 // of children.
 func monoUnder(t *testing.T, pid int) int {
 	t.Helper()
-	for queue := []int{pid}; len(queue) > 0; queue = queue[1:] {
-		p := queue[0]
+	for _, p := range processTree(pid) {
 		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p)); strings.HasPrefix(string(comm), "mono") {
 			return p
-		}
-		children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", p, p))
-		for _, f := range strings.Fields(string(children)) {
-			if c, err := strconv.Atoi(f); err == nil {
-				queue = append(queue, c)
-			}
 		}
 	}
 	t.Fatalf("no Mono process at or under pid %d", pid)
 	return 0
+}
+
+// processTree is pid and the processes under it, breadth first, from the
+// kernel's lists of children.
+func processTree(pid int) []int {
+	tree := []int{pid}
+	for i := 0; i < len(tree); i++ {
+		children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", tree[i], tree[i]))
+		for _, f := range strings.Fields(string(children)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				tree = append(tree, c)
+			}
+		}
+	}
+	return tree
 }
 
 func hostPID(t *testing.T, inst engines.Instance) int {

@@ -138,7 +138,6 @@ static class SpareCompiler
         Relay output;
         object settings, ctx, module, loader, assembly;
         Thread preloader;
-        volatile bool stopPreload;
         readonly ManualResetEvent compileCame = new ManualResetEvent(false);
         bool preloadFailed;
         StringWriter preloadOutput;
@@ -192,7 +191,7 @@ static class SpareCompiler
                         foreach (var t in forName)
                             all.Add(t);
                     foreach (var t in all) {
-                        if (stopPreload)
+                        if (compileCame.WaitOne(0))
                             return;
                         m.Get(t, "MemberCache");
                     }
@@ -206,7 +205,6 @@ static class SpareCompiler
         // says whether the staged compile is still clean.
         public bool EndPreload()
         {
-            stopPreload = true;
             compileCame.Set();
             preloader.Join();
             output.Target = Console.Out;
