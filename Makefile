@@ -157,7 +157,7 @@ integration: deps-test tools $(TOOLS)/grpcurl-$(GRPCURL_VERSION).stamp
 	WM_INTEGRATION_PARALLEL=$(INTEGRATION_PARALLEL) go test -timeout $(TEST_TIMEOUT) $(INTEGRATION_FLAGS) -v ./test/integration/
 
 bench: deps-test tools
-	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./internal/node/ ./internal/catalog/ ./engines/python/ ./engines/native/ ./engines/wasm/
+	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./internal/node/ ./internal/catalog/ ./internal/delivery/ ./engines/python/ ./engines/native/ ./engines/wasm/
 	# .NET: a C# compile started against one on a spare compiler, a create
 	# of new source on ready spares (Check, Load, first call; an echo and a
 	# worker using LINQ, lambdas and async), and what one spare costs.
@@ -202,7 +202,8 @@ FUZZ_TARGETS := \
 	./engines/native/internal/hostproto/:FuzzReadFrame ./engines/native/internal/hostproto/:FuzzParseResult \
 	./engines/native/internal/hostproto/:FuzzParseGatewayCall \
 	./engines/internal/wire/:FuzzDecodeOutputs ./engines/internal/wire/:FuzzDecodeError \
-	./engines/internal/wire/:FuzzServeGateway ./engines/internal/wire/:FuzzReadPayload
+	./engines/internal/wire/:FuzzServeGateway ./engines/internal/wire/:FuzzReadPayload \
+	./internal/delivery/:FuzzAppendJSON
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		go test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) "$${t%%:*}" || exit 1; \

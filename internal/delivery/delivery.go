@@ -117,11 +117,8 @@ func (s *Store) Update(ctx context.Context, key string, r Record, change func(*R
 			return r, fmt.Errorf("delivery record: %w", err)
 		}
 		change(&r)
-		b, err := json.Marshal(&r)
-		if err != nil {
-			return r, fmt.Errorf("delivery record: %w", err)
-		}
-		err = s.st.Put(ctx, key, b, state.PutOptions{ETag: r.etag, IfAbsent: r.etag == "", TTL: s.ttl})
+		b := r.appendJSON(make([]byte, 0, 128))
+		err := s.st.Put(ctx, key, b, state.PutOptions{ETag: r.etag, IfAbsent: r.etag == "", TTL: s.ttl})
 		if err == nil {
 			return r, nil
 		}
