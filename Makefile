@@ -163,8 +163,9 @@ bench: deps-test tools
 	# worker using LINQ, lambdas and async), and what one spare costs.
 	go test -run '^$$' -bench 'BenchmarkDotnetCompile|BenchmarkDotnetCreateOnSpares|BenchmarkDotnetSpareStart' -benchtime 20x -timeout 10m ./engines/dotnet/
 	# End to end through the real daprd and Redis: bare subscriber vs. workers
-	# with and without a group, in alternating rounds (-benchtime 1x: one full
-	# comparison; WM_BENCH_MESSAGES / WM_BENCH_ROUNDS size it).
+	# with and without a group, in alternating rounds, each mode's round
+	# between two bare rounds (-benchtime 1x: one full comparison;
+	# WM_BENCH_MESSAGES / WM_BENCH_ROUNDS size it, WM_BENCH_PAIRED=0 unpairs).
 	go test -run '^$$' -bench BenchmarkEndToEnd -benchtime 1x -timeout 20m -v ./test/integration/
 	# The control plane (issue 48): p50/p99 of each lifecycle call per engine,
 	# back to back and spaced, idle and saturated, 100 concurrent creates,

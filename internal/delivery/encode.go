@@ -9,7 +9,7 @@ import (
 // appendJSON appends r as encoding/json writes it (map keys sorted, the
 // Worker fields in order, empty ones left out), byte for byte. The hot path
 // writes a record per message: json.Marshal's reflection over the map grew
-// each settling goroutine's stack and was a tenth of the node's CPU in a
+// each settling goroutine's stack and was 6 % of the node's CPU in a
 // keyed group's profile (docs/performance.md); TestAppendJSONIsJSONMarshal
 // holds the two equal.
 func (r *Record) appendJSON(b []byte) []byte {

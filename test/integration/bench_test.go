@@ -34,7 +34,9 @@ import (
 //     both answering every event, never at once (the group's lock): its
 //     msg/s counts their calls (outputs), two per event;
 //
-// in alternating rounds, and the state-store round trips per message on the
+// in alternating rounds, each mode's round between two bare rounds (its
+// "%-of-adjacent-bare": against their mean; WM_BENCH_PAIRED=0: one bare
+// round a round), and the state-store round trips per message on the
 // success path (Redis commands of the state component, counted by Redis).
 // Run it with `make bench` (-benchtime 1x: each b.N iteration is a full
 // comparison).
@@ -72,15 +74,16 @@ func BenchmarkEndToEnd(b *testing.B) {
 		modes = append(slices.DeleteFunc(modes, func(m string) bool { return m == "grouped-2nodes" }), "grouped-2nodes")
 	}
 	var nodeB *extraNode
-	measure := func(r int, mode string) {
+	measure := func(r int, mode string) float64 {
 		in, out := fmt.Sprintf("bench-%s-%d-in-%d", mode, r, time.Now().UnixNano()), fmt.Sprintf("bench-%s-%d-out-%d", mode, r, time.Now().UnixNano())
 		consumer, stop := e.benchTarget(b, mode, in, out)
-		outs := e.subscribe(out)
+		outs, closeOuts := e.subscribeClosable(out)
 		nodes := []string{e.nodeURL}
 		if nodeB != nil {
 			nodes = append(nodes, nodeB.url())
 		}
 		back0, full0 := givenBack(b, nodes)
+		rewrites0 := e.redisInfo(b, "persistence", "aof_rewrites")
 		ops0, cpu0 := e.redisStateOps(b), e.cpuByProcess(b, consumer)
 		k := 1 // outputs per event
 		if mode == "grouped-pair" {
@@ -89,17 +92,55 @@ func BenchmarkEndToEnd(b *testing.B) {
 		rate := e.saturate(b, in, outs, n, k, payload, benchAttrs(mode))
 		ops, cpu := float64(e.redisStateOps(b)-ops0)/float64(n), e.cpuByProcess(b, consumer)
 		back, full := givenBack(b, nodes)
+		rewrites := e.redisInfo(b, "persistence", "aof_rewrites") - rewrites0
 		perMsg := map[string]float64{}
 		for k, v := range cpu {
 			perMsg[k] = float64((v - cpu0[k]).Microseconds()) / float64(n)
 		}
 		p50, p99 := e.paced(b, in, outs, 300, 100, k, benchAttrs(mode))
 		stop()
+		// The round's streams go: what they hold is read, and a Redis
+		// that kept every round's (hundreds of MiB by the end of a run)
+		// rewrote its append-only file at fork-and-copy cost in the
+		// middle of later rounds (docs/performance.md).
+		closeOuts()
+		if removed := strings.TrimSpace(e.redisCLI(b, "DEL", in, out)); removed != "2" {
+			b.Logf("round %d %s: DEL of its two streams removed %s", r, mode, removed)
+		}
 		x := res[mode]
 		x.rate, x.p50, x.p99, x.stateOps = append(x.rate, rate), append(x.p50, p50), append(x.p99, p99), append(x.stateOps, ops)
 		x.cpu = append(x.cpu, perMsg)
-		b.Logf("round %d %-14s %7.0f msg/s  p50 %-10s p99 %-10s state ops/msg %.2f  CPU µs/msg: daprd %.0f, consumer %.0f, redis %.0f, test %.0f  given back while saturated %.0f (queue full %.0f)",
-			r, mode, rate, p50, p99, ops, perMsg["daprd"], perMsg["consumer"], perMsg["redis"], perMsg["test"], back-back0, full-full0)
+		b.Logf("round %d %-14s %7.0f msg/s  p50 %-10s p99 %-10s state ops/msg %.2f  CPU µs/msg: daprd %.0f, consumer %.0f, redis %.0f, test %.0f  given back while saturated %.0f (queue full %.0f)  Redis: %d AOF rewrites, %d MiB",
+			r, mode, rate, p50, p99, ops, perMsg["daprd"], perMsg["consumer"], perMsg["redis"], perMsg["test"], back-back0, full-full0,
+			rewrites, e.redisInfo(b, "memory", "used_memory")>>20)
+		return rate
+	}
+	// Paired (WM_BENCH_PAIRED, on unless "0"; needs "bare" among the
+	// modes): a bare round before every other mode's round and after it,
+	// each mode's rate set against the mean of the two. This VM's speed
+	// moves by half within a minute (the same bare round at 911 and 1,667
+	// msg/s, daprd's CPU a message with it), so a mode measured late in a
+	// round was compared with a bare measured a minute earlier; a pair
+	// compares what ran seconds apart (docs/performance.md).
+	paired := os.Getenv("WM_BENCH_PAIRED") != "0" && slices.Contains(modes, "bare")
+	adjacent := map[string][]float64{} // per mode, each round's rate / its neighbours' mean
+	runRound := func(r int, ms []string) {
+		if !paired {
+			for _, mode := range ms {
+				measure(r, mode)
+			}
+			return
+		}
+		before := measure(r, "bare")
+		for _, mode := range ms {
+			if mode == "bare" {
+				continue
+			}
+			rate := measure(r, mode)
+			after := measure(r, "bare")
+			adjacent[mode] = append(adjacent[mode], rate/((before+after)/2))
+			before = after
+		}
 	}
 	// A round of the bare subscriber first, not counted: the first
 	// saturation of a fresh stack (daprd's and Redis's first streams, the
@@ -115,11 +156,8 @@ func BenchmarkEndToEnd(b *testing.B) {
 	}
 	for range b.N {
 		for r := range rounds {
-			for _, mode := range modes {
-				if mode != "grouped-2nodes" { // below, once every other mode is measured
-					measure(r, mode)
-				}
-			}
+			// grouped-2nodes below, once every other mode is measured.
+			runRound(r, slices.DeleteFunc(slices.Clone(modes), func(m string) bool { return m == "grouped-2nodes" }))
 		}
 		if two {
 			// A second node (its own daprd, the same Redis and Temporal)
@@ -129,7 +167,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 				nodeB = e.startExtraNode(b, "bench-b")
 			}
 			for r := range rounds {
-				measure(r, "grouped-2nodes")
+				runRound(r, []string{"grouped-2nodes"})
 			}
 		}
 	}
@@ -165,6 +203,9 @@ func BenchmarkEndToEnd(b *testing.B) {
 		}
 		if mode != "bare" && bare > 0 {
 			b.ReportMetric(100*mean(x.rate)/bare, mode+"-%-of-bare")
+		}
+		if v := adjacent[mode]; len(v) > 0 {
+			b.ReportMetric(100*mean(v), mode+"-%-of-adjacent-bare")
 		}
 	}
 }
@@ -368,6 +409,19 @@ func (e *env) cpuByProcess(b *testing.B, consumer int) map[string]time.Duration 
 		"redis":    devstack.ProcessCPU(e.stack.RedisPID()),
 		"test":     devstack.SelfCPU(),
 	}
+}
+
+// redisInfo is one integer field of a section of Redis's INFO (0 when
+// absent).
+func (e *env) redisInfo(b *testing.B, section, field string) int64 {
+	b.Helper()
+	for _, line := range strings.Split(e.redisCLI(b, "INFO", section), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			v, _ := strconv.ParseInt(rest, 10, 64)
+			return v
+		}
+	}
+	return 0
 }
 
 // redisStateOps counts the Redis commands the state component issues so

@@ -502,6 +502,14 @@ func (e *env) connectDapr() {
 // events received (each acked SUCCESS).
 func (e *env) subscribe(topic string) <-chan event.Event {
 	e.t.Helper()
+	ch, _ := e.subscribeClosable(topic)
+	return ch
+}
+
+// subscribeClosable is subscribe, and a function that ends the
+// subscription before the test does.
+func (e *env) subscribeClosable(topic string) (<-chan event.Event, func()) {
+	e.t.Helper()
 	sub := dispatch.DaprSubscriber{Client: runtimev1.NewDaprClient(e.dapr)}
 	st, err := sub.Subscribe(context.Background(), devstack.PubSubName, topic)
 	if err != nil {
@@ -527,7 +535,7 @@ func (e *env) subscribe(topic string) <-chan event.Event {
 	}()
 	// Subscribe returned after daprd confirmed the subscription, so its
 	// consumer group exists: anything published from now on is received.
-	return ch
+	return ch, st.Close
 }
 
 // publish sends a structured CloudEvent through daprd's HTTP API.
