@@ -718,7 +718,9 @@ func (l *Locks) takeHanded(group, holder string, hv Handover, asked time.Time) *
 // free for this process, or its holder gave up a hold that had come to
 // linger when asked (Config.Notify), so a hand-over between nodes takes
 // about FairEvery instead of the rest of the backoff; the tries (and
-// their events) stay those of the backoff.
+// their events) stay those of the backoff. A look that finds the lock
+// held with no fresh waiter marker writes this process's (1 Put), so the
+// holder yields at its next fairness read even when the try wrote none.
 func (l *Locks) wait(ctx context.Context, group, holder string, d time.Duration) (*Lease, error) {
 	if l.cfg.KeepFor <= 0 || d <= l.cfg.FairEvery {
 		return nil, l.cfg.Sleep(ctx, d)
@@ -733,11 +735,13 @@ func (l *Locks) wait(ctx context.Context, group, holder string, d time.Duration)
 		if d <= 0 || me == "" {
 			continue
 		}
-		rec, _, err := l.read(ctx, Key(group))
+		key := Key(group)
+		rec, etag, err := l.read(ctx, key)
 		if err != nil {
 			continue // the next try says what the store says
 		}
-		fresh := rec.Waiter != "" && l.cfg.Now().Sub(time.UnixMilli(rec.WaiterMs)) < l.cfg.WaiterMaxAge
+		now := l.cfg.Now()
+		fresh := rec.Waiter != "" && now.Sub(time.UnixMilli(rec.WaiterMs)) < l.cfg.WaiterMaxAge
 		if !rec.Held && (!fresh || rec.Waiter == me) || rec.Held && rec.Node == me {
 			// Free for us, or recorded as ours (a hold handed to us
 			// whose answer came too late): try now.
@@ -745,6 +749,21 @@ func (l *Locks) wait(ctx context.Context, group, holder string, d time.Duration)
 		}
 		if lease, released := l.ask(ctx, group, holder, rec); lease != nil || released {
 			return lease, nil // its holder's run ended and it only lingered: given up for us
+		}
+		if rec.Held && !fresh {
+			// Held with nobody's marker: ours is missing — the try saw
+			// the lock kept for another node's marker (that node took it
+			// since, writing its record without one), or the try's
+			// marker lost its write to a concurrent one. Without it the
+			// holder keeps its hold for whole runs (KeepFor) and takes
+			// it back after each, and this process waits for its next
+			// try (RetryBase, doubling). A lost write is left to the
+			// next look.
+			mark := rec
+			mark.Waiter, mark.WaiterMs = me, now.UnixMilli()
+			if err := l.put(ctx, key, mark, etag); err != nil && !errors.Is(err, state.ErrConflict) {
+				continue // the next try says what the store says
+			}
 		}
 	}
 	return nil, nil

@@ -743,3 +743,66 @@ func TestHeldAtNamesTheProcessTheHoldWentTo(t *testing.T) {
 		t.Fatalf("HeldAt past Linger: %q", got)
 	}
 }
+
+// A node whose try found the free lock kept for another node's marker
+// writes no marker of its own then; when that node takes the lock (its
+// record carries no marker), the waiting node's next look during its
+// backoff writes one, so the holder yields at its next fairness read
+// instead of keeping the lock for whole runs until the waiter's next try
+// (RetryBase later: two nodes sharing a busy group gave messages back
+// while one waited over a second for its turn).
+func TestWaiterMarksWhenTheLockIsTakenByTheNodeItWasKeptFor(t *testing.T) {
+	w := newWorld(t)
+	a := w.node(nil, func(c *Config) { c.Node, c.KeepFor, c.TokenBlock = "a", 100, 100 })
+	b := w.node(nil, func(c *Config) { c.Node, c.KeepFor = "b", 10 })
+	w.putRecord("g", record{Token: 5, Waiter: "a", WaiterMs: w.clk.Now().UnixMilli()})
+	var held *Lease
+	var marked record
+	b.sl.hook = func(i int) {
+		switch i {
+		case 0: // a takes the lock kept for it: its record has no marker
+			held = mustAcquire(t, a, "g", "a/1")
+		case 1: // b looked once since
+			marked = w.record("g")
+			mustRelease(t, held)
+		}
+	}
+	ls, err := b.Acquire(context.Background(), "g", "b/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mustRelease(t, ls)
+	if marked.Waiter != "b" || !marked.Held || marked.Holder != "a/1" {
+		t.Fatalf("record while a held the lock and b waited: %+v, want b's marker", marked)
+	}
+	var slept time.Duration
+	for _, d := range b.sl.Slept() {
+		slept += d
+	}
+	if slept > 200*time.Millisecond || ls.Token != 106 {
+		t.Fatalf("b slept %v (%v) before taking the lock a freed at 200 ms; token %d, want 106", slept, b.sl.Slept(), ls.Token)
+	}
+}
+
+// The marker a waiting node writes while it looks does not overwrite
+// another node's fresh one: the node that waited first keeps its turn.
+func TestWaiterLookLeavesAnotherFreshMarker(t *testing.T) {
+	w := newWorld(t)
+	a := w.node(nil, func(c *Config) { c.Node = "a" })
+	b := w.node(nil, func(c *Config) { c.Node, c.KeepFor, c.MaxRetries = "b", 10, 1 })
+	held := mustAcquire(t, a, "g", "a/1")
+	defer mustRelease(t, held)
+	b.sl.hook = func(i int) {
+		if i == 0 { // c marks after b's try
+			r := w.record("g")
+			r.Waiter, r.WaiterMs = "c", w.clk.Now().UnixMilli()
+			w.putRecord("g", r)
+		}
+	}
+	if _, err := b.Acquire(context.Background(), "g", "b/1"); !errors.Is(err, ErrContended) {
+		t.Fatalf("b: %v, want ErrContended", err)
+	}
+	if r := w.record("g"); r.Waiter != "c" {
+		t.Fatalf("record %+v: c's marker overwritten", r)
+	}
+}
