@@ -84,9 +84,10 @@ func daprOptions(cfg config) daprconn.Options {
 // httpHandler serves the node's health endpoints (/health, /healthz,
 // /readyz), its metrics (/metrics, Prometheus text format) and, with
 // DEBUG_PPROF, Go's profiles (/debug/pprof/: heap, goroutine, CPU).
-func httpHandler(h *health.State, reg *prometheus.Registry, log *slog.Logger, debugPprof bool, yield, forward http.Handler) http.Handler {
+func httpHandler(h *health.State, reg *prometheus.Registry, log *slog.Logger, debugPprof bool, locks, forward http.Handler) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST "+grouplock.YieldPath, yield) // peers asking for a group lock this node only lingers on
+	mux.Handle("POST "+grouplock.YieldPath, locks) // peers asking for a group lock this node only lingers on
+	mux.Handle("POST "+grouplock.FreedPath, locks) // peers saying a group lock this node waits for is free
 	if forward != nil {
 		mux.Handle("POST "+dispatch.ForwardPath, forward) // peers' turns of a group this node holds (signed)
 	}

@@ -369,7 +369,10 @@ func (p *parts) build(ctx context.Context) error {
 		},
 		// A group that only lingers on another node is asked for at that
 		// node's advertised HTTP address (grouplock.YieldPath).
-		Notify: grouplock.HTTPNotifier(grouplock.NotifyClient(), cfg.NodeID, p.peers)})
+		Notify: grouplock.HTTPNotifier(grouplock.NotifyClient(), cfg.NodeID, p.peers),
+		// A lock given up for another node's waiter marker is announced
+		// to that node (grouplock.FreedPath), which tries at once.
+		Tell: grouplock.HTTPTeller(grouplock.NotifyClient(), p.peers)})
 	p.locks = locks
 	// Each worker's counts for GetWorker, written every few seconds off the
 	// message path (internal/workerstats; statsWriter).
@@ -450,7 +453,7 @@ func (p *parts) brokerProbe() startstop.Service {
 func (p *parts) httpServer() startstop.Service {
 	var srv *http.Server
 	return startstop.Funcs("http server", func(context.Context) error {
-		srv = &http.Server{Addr: p.cfg.HTTPAddr, Handler: httpHandler(p.h, p.promReg, p.log, p.cfg.DebugPprof, grouplock.YieldHandler(p.locks), p.forwardHandler()), ReadHeaderTimeout: 5 * time.Second}
+		srv = &http.Server{Addr: p.cfg.HTTPAddr, Handler: httpHandler(p.h, p.promReg, p.log, p.cfg.DebugPprof, grouplock.Handler(p.locks), p.forwardHandler()), ReadHeaderTimeout: 5 * time.Second}
 		ln, err := net.Listen("tcp", p.cfg.HTTPAddr)
 		if err != nil {
 			return fmt.Errorf("health listener: %w", err)

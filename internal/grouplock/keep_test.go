@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/virtufin/workmanager/internal/state"
 )
 
 // Issue 47 item 1: with KeepFor, a Release that finds another caller of
@@ -805,4 +807,122 @@ func TestWaiterLookLeavesAnotherFreshMarker(t *testing.T) {
 	if r := w.record("g"); r.Waiter != "c" {
 		t.Fatalf("record %+v: c's marker overwritten", r)
 	}
+}
+
+// blockingSleep is a Config.Sleep that really waits d (the tests make a
+// look's step far longer than they take) and counts the sleeps that were
+// not cut short.
+type blockingSleep struct{ full atomic.Int32 }
+
+func (s *blockingSleep) Sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		s.full.Add(1)
+		return nil
+	}
+}
+
+// waiting reports how many of l's Acquires of group wait between two looks.
+func (l *Locks) waiting(group string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ls := l.looks[group]; ls != nil {
+		return len(ls.waits)
+	}
+	return 0
+}
+
+// A node that gives a lock up while another node's waiter marker is in the
+// record tells that node (Config.Tell), whose Acquire, waiting between two
+// tries, looks at once and takes the lock instead of at its next look
+// (FairEvery later: 5 s here, so a missed Tell fails the test by a full
+// sleep, not by a hang). Told while it is between two looks (reading,
+// asking), it does not wait at the next one.
+func TestReleaseTellsTheWaitingNode(t *testing.T) {
+	for _, between := range []bool{false, true} {
+		t.Run(fmt.Sprintf("between-looks=%v", between), func(t *testing.T) {
+			w := newWorld(t)
+			var b *node
+			var told atomic.Int32
+			a := w.node(nil, func(c *Config) {
+				c.Node, c.KeepFor, c.TokenBlock = "a", 100, 100
+				c.Tell = func(_ context.Context, node, group string) {
+					if node != "b" || group != "g" {
+						t.Errorf("told %s about %s, want b about g", node, group)
+					}
+					told.Add(1)
+					if !between {
+						b.Freed(group)
+					}
+				}
+			})
+			held := mustAcquire(t, a, "g", "a/1")
+			var gets atomic.Int32
+			st := &hookStore{MemoryStore: w.mem}
+			if between {
+				st.onGet = func() {
+					switch gets.Add(1) {
+					case 1: // b's try reads: told now, between two looks
+						b.Freed("g")
+					case 2: // b's look, at once: a gives the lock up first
+						mustRelease(t, held)
+					}
+				}
+			}
+			sl := &blockingSleep{}
+			b = w.node(st, func(c *Config) {
+				c.Node, c.KeepFor, c.FairEvery, c.RetryBase, c.Sleep = "b", 10, 5*time.Second, time.Hour, sl.Sleep
+			})
+			got := make(chan *Lease, 1)
+			go func() {
+				ls, err := b.Acquire(context.Background(), "g", "b/1")
+				if err != nil {
+					t.Error(err)
+				}
+				got <- ls
+			}()
+			if !between {
+				for deadline := time.Now().Add(5 * time.Second); b.waiting("g") == 0; time.Sleep(time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatal("b never waited")
+					}
+				}
+				if r := w.record("g"); r.Waiter != "b" {
+					t.Fatalf("record %+v: b waits without its marker", r)
+				}
+				mustRelease(t, held)
+			}
+			ls := <-got
+			if ls == nil {
+				t.Fatal("b took no lease")
+			}
+			defer mustRelease(t, ls)
+			if n := sl.full.Load(); n != 0 {
+				t.Fatalf("b slept %d full steps of 5 s", n)
+			}
+			if ls.Token != 101 {
+				t.Fatalf("b's token %d, want 101", ls.Token)
+			}
+			for deadline := time.Now().Add(5 * time.Second); told.Load() == 0; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("a never told b (Tell runs in the background)")
+				}
+			}
+		})
+	}
+}
+
+// hookStore calls onGet before each Get.
+type hookStore struct {
+	*state.MemoryStore
+	onGet func()
+}
+
+func (s *hookStore) Get(ctx context.Context, key string) (state.Item, error) {
+	if s.onGet != nil {
+		s.onGet()
+	}
+	return s.MemoryStore.Get(ctx, key)
 }

@@ -66,6 +66,10 @@ type hold struct {
 	renewDone   chan struct{}
 	// local is what the hold's users keep with it (Lease.Local).
 	local any
+	// yieldTo is the process whose fresh waiter marker ended the hold
+	// (fairLocked) or showed in the record its release wrote
+	// (noteWaiter), told once the lock is released (Config.Tell).
+	yieldTo string
 	// etag is the record's ETag after this hold's last write and rec what
 	// that write wrote, when the store's ETags are versions
 	// (Locks.nextETag): a write conditioned on it succeeds only while
@@ -516,6 +520,7 @@ func (ls *Lease) Release(ctx context.Context) error {
 		return err
 	}
 	ls.done = true
+	l.tellFreed(h)
 	return nil
 }
 
@@ -549,7 +554,12 @@ func (h *hold) release(ctx context.Context, releaser string) error {
 		h.released = true
 		return nil
 	}
-	current, err := h.update(ctx, func(rec *record) bool { rec.Held = false; return true })
+	free := func(rec *record) bool {
+		rec.Held = false
+		h.noteWaiter(*rec)
+		return true
+	}
+	current, err := h.update(ctx, free)
 	for try := 1; err != nil; try++ {
 		if try == releaseTries {
 			return err
@@ -565,13 +575,23 @@ func (h *hold) release(ctx context.Context, releaser string) error {
 		if h.released { // a concurrent release succeeded meanwhile
 			return nil
 		}
-		current, err = h.update(ctx, func(rec *record) bool { rec.Held = false; return true })
+		current, err = h.update(ctx, free)
 	}
 	h.released = true
 	if current {
 		l.emit(Event{Kind: EventReleased, Group: h.group, Holder: releaser, Token: h.next - 1})
 	}
 	return nil
+}
+
+// noteWaiter notes, in rec (the record a release writes), another
+// process's fresh waiter marker as the process to tell that the lock is
+// free (hold.yieldTo). The caller holds h.mu.
+func (h *hold) noteWaiter(rec record) {
+	l := h.locks
+	if rec.Waiter != "" && rec.Waiter != l.cfg.Node && l.cfg.Now().Sub(time.UnixMilli(rec.WaiterMs)) < l.cfg.WaiterMaxAge {
+		h.yieldTo = rec.Waiter
+	}
 }
 
 // handOver gives the hold's lock to the asker to in one ETag-guarded
@@ -669,6 +689,9 @@ func (l *Locks) fairLocked(ctx context.Context, h *hold) bool {
 	if h.stale || h.ending || h.released || h.uses >= l.cfg.KeepFor || h.aged() {
 		return false
 	}
+	if h.yieldTo != "" {
+		return false // another node's marker was seen: its turn
+	}
 	if l.cfg.Alone != nil && l.cfg.Alone() {
 		return true // nobody else to wait (Config.Alone)
 	}
@@ -682,8 +705,10 @@ func (l *Locks) fairLocked(ctx context.Context, h *hold) bool {
 			me = h.holder
 		}
 		if rec.Waiter != "" && rec.Waiter != me && now.Sub(time.UnixMilli(rec.WaiterMs)) < l.cfg.WaiterMaxAge {
-			// Another node waits: its turn. It will likely hold the group
-			// next (HeldAt).
+			// Another node waits: its turn, told once the lock is free
+			// (Lease.Release). It will likely hold the group next
+			// (HeldAt).
+			h.yieldTo = rec.Waiter
 			if l.cfg.Node != "" {
 				l.mu.Lock()
 				l.noteHeldAtLocked(h.group, rec.Waiter)

@@ -1,8 +1,10 @@
 package grouplock
 
-// The HTTP transport of Config.Notify: a node asks the node that holds a
-// group to give up a hold that only lingers there (YieldIdle), on that
-// node's HTTP address (its advertisement). Nodes share one Dapr app id, so
+// The HTTP transport of Config.Notify and Config.Tell: a node asks the
+// node that holds a group to give up a hold that only lingers there
+// (YieldIdle), and a node that gave a lock up for a peer's waiter marker
+// tells that peer (Freed), on the other node's HTTP address (its
+// advertisement). Nodes share one Dapr app id, so
 // a pub/sub topic reaches one of them, not the one that holds the lock:
 // the question goes to the holder directly.
 
@@ -43,6 +45,44 @@ const (
 	MaxNodeNameBytes = 256
 	MaxHolderBytes   = 1024
 )
+
+// FreedPath is where a node hears from a peer that the group lock named
+// by the form value "lock" (at most MaxLockNameBytes) was just given up
+// for this node's waiter marker (Config.Tell, Locks.Freed): POST,
+// answered 204. Anyone who can reach the node's HTTP address can send it;
+// the worst it does is make this node's Acquires of that lock, if any
+// wait here, read the record once before their next look.
+const FreedPath = "/internal/grouplock/freed"
+
+// Handler serves a node's peers: YieldPath and FreedPath for l.
+func Handler(l *Locks) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST "+YieldPath, YieldHandler(l))
+	mux.Handle("POST "+FreedPath, FreedHandler(l))
+	return mux
+}
+
+// FreedHandler serves FreedPath for l.
+func FreedHandler(l *Locks) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, 3*MaxLockNameBytes+64) // one name, form-encoded
+		if err := r.ParseForm(); err != nil {
+			http.Error(w, "grouplock freed: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		lock := r.PostForm.Get("lock")
+		switch {
+		case lock == "":
+			http.Error(w, `grouplock freed: the form value "lock" (a lock name) is missing`, http.StatusBadRequest)
+			return
+		case len(lock) > MaxLockNameBytes:
+			http.Error(w, fmt.Sprintf("grouplock freed: a lock name of %d bytes, more than %d", len(lock), MaxLockNameBytes), http.StatusBadRequest)
+			return
+		}
+		l.Freed(lock)
+		w.WriteHeader(http.StatusNoContent)
+	})
+}
 
 // YieldHandler serves YieldPath for l.
 func YieldHandler(l *Locks) http.Handler {
@@ -125,6 +165,34 @@ func (n *notifier) notify(ctx context.Context, node, group, holder string) Answe
 		return Answer{}
 	}
 	return ans
+}
+
+// HTTPTeller is Config.Tell over HTTP, at the addresses addrs finds (as
+// HTTPNotifier: a node that advertises none is not told, and one that
+// failed is left quiet for a while). Callers bound each call.
+func HTTPTeller(client *http.Client, addrs *peeraddr.Cache) func(ctx context.Context, node, group string) {
+	n := &notifier{client: client, addrs: addrs}
+	return n.tell
+}
+
+func (n *notifier) tell(ctx context.Context, node, group string) {
+	addr := n.addrs.Addr(ctx, node)
+	if addr == "" {
+		return
+	}
+	body := url.Values{"lock": {group}}.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+FreedPath, strings.NewReader(body))
+	if err != nil {
+		return
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := n.client.Do(req)
+	if err != nil {
+		n.addrs.Quiet(node, quietAfterFailure)
+		return
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1024))
+	resp.Body.Close()
 }
 
 func (n *notifier) ask(ctx context.Context, addr, group, holder string) (Answer, error) {

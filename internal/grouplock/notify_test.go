@@ -165,3 +165,79 @@ func TestNotifyClientClosesIdleConnections(t *testing.T) {
 		}
 	}
 }
+
+// The HTTP transport of Config.Tell: FreedHandler refuses a request
+// without a lock name or with one past MaxLockNameBytes, saying so, and
+// answers 204 otherwise (a lock nobody here waits for included);
+// HTTPTeller reaches it, and an Acquire waiting there between two looks
+// takes the freed lock at once instead of at its next look.
+func TestFreedOverHTTP(t *testing.T) {
+	w := newWorld(t)
+	a := w.node(nil, func(c *Config) { c.Node = "a" })
+	sl := &blockingSleep{}
+	b := w.node(nil, func(c *Config) {
+		c.Node, c.KeepFor, c.FairEvery, c.RetryBase, c.Sleep = "b", 10, 5*time.Second, time.Hour, sl.Sleep
+	})
+	srv := httptest.NewServer(Handler(b.Locks))
+	t.Cleanup(srv.Close)
+	for name, c := range map[string]struct {
+		form url.Values
+		want string
+	}{
+		"no lock":   {url.Values{}, `the form value "lock" (a lock name) is missing`},
+		"long lock": {url.Values{"lock": {strings.Repeat("g", MaxLockNameBytes+1)}}, "a lock name of 1025 bytes, more than 1024"},
+		"huge body": {url.Values{"lock": {strings.Repeat("g", 1<<20)}}, "request body too large"},
+	} {
+		resp, err := http.PostForm(srv.URL+FreedPath, c.form)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), c.want) {
+			t.Errorf("%s: %d %q, want 400 saying %q", name, resp.StatusCode, body, c.want)
+		}
+	}
+	if resp, err := http.PostForm(srv.URL+FreedPath, url.Values{"lock": {"nobody-waits"}}); err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("freed, nobody waiting: %v %v", resp, err)
+	}
+	b.mu.Lock()
+	kept := len(b.looks)
+	b.mu.Unlock()
+	if kept != 0 {
+		t.Fatalf("%d groups kept after a Freed nobody waited for", kept)
+	}
+
+	held := mustAcquire(t, a, "g", "a/1")
+	got := make(chan *Lease, 1)
+	go func() {
+		ls, err := b.Acquire(context.Background(), "g", "b/1")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- ls
+	}()
+	for deadline := time.Now().Add(5 * time.Second); b.waiting("g") == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("b never waited")
+		}
+	}
+	mustRelease(t, held) // a has no Tell: told below, over HTTP
+	tell := HTTPTeller(srv.Client(), peeraddr.New(func(_ context.Context, node string) (string, error) {
+		if node == "b" {
+			return strings.TrimPrefix(srv.URL, "http://"), nil
+		}
+		return "", nil
+	}))
+	ctx, cancel := context.WithTimeout(context.Background(), NotifyTimeout)
+	defer cancel()
+	tell(ctx, "b", "g")
+	ls := <-got
+	if ls == nil {
+		t.Fatal("b took no lease")
+	}
+	mustRelease(t, ls)
+	if n := sl.full.Load(); n != 0 {
+		t.Fatalf("b slept %d full steps of 5 s", n)
+	}
+}
