@@ -166,7 +166,7 @@ bench: deps-test tools
 	# with and without a group, in alternating rounds, each mode's round
 	# between two bare rounds (-benchtime 1x: one full comparison;
 	# WM_BENCH_MESSAGES / WM_BENCH_ROUNDS size it, WM_BENCH_PAIRED=0 unpairs).
-	go test -run '^$$' -bench BenchmarkEndToEnd -benchtime 1x -timeout 20m -v ./test/integration/
+	go test -run '^$$' -bench BenchmarkEndToEnd -benchtime 1x -timeout 40m -v ./test/integration/
 	# The control plane (issue 48): p50/p99 of each lifecycle call per engine,
 	# back to back and spaced, idle and saturated, 100 concurrent creates,
 	# next to a bare Temporal update and a sandboxed runner start

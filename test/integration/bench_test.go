@@ -44,7 +44,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	// WM_BENCH_NODE_ENV adds settings to the node (space-separated
 	// KEY=VALUE), e.g. to compare PYTHON_SPIN_WAIT values.
 	e := newEnvWith(b, envConfig{nodeEnv: strings.Fields(os.Getenv("WM_BENCH_NODE_ENV"))})
-	n := envInt("WM_BENCH_MESSAGES", 2000)
+	n := envInt("WM_BENCH_MESSAGES", 6000)
 	rounds := envInt("WM_BENCH_ROUNDS", 3)
 	payload := strings.Repeat("x", 1000)
 	type result struct {
