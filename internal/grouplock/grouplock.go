@@ -861,12 +861,13 @@ func (l *Locks) lookLater(ctx context.Context, group string, d time.Duration) er
 }
 
 // tellFreed tells the process whose marker ended h (hold.yieldTo), if
-// any, that the lock is free (Config.Tell), in the background.
-func (l *Locks) tellFreed(h *hold) {
+// any and not except, that the lock is free (Config.Tell), in the
+// background.
+func (l *Locks) tellFreed(h *hold, except string) {
 	h.mu.Lock()
 	node := h.yieldTo
 	h.mu.Unlock()
-	if node == "" || l.cfg.Tell == nil || node == l.cfg.Node {
+	if node == "" || node == except || l.cfg.Tell == nil || node == l.cfg.Node {
 		return
 	}
 	go func() {
@@ -1083,7 +1084,11 @@ func (l *Locks) giveUp(ctx context.Context, group string, s *slot, h *hold, give
 			return hv, err
 		}
 	}
-	return nil, h.release(ctx, h.holder)
+	if err := h.release(ctx, h.holder); err != nil {
+		return nil, err
+	}
+	l.tellFreed(h, to.Node) // the asker has the answer
+	return nil, nil
 }
 
 // Asker names who asks for a hold (YieldIdle): its process (Config.Node)

@@ -926,3 +926,28 @@ func (s *hookStore) Get(ctx context.Context, key string) (state.Item, error) {
 	}
 	return s.MemoryStore.Get(ctx, key)
 }
+
+// A lingering hold whose linger ends with another node's waiter marker
+// in the record tells that node too (giveUp), which then takes the lock
+// without waiting for its next look.
+func TestLingerEndTellsTheWaitingNode(t *testing.T) {
+	w := newWorld(t)
+	var b *node
+	a := w.node(nil, func(c *Config) {
+		c.Node, c.KeepFor, c.TokenBlock, c.Linger = "a", 100, 100, 30*time.Millisecond
+		c.Tell = func(_ context.Context, node, group string) { b.Freed(group) }
+	})
+	sl := &blockingSleep{}
+	b = w.node(nil, func(c *Config) {
+		c.Node, c.KeepFor, c.FairEvery, c.RetryBase, c.Sleep = "b", 10, 5*time.Second, time.Hour, sl.Sleep
+	})
+	mustRelease(t, mustAcquire(t, a, "g", "a/1")) // lingers on a for 30 ms
+	ls := mustAcquire(t, b, "g", "b/1")
+	defer mustRelease(t, ls)
+	if n := sl.full.Load(); n != 0 {
+		t.Fatalf("b slept %d full steps of 5 s", n)
+	}
+	if ls.Token != 101 {
+		t.Fatalf("b's token %d, want 101", ls.Token)
+	}
+}

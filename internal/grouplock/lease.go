@@ -520,7 +520,7 @@ func (ls *Lease) Release(ctx context.Context) error {
 		return err
 	}
 	ls.done = true
-	l.tellFreed(h)
+	l.tellFreed(h, "")
 	return nil
 }
 
