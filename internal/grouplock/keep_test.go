@@ -824,14 +824,21 @@ func (s *blockingSleep) Sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// waiting reports how many of l's Acquires of group wait between two looks.
-func (l *Locks) waiting(group string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if ls := l.looks[group]; ls != nil {
-		return len(ls.waits)
+// waitWaiting waits (real time) until one of l's Acquires of group
+// waits between two looks.
+func (l *Locks) waitWaiting(t *testing.T, group string) {
+	t.Helper()
+	waiting := func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		ls := l.looks[group]
+		return ls != nil && len(ls.waits) > 0
 	}
-	return 0
+	for deadline := time.Now().Add(5 * time.Second); !waiting(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no Acquire of %s waited", group)
+		}
+	}
 }
 
 // A node that gives a lock up while another node's waiter marker is in the
@@ -875,20 +882,9 @@ func TestReleaseTellsTheWaitingNode(t *testing.T) {
 			b = w.node(st, func(c *Config) {
 				c.Node, c.KeepFor, c.FairEvery, c.RetryBase, c.Sleep = "b", 10, 5*time.Second, time.Hour, sl.Sleep
 			})
-			got := make(chan *Lease, 1)
-			go func() {
-				ls, err := b.Acquire(context.Background(), "g", "b/1")
-				if err != nil {
-					t.Error(err)
-				}
-				got <- ls
-			}()
+			got := acquireLater(t, b.Locks, "g", "b/1")
 			if !between {
-				for deadline := time.Now().Add(5 * time.Second); b.waiting("g") == 0; time.Sleep(time.Millisecond) {
-					if time.Now().After(deadline) {
-						t.Fatal("b never waited")
-					}
-				}
+				b.waitWaiting(t, "g")
 				if r := w.record("g"); r.Waiter != "b" {
 					t.Fatalf("record %+v: b waits without its marker", r)
 				}

@@ -65,18 +65,8 @@ func Handler(l *Locks) http.Handler {
 // FreedHandler serves FreedPath for l.
 func FreedHandler(l *Locks) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.Body = http.MaxBytesReader(w, r.Body, 3*MaxLockNameBytes+64) // one name, form-encoded
-		if err := r.ParseForm(); err != nil {
-			http.Error(w, "grouplock freed: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		lock := r.PostForm.Get("lock")
-		switch {
-		case lock == "":
-			http.Error(w, `grouplock freed: the form value "lock" (a lock name) is missing`, http.StatusBadRequest)
-			return
-		case len(lock) > MaxLockNameBytes:
-			http.Error(w, fmt.Sprintf("grouplock freed: a lock name of %d bytes, more than %d", len(lock), MaxLockNameBytes), http.StatusBadRequest)
+		_, lock, ok := lockForm(w, r, "freed", 3*MaxLockNameBytes+64) // one name, form-encoded
+		if !ok {
 			return
 		}
 		l.Freed(lock)
@@ -84,29 +74,40 @@ func FreedHandler(l *Locks) http.Handler {
 	})
 }
 
+// lockForm parses r's form (at most limit bytes) and its "lock" value,
+// answering 400 with what is wrong (ok false) when it is missing or past
+// MaxLockNameBytes; what names the endpoint in the answer.
+func lockForm(w http.ResponseWriter, r *http.Request, what string, limit int64) (form url.Values, lock string, ok bool) {
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	if err := r.ParseForm(); err != nil {
+		http.Error(w, "grouplock "+what+": "+err.Error(), http.StatusBadRequest)
+		return nil, "", false
+	}
+	lock = r.PostForm.Get("lock")
+	switch {
+	case lock == "":
+		http.Error(w, "grouplock "+what+`: the form value "lock" (a lock name) is missing`, http.StatusBadRequest)
+		return nil, "", false
+	case len(lock) > MaxLockNameBytes:
+		http.Error(w, fmt.Sprintf("grouplock %s: a lock name of %d bytes, more than %d", what, len(lock), MaxLockNameBytes), http.StatusBadRequest)
+		return nil, "", false
+	}
+	return r.PostForm, lock, true
+}
+
 // YieldHandler serves YieldPath for l.
 func YieldHandler(l *Locks) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.Body = http.MaxBytesReader(w, r.Body, 3*(MaxLockNameBytes+MaxNodeNameBytes+MaxHolderBytes)+64) // three names, form-encoded
-		if err := r.ParseForm(); err != nil {
-			http.Error(w, "grouplock yield: "+err.Error(), http.StatusBadRequest)
+		form, lock, ok := lockForm(w, r, "yield", 3*(MaxLockNameBytes+MaxNodeNameBytes+MaxHolderBytes)+64) // three names, form-encoded
+		if !ok {
 			return
 		}
-		lock := r.PostForm.Get("lock")
-		switch {
-		case lock == "":
-			http.Error(w, `grouplock yield: the form value "lock" (a lock name) is missing`, http.StatusBadRequest)
-			return
-		case len(lock) > MaxLockNameBytes:
-			http.Error(w, fmt.Sprintf("grouplock yield: a lock name of %d bytes, more than %d", len(lock), MaxLockNameBytes), http.StatusBadRequest)
-			return
-		}
-		node := r.PostForm.Get("node")
+		node := form.Get("node")
 		if len(node) > MaxNodeNameBytes {
 			http.Error(w, fmt.Sprintf("grouplock yield: a node name of %d bytes, more than %d", len(node), MaxNodeNameBytes), http.StatusBadRequest)
 			return
 		}
-		holder := r.PostForm.Get("holder")
+		holder := form.Get("holder")
 		if len(holder) > MaxHolderBytes {
 			http.Error(w, fmt.Sprintf("grouplock yield: a holder of %d bytes, more than %d", len(holder), MaxHolderBytes), http.StatusBadRequest)
 			return

@@ -209,19 +209,8 @@ func TestFreedOverHTTP(t *testing.T) {
 	}
 
 	held := mustAcquire(t, a, "g", "a/1")
-	got := make(chan *Lease, 1)
-	go func() {
-		ls, err := b.Acquire(context.Background(), "g", "b/1")
-		if err != nil {
-			t.Error(err)
-		}
-		got <- ls
-	}()
-	for deadline := time.Now().Add(5 * time.Second); b.waiting("g") == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("b never waited")
-		}
-	}
+	got := acquireLater(t, b.Locks, "g", "b/1")
+	b.waitWaiting(t, "g")
 	mustRelease(t, held) // a has no Tell: told below, over HTTP
 	tell := HTTPTeller(srv.Client(), peeraddr.New(func(_ context.Context, node string) (string, error) {
 		if node == "b" {
