@@ -433,6 +433,10 @@ type nodeFig struct {
 	rssKB, heapKB, gors int64
 	workers             int
 	children            int64
+	// childGors counts the goroutines whose stacks wait on a child
+	// process (childWaiters, from the node's goroutine dump); -1 when
+	// unknown, then children × goroutinesPerChild stand for them.
+	childGors int64
 }
 
 // goroutinesPerChild is what a child process (engines/internal/childproc)
@@ -442,8 +446,43 @@ type nodeFig struct {
 // (retired when idle), and their goroutines are theirs, not a leak.
 const goroutinesPerChild = 3
 
-// ownGoroutines is f's goroutines less those its child processes hold.
-func (f nodeFig) ownGoroutines() int64 { return f.gors - goroutinesPerChild*max(f.children, 0) }
+// ownGoroutines is f's goroutines less those its child processes hold:
+// counted in its goroutine dump when known, else goroutinesPerChild for
+// each of its direct children — which misses the workers a Python fork
+// server forked (children of that server, each with the node's goroutines
+// waiting on it: seed 644196, a node restarted with 14 of them).
+func (f nodeFig) ownGoroutines() int64 {
+	if f.childGors >= 0 {
+		return f.gors - f.childGors
+	}
+	return f.gors - goroutinesPerChild*max(f.children, 0)
+}
+
+// childWaiters counts, in a goroutine dump (debug=1: "N @ …" then the
+// frames of N goroutines with that stack), the goroutines whose stacks
+// wait on a child process: engines/internal/childproc's, os/exec's.
+func childWaiters(dump []byte) int64 {
+	var total, n int64
+	waits := false
+	flush := func() {
+		if waits {
+			total += n
+		}
+		n, waits = 0, false
+	}
+	for _, l := range strings.Split(string(dump), "\n") {
+		if c, _, ok := strings.Cut(l, " @ "); ok && !strings.HasPrefix(l, "#") {
+			flush()
+			n, _ = strconv.ParseInt(c, 10, 64)
+			continue
+		}
+		if strings.Contains(l, "/engines/internal/childproc.") || strings.Contains(l, "os/exec.(*Cmd)") {
+			waits = true
+		}
+	}
+	flush()
+	return total
+}
 
 // childrenOf counts the processes whose parent is pid (-1 when /proc
 // cannot be read).
@@ -484,6 +523,7 @@ func (fs figures) String() string {
 func (c *cluster) nodeFigures(label string) figures {
 	var out figures
 	cl := http.Client{Timeout: 30 * time.Second}
+	childGors := map[string]int64{}
 	for _, n := range c.nodes {
 		// Two collections: what sync.Pools hold (gRPC's buffers after a
 		// backlog: most of what grew in the 60-minute run) survives the
@@ -508,6 +548,7 @@ func (c *cluster) nodeFigures(label string) figures {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				_ = os.WriteFile(filepath.Join(c.dir, fmt.Sprintf("goroutines-%s-%s.txt", n.id, label)), b, 0o644)
+				childGors[n.id] = childWaiters(b)
 			}
 		}
 	}
@@ -518,7 +559,10 @@ func (c *cluster) nodeFigures(label string) figures {
 		c.mu.Lock()
 		pid := n.proc.Cmd.Process.Pid
 		c.mu.Unlock()
-		f := nodeFig{id: n.id, pid: pid, rssKB: -1, heapKB: -1, gors: -1, workers: -1, children: childrenOf(pid)}
+		f := nodeFig{id: n.id, pid: pid, rssKB: -1, heapKB: -1, gors: -1, workers: -1, children: childrenOf(pid), childGors: -1}
+		if cg, ok := childGors[n.id]; ok {
+			f.childGors = cg
+		}
 		var info placement.NodeInfo
 		if ok, err := readStateKey(c.stack.RedisAddr, placement.NodeInfoPrefix+n.id, &info); err == nil && ok {
 			f.workers = info.Workers

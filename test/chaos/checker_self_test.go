@@ -112,7 +112,7 @@ func removeOutput(outs []output, id string) []output {
 // tolerance fails, one within it passes, and unknown figures fail.
 func TestLeakBound(t *testing.T) {
 	n := func(id string, rss, heap, gors int64) nodeFig {
-		return nodeFig{id: id, rssKB: rss, heapKB: heap, gors: gors}
+		return nodeFig{id: id, rssKB: rss, heapKB: heap, gors: gors, childGors: -1}
 	}
 	before := figures{n("n1", 50000, 10000, 200), n("n2", 50000, 10000, 200), n("n3", 50000, 10000, 200), n("n4", 50000, 10000, 200)}
 	ok := figures{n("n1", 60000, 12000, 210), n("n2", 99000, 15000, 225), n("n3", 40000, 8000, 150), n("n4", 82000, 14000, 200)}
@@ -141,6 +141,43 @@ func TestLeakBound(t *testing.T) {
 	if iv := leaks(withChildren(200, 2), withChildren(240, 2)); len(iv.failures) != 1 ||
 		!strings.Contains(iv.failures[0], "n1: 240 goroutines after the run, 200 before (6 and 6 of them waiting on child processes)") {
 		t.Fatalf("40 more goroutines, the same child processes: %v", iv.failures)
+	}
+	// Counted in the goroutine dump when it was read: a fork server's
+	// workers are its children, not the node's, and their goroutines
+	// (42 for 14 of them) are not the node's own either.
+	withWaiters := func(gors, children, waiters int64) figures {
+		f := n("n1", 50000, 10000, gors)
+		f.children, f.childGors = children, waiters
+		return figures{f}
+	}
+	if iv := leaks(withWaiters(280, 4, 12), withWaiters(298, 1, 42)); len(iv.failures) != 0 {
+		t.Fatalf("14 forked workers: %v", iv.failures)
+	}
+	if iv := leaks(withWaiters(280, 4, 12), withWaiters(320, 4, 12)); len(iv.failures) != 1 {
+		t.Fatalf("40 more goroutines, the same waiters: %v", iv.failures)
+	}
+}
+
+// childWaiters counts the goroutines of a dump whose stacks wait on a
+// child process, and only those.
+func TestChildWaiters(t *testing.T) {
+	dump := `goroutine profile: total 50
+28 @ 0x490f2e 0x46cea5
+#	0x1	internal/poll.runtime_pollWait+0x84	/x.go:1
+#	0x2	github.com/virtufin/workmanager/engines/internal/childproc.(*Proc).waitExternal.func1+0x1	/y.go:2
+
+14 @ 0x490f2e
+#	0x3	github.com/virtufin/workmanager/engines/python.(*forked).next+0x1	/z.go:3
+#	0x4	github.com/virtufin/workmanager/engines/internal/childproc.(*Proc).wait+0x1	/z.go:4
+
+3 @ 0x490f2e
+#	0x5	os/exec.(*Cmd).writerDescriptor.func1+0x1	/e.go:5
+
+5 @ 0x490f2e
+#	0x6	github.com/virtufin/workmanager/internal/dispatch.(*Dispatcher).serve+0x104	/d.go:6
+`
+	if got := childWaiters([]byte(dump)); got != 45 {
+		t.Fatalf("childWaiters = %d, want 45", got)
 	}
 }
 
