@@ -331,6 +331,8 @@ func (p *parts) build(ctx context.Context) error {
 	members := cluster.New(store, cfg.NodeID, 3*cfg.NodeHeartbeat)
 	members.LapseMargin = cfg.NodeHeartbeat // as SelfAlive and the gate below
 	p.members = members
+	// One connection pool to the peers for the lock's questions and news.
+	peerClient := grouplock.NotifyClient()
 	locks := grouplock.New(store, grouplock.Config{
 		// ...and keeps it for GROUP_LOCK_LINGER after the run's last
 		// message, for the group's (or the key's) next one.
@@ -369,10 +371,10 @@ func (p *parts) build(ctx context.Context) error {
 		},
 		// A group that only lingers on another node is asked for at that
 		// node's advertised HTTP address (grouplock.YieldPath).
-		Notify: grouplock.HTTPNotifier(grouplock.NotifyClient(), cfg.NodeID, p.peers),
+		Notify: grouplock.HTTPNotifier(peerClient, cfg.NodeID, p.peers),
 		// A lock given up for another node's waiter marker is announced
 		// to that node (grouplock.FreedPath), which tries at once.
-		Tell: grouplock.HTTPTeller(grouplock.NotifyClient(), p.peers)})
+		Tell: grouplock.HTTPTeller(peerClient, p.peers)})
 	p.locks = locks
 	// Each worker's counts for GetWorker, written every few seconds off the
 	// message path (internal/workerstats; statsWriter).

@@ -328,25 +328,22 @@ type Locks struct {
 	// maxHandedTo groups.
 	heldAt map[string]handOver
 
-	// looks holds, by group, this process's Acquires trying the store
-	// (acquire) and their waits between two tries (wait), which Freed
-	// cuts short. An entry lives while such an Acquire runs.
-	looks map[string]*lookers
+	// looks holds, by group, this process's Acquire trying the store
+	// (acquire; the group's local slot lets one at a time) and its wait
+	// between two tries, which Freed cuts short. An entry lives while
+	// that Acquire runs.
+	looks map[string]*looker
 
 	// localWait, when set (by tests), is called before Acquire blocks on
 	// the local slot of a group.
 	localWait func(group string)
 }
 
-// lookers are the Acquires of one group trying the store (Locks.looks).
-type lookers struct {
-	n     int                  // Acquires in acquire
-	waits map[*looker]struct{} // of those, the ones waiting (lookLater)
-	freed bool                 // Freed found none waiting: the next wait is cut at once
+// looker is an Acquire of one group trying the store (Locks.looks).
+type looker struct {
+	cancel context.CancelFunc // ends its wait between two tries (lookLater); nil: not waiting
+	freed  bool               // Freed came while it was not waiting: its next wait is cut at once
 }
-
-// looker is one Acquire waiting between two tries.
-type looker struct{ cancel context.CancelFunc }
 
 // handOver is a hold given up to another process (Locks.handedTo).
 type handOver struct {
@@ -563,20 +560,16 @@ func (l *Locks) Warm(ctx context.Context, group, holder string) {
 const NotifyTimeout = 200 * time.Millisecond
 
 func (l *Locks) acquire(ctx context.Context, group, holder string) (*Lease, error) {
+	lk := &looker{}
 	l.mu.Lock()
 	if l.looks == nil {
-		l.looks = map[string]*lookers{}
+		l.looks = map[string]*looker{}
 	}
-	ls := l.looks[group]
-	if ls == nil {
-		ls = &lookers{waits: map[*looker]struct{}{}}
-		l.looks[group] = ls
-	}
-	ls.n++
+	l.looks[group] = lk
 	l.mu.Unlock()
 	defer func() {
 		l.mu.Lock()
-		if ls.n--; ls.n == 0 {
+		if l.looks[group] == lk {
 			delete(l.looks, group)
 		}
 		l.mu.Unlock()
@@ -768,7 +761,7 @@ func (l *Locks) wait(ctx context.Context, group, holder string, d time.Duration)
 	if l.cfg.KeepFor <= 0 || d <= l.cfg.FairEvery {
 		return nil, l.cfg.Sleep(ctx, d)
 	}
-	me := l.cfg.Node
+	me, key := l.cfg.Node, Key(group)
 	for d > 0 {
 		step := min(d, l.cfg.FairEvery)
 		if err := l.lookLater(ctx, group, step); err != nil {
@@ -778,7 +771,6 @@ func (l *Locks) wait(ctx context.Context, group, holder string, d time.Duration)
 		if d <= 0 || me == "" {
 			continue
 		}
-		key := Key(group)
 		rec, etag, err := l.read(ctx, key)
 		if err != nil {
 			continue // the next try says what the store says
@@ -820,17 +812,15 @@ func (l *Locks) wait(ctx context.Context, group, holder string, d time.Duration)
 func (l *Locks) Freed(group string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ls := l.looks[group]
-	if ls == nil {
-		return // nobody here tries for it: nothing to do, nothing kept
-	}
-	if len(ls.waits) == 0 {
-		ls.freed = true // between two looks (reading, asking): the next wait is cut
-		return
-	}
-	for w := range ls.waits {
-		w.cancel()
-		delete(ls.waits, w)
+	lk := l.looks[group]
+	switch {
+	case lk == nil:
+		// Nobody here tries for it: nothing to do, nothing kept.
+	case lk.cancel == nil:
+		lk.freed = true // between two looks (reading, asking): the next wait is cut
+	default:
+		lk.cancel()
+		lk.cancel = nil
 	}
 }
 
@@ -839,22 +829,21 @@ func (l *Locks) Freed(group string) {
 func (l *Locks) lookLater(ctx context.Context, group string, d time.Duration) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w := &looker{cancel: cancel}
 	l.mu.Lock()
-	ls := l.looks[group] // set by acquire, which called this
-	if ls != nil && ls.freed {
-		ls.freed = false
+	lk := l.looks[group] // set by acquire, which called this
+	if lk != nil && lk.freed {
+		lk.freed = false
 		l.mu.Unlock()
 		return ctx.Err()
 	}
-	if ls != nil {
-		ls.waits[w] = struct{}{}
+	if lk != nil {
+		lk.cancel = cancel
 	}
 	l.mu.Unlock()
 	_ = l.cfg.Sleep(sctx, d) // its error is ctx's (below) or Freed's cut
-	if ls != nil {
+	if lk != nil {
 		l.mu.Lock()
-		delete(ls.waits, w)
+		lk.cancel = nil
 		l.mu.Unlock()
 	}
 	return ctx.Err()

@@ -831,8 +831,8 @@ func (l *Locks) waitWaiting(t *testing.T, group string) {
 	waiting := func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		ls := l.looks[group]
-		return ls != nil && len(ls.waits) > 0
+		lk := l.looks[group]
+		return lk != nil && lk.cancel != nil
 	}
 	for deadline := time.Now().Add(5 * time.Second); !waiting(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {

@@ -181,19 +181,23 @@ func (n *notifier) tell(ctx context.Context, node, group string) {
 	if addr == "" {
 		return
 	}
-	body := url.Values{"lock": {group}}.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+FreedPath, strings.NewReader(body))
-	if err != nil {
-		return
-	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	resp, err := n.client.Do(req)
+	resp, err := n.post(ctx, addr, FreedPath, url.Values{"lock": {group}})
 	if err != nil {
 		n.addrs.Quiet(node, quietAfterFailure)
 		return
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1024))
 	resp.Body.Close()
+}
+
+// post sends form to path at the peer addr.
+func (n *notifier) post(ctx context.Context, addr, path string, form url.Values) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, strings.NewReader(form.Encode()))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	return n.client.Do(req)
 }
 
 func (n *notifier) ask(ctx context.Context, addr, group, holder string) (Answer, error) {
@@ -204,13 +208,7 @@ func (n *notifier) ask(ctx context.Context, addr, group, holder string) (Answer,
 			form.Set("holder", holder)
 		}
 	}
-	body := form.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+YieldPath, strings.NewReader(body))
-	if err != nil {
-		return Answer{}, err
-	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	resp, err := n.client.Do(req)
+	resp, err := n.post(ctx, addr, YieldPath, form)
 	if err != nil {
 		return Answer{}, err
 	}
