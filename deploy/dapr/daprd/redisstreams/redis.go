@@ -12,7 +12,7 @@ limitations under the License.
 */
 
 // Package redisstreams is components-contrib v1.14.0's pubsub/redis (Redis
-// streams), copied whole, with twelve changes for WorkManager, each marked
+// streams), copied whole, with fourteen changes for WorkManager, each marked
 // "WorkManager:" below:
 //
 //  1. XREADGROUP never blocks forever. Upstream passes readTimeout as BLOCK,
@@ -84,6 +84,24 @@ limitations under the License.
 //     whose error starts with WMFENCED, the others are added. A node
 //     publishes the outputs of many keys' calls so in one request instead
 //     of one each. A request of one run is change 12's.
+//  14. A message the app answered RETRY for comes back after retryDelay
+//     (1s by default), doubling with each delivery of it, ±50 % at random,
+//     instead of after processingTimeout, which remains the longest: its
+//     idle time is set so that it is claimable then (a script that does so
+//     only while the message is still at the delivery this daprd handed
+//     out, so a delivery another daprd claimed since is left alone), and
+//     this daprd claims it then itself (the scans of the others take it
+//     if it does not). Upstream redelivered every RETRY after
+//     processingTimeout (45s and 120s in deploy/): a worker's retry
+//     backoff was that long whatever it said, and a slow worker's backlog
+//     beyond its queue (given back, RETRY) came back all at once a whole
+//     timeout later, the worker idle meanwhile. The doubling keeps a
+//     message that is given back again and again (a stuck worker) from
+//     coming back more often than about once a timeout for long. At most
+//     retryDelayLimit (32) messages of a stream come back so at once; the
+//     others wait in line, in order, for a place (retryLine). Only an
+//     answer: a delivery that failed or timed out waits processingTimeout,
+//     as the app may still be running it.
 //
 // main.go registers it as "pubsub.redis" in place of the upstream one.
 package redisstreams
@@ -105,6 +123,7 @@ import (
 	rediscomponent "github.com/dapr/components-contrib/common/component/redis"
 	contribMetadata "github.com/dapr/components-contrib/metadata"
 	"github.com/dapr/components-contrib/pubsub"
+	rterrors "github.com/dapr/dapr/pkg/runtime/errors"
 	"github.com/dapr/kit/logger"
 )
 
@@ -116,6 +135,11 @@ const (
 	queueDepth        = "queueDepth"
 	concurrency       = "concurrency"
 	maxLenApprox      = "maxLenApprox"
+	// WorkManager: change 14.
+	retryDelay        = "retryDelay"
+	defaultRetryDelay = time.Second
+	retryDelayLimit   = "retryDelayLimit"
+	defaultRetryLimit = 32
 
 	// WorkManager: change 12. The per-entry metadata of a fenced output,
 	// the prefix of its high-water mark's key, and how long the mark
@@ -163,6 +187,16 @@ type redisStreams struct {
 	// burst of one XPENDING per topic, which grew the connection pool.
 	givenMu sync.Mutex
 	given   map[string]chan struct{}
+
+	// WorkManager: change 14. retryDelay is how soon a message answered
+	// RETRY is redelivered the first time (0: after processingTimeout);
+	// retries[stream] the stream's messages coming back soon, at most
+	// retryLimit at once, and the line of the others; queuedRetries the
+	// messages in every line (both guarded by givenMu).
+	retryDelay    time.Duration
+	retryLimit    int
+	retries       map[string]*retryLine
+	queuedRetries int
 }
 
 // givenBack is the channel the next giveBack of stream closes.
@@ -197,6 +231,9 @@ type redisMessageWrapper struct {
 	messageID string
 	message   pubsub.NewMessage
 	handler   pubsub.Handler
+	// WorkManager: change 14. deliveries is Redis's delivery count of the
+	// message with this delivery (1 when it was first read; 0: unknown).
+	deliveries int64
 }
 
 // NewRedisStreams returns a new redis streams pub-sub implementation.
@@ -216,6 +253,16 @@ func (r *redisStreams) Init(ctx context.Context, metadata pubsub.Metadata) error
 	// WorkManager: change 9.
 	if r.clientSettings.RedeliverInterval, err = parseRedeliverInterval(metadata.Properties, r.clientSettings.RedeliverInterval); err != nil {
 		return err
+	}
+	// WorkManager: change 14.
+	if r.retryDelay, err = parseDuration(metadata.Properties, retryDelay, defaultRetryDelay); err != nil {
+		return err
+	}
+	r.retryLimit = defaultRetryLimit
+	if v := strings.TrimSpace(metadata.Properties[retryDelayLimit]); v != "" {
+		if r.retryLimit, err = strconv.Atoi(v); err != nil || r.retryLimit < 0 {
+			return fmt.Errorf("redis streams: %s %q is not a number of messages (0 or more)", retryDelayLimit, v)
+		}
 	}
 
 	if _, err = r.client.PingResult(ctx); err != nil {
@@ -322,9 +369,15 @@ func (r *redisStreams) Subscribe(ctx context.Context, req pubsub.SubscribeReques
 // enqueueMessages is a shared function that funnels new messages (via polling)
 // and redelivered messages (via reclaiming) to a channel where workers can
 // pick them up for processing.
-func (r *redisStreams) enqueueMessages(ctx context.Context, stream string, handler pubsub.Handler, msgs []rediscomponent.RedisXMessage) {
+//
+// WorkManager: deliveries gives each message's delivery count with this
+// delivery (change 14; nil: unknown).
+func (r *redisStreams) enqueueMessages(ctx context.Context, stream string, handler pubsub.Handler, msgs []rediscomponent.RedisXMessage, deliveries func(id string) int64) {
 	for i, msg := range msgs {
 		rmsg := r.createRedisMessageWrapper(ctx, stream, handler, msg)
+		if deliveries != nil {
+			rmsg.deliveries = deliveries(msg.ID)
+		}
 
 		select {
 		// Might block if the queue is full so we need the ctx.Done below.
@@ -451,6 +504,10 @@ func (r *redisStreams) processMessage(msg redisMessageWrapper) error {
 	}
 	if err != nil {
 		r.logger.Errorf("Error processing Redis message %s: %v", msg.messageID, err)
+		// WorkManager: change 14.
+		if answeredRetry(err) && ctx.Err() == nil {
+			r.retrySoon(msg)
+		}
 
 		return err
 	}
@@ -515,7 +572,7 @@ func (r *redisStreams) pollNewMessagesLoop(ctx context.Context, stream string, h
 
 		// Enqueue messages for the returned streams
 		for _, s := range streams {
-			r.enqueueMessages(ctx, s.Stream, handler, s.Messages)
+			r.enqueueMessages(ctx, s.Stream, handler, s.Messages, firstDelivery)
 		}
 	}
 }
@@ -572,18 +629,213 @@ func (r *redisStreams) reclaimPendingMessagesLoop(ctx context.Context, stream st
 // silently replaced by the 15s default. A number is milliseconds, as
 // upstream; a duration is parsed; anything else is an error naming it.
 func parseRedeliverInterval(props map[string]string, parsed time.Duration) (time.Duration, error) {
-	v := strings.TrimSpace(props[redeliverInterval])
+	return parseDuration(props, redeliverInterval, parsed)
+}
+
+// parseDuration reads the duration property key as parseRedeliverInterval
+// reads redeliverInterval (a number of milliseconds or a duration such as
+// "1s"); def when it is absent.
+func parseDuration(props map[string]string, key string, def time.Duration) (time.Duration, error) {
+	v := strings.TrimSpace(props[key])
 	if v == "" {
-		return parsed, nil
+		return def, nil
 	}
 	if ms, err := strconv.ParseUint(v, 10, 64); err == nil {
 		return time.Duration(ms) * time.Millisecond, nil
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d < 0 {
-		return 0, fmt.Errorf("redis streams: redeliverInterval %q is neither a number of milliseconds nor a duration such as 2s", v)
+		return 0, fmt.Errorf("redis streams: %s %q is neither a number of milliseconds nor a duration such as 1s", key, v)
 	}
 	return d, nil
+}
+
+// firstDelivery is the delivery count of a message read for the first time.
+func firstDelivery(string) int64 { return 1 }
+
+// answeredRetry reports whether err is daprd's for an app that answered a
+// message RETRY (or with a status it does not know, which it retries the
+// same): a retriable error with no cause. A delivery that failed (the
+// stream to the app broken: a retriable error with its cause) or timed
+// out is not an answer; the app may still be running it (change 14).
+func answeredRetry(err error) bool {
+	var re *rterrors.RetriableError
+	return errors.As(err, &re) && re.Unwrap() == nil
+}
+
+// retryAfter is how soon a message answered RETRY at its deliveries-th
+// delivery comes back (change 14): retryDelay doubled for each delivery
+// before, ±50 % at random; false when the doubled delay, or the drawn one,
+// is not below processingTimeout (or either is off), which then applies
+// as upstream.
+func (r *redisStreams) retryAfter(deliveries int64) (time.Duration, bool) {
+	pt := r.clientSettings.ProcessingTimeout
+	if r.retryDelay <= 0 || deliveries < 1 || pt == 0 || r.clientSettings.RedeliverInterval == 0 {
+		return 0, false
+	}
+	d := r.retryDelay
+	for i := int64(1); i < deliveries && d < pt; i++ {
+		d *= 2
+	}
+	if d >= pt {
+		return 0, false
+	}
+	d = jittered(d)
+	return d, d < pt
+}
+
+// retryEntry is a message answered RETRY that is to come back soon
+// (change 14): what claiming it for its subscription here needs.
+type retryEntry struct {
+	ctx        context.Context
+	handler    pubsub.Handler
+	stream, id string
+	deliveries int64
+}
+
+// retryLine is a stream's messages coming back soon (change 14): at most
+// retryLimit have their idle time set and a claim scheduled (soon); the
+// others answered RETRY meanwhile wait in line, in order, and take the
+// place of the next one claimed. A worker that gives back all it gets
+// (hung, or far slower than its input) so has at most retryLimit messages
+// coming back at any time, each taking one of daprd's concurrency slots
+// for as long as the node holds it (up to WORKER_QUEUE_WAIT): without the
+// limit its messages, coming back again and again, took the slots the
+// topic's other workers needed (TestHungWorkerDoesNotDelayOthers: the
+// other worker's p99 2.6 s); without the line, those beyond the limit
+// waited processingTimeout and a slow worker's backlog came in waves
+// again. A message in line whose processingTimeout passes first is taken
+// by any daprd's scan as before (its turn then finds it claimed and is
+// skipped).
+type retryLine struct {
+	soon   int
+	queued []retryEntry
+}
+
+// idleMargin is how much sooner than its claim here a message coming back
+// soon is claimable by anyone (change 14).
+const idleMargin = 10 * time.Millisecond
+
+// maxQueuedRetries bounds the messages in line over all streams (ids and
+// a context, not their data; the ones beyond wait processingTimeout).
+const maxQueuedRetries = 16384
+
+// retryLater sets a message's idle time to processingTimeout less
+// ARGV[5] ms, so that it is claimable after that long, when it is still
+// pending at delivery count ARGV[4] (nobody claimed it since this daprd
+// handed it out); KEYS[1] the stream, ARGV[1] the group, ARGV[2] the
+// consumer, ARGV[3] its id. 1 when set, 0 when left alone (change 14).
+const retryLater = `
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if #p == 0 or tonumber(p[1][4]) ~= tonumber(ARGV[4]) then return 0 end
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'IDLE', ARGV[5], 'JUSTID')
+return 1`
+
+// retrySoon makes msg, answered RETRY, come back after retryAfter instead
+// of processingTimeout (change 14): at once when fewer than retryLimit
+// messages of its stream are coming back, else when its turn in line
+// comes.
+func (r *redisStreams) retrySoon(msg redisMessageWrapper) {
+	if _, ok := r.retryAfter(msg.deliveries); !ok {
+		return
+	}
+	e := retryEntry{ctx: msg.ctx, handler: msg.handler, stream: msg.message.Topic, id: msg.messageID, deliveries: msg.deliveries}
+	r.givenMu.Lock()
+	if r.retries == nil {
+		r.retries = map[string]*retryLine{}
+	}
+	l := r.retries[e.stream]
+	if l == nil {
+		l = &retryLine{}
+		r.retries[e.stream] = l
+	}
+	if l.soon >= r.retryLimit {
+		if r.queuedRetries < maxQueuedRetries {
+			l.queued = append(l.queued, e)
+			r.queuedRetries++
+		}
+		r.givenMu.Unlock()
+		return
+	}
+	l.soon++
+	r.givenMu.Unlock()
+	r.scheduleRetry(e)
+}
+
+// scheduleRetry sets e's idle time so that it is claimable after
+// retryAfter and claims it for its subscription here then; when that
+// cannot be (claimed by another daprd since, acknowledged, Redis away),
+// the next in line takes its place.
+func (r *redisStreams) scheduleRetry(e retryEntry) {
+	for {
+		if d, ok := r.markRetry(e); ok {
+			time.AfterFunc(d, func() {
+				if next, ok := r.nextRetry(e.stream); ok {
+					go r.scheduleRetry(next)
+				}
+				if e.ctx.Err() != nil || r.closed.Load() {
+					return
+				}
+				r.claimAndEnqueue(e.ctx, e.stream, e.handler, []string{e.id}, map[string]int64{e.id: e.deliveries})
+			})
+			return
+		}
+		next, ok := r.nextRetry(e.stream)
+		if !ok {
+			return
+		}
+		e = next
+	}
+}
+
+// markRetry runs retryLater for e: how long until it is claimable, false
+// when it was left alone.
+func (r *redisStreams) markRetry(e retryEntry) (time.Duration, bool) {
+	d, ok := r.retryAfter(e.deliveries)
+	if !ok || e.ctx.Err() != nil || r.closed.Load() {
+		return 0, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// Claimable a little before the claim here (idleMargin): Redis counts
+	// idle time in whole milliseconds, and the claim must find it due.
+	idle := min(r.clientSettings.ProcessingTimeout-d+idleMargin, r.clientSettings.ProcessingTimeout)
+	set, evalErr, err := r.client.EvalInt(ctx, retryLater, []string{e.stream},
+		r.clientSettings.ConsumerID, r.clientSettings.ConsumerID, e.id, e.deliveries, idle.Milliseconds())
+	if err == nil {
+		err = evalErr
+	}
+	if err != nil {
+		r.logger.Warnf("redis streams: message %s of %s is redelivered after processingTimeout, not in %s: %v", e.id, e.stream, d, err)
+		return 0, false
+	}
+	return d, set != nil && *set == 1
+}
+
+// nextRetry hands the place of a message of stream that came back (or
+// could not be scheduled) to the next one in line whose subscription is
+// still open, or frees it.
+func (r *redisStreams) nextRetry(stream string) (retryEntry, bool) {
+	r.givenMu.Lock()
+	defer r.givenMu.Unlock()
+	l := r.retries[stream]
+	if l == nil {
+		return retryEntry{}, false
+	}
+	for len(l.queued) > 0 {
+		e := l.queued[0]
+		l.queued[0] = retryEntry{}
+		l.queued = l.queued[1:]
+		r.queuedRetries--
+		if e.ctx.Err() == nil {
+			return e, true
+		}
+	}
+	l.queued = nil
+	if l.soon--; l.soon <= 0 {
+		delete(r.retries, stream)
+	}
+	return retryEntry{}, false
 }
 
 // stallPoll is how often a stalled stream's reader looks whether the stall
@@ -655,14 +907,19 @@ func (r *redisStreams) reclaimPendingMessages(ctx context.Context, stream string
 
 		// Filter out messages that have not timed out yet
 		msgIDs := make([]string, 0, len(pendingResult))
+		var counts map[string]int64 // WorkManager: change 14
 		for _, msg := range pendingResult {
 			if msg.Idle >= r.clientSettings.ProcessingTimeout {
 				msgIDs = append(msgIDs, msg.ID)
+				if counts == nil {
+					counts = make(map[string]int64, len(pendingResult))
+				}
+				counts[msg.ID] = msg.RetryCount
 			}
 		}
 
 		if len(msgIDs) > 0 {
-			r.claimAndEnqueue(ctx, stream, handler, msgIDs)
+			r.claimAndEnqueue(ctx, stream, handler, msgIDs, counts)
 		}
 		if ctx.Err() != nil || len(pendingResult) < int(r.clientSettings.QueueDepth) {
 			break
@@ -676,7 +933,10 @@ func (r *redisStreams) reclaimPendingMessages(ctx context.Context, stream string
 // claimAndEnqueue claims the pending messages msgIDs that are still idle
 // for the processing timeout (another daprd may have claimed them since)
 // and enqueues them.
-func (r *redisStreams) claimAndEnqueue(ctx context.Context, stream string, handler pubsub.Handler, msgIDs []string) {
+//
+// WorkManager: counts gives their delivery counts before the claim, which
+// adds one (change 14; an id missing: unknown).
+func (r *redisStreams) claimAndEnqueue(ctx context.Context, stream string, handler pubsub.Handler, msgIDs []string, counts map[string]int64) {
 	// Attempt to claim the messages for the filtered IDs
 	claimResult, err := r.client.XClaimResult(ctx,
 		stream,
@@ -692,7 +952,12 @@ func (r *redisStreams) claimAndEnqueue(ctx context.Context, stream string, handl
 	}
 
 	// Enqueue claimed messages
-	r.enqueueMessages(ctx, stream, handler, claimResult)
+	r.enqueueMessages(ctx, stream, handler, claimResult, func(id string) int64 {
+		if n, ok := counts[id]; ok {
+			return n + 1
+		}
+		return 0
+	})
 
 	// If the Redis nil error is returned, it means somes message in the pending
 	// state no longer exist. We need to acknowledge these messages to
@@ -738,7 +1003,7 @@ func (r *redisStreams) removeMessagesThatNoLongerExistFromPending(ctx context.Co
 			}
 		} else {
 			// This should not happen but if it does the message should be processed.
-			r.enqueueMessages(ctx, stream, handler, claimResultSingleMsg)
+			r.enqueueMessages(ctx, stream, handler, claimResultSingleMsg, nil)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package redisstreams
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/dapr/components-contrib/metadata"
 	"github.com/dapr/components-contrib/pubsub"
+	rterrors "github.com/dapr/dapr/pkg/runtime/errors"
 	"github.com/dapr/kit/logger"
 )
 
@@ -567,4 +569,235 @@ func newStreams(t *testing.T) (context.Context, *redisStreams) {
 	}
 	t.Cleanup(func() { r.Close() })
 	return ctx, r
+}
+
+// retryAnswer is the error daprd hands the component when the app answers
+// a message RETRY (streamer.Publish, daprd 1.14).
+func retryAnswer(id string) error {
+	return fmt.Errorf("RETRY status returned from app while processing pub/sub event %v: %w", id, rterrors.NewRetriable(nil))
+}
+
+// Change 14: a message the app answers RETRY for comes back after
+// retryDelay, doubling with each delivery, not after processingTimeout
+// (30s here); a delivery that failed without an answer (the stream to the
+// app broken, the app perhaps still running it) waits processingTimeout.
+func TestARetryComesBackAfterRetryDelay(t *testing.T) {
+	addr := startRedis(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := NewRedisStreams(logger.NewLogger("test")).(*redisStreams)
+	if err := r.Init(ctx, pubsub.Metadata{Base: metadata.Base{Properties: map[string]string{
+		"redisHost": addr, "processingTimeout": "30s", "redeliverInterval": "10s", "retryDelay": "200ms", "consumerID": "workmanager",
+	}}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	const stream, answers = "orders", 4
+	var (
+		mu    sync.Mutex
+		times = map[string][]time.Time{}
+	)
+	if err := r.Subscribe(ctx, pubsub.SubscribeRequest{Topic: stream}, func(_ context.Context, msg *pubsub.NewMessage) error {
+		mu.Lock()
+		defer mu.Unlock()
+		m := string(msg.Data)
+		times[m] = append(times[m], time.Now())
+		switch {
+		case m == "broken" && len(times[m]) == 1:
+			return fmt.Errorf("error returned from app while processing pub/sub event %v: %w", m, rterrors.NewRetriable(errors.New("transport is closing")))
+		case m == "retried" && len(times[m]) < answers:
+			return retryAnswer(m)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{"retried", "broken"} {
+		if err := r.Publish(ctx, &pubsub.PublishRequest{Topic: stream, Data: []byte(m)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deliveries := func(m string) []time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]time.Time(nil), times[m]...)
+	}
+	for deadline := time.Now().Add(20 * time.Second); len(deliveries("retried")) < answers; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("answered RETRY: %d deliveries in 20s, want %d well before processingTimeout (30s)", len(deliveries("retried")), answers)
+		}
+	}
+	got := deliveries("retried")
+	for i := 1; i < len(got); i++ {
+		// retryDelay doubled per delivery before, at least half of it (the jitter).
+		if least := (200 * time.Millisecond << (i - 1)) / 2; got[i].Sub(got[i-1]) < least {
+			t.Errorf("delivery %d came %s after the one before, want at least %s", i+1, got[i].Sub(got[i-1]), least)
+		}
+	}
+	if n := len(deliveries("broken")); n != 1 {
+		t.Errorf("a delivery that failed without an answer was delivered %d times before processingTimeout, want 1", n)
+	}
+	// The last answer acknowledged it: nothing of "retried" is pending.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		p, err := r.client.XPendingExtResult(ctx, stream, "workmanager", "-", "+", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p) == 1 { // "broken", waiting for processingTimeout
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pending: %+v, want only the failed delivery", p)
+		}
+	}
+}
+
+// Change 14: the idle time of a message answered RETRY is shortened only
+// while it is still at the delivery this daprd handed out: one another
+// daprd claimed since (it runs there now) is left alone, and the delay
+// grows with the deliveries up to processingTimeout.
+func TestRetrySoonLeavesAnotherDeliveryAlone(t *testing.T) {
+	ctx, r := newStreams(t)
+	r.clientSettings.ProcessingTimeout, r.clientSettings.RedeliverInterval, r.retryDelay = 30*time.Second, 10*time.Second, time.Second
+	const stream = "orders"
+	if err := r.client.XGroupCreateMkStream(ctx, stream, r.clientSettings.ConsumerID, "0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.client.XAdd(ctx, stream, 0, map[string]any{"data": "m"}); err != nil {
+		t.Fatal(err)
+	}
+	read, err := r.client.XReadGroupResult(ctx, r.clientSettings.ConsumerID, r.clientSettings.ConsumerID, []string{stream, ">"}, 1, time.Second)
+	if err != nil || len(read) != 1 || len(read[0].Messages) != 1 {
+		t.Fatalf("read: %v, %v", read, err)
+	}
+	id := read[0].Messages[0].ID
+	idle := func() (time.Duration, int64) {
+		t.Helper()
+		p, err := r.client.XPendingExtResult(ctx, stream, r.clientSettings.ConsumerID, id, id, 1)
+		if err != nil || len(p) != 1 {
+			t.Fatalf("pending %s: %v, %v", id, p, err)
+		}
+		return p[0].Idle, p[0].RetryCount
+	}
+	// Another daprd claimed it since (its delivery count is now 2): the
+	// answer to delivery 1 leaves it alone.
+	if _, err := r.client.XClaimResult(ctx, stream, r.clientSettings.ConsumerID, r.clientSettings.ConsumerID, 0, []string{id}); err != nil {
+		t.Fatal(err)
+	}
+	msg := redisMessageWrapper{ctx: ctx, messageID: id, message: pubsub.NewMessage{Topic: stream}, deliveries: 1}
+	r.retrySoon(msg)
+	if d, n := idle(); d > 5*time.Second || n != 2 {
+		t.Fatalf("after the answer to an older delivery: idle %s, count %d; want it untouched (about 0, 2)", d, n)
+	}
+	// The answer to the current delivery makes it claimable within 2s
+	// (1s, ±50 %): its idle time is set to at least 28s of the 30s.
+	msg.deliveries = 2 // 2s, ±50 %: claimable within 3s
+	r.retrySoon(msg)
+	if d, n := idle(); d < 27*time.Second || n != 2 {
+		t.Fatalf("after the answer to its delivery: idle %s, count %d; want at least 27s, 2", d, n)
+	}
+	for deliveries, want := range map[int64]bool{1: true, 4: true, 5: true, 6: false, 40: false} {
+		// 1s doubled: 1, 2, 4, 8, 16, 32s (±50 %) against the 30s timeout.
+		d, ok := r.retryAfter(deliveries)
+		if deliveries <= 4 && !ok {
+			t.Errorf("delivery %d: no retry before processingTimeout", deliveries)
+		}
+		if ok && (d < time.Second<<(deliveries-1)/2 || d >= 30*time.Second) {
+			t.Errorf("delivery %d: retry after %s", deliveries, d)
+		}
+		if !want && ok {
+			t.Errorf("delivery %d: retry after %s, want processingTimeout", deliveries, d)
+		}
+	}
+	r.retryDelay = 0
+	if d, ok := r.retryAfter(1); ok {
+		t.Errorf("retryDelay 0: retry after %s, want processingTimeout", d)
+	}
+}
+
+// Change 14: at most retryDelayLimit messages of a stream come back soon at
+// once; the others answered RETRY meanwhile wait in line and come back in
+// turn, all long before processingTimeout (30s here).
+func TestRetriesBeyondTheLimitWaitInLine(t *testing.T) {
+	addr := startRedis(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := NewRedisStreams(logger.NewLogger("test")).(*redisStreams)
+	if err := r.Init(ctx, pubsub.Metadata{Base: metadata.Base{Properties: map[string]string{
+		"redisHost": addr, "processingTimeout": "30s", "redeliverInterval": "10s", "retryDelay": "100ms", "retryDelayLimit": "2", "consumerID": "workmanager",
+	}}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	const stream, total = "orders", 12
+	var (
+		mu       sync.Mutex
+		seen     = map[string]int{}
+		answered int
+		most     int
+	)
+	if err := r.Subscribe(ctx, pubsub.SubscribeRequest{Topic: stream}, func(_ context.Context, msg *pubsub.NewMessage) error {
+		mu.Lock()
+		defer mu.Unlock()
+		m := string(msg.Data)
+		if seen[m]++; seen[m] == 1 {
+			return retryAnswer(m) // every message's first delivery
+		}
+		answered++
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range total {
+		if err := r.Publish(ctx, &pubsub.PublishRequest{Topic: stream, Data: []byte(fmt.Sprint(i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		r.givenMu.Lock()
+		if l := r.retries[stream]; l != nil && l.soon > most {
+			most = l.soon
+		}
+		r.givenMu.Unlock()
+		mu.Lock()
+		done := answered
+		mu.Unlock()
+		if done == total {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d messages answered RETRY came back within 20s (processingTimeout 30s)", done, total)
+		}
+	}
+	if most > 2 {
+		t.Errorf("%d messages of the stream came back soon at once, want at most retryDelayLimit (2)", most)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for m, n := range seen {
+		if n != 2 {
+			t.Errorf("message %s delivered %d times, want 2", m, n)
+		}
+	}
+	r.givenMu.Lock()
+	defer r.givenMu.Unlock()
+	if len(r.retries) != 0 || r.queuedRetries != 0 {
+		t.Errorf("after every message came back: lines %v, %d queued; want none", r.retries, r.queuedRetries)
+	}
+}
+
+// Change 14's settings: a bad retryDelay or retryDelayLimit is refused at
+// Init with an error naming it; retryDelay "0" turns the change off.
+func TestRetrySettingsAreChecked(t *testing.T) {
+	for key, v := range map[string]string{"retryDelay": "soon", "retryDelayLimit": "many"} {
+		r := NewRedisStreams(logger.NewLogger("test")).(*redisStreams)
+		err := r.Init(context.Background(), pubsub.Metadata{Base: metadata.Base{Properties: map[string]string{"redisHost": "127.0.0.1:1", key: v}}})
+		if err == nil || !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), strconv.Quote(v)) {
+			t.Errorf("%s %q: %v; want an error naming both", key, v, err)
+		}
+	}
+	got, err := parseDuration(map[string]string{"retryDelay": "0"}, "retryDelay", time.Second)
+	if err != nil || got != 0 {
+		t.Errorf("retryDelay 0: %s, %v", got, err)
+	}
 }
