@@ -666,11 +666,11 @@ func answeredRetry(err error) bool {
 // retryAfter is how soon a message answered RETRY at its deliveries-th
 // delivery comes back (change 14): retryDelay doubled for each delivery
 // before, ±50 % at random; false when the doubled delay, or the drawn one,
-// is not below processingTimeout (or either is off), which then applies
-// as upstream.
+// is not below processingTimeout (or either is off, or retryDelayLimit is
+// 0), which then applies as upstream.
 func (r *redisStreams) retryAfter(deliveries int64) (time.Duration, bool) {
 	pt := r.clientSettings.ProcessingTimeout
-	if r.retryDelay <= 0 || deliveries < 1 || pt == 0 || r.clientSettings.RedeliverInterval == 0 {
+	if r.retryDelay <= 0 || r.retryLimit == 0 || deliveries < 1 || pt == 0 || r.clientSettings.RedeliverInterval == 0 {
 		return 0, false
 	}
 	d := r.retryDelay

@@ -709,7 +709,11 @@ func TestRetrySoonLeavesAnotherDeliveryAlone(t *testing.T) {
 			t.Errorf("delivery %d: retry after %s, want processingTimeout", deliveries, d)
 		}
 	}
-	r.retryDelay = 0
+	r.retryLimit = 0
+	if d, ok := r.retryAfter(1); ok {
+		t.Errorf("retryDelayLimit 0: retry after %s, want processingTimeout", d)
+	}
+	r.retryLimit, r.retryDelay = 32, 0
 	if d, ok := r.retryAfter(1); ok {
 		t.Errorf("retryDelay 0: retry after %s, want processingTimeout", d)
 	}
