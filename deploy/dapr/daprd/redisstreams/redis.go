@@ -716,9 +716,14 @@ type retryLine struct {
 // soon is claimable by anyone (change 14).
 const idleMargin = 10 * time.Millisecond
 
-// maxQueuedRetries bounds the messages in line over all streams (ids and
-// a context, not their data; the ones beyond wait processingTimeout).
-const maxQueuedRetries = 16384
+// maxQueuedRetries bounds the messages in line over all streams, and
+// maxQueuedPerStream those of one, so that the failing messages of one
+// topic do not fill every topic's line (ids and a context, not their
+// data; the ones beyond wait processingTimeout).
+const (
+	maxQueuedRetries   = 16384
+	maxQueuedPerStream = 1024
+)
 
 // retryLater sets a message's idle time to processingTimeout less
 // ARGV[5] ms, so that it is claimable after that long, when it is still
@@ -750,7 +755,7 @@ func (r *redisStreams) retrySoon(msg redisMessageWrapper) {
 		r.retries[e.stream] = l
 	}
 	if l.soon >= r.retryLimit {
-		if r.queuedRetries < maxQueuedRetries {
+		if r.queuedRetries < maxQueuedRetries && len(l.queued) < maxQueuedPerStream {
 			l.queued = append(l.queued, e)
 			r.queuedRetries++
 		}

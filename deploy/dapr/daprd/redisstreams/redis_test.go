@@ -805,3 +805,22 @@ func TestRetrySettingsAreChecked(t *testing.T) {
 		t.Errorf("retryDelay 0: %s, %v", got, err)
 	}
 }
+
+// Change 14: one topic's line holds at most maxQueuedPerStream messages,
+// so the failing messages of one topic leave room in the others' lines;
+// those beyond wait processingTimeout.
+func TestOneTopicDoesNotFillEveryLine(t *testing.T) {
+	ctx, r := newStreams(t)
+	r.clientSettings.ProcessingTimeout, r.clientSettings.RedeliverInterval = 30*time.Second, 10*time.Second
+	r.retryLimit = 1
+	r.retries = map[string]*retryLine{"noisy": {soon: 1}, "quiet": {soon: 1}} // each with its one place taken
+	for i := range maxQueuedPerStream + 100 {
+		r.retrySoon(redisMessageWrapper{ctx: ctx, messageID: fmt.Sprintf("%d-0", i+1), message: pubsub.NewMessage{Topic: "noisy"}, deliveries: 1})
+	}
+	r.retrySoon(redisMessageWrapper{ctx: ctx, messageID: "1-0", message: pubsub.NewMessage{Topic: "quiet"}, deliveries: 1})
+	r.givenMu.Lock()
+	defer r.givenMu.Unlock()
+	if n, q := len(r.retries["noisy"].queued), len(r.retries["quiet"].queued); n != maxQueuedPerStream || q != 1 || r.queuedRetries != n+q {
+		t.Fatalf("in line: noisy %d, quiet %d, in all %d; want %d, 1, %d", n, q, r.queuedRetries, maxQueuedPerStream, maxQueuedPerStream+1)
+	}
+}
