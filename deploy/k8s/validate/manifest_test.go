@@ -820,6 +820,15 @@ func (c *checker) components(pubsubType string, nodeEnv map[string]corev1.EnvVar
 		}
 		// Every stream capped, above what may stay unacknowledged (streamcap_test.go).
 		c.streamCap(ps, pt, nodeEnv)
+		// A RETRY comes back after retryDelay, below processingTimeout (retrydelay_test.go).
+		rd, ok := ps.Meta("retryDelay")
+		value := ""
+		if ok && rd.Value != nil {
+			value = *rd.Value
+		}
+		for _, p := range retryDelayProblems(value, ok, pt) {
+			c.errorf("Component %s: %s", pubsubName, p)
+		}
 	case "pubsub.kafka":
 		// One consumer group for every node (each message to one node),
 		// and retries of what a node answered RETRY.
