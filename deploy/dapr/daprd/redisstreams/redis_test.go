@@ -253,16 +253,7 @@ func TestRedeliverIntervalTakesADuration(t *testing.T) {
 // processingTimeout (change 10). A worker stopped and started again at
 // once lost its first message for 45 s under deploy/'s setting.
 func TestAMessageReadForAClosedSubscriptionIsGivenBack(t *testing.T) {
-	addr := startRedis(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	r := NewRedisStreams(logger.NewLogger("test")).(*redisStreams)
-	if err := r.Init(ctx, pubsub.Metadata{Base: metadata.Base{Properties: map[string]string{
-		"redisHost": addr, "processingTimeout": "30s", "redeliverInterval": "10s", "consumerID": "workmanager",
-	}}}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
+	ctx, r := newStreamsWith(t, map[string]string{"processingTimeout": "30s", "redeliverInterval": "10s", "consumerID": "workmanager"})
 	const stream = "orders"
 	got := make(chan string, 16)
 	handler := func(_ context.Context, msg *pubsub.NewMessage) error {
@@ -559,12 +550,21 @@ func TestFencedRunsAreCheckedEachOnItsOwn(t *testing.T) {
 // newStreams is the component on a Redis of the test's own, closed when
 // the test ends, and a context bounded by a minute.
 func newStreams(t *testing.T) (context.Context, *redisStreams) {
+	return newStreamsWith(t, nil)
+}
+
+// newStreamsWith is newStreams with the component's metadata props.
+func newStreamsWith(t *testing.T, props map[string]string) (context.Context, *redisStreams) {
 	t.Helper()
 	addr := startRedis(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
+	all := map[string]string{"redisHost": addr}
+	for k, v := range props {
+		all[k] = v
+	}
 	r := NewRedisStreams(logger.NewLogger("test")).(*redisStreams)
-	if err := r.Init(ctx, pubsub.Metadata{Base: metadata.Base{Properties: map[string]string{"redisHost": addr}}}); err != nil {
+	if err := r.Init(ctx, pubsub.Metadata{Base: metadata.Base{Properties: all}}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.Close() })
@@ -582,16 +582,7 @@ func retryAnswer(id string) error {
 // (30s here); a delivery that failed without an answer (the stream to the
 // app broken, the app perhaps still running it) waits processingTimeout.
 func TestARetryComesBackAfterRetryDelay(t *testing.T) {
-	addr := startRedis(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	r := NewRedisStreams(logger.NewLogger("test")).(*redisStreams)
-	if err := r.Init(ctx, pubsub.Metadata{Base: metadata.Base{Properties: map[string]string{
-		"redisHost": addr, "processingTimeout": "30s", "redeliverInterval": "10s", "retryDelay": "200ms", "consumerID": "workmanager",
-	}}}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
+	ctx, r := newStreamsWith(t, map[string]string{"processingTimeout": "30s", "redeliverInterval": "10s", "retryDelay": "200ms", "consumerID": "workmanager"})
 	const stream, answers = "orders", 4
 	var (
 		mu    sync.Mutex
@@ -723,16 +714,7 @@ func TestRetrySoonLeavesAnotherDeliveryAlone(t *testing.T) {
 // once; the others answered RETRY meanwhile wait in line and come back in
 // turn, all long before processingTimeout (30s here).
 func TestRetriesBeyondTheLimitWaitInLine(t *testing.T) {
-	addr := startRedis(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	r := NewRedisStreams(logger.NewLogger("test")).(*redisStreams)
-	if err := r.Init(ctx, pubsub.Metadata{Base: metadata.Base{Properties: map[string]string{
-		"redisHost": addr, "processingTimeout": "30s", "redeliverInterval": "10s", "retryDelay": "100ms", "retryDelayLimit": "2", "consumerID": "workmanager",
-	}}}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
+	ctx, r := newStreamsWith(t, map[string]string{"processingTimeout": "30s", "redeliverInterval": "10s", "retryDelay": "100ms", "retryDelayLimit": "2", "consumerID": "workmanager"})
 	const stream, total = "orders", 12
 	var (
 		mu       sync.Mutex
