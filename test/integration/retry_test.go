@@ -18,11 +18,11 @@ import (
 //
 //   - A poisoned message's three attempts (backoff 200 ms) end in
 //     <topic>-dead well within one timeout; before, two timeouts.
-//   - A burst beyond a serial worker's queue (a group: one call at a time,
-//     WORKER_QUEUE_DEPTH 2, 100 ms a call, 60 events) is given back and fed to the
-//     worker as its queue drains: every event answered within one timeout,
-//     each exactly once. Before, whatever did not fit waited a whole
-//     timeout, in waves.
+//   - A burst beyond a serial worker's queue (a group: one call at a
+//     time, WORKER_QUEUE_DEPTH 2, 60 events of 100 ms) is given back and
+//     fed to the worker as its queue drains: every event answered within
+//     one timeout, each exactly once. Before, whatever did not fit waited
+//     a whole timeout, in waves.
 func TestRetriesComeBackBeforeTheProcessingTimeout(t *testing.T) {
 	inTurn(t) // a stack of its own
 	const timeout = time.Minute
