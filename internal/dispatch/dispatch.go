@@ -354,6 +354,10 @@ type worker struct {
 	lock  string
 	inst  atomic.Pointer[instance]
 	queue chan job
+	// taken counts the jobs taken from queue; stalledAt is taken + 1 as
+	// it was when an offer last waited in vain for room (0: never): while
+	// they still agree, offers do not wait (offer).
+	taken, stalledAt atomic.Int64
 
 	mu     sync.RWMutex // closed and sends to queue
 	closed bool

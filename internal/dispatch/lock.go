@@ -29,6 +29,7 @@ func (d *Dispatcher) serve(w *worker) {
 	for {
 		select {
 		case j := <-w.queue:
+			w.taken.Add(1)
 			// select picks at random among ready cases: a detached
 			// worker must not go on taking its queue (Detach would wait
 			// for every queued call), so stopped is checked again.

@@ -1,0 +1,72 @@
+package dispatch_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/virtufin/workmanager/internal/dispatch"
+	"github.com/virtufin/workmanager/internal/dispatch/dispatchtest"
+	"github.com/virtufin/workmanager/internal/publish/publishtest"
+	"github.com/virtufin/workmanager/internal/state"
+)
+
+// A worker whose queue stayed full for a whole QueueWait and has not moved
+// since (a hung worker) gives the next messages back without waiting
+// again: each wait holds one of daprd's concurrency slots, which the
+// topic's other workers need. Once it moves, its messages run as before.
+func TestAStalledQueueGivesBackWithoutWaiting(t *testing.T) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	const wait = 2 * time.Second
+	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), dispatch.Config{PubSub: "pubsub", NodeID: "n1",
+		MaxConcurrency: 1, QueueDepth: 1, QueueWait: wait})
+	entered, release := make(chan string, 8), make(chan struct{})
+	d.Attach(dispatch.Worker{ID: "hung", Topic: "in"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
+		entered <- in.ID()
+		<-release
+		return nil, nil
+	}})
+	s := waitStream(t, b, "in")
+	s.In <- request("q1", "")
+	<-entered
+	s.In <- request("q2", "")
+	waitQueued(t, d, "hung", 1)
+
+	givenBack := func(id string) time.Duration {
+		t.Helper()
+		began := time.Now()
+		s.In <- request(id, "")
+		if a := waitAck(t, b); a.ID != id || a.Status != dispatch.AckRetry {
+			t.Fatalf("ack %+v, want %s given back", a, id)
+		}
+		return time.Since(began)
+	}
+	// The queue full: q3 waits QueueWait for room, in vain.
+	if took := givenBack("q3"); took < wait {
+		t.Fatalf("q3 given back after %s, before QueueWait (%s)", took, wait)
+	}
+	// Nothing taken since: q4 and q5 do not wait again.
+	for _, id := range []string{"q4", "q5"} {
+		if took := givenBack(id); took >= wait {
+			t.Fatalf("%s given back after %s: it waited QueueWait again for a queue that has not moved", id, took)
+		}
+	}
+	// The worker moves again: what was queued runs, and so does what comes next.
+	close(release)
+	done := map[string]bool{}
+	for len(done) < 2 {
+		a := waitAck(t, b)
+		if a.Status != dispatch.AckSuccess {
+			t.Fatalf("ack %+v, want success", a)
+		}
+		done[a.ID] = true
+	}
+	if !done["q1"] || !done["q2"] {
+		t.Fatalf("answered %v, want q1 and q2", done)
+	}
+	s.In <- request("q6", "")
+	if a := waitAck(t, b); a.ID != "q6" || a.Status != dispatch.AckSuccess {
+		t.Fatalf("ack %+v, want q6 run", a)
+	}
+}
