@@ -664,11 +664,22 @@ func answeredRetry(err error) bool {
 }
 
 // retryAfter is how soon a message answered RETRY at its deliveries-th
-// delivery comes back (change 14): retryDelay doubled for each delivery
-// before, ±50 % at random; false when the doubled delay, or the drawn one,
-// is not below processingTimeout (or either is off, or retryDelayLimit is
-// 0), which then applies as upstream.
+// delivery comes back (change 14): its doubled delay (retryDoubled), ±50 %
+// at random; false when there is none or the drawn one is not below
+// processingTimeout, which then applies as upstream.
 func (r *redisStreams) retryAfter(deliveries int64) (time.Duration, bool) {
+	d, ok := r.retryDoubled(deliveries)
+	if !ok {
+		return 0, false
+	}
+	d = jittered(d)
+	return d, d < r.clientSettings.ProcessingTimeout
+}
+
+// retryDoubled is retryDelay doubled for each delivery before the
+// deliveries-th; false when that is not below processingTimeout (or
+// either is off, or retryDelayLimit is 0).
+func (r *redisStreams) retryDoubled(deliveries int64) (time.Duration, bool) {
 	pt := r.clientSettings.ProcessingTimeout
 	if r.retryDelay <= 0 || r.retryLimit == 0 || deliveries < 1 || pt == 0 || r.clientSettings.RedeliverInterval == 0 {
 		return 0, false
@@ -677,10 +688,6 @@ func (r *redisStreams) retryAfter(deliveries int64) (time.Duration, bool) {
 	for i := int64(1); i < deliveries && d < pt; i++ {
 		d *= 2
 	}
-	if d >= pt {
-		return 0, false
-	}
-	d = jittered(d)
 	return d, d < pt
 }
 
@@ -741,7 +748,7 @@ return 1`
 // messages of its stream are coming back, else when its turn in line
 // comes.
 func (r *redisStreams) retrySoon(msg redisMessageWrapper) {
-	if _, ok := r.retryAfter(msg.deliveries); !ok {
+	if _, ok := r.retryDoubled(msg.deliveries); !ok {
 		return
 	}
 	e := retryEntry{ctx: msg.ctx, handler: msg.handler, stream: msg.message.Topic, id: msg.messageID, deliveries: msg.deliveries}
