@@ -358,6 +358,8 @@ type worker struct {
 	// it was when an offer last waited in vain for room (0: never): while
 	// they still agree, offers do not wait (offer).
 	taken, stalledAt atomic.Int64
+	// waiting counts the offers waiting for room in queue (tests).
+	waiting atomic.Int32
 
 	mu     sync.RWMutex // closed and sends to queue
 	closed bool

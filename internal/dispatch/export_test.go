@@ -17,6 +17,16 @@ func (d *Dispatcher) Queued(id string) int {
 	return 0
 }
 
+// Waiting is how many offers wait for room in worker id's queue.
+func (d *Dispatcher) Waiting(id string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if w := d.workers[id]; w != nil {
+		return int(w.waiting.Load())
+	}
+	return 0
+}
+
 // Stopped is closed when worker id is detached (nil when it is not
 // attached).
 func (d *Dispatcher) Stopped(id string) <-chan struct{} {

@@ -211,14 +211,19 @@ func (w *worker) offer(m *message, r *result, wait time.Duration) bool {
 		return true
 	default:
 	}
-	if s := w.stalledAt.Load(); wait > 0 && (s == 0 || s-1 != w.taken.Load()) {
+	if s, taken := w.stalledAt.Load(), w.taken.Load(); wait > 0 && (s == 0 || s-1 != taken) {
 		t := time.NewTimer(wait)
 		defer t.Stop()
+		w.waiting.Add(1)
+		defer w.waiting.Add(-1)
 		select {
 		case w.queue <- j:
 			return true
 		case <-t.C:
-			w.stalledAt.Store(w.taken.Load() + 1)
+			// Stalled as of the count taken when the wait began: a job
+			// taken during the wait (or since) is not a stall, and the
+			// next offer waits again.
+			w.stalledAt.Store(taken + 1)
 		}
 	}
 	m.pending.Add(-1) // never queued; the caller still holds m

@@ -70,3 +70,59 @@ func TestAStalledQueueGivesBackWithoutWaiting(t *testing.T) {
 		t.Fatalf("ack %+v, want q6 run", a)
 	}
 }
+
+// A queue that moved during a wait that ended in vain (a slow worker: one
+// job taken, its room taken by another waiting message) is not a stall:
+// the next message still waits for room instead of being given back at
+// once.
+func TestAQueueThatMovedDuringTheWaitIsNotAStall(t *testing.T) {
+	b, pub := dispatchtest.NewBroker(), &publishtest.Recorder{}
+	const wait = time.Second
+	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), dispatch.Config{PubSub: "pubsub", NodeID: "n1",
+		MaxConcurrency: 1, QueueDepth: 1, QueueWait: wait})
+	entered, release := make(chan string, 8), make(chan struct{})
+	d.Attach(dispatch.Worker{ID: "slow", Topic: "in"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
+		entered <- in.ID()
+		<-release
+		return nil, nil
+	}})
+	defer close(release)
+	s := waitStream(t, b, "in")
+	s.In <- request("m1", "")
+	<-entered
+	s.In <- request("m2", "")
+	waitQueued(t, d, "slow", 1)
+	// m3 and m4 both wait for room; m1 finishes and m2 is taken, which
+	// makes room for one of them.
+	s.In <- request("m3", "")
+	s.In <- request("m4", "")
+	for deadline := time.Now().Add(5 * time.Second); d.Waiting("slow") != 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d offers wait for room, want 2", d.Waiting("slow"))
+		}
+	}
+	release <- struct{}{}
+	if id := <-entered; id != "m2" {
+		t.Fatalf("%s entered, want m2", id)
+	}
+	var loser string
+	for loser == "" {
+		a := waitAck(t, b)
+		switch {
+		case a.ID == "m1" && a.Status == dispatch.AckSuccess:
+		case (a.ID == "m3" || a.ID == "m4") && a.Status == dispatch.AckRetry:
+			loser = a.ID
+		default:
+			t.Fatalf("ack %+v, want m1 answered and one of m3, m4 given back", a)
+		}
+	}
+	// The queue moved during the loser's wait: m5 waits for room again.
+	began := time.Now()
+	s.In <- request("m5", "")
+	if a := waitAck(t, b); a.ID != "m5" || a.Status != dispatch.AckRetry {
+		t.Fatalf("ack %+v, want m5 given back", a)
+	}
+	if took := time.Since(began); took < wait {
+		t.Fatalf("m5 given back after %s without waiting QueueWait (%s): a queue that moved during %s's wait was taken for stalled", took, wait, loser)
+	}
+}
