@@ -215,17 +215,7 @@ func TestMetricsOfContentionAndQueueRejection(t *testing.T) {
 
 	// Queue rejections: one call running, one queued, the third finds the
 	// queue full for QueueWait.
-	entered, release := make(chan struct{}, 3), make(chan struct{})
-	d.Attach(dispatch.Worker{ID: "slow", Topic: "in2", Engine: "python"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
-		entered <- struct{}{}
-		<-release
-		return nil, nil
-	}})
-	s2 := waitStream(t, b, "in2")
-	s2.In <- request("q1", "")
-	<-entered
-	s2.In <- request("q2", "")
-	waitQueued(t, d, "slow", 1)
+	s2, _, release := fullQueue(t, d, b, dispatch.Worker{ID: "slow", Topic: "in2", Engine: "python"})
 	s2.In <- request("q3", "")
 	if a := waitAck(t, b); a.ID != "q3" || a.Status != dispatch.AckRetry {
 		t.Fatalf("ack %+v, want q3 given back", a)

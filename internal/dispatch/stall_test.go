@@ -21,17 +21,7 @@ func TestAStalledQueueGivesBackWithoutWaiting(t *testing.T) {
 	const wait = 2 * time.Second
 	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), dispatch.Config{PubSub: "pubsub", NodeID: "n1",
 		MaxConcurrency: 1, QueueDepth: 1, QueueWait: wait})
-	entered, release := make(chan string, 8), make(chan struct{})
-	d.Attach(dispatch.Worker{ID: "hung", Topic: "in"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
-		entered <- in.ID()
-		<-release
-		return nil, nil
-	}})
-	s := waitStream(t, b, "in")
-	s.In <- request("q1", "")
-	<-entered
-	s.In <- request("q2", "")
-	waitQueued(t, d, "hung", 1)
+	s, _, release := fullQueue(t, d, b, dispatch.Worker{ID: "hung", Topic: "in"})
 
 	givenBack := func(id string) time.Duration {
 		t.Helper()
@@ -80,19 +70,9 @@ func TestAQueueThatMovedDuringTheWaitIsNotAStall(t *testing.T) {
 	const wait = time.Second
 	d := newTestDispatcherWith(t, b, pub, state.NewMemoryStore(), dispatch.Config{PubSub: "pubsub", NodeID: "n1",
 		MaxConcurrency: 1, QueueDepth: 1, QueueWait: wait})
-	entered, release := make(chan string, 8), make(chan struct{})
-	d.Attach(dispatch.Worker{ID: "slow", Topic: "in"}, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
-		entered <- in.ID()
-		<-release
-		return nil, nil
-	}})
+	s, entered, release := fullQueue(t, d, b, dispatch.Worker{ID: "slow", Topic: "in"})
 	defer close(release)
-	s := waitStream(t, b, "in")
-	s.In <- request("m1", "")
-	<-entered
-	s.In <- request("m2", "")
-	waitQueued(t, d, "slow", 1)
-	// m3 and m4 both wait for room; m1 finishes and m2 is taken, which
+	// m3 and m4 both wait for room; q1 finishes and q2 is taken, which
 	// makes room for one of them.
 	s.In <- request("m3", "")
 	s.In <- request("m4", "")
@@ -102,18 +82,18 @@ func TestAQueueThatMovedDuringTheWaitIsNotAStall(t *testing.T) {
 		}
 	}
 	release <- struct{}{}
-	if id := <-entered; id != "m2" {
-		t.Fatalf("%s entered, want m2", id)
+	if id := <-entered; id != "q2" {
+		t.Fatalf("%s entered, want q2", id)
 	}
 	var loser string
 	for loser == "" {
 		a := waitAck(t, b)
 		switch {
-		case a.ID == "m1" && a.Status == dispatch.AckSuccess:
+		case a.ID == "q1" && a.Status == dispatch.AckSuccess:
 		case (a.ID == "m3" || a.ID == "m4") && a.Status == dispatch.AckRetry:
 			loser = a.ID
 		default:
-			t.Fatalf("ack %+v, want m1 answered and one of m3, m4 given back", a)
+			t.Fatalf("ack %+v, want q1 answered and one of m3, m4 given back", a)
 		}
 	}
 	// The queue moved during the loser's wait: m5 waits for room again.
@@ -125,4 +105,26 @@ func TestAQueueThatMovedDuringTheWaitIsNotAStall(t *testing.T) {
 	if took := time.Since(began); took < wait {
 		t.Fatalf("m5 given back after %s without waiting QueueWait (%s): a queue that moved during %s's wait was taken for stalled", took, wait, loser)
 	}
+}
+
+// fullQueue attaches w, whose calls block until release is closed, to d
+// (configured with MaxConcurrency 1 and QueueDepth 1) and fills its queue:
+// q1 running, q2 queued. entered receives each call's event id as it
+// starts (q1's is read already). Its stream is s.
+func fullQueue(t *testing.T, d *dispatch.Dispatcher, b *dispatchtest.Broker, w dispatch.Worker) (s *dispatchtest.Stream, entered chan string, release chan struct{}) {
+	t.Helper()
+	entered, release = make(chan string, 8), make(chan struct{})
+	d.Attach(w, &dispatchtest.FuncInstance{Fn: func(in *event.Event) ([]event.Event, error) {
+		entered <- in.ID()
+		<-release
+		return nil, nil
+	}})
+	s = waitStream(t, b, w.Topic)
+	s.In <- request("q1", "")
+	if id := <-entered; id != "q1" {
+		t.Fatalf("%s entered, want q1", id)
+	}
+	s.In <- request("q2", "")
+	waitQueued(t, d, w.ID, 1)
+	return s, entered, release
 }
