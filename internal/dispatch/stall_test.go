@@ -1,6 +1,7 @@
 package dispatch_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -76,11 +77,8 @@ func TestAQueueThatMovedDuringTheWaitIsNotAStall(t *testing.T) {
 	// makes room for one of them.
 	s.In <- request("m3", "")
 	s.In <- request("m4", "")
-	for deadline := time.Now().Add(5 * time.Second); d.Waiting("slow") != 2; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d offers wait for room, want 2", d.Waiting("slow"))
-		}
-	}
+	waitCond(t, func() bool { return d.Waiting("slow") == 2 },
+		func() string { return fmt.Sprintf("%d offers wait for room, want 2", d.Waiting("slow")) })
 	release <- struct{}{}
 	if id := <-entered; id != "q2" {
 		t.Fatalf("%s entered, want q2", id)
