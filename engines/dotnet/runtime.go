@@ -173,7 +173,7 @@ func (rt *runtime) build(ctx context.Context, cache string, host, driver []byte,
 	rt.version = strings.TrimSpace(strings.TrimSuffix(rt.version, "(Debian"))
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00", rt.mono, rt.mcs, out, dotnetdevkit.Digest())
-	h.Write([]byte("precompiled\x00")) // the build's steps (precompile)
+	h.Write([]byte("precompiled+wmcsc\x00")) // the build's steps (precompile)
 	h.Write(host)
 	h.Write(driver)
 	rt.dir = filepath.Join(cache, "runtime-"+hex.EncodeToString(h.Sum(nil))[:16])
@@ -239,17 +239,18 @@ func (rt *runtime) build(ctx context.Context, cache string, host, driver []byte,
 	return nil
 }
 
-// precompile compiles the host's and the DevKit's code to native code
-// ahead of time (mono --aot: <assembly>.so beside each, which Mono loads
-// instead of compiling the methods as they are first called), so that a
-// host loading a worker and running its first call compiles only the
-// worker's own code. Best effort: without the native assembler and linker
+// precompile compiles the host's, the DevKit's and the spare compiler's
+// driver's code to native code ahead of time (mono --aot: <assembly>.so
+// beside each, which Mono loads instead of compiling the methods as they
+// are first called), so that a host loading a worker and running its
+// first call compiles only the worker's own code, and a spare compiler
+// its driver's methods not at all. Best effort: without the native assembler and linker
 // (binutils, which mono-devel depends on) or with an image Mono refuses,
 // no image is left and the hosts compile those methods as before; the
 // error says why.
 func (rt *runtime) precompile(ctx context.Context, dir string) error {
 	var errs []error
-	for _, name := range []string{hostExe, devKitDLL} {
+	for _, name := range []string{hostExe, devKitDLL, compilerExe} {
 		cmd := exec.CommandContext(ctx, rt.mono, "--aot", filepath.Join(dir, name))
 		cmd.Dir = dir
 		cmd.Env = compilerEnv

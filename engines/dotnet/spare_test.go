@@ -251,14 +251,27 @@ func TestHostCodeIsPrecompiled(t *testing.T) {
 	if _, err := exec.LookPath("as"); err != nil {
 		t.Skip("no native assembler (binutils): the hosts compile their code as they run it")
 	}
-	e := newTestEngine(t, Config{Spares: 1})
+	e := newTestEngine(t, Config{Spares: 1, SpareCompilers: 1})
 	t.Cleanup(func() { _ = e.Close() })
 	inst := enginetest.Load(t, e, hostSpec("a"), []byte(whoAmIWorker))
 	rt := e.currentRuntime()
-	for _, name := range []string{hostExe, devKitDLL} {
+	for _, name := range []string{hostExe, devKitDLL, compilerExe} {
 		if _, err := os.Stat(filepath.Join(rt.dir, name+".so")); err != nil {
 			t.Fatalf("no ahead-of-time image of %s: %v", name, err)
 		}
+	}
+	// The spare compiler's driver too (host/Compiler.cs).
+	compiler := processTree(waitSpareCompiler(t, e).cmd.Process.Pid)
+	mapsOf := func(pids []int) string {
+		var all []byte
+		for _, pid := range pids {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+			all = append(all, b...)
+		}
+		return string(all)
+	}
+	if !strings.Contains(mapsOf(compiler), filepath.Join(rt.dir, compilerExe+".so")) {
+		t.Fatalf("the spare compiler (processes %v) does not map %s.so", compiler, compilerExe)
 	}
 	for _, pid := range []int{hostPID(t, inst), waitSpareHost(t, e).Pid} {
 		maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))

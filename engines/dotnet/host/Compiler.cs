@@ -42,10 +42,20 @@ static class SpareCompiler
         var warm = new string[(sep < 0 ? args.Length : sep) - 2];
         Array.Copy(args, 2, warm, 0, warm.Length);
         var quiet = new StringWriter();
-        // The entry point mcs has for compiling in process: it resets the
-        // compiler's static state (its table of source files) after.
+        // The warm-up compiles through the path the worker's compile will
+        // take (Staged: Prepare, then Finish), so that its methods, their
+        // reflection calls and the compiler's code they reach are compiled
+        // before the worker's source comes; through mcs's own entry point
+        // when its staging fails, as the worker's would. mcs's entry point
+        // for compiling in process resets the compiler's static state (its
+        // table of source files) after.
         var entry = mcs.GetType("Mono.CSharp.CompilerCallableEntryPoint", true);
-        var ok = (bool)entry.GetMethod("InvokeCompiler", new Type[] { typeof(string[]), typeof(TextWriter) }).Invoke(null, new object[] { warm, quiet });
+        var warmStaged = Staged.Prepare(new Mcs(mcs), warm, quiet);
+        bool ok;
+        if (warmStaged != null)
+            ok = warmStaged.Finish(quiet);
+        else
+            ok = (bool)entry.GetMethod("InvokeCompiler", new Type[] { typeof(string[]), typeof(TextWriter) }).Invoke(null, new object[] { warm, quiet });
         entry.GetMethod("Reset", new Type[] { typeof(bool) }).Invoke(null, new object[] { true });
         try { File.Delete(warmOut); } catch (Exception) { }
         if (!ok) {
@@ -56,7 +66,7 @@ static class SpareCompiler
         if (sep >= 0) {
             var stage = new string[args.Length - sep - 1];
             Array.Copy(args, sep + 1, stage, 0, stage.Length);
-            staged = Staged.Prepare(new Mcs(mcs), stage);
+            staged = Staged.Prepare(new Mcs(mcs), stage, Console.Out);
             if (staged != null)
                 Console.Out.WriteLine(StagedLine);
         }
@@ -65,20 +75,23 @@ static class SpareCompiler
         // comes).
         if (staged != null)
             staged.StartPreload();
+        // The reader of the arguments is made before the spare says it is
+        // ready, not when they come.
+        var stdin = Console.In;
         Console.Out.WriteLine(Ready);
         Console.Out.Flush();
         // The node's nonce, then the arguments, then an empty line.
-        var nonce = Console.In.ReadLine();
+        var nonce = stdin.ReadLine();
         var real = new List<string>();
         string line;
-        while ((line = Console.In.ReadLine()) != null && line.Length > 0)
+        while ((line = stdin.ReadLine()) != null && line.Length > 0)
             real.Add(line);
         if (staged != null && !staged.EndPreload())
             staged = null; // the preload said something: compile from the start
         if (nonce == null || line == null)
             return 2; // the node went away before sending a compile
         if (staged != null && staged.Matches(real))
-            ok = staged.Finish();
+            ok = staged.Finish(Console.Out);
         else
             ok = Compile(mcs, real.ToArray(), Console.Out);
         if (ok) {
@@ -173,6 +186,11 @@ static class SpareCompiler
             preloader.Start();
         }
 
+        // preloaded is set when the preload has run to its end: the compile
+        // then has no thread to stop (a stop and a join cost half a
+        // millisecond of a compile's four).
+        volatile bool preloaded;
+
         void Preload()
         {
             if (compileCame.WaitOne(PreloadAfterMs))
@@ -199,19 +217,24 @@ static class SpareCompiler
             } catch (Exception) {
                 preloadFailed = true;
             }
+            preloaded = true;
         }
 
         // EndPreload stops the preload, waits for the type it imports, and
         // says whether the staged compile is still clean.
         public bool EndPreload()
         {
-            compileCame.Set();
-            preloader.Join();
+            if (!preloaded) {
+                compileCame.Set();
+                preloader.Join();
+            }
             output.Target = Console.Out;
             return !preloadFailed && preloadOutput.GetStringBuilder().Length == 0 && Clean();
         }
 
-        public static Staged Prepare(Mcs m, string[] args)
+        // Prepare stages a compile with args; what the rest of it says goes
+        // to output. Null when the compile cannot be staged.
+        public static Staged Prepare(Mcs m, string[] args, TextWriter output)
         {
             var s = new Staged { m = m, args = args, output = new Relay() };
             try {
@@ -223,7 +246,7 @@ static class SpareCompiler
                 s.settings = m.Call(m.New("CommandLineParser", s.output), "ParseArguments", new object[] { args });
                 if (s.settings == null || !s.Import() || silent.GetStringBuilder().Length > 0)
                     return null;
-                s.output.Target = Console.Out;
+                s.output.Target = output;
                 return s;
             } catch (Exception) {
                 return null;
@@ -267,7 +290,9 @@ static class SpareCompiler
             return true;
         }
 
-        public bool Finish()
+        // Finish compiles the source and prints mcs's closing line to
+        // summary.
+        public bool Finish(TextWriter summary)
         {
             m.Call(m.New("Driver", ctx), "Parse", module);
             var ok = Errors() == 0;
@@ -295,7 +320,7 @@ static class SpareCompiler
                 m.Call(assembly, "Save");
                 m.Call(loader, "Dispose");
             }
-            return Summarize(m, ctx, ok, Console.Out);
+            return Summarize(m, ctx, ok, summary);
         }
 
         int Errors() { return (int)m.Get(m.Get(ctx, "Report"), "Errors"); }
