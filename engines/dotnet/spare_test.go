@@ -253,7 +253,9 @@ func TestHostCodeIsPrecompiled(t *testing.T) {
 	}
 	e := newTestEngine(t, Config{Spares: 1, SpareCompilers: 1})
 	t.Cleanup(func() { _ = e.Close() })
-	inst := enginetest.Load(t, e, hostSpec("a"), []byte(whoAmIWorker))
+	// A source of its own: its compile (not the cache) takes a spare
+	// compiler, and the next one starts.
+	inst := enginetest.Load(t, e, hostSpec("a"), unique([]byte(whoAmIWorker), fmt.Sprint(t.Name(), time.Now().UnixNano())))
 	rt := e.currentRuntime()
 	for _, name := range []string{hostExe, devKitDLL, compilerExe} {
 		if _, err := os.Stat(filepath.Join(rt.dir, name+".so")); err != nil {
