@@ -244,10 +244,10 @@ func (rt *runtime) build(ctx context.Context, cache string, host, driver []byte,
 // beside each, which Mono loads instead of compiling the methods as they
 // are first called), so that a host loading a worker and running its
 // first call compiles only the worker's own code, and a spare compiler
-// its driver's methods not at all. Best effort: without the native assembler and linker
-// (binutils, which mono-devel depends on) or with an image Mono refuses,
-// no image is left and the hosts compile those methods as before; the
-// error says why.
+// its driver's methods not at all. Best effort: without the native
+// assembler and linker (binutils, which mono-devel depends on) or with an
+// image Mono refuses, no image is left and the hosts compile those
+// methods as before; the error says why.
 func (rt *runtime) precompile(ctx context.Context, dir string) error {
 	var errs []error
 	for _, name := range []string{hostExe, devKitDLL, compilerExe} {
