@@ -115,6 +115,40 @@ func TestIdlePoolParks(t *testing.T) {
 	parked("parking again")
 }
 
+// A call that comes while the pool parks its last process (the process
+// gone, its slot not yet cold) starts the next one once the slot is cold,
+// rather than wait for its deadline (seen in `make test`: a parked Python
+// worker's next event waited 30 s).
+func TestACallDuringParkingStartsTheNextProcess(t *testing.T) {
+	f := &fakes{firstRetiring: make(chan struct{}), firstGate: make(chan struct{})}
+	pl, _ := newPool(t, 1, f, func(c *Config[*fakeProc]) {
+		c.Warm, c.IdleRetire, c.ParkIdle = 1, time.Hour, 30*time.Millisecond
+	})
+	if errs := pl.Fill(ctxFor(t, 5*time.Second)); errs != nil {
+		t.Fatalf("Fill: %v", errs)
+	}
+	within(t, 5*time.Second, "parking the idle process", func() bool { <-f.firstRetiring; return true })
+	got := make(chan error, 1)
+	go func() {
+		s, err := pl.Acquire(ctxFor(t, 5*time.Second))
+		if err == nil {
+			pl.Release(s)
+		}
+		got <- err
+	}()
+	// The call waits (no free slot, none cold) before the slot goes cold:
+	// give it the time to get there. Without that, the test passes
+	// without testing anything; it never fails because of it.
+	time.Sleep(50 * time.Millisecond)
+	close(f.firstGate)
+	if err := within(t, 3*time.Second, "the call made during parking", func() error { return <-got }); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if n := len(f.all()); n != 2 {
+		t.Fatalf("%d processes started, want 2 (the parked one and the call's)", n)
+	}
+}
+
 // FillParked starts nothing; the first call starts a process, which parks
 // again when idle.
 func TestFillParkedStartsOnTheFirstCall(t *testing.T) {

@@ -163,7 +163,7 @@ type Pool[P Process] struct {
 	killAll bool           // Close gave up waiting: kill every process
 	procs   map[P]struct{} // live processes, for Close
 	cold    []*Slot[P]     // slots without a process beyond Config.Warm
-	wake    chan struct{}  // closed by Wake: waiting calls look at cold slots again
+	wake    chan struct{}  // closed by Wake and when a slot parks: waiting calls look at cold slots again
 	wg      sync.WaitGroup // calls in flight and restarts
 
 	now func() time.Time // the backoff's clock (time.Now; tests set their own)
@@ -303,18 +303,23 @@ func (pl *Pool[P]) Wake() {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
 	if len(pl.cold) > 0 {
-		close(pl.wake)
-		pl.wake = make(chan struct{})
+		pl.wakeLocked()
 	}
 }
 
-// wakeCh is the channel the next Wake closes (nil without cold slots).
+// wakeLocked wakes the calls waiting for a slot (pl.mu held).
+func (pl *Pool[P]) wakeLocked() {
+	close(pl.wake)
+	pl.wake = make(chan struct{})
+}
+
+// wakeCh is the channel the next Wake closes, or the next slot parked
+// (retireIdle): a call that found no slot free and none cold waits on it
+// too, since the slot of a process being parked turns cold only after the
+// process is gone.
 func (pl *Pool[P]) wakeCh() <-chan struct{} {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
-	if len(pl.cold) == 0 {
-		return nil
-	}
 	return pl.wake
 }
 
@@ -377,6 +382,9 @@ func (pl *Pool[P]) retireIdle() {
 			}
 			pl.mu.Lock()
 			pl.cold = append(pl.cold, s)
+			// A call that came while the process was being retired waits
+			// for a slot: this one may start its process now.
+			pl.wakeLocked()
 			pl.mu.Unlock()
 			pl.wg.Done()
 		}

@@ -24,12 +24,24 @@ type fakeProc struct {
 	kills, eofs, retires atomic.Int32
 	done                 chan struct{}
 	once                 sync.Once
+	// retiring, when set, is closed as Retire begins, and Retire then
+	// returns only once gate is closed (a retirement that takes a while:
+	// a sandbox letting go of a process).
+	retiring, gate chan struct{}
 }
 
 func (p *fakeProc) exit()                 { p.once.Do(func() { close(p.done) }) }
 func (p *fakeProc) Kill()                 { p.kills.Add(1); p.exit() }
 func (p *fakeProc) Done() <-chan struct{} { return p.done }
-func (p *fakeProc) Retire()               { p.retires.Add(1); p.Kill(); <-p.done }
+func (p *fakeProc) Retire() {
+	p.retires.Add(1)
+	p.Kill()
+	<-p.done
+	if p.retiring != nil {
+		close(p.retiring)
+		<-p.gate
+	}
+}
 
 func (p *fakeProc) CloseRequests() {
 	p.eofs.Add(1)
@@ -55,6 +67,9 @@ type fakes struct {
 	exitOnEOF bool
 	fail      func(n int) error
 	pool      *Pool[*fakeProc]
+	// firstRetiring and firstGate, when set, are the first process's
+	// retiring and gate (fakeProc).
+	firstRetiring, firstGate chan struct{}
 }
 
 func (f *fakes) start(ctx context.Context) (*fakeProc, error) {
@@ -62,6 +77,9 @@ func (f *fakes) start(ctx context.Context) (*fakeProc, error) {
 	n := len(f.procs) + 1
 	fail := f.fail
 	p := &fakeProc{id: n, exitOnEOF: f.exitOnEOF, done: make(chan struct{})}
+	if n == 1 {
+		p.retiring, p.gate = f.firstRetiring, f.firstGate
+	}
 	f.procs = append(f.procs, p)
 	f.mu.Unlock()
 	if fail != nil {
