@@ -68,6 +68,7 @@ type config struct {
 	DotnetParkAfter       time.Duration     // DOTNET_PARK_AFTER: stop an idle worker's hosts after this long without an event (0: never)
 	DotnetSpares          int               // DOTNET_SPARE_HOSTS: hosts kept started ahead of need for the next create, start or reload (0: none)
 	DotnetSpareCompilers  int               // DOTNET_SPARE_COMPILERS: warm C# compilers kept started ahead of need for the next compile (0: none)
+	DotnetKeptCompilers   int               // DOTNET_KEPT_COMPILERS: compilers kept, each for the worker it compiled last, for that worker's next compile (0: none)
 	DotnetCacheDir        string            // DOTNET_CACHE_DIR: the compiled .NET host, DevKit, C# workers and unpacked packages
 	WasmMaxMemoryPages    int               // WASM_MAX_MEMORY_PAGES: each WebAssembly instance's memory cap, in 64 KiB pages
 	WasmCacheDir          string            // WASM_CACHE_DIR: compiled WebAssembly modules on disk ("": in memory only)
@@ -157,8 +158,9 @@ func loadConfig() (config, error) {
 		DotnetProcesses:       r.Int("DOTNET_PROCESSES", 1),
 		DotnetMaxProcesses:    r.Int("DOTNET_MAX_PROCESSES", dotnet.DefaultMaxProcesses),
 		DotnetParkAfter:       r.Duration("DOTNET_PARK_AFTER", 0),
-		DotnetSpares:          r.Int("DOTNET_SPARE_HOSTS", 3),
+		DotnetSpares:          r.Int("DOTNET_SPARE_HOSTS", 4),
 		DotnetSpareCompilers:  r.Int("DOTNET_SPARE_COMPILERS", 2),
+		DotnetKeptCompilers:   r.Int("DOTNET_KEPT_COMPILERS", 2),
 		DotnetCacheDir:        r.String("DOTNET_CACHE_DIR", filepath.Join(os.TempDir(), "workmanager-dotnet")),
 		WasmMaxMemoryPages:    r.Int("WASM_MAX_MEMORY_PAGES", wasm.DefaultMaxMemoryPages),
 		WasmCacheDir:          r.String("WASM_CACHE_DIR", filepath.Join(os.TempDir(), "workmanager-wasm")),
@@ -343,6 +345,8 @@ func (c config) validate() error {
 		return fmt.Errorf("DOTNET_SPARE_HOSTS must be 0 (none) to %d, got %d", dotnet.MaxSpares, c.DotnetSpares)
 	case c.DotnetSpareCompilers < 0 || c.DotnetSpareCompilers > dotnet.MaxSpares:
 		return fmt.Errorf("DOTNET_SPARE_COMPILERS must be 0 (none) to %d, got %d", dotnet.MaxSpares, c.DotnetSpareCompilers)
+	case c.DotnetKeptCompilers < 0 || c.DotnetKeptCompilers > dotnet.MaxSpares:
+		return fmt.Errorf("DOTNET_KEPT_COMPILERS must be 0 (none) to %d, got %d", dotnet.MaxSpares, c.DotnetKeptCompilers)
 	case c.DotnetParkAfter < 0:
 		return fmt.Errorf("DOTNET_PARK_AFTER must not be negative (0: hosts are never parked), got %s", c.DotnetParkAfter)
 	case c.PythonMaxProcesses < 1 || c.PythonMaxProcesses > python.MaxProcessesLimit:

@@ -21,7 +21,7 @@ func TestConfigDefaultsAndBadValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.WorkerTimeout != 30*time.Second || c.MaxConcurrency != 8 || !c.RecoveryOnStart || c.BrokerProbe != 2*time.Second || c.BrokerReadyGrace != 15*time.Second || c.ReconcileParallel != 4 ||
-		c.PythonSpares != 2 || c.DotnetSpares != 3 || c.DotnetSpareCompilers != 2 || c.NativeSpareChecks != 3 {
+		c.PythonSpares != 2 || c.DotnetSpares != 4 || c.DotnetSpareCompilers != 2 || c.DotnetKeptCompilers != 2 || c.NativeSpareChecks != 3 {
 		t.Fatalf("defaults: %+v", c)
 	}
 	// Peers reach the node at its HTTP address unless it listens on a
@@ -50,6 +50,7 @@ func TestConfigDefaultsAndBadValues(t *testing.T) {
 		"too many spare runners":    {"PYTHON_SPARE_RUNNERS", "99", "PYTHON_SPARE_RUNNERS must be 0 (none) to 16, got 99"},
 		"negative spare hosts":      {"DOTNET_SPARE_HOSTS", "-1", "DOTNET_SPARE_HOSTS must be 0 (none) to 16, got -1"},
 		"too many spare compilers":  {"DOTNET_SPARE_COMPILERS", "17", "DOTNET_SPARE_COMPILERS must be 0 (none) to 16, got 17"},
+		"negative kept compilers":   {"DOTNET_KEPT_COMPILERS", "-1", "DOTNET_KEPT_COMPILERS must be 0 (none) to 16, got -1"},
 		"negative spare checks":     {"NATIVE_SPARE_CHECK_HOSTS", "-2", "NATIVE_SPARE_CHECK_HOSTS must be 0 (none) to 16, got -2"},
 		"wildcard advertised":       {"WORKMANAGER_ADVERTISE_ADDR", "0.0.0.0", "WORKMANAGER_ADVERTISE_ADDR: the host of 0.0.0.0:8080 is a wildcard"},
 		"advertised empty port":     {"WORKMANAGER_ADVERTISE_ADDR", "node-1:", `WORKMANAGER_ADVERTISE_ADDR: "node-1:" has no port`},

@@ -243,7 +243,7 @@ func (p *parts) build(ctx context.Context) error {
 		NativeMaxAbandonedCalls: cfg.NativeMaxAbandoned, OnProcessRestart: met.EngineRestart, NativeJournal: p.journal,
 		MaxOutputs: cfg.MaxOutputs, MaxOutputBytes: cfg.MaxOutputBytes, // the engines' reply limit while reading
 		WasmMaxMemoryPages: uint32(cfg.WasmMaxMemoryPages), WasmCacheDir: cfg.WasmCacheDir,
-		Dotnet: dotnet.Config{Processes: cfg.DotnetProcesses, MaxProcesses: cfg.DotnetMaxProcesses, ParkAfter: cfg.DotnetParkAfter, Spares: cfg.DotnetSpares, SpareCompilers: cfg.DotnetSpareCompilers, CacheDir: cfg.DotnetCacheDir, Mono: cfg.DotnetMono,
+		Dotnet: dotnet.Config{Processes: cfg.DotnetProcesses, MaxProcesses: cfg.DotnetMaxProcesses, ParkAfter: cfg.DotnetParkAfter, Spares: cfg.DotnetSpares, SpareCompilers: cfg.DotnetSpareCompilers, KeptCompilers: cfg.DotnetKeptCompilers, CacheDir: cfg.DotnetCacheDir, Mono: cfg.DotnetMono,
 			Compiler: cfg.DotnetCompiler, NoLockdown: !cfg.DotnetLockdown}})
 	if err != nil {
 		return err

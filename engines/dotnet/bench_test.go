@@ -265,3 +265,136 @@ func treeCPU(pid int) time.Duration {
 	}
 	return total
 }
+
+// BenchmarkDotnetReloads is what reloading one worker with new C# source
+// costs the node (strict sandbox, a spare compiler and a spare host, no
+// other work): each reload is Check (a compile), Load and the first
+// call, then the wait until the spares are ready again and settled.
+// "spare" takes a spare compiler for each compile, whose replacement
+// starts; "kept" compiles on the compiler kept for the worker
+// (keptcompiler.go). Reported: the reload's p50 (Check to the first
+// output) and the machine's busy CPU per reload (/proc/stat, the
+// replacements' included).
+func BenchmarkDotnetReloads(b *testing.B) {
+	for _, mode := range []string{"spare", "kept"} {
+		b.Run(mode, func(b *testing.B) {
+			cfg := Config{SpareCompilers: 1, Spares: 1, Sandbox: sandboxtest.Strict(b)}
+			if mode == "kept" {
+				cfg.KeptCompilers = 1
+			}
+			e := newTestEngine(b, cfg)
+			b.Cleanup(func() { _ = e.Close() })
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			defer cancel()
+			spec := engines.Spec{WorkerID: "reloaded", MIMEType: MIMESource}
+			var inst engines.Instance
+			reload := func(i int) {
+				code := unique(fixture(b, "echo"), fmt.Sprintf("reload %d %d", i, time.Now().UnixNano()))
+				if err := e.Check(ctx, spec, code); err != nil {
+					b.Fatal(err)
+				}
+				next, err := e.Load(ctx, spec, code)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if out, err := next.Process(ctx, enginetest.NewEvent(fmt.Sprint("r", i), "t", map[string]any{"i": i}, "")); err != nil || len(out) != 1 {
+					b.Fatalf("reload %d: outputs %v, err %v", i, out, err)
+				}
+				if inst != nil {
+					_ = inst.Close(ctx)
+				}
+				inst = next
+			}
+			settle := func() {
+				for deadline := time.Now().Add(time.Minute); ; time.Sleep(2 * time.Millisecond) {
+					// The compiler kept for the worker, if any, staged again.
+					keptReady := true
+					if sc := e.kept.ready()[spec.WorkerID]; sc != nil {
+						sc.output.mu.Lock()
+						keptReady = sc.output.seen
+						sc.output.mu.Unlock()
+					}
+					if keptReady && len(e.compilers.Ready()) > 0 && len(e.spares.Ready()) > 0 {
+						break
+					}
+					if time.Now().After(deadline) {
+						b.Fatal("the spares were not ready again within a minute")
+					}
+				}
+				time.Sleep(spareSettled)
+			}
+			reload(0) // the first compile starts the spares
+			settle()
+			reload(1)
+			settle()
+			var took []time.Duration
+			var busy time.Duration
+			i := 2
+			for b.Loop() {
+				c0 := machineBusy()
+				t0 := time.Now()
+				reload(i)
+				took = append(took, time.Since(t0))
+				settle()
+				busy += machineBusy() - c0
+				i++
+			}
+			if inst != nil {
+				_ = inst.Close(ctx)
+			}
+			// What the compiler waiting for the next compile holds: the
+			// one kept for the worker, else the spare.
+			waiting := e.kept.ready()[spec.WorkerID]
+			if ready := e.compilers.Ready(); waiting == nil && len(ready) > 0 {
+				waiting = ready[0]
+			}
+			if waiting != nil {
+				b.ReportMetric(treePSS(waiting.cmd.Process.Pid)/(1<<20), "waiting-compiler-pss-MiB")
+			}
+			slices.Sort(took)
+			b.ReportMetric(float64(e.spareCompilerSeq.Load())/float64(len(took)), "compiler-starts/op")
+			b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+			// The settle's own sleep is idle time, not counted.
+			b.ReportMetric(float64(busy.Microseconds())/float64(len(took))/1000, "machine-cpu-ms")
+		})
+	}
+}
+
+// machineBusy is the machine's CPU time so far outside idle and iowait,
+// from /proc/stat's first line (clock ticks of 10 ms).
+func machineBusy() time.Duration {
+	stat, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := bytes.Cut(stat, []byte("\n"))
+	f := strings.Fields(string(line))
+	var ticks int
+	for i, v := range f[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		n, _ := strconv.Atoi(v)
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
+}
+
+// treePSS is the proportional set size of process pid and the processes
+// under it, in bytes (/proc/<pid>/smaps_rollup).
+func treePSS(pid int) float64 {
+	var total float64
+	for _, p := range processTree(pid) {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", p))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "Pss:" {
+				kb, _ := strconv.Atoi(f[1])
+				total += float64(kb) * 1024
+			}
+		}
+	}
+	return total
+}

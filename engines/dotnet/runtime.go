@@ -349,6 +349,11 @@ type compiler struct {
 	// spares are the engine's spare compilers (sparecompiler.go); nil or
 	// none ready: the compile starts its own.
 	spares *spares.Set[*spareCompiler]
+	// worker is the worker whose source is compiled ("": none named);
+	// kept the compilers kept for their workers' next compile
+	// (keptcompiler.go).
+	worker string
+	kept   *keptCompilers
 }
 
 // compilerFor is how the source of the worker spec describes is compiled.
@@ -363,7 +368,7 @@ func (e *Engine) compilerFor(spec engines.Spec) compiler {
 	if l.FileSize == 0 {
 		l.FileSize = DefaultCompilerFileSize
 	}
-	return compiler{sb: e.cfg.Sandbox, owner: spec.WorkerID + "\x00mcs", limits: l, spares: e.compilers}
+	return compiler{sb: e.cfg.Sandbox, owner: spec.WorkerID + "\x00mcs", limits: l, spares: e.compilers, worker: spec.WorkerID, kept: e.kept}
 }
 
 func (c compiler) sandboxed() bool { return c.sb != nil && c.sb.Mode() != sandbox.Off }
@@ -522,21 +527,46 @@ func (rt *runtime) compileArgs(srcDir, outDir, name string) []string {
 // starts mcs itself (about 135 ms).
 const spareCompilerWait = 400 * time.Millisecond
 
-// runCompiler compiles code (Worker.cs) with c: in a spare compiler when
-// one is ready (sparecompiler.go), else in a compiler started for it that
-// reads dir/src and writes dir/out. It returns where the assembly is and a
-// function to call once it has been moved away. Compile errors, and a
-// source that takes the compiler past a limit, are ErrInvalidCode.
-func (rt *runtime) runCompiler(ctx context.Context, c compiler, code []byte, dir string) (string, func(), error) {
+// runCompiler compiles code (Worker.cs) with c: in the compiler kept for
+// c's worker (keptcompiler.go) or a spare compiler when one is ready
+// (sparecompiler.go), else in a compiler started for it that reads
+// dir/src and writes dir/out. It returns where the assembly is and a
+// function to call once the assembly has been moved away (moved true) or
+// will not be (false). Compile errors, and a source that takes the
+// compiler past a limit, are ErrInvalidCode.
+func (rt *runtime) runCompiler(ctx context.Context, c compiler, code []byte, dir string) (string, func(moved bool), error) {
 	if c.spares != nil && rt.mcsExe != "" {
-		// A spare being started is waited for rather than starting mcs
-		// beside it (spares.Set.TakeAwaiting); the next spare starts once
-		// this compile is done.
-		sc, ok, refill := c.spares.TakeAwaiting(ctx, spareCompilerWait)
+		done := func(sc *spareCompiler) func(bool) {
+			return func(moved bool) {
+				if !moved || !c.kept.keep(c.worker, rt, sc) {
+					sc.Release()
+				}
+			}
+		}
+		// The worker's kept compiler when it is ready; else a spare ready
+		// now (a kept compiler staging again after the compile just
+		// before, calls back to back, is 50–90 ms from ready); else the
+		// kept one once it is ready.
+		if sc := c.kept.take(ctx, c.worker, rt, 0); sc != nil {
+			built, err := sc.compile(ctx, rt, c, code)
+			return built, done(sc), err
+		}
+		sc, ok, refill := c.spares.TakeDeferred()
+		if !ok {
+			if sc := c.kept.take(ctx, c.worker, rt, keptWait); sc != nil {
+				defer refill()
+				built, err := sc.compile(ctx, rt, c, code)
+				return built, done(sc), err
+			}
+			// A spare being started is waited for rather than starting
+			// mcs beside it (spares.Set.TakeAwaiting).
+			sc, ok, refill = c.spares.TakeAwaiting(ctx, spareCompilerWait)
+		}
+		// The next spare starts once this compile is done.
 		defer refill()
 		if ok {
 			built, err := sc.compile(ctx, rt, c, code)
-			return built, sc.Release, err
+			return built, done(sc), err
 		}
 	}
 	// The compiler reads src (its own copy of the source) and writes out,
@@ -575,7 +605,7 @@ func (rt *runtime) runCompiler(ctx context.Context, c compiler, code []byte, dir
 	stop()
 	release()
 	built := filepath.Join(outDir, "Worker.dll")
-	return built, func() {}, rt.judge(ctx, c, cmd.ProcessState, werr, out, shownSrc, built)
+	return built, func(bool) {}, rt.judge(ctx, c, cmd.ProcessState, werr, out, shownSrc, built)
 }
 
 // judge is what a compile that ended with st and werr (cmd.Wait's), with
@@ -705,11 +735,12 @@ func (rt *runtime) compile(ctx context.Context, cache string, code []byte, c com
 	built, done, err := rt.runCompiler(ctx, c, code, tmp)
 	if err != nil {
 		if done != nil {
-			done()
+			done(false)
 		}
 		return nil, err
 	}
-	defer done()
+	moved := false
+	defer func() { done(moved) }()
 	// The assembly becomes the node's, read-only for everyone else, before
 	// it moves into place.
 	st, err := os.Lstat(built)
@@ -728,6 +759,7 @@ func (rt *runtime) compile(ctx context.Context, cache string, code []byte, c com
 	if err := os.Rename(built, filepath.Join(tmp, "Worker.dll")); err != nil {
 		return nil, fmt.Errorf("dotnet engine: %w", err)
 	}
+	moved = true
 	for _, d := range []string{"src", "out"} {
 		if err := os.RemoveAll(filepath.Join(tmp, d)); err != nil {
 			return nil, fmt.Errorf("dotnet engine: %w", err)

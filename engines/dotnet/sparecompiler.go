@@ -34,12 +34,14 @@ import (
 // (<cache>/compilers/owner-*/slot-*/src, bound read-only at compileSrcDir), the
 // compiler's arguments are sent on its stdin, and it compiles exactly as
 // mcs does (mcs's own in-process entry point resets its static state after
-// the warm-up) into the slot's out directory, then exits. A spare compiles
-// one worker's source, once, under a user id of its own, in the sandbox
-// and under the limits of any compile (CompilerLimits, its warm-up
-// counted), and is never given back; what the warm-up leaves in the
-// process is the node's own code. Without a spare ready, a compile starts
-// mcs as before.
+// the warm-up) into the slot's out directory, then exits — or, when its
+// compile succeeded and the engine keeps it for that worker's next compile
+// (keptcompiler.go), stages that compile again and waits. A spare
+// compiles one worker's sources only, under a user id of its own, in the
+// sandbox and under the limits of any compile (CompilerLimits, its
+// warm-up and its earlier compiles counted), and is never given to another
+// worker; what the warm-up leaves in the process is the node's own code.
+// Without a spare ready, a compile starts mcs as before.
 
 // warmSource is the warm-up's source: a worker using what workers
 // commonly use (an async method, lambdas and LINQ, collections, string
@@ -106,6 +108,9 @@ type spareCompiler struct {
 	done               chan struct{} // closed once the process has exited and the sandbox let go of it
 	werr               error         // cmd.Wait's, once done is closed
 	retire             sync.Once
+	// compiles counts the compiles it ran (a kept compiler runs several
+	// of one worker's, keptcompiler.go).
+	compiles int
 }
 
 // Exited implements spares.Proc.
@@ -255,7 +260,8 @@ func (s *spareCompiler) compile(ctx context.Context, rt *runtime, c compiler, co
 		<-s.done
 		return "", fmt.Errorf("dotnet engine: compiling the C# source: the spare compiler is gone (%v): %s", s.werr, s.output.before())
 	}
-	s.stdin.Close()
+	// Its input stays open: a kept compiler (keptcompiler.go) is told
+	// "again" on it, any other is killed (Release).
 	pid := s.cmd.Process.Pid
 	stop := context.AfterFunc(ctx, func() { syscall.Kill(-pid, syscall.SIGKILL) })
 	defer stop()
@@ -291,6 +297,20 @@ type readyWriter struct {
 	done     []byte
 	finished chan struct{}
 	tail     []byte
+}
+
+// rearm makes the writer wait for the ready marker again (a kept
+// compiler staging its next compile, keptcompiler.go) and returns the
+// channel it closes when the marker comes.
+func (w *readyWriter) rearm() chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ready = make(chan struct{})
+	w.seen, w.staged = false, false
+	w.pre, w.tail = nil, nil
+	w.after = boundedBuffer{}
+	w.done, w.finished = nil, nil
+	return w.ready
 }
 
 // expect makes the writer close the channel it returns once line has

@@ -1,6 +1,7 @@
 package dotnet
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -472,5 +474,152 @@ func TestCompileWithoutNamespaces(t *testing.T) {
 		if !errors.Is(err, engines.ErrInvalidCode) || !strings.Contains(err.Error(), "Worker.cs:9:4: error CS1525") || strings.Contains(err.Error(), "/compile/") {
 			t.Fatalf("spares %d: invalid: err = %v, want ErrInvalidCode with Worker.cs:9:4: error CS1525", spares, err)
 		}
+	}
+}
+
+// waitKept waits until e keeps s for worker, staged again and ready.
+func waitKept(t *testing.T, e *Engine, worker string, s *spareCompiler) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
+		if e.kept.ready()[worker] == s {
+			s.output.mu.Lock()
+			seen := s.output.seen
+			s.output.mu.Unlock()
+			if seen {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("compiler %s not kept ready for %s (kept: %v)", s.slot, worker, e.kept.ready())
+		}
+	}
+}
+
+// A compiler that compiled a worker's source is kept for that worker's
+// next compile, and only that worker's: the next source compiles on it
+// into the code the worker then serves; another worker's compile never
+// takes it; a compile that failed there gets a fresh compiler's errors
+// and ends it; at most KeptCompilers are kept (the least recently used
+// retired first), each for KeptCompilerIdle and at most keptCompiles
+// compiles.
+func TestKeptCompilerCompilesItsWorkersNextSource(t *testing.T) {
+	for _, mode := range []string{"strict", "no sandbox"} {
+		t.Run(mode, func(t *testing.T) {
+			cfg := Config{CacheDir: t.TempDir(), SpareCompilers: 1, KeptCompilers: 2}
+			if mode == "strict" {
+				cfg.Sandbox = sandboxtest.Strict(t)
+			}
+			e := New(cfg)
+			t.Cleanup(func() { _ = e.Close() })
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			if _, err := e.Warm(ctx); err != nil {
+				t.Fatal(err)
+			}
+			check := func(name string, code []byte) error {
+				return e.Check(ctx, engines.Spec{WorkerID: name, MIMEType: MIMESource}, code)
+			}
+			echo := func(answer string) []byte {
+				return bytes.Replace(fixture(t, "echo"), []byte(`"conformance.echo"`), []byte(strconv.Quote(answer)), 1)
+			}
+			serves := func(name string, code []byte, want string) {
+				t.Helper()
+				inst, err := e.Load(ctx, engines.Spec{WorkerID: name, MIMEType: MIMESource}, code)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out, err := inst.Process(ctx, enginetest.NewEvent("k1", "t", map[string]any{"x": 1}, ""))
+				_ = inst.Close(ctx)
+				if err != nil || len(out) != 1 || out[0].Type() != want {
+					t.Fatalf("%s: outputs %v, err %v, want one of type %s", name, out, err, want)
+				}
+			}
+			// The first compile finds none ready and starts one.
+			if err := check("first", unique(fixture(t, "echo"), "first")); err != nil {
+				t.Fatal(err)
+			}
+
+			s := waitSpareCompiler(t, e)
+			v1, v2 := unique(echo("v1.out"), "w v1"), unique(echo("v2.out"), "w v2")
+			if err := check("w", v1); err != nil {
+				t.Fatal(err)
+			}
+			waitKept(t, e, "w", s)
+			serves("w", v1, "v1.out")
+			if err := check("w", v2); err != nil {
+				t.Fatal(err)
+			}
+			waitKept(t, e, "w", s) // the same process, kept again
+			if s.compiles != 2 {
+				t.Fatalf("the kept compiler ran %d compiles, want 2", s.compiles)
+			}
+			serves("w", v2, "v2.out")
+
+			// Another worker's compile takes a spare, never w's compiler.
+			s2 := waitSpareCompiler(t, e, s)
+			if err := check("x", unique(echo("x.out"), "x")); err != nil {
+				t.Fatal(err)
+			}
+			waitKept(t, e, "x", s2)
+			if got := e.kept.ready()["w"]; got != s || s.compiles != 2 {
+				t.Fatalf("w's compiler after x's compile: kept %v, %d compiles; want %s, 2", got, s.compiles, s.slot)
+			}
+
+			// A compile that fails on the kept compiler says what a fresh
+			// one says, and the compiler is not kept.
+			err := check("x", unique(fixture(t, "invalid"), "x invalid"))
+			if !errors.Is(err, engines.ErrInvalidCode) || !strings.Contains(err.Error(), "Worker.cs:9:4: error CS1525") ||
+				strings.Contains(err.Error(), "/compile/") || strings.Contains(err.Error(), "Warm") {
+				t.Fatalf("invalid on a kept compiler: err = %v, want ErrInvalidCode with Worker.cs:9:4: error CS1525 and nothing else", err)
+			}
+			takenBy(t, s2)
+			if _, ok := e.kept.ready()["x"]; ok {
+				t.Fatal("a compiler whose compile failed is still kept")
+			}
+
+			// Two kept at most: a third worker's retires the least
+			// recently used.
+			s3 := waitSpareCompiler(t, e, s, s2)
+			if err := check("y", unique(echo("y.out"), "y")); err != nil {
+				t.Fatal(err)
+			}
+			waitKept(t, e, "y", s3)
+			s4 := waitSpareCompiler(t, e, s, s2, s3)
+			if err := check("z", unique(echo("z.out"), "z")); err != nil {
+				t.Fatal(err)
+			}
+			waitKept(t, e, "z", s4)
+			takenBy(t, s) // w's, used before y's
+			if got := e.kept.ready()["y"]; got != s3 {
+				t.Fatalf("y's compiler %v retired, want w's retired", got)
+			}
+
+			// keptCompiles compiles at most, then it is let go.
+			for i := 2; i <= keptCompiles; i++ {
+				if err := check("z", unique(echo("z.out"), fmt.Sprint("z ", i))); err != nil {
+					t.Fatal(err)
+				}
+				if i < keptCompiles {
+					waitKept(t, e, "z", s4)
+				}
+			}
+			takenBy(t, s4)
+			if s4.compiles != keptCompiles {
+				t.Fatalf("z's compiler ran %d compiles, want %d", s4.compiles, keptCompiles)
+			}
+
+			// One not used for KeptCompilerIdle is retired.
+			e.kept.mu.Lock()
+			e.kept.idle = 100 * time.Millisecond
+			e.kept.mu.Unlock()
+			s5 := waitSpareCompiler(t, e, s, s2, s3, s4)
+			if err := check("i", unique(echo("i.out"), "i")); err != nil {
+				t.Fatal(err)
+			}
+			takenBy(t, s5)
+			if _, ok := e.kept.ready()["i"]; ok {
+				t.Fatal("an idle kept compiler is still kept")
+			}
+		})
 	}
 }

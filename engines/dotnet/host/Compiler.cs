@@ -14,8 +14,13 @@
 // (the same messages on stdout; the staged compile finishes only when the
 // arguments are the staged ones and staging said nothing, else the source
 // is compiled from the start), says it is done (naming the nonce) when the
-// compile succeeded, and exits: 0 when it succeeded, 1 when it did not.
-// One worker's compile per process, never more.
+// compile succeeded, and then reads one more line: "again" (the node keeps
+// it for the same worker's next compile) makes it reset mcs's static
+// state, stage the same compile again and say it is ready, anything else
+// or the end of its input makes it exit, 0. A compile that failed exits at
+// once, 1. The node sends "again" only for the worker whose source it
+// compiled (a kept compiler, sparecompiler.go): one worker's compiles per
+// process, never another's.
 using System;
 using System.Collections.Generic;
 using System.IO;
@@ -62,46 +67,53 @@ static class SpareCompiler
             Console.Error.WriteLine("the warm-up compile failed: " + quiet);
             return 2;
         }
-        Staged staged = null;
+        string[] stage = null;
         if (sep >= 0) {
-            var stage = new string[args.Length - sep - 1];
+            stage = new string[args.Length - sep - 1];
             Array.Copy(args, sep + 1, stage, 0, stage.Length);
-            staged = Staged.Prepare(new Mcs(mcs), stage, Console.Out);
-            if (staged != null)
-                Console.Out.WriteLine(StagedLine);
         }
-        // The preload runs while the spare waits (its thread started
-        // before the spare says it is ready, and stopped when the compile
-        // comes).
-        if (staged != null)
-            staged.StartPreload();
         // The reader of the arguments is made before the spare says it is
         // ready, not when they come.
         var stdin = Console.In;
-        Console.Out.WriteLine(Ready);
-        Console.Out.Flush();
-        // The node's nonce, then the arguments, then an empty line.
-        var nonce = stdin.ReadLine();
-        var real = new List<string>();
-        string line;
-        while ((line = stdin.ReadLine()) != null && line.Length > 0)
-            real.Add(line);
-        if (staged != null && !staged.EndPreload())
-            staged = null; // the preload said something: compile from the start
-        if (nonce == null || line == null)
-            return 2; // the node went away before sending a compile
-        if (staged != null && staged.Matches(real))
-            ok = staged.Finish(Console.Out);
-        else
-            ok = Compile(mcs, real.ToArray(), Console.Out);
-        if (ok) {
+        for (;;) {
+            var staged = stage == null ? null : Staged.Prepare(new Mcs(mcs), stage, Console.Out);
+            if (staged != null) {
+                Console.Out.WriteLine(StagedLine);
+                // The preload runs while the spare waits (its thread
+                // started before the spare says it is ready, and stopped
+                // when the compile comes).
+                staged.StartPreload();
+            }
+            Console.Out.WriteLine(Ready);
+            Console.Out.Flush();
+            // The node's nonce, then the arguments, then an empty line.
+            var nonce = stdin.ReadLine();
+            var real = new List<string>();
+            string line;
+            while ((line = stdin.ReadLine()) != null && line.Length > 0)
+                real.Add(line);
+            if (staged != null && !staged.EndPreload())
+                staged = null; // the preload said something: compile from the start
+            if (nonce == null || line == null)
+                return 2; // the node went away before sending a compile
+            if (staged != null && staged.Matches(real))
+                ok = staged.Finish(Console.Out);
+            else
+                ok = Compile(mcs, real.ToArray(), Console.Out);
+            if (!ok) {
+                Console.Out.Flush();
+                return 1;
+            }
             // The assembly is written and closed: the node need not wait
             // for the runtime's shutdown. Only the node knows the nonce,
             // so nothing in a compiler message can say this.
             Console.Out.WriteLine("\u0001wmcsc done " + nonce);
+            Console.Out.Flush();
+            // Kept for the same worker's next compile, or done.
+            if (stdin.ReadLine() != "again")
+                return 0;
+            entry.GetMethod("Reset", new Type[] { typeof(bool) }).Invoke(null, new object[] { true });
         }
-        Console.Out.Flush();
-        return ok ? 0 : 1;
     }
 
     // Compile is mcs's Driver.Main without its Environment.Exit.

@@ -1,0 +1,223 @@
+package dotnet
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Kept compilers (Config.KeptCompilers, DOTNET_KEPT_COMPILERS): a spare
+// compiler that compiled a worker's source successfully is kept for that
+// worker's next compile (a reload after an edit, a rollback to code no
+// longer cached) instead of being killed: keptSettle later it resets
+// mcs's static state, stages the same compile again and waits
+// (host/Compiler.cs, "again"). The worker's next compile takes it and
+// leaves the spares alone, so no spare compiler starts in its place: a
+// spare's start, Mono loading and warming mcs, is about 0.4 s of CPU, a
+// kept compiler's staging 30–90 ms. A kept compiler only ever compiles sources of
+// the worker it was kept for (the same sandbox, user id and limits as
+// the spare it was: its CPU limit counts its whole life, the warm-up and
+// at most keptCompiles compiles); one whose compile failed is not kept.
+// At most Config.KeptCompilers are kept, the least recently used retired
+// first, each for keptIdle after its last compile.
+
+// keptCompiles bounds the compiles one kept compiler runs (its CPU limit
+// and its memory count its whole life).
+const keptCompiles = 8
+
+// keptIdle is how long a kept compiler waits for its worker's next
+// compile (Config.KeptCompilerIdle's default).
+const keptIdle = time.Minute
+
+// keptSettle is how long after its compile a kept compiler starts
+// staging again (30–90 ms of CPU): a call back to back behind the one
+// that compiled, which takes a spare anyway (the kept one would not be
+// ready), runs without it beside.
+const keptSettle = 150 * time.Millisecond
+
+// keptWait bounds how long a compile waits for its worker's kept
+// compiler to be ready again (its re-staging, about 30 ms) before it
+// retires it and takes a spare.
+const keptWait = 250 * time.Millisecond
+
+// keptCompilers are the compilers kept for their workers' next compile.
+type keptCompilers struct {
+	max  int
+	idle time.Duration
+
+	mu       sync.Mutex
+	byWorker map[string]*kept
+	closed   bool
+}
+
+// kept is one kept compiler.
+type kept struct {
+	sc       *spareCompiler
+	rt       *runtime
+	compiles int // compiles it has run
+	used     time.Time
+	ready    chan struct{} // closed once it has staged again (or failed to)
+	timer    *time.Timer   // retires it after idle
+	// restage tells it to stage again (once), settle does so after
+	// keptSettle.
+	restage func()
+	settle  *time.Timer
+}
+
+// keep keeps sc, which has just compiled worker's source with rt
+// successfully (its assembly moved away), for worker's next compile. It
+// reports false when sc is not kept (none are, the worker has no id, sc
+// ran its last compile or is gone): the caller releases it.
+func (k *keptCompilers) keep(worker string, rt *runtime, sc *spareCompiler) bool {
+	if k == nil || k.max <= 0 || worker == "" || sc.Exited() {
+		return false
+	}
+	sc.compiles++
+	if sc.compiles >= keptCompiles {
+		return false
+	}
+	c := &kept{sc: sc, rt: rt, used: time.Now(), ready: sc.output.rearm()}
+	// It stages again keptSettle later (or when a compile waits for it),
+	// not beside the rest of the call whose compile it just ran or a
+	// call right behind it.
+	c.restage = sync.OnceFunc(func() {
+		// A compiler gone meanwhile: its exit says so to take.
+		_, _ = sc.stdin.WriteString("again\n")
+	})
+	c.settle = time.AfterFunc(keptSettle, c.restage)
+	var retire []*kept
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		c.settle.Stop()
+		return false
+	}
+	if k.byWorker == nil {
+		k.byWorker = map[string]*kept{}
+	}
+	if old := k.byWorker[worker]; old != nil {
+		// Two compiles of one worker at once: the latest is kept.
+		retire = append(retire, old)
+		delete(k.byWorker, worker)
+	}
+	for len(k.byWorker) >= k.max {
+		var lru string
+		for w, o := range k.byWorker {
+			if lru == "" || o.used.Before(k.byWorker[lru].used) {
+				lru = w
+			}
+		}
+		retire = append(retire, k.byWorker[lru])
+		delete(k.byWorker, lru)
+	}
+	k.byWorker[worker] = c
+	c.timer = time.AfterFunc(k.idle, func() { k.retireIdle(worker, c) })
+	k.mu.Unlock()
+	for _, o := range retire {
+		o.stop()
+	}
+	return true
+}
+
+// stop retires c, which is no longer kept.
+func (c *kept) stop() {
+	c.timer.Stop()
+	c.settle.Stop()
+	c.sc.Release()
+}
+
+// retireIdle retires c, kept for worker, unless it was taken or
+// replaced meanwhile.
+func (k *keptCompilers) retireIdle(worker string, c *kept) {
+	k.mu.Lock()
+	still := k.byWorker[worker] == c
+	if still {
+		delete(k.byWorker, worker)
+	}
+	k.mu.Unlock()
+	if still {
+		c.stop()
+	}
+}
+
+// take hands out worker's kept compiler for rt once it is ready again
+// (waiting at most wait, and until ctx ends), or nil: none kept, or the
+// one kept did not stage again in time or is gone (then retired). With
+// wait 0 it hands out one ready now, and one still staging stays kept.
+func (k *keptCompilers) take(ctx context.Context, worker string, rt *runtime, wait time.Duration) *spareCompiler {
+	if k == nil || worker == "" {
+		return nil
+	}
+	k.mu.Lock()
+	c := k.byWorker[worker]
+	if c != nil && c.rt == rt && wait == 0 {
+		select {
+		case <-c.ready:
+		default:
+			c = nil // staging still: it stays kept
+		}
+	}
+	if c != nil {
+		delete(k.byWorker, worker)
+		c.timer.Stop()
+	}
+	k.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	if c.rt != rt {
+		c.stop()
+		return nil
+	}
+	c.restage() // now, if it is still settling
+	// Ready now (always, with wait 0) or once it stages again.
+	select {
+	case <-c.ready:
+	default:
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+		select {
+		case <-c.ready:
+		case <-c.sc.done:
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+	}
+	if isClosed(c.ready) && !c.sc.Exited() {
+		return c.sc
+	}
+	c.stop()
+	return nil
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// ready returns the compilers kept now, by worker (tests).
+func (k *keptCompilers) ready() map[string]*spareCompiler {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := map[string]*spareCompiler{}
+	for w, c := range k.byWorker {
+		out[w] = c.sc
+	}
+	return out
+}
+
+// close retires the kept compilers and keeps no more.
+func (k *keptCompilers) close() {
+	k.mu.Lock()
+	all := k.byWorker
+	k.byWorker, k.closed = nil, true
+	k.mu.Unlock()
+	for _, c := range all {
+		c.stop()
+	}
+}
