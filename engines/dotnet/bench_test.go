@@ -191,8 +191,8 @@ func BenchmarkDotnetCreateOnSpares(b *testing.B) {
 }
 
 // spareSettled is how long the benchmarks let a ready spare wait before
-// taking it: a compiler starts its preload (60–100 ms) and a host its
-// WarmRich (about 45 ms) after 250 ms of waiting.
+// taking it: a compiler's preload (60–100 ms) runs from the moment it is
+// ready, a host's WarmRich (about 45 ms) after 250 ms of waiting.
 const spareSettled = 500 * time.Millisecond
 
 // BenchmarkDotnetSpareStart is what one spare costs the node before any

@@ -25,10 +25,10 @@ import (
 // warmed: host/Compiler.cs (wmcsc.exe) loads mcs.exe and compiles a
 // source of the node's (warmSource) once, then stages the compile it will
 // be asked for (the references loaded and imported, about 25 of a warm
-// compile's 30 ms, before there is a source) and waits; once it has
-// waited a quarter of a second it imports the members of the common
-// namespaces' types (its preload, stopped when the compile comes: what a
-// compile otherwise imports from the assemblies' metadata each time). A
+// compile's 30 ms, before there is a source) and waits, importing
+// meanwhile the members of the common namespaces' types (its preload,
+// stopped when the compile comes: what a compile otherwise imports from
+// the assemblies' metadata each time). A
 // compile takes one:
 // the worker's source is written into the spare's slot
 // (<cache>/compilers/owner-*/slot-*/src, bound read-only at compileSrcDir), the

@@ -5,9 +5,8 @@
 // arguments after "--" (the node's: the references, the slot's source and
 // output paths) are parsed and the referenced assemblies loaded and
 // imported, which is most of a warm compile, before any source is there.
-// It says it is ready and waits, importing meanwhile, once it has waited
-// a quarter of a second, the members of the types workers use most
-// (Staged.StartPreload) until the compile comes. The node then writes one
+// It says it is ready and waits, importing meanwhile the members of the
+// types workers use most (Staged.StartPreload) until the compile comes. The node then writes one
 // worker's source into its slot and sends a nonce and the compiler's
 // arguments, one per line, ending with an empty line; it compiles them
 // exactly as mcs would
@@ -180,16 +179,16 @@ static class SpareCompiler
             "System.Collections.Generic", "System.Linq", "System.Text",
         };
 
-        // PreloadAfterMs is how long a spare waits before its preload: one
-        // taken sooner (calls back to back, its replacement just started)
-        // does without, rather than have its preload's CPU beside those
-        // calls.
-        const int PreloadAfterMs = 250;
-
         // StartPreload imports the members of PreloadNamespaces' types in
-        // the background once the spare has waited PreloadAfterMs for its
-        // compile, one type at a time until EndPreload stops it. What the
-        // import would say goes nowhere (EndPreload looks at it).
+        // the background as soon as the spare is ready, one type at a time
+        // until EndPreload stops it. What the import would say goes
+        // nowhere (EndPreload looks at it). (Until 2026-12-01 it waited a
+        // quarter of a second first, so that a spare taken sooner did
+        // without rather than have that CPU beside the calls back to back
+        // that took the ones before: a spaced create then often took a
+        // spare whose preload had not run, and its compile took 9–20 ms
+        // instead of 5–6; starting at once cost back-to-back calls nothing
+        // measurable, docs/performance.md.)
         public void StartPreload()
         {
             preloadOutput = new StringWriter();
@@ -205,7 +204,7 @@ static class SpareCompiler
 
         void Preload()
         {
-            if (compileCame.WaitOne(PreloadAfterMs))
+            if (compileCame.WaitOne(0))
                 return;
             try {
                 var root = m.Get(module, "GlobalRootNamespace");
