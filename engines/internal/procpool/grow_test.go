@@ -1,6 +1,7 @@
 package procpool
 
 import (
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -172,4 +173,36 @@ func TestFillParkedStartsOnTheFirstCall(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// A call waiting for a parked pool whose process failed to start is
+// woken when the slot's backoff ends and tries again, rather than wait
+// for its deadline.
+func TestACallWaitingOnAFailedStartTriesAgainAfterTheBackoff(t *testing.T) {
+	f := &fakes{fail: func(n int) error {
+		if n == 1 {
+			return errors.New("the first start fails")
+		}
+		return nil
+	}}
+	pl, _ := newPool(t, 1, f, func(c *Config[*fakeProc]) {
+		c.Warm, c.IdleRetire, c.ParkIdle = 1, time.Hour, time.Hour
+		c.RestartBackoff = 50 * time.Millisecond
+	})
+	pl.FillParked()
+	err := within(t, 3*time.Second, "the call after a failed start", func() error {
+		s, err := pl.Acquire(ctxFor(t, 5*time.Second))
+		if err != nil {
+			return err
+		}
+		defer pl.Release(s)
+		_, err = pl.Proc(ctxFor(t, 5*time.Second), s)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("the call after a failed start: %v", err)
+	}
+	if n := len(f.all()); n != 2 {
+		t.Fatalf("%d starts, want 2 (the failed one and the retry)", n)
+	}
 }

@@ -269,7 +269,9 @@ func (pl *Pool[P]) takeCold() *Slot[P] {
 
 // grow starts the process of the cold slot s in the background: s joins
 // the free slots once it started, or, failed, goes back to the cold ones
-// (backing off, Config.RestartBackoff). Close waits for it (and aborts it).
+// (backing off, Config.RestartBackoff), and the calls waiting are woken
+// when the backoff ends, to start it again. Close waits for it (and
+// aborts it).
 func (pl *Pool[P]) grow(s *Slot[P]) {
 	pl.wg.Add(1)
 	go func() {
@@ -281,13 +283,25 @@ func (pl *Pool[P]) grow(s *Slot[P]) {
 		}
 		if err != nil {
 			pl.mu.Lock()
+			var retry time.Duration
 			if pl.ctx.Err() == nil {
 				pl.startFailed(s, err)
+				retry = max(s.nextTry.Sub(pl.now()), 0)
 			}
 			pl.cold = append(pl.cold, s)
 			pl.mu.Unlock()
 			if pl.ctx.Err() == nil {
 				pl.cfg.Logger.Warn(pl.cfg.Name+" not started for the calls waiting", slices.Concat(pl.cfg.LogAttrs, []any{"error", err})...)
+				// The calls still waiting try again once the slot's
+				// backoff ends, rather than wait for their deadline
+				// (without a backoff they would start it in a loop).
+				if pl.cfg.RestartBackoff >= 0 {
+					time.AfterFunc(retry, func() {
+						if pl.ctx.Err() == nil {
+							pl.Wake()
+						}
+					})
+				}
 			}
 			return
 		}
