@@ -109,8 +109,10 @@ type spareCompiler struct {
 	werr               error         // cmd.Wait's, once done is closed
 	retire             sync.Once
 	// compiles counts the compiles it ran (a kept compiler runs several
-	// of one worker's, keptcompiler.go).
+	// of one worker's, keptcompiler.go); readyVM is its address space when
+	// it was first ready.
 	compiles int
+	readyVM  uint64
 }
 
 // Exited implements spares.Proc.
@@ -228,6 +230,7 @@ func (e *Engine) startSpareCompiler() (*spareCompiler, error) {
 	defer timer.Stop()
 	select {
 	case <-s.output.ready:
+		s.readyVM = addressSpace(cmd.Process.Pid)
 		if !s.output.staged && e.unstagedWarned.CompareAndSwap(false, true) {
 			e.cfg.Logger.Warn("dotnet engine: a spare compiler could not stage its compile: each compile on a spare imports its references itself (about 25 ms more)")
 		}

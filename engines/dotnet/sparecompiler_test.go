@@ -500,8 +500,8 @@ func waitKept(t *testing.T, e *Engine, worker string, s *spareCompiler) {
 // into the code the worker then serves; another worker's compile never
 // takes it; a compile that failed there gets a fresh compiler's errors
 // and ends it; at most KeptCompilers are kept (the least recently used
-// retired first), each for KeptCompilerIdle and at most keptCompiles
-// compiles.
+// retired first), each for KeptCompilerIdle, at most keptCompiles
+// compiles and while its address space grew less than keptGrowth.
 func TestKeptCompilerCompilesItsWorkersNextSource(t *testing.T) {
 	for _, mode := range []string{"strict", "no sandbox"} {
 		t.Run(mode, func(t *testing.T) {
@@ -592,6 +592,19 @@ func TestKeptCompilerCompilesItsWorkersNextSource(t *testing.T) {
 			takenBy(t, s) // w's, used before y's
 			if got := e.kept.ready()["y"]; got != s3 {
 				t.Fatalf("y's compiler %v retired, want w's retired", got)
+			}
+			if grown := addressSpace(s3.cmd.Process.Pid); grown > s3.readyVM+keptGrowth || s3.readyVM == 0 {
+				t.Fatalf("y's kept compiler holds %d MiB of address space, %d when it was ready: more than keptGrowth", grown>>20, s3.readyVM>>20)
+			}
+			// One that grew past keptGrowth is let go, not used: the
+			// compile takes a spare.
+			s3.readyVM = 1
+			if err := check("y", unique(echo("y.out"), "y grown")); err != nil {
+				t.Fatal(err)
+			}
+			takenBy(t, s3)
+			if s3.compiles != 1 {
+				t.Fatalf("the grown compiler ran %d compiles, want 1", s3.compiles)
 			}
 
 			// keptCompiles compiles at most, then it is let go.

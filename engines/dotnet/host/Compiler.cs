@@ -112,6 +112,13 @@ static class SpareCompiler
             if (stdin.ReadLine() != "again")
                 return 0;
             entry.GetMethod("Reset", new Type[] { typeof(bool) }).Invoke(null, new object[] { true });
+            // What the compile left is garbage now: collected before the
+            // next staging, so that the process's memory (and its address
+            // space, which the compiler's limit bounds) stays near a fresh
+            // spare's (the node lets go of one that grew, keptcompiler.go).
+            GC.Collect();
+            GC.WaitForPendingFinalizers();
+            GC.Collect();
         }
     }
 
