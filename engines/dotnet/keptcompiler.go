@@ -14,16 +14,18 @@ import (
 // compiler that compiled a worker's source successfully is kept for that
 // worker's next compile (a reload after an edit, a rollback to code no
 // longer cached) instead of being killed: keptSettle later it resets
-// mcs's static state, stages the same compile again and waits
-// (host/Compiler.cs, "again"). The worker's next compile takes it and
-// leaves the spares alone, so no spare compiler starts in its place: a
-// spare's start, Mono loading and warming mcs, is about 0.4 s of CPU, a
-// kept compiler's staging 30–90 ms. A kept compiler only ever compiles sources of
-// the worker it was kept for (the same sandbox, user id and limits as
-// the spare it was: its CPU limit counts its whole life, the warm-up and
-// at most keptCompiles compiles); one whose compile failed is not kept.
-// At most Config.KeptCompilers are kept, the least recently used retired
-// first, each for keptIdle after its last compile.
+// mcs's static state, collects its garbage, stages the same compile again
+// and waits (host/Compiler.cs, "again"). The worker's next compile takes
+// it and leaves the spares alone, so no spare compiler starts in its
+// place: a spare's start, Mono loading and warming mcs, is about 0.4 s of
+// CPU, a kept compiler's staging 30–90 ms. A kept compiler only ever
+// compiles sources of the worker it was kept for, in the same sandbox,
+// under the same user id and limits as the spare it was (its CPU limit
+// counts its whole life: the warm-up and at most keptCompiles compiles;
+// its memory limit its whole address space: keptGrowth); one whose
+// compile failed is not kept. At most Config.KeptCompilers are kept, the
+// least recently used retired first, each for keptIdle after its last
+// compile.
 
 // keptCompiles bounds the compiles one kept compiler runs (its CPU limit
 // and its memory count its whole life).
@@ -49,9 +51,9 @@ const keptSettle = 150 * time.Millisecond
 // before it stages again): 23 MiB less than on a preloaded spare.
 const keptGrowth = 64 << 20
 
-// keptWait bounds how long a compile waits for its worker's kept
-// compiler to be ready again (its re-staging, about 30 ms) before it
-// retires it and takes a spare.
+// keptWait bounds how long a compile that found no spare ready waits for
+// its worker's kept compiler to be ready again (its staging, 30–90 ms)
+// before it lets it go and waits for a spare or starts a compiler.
 const keptWait = 250 * time.Millisecond
 
 // keptCompilers are the compilers kept for their workers' next compile.
@@ -66,12 +68,11 @@ type keptCompilers struct {
 
 // kept is one kept compiler.
 type kept struct {
-	sc       *spareCompiler
-	rt       *runtime
-	compiles int // compiles it has run
-	used     time.Time
-	ready    chan struct{} // closed once it has staged again (or failed to)
-	timer    *time.Timer   // retires it after idle
+	sc    *spareCompiler
+	rt    *runtime
+	used  time.Time
+	ready chan struct{} // closed once it has staged again (or failed to)
+	timer *time.Timer   // retires it after idle
 	// restage tells it to stage again (once), settle does so after
 	// keptSettle.
 	restage func()
