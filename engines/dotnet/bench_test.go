@@ -310,9 +310,7 @@ func BenchmarkDotnetReloads(b *testing.B) {
 					// The compiler kept for the worker, if any, staged again.
 					keptReady := true
 					if sc := e.kept.ready()[spec.WorkerID]; sc != nil {
-						sc.output.mu.Lock()
-						keptReady = sc.output.seen
-						sc.output.mu.Unlock()
+						keptReady = sc.output.isReady()
 					}
 					if keptReady && len(e.compilers.Ready()) > 0 && len(e.spares.Ready()) > 0 {
 						break

@@ -316,6 +316,14 @@ func (w *readyWriter) rearm() chan struct{} {
 	return w.ready
 }
 
+// isReady reports whether the ready marker has come (since the last
+// rearm).
+func (w *readyWriter) isReady() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.seen
+}
+
 // expect makes the writer close the channel it returns once line has
 // been written after the ready marker.
 func (w *readyWriter) expect(line string) <-chan struct{} {

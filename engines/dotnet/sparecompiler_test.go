@@ -42,6 +42,23 @@ func waitSpareCompiler(t *testing.T, e *Engine, not ...*spareCompiler) *spareCom
 	}
 }
 
+// warmedEngine is a new engine with cfg, in the strict sandbox when mode
+// is "strict", its runtime found and built, and a context for its calls.
+func warmedEngine(t *testing.T, cfg Config, mode string) (*Engine, context.Context) {
+	t.Helper()
+	if mode == "strict" {
+		cfg.Sandbox = sandboxtest.Strict(t)
+	}
+	e := New(cfg)
+	t.Cleanup(func() { _ = e.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	t.Cleanup(cancel)
+	if _, err := e.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return e, ctx
+}
+
 // unique is code with a line of its own, so that the compile cache does
 // not answer.
 func unique(code []byte, tag string) []byte {
@@ -71,16 +88,7 @@ func TestSpareCompilerCompilesOneSourceOnce(t *testing.T) {
 	for _, mode := range []string{"strict", "no sandbox"} {
 		t.Run(mode, func(t *testing.T) {
 			cfg := Config{CacheDir: t.TempDir(), SpareCompilers: 1}
-			if mode == "strict" {
-				cfg.Sandbox = sandboxtest.Strict(t)
-			}
-			e := New(cfg)
-			t.Cleanup(func() { _ = e.Close() })
-			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-			defer cancel()
-			if _, err := e.Warm(ctx); err != nil {
-				t.Fatal(err)
-			}
+			e, ctx := warmedEngine(t, cfg, mode)
 			if e.currentRuntime().mcsExe == "" {
 				t.Fatal("mcs.exe not found next to " + e.currentRuntime().mcs)
 			}
@@ -481,13 +489,8 @@ func TestCompileWithoutNamespaces(t *testing.T) {
 func waitKept(t *testing.T, e *Engine, worker string, s *spareCompiler) {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
-		if e.kept.ready()[worker] == s {
-			s.output.mu.Lock()
-			seen := s.output.seen
-			s.output.mu.Unlock()
-			if seen {
-				return
-			}
+		if e.kept.ready()[worker] == s && s.output.isReady() {
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("compiler %s not kept ready for %s (kept: %v)", s.slot, worker, e.kept.ready())
@@ -505,17 +508,7 @@ func waitKept(t *testing.T, e *Engine, worker string, s *spareCompiler) {
 func TestKeptCompilerCompilesItsWorkersNextSource(t *testing.T) {
 	for _, mode := range []string{"strict", "no sandbox"} {
 		t.Run(mode, func(t *testing.T) {
-			cfg := Config{CacheDir: t.TempDir(), SpareCompilers: 1, KeptCompilers: 2}
-			if mode == "strict" {
-				cfg.Sandbox = sandboxtest.Strict(t)
-			}
-			e := New(cfg)
-			t.Cleanup(func() { _ = e.Close() })
-			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-			defer cancel()
-			if _, err := e.Warm(ctx); err != nil {
-				t.Fatal(err)
-			}
+			e, ctx := warmedEngine(t, Config{CacheDir: t.TempDir(), SpareCompilers: 1, KeptCompilers: 2}, mode)
 			check := func(name string, code []byte) error {
 				return e.Check(ctx, engines.Spec{WorkerID: name, MIMEType: MIMESource}, code)
 			}
