@@ -160,8 +160,10 @@ bench: deps-test tools
 	go test -run '^$$' -bench . -benchmem -timeout 15m ./internal/dispatch/ ./internal/node/ ./internal/catalog/ ./internal/delivery/ ./engines/python/ ./engines/native/ ./engines/wasm/
 	# .NET: a C# compile started against one on a spare compiler, a create
 	# of new source on ready spares (Check, Load, first call; an echo and a
-	# worker using LINQ, lambdas and async), and what one spare costs.
-	go test -run '^$$' -bench 'BenchmarkDotnetCompile|BenchmarkDotnetCreateOnSpares|BenchmarkDotnetSpareStart' -benchtime 20x -timeout 10m ./engines/dotnet/
+	# worker using LINQ, lambdas and async), what one spare costs, and a
+	# worker reloaded again and again on a spare compiler each time against
+	# the compiler kept for it.
+	go test -run '^$$' -bench 'BenchmarkDotnetCompile|BenchmarkDotnetCreateOnSpares|BenchmarkDotnetSpareStart|BenchmarkDotnetReloads' -benchtime 20x -timeout 10m ./engines/dotnet/
 	# End to end through the real daprd and Redis: bare subscriber vs. workers
 	# with and without a group, in alternating rounds, each mode's round
 	# between two bare rounds (-benchtime 1x: one full comparison;
