@@ -67,6 +67,9 @@ type Node struct {
 	// (SetWorkflowCheck); checked holds its answers (under mu).
 	wfCheck WorkflowCheck
 	checked map[string]checkedRecord
+	// checkedBodies are the bodies Check passed, for the load that follows
+	// here (checked.go).
+	checkedBodies checkedCode
 	// quarantine knows the workers that crashed this node (quarantine.go).
 	quarantine quarantineState
 	// place tells which topics this node serves (SetPlacement; nil: all).
@@ -208,7 +211,13 @@ func (n *Node) Check(ctx context.Context, w catalog.Worker, code []byte) error {
 	// its memory and a sandbox user id for 30 s). Judged by the placement
 	// view the node has: no read on a create's path.
 	s.LoadsElsewhere = n.place != nil && !n.place.ServesByView(w.Topic)
-	return e.Check(ctx, s, code)
+	if err := e.Check(ctx, s, code); err != nil {
+		return err
+	}
+	if !s.LoadsElsewhere {
+		n.checkedBodies.put(code, n.now())
+	}
+	return nil
 }
 
 // Apply makes this node serve w and then persists it, under one lock so that
@@ -375,9 +384,14 @@ func (n *Node) apply(ctx context.Context, w catalog.Worker, reattach bool) error
 // load loads w's code with its engine; reattach (Reconcile) loads it
 // parked where the engine parks idle workers (engines.Spec.Parked).
 func (n *Node) load(ctx context.Context, w catalog.Worker, reattach bool) (engines.Instance, error) {
-	code, err := n.catalog.GetCode(ctx, w.CodeSHA256)
-	if err != nil {
-		return nil, fmt.Errorf("load code %s of worker %s: %w", w.CodeSHA256, w.ID, err)
+	// The body this node just checked for this change (checkedCode), else
+	// the store's.
+	code, ok := n.checkedBodies.take(w.CodeSHA256, n.now())
+	if !ok {
+		var err error
+		if code, err = n.catalog.GetCode(ctx, w.CodeSHA256); err != nil {
+			return nil, fmt.Errorf("load code %s of worker %s: %w", w.CodeSHA256, w.ID, err)
+		}
 	}
 	e, err := n.engines.Lookup(w.MIMEType)
 	if err != nil {

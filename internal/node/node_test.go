@@ -3,12 +3,15 @@ package node_test
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/node/nodetest"
+	"github.com/virtufin/workmanager/internal/state"
 )
 
 // Apply attaches, then persists; Remove detaches, then deletes. A worker whose
@@ -262,5 +265,57 @@ func TestReconcileLoadsWorkersInParallel(t *testing.T) {
 		if !f.Dispatcher.Attached(id) {
 			t.Fatalf("%s not attached", id)
 		}
+	}
+}
+
+// codeReads counts the reads of code bodies (catalog.GetCode) through a
+// store.
+type codeReads struct {
+	state.Store
+	n atomic.Int32
+}
+
+func (s *codeReads) Get(ctx context.Context, key string) (state.Item, error) {
+	if strings.HasPrefix(key, state.KeyPrefix+"code/") {
+		s.n.Add(1)
+	}
+	return s.Store.Get(ctx, key)
+}
+
+// The Apply that follows a Check on the same node loads the body the
+// check passed instead of reading it from the store again; an Apply
+// without one (another node checked, or a Reconcile) reads the store's.
+func TestApplyLoadsTheBodyItsNodeChecked(t *testing.T) {
+	reads := &codeReads{}
+	f := nodetest.NewOnStore(t, func(st state.Store) state.Store { reads.Store = st; return reads })
+	ctx := context.Background()
+	body := []byte("good v1")
+	sha, err := f.Catalog.PutCode(ctx, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := nodetest.Worker(catalog.StatusRunning, sha)
+	if err := f.Node.Check(ctx, w, body); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Node.Apply(ctx, w, &catalog.HistoryEntry{Version: 1, SHA256: sha, SourceKind: "content"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := reads.n.Load(); n != 0 || !f.Dispatcher.Attached(w.ID) {
+		t.Fatalf("Apply after Check: %d code reads, attached %v; want none, attached", n, f.Dispatcher.Attached(w.ID))
+	}
+
+	// A reload not checked here reads the store.
+	body2 := []byte("good v2")
+	sha2, err := f.Catalog.PutCode(ctx, body2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.CodeSHA256, w.CodeVersion = sha2, 2
+	if err := f.Node.Apply(ctx, w, &catalog.HistoryEntry{Version: 2, SHA256: sha2, SourceKind: "content"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := reads.n.Load(); n != 1 {
+		t.Fatalf("Apply without a Check here: %d code reads, want 1", n)
 	}
 }
