@@ -338,3 +338,41 @@ func TestClassifyBoundsTheText(t *testing.T) {
 		}
 	}
 }
+
+// A create's checks run beside the read of an uploaded body, with the
+// same answers: a create of an id that has a record is refused
+// AlreadyExists whether or not its body is still staged; a URL is not
+// fetched for a create refused so.
+func TestPrepareCodeRefusesACreateOverARecordWhateverItsBody(t *testing.T) {
+	f, ctx := newFixture(t), context.Background()
+	sha, _ := f.Catalog.PutCode(ctx, []byte("good"))
+	w := worker(catalog.StatusRunning, sha)
+	w.Incarnation, w.Revision = "run-1", 1
+	if _, err := f.acts.Apply(ctx, ApplyInput{Worker: w}); err != nil {
+		t.Fatal(err)
+	}
+	var fetched atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		fetched.Add(1)
+		_, _ = rw.Write([]byte("good"))
+	}))
+	defer srv.Close()
+	f.acts.Fetcher = codesource.Fetcher{Policy: codesource.Policy{AllowLoopback: true}}
+	staged, _ := f.Catalog.StageCode(ctx, []byte("good"))
+	for name, ref := range map[string]catalog.CodeRef{
+		"staged":  {SHA256: staged, SourceKind: "content"},
+		"expired": {SHA256: catalog.SHA256([]byte("never staged")), SourceKind: "content"},
+		"url":     {SourceKind: "url", URL: srv.URL + "/w.py", SHA256: catalog.SHA256([]byte("good"))},
+	} {
+		_, err := f.acts.PrepareCode(ctx, PrepareCodeInput{Worker: w, Ref: ref, Create: true})
+		if failure.Kind(err) != failure.AlreadyExists {
+			t.Fatalf("%s: a create over a record: %v; want AlreadyExists", name, err)
+		}
+	}
+	if n := fetched.Load(); n != 0 {
+		t.Fatalf("the URL was fetched %d times for a refused create", n)
+	}
+	if _, err := f.Catalog.GetStaged(ctx, staged); err != nil {
+		t.Fatalf("the staged body of a refused create was dropped: %v", err)
+	}
+}
