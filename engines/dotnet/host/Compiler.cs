@@ -6,20 +6,20 @@
 // output paths) are parsed and the referenced assemblies loaded and
 // imported, which is most of a warm compile, before any source is there.
 // It says it is ready and waits, importing meanwhile the members of the
-// types workers use most (Staged.StartPreload) until the compile comes. The node then writes one
-// worker's source into its slot and sends a nonce and the compiler's
-// arguments, one per line, ending with an empty line; it compiles them
-// exactly as mcs would
-// (the same messages on stdout; the staged compile finishes only when the
-// arguments are the staged ones and staging said nothing, else the source
-// is compiled from the start), says it is done (naming the nonce) when the
-// compile succeeded, and then reads one more line: "again" (the node keeps
-// it for the same worker's next compile) makes it reset mcs's static
-// state, stage the same compile again and say it is ready, anything else
-// or the end of its input makes it exit, 0. A compile that failed exits at
-// once, 1. The node sends "again" only for the worker whose source it
-// compiled (a kept compiler, sparecompiler.go): one worker's compiles per
-// process, never another's.
+// types workers use most (Staged.StartPreload) until the compile comes.
+// The node then writes one worker's source into its slot and sends a
+// nonce and the compiler's arguments, one per line, ending with an empty
+// line; it compiles them exactly as mcs would (the same messages on
+// stdout; the staged compile finishes only when the arguments are the
+// staged ones and staging said nothing, else the source is compiled from
+// the start), says it is done (naming the nonce) when the compile
+// succeeded, and then reads one more line: "again" (the node keeps it for
+// the same worker's next compile, keptcompiler.go) makes it reset mcs's
+// static state, collect its garbage, stage the same compile again and say
+// it is ready; anything else, or the end of its input, makes it exit, 0.
+// A compile that failed exits at once, 1. The node sends "again" only for
+// the worker whose source it compiled: one worker's compiles per process,
+// never another's.
 using System;
 using System.Collections.Generic;
 using System.IO;
