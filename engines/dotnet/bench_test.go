@@ -329,12 +329,12 @@ func BenchmarkDotnetReloads(b *testing.B) {
 			var busy time.Duration
 			i := 2
 			for b.Loop() {
-				c0 := machineBusy()
+				c0 := enginetest.MachineBusy(b)
 				t0 := time.Now()
 				reload(i)
 				took = append(took, time.Since(t0))
 				settle()
-				busy += machineBusy() - c0
+				busy += enginetest.MachineBusy(b) - c0
 				i++
 			}
 			if inst != nil {
@@ -358,41 +358,12 @@ func BenchmarkDotnetReloads(b *testing.B) {
 	}
 }
 
-// machineBusy is the machine's CPU time so far outside idle and iowait,
-// from /proc/stat's first line (clock ticks of 10 ms).
-func machineBusy() time.Duration {
-	stat, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0
-	}
-	line, _, _ := bytes.Cut(stat, []byte("\n"))
-	f := strings.Fields(string(line))
-	var ticks int
-	for i, v := range f[1:] {
-		if i == 3 || i == 4 { // idle, iowait
-			continue
-		}
-		n, _ := strconv.Atoi(v)
-		ticks += n
-	}
-	return time.Duration(ticks) * 10 * time.Millisecond
-}
-
 // treePSS is the proportional set size of process pid and the processes
 // under it, in bytes (/proc/<pid>/smaps_rollup).
 func treePSS(pid int) float64 {
-	var total float64
+	var total uint64
 	for _, p := range processTree(pid) {
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", p))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(raw), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "Pss:" {
-				kb, _ := strconv.Atoi(f[1])
-				total += float64(kb) * 1024
-			}
-		}
+		total += procKiB(p, "smaps_rollup", "Pss:")
 	}
-	return total
+	return float64(total)
 }

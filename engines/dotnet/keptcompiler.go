@@ -242,24 +242,45 @@ func (k *keptCompilers) close() {
 // when it cannot be read.
 func addressSpace(pid int) uint64 {
 	var most uint64
-	tree := []int{pid}
-	for i := 0; i < len(tree) && i < 16; i++ {
-		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tree[i]))
-		if err == nil {
-			for _, line := range strings.Split(string(status), "\n") {
-				if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmSize:" {
-					if kb, err := strconv.ParseUint(f[1], 10, 64); err == nil {
-						most = max(most, kb<<10)
-					}
-				}
+	for _, p := range processTree(pid) {
+		most = max(most, procKiB(p, "status", "VmSize:"))
+	}
+	return most
+}
+
+// procKiB is the value, in bytes, of the line of /proc/<pid>/<file> that
+// starts with field and counts kB ("VmSize:", "Pss:"); 0 when there is
+// none.
+func procKiB(pid int, file, field string) uint64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, file))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == field {
+			if kb, err := strconv.ParseUint(f[1], 10, 64); err == nil {
+				return kb << 10
 			}
 		}
+	}
+	return 0
+}
+
+// maxTree bounds processTree (a sandboxed compiler's tree is three deep:
+// bubblewrap's two processes and Mono).
+const maxTree = 16
+
+// processTree is pid and the processes under it, breadth first, from the
+// kernel's lists of children, at most maxTree of them.
+func processTree(pid int) []int {
+	tree := []int{pid}
+	for i := 0; i < len(tree) && len(tree) < maxTree; i++ {
 		children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", tree[i], tree[i]))
 		for _, f := range strings.Fields(string(children)) {
-			if c, err := strconv.Atoi(f); err == nil {
+			if c, err := strconv.Atoi(f); err == nil && len(tree) < maxTree {
 				tree = append(tree, c)
 			}
 		}
 	}
-	return most
+	return tree
 }

@@ -536,37 +536,30 @@ const spareCompilerWait = 400 * time.Millisecond
 // compiler past a limit, are ErrInvalidCode.
 func (rt *runtime) runCompiler(ctx context.Context, c compiler, code []byte, dir string) (string, func(moved bool), error) {
 	if c.spares != nil && rt.mcsExe != "" {
-		done := func(sc *spareCompiler) func(bool) {
-			return func(moved bool) {
-				if !moved || !c.kept.keep(c.worker, rt, sc) {
-					sc.Release()
-				}
-			}
-		}
 		// The worker's kept compiler when it is ready; else a spare ready
 		// now (a kept compiler staging again after the compile just
 		// before, calls back to back, is 50–90 ms from ready); else the
-		// kept one once it is ready.
-		if sc := c.kept.take(ctx, c.worker, rt, 0); sc != nil {
-			built, err := sc.compile(ctx, rt, c, code)
-			return built, done(sc), err
-		}
-		sc, ok, refill := c.spares.TakeDeferred()
-		if !ok {
-			if sc := c.kept.take(ctx, c.worker, rt, keptWait); sc != nil {
-				defer refill()
-				built, err := sc.compile(ctx, rt, c, code)
-				return built, done(sc), err
+		// kept one once it is ready; else a spare being started, waited
+		// for rather than starting mcs beside it (spares.Set.TakeAwaiting).
+		refill := func() {}
+		sc := c.kept.take(ctx, c.worker, rt, 0)
+		if sc == nil {
+			var ok bool
+			if sc, ok, refill = c.spares.TakeDeferred(); !ok {
+				if sc = c.kept.take(ctx, c.worker, rt, keptWait); sc == nil {
+					sc, _, refill = c.spares.TakeAwaiting(ctx, spareCompilerWait)
+				}
 			}
-			// A spare being started is waited for rather than starting
-			// mcs beside it (spares.Set.TakeAwaiting).
-			sc, ok, refill = c.spares.TakeAwaiting(ctx, spareCompilerWait)
 		}
 		// The next spare starts once this compile is done.
 		defer refill()
-		if ok {
+		if sc != nil {
 			built, err := sc.compile(ctx, rt, c, code)
-			return built, done(sc), err
+			return built, func(moved bool) {
+				if !moved || !c.kept.keep(c.worker, rt, sc) {
+					sc.Release()
+				}
+			}, err
 		}
 	}
 	// The compiler reads src (its own copy of the source) and writes out,

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -109,21 +108,6 @@ func monoUnder(t *testing.T, pid int) int {
 	}
 	t.Fatalf("no Mono process at or under pid %d", pid)
 	return 0
-}
-
-// processTree is pid and the processes under it, breadth first, from the
-// kernel's lists of children.
-func processTree(pid int) []int {
-	tree := []int{pid}
-	for i := 0; i < len(tree); i++ {
-		children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", tree[i], tree[i]))
-		for _, f := range strings.Fields(string(children)) {
-			if c, err := strconv.Atoi(f); err == nil {
-				tree = append(tree, c)
-			}
-		}
-	}
-	return tree
 }
 
 func hostPID(t *testing.T, inst engines.Instance) int {

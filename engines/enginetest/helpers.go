@@ -3,9 +3,11 @@ package enginetest
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"runtime"
 	"runtime/metrics"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -139,4 +141,25 @@ func MaxOverlap(enter, exit []float64) int {
 		best = max(best, n)
 	}
 	return best
+}
+
+// MachineBusy is the machine's CPU time so far outside idle and iowait
+// (/proc/stat's cpu line, in clock ticks of 10 ms), for benchmarks that
+// report the CPU an operation costs the whole machine (its background
+// work and other processes included). It skips where there is no
+// /proc/stat.
+func MachineBusy(tb testing.TB) time.Duration {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		tb.Skip("no /proc/stat")
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	var ticks int64
+	for i, f := range strings.Fields(line)[1:] {
+		n, _ := strconv.ParseInt(f, 10, 64)
+		if i != 3 && i != 4 { // idle, iowait
+			ticks += n
+		}
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
 }

@@ -5,11 +5,9 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"io"
-	"os"
 	"os/exec"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -86,31 +84,13 @@ func benchStartup(b *testing.B, cfg python.Config, fromSource ...bool) {
 	e := newEngine(b, cfg)
 	python.RunnerStart(b, e, len(fromSource) > 0 && fromSource[0])
 	ctx := context.Background()
-	start := busyTicks(b)
+	start := enginetest.MachineBusy(b)
 	for b.Loop() {
 		if err := e.Check(ctx, engines.Spec{WorkerID: "bench", MIMEType: python.MIMEType}, []byte(benchEcho)); err != nil {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64(busyTicks(b)-start)*10/float64(b.N), "cpu-ms/op")
-}
-
-// busyTicks is the machine's busy time so far in clock ticks (1/100 s):
-// /proc/stat's cpu line less idle and iowait.
-func busyTicks(b *testing.B) int64 {
-	raw, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		b.Skip("no /proc/stat")
-	}
-	line, _, _ := strings.Cut(string(raw), "\n")
-	var total int64
-	for i, f := range strings.Fields(line)[1:] {
-		n, _ := strconv.ParseInt(f, 10, 64)
-		if i != 3 && i != 4 { // idle, iowait
-			total += n
-		}
-	}
-	return total
+	b.ReportMetric(float64((enginetest.MachineBusy(b)-start).Milliseconds())/float64(b.N), "cpu-ms/op")
 }
 
 // What a CreateWorker costs the engine: Check, then Load, of a sandboxed
