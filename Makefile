@@ -137,13 +137,14 @@ test-race:
 k8s-validate:
 	cd deploy/k8s/validate && WM_TEST_REAL_REDIS=1 go test -count=1 ./...
 
-# Our copy of daprd's Redis streams pub/sub (deploy/dapr/daprd/redisstreams,
-# a module of its own) against a real redis-server; and daprd compiled with
+# Our copies of daprd's Redis streams pub/sub and Redis state store
+# (deploy/dapr/daprd/redisstreams and redisstate, a module of its own)
+# against a real redis-server; and daprd compiled with
 # -tags kafka, as the sidecar image builds it (deploy/k8s/Dockerfile) and
 # nothing else here does (the Kafka overlay's pubsub.kafka,
 # components_kafka.go; checked by deploy/k8s/validate).
 daprd-test:
-	cd deploy/dapr/daprd && go test -count=1 -timeout 5m ./redisstreams/
+	cd deploy/dapr/daprd && go test -count=1 -timeout 5m ./redisstreams/ ./redisstate/
 	cd deploy/dapr/daprd && env $(BUILD_ENV) go build -tags kafka -o /dev/null .
 
 # The Python DevKit's own suite (sdk/python), with Debian's pytest and mypy.
@@ -163,6 +164,9 @@ bench: deps-test tools
 	# worker using LINQ, lambdas and async), what one spare costs, and a
 	# worker reloaded again and again on a spare compiler each time against
 	# the compiler kept for it.
+	# A Get and a Set of values from 400 bytes to 1 MiB through the real
+	# daprd and Redis, our state.redis against upstream's in the same run.
+	go test -run '^$$' -bench BenchmarkDaprStateGetBySize -benchtime 1x -timeout 5m ./internal/state/
 	go test -run '^$$' -bench 'BenchmarkDotnetCompile|BenchmarkDotnetCreateOnSpares|BenchmarkDotnetSpareStart|BenchmarkDotnetReloads' -benchtime 20x -timeout 10m ./engines/dotnet/
 	# End to end through the real daprd and Redis: bare subscriber vs. workers
 	# with and without a group, in alternating rounds, each mode's round

@@ -114,27 +114,56 @@ func (a *Activities) PrepareCode(ctx context.Context, in PrepareCodeInput) (cata
 	if err != nil {
 		return catalog.CodeRef{}, classify(err)
 	}
+	// A rollback's code is a version of the worker's history, stored under
+	// its SHA-256 and named by that history: the sweep keeps it
+	// (catalog/codegc.go), so it is checked and not stored again.
+	rollback := in.Ref.RollbackTo > 0
+	var store func(context.Context, []byte) (string, error)
+	if !rollback {
+		// The orphan index is read beside the check (StartPutCode); the
+		// body is stored only once the check passed.
+		store = a.Catalog.StartPutCode(ctx, catalog.SHA256(body))
+	}
 	if err := a.Node.Check(ctx, in.Worker, body); err != nil {
 		err = classify(a.onNode(err))
-		if in.Ref.SourceKind == "content" && in.Ref.RollbackTo == 0 && failure.Kind(err) == failure.InvalidArgument {
+		if in.Ref.SourceKind == "content" && !rollback && failure.Kind(err) == failure.InvalidArgument {
 			_ = a.Catalog.DeleteStaged(ctx, in.Ref.SHA256)
 		}
 		return catalog.CodeRef{}, err
 	}
-	sha, err := a.Catalog.PutCode(ctx, body)
+	if rollback {
+		return in.Ref, nil
+	}
+	sha, err := store(ctx, body)
 	if err != nil {
 		return catalog.CodeRef{}, err
 	}
 	// An unpinned URL (CODE_URL_ALLOW_UNPINNED) is pinned now: the version
 	// is what was fetched, stored under its SHA-256.
 	in.Ref.SHA256 = sha
-	if in.Ref.SourceKind == "content" && in.Ref.RollbackTo == 0 {
-		if err := a.Catalog.DeleteStaged(ctx, in.Ref.SHA256); err != nil {
-			return catalog.CodeRef{}, err
-		}
+	if in.Ref.SourceKind == "content" {
+		// The staged copy is not needed any more: it is dropped after the
+		// answer, not before it (a retry of this activity finds the body
+		// in the code store, and a copy whose delete fails expires after
+		// catalog.StagingTTL).
+		a.dropStaged(ctx, sha)
 	}
 	return in.Ref, nil
 }
+
+// dropStaged deletes the staged copy of sha in the background, bounded by
+// dropStagedTimeout. Nothing waits for it: a node that stops meanwhile
+// leaves the copy to expire.
+func (a *Activities) dropStaged(ctx context.Context, sha string) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dropStagedTimeout)
+		defer cancel()
+		_ = a.Catalog.DeleteStaged(ctx, sha)
+	}()
+}
+
+// dropStagedTimeout bounds a staged copy's delete.
+const dropStagedTimeout = 10 * time.Second
 
 // startCreateChecks starts the reads that say whether a create of worker
 // id may go on — it has no record (one whose workflow was lost is being

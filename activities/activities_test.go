@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/enginetest"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/cluster"
 	"github.com/virtufin/workmanager/internal/codesource"
@@ -74,9 +76,56 @@ func TestPrepareCodeMovesStagedCodeToTheStore(t *testing.T) {
 	if b, err := f.Catalog.GetCode(ctx, sha); err != nil || string(b) != "good" {
 		t.Fatalf("stored code: %q %v", b, err)
 	}
-	if _, err := f.Catalog.GetStaged(ctx, sha); !errors.Is(err, state.ErrNotFound) {
-		t.Fatalf("staged copy should be gone: %v", err)
+	// Dropped after the answer, not before it.
+	enginetest.WaitFor(t, "the staged copy to be dropped", func() bool {
+		_, err := f.Catalog.GetStaged(ctx, sha)
+		return errors.Is(err, state.ErrNotFound)
+	})
+}
+
+// putRecorder is a store that records the keys written.
+type putRecorder struct {
+	state.Store
+	mu   sync.Mutex
+	keys []string
+}
+
+func (p *putRecorder) Put(ctx context.Context, key string, value []byte, opts state.PutOptions) error {
+	p.mu.Lock()
+	p.keys = append(p.keys, key)
+	p.mu.Unlock()
+	return p.Store.Put(ctx, key, value, opts)
+}
+
+func (p *putRecorder) written() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.keys...)
+}
+
+// A rollback loads a version its history names: checked, not stored again
+// (the sweep keeps what a history names).
+func TestPrepareCodeOfARollbackWritesNothing(t *testing.T) {
+	rec := &putRecorder{}
+	nf := nodetest.NewOnStore(t, func(s state.Store) state.Store { rec.Store = s; return rec })
+	acts := &Activities{Catalog: nf.Catalog, Node: nf.Node, Events: nf.Events}
+	ctx := context.Background()
+	sha, err := nf.Catalog.PutCode(ctx, []byte("good"))
+	if err != nil {
+		t.Fatal(err)
 	}
+	before := len(rec.written())
+	ref := catalog.CodeRef{SHA256: sha, SourceKind: "content", RollbackTo: 1}
+	if got, err := acts.PrepareCode(ctx, PrepareCodeInput{Worker: worker(catalog.StatusRunning, sha), Ref: ref}); err != nil || got != ref {
+		t.Fatalf("PrepareCode of a rollback: %v %v", got, err)
+	}
+	if w := rec.written()[before:]; len(w) != 0 {
+		t.Fatalf("a rollback's PrepareCode wrote %v", w)
+	}
+	// Its code refused (gone from the store) is still refused.
+	bad := catalog.CodeRef{SHA256: catalog.SHA256([]byte("gone")), SourceKind: "content", RollbackTo: 1}
+	_, err = acts.PrepareCode(ctx, PrepareCodeInput{Worker: worker(catalog.StatusRunning, sha), Ref: bad})
+	wantInvalidArgument(t, err, "no longer stored")
 }
 
 func TestPrepareCodeRejectsBadCodeAndStoresNothing(t *testing.T) {

@@ -650,6 +650,44 @@ func (c *Catalog) PutCode(ctx context.Context, body []byte) (string, error) {
 	return sha, c.store.Put(ctx, codePrefix+sha, body, state.PutOptions{})
 }
 
+// StartPutCode begins a PutCode of a body whose SHA-256 is sha: it reads
+// now, in the background, whether sha is on the orphan index, and returns
+// the function that stores the body (PutCode's write, taking sha off the
+// index first only when that read found it there). A caller starts it
+// before the work that decides whether the body is stored at all (an
+// engine's check), so that the read is not on its path. Reading the index
+// a few milliseconds early changes nothing a sweep does: a sweep deletes
+// only candidates listed longer than its grace ago, which the read finds.
+// The returned function may be called at most once, and need not be.
+func (c *Catalog) StartPutCode(ctx context.Context, sha string) func(ctx context.Context, body []byte) (string, error) {
+	type listing struct {
+		listed bool
+		err    error
+	}
+	read := make(chan listing, 1)
+	go func() {
+		m, _, err := state.GetJSON[map[string]time.Time](ctx, c.store, orphansKey(sha))
+		_, listed := m[sha]
+		read <- listing{listed, err}
+	}()
+	return func(ctx context.Context, body []byte) (string, error) {
+		if got := SHA256(body); got != sha {
+			return got, fmt.Errorf("code %s is not the body to store (sha256 %s)", sha, got)
+		}
+		var l listing
+		select {
+		case l = <-read:
+		case <-ctx.Done():
+			return sha, ctx.Err()
+		}
+		if l.err != nil || l.listed {
+			// Not read, or listed: PutCode's own way.
+			return c.PutCode(ctx, body)
+		}
+		return sha, c.store.Put(ctx, codePrefix+sha, body, state.PutOptions{})
+	}
+}
+
 // GetCode returns the body stored under sha, verifying it.
 func (c *Catalog) GetCode(ctx context.Context, sha string) ([]byte, error) {
 	return c.getVerified(ctx, codePrefix+sha, sha)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -206,5 +207,45 @@ func TestDeleteWorkerCutOffAfterTheHistoryStillCollectsTheCode(t *testing.T) {
 	}
 	if n, err := c.SweepCode(ctx, time.Hour, time.Now().Add(2*time.Hour)); n != 1 || err != nil {
 		t.Fatalf("swept %d, %v; want the blob collected", n, err)
+	}
+}
+
+// StartPutCode reads the orphan index beside the caller's check: a blob
+// listed there is taken off it when stored, one not listed is stored
+// without an index write, and a body that is not sha's is refused.
+func TestStartPutCodeTakesAListedBlobOffTheIndex(t *testing.T) {
+	ctx := context.Background()
+	store := state.NewMemoryStore()
+	c := New(store)
+	body := []byte("shared code")
+	sha := SHA256(body)
+	if err := c.orphanCode(ctx, []HistoryEntry{{SHA256: sha}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.StartPutCode(ctx, sha)(ctx, body); got != sha || err != nil {
+		t.Fatalf("listed: %s %v", got, err)
+	}
+	listed, _, err := state.GetJSON[map[string]time.Time](ctx, store, orphansKey(sha))
+	if _, ok := listed[sha]; ok || err != nil {
+		t.Fatalf("the blob stored is still a candidate: %v %v", listed, err)
+	}
+	if b, err := c.GetCode(ctx, sha); err != nil || !bytes.Equal(b, body) {
+		t.Fatalf("stored: %q %v", b, err)
+	}
+
+	other := []byte("new code")
+	if got, err := c.StartPutCode(ctx, SHA256(other))(ctx, other); got != SHA256(other) || err != nil {
+		t.Fatalf("not listed: %s %v", got, err)
+	}
+	if _, err := c.GetCode(ctx, SHA256(other)); err != nil {
+		t.Fatal(err)
+	}
+
+	wrong := SHA256([]byte("another body"))
+	if _, err := c.StartPutCode(ctx, wrong)(ctx, body); err == nil || !strings.Contains(err.Error(), "not the body") {
+		t.Fatalf("a body stored under another's SHA-256: %v", err)
+	}
+	if _, err := c.GetCode(ctx, wrong); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("something was stored under the wrong SHA-256: %v", err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	pubsubLoader "github.com/dapr/dapr/pkg/components/pubsub"
 	stateLoader "github.com/dapr/dapr/pkg/components/state"
 
+	"github.com/virtufin/workmanager/deploy/dapr/daprd/redisstate"
 	"github.com/virtufin/workmanager/deploy/dapr/daprd/redisstreams"
 )
 
@@ -30,7 +31,14 @@ func registerComponents() {
 	} else {
 		pubsubLoader.DefaultRegistry.RegisterComponent(redisstreams.NewRedisStreams, "redis")
 	}
-	stateLoader.DefaultRegistry.RegisterComponent(redisState.NewRedisStateStore, "redis")
+	// state.redis is ours too (values read without a round trip through
+	// %q, see redisstate); DAPRD_UPSTREAM_REDIS_STATE=1 keeps upstream's
+	// (BenchmarkDaprStateGetBySize runs both).
+	if os.Getenv("DAPRD_UPSTREAM_REDIS_STATE") == "1" {
+		stateLoader.DefaultRegistry.RegisterComponent(redisState.NewRedisStateStore, "redis")
+	} else {
+		stateLoader.DefaultRegistry.RegisterComponent(redisstate.NewRedisStateStore, "redis")
+	}
 	nrLoader.DefaultRegistry.RegisterComponent(mdns.NewResolver, "mdns")             // self-hosted
 	nrLoader.DefaultRegistry.RegisterComponent(kubernetes.NewResolver, "kubernetes") // Kubernetes
 	for _, register := range optionalComponents {

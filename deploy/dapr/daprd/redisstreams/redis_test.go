@@ -4,10 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,47 +14,15 @@ import (
 	"github.com/dapr/components-contrib/pubsub"
 	rterrors "github.com/dapr/dapr/pkg/runtime/errors"
 	"github.com/dapr/kit/logger"
-)
 
-// startRedis runs a real redis-server (Debian's) on a free loopback port
-// for the test.
-func startRedis(t *testing.T) string {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("redis-server not installed (make deps installs it)")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	dir := t.TempDir()
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return addr
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on %s did not start (%s)", addr, filepath.Base(bin))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+	"github.com/virtufin/workmanager/deploy/dapr/daprd/internal/redistest"
+)
 
 // A failed message far down the pending list is redelivered even while
 // more than queueDepth older entries are in flight: upstream read only the
 // first queueDepth entries of the list, so it starved (chaos finding 2).
 func TestReclaimWalksThePendingListPastItsFirstPage(t *testing.T) {
-	addr := startRedis(t)
+	addr := redistest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -151,7 +115,7 @@ func TestRedeliveryScansAreJittered(t *testing.T) {
 // Upstream kept reading and claiming, so every redelivery was a coin toss
 // between the two apps.
 func TestAStuckAppLeavesItsMessagesToTheOthers(t *testing.T) {
-	addr := startRedis(t)
+	addr := redistest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	newComponent := func() *redisStreams {
@@ -556,7 +520,7 @@ func newStreams(t *testing.T) (context.Context, *redisStreams) {
 // newStreamsWith is newStreams with the component's metadata props.
 func newStreamsWith(t *testing.T, props map[string]string) (context.Context, *redisStreams) {
 	t.Helper()
-	addr := startRedis(t)
+	addr := redistest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	all := map[string]string{"redisHost": addr}
