@@ -249,6 +249,10 @@ func (a *Activities) Apply(ctx context.Context, in ApplyInput) (Applied, error) 
 
 func (a *Activities) apply(ctx context.Context, in ApplyInput) error {
 	defer heartbeatWhileRunning(ctx)()
+	// The history keys the change writes after the node's load are read
+	// now, beside the placement, the record's check and the load
+	// (catalog.ReadAheadForApply).
+	ctx = a.Catalog.ReadAheadForApply(ctx, in.Worker, in.History)
 	if err := a.ensurePlaced(ctx, in.Worker); err != nil {
 		return classify(a.onNode(fmt.Errorf("place topic %s: %w", in.Worker.Topic, err)))
 	}

@@ -229,7 +229,26 @@ type Catalog struct {
 }
 
 // New returns a Catalog over store.
-func New(store state.Store) *Catalog { return &Catalog{store: store} }
+func New(store state.Store) *Catalog { return &Catalog{store: state.WithPrefetch(store)} }
+
+// ReadAheadForApply starts reading, in one bulk read, the keys a change of
+// w with history entry h (nil: none) reads after the record: the history
+// head, the version's entry and the legacy history key, and for a create
+// the index pages it joins. The returned context's reads of them take
+// what that read found (state.Prefetch); every write they lead to is
+// conditional on it, as before. The record itself is not read ahead: its
+// read, after the node's lock (node.Apply), decides whether the node acts
+// at all (CheckWrite), and must see a change that overtook this one.
+func (c *Catalog) ReadAheadForApply(ctx context.Context, w Worker, h *HistoryEntry) context.Context {
+	if h == nil || h.Version < 1 {
+		return ctx
+	}
+	keys := []string{legacyHistoryKey(w.ID), historyHeadKey(w.ID), historyEntryKey(w.ID, h.Version)}
+	if h.Action == HistoryCreate {
+		keys = append(keys, indexKey(indexPage(w.ID)), tenantIndexKey(tenant.Of(w.ID), tenantIndexPage(w.ID)))
+	}
+	return state.Prefetch(ctx, c.store, keys)
+}
 
 // SHA256 returns the lowercase hex SHA-256 of b.
 func SHA256(b []byte) string {

@@ -1,7 +1,8 @@
 // Package state owns every access WorkManager makes to persistent key/value
 // state: one small interface (Store), its Dapr implementation (go-sdk state
-// API with ETags) and an in-memory implementation for unit tests. Nothing else
-// in the code base talks to the Dapr state API.
+// API with ETags), an in-memory implementation for unit tests, and the
+// wrappers that batch, read ahead (prefetch.go) or inject faults. Nothing
+// else in the code base talks to the Dapr state API.
 package state
 
 import (
