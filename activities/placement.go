@@ -153,7 +153,8 @@ func (a *Activities) ensurePlaced(ctx context.Context, w catalog.Worker) error {
 	if a.Placement == nil || w.Status != catalog.StatusRunning || w.Deleted {
 		return nil
 	}
-	tp, rec, err := a.Placement.Placer.Place(ctx, w)
+	// What Place reads, in one bulk read rather than one key after another.
+	tp, rec, err := a.Placement.Placer.Place(a.Placement.Placer.ReadAhead(ctx), w)
 	if err != nil {
 		return err
 	}

@@ -328,7 +328,10 @@ func (p *parts) build(ctx context.Context) error {
 	// Peers' advertised HTTP addresses, for the lock questions and the
 	// forwarded turns alike.
 	p.peers = peeraddr.New(p.peerAddr)
-	members := cluster.New(store, cfg.NodeID, 3*cfg.NodeHeartbeat)
+	// The membership and the placement read what a change's placement
+	// reads ahead in one bulk read (placement.Placer.ReadAhead).
+	placementStore := state.WithPrefetch(store)
+	members := cluster.New(placementStore, cfg.NodeID, 3*cfg.NodeHeartbeat)
 	members.LapseMargin = cfg.NodeHeartbeat // as SelfAlive and the gate below
 	p.members = members
 	// One connection pool to the peers for the lock's questions and news.
@@ -406,13 +409,13 @@ func (p *parts) build(ctx context.Context) error {
 	p.n = n
 	// Placement: the node serves only the topics placed on it (issue 45),
 	// from before anything can attach a worker.
-	p.pstore = placement.NewStore(store)
+	p.pstore = placement.NewStore(placementStore)
 	p.follower = &placement.Follower{Self: cfg.NodeID, Store: p.pstore, Alive: members.SeenNodes, Replicas: cfg.PlacementReplicas,
 		Labels: cfg.NodeLabels, Log: log}
 	p.placed = &reconcile.Placed{Follower: p.follower, Node: n, Log: log}
 	p.follower.OnChange = p.placed.Changed
 	n.SetPlacement(p.follower)
-	p.placer = &placement.Placer{Store: p.pstore, Alive: members.Alive, Replicas: cfg.PlacementReplicas,
+	p.placer = &placement.Placer{Store: p.pstore, Alive: members.Alive, AliveKeys: []string{cluster.MembersKey}, Seen: members.SeenNodes, Replicas: cfg.PlacementReplicas,
 		EngineOf: func(mime string) string {
 			if e, err := reg.Lookup(mime); err == nil {
 				return e.Info().Name

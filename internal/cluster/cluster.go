@@ -19,6 +19,10 @@ import (
 // membersKey holds the member map.
 const membersKey = state.KeyPrefix + "nodes"
 
+// MembersKey is the state key of the membership (every read of Alive, and
+// a placement's read-ahead, placement.Placer.AliveKeys).
+const MembersKey = membersKey
+
 // Members is this node's view of, and entry in, the membership.
 type Members struct {
 	// OnBeat, when set before Run, is told the outcome of each heartbeat

@@ -3,6 +3,7 @@ package placement
 import (
 	"context"
 	"fmt"
+	"github.com/virtufin/workmanager/internal/state"
 	"maps"
 	"slices"
 	"time"
@@ -22,6 +23,28 @@ type Placer struct {
 	Replicas int
 	// EngineOf names the engine of a MIME type ("" when unknown: any node).
 	EngineOf func(mime string) string
+	// AliveKeys are the state keys Alive reads, and Seen lists the nodes
+	// last seen alive without a read: ReadAhead reads those keys and the
+	// seen nodes' advertisements ahead, with the record (both optional).
+	AliveKeys []string
+	Seen      func() []string
+}
+
+// ReadAhead starts reading what Place reads — the record, the keys Alive
+// reads, the advertisements of the nodes last seen alive — in one bulk
+// read, and returns the context whose reads of them take it
+// (state.Prefetch; the store must be one state.WithPrefetch made): Place
+// then reads once instead of once per key, one after another. Place's
+// write stays conditional on the record's ETag; a node's advertisement or
+// the membership read a moment earlier is what it would have read.
+func (p *Placer) ReadAhead(ctx context.Context) context.Context {
+	keys := append([]string{RecordKey}, p.AliveKeys...)
+	if p.Seen != nil {
+		for _, id := range p.Seen() {
+			keys = append(keys, NodeInfoPrefix+id)
+		}
+	}
+	return state.Prefetch(ctx, p.Store.s, keys)
 }
 
 // Weights of a worker on a node, by engine: a worker with processes of its

@@ -2,7 +2,9 @@ package placement_test
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/virtufin/workmanager/internal/catalog"
@@ -226,5 +228,57 @@ func TestPlaceReadsTheRecordOnceAndTheFollowerObservesIt(t *testing.T) {
 	}
 	if f.Observe(placement.Record{Revision: 0}) || f.Record().Revision != 1 || changes != 1 {
 		t.Fatal("the follower took an older record")
+	}
+}
+
+// allReads counts every single Get that reaches the memory store.
+type allReads struct {
+	*state.MemoryStore
+	n atomic.Int32
+}
+
+func (r *allReads) Get(ctx context.Context, key string) (state.Item, error) {
+	r.n.Add(1)
+	return r.MemoryStore.Get(ctx, key)
+}
+
+// Read ahead (ReadAhead), a Place reads the record, the membership and
+// every live node's advertisement in one bulk read and no single read,
+// and places as it does without.
+func TestPlaceReadAheadReadsOnce(t *testing.T) {
+	ctx := context.Background()
+	reads := &allReads{MemoryStore: state.NewMemoryStore()}
+	s := state.WithPrefetch(reads)
+	store := placement.NewStore(s)
+	ids := []string{"a", "b", "c"}
+	for _, id := range ids {
+		if err := store.Advertise(ctx, node(id, nil), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const membersKey = "members"
+	if err := s.Put(ctx, membersKey, []byte(`["a","b","c"]`), state.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := &placement.Placer{Store: store, Replicas: 2, AliveKeys: []string{membersKey}, Seen: func() []string { return ids },
+		Alive: func(ctx context.Context) ([]string, error) {
+			it, err := s.Get(ctx, membersKey)
+			var alive []string
+			if err == nil {
+				err = json.Unmarshal(it.Value, &alive)
+			}
+			return alive, err
+		},
+		EngineOf: func(mime string) string { return mime }}
+	tp, rec, err := p.Place(p.ReadAhead(ctx), worker("w1", "new", "python"))
+	if err != nil || len(tp.Nodes) != 2 || rec.Revision != 1 {
+		t.Fatalf("a new topic: %+v, record %+v, %v", tp, rec, err)
+	}
+	if n := reads.n.Load(); n != 0 {
+		t.Fatalf("%d single reads; want none (one bulk read)", n)
+	}
+	reads.n.Store(0)
+	if _, again, err := p.Place(ctx, worker("w2", "new", "python")); err != nil || again.Revision != 1 || reads.n.Load() != 5 {
+		t.Fatalf("without the read-ahead: revision %d, %d single reads, %v; want the same record and 5 reads", again.Revision, reads.n.Load(), err)
 	}
 }

@@ -29,19 +29,23 @@ func WithPrefetch(s Store) Store {
 	return p
 }
 
-// Prefetch starts reading keys from s (one GetMany when s is a Bulk, else
-// one Get each, at once) and returns a context whose Gets of those keys,
-// through a store made by WithPrefetch, take what it read: each key once,
-// waiting for the read if it is still under way. A read that failed as a
-// whole leaves the Gets to the store.
+// Prefetch starts reading keys from s, a store WithPrefetch made (one
+// GetMany when its store is a Bulk, else one Get each, at once), and
+// returns a context whose Gets of those keys through s take what it read:
+// each key once, waiting for the read if it is still under way. A read
+// that failed as a whole leaves the Gets to the store; for any other s it
+// reads nothing and returns ctx.
 func Prefetch(ctx context.Context, s Store, keys []string) context.Context {
 	if len(keys) == 0 {
 		return ctx
 	}
-	if p, ok := s.(interface{ base() Store }); ok {
-		s = p.base()
+	p, ok := s.(interface{ base() Store })
+	if !ok {
+		return ctx // no Get of s would take what it read
 	}
+	s = p.base()
 	r := &readAhead{done: make(chan struct{}), want: make(map[string]bool, len(keys))}
+	r.parent, _ = ctx.Value(readAheadKey{}).(*readAhead) // read ahead before: still answered
 	for _, k := range keys {
 		r.want[k] = true
 	}
@@ -85,11 +89,12 @@ func getAll(ctx context.Context, s Store, keys []string) (map[string]Result, err
 type readAheadKey struct{}
 
 // readAhead is one Prefetch: the keys it reads, and once done what it
-// read.
+// read; parent is the one of the context it was made in (nil: none).
 type readAhead struct {
-	done chan struct{}
-	got  map[string]Result
-	err  error
+	parent *readAhead
+	done   chan struct{}
+	got    map[string]Result
+	err    error
 
 	mu   sync.Mutex
 	want map[string]bool // keys not taken nor dropped yet
@@ -99,7 +104,10 @@ type readAhead struct {
 // is none (not read ahead, taken or dropped already, the read failed).
 func take(ctx context.Context, key string) (Item, error, bool) {
 	r, _ := ctx.Value(readAheadKey{}).(*readAhead)
-	if r == nil || !r.claim(key) {
+	for r != nil && !r.claim(key) {
+		r = r.parent
+	}
+	if r == nil {
 		return Item{}, nil, false
 	}
 	select {
@@ -116,7 +124,7 @@ func take(ctx context.Context, key string) (Item, error, bool) {
 
 // drop forgets key's value read ahead in ctx (written through the store).
 func drop(ctx context.Context, key string) {
-	if r, _ := ctx.Value(readAheadKey{}).(*readAhead); r != nil {
+	for r, _ := ctx.Value(readAheadKey{}).(*readAhead); r != nil; r = r.parent {
 		r.claim(key)
 	}
 }

@@ -103,3 +103,19 @@ func TestAFailedReadAheadLeavesTheReadsToTheStore(t *testing.T) {
 		t.Fatalf("a: %q %v, %d Gets", it.Value, err, c.gets.Load())
 	}
 }
+
+// A read-ahead made in the context of another keeps the other's keys
+// answered too.
+func TestNestedReadAheadsAreBothAnswered(t *testing.T) {
+	c, s := newCounting(t, map[string]string{"a": "1", "b": "2"})
+	ctx := state.Prefetch(context.Background(), s, []string{"a"})
+	ctx = state.Prefetch(ctx, s, []string{"b"})
+	for k, want := range map[string]string{"a": "1", "b": "2"} {
+		if it, err := s.Get(ctx, k); err != nil || string(it.Value) != want {
+			t.Fatalf("%s: %q %v", k, it.Value, err)
+		}
+	}
+	if n, b := c.gets.Load(), c.bulks.Load(); n != 0 || b != 2 {
+		t.Fatalf("%d Gets and %d bulk reads reached the store; want 0 and 2", n, b)
+	}
+}
