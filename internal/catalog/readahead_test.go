@@ -1,45 +1,24 @@
-package catalog
+package catalog_test
 
 import (
 	"context"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/state"
 )
-
-// getCounter records the keys of the single Gets that reach the store.
-type getCounter struct {
-	*state.MemoryStore
-	mu   sync.Mutex
-	keys []string
-}
-
-func (g *getCounter) Get(ctx context.Context, key string) (state.Item, error) {
-	g.mu.Lock()
-	g.keys = append(g.keys, key)
-	g.mu.Unlock()
-	return g.MemoryStore.Get(ctx, key)
-}
-
-func (g *getCounter) reset() []string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	k := g.keys
-	g.keys = nil
-	return k
-}
 
 // A change's history keys, read ahead (ReadAheadForApply), cost no read of
 // their own: of a create's and a reload's writes only the record's check
 // reads on its own. What they write is what they wrote without it.
 func TestReadAheadLeavesOnlyTheRecordsReadOnTheWay(t *testing.T) {
-	store := &getCounter{MemoryStore: state.NewMemoryStore()}
-	c := New(store)
+	store := &bulkCounter{MemoryStore: state.NewMemoryStore()}
+	c := catalog.New(store)
 	bg := context.Background()
-	w := Worker{ID: "w", Topic: "t", Incarnation: "i", Revision: 1, Status: StatusRunning, CodeSHA256: "a", CodeVersion: 1}
-	change := func(w Worker, h HistoryEntry) {
+	w := catalog.Worker{ID: "w", Topic: "t", Incarnation: "i", Revision: 1, Status: catalog.StatusRunning, CodeSHA256: "a", CodeVersion: 1}
+	change := func(w catalog.Worker, h catalog.HistoryEntry) {
 		t.Helper()
 		ctx := c.ReadAheadForApply(bg, w, &h)
 		read, err := c.CheckWrite(ctx, w)
@@ -52,14 +31,14 @@ func TestReadAheadLeavesOnlyTheRecordsReadOnTheWay(t *testing.T) {
 		if err := c.SaveWorkerOver(ctx, w, read); err != nil {
 			t.Fatal(err)
 		}
-		if got := store.reset(); len(got) != 1 || got[0] != workerKey(w.ID) {
+		if got := store.reads(); len(got) != 1 || !strings.HasSuffix(got[0], "/"+w.ID) {
 			t.Fatalf("%s: single reads %v; want only the record's", h.Action, got)
 		}
 	}
 	now := time.Now().UTC()
-	change(w, HistoryEntry{Version: 1, SHA256: "a", SourceKind: "content", Action: HistoryCreate, CreatedAt: now, Revision: 1})
+	change(w, catalog.HistoryEntry{Version: 1, SHA256: "a", SourceKind: "content", Action: catalog.HistoryCreate, CreatedAt: now, Revision: 1})
 	w.Revision, w.CodeVersion, w.CodeSHA256 = 2, 2, "b"
-	change(w, HistoryEntry{Version: 2, SHA256: "b", SourceKind: "content", Action: HistoryLoadCode, CreatedAt: now, Revision: 2})
+	change(w, catalog.HistoryEntry{Version: 2, SHA256: "b", SourceKind: "content", Action: catalog.HistoryLoadCode, CreatedAt: now, Revision: 2})
 	h, err := c.History(bg, "w")
 	if err != nil || len(h) != 2 || h[0].SHA256 != "a" || h[1].SHA256 != "b" {
 		t.Fatalf("history: %+v %v", h, err)
