@@ -675,8 +675,10 @@ func (c *Catalog) PutCode(ctx context.Context, body []byte) (string, error) {
 // index first only when that read found it there). A caller starts it
 // before the work that decides whether the body is stored at all (an
 // engine's check), so that the read is not on its path. Reading the index
-// a few milliseconds early changes nothing a sweep does: a sweep deletes
-// only candidates listed longer than its grace ago, which the read finds.
+// that much earlier (at most the check's time, which PrepareTimeout
+// bounds) changes nothing a sweep does: it deletes only candidates listed
+// longer than its grace ago (hours), which the read finds, and keeps a
+// blob listed after the read once the change's history names it.
 // The returned function may be called at most once, and need not be.
 func (c *Catalog) StartPutCode(ctx context.Context, sha string) func(ctx context.Context, body []byte) (string, error) {
 	type listing struct {
