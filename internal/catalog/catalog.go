@@ -682,14 +682,14 @@ func (c *Catalog) PutCode(ctx context.Context, body []byte) (string, error) {
 // The returned function may be called at most once, and need not be.
 func (c *Catalog) StartPutCode(ctx context.Context, sha string) func(ctx context.Context, body []byte) (string, error) {
 	type listing struct {
-		listed bool
-		err    error
+		page map[string]time.Time // the index page that would list sha
+		etag string
+		err  error
 	}
 	read := make(chan listing, 1)
 	go func() {
-		m, _, err := state.GetJSON[map[string]time.Time](ctx, c.store, orphansKey(sha))
-		_, listed := m[sha]
-		read <- listing{listed, err}
+		m, etag, err := state.GetJSON[map[string]time.Time](ctx, c.store, orphansKey(sha))
+		read <- listing{m, etag, err}
 	}()
 	return func(ctx context.Context, body []byte) (string, error) {
 		if got := SHA256(body); got != sha {
@@ -701,9 +701,26 @@ func (c *Catalog) StartPutCode(ctx context.Context, sha string) func(ctx context
 		case <-ctx.Done():
 			return sha, ctx.Err()
 		}
-		if l.err != nil || l.listed {
-			// Not read, or listed: PutCode's own way.
-			return c.PutCode(ctx, body)
+		_, listed := l.page[sha]
+		switch {
+		case l.err != nil:
+			return c.PutCode(ctx, body) // not read: PutCode's own way
+		case listed:
+			// Off the index first (PutCode), with the page as read: a
+			// page changed since fails the write's condition, and the
+			// change is made again on the page as it is now.
+			delete(l.page, sha)
+			b, err := json.Marshal(l.page)
+			if err != nil {
+				return sha, err
+			}
+			err = c.store.Put(ctx, orphansKey(sha), b, state.PutOptions{ETag: l.etag})
+			if errors.Is(err, state.ErrConflict) {
+				err = c.unorphan(ctx, sha)
+			}
+			if err != nil {
+				return sha, err
+			}
 		}
 		return sha, c.store.Put(ctx, codePrefix+sha, body, state.PutOptions{})
 	}

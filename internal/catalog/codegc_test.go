@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -247,5 +248,60 @@ func TestStartPutCodeTakesAListedBlobOffTheIndex(t *testing.T) {
 	}
 	if _, err := c.GetCode(ctx, wrong); !errors.Is(err, state.ErrNotFound) {
 		t.Fatalf("something was stored under the wrong SHA-256: %v", err)
+	}
+}
+
+// readSignal closes read once a Get of key has answered.
+type readSignal struct {
+	*state.MemoryStore
+	key  string
+	once sync.Once
+	read chan struct{}
+}
+
+func (r *readSignal) Get(ctx context.Context, key string) (state.Item, error) {
+	it, err := r.MemoryStore.Get(ctx, key)
+	if key == r.key {
+		r.once.Do(func() { close(r.read) })
+	}
+	return it, err
+}
+
+// A page of the orphan index that changes between StartPutCode's read and
+// its store (another blob listed on it): the write over the page as read
+// fails its condition, and the blob is taken off the page as it is now,
+// the other candidate kept.
+func TestStartPutCodeOverAPageChangedMeanwhile(t *testing.T) {
+	ctx := context.Background()
+	body := []byte("listed again")
+	sha := SHA256(body)
+	store := &readSignal{MemoryStore: state.NewMemoryStore(), key: orphansKey(sha), read: make(chan struct{})}
+	c := New(store)
+	if err := c.orphanCode(ctx, []HistoryEntry{{SHA256: sha}}); err != nil {
+		t.Fatal(err)
+	}
+	var neighbour string // a blob listed on the same page
+	for i := 0; neighbour == ""; i++ {
+		if s := SHA256([]byte(strconv.Itoa(i))); orphansKey(s) == orphansKey(sha) {
+			neighbour = s
+		}
+	}
+	put := c.StartPutCode(ctx, sha)
+	<-store.read
+	if err := c.orphanCode(ctx, []HistoryEntry{{SHA256: neighbour}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := put(ctx, body); got != sha || err != nil {
+		t.Fatalf("store: %s %v", got, err)
+	}
+	page, _, err := state.GetJSON[map[string]time.Time](ctx, store.MemoryStore, orphansKey(sha))
+	if _, listed := page[sha]; listed || err != nil {
+		t.Fatalf("the blob stored is still listed: %v %v", page, err)
+	}
+	if _, listed := page[neighbour]; !listed {
+		t.Fatalf("the candidate listed meanwhile was lost: %v", page)
+	}
+	if b, err := c.GetCode(ctx, sha); err != nil || !bytes.Equal(b, body) {
+		t.Fatalf("stored: %q %v", b, err)
 	}
 }
