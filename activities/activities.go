@@ -118,11 +118,11 @@ func (a *Activities) PrepareCode(ctx context.Context, in PrepareCodeInput) (cata
 	// its SHA-256 and named by that history: the sweep keeps it
 	// (catalog/codegc.go), so it is checked and not stored again.
 	rollback := in.Ref.RollbackTo > 0
-	var store func(context.Context, []byte) (string, error)
 	if !rollback {
-		// The orphan index is read beside the check (StartPutCode); the
-		// body is stored only once the check passed.
-		store = a.Catalog.StartPutCode(ctx, catalog.SHA256(body))
+		// The orphan index is read beside the check
+		// (ReadAheadForPutCode); the body is stored only once the check
+		// passed.
+		ctx = a.Catalog.ReadAheadForPutCode(ctx, catalog.SHA256(body))
 	}
 	if err := a.Node.Check(ctx, in.Worker, body); err != nil {
 		err = classify(a.onNode(err))
@@ -134,7 +134,7 @@ func (a *Activities) PrepareCode(ctx context.Context, in PrepareCodeInput) (cata
 	if rollback {
 		return in.Ref, nil
 	}
-	sha, err := store(ctx, body)
+	sha, err := a.Catalog.PutCode(ctx, body)
 	if err != nil {
 		return catalog.CodeRef{}, err
 	}

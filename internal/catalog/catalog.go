@@ -669,61 +669,19 @@ func (c *Catalog) PutCode(ctx context.Context, body []byte) (string, error) {
 	return sha, c.store.Put(ctx, codePrefix+sha, body, state.PutOptions{})
 }
 
-// StartPutCode begins a PutCode of a body whose SHA-256 is sha: it reads
-// now, in the background, whether sha is on the orphan index, and returns
-// the function that stores the body (PutCode's write, taking sha off the
-// index first only when that read found it there). A caller starts it
-// before the work that decides whether the body is stored at all (an
-// engine's check), so that the read is not on its path. Reading the index
-// that much earlier (at most the check's time, which PrepareTimeout
-// bounds) changes nothing a sweep does: it deletes only candidates listed
-// longer than its grace ago (hours), which the read finds, and keeps a
-// blob listed after the read once the change's history names it.
-// The returned function may be called at most once, and need not be.
-func (c *Catalog) StartPutCode(ctx context.Context, sha string) func(ctx context.Context, body []byte) (string, error) {
-	type listing struct {
-		page map[string]time.Time // the index page that would list sha
-		etag string
-		err  error
-	}
-	read := make(chan listing, 1)
-	go func() {
-		m, etag, err := state.GetJSON[map[string]time.Time](ctx, c.store, orphansKey(sha))
-		read <- listing{m, etag, err}
-	}()
-	return func(ctx context.Context, body []byte) (string, error) {
-		if got := SHA256(body); got != sha {
-			return got, fmt.Errorf("code %s is not the body to store (sha256 %s)", sha, got)
-		}
-		var l listing
-		select {
-		case l = <-read:
-		case <-ctx.Done():
-			return sha, ctx.Err()
-		}
-		_, listed := l.page[sha]
-		switch {
-		case l.err != nil:
-			return c.PutCode(ctx, body) // not read: PutCode's own way
-		case listed:
-			// Off the index first (PutCode), with the page as read: a
-			// page changed since fails the write's condition, and the
-			// change is made again on the page as it is now.
-			delete(l.page, sha)
-			b, err := json.Marshal(l.page)
-			if err != nil {
-				return sha, err
-			}
-			err = c.store.Put(ctx, orphansKey(sha), b, state.PutOptions{ETag: l.etag})
-			if errors.Is(err, state.ErrConflict) {
-				err = c.unorphan(ctx, sha)
-			}
-			if err != nil {
-				return sha, err
-			}
-		}
-		return sha, c.store.Put(ctx, codePrefix+sha, body, state.PutOptions{})
-	}
+// ReadAheadForPutCode starts reading the orphan index page that would
+// list sha (state.Prefetch): a PutCode of that body in the returned
+// context then takes it off the index (one read, a write only when it was
+// listed) without a read on its path. A caller starts it before the work
+// that decides whether the body is stored at all (an engine's check).
+// Reading the page that much earlier (at most the check's time, which the
+// activity's timeout bounds) changes nothing a sweep does: it deletes only
+// candidates listed longer than its grace ago (hours), which the read
+// finds, and keeps a blob listed after the read once the change's history
+// names it; a page changed since fails the write's condition and is read
+// again.
+func (c *Catalog) ReadAheadForPutCode(ctx context.Context, sha string) context.Context {
+	return state.Prefetch(ctx, c.store, []string{orphansKey(sha)})
 }
 
 // GetCode returns the body stored under sha, verifying it.

@@ -3,12 +3,12 @@ package placement
 import (
 	"context"
 	"fmt"
-	"github.com/virtufin/workmanager/internal/state"
 	"maps"
 	"slices"
 	"time"
 
 	"github.com/virtufin/workmanager/internal/catalog"
+	"github.com/virtufin/workmanager/internal/state"
 )
 
 // Placer makes the placement decisions that need the cluster's state: a

@@ -7,7 +7,8 @@ import (
 )
 
 // Read-ahead: a caller that knows which keys the next steps of its work
-// will read (a lifecycle change's record and history keys) starts reading
+// will read (a lifecycle change's history keys, its placement's keys, a
+// code body's page of the collection index) starts reading
 // them all at once, in one bulk read, beside the steps before (Prefetch);
 // the store WithPrefetch wraps then answers each of those keys' first Get
 // in that context from the bulk read instead of a round trip of its own.

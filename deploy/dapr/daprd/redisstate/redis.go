@@ -11,7 +11,8 @@ See the License for the specific language governing permissions and
 limitations under the License.
 */
 
-// Package redisstate is components-contrib v1.14.0's state/redis, copied
+// Package redisstate is components-contrib v1.14.0-rc.6's state/redis (the
+// version daprd v1.14.0 builds with here), copied
 // whole (redis.go, redis_query.go, redis_query_schema.go), with one change
 // for WorkManager, marked "WorkManager:" below: a value read from Redis
 // is taken as the string it is. Upstream turns every value it reads (each
