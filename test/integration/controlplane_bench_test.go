@@ -64,7 +64,8 @@ var cpOps = []string{"create", "create→msg", "load", "load→msg", "stop", "st
 // delete; WM_CP_ROUNDS (2) rounds per engine, load and spacing;
 // WM_CP_ENGINES (python,native,dotnet,dotnet-dll: C# source and the same
 // worker built ahead as a package) and WM_CP_LOADS (idle,saturated)
-// pick. With few samples p99 is the slowest. Run it with `make bench`
+// pick. An idle round starts once the machine is quiet (awaitQuiet).
+// With few samples p99 is the slowest. Run it with `make bench`
 // (-benchtime 1x).
 func BenchmarkControlPlane(b *testing.B) {
 	// No shared writable path (which turns spare runners off), as a node
@@ -310,9 +311,18 @@ func (c *cpBench) round(engine, load string, spaced bool) {
 		}
 	}
 	var id string
+	// A round starts on a node that has finished the work the round
+	// before left behind (idle load): a round follows one of the other
+	// spacing, and a spaced create 500 ms after a back-to-back .NET round
+	// ran beside that round's aftermath (a spare compiler's and four
+	// spare hosts' starts, about 1 s of CPU), so it timed the round
+	// before, not spaced calls. Within a round, each call runs beside
+	// what the calls before it in that round left.
+	if load == "idle" {
+		c.awaitQuiet()
+	}
 	// Spaced calls are spaced from the call before them, the last one of
-	// the round before included: a spaced create right after a
-	// back-to-back round's delete would time that round's aftermath.
+	// the round before included.
 	pause()
 	t0 := time.Now()
 	c.call("CreateWorker", func(ctx context.Context) error {
@@ -502,6 +512,58 @@ func (c *cpBench) logCPUByProcess(a, b map[int]procStat, ma, mb machineTimes) {
 	}
 	c.b.Logf("many: CPU per create: machine %s (%.0f%% busy), processes that ran to the end %s;%s", per(mb.busy-ma.busy),
 		100*float64(mb.busy-ma.busy)/float64(mb.wall-ma.wall)/float64(runtime.NumCPU()), per(all), sb.String())
+}
+
+// quietBusy is the share of the machine's CPU under which awaitQuiet
+// takes it to be quiet: an idle stack (Temporal's dev server, daprd,
+// Redis, the node) uses a few percent.
+const quietBusy = 0.15
+
+// awaitQuiet waits until the machine has been quiet (under quietBusy
+// busy) for 200 ms, at most 5 s (then it logs how busy it was and goes
+// on).
+func (c *cpBench) awaitQuiet() {
+	deadline := time.Now().Add(5 * time.Second)
+	quietSince := time.Time{}
+	last := time.Now()
+	a := procStatCPU()
+	for time.Now().Before(deadline) {
+		<-time.After(50 * time.Millisecond) // a sampling interval, not a wait for something
+		b := procStatCPU()
+		busy := cpuBusyShare(a, b)
+		a = b
+		now := time.Now()
+		if busy >= quietBusy || busy < 0 {
+			quietSince = time.Time{}
+		} else if quietSince.IsZero() {
+			quietSince = last
+		}
+		last = now
+		if !quietSince.IsZero() && now.Sub(quietSince) >= 200*time.Millisecond {
+			return
+		}
+	}
+	c.b.Logf("the machine was not quiet within 5 s (last %.0f%% busy): the round starts anyway", 100*cpuBusyShare(a, procStatCPU()))
+}
+
+// cpuBusyShare is the share of CPU time that was not idle (idle and
+// iowait) between two procStatCPU readings, -1 when they cannot tell.
+func cpuBusyShare(a, b []int64) float64 {
+	if len(a) < 5 || len(b) < 5 {
+		return -1
+	}
+	var total, idle int64
+	for i := range min(len(a), len(b), 8) { // guest time is counted in user already
+		d := b[i] - a[i]
+		total += d
+		if i == 3 || i == 4 {
+			idle += d
+		}
+	}
+	if total <= 0 {
+		return -1
+	}
+	return float64(total-idle) / float64(total)
 }
 
 // procStatCPU is /proc/stat's first line: the machine's CPU time by kind,
