@@ -316,3 +316,111 @@ func TestCheckForALoadElsewhereParksNoHost(t *testing.T) {
 		t.Fatalf("%d hosts parked after an ordinary check, want 1", n)
 	}
 }
+
+// helperLibrary is an assembly of a package's own that its worker
+// references (helperWorker).
+const helperLibrary = `
+public static class Helper
+{
+    public static string Tag(string id) { return "helper:" + id; }
+}
+`
+
+// helperWorker answers with what helperLibrary's Helper says.
+const helperWorker = `
+using System.Threading.Tasks;
+using Virtufin.Worker;
+using Virtufin.Worker.Json;
+
+public class UsesHelper : IWorker
+{
+    public Task<CloudEvent> ProcessAsync(CloudEvent input)
+    {
+        return Task.FromResult(new CloudEvent { Type = "helped", DataContentType = "application/json",
+            Data = new JsonObject { ["tag"] = Helper.Tag(input.Id) } });
+    }
+}
+`
+
+// A package's assemblies resolve the same on a spare host and on a host
+// started for its worker: a worker that references an assembly of its own
+// package (found in its directory), and one built against the original
+// DevKit's name, Virtufin.Worker.DevKit (which the host's Resolve, set up
+// before its hello, maps to the node's DevKit; the copy in the package is
+// ignored).
+func TestPackageReferencesResolveOnSpareAndStartedHosts(t *testing.T) {
+	for _, spares := range []int{0, 1} {
+		t.Run(fmt.Sprintf("spares-%d", spares), func(t *testing.T) {
+			e := newTestEngine(t, Config{Spares: spares, Sandbox: sandboxtest.Strict(t)})
+			t.Cleanup(func() { _ = e.Close() })
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			rt, err := e.runtimeFor(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := t.TempDir()
+			build := func(name, src string, refs ...string) []byte {
+				cs, dll := filepath.Join(dir, name+".cs"), filepath.Join(dir, name+".dll")
+				if err := os.WriteFile(cs, []byte(src), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				args := []string{"-target:library", "-out:" + dll, "-r:" + rt.devKit()}
+				for _, r := range refs {
+					args = append(args, "-r:"+r)
+				}
+				if out, err := exec.CommandContext(ctx, rt.mcs, append(args, cs)...).CombinedOutput(); err != nil {
+					t.Fatalf("mcs %s: %v\n%s", name, err, out)
+				}
+				b, err := os.ReadFile(dll)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return b
+			}
+			helper := build("Helper", helperLibrary)
+			helped := zipFiles(t, map[string]string{
+				"UsesHelper.nuspec":        `<?xml version="1.0"?><package><metadata><id>UsesHelper</id><version>1.0.0</version></metadata></package>`,
+				"lib/net48/UsesHelper.dll": string(build("UsesHelper", helperWorker, filepath.Join(dir, "Helper.dll"))),
+				"lib/net48/Helper.dll":     string(helper),
+			})
+			seed := seedPackage(t, rt, seedReferenceDevKit(t, rt), "seed_commandworker")
+			if spares > 0 {
+				enginetest.Load(t, e, hostSpec("first"), []byte(whoAmIWorker))
+			}
+			for _, tc := range []struct {
+				name     string
+				pkg      []byte
+				data     any
+				wantType string
+				want     string
+			}{
+				{"own-assembly", helped, nil, "helped", `{"tag":"helper:e1"}`},
+				{"original-devkit", seed, map[string]any{"command": "hello", "name": "Ada"}, "greeting", `{"greeting":"hello, Ada"}`},
+			} {
+				var spare *proc
+				if spares > 0 {
+					spare = waitSpareHost(t, e)
+				}
+				spec := hostSpec(tc.name)
+				spec.MIMEType = MIMEPackage
+				if err := e.Check(ctx, spec, tc.pkg); err != nil {
+					t.Fatalf("%s: check: %v", tc.name, err)
+				}
+				inst := enginetest.Load(t, e, spec, tc.pkg)
+				if spare != nil {
+					if got := hostPID(t, inst); got != spare.Pid {
+						t.Fatalf("%s runs in host %d, want the spare %d", tc.name, got, spare.Pid)
+					}
+				}
+				out, err := inst.Process(ctx, enginetest.NewEvent("e1", "t", tc.data, ""))
+				if err != nil || len(out) != 1 {
+					t.Fatalf("%s: outputs %v, err %v", tc.name, out, err)
+				}
+				if out[0].Type() != tc.wantType || normalizeJSON(t, out[0].Data()) != normalizeJSON(t, []byte(tc.want)) {
+					t.Fatalf("%s: %s %s, want %s %s", tc.name, out[0].Type(), out[0].Data(), tc.wantType, tc.want)
+				}
+			}
+		})
+	}
+}
