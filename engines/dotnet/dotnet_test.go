@@ -86,19 +86,7 @@ func buildPackage(t testing.TB, e *Engine, name, tfm string, src []byte) []byte 
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	cs := filepath.Join(dir, name+".cs")
-	if err := os.WriteFile(cs, src, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	dll := filepath.Join(dir, name+".dll")
-	if out, err := exec.CommandContext(ctx, rt.mcs, "-target:library", "-out:"+dll, "-r:"+rt.devKit(), cs).CombinedOutput(); err != nil {
-		t.Fatalf("mcs: %v\n%s", err, out)
-	}
-	b, err := os.ReadFile(dll)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := compileLibrary(ctx, t, rt, t.TempDir(), name, src)
 	if tfm == "" {
 		return b
 	}
@@ -106,6 +94,28 @@ func buildPackage(t testing.TB, e *Engine, name, tfm string, src []byte) []byte 
 		name + ".nuspec":                   `<?xml version="1.0"?><package><metadata><id>` + name + `</id><version>1.0.0</version></metadata></package>`,
 		"lib/" + tfm + "/" + name + ".dll": string(b),
 	})
+}
+
+// compileLibrary compiles src with mcs into dir/<name>.dll, a library
+// referencing the DevKit and the assemblies refs, and returns its bytes.
+func compileLibrary(ctx context.Context, t testing.TB, rt *runtime, dir, name string, src []byte, refs ...string) []byte {
+	t.Helper()
+	cs, dll := filepath.Join(dir, name+".cs"), filepath.Join(dir, name+".dll")
+	if err := os.WriteFile(cs, src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-target:library", "-out:" + dll, "-r:" + rt.devKit()}
+	for _, r := range refs {
+		args = append(args, "-r:"+r)
+	}
+	if out, err := exec.CommandContext(ctx, rt.mcs, append(args, cs)...).CombinedOutput(); err != nil {
+		t.Fatalf("mcs %s: %v\n%s", name, err, out)
+	}
+	b, err := os.ReadFile(dll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 func zipFiles(t testing.TB, files map[string]string) []byte {

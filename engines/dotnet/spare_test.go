@@ -360,28 +360,10 @@ func TestPackageReferencesResolveOnSpareAndStartedHosts(t *testing.T) {
 				t.Fatal(err)
 			}
 			dir := t.TempDir()
-			build := func(name, src string, refs ...string) []byte {
-				cs, dll := filepath.Join(dir, name+".cs"), filepath.Join(dir, name+".dll")
-				if err := os.WriteFile(cs, []byte(src), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				args := []string{"-target:library", "-out:" + dll, "-r:" + rt.devKit()}
-				for _, r := range refs {
-					args = append(args, "-r:"+r)
-				}
-				if out, err := exec.CommandContext(ctx, rt.mcs, append(args, cs)...).CombinedOutput(); err != nil {
-					t.Fatalf("mcs %s: %v\n%s", name, err, out)
-				}
-				b, err := os.ReadFile(dll)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return b
-			}
-			helper := build("Helper", helperLibrary)
+			helper := compileLibrary(ctx, t, rt, dir, "Helper", []byte(helperLibrary))
 			helped := zipFiles(t, map[string]string{
 				"UsesHelper.nuspec":        `<?xml version="1.0"?><package><metadata><id>UsesHelper</id><version>1.0.0</version></metadata></package>`,
-				"lib/net48/UsesHelper.dll": string(build("UsesHelper", helperWorker, filepath.Join(dir, "Helper.dll"))),
+				"lib/net48/UsesHelper.dll": string(compileLibrary(ctx, t, rt, dir, "UsesHelper", []byte(helperWorker), filepath.Join(dir, "Helper.dll"))),
 				"lib/net48/Helper.dll":     string(helper),
 			})
 			seed := seedPackage(t, rt, seedReferenceDevKit(t, rt), "seed_commandworker")
