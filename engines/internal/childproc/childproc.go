@@ -423,8 +423,14 @@ func (p *Proc) AwaitHello(read func() (byte, []byte, error), timeout time.Durati
 		p.Disarm()
 	}
 	if !ok || err != nil || !p.Healthy() {
+		// Said as it happened: a process that died at once did not
+		// wait for the timeout.
+		timedOut := !ok || p.TimedOut()
 		p.Kill()
-		return fmt.Errorf("no hello within %s: %v", timeout, err)
+		if timedOut || err == nil {
+			return fmt.Errorf("no hello within %s", timeout)
+		}
+		return fmt.Errorf("no hello: %w", err)
 	}
 	return nil
 }

@@ -236,22 +236,26 @@ func (s *Set[P]) refillLocked(settle bool) {
 }
 
 // startOne starts one process for the Set, then the next ones (refill). A
-// failed start stops the refill until the next take.
+// failed start stops the refill until the next take. A start that ends
+// after Close is not reported (Close may take what it needed away: an
+// engine removes the spares' slots), and what it started is retired.
 func (s *Set[P]) startOne() {
 	p, err := s.Start()
 	s.mu.Lock()
 	s.starting = false
 	s.signalLocked()
 	switch {
+	case s.closed:
+		s.mu.Unlock()
+		if err == nil {
+			p.Retire()
+		}
+		return
 	case err != nil:
 		s.mu.Unlock()
 		if s.OnError != nil {
 			s.OnError(err)
 		}
-		return
-	case s.closed:
-		s.mu.Unlock()
-		p.Retire()
 		return
 	}
 	s.idle = append(s.idle, p)

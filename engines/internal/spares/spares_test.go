@@ -250,3 +250,48 @@ func TestTakeAwaitingStartsASettlingSpare(t *testing.T) {
 		t.Fatalf("took %+v %v, want the third start", p, ok)
 	}
 }
+
+// A start that ends after Close is not reported as a failure (Close may
+// take away what it needed), and a process it started is retired.
+func TestAStartEndingAfterCloseIsNotReported(t *testing.T) {
+	for _, failAfterClose := range []bool{true, false} {
+		release := make(chan struct{})
+		var started *fake
+		startDone := make(chan struct{})
+		var reported atomic.Int32
+		s := &Set[*fake]{Want: 1,
+			Start: func() (*fake, error) {
+				defer close(startDone)
+				<-release
+				if failAfterClose {
+					return nil, errors.New("its slot is gone")
+				}
+				started = &fake{id: 1}
+				return started, nil
+			},
+			OnError: func(error) { reported.Add(1) }}
+		if _, ok := s.Take(); ok {
+			t.Fatal("a spare before any started")
+		}
+		s.Close()
+		close(release)
+		<-startDone
+		// startOne goes on after Start returned: a report would come at
+		// once (within 200 ms here), a retirement is waited for.
+		for deadline := time.Now().Add(200 * time.Millisecond); time.Now().Before(deadline) && reported.Load() == 0; time.Sleep(time.Millisecond) {
+		}
+		if n := reported.Load(); n != 0 {
+			t.Fatalf("fail after close %v: %d failures reported, want none", failAfterClose, n)
+		}
+		if !failAfterClose {
+			for deadline := time.Now().Add(5 * time.Second); !started.Exited(); time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the process started after Close was not retired")
+				}
+			}
+		}
+		if len(s.Ready()) != 0 {
+			t.Fatal("a process ready after Close")
+		}
+	}
+}
