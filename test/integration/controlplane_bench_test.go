@@ -527,10 +527,11 @@ func (c *cpBench) awaitQuiet() {
 	quietSince := time.Time{}
 	last := time.Now()
 	a := procStatCPU()
+	busy := -1.0
 	for time.Now().Before(deadline) {
 		<-time.After(50 * time.Millisecond) // a sampling interval, not a wait for something
 		b := procStatCPU()
-		busy := cpuBusyShare(a, b)
+		busy = cpuBusyShare(a, b)
 		a = b
 		now := time.Now()
 		if busy >= quietBusy || busy < 0 {
@@ -543,7 +544,7 @@ func (c *cpBench) awaitQuiet() {
 			return
 		}
 	}
-	c.b.Logf("the machine was not quiet within 5 s (last %.0f%% busy): the round starts anyway", 100*cpuBusyShare(a, procStatCPU()))
+	c.b.Logf("the machine was not quiet within 5 s (%.0f%% busy in the last 50 ms): the round starts anyway", 100*busy)
 }
 
 // cpuBusyShare is the share of CPU time that was not idle (idle and

@@ -278,16 +278,20 @@ func TestAStartEndingAfterCloseIsNotReported(t *testing.T) {
 		<-startDone
 		// startOne goes on after Start returned: a report would come at
 		// once (within 200 ms here), a retirement is waited for.
-		for deadline := time.Now().Add(200 * time.Millisecond); time.Now().Before(deadline) && reported.Load() == 0; time.Sleep(time.Millisecond) {
+		quiet := time.Now().Add(200 * time.Millisecond)
+		for reported.Load() == 0 && time.Now().Before(quiet) {
+			time.Sleep(time.Millisecond)
 		}
 		if n := reported.Load(); n != 0 {
 			t.Fatalf("fail after close %v: %d failures reported, want none", failAfterClose, n)
 		}
 		if !failAfterClose {
-			for deadline := time.Now().Add(5 * time.Second); !started.Exited(); time.Sleep(time.Millisecond) {
+			deadline := time.Now().Add(5 * time.Second)
+			for !started.Exited() {
 				if time.Now().After(deadline) {
 					t.Fatal("the process started after Close was not retired")
 				}
+				time.Sleep(time.Millisecond)
 			}
 		}
 		if len(s.Ready()) != 0 {
