@@ -82,6 +82,11 @@ type Spec struct {
 	MIMEType string
 	Topic    string
 	Group    string
+	// Tenant owns the worker ("" when the caller names none). Engines
+	// that keep a process for the next compile or check of code (the
+	// .NET engine's kept compilers) keep it for one tenant's code only,
+	// never another's.
+	Tenant string
 	// Timeout bounds one Process call; 0 means the engine's default.
 	Timeout time.Duration
 	// Logger receives the worker's own log output.

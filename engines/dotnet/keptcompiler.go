@@ -4,42 +4,62 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/virtufin/workmanager/engines/lull"
 )
 
 // Kept compilers (Config.KeptCompilers, DOTNET_KEPT_COMPILERS): a spare
-// compiler that compiled a worker's source successfully is kept for that
-// worker's next compile (a reload after an edit, a rollback to code no
-// longer cached) instead of being killed: keptSettle later it resets
-// mcs's static state, collects its garbage, stages the same compile again
-// and waits (host/Compiler.cs, "again"). The worker's next compile takes
-// it and leaves the spares alone, so no spare compiler starts in its
-// place: a spare's start, Mono loading and warming mcs, is about 0.4 s of
-// CPU, a kept compiler's staging 30–90 ms. A kept compiler only ever
-// compiles sources of the worker it was kept for, in the same sandbox,
+// compiler that compiled a worker's source successfully is kept for the
+// next compile of its owner — the worker's tenant (Spec.Tenant), or the
+// worker itself when the spec names no tenant — instead of being killed:
+// once the node's calls pause (keptSettle) it resets mcs's static state,
+// collects its garbage, stages the same compile again, preloads and waits
+// (host/Compiler.cs, "again").
+// The owner's next compile (a reload after an edit, a rollback to code no
+// longer cached, the tenant's next create) takes it and leaves the spares
+// alone, so no spare compiler starts in its place: a spare's start, Mono
+// loading and warming mcs, is about 0.4 s of CPU, a kept compiler's
+// staging and preload 160–240 ms. At most keptPerOwner are kept for one owner, so that
+// calls back to back (a create and the reload right behind it, whose
+// compiler is still staging) find one ready. A kept compiler only ever
+// compiles sources of its owner — one tenant's: the sources it compiles
+// come from one party, and mcs runs none of them — in the same sandbox,
 // under the same user id and limits as the spare it was (its CPU limit
 // counts its whole life: the warm-up and at most keptCompiles compiles;
 // its memory limit its whole address space: keptGrowth); one whose
-// compile failed is not kept. At most Config.KeptCompilers are kept, the
-// least recently used retired first, each for keptIdle after its last
-// compile.
+// compile failed is not kept. At most Config.KeptCompilers are kept in
+// all, the least recently used retired first, each for keptIdle after its
+// last compile.
 
 // keptCompiles bounds the compiles one kept compiler runs (its CPU limit
 // and its memory count its whole life).
 const keptCompiles = 8
 
-// keptIdle is how long a kept compiler waits for its worker's next
+// keptPerOwner bounds the compilers kept for one owner: one for the call
+// that comes next and one for the call right behind it.
+const keptPerOwner = 2
+
+// keptIdle is how long a kept compiler waits for its owner's next
 // compile (Config.KeptCompilerIdle's default).
 const keptIdle = time.Minute
 
-// keptSettle is how long after its compile a kept compiler starts
-// staging again (30–90 ms of CPU): a call back to back behind the one
-// that compiled, which takes a spare anyway (the kept one would not be
-// ready), runs without it beside.
-const keptSettle = 150 * time.Millisecond
+// keptSettle is how long after its compile, and after the node's last
+// call (lull.Node), a kept compiler starts staging again: the staging
+// and the preload that follows it are 160–240 ms of CPU (measured on
+// make run, two cores), which calls back to back behind the one that
+// compiled (a reload, a stop, a start, 20–50 ms apart) would otherwise
+// run beside. keptSettleMax bounds the wait under calls that never
+// pause; a compile that needs the compiler meanwhile stages it at once
+// (take).
+const (
+	keptSettle    = 100 * time.Millisecond
+	keptSettleMax = time.Second
+)
 
 // keptGrowth bounds how much more address space than when it was first
 // ready a kept compiler may hold and still be used: the compiler's
@@ -52,18 +72,31 @@ const keptSettle = 150 * time.Millisecond
 const keptGrowth = 64 << 20
 
 // keptWait bounds how long a compile that found no spare ready waits for
-// its worker's kept compiler to be ready again (its staging, 30–90 ms)
+// its owner's kept compiler to be ready again (its staging, 30–90 ms)
 // before it lets it go and waits for a spare or starts a compiler.
 const keptWait = 250 * time.Millisecond
 
-// keptCompilers are the compilers kept for their workers' next compile.
+// keptOwner is whose kept compilers a compile of worker, of tenant, may
+// take: the tenant's ("" : the worker's own). Worker ids never hold a
+// NUL, so a tenant's key is never a worker's.
+func keptOwner(tenant, worker string) string {
+	if tenant == "" {
+		return worker
+	}
+	return "\x00tenant\x00" + tenant
+}
+
+// keptCompilers are the compilers kept for their owners' next compiles.
 type keptCompilers struct {
 	max  int
 	idle time.Duration
 
-	mu       sync.Mutex
-	byWorker map[string]*kept
-	closed   bool
+	mu sync.Mutex
+	// byOwner are the compilers kept for each owner, the most recently
+	// kept last; n counts them all.
+	byOwner map[string][]*kept
+	n       int
+	closed  bool
 }
 
 // kept is one kept compiler.
@@ -73,18 +106,18 @@ type kept struct {
 	used  time.Time
 	ready chan struct{} // closed once it has staged again (or failed to)
 	timer *time.Timer   // retires it after idle
-	// restage tells it to stage again (once), settle does so after
-	// keptSettle.
+	// restage tells it to stage again (once), settle does so after a
+	// lull (keptSettle).
 	restage func()
-	settle  *time.Timer
+	settle  *lull.Timer
 }
 
-// keep keeps sc, which has just compiled worker's source with rt
-// successfully (its assembly moved away), for worker's next compile. It
-// reports false when sc is not kept (none are, the worker has no id, sc
-// ran its last compile or is gone): the caller releases it.
-func (k *keptCompilers) keep(worker string, rt *runtime, sc *spareCompiler) bool {
-	if k == nil || k.max <= 0 || worker == "" || sc.Exited() {
+// keep keeps sc, which has just compiled a source of owner's with rt
+// successfully (its assembly moved away), for owner's next compile. It
+// reports false when sc is not kept (none are, no owner, sc ran its last
+// compile or is gone): the caller releases it.
+func (k *keptCompilers) keep(owner string, rt *runtime, sc *spareCompiler) bool {
+	if k == nil || k.max <= 0 || owner == "" || sc.Exited() {
 		return false
 	}
 	sc.compiles++
@@ -92,14 +125,14 @@ func (k *keptCompilers) keep(worker string, rt *runtime, sc *spareCompiler) bool
 		return false
 	}
 	c := &kept{sc: sc, rt: rt, used: time.Now(), ready: sc.output.rearm()}
-	// It stages again keptSettle later (or when a compile waits for it),
-	// not beside the rest of the call whose compile it just ran or a
-	// call right behind it.
+	// It stages again once the node's calls pause (or when a compile
+	// waits for it), not beside the rest of the call whose compile it
+	// just ran or the calls right behind it.
 	c.restage = sync.OnceFunc(func() {
 		// A compiler gone meanwhile: its exit says so to take.
 		_, _ = sc.stdin.WriteString("again\n")
 	})
-	c.settle = time.AfterFunc(keptSettle, c.restage)
+	c.settle = lull.Node.After(keptSettle, keptSettleMax, c.restage)
 	var retire []*kept
 	k.mu.Lock()
 	if k.closed {
@@ -107,31 +140,51 @@ func (k *keptCompilers) keep(worker string, rt *runtime, sc *spareCompiler) bool
 		c.settle.Stop()
 		return false
 	}
-	if k.byWorker == nil {
-		k.byWorker = map[string]*kept{}
+	if k.byOwner == nil {
+		k.byOwner = map[string][]*kept{}
 	}
-	if old := k.byWorker[worker]; old != nil {
-		// Two compiles of one worker at once: the latest is kept.
-		retire = append(retire, old)
-		delete(k.byWorker, worker)
+	if l := k.byOwner[owner]; len(l) >= keptPerOwner {
+		// The owner's least recently kept makes room.
+		retire = append(retire, l[0])
+		k.removeLocked(owner, l[0])
 	}
-	for len(k.byWorker) >= k.max {
-		var lru string
-		for w, o := range k.byWorker {
-			if lru == "" || o.used.Before(k.byWorker[lru].used) {
-				lru = w
+	for k.n >= k.max {
+		lruOwner, lru := "", (*kept)(nil)
+		for o, l := range k.byOwner {
+			if lru == nil || l[0].used.Before(lru.used) {
+				lruOwner, lru = o, l[0]
 			}
 		}
-		retire = append(retire, k.byWorker[lru])
-		delete(k.byWorker, lru)
+		retire = append(retire, lru)
+		k.removeLocked(lruOwner, lru)
 	}
-	k.byWorker[worker] = c
-	c.timer = time.AfterFunc(k.idle, func() { k.retireIdle(worker, c) })
+	k.byOwner[owner] = append(k.byOwner[owner], c)
+	k.n++
+	c.timer = time.AfterFunc(k.idle, func() { k.retireIdle(owner, c) })
 	k.mu.Unlock()
 	for _, o := range retire {
 		o.stop()
 	}
 	return true
+}
+
+// removeLocked removes c from owner's kept compilers, reporting whether
+// it was there (k.mu held).
+func (k *keptCompilers) removeLocked(owner string, c *kept) bool {
+	l := k.byOwner[owner]
+	for i, o := range l {
+		if o == c {
+			l = append(l[:i:i], l[i+1:]...)
+			if len(l) == 0 {
+				delete(k.byOwner, owner)
+			} else {
+				k.byOwner[owner] = l
+			}
+			k.n--
+			return true
+		}
+	}
+	return false
 }
 
 // stop retires c, which is no longer kept.
@@ -141,47 +194,57 @@ func (c *kept) stop() {
 	c.sc.Release()
 }
 
-// retireIdle retires c, kept for worker, unless it was taken or
-// replaced meanwhile.
-func (k *keptCompilers) retireIdle(worker string, c *kept) {
+// retireIdle retires c, kept for owner, unless it was taken or retired
+// meanwhile.
+func (k *keptCompilers) retireIdle(owner string, c *kept) {
 	k.mu.Lock()
-	still := k.byWorker[worker] == c
-	if still {
-		delete(k.byWorker, worker)
-	}
+	still := k.removeLocked(owner, c)
 	k.mu.Unlock()
 	if still {
 		c.stop()
 	}
 }
 
-// take hands out worker's kept compiler for rt once it is ready again
-// (waiting at most wait, and until ctx ends), or nil: none kept, or the
-// one kept did not stage again in time or is gone (then retired). With
-// wait 0 it hands out one ready now, and one still staging stays kept.
-func (k *keptCompilers) take(ctx context.Context, worker string, rt *runtime, wait time.Duration) *spareCompiler {
-	if k == nil || worker == "" {
+// take hands out one of owner's kept compilers for rt once it is ready
+// again (waiting at most wait, and until ctx ends), or nil: none kept, or
+// the one taken did not stage again in time or is gone (then retired).
+// With wait 0 it hands out one ready now (the most recently kept of
+// those), and those still staging stay kept; with a wait, one ready now
+// or else the one that started staging first. Compilers kept for another
+// runtime (the engine's was rebuilt) are retired.
+func (k *keptCompilers) take(ctx context.Context, owner string, rt *runtime, wait time.Duration) *spareCompiler {
+	if k == nil || owner == "" {
 		return nil
 	}
+	var (
+		c      *kept
+		retire []*kept
+	)
 	k.mu.Lock()
-	c := k.byWorker[worker]
-	if c != nil && c.rt == rt && wait == 0 {
-		select {
-		case <-c.ready:
-		default:
-			c = nil // staging still: it stays kept
+	for _, o := range slices.Clone(k.byOwner[owner]) {
+		if o.rt != rt {
+			k.removeLocked(owner, o)
+			retire = append(retire, o)
 		}
 	}
+	l := k.byOwner[owner]
+	for i := len(l) - 1; i >= 0 && c == nil; i-- {
+		if isClosed(l[i].ready) {
+			c = l[i]
+		}
+	}
+	if c == nil && wait > 0 && len(l) > 0 {
+		c = l[0]
+	}
 	if c != nil {
-		delete(k.byWorker, worker)
+		k.removeLocked(owner, c)
 		c.timer.Stop()
 	}
 	k.mu.Unlock()
-	if c == nil {
-		return nil
+	for _, o := range retire {
+		o.stop()
 	}
-	if c.rt != rt {
-		c.stop()
+	if c == nil {
 		return nil
 	}
 	c.restage() // now, if it is still settling
@@ -215,13 +278,26 @@ func isClosed(ch chan struct{}) bool {
 	}
 }
 
-// ready returns the compilers kept now, by worker (tests).
+// ready returns the compiler kept most recently for each owner now
+// (tests).
 func (k *keptCompilers) ready() map[string]*spareCompiler {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	out := map[string]*spareCompiler{}
-	for w, c := range k.byWorker {
-		out[w] = c.sc
+	for o, l := range k.byOwner {
+		out[o] = l[len(l)-1].sc
+	}
+	return out
+}
+
+// keptFor returns the compilers kept for owner now, the most recently
+// kept last (tests).
+func (k *keptCompilers) keptFor(owner string) []*spareCompiler {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []*spareCompiler
+	for _, c := range k.byOwner[owner] {
+		out = append(out, c.sc)
 	}
 	return out
 }
@@ -229,11 +305,13 @@ func (k *keptCompilers) ready() map[string]*spareCompiler {
 // close retires the kept compilers and keeps no more.
 func (k *keptCompilers) close() {
 	k.mu.Lock()
-	all := k.byWorker
-	k.byWorker, k.closed = nil, true
+	all := k.byOwner
+	k.byOwner, k.n, k.closed = nil, 0, true
 	k.mu.Unlock()
-	for _, c := range all {
-		c.stop()
+	for _, l := range all {
+		for _, c := range l {
+			c.stop()
+		}
 	}
 }
 

@@ -349,11 +349,12 @@ type compiler struct {
 	// spares are the engine's spare compilers (sparecompiler.go); nil or
 	// none ready: the compile starts its own.
 	spares *spares.Set[*spareCompiler]
-	// worker is the worker whose source is compiled ("": none named);
-	// kept the compilers kept for their workers' next compile
+	// keptOwner is whose kept compilers the compile may take and keeps
+	// its compiler for (keptOwner: the worker's tenant, else the worker;
+	// "": none); kept the compilers kept for their owners' next compiles
 	// (keptcompiler.go).
-	worker string
-	kept   *keptCompilers
+	keptOwner string
+	kept      *keptCompilers
 }
 
 // compilerFor is how the source of the worker spec describes is compiled.
@@ -368,7 +369,7 @@ func (e *Engine) compilerFor(spec engines.Spec) compiler {
 	if l.FileSize == 0 {
 		l.FileSize = DefaultCompilerFileSize
 	}
-	return compiler{sb: e.cfg.Sandbox, owner: spec.WorkerID + "\x00mcs", limits: l, spares: e.compilers, worker: spec.WorkerID, kept: e.kept}
+	return compiler{sb: e.cfg.Sandbox, owner: spec.WorkerID + "\x00mcs", limits: l, spares: e.compilers, keptOwner: keptOwner(spec.Tenant, spec.WorkerID), kept: e.kept}
 }
 
 func (c compiler) sandboxed() bool { return c.sb != nil && c.sb.Mode() != sandbox.Off }
@@ -527,8 +528,8 @@ func (rt *runtime) compileArgs(srcDir, outDir, name string) []string {
 // starts mcs itself (about 135 ms).
 const spareCompilerWait = 400 * time.Millisecond
 
-// runCompiler compiles code (Worker.cs) with c: in the compiler kept for
-// c's worker (keptcompiler.go) or a spare compiler when one is ready
+// runCompiler compiles code (Worker.cs) with c: in a compiler kept for
+// c's tenant or worker (keptcompiler.go) or a spare compiler when one is ready
 // (sparecompiler.go), else in a compiler started for it that reads
 // dir/src and writes dir/out. It returns where the assembly is and a
 // function to call once the assembly has been moved away (moved true) or
@@ -536,17 +537,17 @@ const spareCompilerWait = 400 * time.Millisecond
 // compiler past a limit, are ErrInvalidCode.
 func (rt *runtime) runCompiler(ctx context.Context, c compiler, code []byte, dir string) (string, func(moved bool), error) {
 	if c.spares != nil && rt.mcsExe != "" {
-		// The worker's kept compiler when it is ready; else a spare ready
-		// now (a kept compiler staging again after the compile just
-		// before, calls back to back, is 50–90 ms from ready); else the
-		// kept one once it is ready; else a spare being started, waited
+		// A compiler kept for the worker's tenant (or the worker) when one
+		// is ready; else a spare ready now (a kept compiler staging again
+		// after the compile just before, calls back to back, is 50–90 ms
+		// from ready); else a kept one once it is ready; else a spare being started, waited
 		// for rather than starting mcs beside it (spares.Set.TakeAwaiting).
 		refill := func() {}
-		sc := c.kept.take(ctx, c.worker, rt, 0)
+		sc := c.kept.take(ctx, c.keptOwner, rt, 0)
 		if sc == nil {
 			var ok bool
 			if sc, ok, refill = c.spares.TakeDeferred(); !ok {
-				if sc = c.kept.take(ctx, c.worker, rt, keptWait); sc == nil {
+				if sc = c.kept.take(ctx, c.keptOwner, rt, keptWait); sc == nil {
 					sc, _, refill = c.spares.TakeAwaiting(ctx, spareCompilerWait)
 				}
 			}
@@ -556,7 +557,7 @@ func (rt *runtime) runCompiler(ctx context.Context, c compiler, code []byte, dir
 		if sc != nil {
 			built, err := sc.compile(ctx, rt, c, code)
 			return built, func(moved bool) {
-				if !moved || !c.kept.keep(c.worker, rt, sc) {
+				if !moved || !c.kept.keep(c.keptOwner, rt, sc) {
 					sc.Release()
 				}
 			}, err

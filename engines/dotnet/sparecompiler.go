@@ -16,6 +16,7 @@ import (
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/spares"
+	"github.com/virtufin/workmanager/engines/lull"
 )
 
 // Spare compilers (Config.SpareCompilers, DOTNET_SPARE_COMPILERS;
@@ -154,7 +155,7 @@ func (s *spareCompiler) Release() {
 
 // newSpareCompilers is the engine's set of spare compilers.
 func (e *Engine) newSpareCompilers() *spares.Set[*spareCompiler] {
-	return &spares.Set[*spareCompiler]{Want: e.cfg.SpareCompilers, Start: e.startSpareCompiler, Settle: spares.SettleAfterTake, OnError: func(err error) {
+	return &spares.Set[*spareCompiler]{Want: e.cfg.SpareCompilers, Start: e.startSpareCompiler, Settle: spares.SettleAfterTake, Lull: lull.Node, OnError: func(err error) {
 		e.cfg.Logger.Warn("dotnet engine: a spare compiler did not start; compiles start their own", "error", err)
 	}}
 }

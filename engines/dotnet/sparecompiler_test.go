@@ -9,8 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -628,4 +630,101 @@ func TestKeptCompilerCompilesItsWorkersNextSource(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitKeptFor waits until e keeps exactly want for owner, each staged
+// again and ready.
+func waitKeptFor(t *testing.T, e *Engine, owner string, want ...*spareCompiler) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
+		got := e.kept.keptFor(owner)
+		ok := len(got) == len(want)
+		for _, w := range want {
+			ok = ok && slices.Contains(got, w) && w.output.isReady()
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kept for %q: %v, want %v ready", owner, got, want)
+		}
+	}
+}
+
+// Compilers are kept for a worker's tenant: another worker of the same
+// tenant compiles on the one its tenant's last compile left (its own
+// source, into the code it then serves), another tenant's compile never
+// takes it, calls at once keep two for one tenant (no more), and the
+// engine keeps KeptCompilers in all, the least recently used retired
+// first.
+func TestKeptCompilersServeTheirTenantOnly(t *testing.T) {
+	e, ctx := warmedEngine(t, Config{CacheDir: t.TempDir(), SpareCompilers: 1, KeptCompilers: 3}, "strict")
+	spec := func(tenant, worker string) engines.Spec {
+		return engines.Spec{WorkerID: worker, Tenant: tenant, MIMEType: MIMESource}
+	}
+	echo := func(answer, tag string) []byte {
+		return unique(bytes.Replace(fixture(t, "echo"), []byte(`"conformance.echo"`), []byte(strconv.Quote(answer)), 1), tag)
+	}
+	check := func(tenant, worker string, code []byte) {
+		t.Helper()
+		if err := e.Check(ctx, spec(tenant, worker), code); err != nil {
+			t.Fatalf("%s/%s: %v", tenant, worker, err)
+		}
+	}
+	t1, t2 := keptOwner("t1", "a"), keptOwner("t2", "c")
+	if t1 == "a" || t1 != keptOwner("t1", "b") || t1 == t2 || keptOwner("", "a") != "a" {
+		t.Fatalf("kept owners: t1/a %q, t1/b %q, t2/c %q, none/a %q", t1, keptOwner("t1", "b"), t2, keptOwner("", "a"))
+	}
+
+	// The first compile finds none ready and starts one.
+	check("", "first", echo("first.out", "first"))
+	s1 := waitSpareCompiler(t, e)
+	check("t1", "a", echo("a.out", "a"))
+	waitKeptFor(t, e, t1, s1)
+
+	// b, of t1 too, compiles on a's compiler and serves its own code.
+	s2 := waitSpareCompiler(t, e, s1)
+	b := echo("b.out", "b")
+	check("t1", "b", b)
+	waitKeptFor(t, e, t1, s1)
+	if s1.compiles != 2 || !s2.output.isReady() || s2.Exited() {
+		t.Fatalf("b's compile: t1's compiler ran %d compiles (want 2), the spare ready %v", s1.compiles, s2.output.isReady())
+	}
+	inst, err := e.Load(ctx, spec("t1", "b"), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := inst.Process(ctx, enginetest.NewEvent("k1", "t", map[string]any{"x": 1}, ""))
+	_ = inst.Close(ctx)
+	if err != nil || len(out) != 1 || out[0].Type() != "b.out" {
+		t.Fatalf("b serves %v (err %v), want one output of type b.out", out, err)
+	}
+
+	// c, of t2, takes the spare, never t1's compiler.
+	check("t2", "c", echo("c.out", "c"))
+	waitKeptFor(t, e, t2, s2)
+	waitKeptFor(t, e, t1, s1)
+	if s1.compiles != 2 {
+		t.Fatalf("t1's compiler ran %d compiles after t2's, want 2", s1.compiles)
+	}
+
+	// Two compiles of t1 at once: one takes t1's compiler, the other the
+	// spare; both are kept for t1.
+	s3 := waitSpareCompiler(t, e, s1, s2)
+	var wg sync.WaitGroup
+	for _, w := range []string{"d", "e"} {
+		wg.Go(func() { check("t1", w, echo(w+".out", w)) })
+	}
+	wg.Wait()
+	waitKeptFor(t, e, t1, s1, s3)
+	waitKeptFor(t, e, t2, s2)
+
+	// Three kept in all: a fourth owner's retires the least recently
+	// used (t2's).
+	s4 := waitSpareCompiler(t, e, s1, s2, s3)
+	check("t3", "f", echo("f.out", "f"))
+	waitKeptFor(t, e, keptOwner("t3", "f"), s4)
+	takenBy(t, s2)
+	waitKeptFor(t, e, t2)
+	waitKeptFor(t, e, t1, s1, s3)
 }

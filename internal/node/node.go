@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/lull"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/dispatch"
 	"github.com/virtufin/workmanager/internal/lifecycleevents"
@@ -39,6 +40,11 @@ type Node struct {
 	disp    *dispatch.Dispatcher
 	timeout time.Duration
 	now     func() time.Time
+	// calls is where the node marks its lifecycle calls (Check, Apply,
+	// Remove) so that the engines' background work (spares started again,
+	// kept compilers staging) waits for a pause between them
+	// (engines/lull).
+	calls *lull.Gate
 	// started is when the node was made: a worker whose record has not
 	// changed since is attached again, not started anew (sync).
 	started  time.Time
@@ -155,7 +161,7 @@ const (
 
 // New returns a Node. timeout bounds one message in a worker (0: engine default).
 func New(log *slog.Logger, cat *catalog.Catalog, reg *engines.Registry, disp *dispatch.Dispatcher, timeout time.Duration) *Node {
-	return &Node{log: log, catalog: cat, engines: reg, disp: disp, timeout: timeout, now: time.Now, started: time.Now(),
+	return &Node{log: log, catalog: cat, engines: reg, disp: disp, timeout: timeout, now: time.Now, started: time.Now(), calls: lull.Node,
 		locks: map[string]*workerLock{}, attached: map[string]string{}, policy: map[string]dispatch.Worker{}, broken: map[string]brokenWorker{},
 		parallelism: DefaultReconcileParallelism}
 }
@@ -194,12 +200,13 @@ func (n *Node) lockWorker(id string) func() {
 
 // Spec is the engine spec for a worker.
 func (n *Node) Spec(w catalog.Worker) engines.Spec {
-	return engines.Spec{WorkerID: w.ID, MIMEType: w.MIMEType, Topic: w.Topic, Group: w.Group, Timeout: n.timeoutOf(w), GatewayTargets: w.GatewayTargets,
+	return engines.Spec{WorkerID: w.ID, MIMEType: w.MIMEType, Topic: w.Topic, Group: w.Group, Tenant: w.TenantName(), Timeout: n.timeoutOf(w), GatewayTargets: w.GatewayTargets,
 		MaxConcurrency: w.MaxConcurrency, MaxProcesses: w.MaxProcesses, Logger: n.workerLog(w.ID)}
 }
 
 // Check load-checks code for w with its engine without running it.
 func (n *Node) Check(ctx context.Context, w catalog.Worker, code []byte) error {
+	defer n.calls.Begin()()
 	e, err := n.engines.Lookup(w.MIMEType)
 	if err != nil {
 		return err
@@ -232,6 +239,7 @@ func (n *Node) Check(ctx context.Context, w catalog.Worker, code []byte) error {
 // catalog.ErrStale before the node acts on it; one overtaken while it ran
 // leaves the node matching the record again.
 func (n *Node) Apply(ctx context.Context, w catalog.Worker, history *catalog.HistoryEntry) error {
+	defer n.calls.Begin()()
 	defer n.lockWorker(w.ID)()
 	read, err := n.catalog.CheckWrite(ctx, w)
 	if err != nil {
@@ -411,6 +419,7 @@ func (n *Node) load(ctx context.Context, w catalog.Worker, reattach bool) (engin
 // A removal of another incarnation than the record's (a late attempt) is
 // refused with catalog.ErrStale and leaves the node matching the record.
 func (n *Node) Remove(ctx context.Context, w catalog.Worker) error {
+	defer n.calls.Begin()()
 	id := w.ID
 	defer n.lockWorker(id)()
 	if err := n.catalog.CheckRemove(ctx, w); err != nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/virtufin/workmanager/engines/lull"
 	"github.com/virtufin/workmanager/internal/catalog"
 	"github.com/virtufin/workmanager/internal/node"
 	"github.com/virtufin/workmanager/internal/node/nodetest"
@@ -317,5 +318,47 @@ func TestApplyLoadsTheBodyItsNodeChecked(t *testing.T) {
 	}
 	if n := reads.n.Load(); n != 1 {
 		t.Fatalf("Apply without a Check here: %d code reads, want 1", n)
+	}
+}
+
+// A lifecycle call is in flight on the engines' lull gate (engines/lull)
+// while it runs — an Apply whose load has not returned, which holds
+// background work back (TestAfterWaitsForALull) — and the check tells
+// the engine the worker's tenant (the .NET engine keeps compilers per
+// tenant).
+func TestLifecycleCallsHoldBackgroundWork(t *testing.T) {
+	f, ctx := nodetest.New(t), context.Background()
+	g := &lull.Gate{}
+	node.SetCalls(f.Node, g)
+	slow, err := f.Catalog.PutCode(ctx, []byte(nodetest.SlowCode))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := nodetest.Worker(catalog.StatusRunning, slow)
+	w.Tenant = "acme"
+	if err := f.Node.Check(ctx, w, []byte(nodetest.SlowCode)); err != nil {
+		t.Fatal(err)
+	}
+	if checks := f.Engine.Checks(); len(checks) != 1 || checks[0].Tenant != "acme" {
+		t.Fatalf("checks %+v, want one for tenant acme", checks)
+	}
+	applied := make(chan error, 1)
+	go func() {
+		applied <- f.Node.Apply(ctx, w, &catalog.HistoryEntry{Version: 1, SHA256: slow, SourceKind: "content"})
+	}()
+	for deadline := time.Now().Add(10 * time.Second); f.Engine.Attempts() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the apply's load did not start")
+		}
+	}
+	if n := g.InFlight(); n != 1 {
+		t.Fatalf("%d calls in flight on the gate while an apply runs, want 1", n)
+	}
+	f.Engine.Release()
+	if err := <-applied; err != nil {
+		t.Fatal(err)
+	}
+	if n := g.InFlight(); n != 0 {
+		t.Fatalf("%d calls in flight on the gate after the apply, want 0", n)
 	}
 }

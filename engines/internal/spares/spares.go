@@ -4,7 +4,8 @@
 // instead of waiting for a runtime to start. A spare is handed out once
 // and never taken back; one that died while it waited is retired, never
 // handed out. The next ones start in the background, one at a time,
-// after a short settle while another is still ready (Set.Settle); a
+// after a short settle while another is still ready (Set.Settle), once
+// the node's lifecycle calls pause (Set.Lull, engines/lull); a
 // caller may wait for the one being started instead of starting a
 // process of its own (Set.TakeAwaiting).
 package spares
@@ -15,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/virtufin/workmanager/engines/lull"
 	"github.com/virtufin/workmanager/engines/sandbox"
 )
 
@@ -45,6 +47,12 @@ type Set[P Proc] struct {
 	// beside it taking the CPU it needs. With none ready the next starts
 	// at once, as without Settle.
 	Settle time.Duration
+	// Lull, when set, makes a settling start wait, besides Settle from
+	// the take, until no call has run on the gate for Settle (the node's
+	// calls back to back: a create, then the reload right behind it), at
+	// most SettleMax from the take (default: settleMax).
+	Lull      *lull.Gate
+	SettleMax time.Duration
 
 	mu       sync.Mutex
 	idle     []P
@@ -56,8 +64,11 @@ type Set[P Proc] struct {
 	changed  chan struct{}
 	awaiting int
 	// settling is the pending delayed start (Settle).
-	settling *time.Timer
+	settling *lull.Timer
 }
+
+// settleMax is how long at most a settling start waits for a lull.
+const settleMax = time.Second
 
 // SettleAfterTake is the Settle of the Sets New makes (and of the .NET
 // engine's spare compilers): measured in BenchmarkControlPlane, a spare's
@@ -79,7 +90,7 @@ func New[P Proc](want int, sb *sandbox.Sandbox, start func() (P, error), log *sl
 		log.Info(what + ": none kept, as worker sandboxes share writable paths (SANDBOX_WRITABLE_PATHS)")
 		want = 0
 	}
-	return &Set[P]{Want: want, Start: start, Settle: SettleAfterTake, OnError: func(err error) {
+	return &Set[P]{Want: want, Start: start, Settle: SettleAfterTake, Lull: lull.Node, OnError: func(err error) {
 		log.Warn(what+" did not start; creates and starts start their own", "error", err)
 	}}
 }
@@ -218,7 +229,11 @@ func (s *Set[P]) refillLocked(settle bool) {
 	}
 	if settle {
 		if s.settling == nil {
-			s.settling = time.AfterFunc(s.Settle, func() {
+			wait := s.SettleMax
+			if wait <= 0 {
+				wait = settleMax
+			}
+			s.settling = s.Lull.After(s.Settle, wait, func() {
 				s.mu.Lock()
 				defer s.mu.Unlock()
 				s.settling = nil

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/virtufin/workmanager/engines/lull"
 )
 
 type fake struct {
@@ -297,5 +299,33 @@ func TestAStartEndingAfterCloseIsNotReported(t *testing.T) {
 		if len(s.Ready()) != 0 {
 			t.Fatal("a process ready after Close")
 		}
+	}
+}
+
+// With a Lull gate, a settling start waits, besides Settle, until no call
+// has run on the gate for Settle: a call in flight holds it (up to
+// SettleMax), and it starts once the call ends.
+func TestASettlingStartWaitsForALull(t *testing.T) {
+	var starts atomic.Int32
+	g := &lull.Gate{}
+	s := &Set[*fake]{Want: 2, Settle: 5 * time.Millisecond, Lull: g, SettleMax: time.Hour,
+		Start: func() (*fake, error) { return &fake{id: int(starts.Add(1))}, nil }}
+	t.Cleanup(s.Close)
+	s.Take()
+	waitReady(t, s, 2)
+	end := g.Begin()
+	if _, ok := s.Take(); !ok {
+		t.Fatal("none ready")
+	}
+	for range 10 {
+		time.Sleep(5 * time.Millisecond) // its settle, many times over
+		if n := starts.Load(); n != 2 {
+			t.Fatalf("%d starts while a call was in flight, want 2", n)
+		}
+	}
+	end()
+	waitReady(t, s, 2)
+	if n := starts.Load(); n != 3 {
+		t.Fatalf("%d starts, want 3", n)
 	}
 }
