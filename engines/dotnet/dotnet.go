@@ -372,7 +372,7 @@ func (e *Engine) prepare(ctx context.Context, spec engines.Spec, code []byte) (*
 	case MIMESource:
 		return rt.compile(ctx, e.cfg.CacheDir, code, e.compilerFor(spec))
 	case MIMEPackage:
-		return rt.unpack(e.cfg.CacheDir, code, e.cfg.MaxPackageBytes)
+		return rt.unpack(e.cfg.CacheDir, spec.Tenant, code, e.cfg.MaxPackageBytes)
 	default:
 		return nil, fmt.Errorf("dotnet engine: %w %q", engines.ErrUnknownMIMEType, spec.MIMEType)
 	}

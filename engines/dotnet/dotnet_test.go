@@ -237,3 +237,41 @@ func TestPackageErrors(t *testing.T) {
 		}
 	}
 }
+
+// A compiled source and an unpacked package are cached per tenant: the
+// same code checked for another tenant is compiled (unpacked) again into
+// an entry of its own, so a create's speed never tells one tenant that
+// another uploaded that code; for the same tenant, and for a spec that
+// names none, the entry is shared.
+func TestCacheEntriesAreTheTenantsOwn(t *testing.T) {
+	e := New(Config{CacheDir: t.TempDir()})
+	t.Cleanup(func() { _ = e.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	src := unique(fixture(t, "echo"), "cache per tenant")
+	pkg := buildPackage(t, e, "EchoPerTenant", "net48", fixture(t, "echo"))
+	entries := func(prefix string) int {
+		t.Helper()
+		dirs, err := filepath.Glob(filepath.Join(e.cfg.CacheDir, prefix+"*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(dirs)
+	}
+	for _, c := range []struct {
+		mime, prefix string
+		code         []byte
+	}{{MIMESource, "cs-", src}, {MIMEPackage, "pkg-", pkg}} {
+		for i, call := range []struct {
+			tenant, worker string
+			want           int
+		}{{"a", "w1", 1}, {"a", "w2", 1}, {"b", "w3", 2}, {"", "w4", 3}, {"", "w5", 3}} {
+			if err := e.Check(ctx, engines.Spec{WorkerID: call.worker, Tenant: call.tenant, MIMEType: c.mime}, c.code); err != nil {
+				t.Fatalf("%s check %d: %v", c.mime, i, err)
+			}
+			if n := entries(c.prefix); n != call.want {
+				t.Fatalf("%s: after the check of %q for tenant %q, %d cache entries, want %d", c.mime, call.worker, call.tenant, n, call.want)
+			}
+		}
+	}
+}

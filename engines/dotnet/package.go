@@ -3,8 +3,6 @@ package dotnet
 import (
 	"archive/zip"
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/xml"
 	"fmt"
 	"io"
@@ -67,11 +65,11 @@ func tfmRank(tfm string) int {
 }
 
 // unpack checks a package and extracts the chosen lib/<tfm>/ folder into
-// <cache>/pkg-<sha256>/, unless it is there already. A bare assembly (a
+// <cache>/pkg-<key>/ (cacheKey: the package's content, and its tenant's
+// when there is one), unless it is there already. A bare assembly (a
 // file starting with "MZ") is taken as a package of that one DLL.
-func (rt *runtime) unpack(cache string, code []byte, maxBytes int64) (*workerCode, error) {
-	sum := sha256.Sum256(code)
-	dir := filepath.Join(cache, "pkg-"+hex.EncodeToString(sum[:])[:24])
+func (rt *runtime) unpack(cache, tenant string, code []byte, maxBytes int64) (*workerCode, error) {
+	dir := filepath.Join(cache, "pkg-"+cacheKey(tenant, code))
 	if bytes.HasPrefix(code, []byte("MZ")) {
 		dll := filepath.Join(dir, "Worker.dll")
 		w := &workerCode{assemblies: []string{dll}, probe: []string{dir}, dir: dir}

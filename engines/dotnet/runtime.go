@@ -355,6 +355,24 @@ type compiler struct {
 	// (keptcompiler.go).
 	keptOwner string
 	kept      *keptCompilers
+	// tenant scopes the compiled assembly's cache entry (cacheKey).
+	tenant string
+}
+
+// cacheKey names a cache entry of parts (a source or a package, what it
+// was built with) for tenant: a tenant's entries are its own, so no
+// tenant learns from a create's speed that another uploaded the same
+// code (a hit is a compile or an unpack skipped). With no tenant (a
+// spec that names none) the entry is the content's alone, as before.
+func cacheKey(tenant string, parts ...[]byte) string {
+	h := sha256.New()
+	if tenant != "" {
+		h.Write([]byte("tenant\x00" + tenant + "\x00"))
+	}
+	for _, p := range parts {
+		h.Write(p)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:24]
 }
 
 // compilerFor is how the source of the worker spec describes is compiled.
@@ -369,7 +387,7 @@ func (e *Engine) compilerFor(spec engines.Spec) compiler {
 	if l.FileSize == 0 {
 		l.FileSize = DefaultCompilerFileSize
 	}
-	return compiler{sb: e.cfg.Sandbox, owner: spec.WorkerID + "\x00mcs", limits: l, spares: e.compilers, keptOwner: keptOwner(spec.Tenant, spec.WorkerID), kept: e.kept}
+	return compiler{sb: e.cfg.Sandbox, owner: spec.WorkerID + "\x00mcs", limits: l, spares: e.compilers, keptOwner: keptOwner(spec.Tenant, spec.WorkerID), kept: e.kept, tenant: spec.Tenant}
 }
 
 func (c compiler) sandboxed() bool { return c.sb != nil && c.sb.Mode() != sandbox.Off }
@@ -709,10 +727,7 @@ func (rt *runtime) compile(ctx context.Context, cache string, code []byte, c com
 	if len(bytes.TrimSpace(code)) == 0 {
 		return nil, fmt.Errorf("%w: the C# source is empty", engines.ErrInvalidCode)
 	}
-	h := sha256.New()
-	h.Write([]byte(rt.dir))
-	h.Write(code)
-	dir := filepath.Join(cache, "cs-"+hex.EncodeToString(h.Sum(nil))[:24])
+	dir := filepath.Join(cache, "cs-"+cacheKey(c.tenant, []byte(rt.dir), code))
 	dll := filepath.Join(dir, "Worker.dll")
 	w := &workerCode{assemblies: []string{dll}, probe: []string{dir}, dir: dir}
 	if _, err := os.Stat(dll); err == nil {
