@@ -83,9 +83,10 @@ type Spec struct {
 	Topic    string
 	Group    string
 	// Tenant owns the worker ("" when the caller names none). Engines
-	// that keep a process for the next compile or check of code (the
-	// .NET engine's kept compilers) keep it for one tenant's code only,
-	// never another's.
+	// that keep a process for the next compile of code (the .NET
+	// engine's kept compilers) keep it for one tenant's code only, and
+	// engines that cache prepared code (the .NET engine's compiled
+	// sources and unpacked packages) keep a tenant's entries its own.
 	Tenant string
 	// Timeout bounds one Process call; 0 means the engine's default.
 	Timeout time.Duration

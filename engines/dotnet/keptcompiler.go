@@ -72,7 +72,8 @@ const (
 const keptGrowth = 64 << 20
 
 // keptWait bounds how long a compile that found no spare ready waits for
-// its owner's kept compiler to be ready again (its staging, 30–90 ms)
+// its owner's kept compiler to be ready again (told to stage at once: its
+// staging and preload, 160–240 ms of CPU, ready once the staging is done)
 // before it lets it go and waits for a spare or starts a compiler.
 const keptWait = 250 * time.Millisecond
 

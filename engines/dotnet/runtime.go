@@ -557,8 +557,8 @@ func (rt *runtime) runCompiler(ctx context.Context, c compiler, code []byte, dir
 	if c.spares != nil && rt.mcsExe != "" {
 		// A compiler kept for the worker's tenant (or the worker) when one
 		// is ready; else a spare ready now (a kept compiler staging again
-		// after the compile just before, calls back to back, is 50–90 ms
-		// from ready); else a kept one once it is ready; else a spare being started, waited
+		// after the compile just before, calls back to back, is not
+		// ready); else a kept one once it is ready; else a spare being started, waited
 		// for rather than starting mcs beside it (spares.Set.TakeAwaiting).
 		refill := func() {}
 		sc := c.kept.take(ctx, c.keptOwner, rt, 0)

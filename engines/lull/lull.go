@@ -73,36 +73,23 @@ type Timer struct {
 	deadline time.Time
 	f        func()
 
-	mu    sync.Mutex
-	t     *time.Timer
-	state int // waiting, fired, stopped
+	mu   sync.Mutex
+	t    *time.Timer
+	done bool // f ran, or the timer was stopped
 }
-
-const (
-	waiting = iota
-	fired
-	stopped
-)
 
 // pollWhileBusy is how often a Timer looks again while a call runs.
 const pollWhileBusy = 10 * time.Millisecond
 
 // After runs f in its own goroutine once no call has run on g for quiet
-// and at least quiet from now — or at the latest max from now (quiet when
-// max is shorter), calls or not. A nil g waits quiet from now only.
-func (g *Gate) After(quiet, max time.Duration, f func()) *Timer {
-	t := &Timer{g: g, quiet: quiet, deadline: time.Now().Add(maxDuration(quiet, max)), f: f}
+// and at least quiet from now — or at the latest bound from now (quiet
+// when bound is shorter), calls or not. A nil g waits quiet from now only.
+func (g *Gate) After(quiet, bound time.Duration, f func()) *Timer {
+	t := &Timer{g: g, quiet: quiet, deadline: time.Now().Add(max(quiet, bound)), f: f}
 	t.mu.Lock()
 	t.t = time.AfterFunc(quiet, t.check)
 	t.mu.Unlock()
 	return t
-}
-
-func maxDuration(a, b time.Duration) time.Duration {
-	if a > b {
-		return a
-	}
-	return b
 }
 
 // check runs f when its time has come, or waits again.
@@ -114,7 +101,7 @@ func (t *Timer) check() {
 		at, ok = t.g.quietAt(now, t.quiet)
 	}
 	t.mu.Lock()
-	if t.state != waiting {
+	if t.done {
 		t.mu.Unlock()
 		return
 	}
@@ -127,12 +114,11 @@ func (t *Timer) check() {
 		wait = at.Sub(now)
 	}
 	if wait > 0 {
-		wait = min(wait, t.deadline.Sub(now))
-		t.t = time.AfterFunc(wait, t.check)
+		t.t.Reset(min(wait, t.deadline.Sub(now)))
 		t.mu.Unlock()
 		return
 	}
-	t.state = fired
+	t.done = true
 	t.mu.Unlock()
 	t.f()
 }
@@ -141,10 +127,10 @@ func (t *Timer) check() {
 func (t *Timer) Stop() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.state != waiting {
+	if t.done {
 		return false
 	}
-	t.state = stopped
+	t.done = true
 	t.t.Stop()
 	return true
 }
