@@ -2,6 +2,8 @@ package python
 
 import (
 	"bytes"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -118,3 +120,38 @@ func ForkServerRetry(t testing.TB, d time.Duration) {
 	forkServerRetry = d
 	t.Cleanup(func() { forkServerRetry = old })
 }
+
+// HoldSpareStarts makes e's next spare starts wait until release is
+// called (at the latest when the test ends), and makes a runner start
+// wait up to 30 s for a spare being started; started lists the pids of
+// the spares started since.
+func HoldSpareStarts(t testing.TB, e *Engine) (release func(), started func() []int) {
+	start, gate := e.spares.Start, make(chan struct{})
+	var mu sync.Mutex
+	var pids []int
+	e.spares.Start = func() (*proc, error) {
+		<-gate
+		p, err := start()
+		if err == nil {
+			mu.Lock()
+			pids = append(pids, p.Pid)
+			mu.Unlock()
+		}
+		return p, err
+	}
+	wait := spareRunnerWait
+	spareRunnerWait = 30 * time.Second
+	release = sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(func() {
+		release()
+		spareRunnerWait = wait
+	})
+	return release, func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(pids)
+	}
+}
+
+// SpareAwaiting is how many runner starts wait for the spare being started.
+func SpareAwaiting(e *Engine) int { return e.spares.Awaiting() }

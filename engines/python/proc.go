@@ -130,7 +130,7 @@ func (e *Engine) startLoaded(ctx context.Context, spec engines.Spec, interp stri
 	}
 	// A spare runner (spare.go) said hello already: it gets the worker's
 	// settings, then the code.
-	p, setup, refill := e.takeSpare(spec)
+	p, setup, refill := e.takeSpare(ctx, spec)
 	defer refill() // the next spare starts once this runner is loaded
 	if p == nil {
 		var err error

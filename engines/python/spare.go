@@ -1,12 +1,14 @@
 package python
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/internal/childproc"
@@ -22,12 +24,24 @@ import (
 // concurrency) and code, and is never given back; it runs under a user id
 // of its own (the sandbox's anonymous lease), not its worker's.
 
-// takeSpare returns a ready spare runner given to spec's worker, and the
-// setup frame that gives it the worker's settings; nil when none is ready
+// spareRunnerWait bounds how long a runner start waits for a spare being
+// started (spares.Set.TakeAwaiting) before it starts a runner itself.
+// A spare being started is well under way, and a second start beside it
+// would take the CPU that both need: a start right behind the call that
+// took the last spare (a stop and a start back to back after a create and
+// a reload, each of whose checks took one) forked a runner of its own
+// beside the spare started for it, 80 ms on a slow machine where a
+// forked runner's start alone is about 50 (docs/performance.md, "A start
+// right behind the calls that took the spares").
+var spareRunnerWait = 100 * time.Millisecond // a variable for tests
+
+// takeSpare returns a ready spare runner given to spec's worker (or, none
+// ready, the one being started, at most spareRunnerWait), and the setup
+// frame that gives it the worker's settings; nil when none is ready
 // (Config.Spares 0: never). Either way the next ones start in the
 // background once the caller calls refill (when its runner is loaded).
-func (e *Engine) takeSpare(spec engines.Spec) (p *proc, setup []byte, refill func()) {
-	p, ok, refill := e.spares.TakeDeferred()
+func (e *Engine) takeSpare(ctx context.Context, spec engines.Spec) (p *proc, setup []byte, refill func()) {
+	p, ok, refill := e.spares.TakeAwaiting(ctx, spareRunnerWait)
 	if !ok {
 		return nil, nil, refill
 	}

@@ -1,6 +1,7 @@
 package python_test
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -224,5 +225,41 @@ def process(event):
 	}
 	if n := python.SpareCount(e); n != 0 {
 		t.Fatalf("%d spares with shared paths, want none", n)
+	}
+}
+
+// A start that finds no spare ready while the next one is being started
+// (a stop and a start back to back, after the create and the reload took
+// the spares) takes that one rather than starting a runner beside it.
+func TestAStartTakesTheSpareBeingStarted(t *testing.T) {
+	e := newEngine(t, python.Config{Spares: 1, Sandbox: sandboxtest.Strict(t)})
+	load(t, e, specOf("w"), whoAmI) // spares start with the first load
+	first := waitSpares(t, e, 1)[0]
+	release, started := python.HoldSpareStarts(t, e)
+	a := load(t, e, specOf("a"), whoAmI) // takes the spare; the next one's start is held
+	if got := only(t, a); got != first {
+		t.Fatalf("a runs in pid %d, want the spare %d", got, first)
+	}
+	loaded := make(chan engines.Instance, 1)
+	go func() {
+		inst, err := e.Load(t.Context(), specOf("b"), []byte(whoAmI))
+		if err != nil {
+			t.Error(err)
+		}
+		loaded <- inst
+	}()
+	for deadline := time.Now().Add(10 * time.Second); python.SpareAwaiting(e) != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("b's start does not wait for the spare being started")
+		}
+	}
+	release()
+	b := <-loaded
+	if b == nil {
+		t.FailNow()
+	}
+	t.Cleanup(func() { _ = b.Close(context.Background()) })
+	if wb := ask(t, b); wb.ID != "b" || !slices.Contains(started(), only(t, b)) {
+		t.Fatalf("b runs in pid %d as %q, want the spare that was being started (%v)", only(t, b), wb.ID, started())
 	}
 }

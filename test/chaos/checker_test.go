@@ -33,8 +33,8 @@ var (
 
 // Leak tolerance: after the run and its drain, each node may hold at most
 // leakGoroutines more goroutines, leakHeap times the live Go heap (after two
-// collections) and leakRSS times the resident memory it had before the run
-// (after its workers were loaded). The live heap is where a leak of the
+// collections) and leakRSS times the anonymous resident memory (RssAnon)
+// it had before the run (after its workers were loaded). The live heap is where a leak of the
 // node's own shows; RSS also counts freed heap the Go runtime keeps (up to
 // its heap goal, twice the live heap with GOGC=100: a node that worked
 // through a backlog keeps more than one that has not) and native memory

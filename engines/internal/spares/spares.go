@@ -294,6 +294,14 @@ func (s *Set[P]) Close() {
 	}
 }
 
+// Awaiting is how many callers of TakeAwaiting wait for the process being
+// started (tests).
+func (s *Set[P]) Awaiting() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.awaiting
+}
+
 // Ready returns the processes ready now (tests).
 func (s *Set[P]) Ready() []P {
 	s.mu.Lock()
