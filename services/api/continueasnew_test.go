@@ -2,12 +2,16 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/mock"
+	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/mocks"
 	"go.temporal.io/sdk/temporal"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/virtufin/workmanager/internal/catalog"
 	pb "github.com/virtufin/workmanager/proto/workmanager/v1"
@@ -58,5 +62,36 @@ func TestUpdateRefusedWhileContinuingAsNewIsSentAgain(t *testing.T) {
 				t.Fatalf("got %v after %d updates, want the third one's answer", err, calls)
 			}
 		})
+	}
+}
+
+// An update Temporal refuses because the run's workflow task failed (a
+// node stopped or too slow while it held it: WorkflowNotReady) left no
+// trace: it is sent again until it is taken.
+func TestUpdateRefusedWhileTheWorkflowTaskFailedIsSentAgain(t *testing.T) {
+	id := "6203c8ee-cf77-4964-8144-e0bcaf0e2b6b"
+	notReady := serviceerror.NewWorkflowNotReady("Unable to perform workflow execution update due to Workflow Task in failed state.")
+	tc := mocks.NewClient(t)
+	ok := mocks.NewWorkflowUpdateHandle(t)
+	ok.On("Get", mock.Anything, mock.Anything).Return(func(_ context.Context, out any) error {
+		if w, isWorker := out.(*catalog.Worker); isWorker {
+			*w = catalog.Worker{ID: id, Status: catalog.StatusStopped}
+		}
+		return nil
+	}).Once()
+	calls := 0
+	tc.On("UpdateWorkflow", mock.Anything, mock.Anything).Return(func(context.Context, client.UpdateWorkflowOptions) (client.WorkflowUpdateHandle, error) {
+		if calls++; calls < 3 {
+			return nil, fmt.Errorf("failed workflow update: %w", notReady)
+		}
+		return ok, nil
+	}).Times(3)
+	s, _ := newServer(t, tc)
+	if _, err := s.StopWorker(context.Background(), &pb.StopWorkerRequest{WorkerId: id}); err != nil {
+		t.Fatalf("got %v after %d updates, want the third one's answer", err, calls)
+	}
+	// Where it cannot be sent again, the caller is told to try again.
+	if err := s.status(notReady, id); status.Code(err) != codes.Unavailable {
+		t.Fatalf("WorkflowNotReady maps to %v, want UNAVAILABLE", err)
 	}
 }

@@ -116,7 +116,7 @@ func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.C
 				return nil, err
 			}
 		}
-		_, err := s.create(ctx, w, ref, rid, attempt)
+		_, err := s.createSent(ctx, w, ref, rid, attempt)
 		var started *serviceerror.WorkflowExecutionAlreadyStarted
 		if errors.As(err, &started) {
 			return nil, gone(w, rid)
@@ -161,6 +161,33 @@ func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.C
 				rid, w.ID, c.Topic, c.MIMEType, c.Group, c.AllowedOutputs, c.GatewayTargets, placementText(c.Placement))
 		}
 		return &pb.CreateWorkerResponse{WorkerId: w.ID}, nil
+	}
+}
+
+// createSent is create with request id rid, sent again while Temporal
+// refuses it because the run's workflow task failed (WorkflowNotReady: a
+// node stopped, or too slow, while it held the task that had the update;
+// the update was never accepted and left no trace). The same attempt's
+// ids: twins share one outcome, and the run the first send started is
+// used (a create without a request id may not be sent again: its start
+// would find that run and answer ALREADY_EXISTS; it is UNAVAILABLE, try
+// again).
+func (s *Server) createSent(ctx context.Context, w catalog.Worker, ref catalog.CodeRef, rid string, attempt int) (catalog.Worker, error) {
+	wait := 100 * time.Millisecond
+	for {
+		c, err := s.create(ctx, w, ref, rid, attempt)
+		if !isServiceError[*serviceerror.WorkflowNotReady](err) {
+			return c, err
+		}
+		s.log.Warn("the worker's workflow task failed before it took the create; sending it again", "worker_id", w.ID, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return c, err
+		case <-t.C:
+		}
+		wait = min(2*wait, 2*time.Second)
 	}
 }
 

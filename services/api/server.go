@@ -457,9 +457,12 @@ func (s *Server) update(ctx context.Context, ref, name string, args ...any) (*pb
 // sendUpdate sends an update and waits for its outcome (into out, when
 // set). A run that is due to continue as new refuses new updates with
 // workflows.ContinueAsNewDue until its updates in flight have finished
-// and it continued as new: the update is sent again (by workflow id, so
-// to the new run), backing off, until it is taken or ctx ends. A refused
-// update left no trace in the workflow, so sending it again is safe.
+// and it continued as new; Temporal refuses them with WorkflowNotReady
+// while the run's workflow task has failed (a node stopped, or too slow,
+// holding it). Either way the update is sent again (by workflow id, so
+// to the current run), backing off, until it is taken or ctx ends. A
+// refused update left no trace in the workflow, so sending it again is
+// safe.
 func (s *Server) sendUpdate(ctx context.Context, o client.UpdateWorkflowOptions, out any) error {
 	wait := 20 * time.Millisecond
 	for {
@@ -467,7 +470,7 @@ func (s *Server) sendUpdate(ctx context.Context, o client.UpdateWorkflowOptions,
 		if err == nil {
 			err = h.Get(ctx, out)
 		}
-		if failure.Kind(err) != workflows.ContinueAsNewDue {
+		if failure.Kind(err) != workflows.ContinueAsNewDue && !isServiceError[*serviceerror.WorkflowNotReady](err) {
 			return err
 		}
 		t := time.NewTimer(wait)
@@ -576,6 +579,9 @@ func (s *Server) status(err error, id string) error {
 		// queue (nodes down or restarting, or Temporal just restarted).
 		s.log.Warn("no node polls the lifecycle task queue", "worker_id", id, "err", err)
 		return status.Errorf(codes.Unavailable, "worker %s: no node is serving lifecycle operations right now (nodes down or restarting); try again", id)
+	case isServiceError[*serviceerror.WorkflowNotReady](err):
+		s.log.Warn("the worker's workflow task failed before it took the operation", "worker_id", id, "err", err)
+		return status.Errorf(codes.Unavailable, "worker %s: its workflow could not take the operation now (a node holding it stopped or was too slow); try again", id)
 	case isServiceError[*serviceerror.ResourceExhausted](err):
 		s.log.Warn("Temporal is busy", "worker_id", id, "err", err)
 		return status.Errorf(codes.ResourceExhausted, "worker %s: Temporal is busy; try again", id)
