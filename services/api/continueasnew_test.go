@@ -39,13 +39,7 @@ func TestUpdateRefusedWhileContinuingAsNewIsSentAgain(t *testing.T) {
 			tc := mocks.NewClient(t)
 			refusedByHandle := mocks.NewWorkflowUpdateHandle(t)
 			refusedByHandle.On("Get", mock.Anything, mock.Anything).Return(due).Once()
-			ok := mocks.NewWorkflowUpdateHandle(t)
-			ok.On("Get", mock.Anything, mock.Anything).Return(func(_ context.Context, out any) error {
-				if w, isWorker := out.(*catalog.Worker); isWorker {
-					*w = catalog.Worker{ID: id, Status: catalog.StatusStopped}
-				}
-				return nil
-			}).Once()
+			ok := answers(t, id)
 			calls := 0
 			tc.On("UpdateWorkflow", mock.Anything, mock.Anything).Return(func(context.Context, client.UpdateWorkflowOptions) (client.WorkflowUpdateHandle, error) {
 				calls++
@@ -72,13 +66,7 @@ func TestUpdateRefusedWhileTheWorkflowTaskFailedIsSentAgain(t *testing.T) {
 	id := "6203c8ee-cf77-4964-8144-e0bcaf0e2b6b"
 	notReady := serviceerror.NewWorkflowNotReady("Unable to perform workflow execution update due to Workflow Task in failed state.")
 	tc := mocks.NewClient(t)
-	ok := mocks.NewWorkflowUpdateHandle(t)
-	ok.On("Get", mock.Anything, mock.Anything).Return(func(_ context.Context, out any) error {
-		if w, isWorker := out.(*catalog.Worker); isWorker {
-			*w = catalog.Worker{ID: id, Status: catalog.StatusStopped}
-		}
-		return nil
-	}).Once()
+	ok := answers(t, id)
 	calls := 0
 	tc.On("UpdateWorkflow", mock.Anything, mock.Anything).Return(func(context.Context, client.UpdateWorkflowOptions) (client.WorkflowUpdateHandle, error) {
 		if calls++; calls < 3 {
@@ -94,4 +82,16 @@ func TestUpdateRefusedWhileTheWorkflowTaskFailedIsSentAgain(t *testing.T) {
 	if err := s.status(notReady, id); status.Code(err) != codes.Unavailable {
 		t.Fatalf("WorkflowNotReady maps to %v, want UNAVAILABLE", err)
 	}
+}
+
+// answers is an update handle whose one Get answers worker id, stopped.
+func answers(t *testing.T, id string) *mocks.WorkflowUpdateHandle {
+	h := mocks.NewWorkflowUpdateHandle(t)
+	h.On("Get", mock.Anything, mock.Anything).Return(func(_ context.Context, out any) error {
+		if w, isWorker := out.(*catalog.Worker); isWorker {
+			*w = catalog.Worker{ID: id, Status: catalog.StatusStopped}
+		}
+		return nil
+	}).Once()
+	return h
 }
