@@ -173,21 +173,15 @@ func (s *Server) createOnce(ctx context.Context, w catalog.Worker, ref catalog.C
 // would find that run and answer ALREADY_EXISTS; it is UNAVAILABLE, try
 // again).
 func (s *Server) createSent(ctx context.Context, w catalog.Worker, ref catalog.CodeRef, rid string, attempt int) (catalog.Worker, error) {
-	wait := 100 * time.Millisecond
-	for {
+	for wait := 100 * time.Millisecond; ; {
 		c, err := s.create(ctx, w, ref, rid, attempt)
 		if !isServiceError[*serviceerror.WorkflowNotReady](err) {
 			return c, err
 		}
 		s.log.Warn("the worker's workflow task failed before it took the create; sending it again", "worker_id", w.ID, "err", err)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backOff(ctx, &wait, 2*time.Second) {
 			return c, err
-		case <-t.C:
 		}
-		wait = min(2*wait, 2*time.Second)
 	}
 }
 

@@ -464,8 +464,7 @@ func (s *Server) update(ctx context.Context, ref, name string, args ...any) (*pb
 // refused update left no trace in the workflow, so sending it again is
 // safe.
 func (s *Server) sendUpdate(ctx context.Context, o client.UpdateWorkflowOptions, out any) error {
-	wait := 20 * time.Millisecond
-	for {
+	for wait := 20 * time.Millisecond; ; {
 		h, err := s.temporal.UpdateWorkflow(ctx, o)
 		if err == nil {
 			err = h.Get(ctx, out)
@@ -473,15 +472,24 @@ func (s *Server) sendUpdate(ctx context.Context, o client.UpdateWorkflowOptions,
 		if failure.Kind(err) != workflows.ContinueAsNewDue && !isServiceError[*serviceerror.WorkflowNotReady](err) {
 			return err
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backOff(ctx, &wait, time.Second) {
 			return ctx.Err()
-		case <-t.C:
 		}
-		wait = min(2*wait, time.Second)
 	}
+}
+
+// backOff waits *wait before a refused call is sent again, then doubles
+// *wait, up to most; false when ctx ended first.
+func backOff(ctx context.Context, wait *time.Duration, most time.Duration) bool {
+	t := time.NewTimer(*wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	}
+	*wait = min(2**wait, most)
+	return true
 }
 
 // state queries a worker's workflow; a deleted or never-created worker is

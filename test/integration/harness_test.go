@@ -602,11 +602,19 @@ func (e *env) killNode() { e.node.Kill() }
 // waitLifecycle waits for a lifecycle event of kind for workerID.
 func (e *env) waitLifecycle(workerID string, kind lifecycleevents.Kind, timeout time.Duration) lifecycleEvent {
 	e.t.Helper()
+	return e.waitLifecycleFor(workerID, kind, "", timeout)
+}
+
+// waitLifecycleFor waits for a lifecycle event of the worker of that kind
+// about one input event (eventID; any when empty): a worker.error of an
+// earlier input's retry can arrive after the test moved on to the next one.
+func (e *env) waitLifecycleFor(workerID string, kind lifecycleevents.Kind, eventID string, timeout time.Duration) lifecycleEvent {
+	e.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		e.mu.Lock()
 		for _, ev := range e.lifecycle {
-			if ev.Data.WorkerID == workerID && ev.Type == lifecycleevents.TypePrefix+string(kind) {
+			if ev.Data.WorkerID == workerID && ev.Type == lifecycleevents.TypePrefix+string(kind) && (eventID == "" || ev.Data.EventID == eventID) {
 				e.mu.Unlock()
 				return ev
 			}
@@ -614,7 +622,7 @@ func (e *env) waitLifecycle(workerID string, kind lifecycleevents.Kind, timeout 
 		e.mu.Unlock()
 		time.Sleep(50 * time.Millisecond)
 	}
-	e.t.Fatalf("no %s lifecycle event for worker %s within %s (got %v)", kind, workerID, timeout, e.lifecycleFor(workerID))
+	e.t.Fatalf("no %s lifecycle event for worker %s (input %q) within %s (got %v)", kind, workerID, eventID, timeout, e.lifecycleFor(workerID))
 	return lifecycleEvent{}
 }
 
