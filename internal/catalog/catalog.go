@@ -20,6 +20,7 @@ import (
 
 	"github.com/virtufin/workmanager/internal/state"
 	"github.com/virtufin/workmanager/internal/tenant"
+	"golang.org/x/sync/errgroup"
 )
 
 // Status is a worker's desired state.
@@ -453,6 +454,12 @@ func (c *Catalog) DeleteWorker(ctx context.Context, id string) error {
 // period has passed.
 func (c *Catalog) RemoveWorker(ctx context.Context, w Worker) error {
 	id := w.ID
+	// The keys the steps below read first (the record, the history's
+	// head and legacy array, the two index pages) in one bulk read; each
+	// write over them is conditional on the ETag read, so a value read
+	// ahead is as safe as one read later (state.Prefetch).
+	ctx = state.Prefetch(ctx, c.store, []string{workerKey(id), legacyHistoryKey(id), historyHeadKey(id),
+		indexKey(indexPage(id)), tenantIndexKey(tenant.Of(id), tenantIndexPage(id))})
 	// The record read for the check is what the tombstone is first
 	// written over (conditional on its ETag: a record written since is
 	// read again), not read a second time.
@@ -474,19 +481,23 @@ func (c *Catalog) RemoveWorker(ctx context.Context, w Worker) error {
 	if err := c.orphanCode(ctx, history); err != nil {
 		return err
 	}
-	if err := c.updateIndex(ctx, indexPage(id), func(ids []string) ([]string, bool) {
-		i := slices.Index(ids, id)
-		if i < 0 {
-			return ids, false
-		}
-		return slices.Delete(ids, i, i+1), true
-	}); err != nil {
-		return err
-	}
-	if err := c.removeFromTenantIndex(ctx, id); err != nil {
-		return err
-	}
-	if err := c.deleteHistory(ctx, id, high); err != nil {
+	// The index entries and the history go side by side: each step may
+	// run again after a cut-off (an entry already gone is not written; a
+	// key already deleted is deleted again), and the tombstone, last,
+	// waits for all three.
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return c.updateIndex(gctx, indexPage(id), func(ids []string) ([]string, bool) {
+			i := slices.Index(ids, id)
+			if i < 0 {
+				return ids, false
+			}
+			return slices.Delete(ids, i, i+1), true
+		})
+	})
+	g.Go(func() error { return c.removeFromTenantIndex(gctx, id) })
+	g.Go(func() error { return c.deleteHistory(gctx, id, high) })
+	if err := g.Wait(); err != nil {
 		return err
 	}
 	for conflicts := 0; ; conflicts++ {

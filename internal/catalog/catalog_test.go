@@ -229,6 +229,7 @@ type bulkCounter struct {
 	calls []int
 	gets  int
 	read  []string
+	bulk  []string
 }
 
 func (b *bulkCounter) Get(ctx context.Context, key string) (state.Item, error) {
@@ -248,9 +249,19 @@ func (b *bulkCounter) reads() []string {
 	return r
 }
 
+// bulkReads returns the keys read in bulk since the last call.
+func (b *bulkCounter) bulkReads() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := b.bulk
+	b.bulk = nil
+	return r
+}
+
 func (b *bulkCounter) GetMany(ctx context.Context, keys []string) ([]state.Result, error) {
 	b.mu.Lock()
 	b.calls = append(b.calls, len(keys))
+	b.bulk = append(b.bulk, keys...)
 	b.mu.Unlock()
 	return b.MemoryStore.GetMany(ctx, keys)
 }

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"hash/fnv"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/virtufin/workmanager/internal/state"
+	"golang.org/x/sync/errgroup"
 )
 
 // Code blobs are content-addressed (code/<sha256>) and shared by every
@@ -53,24 +56,27 @@ func (c *Catalog) orphanCode(ctx context.Context, history []HistoryEntry) error 
 		}
 	}
 	now := time.Now().UTC()
+	// The pages are read in one bulk read and updated side by side.
+	ctx = state.Prefetch(ctx, c.store, slices.Collect(maps.Keys(byKey)))
+	g, gctx := errgroup.WithContext(ctx)
 	for key, shas := range byKey {
-		if err := state.UpdateJSON(ctx, c.store, key, func(m *map[string]time.Time) bool {
-			changed := false
-			for _, sha := range shas {
-				if _, ok := (*m)[sha]; !ok {
-					if *m == nil {
-						*m = map[string]time.Time{}
+		g.Go(func() error {
+			return state.UpdateJSON(gctx, c.store, key, func(m *map[string]time.Time) bool {
+				changed := false
+				for _, sha := range shas {
+					if _, ok := (*m)[sha]; !ok {
+						if *m == nil {
+							*m = map[string]time.Time{}
+						}
+						(*m)[sha] = now
+						changed = true
 					}
-					(*m)[sha] = now
-					changed = true
 				}
-			}
-			return changed
-		}); err != nil {
-			return err
-		}
+				return changed
+			})
+		})
 	}
-	return nil
+	return g.Wait()
 }
 
 // unorphan takes sha off the orphan index (one read; a write only when it

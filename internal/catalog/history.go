@@ -317,20 +317,18 @@ func (c *Catalog) readHistory(ctx context.Context, id string, from, to int64, le
 }
 
 // deleteHistory removes every key of a worker's history: the entries
-// 1..high (historyParallel at a time), the legacy array, and the head
+// 1..high and the legacy array (historyParallel at a time), and the head
 // last, so that a delete cut off half-way and retried still knows the
 // range. The work is one delete per version the worker ever had.
 func (c *Catalog) deleteHistory(ctx context.Context, id string, high int64) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(historyParallel)
+	g.Go(func() error { return c.store.Delete(gctx, legacyHistoryKey(id), "") })
 	for v := int64(1); v <= high; v++ {
 		g.Go(func() error { return c.store.Delete(gctx, historyEntryKey(id, v), "") })
 	}
 	if err := g.Wait(); err != nil {
 		return fmt.Errorf("deleting the history of worker %s: %w", id, err)
-	}
-	if err := c.store.Delete(ctx, legacyHistoryKey(id), ""); err != nil {
-		return err
 	}
 	return c.store.Delete(ctx, historyHeadKey(id), "")
 }

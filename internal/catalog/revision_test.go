@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/virtufin/workmanager/internal/catalog"
@@ -186,8 +187,8 @@ func TestSavingALiveWorkerReadsNoIndex(t *testing.T) {
 	}
 }
 
-// A delete reads the worker's record once: its tombstone is written over
-// the read its check made. A record written between the two (a late
+// A delete reads the worker's record once (in the bulk read of the keys
+// it reads first): its tombstone is written over the read its check made. A record written between the two (a late
 // change of the same incarnation, a new incarnation) fails the
 // tombstone's write on its ETag and is read again: the first is
 // tombstoned all the same, the second refused as stale and kept.
@@ -201,6 +202,7 @@ func TestRemovingAWorkerReadsItsRecordOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 		store.reads()
+		store.bulkReads()
 		var written catalog.Worker
 		if between != "" {
 			written = w
@@ -226,7 +228,7 @@ func TestRemovingAWorkerReadsItsRecordOnce(t *testing.T) {
 		}
 		err := c.RemoveWorker(ctx, w)
 		var recordReads int
-		for _, k := range store.reads() {
+		for _, k := range append(store.reads(), store.bulkReads()...) {
 			if strings.HasSuffix(k, "workers/w1") {
 				recordReads++
 			}
@@ -251,17 +253,64 @@ func TestRemovingAWorkerReadsItsRecordOnce(t *testing.T) {
 
 // writeBetween runs hook once, before the first write of an index page
 // (a delete takes its worker out of its index after its check read the
-// record).
+// record). The delete writes its two index pages side by side: the
+// other waits until the hook has run.
 type writeBetween struct {
 	*bulkCounter
+	mu   sync.Mutex
 	hook func()
 }
 
 func (s *writeBetween) Put(ctx context.Context, key string, value []byte, opts state.PutOptions) error {
-	if s.hook != nil && strings.Contains(key, "index") {
-		h := s.hook
-		s.hook = nil
-		h()
+	if strings.Contains(key, "index") {
+		s.mu.Lock()
+		if h := s.hook; h != nil {
+			s.hook = nil
+			h()
+		}
+		s.mu.Unlock()
 	}
 	return s.bulkCounter.Put(ctx, key, value, opts)
+}
+
+// A delete reads everything it needs in bulk: the record, the history's
+// head and legacy array and both index pages in one read at its start,
+// the history's entries in another and the collection index's pages in a
+// third; no key is read on its own (each single read was a round trip on
+// the delete's path: sixteen of them for a worker with two versions).
+func TestRemovingAWorkerReadsInBulk(t *testing.T) {
+	ctx := context.Background()
+	store := &bulkCounter{MemoryStore: state.NewMemoryStore()}
+	c := catalog.New(store)
+	w := catalog.Worker{ID: "w1", Topic: "t", Status: catalog.StatusRunning, Revision: 1, Incarnation: "run-a"}
+	if err := c.SaveWorker(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	for v, body := range []string{"v1", "v2 in another orphan page, likely"} {
+		sha, err := c.PutCode(ctx, []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.AppendHistory(ctx, w.ID, catalog.HistoryEntry{Version: int64(v + 1), SHA256: sha, SourceKind: "content"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store.reads()
+	store.bulkReads()
+	if err := c.RemoveWorker(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	single, bulk := store.reads(), store.bulkReads()
+	if len(single) != 0 || !slices.ContainsFunc(bulk, func(k string) bool { return strings.HasSuffix(k, "workers/w1") }) {
+		t.Fatalf("a delete read %q on their own (want none) and %q in bulk (want the record among them)", single, bulk)
+	}
+	if _, err := c.GetWorker(ctx, w.ID); !errors.Is(err, catalog.ErrNotFound) {
+		t.Fatalf("after the delete: %v, want not found", err)
+	}
+	if h, _, err := c.HistoryPage(ctx, w.ID, 0, 10); err != nil || len(h) != 0 {
+		t.Fatalf("history after the delete: %v %v, want none", h, err)
+	}
+	if ids, err := c.WorkerIDs(ctx); err != nil || len(ids) != 0 {
+		t.Fatalf("index after the delete: %v %v, want empty", ids, err)
+	}
 }
