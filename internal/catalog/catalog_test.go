@@ -241,20 +241,17 @@ func (b *bulkCounter) Get(ctx context.Context, key string) (state.Item, error) {
 }
 
 // reads returns the keys read singly since the last call.
-func (b *bulkCounter) reads() []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	r := b.read
-	b.read = nil
-	return r
-}
+func (b *bulkCounter) reads() []string { return b.drain(&b.read) }
 
 // bulkReads returns the keys read in bulk since the last call.
-func (b *bulkCounter) bulkReads() []string {
+func (b *bulkCounter) bulkReads() []string { return b.drain(&b.bulk) }
+
+// drain empties one of b's lists and returns what it held.
+func (b *bulkCounter) drain(keys *[]string) []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	r := b.bulk
-	b.bulk = nil
+	r := *keys
+	*keys = nil
 	return r
 }
 

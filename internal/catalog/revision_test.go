@@ -104,12 +104,7 @@ func TestRemoveOfAnUnwrittenRecordRefusesItsLateWrite(t *testing.T) {
 // whose record was removed meanwhile index the worker as before.
 func TestSavingALiveWorkerReadsNoIndex(t *testing.T) {
 	ctx := context.Background()
-	store := &bulkCounter{MemoryStore: state.NewMemoryStore()}
-	c := catalog.New(store)
-	w := catalog.Worker{ID: "w1", Topic: "t", Status: catalog.StatusRunning, Revision: 1, Incarnation: "run-a"}
-	if err := c.SaveWorker(ctx, w); err != nil {
-		t.Fatal(err)
-	}
+	store, c, w := savedLive(t)
 	if r := store.reads(); !slices.ContainsFunc(r, func(k string) bool { return strings.Contains(k, "index") }) {
 		t.Fatalf("a create read %v: no index page", r)
 	}
@@ -280,12 +275,7 @@ func (s *writeBetween) Put(ctx context.Context, key string, value []byte, opts s
 // the delete's path: sixteen of them for a worker with two versions).
 func TestRemovingAWorkerReadsInBulk(t *testing.T) {
 	ctx := context.Background()
-	store := &bulkCounter{MemoryStore: state.NewMemoryStore()}
-	c := catalog.New(store)
-	w := catalog.Worker{ID: "w1", Topic: "t", Status: catalog.StatusRunning, Revision: 1, Incarnation: "run-a"}
-	if err := c.SaveWorker(ctx, w); err != nil {
-		t.Fatal(err)
-	}
+	store, c, w := savedLive(t)
 	for v, body := range []string{"v1", "v2 in another orphan page, likely"} {
 		sha, err := c.PutCode(ctx, []byte(body))
 		if err != nil {
@@ -313,4 +303,17 @@ func TestRemovingAWorkerReadsInBulk(t *testing.T) {
 	if ids, err := c.WorkerIDs(ctx); err != nil || len(ids) != 0 {
 		t.Fatalf("index after the delete: %v %v, want empty", ids, err)
 	}
+}
+
+// savedLive is a catalog over a store that counts its reads, holding one
+// live worker, w1 (created: the reads of its create are counted).
+func savedLive(t *testing.T) (*bulkCounter, *catalog.Catalog, catalog.Worker) {
+	t.Helper()
+	store := &bulkCounter{MemoryStore: state.NewMemoryStore()}
+	c := catalog.New(store)
+	w := catalog.Worker{ID: "w1", Topic: "t", Status: catalog.StatusRunning, Revision: 1, Incarnation: "run-a"}
+	if err := c.SaveWorker(context.Background(), w); err != nil {
+		t.Fatal(err)
+	}
+	return store, c, w
 }
