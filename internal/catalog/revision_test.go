@@ -183,10 +183,11 @@ func TestSavingALiveWorkerReadsNoIndex(t *testing.T) {
 }
 
 // A delete reads the worker's record once (in the bulk read of the keys
-// it reads first): its tombstone is written over the read its check made. A record written between the two (a late
-// change of the same incarnation, a new incarnation) fails the
-// tombstone's write on its ETag and is read again: the first is
-// tombstoned all the same, the second refused as stale and kept.
+// it reads first): its tombstone is written over the read its check
+// made. A record written between the two (a late change of the same
+// incarnation, a new incarnation) fails the tombstone's write on its ETag
+// and is read again: the first is tombstoned all the same, the second
+// refused as stale and kept.
 func TestRemovingAWorkerReadsItsRecordOnce(t *testing.T) {
 	ctx := context.Background()
 	for _, between := range []string{"", "late change", "new incarnation"} {
