@@ -244,15 +244,15 @@ func beingCreated(w catalog.Worker) error {
 	return status.Errorf(codes.AlreadyExists, "worker %s is being created by another request", w.ID)
 }
 
-// settledState queries worker id's workflow as it is. A run that has not
-// finished its first task yet (WorkflowNotReady) is asked again. When the
-// worker is being created by a twin of request rid (the run's start input
-// has rid; the twin's update is another attempt), it waits for that
-// create's outcome.
+// settledState queries worker id's workflow as it is (queryState). A run
+// that has not finished its first task yet (WorkflowNotReady) is asked
+// again. When the worker is being created by a twin of request rid (the
+// run's start input has rid; the twin's update is another attempt), it
+// waits for that create's outcome.
 func (s *Server) settledState(ctx context.Context, id, rid string) (workflows.WorkerState, error) {
 	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
 		var st workflows.WorkerState
-		v, err := s.temporal.QueryWorkflow(ctx, workflows.WorkflowID(id), "", workflows.QueryState)
+		v, err := s.queryState(ctx, id)
 		if err == nil {
 			err = v.Get(&st)
 		}

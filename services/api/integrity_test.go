@@ -111,6 +111,28 @@ func TestLosingNamedCreateIsAlreadyExistsAtOnce(t *testing.T) {
 	}
 }
 
+// A create of a name whose worker was deleted, when Temporal lets the
+// first query of the deleted worker's (closed) run expire ("query task not
+// found, or already expired": make test's docs/api.md guide under load),
+// still says the name is taken by a deleted worker: the query is asked
+// once more, as GetWorker's is.
+func TestCreateOfADeletedNameAsksATimedOutQueryOnceMore(t *testing.T) {
+	tc := mocks.NewClient(t)
+	tc.On("NewWithStartWorkflowOperation", mock.Anything, mock.Anything, mock.Anything).Return(nil).Once()
+	tc.On("UpdateWithStartWorkflow", mock.Anything, mock.Anything).Return(nil,
+		serviceerror.NewWorkflowExecutionAlreadyStarted("workflow execution already started", "", "run-1")).Once()
+	tc.On("QueryWorkflow", mock.Anything, mock.Anything, "", workflows.QueryState).Return(nil,
+		serviceerror.NewDeadlineExceeded("query task not found, or already expired")).Once()
+	tc.On("QueryWorkflow", mock.Anything, mock.Anything, "", workflows.QueryState).Return(
+		stateValue(t, workflows.WorkerState{Created: true, Deleted: true}), nil).Once()
+	s, _ := newServer(t, tc)
+	_, err := s.CreateWorker(context.Background(), &pb.CreateWorkerRequest{Name: "api-pricer",
+		Code: &pb.CodeSource{Source: &pb.CodeSource_Content{Content: []byte("def process(e): return None")}}, MimeType: engines.MIMEPython, Topic: "t"})
+	if status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), "taken by a deleted worker") {
+		t.Fatalf("got %v, want ALREADY_EXISTS: taken by a deleted worker", err)
+	}
+}
+
 // Issue 33 item 1: a create with a request id that joined a run another
 // request started is refused by the run's validator; the API answers
 // ALREADY_EXISTS at once, naming the other request.

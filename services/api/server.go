@@ -20,6 +20,7 @@ import (
 	"github.com/google/uuid"
 	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/temporal"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -492,17 +493,10 @@ func backOff(ctx context.Context, wait *time.Duration, most time.Duration) bool 
 	return true
 }
 
-// state queries a worker's workflow; a deleted or never-created worker is
-// NOT_FOUND. A query Temporal gave up on while the caller still has time
-// (its query task expired before a node answered it: seen under load as
-// "query task not found, or already expired", a closed run being replayed
-// for it) is asked once more: a read, so asking again changes nothing.
+// state queries a worker's workflow (queryState); a deleted or
+// never-created worker is NOT_FOUND.
 func (s *Server) state(ctx context.Context, id string) (workflows.WorkerState, error) {
-	v, err := s.temporal.QueryWorkflow(ctx, workflows.WorkflowID(id), "", workflows.QueryState)
-	if err != nil && timedOut(err) && ctx.Err() == nil {
-		s.log.Warn("worker state query timed out in Temporal; asking once more", "worker_id", id, "err", err)
-		v, err = s.temporal.QueryWorkflow(ctx, workflows.WorkflowID(id), "", workflows.QueryState)
-	}
+	v, err := s.queryState(ctx, id)
 	if err != nil {
 		return workflows.WorkerState{}, s.status(err, id)
 	}
@@ -514,6 +508,20 @@ func (s *Server) state(ctx context.Context, id string) (workflows.WorkerState, e
 		return st, status.Errorf(codes.NotFound, "worker %s not found", id)
 	}
 	return st, nil
+}
+
+// queryState sends worker id's workflow the state query. A query Temporal
+// gave up on while the caller still has time (its query task expired
+// before a node answered it: seen under load as "query task not found, or
+// already expired", a closed run being replayed for it) is asked once
+// more: a read, so asking again changes nothing.
+func (s *Server) queryState(ctx context.Context, id string) (converter.EncodedValue, error) {
+	v, err := s.temporal.QueryWorkflow(ctx, workflows.WorkflowID(id), "", workflows.QueryState)
+	if err != nil && timedOut(err) && ctx.Err() == nil {
+		s.log.Warn("worker state query timed out in Temporal; asking once more", "worker_id", id, "err", err)
+		v, err = s.temporal.QueryWorkflow(ctx, workflows.WorkflowID(id), "", workflows.QueryState)
+	}
+	return v, err
 }
 
 // named restates a NOT_FOUND from state for the worker as the request named
