@@ -89,10 +89,14 @@ public class Warm : WorkerBase
 `
 
 // readyMarker is the line wmcsc.exe writes once it is warm; stagedMarker
-// the line it writes before it when it has staged its compile.
+// the line it writes before it when it has staged its compile, and
+// restagedMarker before that when it staged it on the references its last
+// compile loaded and imported (a kept compiler's, host/Compiler.cs
+// Staged.PrepareAgain).
 const (
-	readyMarker  = "\x01wmcsc ready\n"
-	stagedMarker = "\x01wmcsc staged\n"
+	readyMarker    = "\x01wmcsc ready\n"
+	stagedMarker   = "\x01wmcsc staged\n"
+	restagedMarker = "\x01wmcsc restaged\n"
 )
 
 // maxBeforeReady bounds what is kept of a spare compiler's output before
@@ -293,8 +297,11 @@ type readyWriter struct {
 	// staged is whether the spare said it staged its compile, set when
 	// the ready marker comes.
 	staged bool
-	pre    []byte
-	after  boundedBuffer
+	// restaged is whether it staged it on its last compile's references
+	// (a kept compiler staging again), set with staged.
+	restaged bool
+	pre      []byte
+	after    boundedBuffer
 	// done is the line that says the compile succeeded, finished the
 	// channel closed when it came; tail is the end of the output so far
 	// (a line may come in pieces).
@@ -310,7 +317,7 @@ func (w *readyWriter) rearm() chan struct{} {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.ready = make(chan struct{})
-	w.seen, w.staged = false, false
+	w.seen, w.staged, w.restaged = false, false, false
 	w.pre, w.tail = nil, nil
 	w.after = boundedBuffer{}
 	w.done, w.finished = nil, nil
@@ -323,6 +330,14 @@ func (w *readyWriter) isReady() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.seen
+}
+
+// isRestaged reports whether the compiler staged its compile on its last
+// compile's references (since the last rearm; false before it is ready).
+func (w *readyWriter) isRestaged() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.seen && w.restaged
 }
 
 // expect makes the writer close the channel it returns once line has
@@ -359,6 +374,7 @@ func (w *readyWriter) Write(p []byte) (int, error) {
 		rest := w.pre[i+len(readyMarker):]
 		w.pre = w.pre[:i]
 		w.staged = bytes.Contains(w.pre, []byte(stagedMarker))
+		w.restaged = w.staged && bytes.Contains(w.pre, []byte(restagedMarker))
 		w.seen = true
 		close(w.ready)
 		w.after.max = compilerOutputBytes

@@ -548,6 +548,12 @@ func TestKeptCompilerCompilesItsWorkersNextSource(t *testing.T) {
 			if s.compiles != 2 {
 				t.Fatalf("the kept compiler ran %d compiles, want 2", s.compiles)
 			}
+			// It staged the next compile on the references it had loaded
+			// and imported (host/Compiler.cs, Staged.PrepareAgain), and v2
+			// compiled there into the code served below.
+			if !s.output.isRestaged() {
+				t.Fatalf("the kept compiler staged again from the start (said before ready: %q)", s.output.before())
+			}
 			serves("w", v2, "v2.out")
 
 			// Another worker's compile takes a spare, never w's compiler.
@@ -648,6 +654,66 @@ func waitKeptFor(t *testing.T, e *Engine, owner string, want ...*spareCompiler) 
 		if time.Now().After(deadline) {
 			t.Fatalf("kept for %q: %v, want %v ready", owner, got, want)
 		}
+	}
+}
+
+// A kept compiler staged again on its last compile's references
+// (host/Compiler.cs, Staged.PrepareAgain) compiles as a fresh compiler
+// does: the worker's next source, one using LINQ, lambdas, an async
+// method and interpolation, answers as it should, and a source with a
+// type error gets the errors a fresh compiler gives it.
+func TestKeptCompilerRestagedCompilesAsFresh(t *testing.T) {
+	e, ctx := warmedEngine(t, Config{CacheDir: t.TempDir(), SpareCompilers: 1, KeptCompilers: 1}, "strict")
+	spec := engines.Spec{WorkerID: "w", MIMEType: MIMESource}
+	// The first compile finds none ready and starts one.
+	if err := e.Check(ctx, engines.Spec{WorkerID: "first", MIMEType: MIMESource}, unique(fixture(t, "echo"), "first")); err != nil {
+		t.Fatal(err)
+	}
+	s := waitSpareCompiler(t, e)
+	if err := e.Check(ctx, spec, unique(fixture(t, "echo"), "w v1")); err != nil {
+		t.Fatal(err)
+	}
+	waitKept(t, e, "w", s)
+	if !s.output.isRestaged() {
+		t.Fatalf("the kept compiler staged again from the start (said before ready: %q)", s.output.before())
+	}
+	rich := unique(fixture(t, "rich"), "w v2")
+	if err := e.Check(ctx, spec, rich); err != nil {
+		t.Fatal(err)
+	}
+	if s.compiles != 2 {
+		t.Fatalf("the kept compiler ran %d compiles, want 2", s.compiles)
+	}
+	inst, err := e.Load(ctx, spec, rich)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := inst.Process(ctx, enginetest.NewEvent("r1", "t", map[string]any{"x": 1}, ""))
+	_ = inst.Close(ctx)
+	if err != nil || len(out) != 1 || out[0].Type() != "rich.out" {
+		t.Fatalf("rich on the restaged compiler: outputs %v, err %v", out, err)
+	}
+	var got map[string]any
+	if err := out[0].DataAs(&got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"total": 13.0, "names": "4.0+2.5+1.5", "rounded": "2;2;4;", "count": 1.0, "summary": "r1:13.0:3", "input": map[string]any{"x": 1.0}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("the rich worker compiled on the restaged compiler answered %v, want %v", got, want)
+	}
+
+	waitKept(t, e, "w", s)
+	bad := unique(bytes.Replace(fixture(t, "echo"), []byte("return"), []byte("NoSuchType x = null; return"), 1), "bad")
+	errKept := e.Check(ctx, spec, bad)
+	takenBy(t, s) // compiled there, failed, and let go
+	if _, ok := e.kept.ready()["w"]; ok {
+		t.Fatal("a compiler whose compile failed is still kept")
+	}
+	s2 := waitSpareCompiler(t, e, s)
+	errFresh := e.Check(ctx, engines.Spec{WorkerID: "fresh", MIMEType: MIMESource}, bad)
+	takenBy(t, s2)
+	if !errors.Is(errKept, engines.ErrInvalidCode) || !strings.Contains(errKept.Error(), "error CS0246") || errFresh == nil || errKept.Error() != errFresh.Error() {
+		t.Fatalf("a type error on the restaged compiler: %v; on a fresh one: %v; want the same ErrInvalidCode with error CS0246", errKept, errFresh)
 	}
 }
 
