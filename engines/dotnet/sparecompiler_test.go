@@ -196,34 +196,41 @@ func TestSpareCompilerPreloadChangesNothingButSpeed(t *testing.T) {
 			t.Fatalf("%s: %v", tag, err)
 		}
 		takenBy(t, s)
-		inst, err := e.Load(ctx, spec, code)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := inst.Process(ctx, enginetest.NewEvent("r1", "t", map[string]any{"x": 1}, ""))
-		_ = inst.Close(ctx)
-		if err != nil || len(out) != 1 || out[0].Type() != "rich.out" {
-			t.Fatalf("%s: outputs %v, err %v", tag, out, err)
-		}
-		var got map[string]any
-		if err := out[0].DataAs(&got); err != nil {
-			t.Fatal(err)
-		}
-		want := map[string]any{"total": 13.0, "names": "4.0+2.5+1.5", "rounded": "2;2;4;", "count": 1.0, "summary": "r1:13.0:3", "input": map[string]any{"x": 1.0}}
-		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("%s: the rich worker answered %v, want %v", tag, got, want)
-		}
+		servesRich(t, ctx, e, spec, code, tag)
 
 		s = waitSpareCompiler(t, e, taken...)
 		taken = append(taken, s)
 		if wait {
 			waitPreloaded(t, s)
 		}
-		err = e.Check(ctx, engines.Spec{WorkerID: "invalid", MIMEType: MIMESource}, unique(fixture(t, "invalid"), tag))
+		err := e.Check(ctx, engines.Spec{WorkerID: "invalid", MIMEType: MIMESource}, unique(fixture(t, "invalid"), tag))
 		if !errors.Is(err, engines.ErrInvalidCode) || !strings.Contains(err.Error(), "Worker.cs:9:4: error CS1525") {
 			t.Fatalf("%s: invalid: err = %v, want ErrInvalidCode with Worker.cs:9:4: error CS1525", tag, err)
 		}
 		takenBy(t, s)
+	}
+}
+
+// servesRich loads code, testdata/rich.cs checked for spec, and requires
+// its answer to an event (what tag names fails).
+func servesRich(t *testing.T, ctx context.Context, e *Engine, spec engines.Spec, code []byte, tag string) {
+	t.Helper()
+	inst, err := e.Load(ctx, spec, code)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := inst.Process(ctx, enginetest.NewEvent("r1", "t", map[string]any{"x": 1}, ""))
+	_ = inst.Close(ctx)
+	if err != nil || len(out) != 1 || out[0].Type() != "rich.out" {
+		t.Fatalf("%s: outputs %v, err %v", tag, out, err)
+	}
+	var got map[string]any
+	if err := out[0].DataAs(&got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"total": 13.0, "names": "4.0+2.5+1.5", "rounded": "2;2;4;", "count": 1.0, "summary": "r1:13.0:3", "input": map[string]any{"x": 1.0}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("%s: the rich worker answered %v, want %v", tag, got, want)
 	}
 }
 
@@ -684,23 +691,7 @@ func TestKeptCompilerRestagedCompilesAsFresh(t *testing.T) {
 	if s.compiles != 2 {
 		t.Fatalf("the kept compiler ran %d compiles, want 2", s.compiles)
 	}
-	inst, err := e.Load(ctx, spec, rich)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := inst.Process(ctx, enginetest.NewEvent("r1", "t", map[string]any{"x": 1}, ""))
-	_ = inst.Close(ctx)
-	if err != nil || len(out) != 1 || out[0].Type() != "rich.out" {
-		t.Fatalf("rich on the restaged compiler: outputs %v, err %v", out, err)
-	}
-	var got map[string]any
-	if err := out[0].DataAs(&got); err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]any{"total": 13.0, "names": "4.0+2.5+1.5", "rounded": "2;2;4;", "count": 1.0, "summary": "r1:13.0:3", "input": map[string]any{"x": 1.0}}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("the rich worker compiled on the restaged compiler answered %v, want %v", got, want)
-	}
+	servesRich(t, ctx, e, spec, rich, "rich on the restaged compiler")
 
 	waitKept(t, e, "w", s)
 	bad := unique(bytes.Replace(fixture(t, "echo"), []byte("return"), []byte("NoSuchType x = null; return"), 1), "bad")

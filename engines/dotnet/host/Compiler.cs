@@ -318,17 +318,11 @@ static class SpareCompiler
         // ImportAgain is Import on prev's loaded and imported references.
         bool ImportAgain(Staged prev)
         {
-            ctx = m.New("CompilerContext", settings, m.New("StreamReportPrinter", output));
             // The imported types refer to prev's built-in types: the new
             // context has those, not its own.
-            m.SetField(ctx, "builtin_types", m.GetField(prev.ctx, "builtin_types"));
-            m.Set(ctx, "TimeReporter", m.New("TimeReporter", false));
-            module = m.New("ModuleContainer", ctx);
-            m.SetStatic("RootContext", "ToplevelTypes", module);
-            var outputFile = m.Get(settings, "OutputFile") as string;
-            var modules = m.Get(settings, "Modules") as System.Collections.ICollection;
-            if (outputFile == null || m.Get(settings, "FirstSourceFile") == null || m.Get(settings, "Resources") != null || (modules != null && modules.Count > 0))
-                return false; // not the shape of compile the node asks for
+            var outputFile = NewModule(m.GetField(prev.ctx, "builtin_types"));
+            if (outputFile == null)
+                return false;
             loader = prev.loader;
             var importer = m.GetField(loader, "importer");
             // Whatever they report goes to this compile's context.
@@ -354,17 +348,32 @@ static class SpareCompiler
             return (bool)m.Call(m.Get(ctx, "BuiltinTypes"), "CheckDefinitions", module) && Clean();
         }
 
-        // Import is the part of Driver.Compile before the source.
-        bool Import()
+        // NewModule makes the compile's context (with builtins, when not
+        // null, as its built-in types) and module, and returns the
+        // assembly's file; null when the arguments are not the shape of
+        // compile the node asks for (one output, sources, no resources or
+        // modules).
+        string NewModule(object builtins)
         {
             ctx = m.New("CompilerContext", settings, m.New("StreamReportPrinter", output));
+            if (builtins != null)
+                m.SetField(ctx, "builtin_types", builtins);
             m.Set(ctx, "TimeReporter", m.New("TimeReporter", false));
             module = m.New("ModuleContainer", ctx);
             m.SetStatic("RootContext", "ToplevelTypes", module);
             var outputFile = m.Get(settings, "OutputFile") as string;
             var modules = m.Get(settings, "Modules") as System.Collections.ICollection;
             if (outputFile == null || m.Get(settings, "FirstSourceFile") == null || m.Get(settings, "Resources") != null || (modules != null && modules.Count > 0))
-                return false; // not the shape of compile the node asks for
+                return null;
+            return outputFile;
+        }
+
+        // Import is the part of Driver.Compile before the source.
+        bool Import()
+        {
+            var outputFile = NewModule(null);
+            if (outputFile == null)
+                return false;
             var importer = m.New("StaticImporter", module);
             loader = m.New("StaticLoader", importer, ctx);
             assembly = m.New("AssemblyDefinitionStatic", module, loader, Path.GetFileName(outputFile), outputFile);
