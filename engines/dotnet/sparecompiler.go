@@ -333,11 +333,11 @@ func (w *readyWriter) isReady() bool {
 }
 
 // isRestaged reports whether the compiler staged its compile on its last
-// compile's references (since the last rearm; false before it is ready).
+// compile's references (set with the ready marker, cleared by rearm).
 func (w *readyWriter) isRestaged() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.seen && w.restaged
+	return w.restaged
 }
 
 // expect makes the writer close the channel it returns once line has

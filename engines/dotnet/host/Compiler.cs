@@ -320,14 +320,14 @@ static class SpareCompiler
         {
             // The imported types refer to prev's built-in types: the new
             // context has those, not its own.
-            var outputFile = NewModule(m.GetField(prev.ctx, "builtin_types"));
+            var outputFile = NewModule(m.Get(prev.ctx, "builtin_types"));
             if (outputFile == null)
                 return false;
             loader = prev.loader;
-            var importer = m.GetField(loader, "importer");
+            var importer = m.Get(loader, "importer");
             // Whatever they report goes to this compile's context.
-            m.SetField(importer, "module", module);
-            m.SetField(loader, "compiler", ctx);
+            m.Set(importer, "module", module);
+            m.Set(loader, "compiler", ctx);
             assembly = m.New("AssemblyDefinitionStatic", module, loader, Path.GetFileName(outputFile), outputFile);
             m.Call(assembly, "Create", m.Get(loader, "Domain"));
             m.Call(importer, "AddCompiledAssembly", assembly);
@@ -336,11 +336,11 @@ static class SpareCompiler
             // into the new module's namespaces (the node's references have
             // no aliases).
             var root = m.Get(module, "GlobalRootNamespace");
-            var corlib = m.GetField(loader, "corlib");
+            var corlib = m.Get(loader, "corlib");
             if (corlib == null)
                 return false;
             m.Call(importer, "ImportAssembly", corlib, root);
-            foreach (var entry in (System.Collections.IEnumerable)m.GetField(loader, "loaded_names")) {
+            foreach (var entry in (System.Collections.IEnumerable)m.Get(loader, "loaded_names")) {
                 var a = entry.GetType().GetProperty("Item3").GetValue(entry, null);
                 if (a != null && a != corlib)
                     m.Call(importer, "ImportAssembly", a, root);
@@ -357,7 +357,7 @@ static class SpareCompiler
         {
             ctx = m.New("CompilerContext", settings, m.New("StreamReportPrinter", output));
             if (builtins != null)
-                m.SetField(ctx, "builtin_types", builtins);
+                m.Set(ctx, "builtin_types", builtins);
             m.Set(ctx, "TimeReporter", m.New("TimeReporter", false));
             module = m.New("ModuleContainer", ctx);
             m.SetStatic("RootContext", "ToplevelTypes", module);
@@ -498,36 +498,20 @@ static class SpareCompiler
             throw new MissingMemberException(o.GetType().FullName, name);
         }
 
-        // SetField and GetField reach a field of o's type (or a base
-        // type), private or read-only ones included.
-        public void SetField(object o, string name, object value)
-        {
-            for (var t = o.GetType(); t != null; t = t.BaseType) {
-                var f = t.GetField(name, All | BindingFlags.DeclaredOnly);
-                if (f != null) {
-                    f.SetValue(o, value);
-                    return;
-                }
-            }
-            throw new MissingMemberException(o.GetType().FullName, name);
-        }
-
-        public object GetField(object o, string name)
-        {
-            for (var t = o.GetType(); t != null; t = t.BaseType) {
-                var f = t.GetField(name, All | BindingFlags.DeclaredOnly);
-                if (f != null)
-                    return f.GetValue(o);
-            }
-            throw new MissingMemberException(o.GetType().FullName, name);
-        }
-
+        // Set sets the property, else the field (a private or read-only
+        // one included), of o's type (or a base type) of that name, as Get
+        // reads it.
         public void Set(object o, string name, object value)
         {
             for (var t = o.GetType(); t != null; t = t.BaseType) {
                 var p = t.GetProperty(name, All | BindingFlags.DeclaredOnly);
                 if (p != null) {
                     p.SetValue(o, value, null);
+                    return;
+                }
+                var f = t.GetField(name, All | BindingFlags.DeclaredOnly);
+                if (f != null) {
+                    f.SetValue(o, value);
                     return;
                 }
             }
