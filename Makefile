@@ -180,7 +180,9 @@ bench: deps-test tools
 	go test -run '^$$' -bench BenchmarkEndToEnd -benchtime 1x -timeout 40m -v ./test/integration/
 	# The control plane (issue 48): p50/p99 of each lifecycle call per engine,
 	# back to back and spaced, idle and saturated, 100 concurrent creates,
-	# next to a bare Temporal update and a sandboxed runner start
+	# next to a bare Temporal update and a sandboxed runner start, and each
+	# engine against Python call by call, paired by round (median
+	# difference, 90 % interval, slower/level/faster)
 	# (WM_CP_ROUNDS / WM_CP_CYCLES / WM_CP_ENGINES / WM_CP_LOADS size it).
 	go test -run '^$$' -bench BenchmarkControlPlane -benchtime 1x -timeout 15m -v ./test/integration/
 

@@ -396,19 +396,19 @@ func (e *Engine) checkInHost(ctx context.Context, spec engines.Spec, pk *pkg, ke
 // as its first host instead of starting one); release frees what p
 // holds (its package directory) once p has exited. Any other checking
 // host (an in-process worker's, or one whose Load runs on another node:
-// engines.Spec.LoadsElsewhere) exits now, in the background: the check's
-// answer is in, and waiting for the host's exit (its sandbox's teardown) was 3 ms of every
-// in-process create and reload (BenchmarkNativeCreateOnSpares); its
-// package directory and extracted bytes go once it has exited, and Close
-// waits for it.
+// engines.Spec.LoadsElsewhere) exits in the background once the node's
+// calls pause (retireLater): the check's answer is in, and waiting for
+// the host's exit (its sandbox's teardown) was 3 ms of every in-process
+// create and reload (BenchmarkNativeCreateOnSpares), and that exit run
+// beside the rest of the call still cost a create 7 ms; its package
+// directory and extracted bytes go once it has exited, and Close makes
+// it exit and waits for it.
 func (e *Engine) park(spec engines.Spec, pk *pkg, key procpool.Key, p *hostProc, release func()) {
 	if e.isolation(pk.manifest) != IsolationProcess || spec.LoadsElsewhere {
-		e.retiring.Add(1)
-		go func() {
-			defer e.retiring.Done()
+		e.retireLater(func() {
 			p.Retire()
 			release()
-		}()
+		})
 		return
 	}
 	p.onExit(release)

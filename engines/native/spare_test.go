@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/virtufin/workmanager/engines"
+	"github.com/virtufin/workmanager/engines/lull"
 	"github.com/virtufin/workmanager/engines/sandbox/sandboxtest"
 )
 
@@ -120,6 +121,67 @@ func TestCheckTakesASpareHost(t *testing.T) {
 	e.Close()
 	if !s.Exited() {
 		t.Fatal("Close left a spare check host running")
+	}
+}
+
+// The host that checked an in-process worker's package exits once the
+// node's calls pause (lull.Node), not beside the rest of the call whose
+// check it ran (the create's or reload's store writes and load); Close
+// does not wait for a pause: the hosts waiting to exit exit before it
+// returns.
+func TestCheckHostExitsOnceCallsPause(t *testing.T) {
+	sb := sandboxtest.Strict(t)
+	e := newTestEngine(t, hostConfig(Config{Sandbox: sb, SpareCheckHosts: 1}))
+	t.Cleanup(func() { e.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	code := packageOf(t, flagsEcho, nil)
+	if err := e.Check(ctx, testSpec, code); err != nil { // spares start once needed
+		t.Fatalf("Check: %v", err)
+	}
+
+	s := readySpare(t, e)
+	end := lull.Node.Begin() // the node's call, still running
+	if err := e.Check(ctx, testSpec, code); err != nil {
+		end()
+		t.Fatalf("Check: %v", err)
+	}
+	// Past the pause it waits for, and well inside its bound
+	// (checkRetireMax), the call still runs: the host waits.
+	time.Sleep(2 * checkRetireSettle)
+	exited := s.Exited()
+	end()
+	if exited {
+		t.Fatal("the checking host exited while the node's call still ran")
+	}
+	waitFor(t, "the checking host to exit once the calls paused, its directory with it", func() bool {
+		_, err := os.Stat(s.dir)
+		return s.Exited() && errors.Is(err, os.ErrNotExist)
+	})
+
+	// Under calls that never pause it exits at the bound.
+	s = readySpare(t, e)
+	end = lull.Node.Begin()
+	defer end()
+	if err := e.Check(ctx, testSpec, code); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	waitFor(t, "the checking host to exit at the bound, calls or not", s.Exited)
+
+	// Close runs the exits still waiting.
+	s = readySpare(t, e)
+	if err := e.Check(ctx, testSpec, code); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	if s.Exited() {
+		t.Fatal("the checking host exited before the bound while a call ran")
+	}
+	e.Close()
+	if !s.Exited() {
+		t.Fatal("Close returned with a checking host still running")
+	}
+	if _, err := os.Stat(s.dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Close returned with a checking host's directory still there (stat: %v)", err)
 	}
 }
 

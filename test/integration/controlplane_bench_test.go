@@ -61,19 +61,24 @@ var cpOps = []string{"create", "create→msg", "load", "load→msg", "stop", "st
 // task queue, same dev server), and starting one sandboxed Python runner
 // (the Python engine's Load of a trivial worker, sandboxed as the node's).
 // A round is create, WM_CP_CYCLES (1) times load/stop/start/rollback,
-// delete; WM_CP_ROUNDS (2) rounds per engine, load and spacing;
+// delete; WM_CP_ROUNDS (6: the fewest for which the comparison with
+// Python below can tell anything at 90 %) rounds per engine, load and
+// spacing;
 // WM_CP_ENGINES (python,native,dotnet,dotnet-dll: C# source and the same
 // worker built ahead as a package) and WM_CP_LOADS (idle,saturated)
 // pick. An idle round starts once the machine is quiet (awaitQuiet).
-// With few samples p99 is the slowest. Run it with `make bench`
-// (-benchtime 1x).
+// With few samples p99 is the slowest. Each engine is also compared with
+// Python call by call, paired by round (reportPaired: the median
+// difference and its 90 % interval, the way to tell "no slower" from
+// the machine's noise). Run it with `make bench` (-benchtime 1x; -v
+// shows the tables whole).
 func BenchmarkControlPlane(b *testing.B) {
 	// No shared writable path (which turns spare runners off), as a node
 	// installed by default; WM_BENCH_NODE_ENV adds settings to the node,
 	// as for BenchmarkEndToEnd (e.g. PYTHON_SPARE_RUNNERS=0, the baseline).
 	e := newEnvWith(b, envConfig{nodeEnv: append([]string{"SANDBOX_WRITABLE_PATHS="}, strings.Fields(os.Getenv("WM_BENCH_NODE_ENV"))...)})
 	c := &cpBench{e: e, b: b,
-		rounds: envInt("WM_CP_ROUNDS", 2), cycles: envInt("WM_CP_CYCLES", 1),
+		rounds: envInt("WM_CP_ROUNDS", 6), cycles: envInt("WM_CP_CYCLES", 1),
 		many: envCount("WM_CP_MANY", 100), clients: envInt("WM_CP_CLIENTS", 8),
 		gap: 500 * time.Millisecond, samples: map[string][]time.Duration{}}
 	if v := os.Getenv("WM_CP_GAP"); v != "" {
@@ -920,6 +925,7 @@ func (c *cpBench) report(engineNames, loads []string) {
 		}
 	}
 	b.Logf("p50 / p99 in ms (× the Temporal update baseline's p50, same load and spacing):%s", md.String())
+	c.reportPaired(engineNames, loads)
 	if c.many > 0 {
 		b.ReportMetric(c.manyRate, "many-creates/s")
 		b.ReportMetric(cpMs(cpPct(s["many/create"], 50)), "many-create-p50-ms")
@@ -927,4 +933,90 @@ func (c *cpBench) report(engineNames, loads []string) {
 		b.ReportMetric(c.manyDelRate, "many-deletes/s")
 	}
 	b.ReportMetric(float64(c.wrongVersion.Load()), "wrong-version-outputs")
+}
+
+// reportPaired compares each engine with Python (issue 48: "native and
+// .NET no slower than Python") call by call: a round runs every engine's
+// calls one engine after the other, so the i-th sample of an engine's
+// call and the i-th of Python's were taken seconds apart, on the machine
+// as it was then. It logs, and reports as metrics, the median of those
+// paired differences (engine − Python, ms) with a distribution-free 90 %
+// confidence interval (cpMedianCI) and a verdict: "slower" when the whole
+// interval is above zero, "faster" when it is below, else "level" (the
+// machine's noise, ±10 ms on a p50 here, swamps a difference of two
+// medians taken apart).
+func (c *cpBench) reportPaired(engineNames, loads []string) {
+	if !slices.Contains(engineNames, "python") {
+		return
+	}
+	var md strings.Builder
+	md.WriteString("\n| engine | load | calls | " + strings.Join(cpOps, " | ") + " |\n|---|---|---|" + strings.Repeat("---|", len(cpOps)) + "\n")
+	for _, load := range loads {
+		for _, spacing := range []string{"back-to-back", "spaced"} {
+			for _, name := range engineNames {
+				if name == "python" {
+					continue
+				}
+				cells := []string{name, load, spacing}
+				for _, op := range cpOps {
+					py := c.samples["python/"+load+"/"+spacing+"/"+op]
+					en := c.samples[name+"/"+load+"/"+spacing+"/"+op]
+					n := min(len(py), len(en))
+					if n == 0 {
+						cells = append(cells, "")
+						continue
+					}
+					diffs := make([]float64, n)
+					for i := range n {
+						diffs[i] = cpMs(en[i] - py[i])
+					}
+					lo, med, hi, ok := cpMedianCI(diffs, 0.90)
+					verdict := "level"
+					switch {
+					case !ok:
+						verdict = "too few rounds"
+					case lo > 0:
+						verdict = "slower"
+					case hi < 0:
+						verdict = "faster"
+					}
+					metric := strings.ReplaceAll(name+"-minus-python-"+load+"-"+spacing+"-"+op, "→", "-to-")
+					c.b.ReportMetric(med, metric+"-ms")
+					cells = append(cells, fmt.Sprintf("%+.1f [%+.0f, %+.0f] %s", med, lo, hi, verdict))
+				}
+				md.WriteString("| " + strings.Join(cells, " | ") + " |\n")
+			}
+		}
+	}
+	c.b.Logf("engine − Python, paired by round: median difference [90%% interval] in ms:%s", md.String())
+}
+
+// cpMedianCI is the median of xs and a distribution-free confidence
+// interval for it at level (the order statistics whose ranks a binomial
+// distribution of p = ½ over len(xs) bounds); the whole range, and ok
+// false, when xs are too few for level (fewer than 5 at 90 %).
+func cpMedianCI(xs []float64, level float64) (lo, med, hi float64, ok bool) {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		med = s[n/2]
+	} else {
+		med = (s[n/2-1] + s[n/2]) / 2
+	}
+	// k: the largest rank with P(X < k) ≤ (1−level)/2, X ~ B(n, ½).
+	tail, k := (1-level)/2, 0
+	cdf, pmf := 0.0, math.Pow(0.5, float64(n)) // P(X ≤ j), P(X = j)
+	for j := 0; j < n/2; j++ {
+		cdf += pmf
+		if cdf > tail {
+			break
+		}
+		k = j + 1
+		pmf = pmf * float64(n-j) / float64(j+1)
+	}
+	if k == 0 {
+		return s[0], med, s[n-1], false
+	}
+	return s[k-1], med, s[n-k], true
 }
