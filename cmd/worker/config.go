@@ -138,7 +138,7 @@ func loadConfig() (config, error) {
 		PythonMaxConcurrency:  r.Int("PYTHON_MAX_CONCURRENCY", python.DefaultMaxConcurrency),
 		PythonMaxProcesses:    r.Int("PYTHON_MAX_PROCESSES", python.DefaultMaxProcesses),
 		PythonParkAfter:       r.Duration("PYTHON_PARK_AFTER", 0),
-		PythonSpares:          r.Int("PYTHON_SPARE_RUNNERS", 2),
+		PythonSpares:          r.Int("PYTHON_SPARE_RUNNERS", 4),
 		PythonForkServer:      r.Bool("PYTHON_FORK_SERVER", true),
 		ReconcileInterval:     r.Duration("RECONCILE_INTERVAL", 30*time.Second),
 		ReconcileParallel:     r.Int("RECONCILE_PARALLELISM", node.DefaultReconcileParallelism),

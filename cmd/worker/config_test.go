@@ -21,7 +21,7 @@ func TestConfigDefaultsAndBadValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.WorkerTimeout != 30*time.Second || c.MaxConcurrency != 8 || !c.RecoveryOnStart || c.BrokerProbe != 2*time.Second || c.BrokerReadyGrace != 15*time.Second || c.ReconcileParallel != 4 ||
-		c.PythonSpares != 2 || c.DotnetSpares != 4 || c.DotnetSpareCompilers != 2 || c.DotnetKeptCompilers != 2 || c.NativeSpareChecks != 3 {
+		c.PythonSpares != 4 || c.DotnetSpares != 4 || c.DotnetSpareCompilers != 2 || c.DotnetKeptCompilers != 2 || c.NativeSpareChecks != 3 {
 		t.Fatalf("defaults: %+v", c)
 	}
 	// Peers reach the node at its HTTP address unless it listens on a
