@@ -555,22 +555,36 @@ func TestCloseWaitsForCalls(t *testing.T) {
 	e := newTestEngine(t, Config{})
 	code := packageOf(t, flagsEcho, nil)
 
+	// inNative waits until a call holds one of inst's slots (it takes one
+	// before it enters native code and gives it back when it returns):
+	// a condition, not a sleep, which a loaded machine (-race beside the
+	// integration tests) outran once.
+	inNative := func(inst engines.Instance) *inprocInstance {
+		in := inst.(*inprocInstance)
+		deadline := time.Now().Add(time.Minute)
+		for len(in.slots) == cap(in.slots) {
+			if time.Now().After(deadline) {
+				t.Fatal("the call never entered native code")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return in
+	}
 	inst := load(t, e, testSpec, code)
 	res := make(chan error, 1)
 	go func() { _, err := call(t, inst, typed("test.sleep", 300)); res <- err }()
-	time.Sleep(50 * time.Millisecond)
-	start := time.Now()
+	in := inNative(inst)
 	closeNow(t, inst)
-	if d := time.Since(start); d < 150*time.Millisecond {
-		t.Fatalf("Close returned after %v, before the call finished", d)
+	if len(in.slots) != cap(in.slots) {
+		t.Fatal("Close returned with a call still in native code")
 	}
 	if err := <-res; err != nil {
 		t.Fatalf("the call in flight at Close failed: %v", err)
 	}
 
 	inst = load(t, e, testSpec, code)
-	go func() { _, err := call(t, inst, typed("test.sleep", 400)); res <- err }()
-	time.Sleep(50 * time.Millisecond)
+	go func() { _, err := call(t, inst, typed("test.sleep", 2000)); res <- err }()
+	inNative(inst)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	err := inst.Close(ctx)
 	cancel()
