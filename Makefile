@@ -40,8 +40,13 @@ TEST_TIMEOUT ?= 35m
 # docs/performance.md) four stacks beside the checks and the soak starved
 # nodes past their heartbeats (a create's workflow task picked up 20 s
 # late, a group's messages redelivered); the checks, about 16 minutes
-# there, stay the longer part, so the run does not get longer.
-INTEGRATION_PARALLEL ?= 3
+# there, stay the longer part, so the run does not get longer. Two since
+# the fifty-fourth session (2026-12-02): with three, two clean-clone runs
+# and a make test of four failed on a starved test each
+# (TestGroupMutualExclusionAcrossNodes redelivered a group's messages,
+# TestStaleApplyDoesNotResurrectADeletedWorker's paused node held the
+# create's first workflow task, a -race unit test's sleep outrun).
+INTEGRATION_PARALLEL ?= 2
 INTEGRATION_FLAGS = -parallel 64
 UNIT_PACKAGES = $$(go list ./... | grep -v /test/integration)
 REQUIRE_SANDBOX = $$([ "$$(id -u)" = 0 ] && echo 1)
