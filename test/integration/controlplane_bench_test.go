@@ -882,6 +882,12 @@ func cpPct(ds []time.Duration, p float64) time.Duration {
 
 func cpMs(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+// cpTableHead is the head of the markdown tables report and reportPaired
+// log: a row per engine, load and spacing, a column per call.
+func cpTableHead() string {
+	return "\n| engine | load | calls | " + strings.Join(cpOps, " | ") + " |\n|---|---|---|" + strings.Repeat("---|", len(cpOps)) + "\n"
+}
+
 // report logs the results as lines and as a markdown table (p50 / p99 in
 // ms, with the p50's ratio to the Temporal update baseline of the same
 // load and spacing), and reports them as metrics.
@@ -898,7 +904,7 @@ func (c *cpBench) report(engineNames, loads []string) {
 		b.ReportMetric(cpMs(cpPct(r, 99)), "baseline-"+load+"-runner-p99-ms")
 	}
 	var md strings.Builder
-	md.WriteString("\n| engine | load | calls | " + strings.Join(cpOps, " | ") + " |\n|---|---|---|" + strings.Repeat("---|", len(cpOps)) + "\n")
+	md.WriteString(cpTableHead())
 	for _, load := range loads {
 		for _, spacing := range []string{"back-to-back", "spaced"} {
 			upd := cpPct(s["baseline/"+load+"/"+spacing+"/update"], 50)
@@ -950,7 +956,7 @@ func (c *cpBench) reportPaired(engineNames, loads []string) {
 		return
 	}
 	var md strings.Builder
-	md.WriteString("\n| engine | load | calls | " + strings.Join(cpOps, " | ") + " |\n|---|---|---|" + strings.Repeat("---|", len(cpOps)) + "\n")
+	md.WriteString(cpTableHead())
 	for _, load := range loads {
 		for _, spacing := range []string{"back-to-back", "spaced"} {
 			for _, name := range engineNames {
