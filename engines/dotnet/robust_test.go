@@ -36,8 +36,10 @@ public class Robust : IWorker
 }
 `
 
-// gatewayBlock holds every call until its ctx ends (or 10s); entered
-// receives one value as each call arrives.
+// gatewayBlock holds every call until its ctx ends (or 5 minutes: far
+// past the tests' bounds, which guard against a hang on a starved machine
+// and are no speed tests); entered receives one value as each call
+// arrives.
 type gatewayBlock struct{ entered, ended chan error }
 
 func (g *gatewayBlock) Call(ctx context.Context, _, _ string, _ []byte) ([]byte, error) {
@@ -46,7 +48,7 @@ func (g *gatewayBlock) Call(ctx context.Context, _, _ string, _ []byte) ([]byte,
 	case <-ctx.Done():
 		g.ended <- ctx.Err()
 		return nil, ctx.Err()
-	case <-time.After(10 * time.Second):
+	case <-time.After(5 * time.Minute):
 		g.ended <- nil
 		return []byte("{}"), nil
 	}
@@ -72,7 +74,7 @@ func TestGatewayCallEndsAtTheDeadline(t *testing.T) {
 	inst := robustInstance(t, Config{Gateway: gw}, time.Second)
 	start := time.Now()
 	err := robustCall(inst, "gateway")
-	if took := time.Since(start); took > 4*time.Second {
+	if took := time.Since(start); took > time.Minute {
 		t.Fatalf("the call took %v against a 1s timeout", took)
 	}
 	if !errors.Is(err, engines.ErrTimeout) {
@@ -95,7 +97,7 @@ func TestGatewayCallEndsAtTheDeadline(t *testing.T) {
 	defer cancel()
 	start = time.Now()
 	_ = inst2.Close(ctx)
-	if took := time.Since(start); took > 4*time.Second {
+	if took := time.Since(start); took > time.Minute {
 		t.Fatalf("Close took %v with a 200ms context", took)
 	}
 	if gerr := recvWithin(t, gw.ended, "the gateway call's end after Close"); gerr == nil {

@@ -67,7 +67,9 @@ type Harness struct {
 	// out. Default 500ms.
 	HangTimeout time.Duration
 	// Wait bounds every single wait in the suite (a Load, a Process, a
-	// Close, ...): nothing can hang longer. Default 30s.
+	// Close, ...): nothing can hang longer. Default 2 minutes: a guard
+	// against a hang, not a speed test; on a starved machine under -race a
+	// compile or a first call has taken over a minute.
 	Wait time.Duration
 }
 
@@ -84,7 +86,7 @@ func Run(t *testing.T, h Harness) {
 		h.HangTimeout = 500 * time.Millisecond
 	}
 	if h.Wait <= 0 {
-		h.Wait = 30 * time.Second
+		h.Wait = 2 * time.Minute
 	}
 	s := &suite{h: h}
 	if c, ok := h.Engine.(engines.Closer); ok {

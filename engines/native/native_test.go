@@ -30,7 +30,6 @@ func TestConformance(t *testing.T) {
 		Engine:   newTestEngine(t, Config{}),
 		MIMEType: MIMEType,
 		Fixtures: conformanceFixtures(t),
-		Wait:     20 * time.Second,
 	})
 }
 
@@ -39,7 +38,6 @@ func TestConformanceProcessIsolation(t *testing.T) {
 		Engine:   newTestEngine(t, hostConfig(Config{Isolation: IsolationProcess})),
 		MIMEType: MIMEType,
 		Fixtures: conformanceFixtures(t),
-		Wait:     20 * time.Second,
 	})
 }
 

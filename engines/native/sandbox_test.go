@@ -127,7 +127,7 @@ func testSetsidChild(t *testing.T, sb *sandbox.Sandbox) {
 			t.Fatalf("the setsid child %d is gone already: the test proves nothing", child)
 		}
 	}
-	if took > 3*time.Second {
+	if took > 10*time.Second { // the fixture hangs 20 s
 		t.Fatalf("the call took %v against a 300ms timeout (it waited for the setsid child)", took)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -136,7 +136,7 @@ func testSetsidChild(t *testing.T, sb *sandbox.Sandbox) {
 	if err := inst.Close(ctx); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if took := time.Since(start); took > 3*time.Second {
+	if took := time.Since(start); took > 10*time.Second { // the fixture hangs 20 s
 		t.Fatalf("Close took %v", took)
 	}
 	// Nothing of the killed host stays open in the node while the child

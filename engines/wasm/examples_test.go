@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/virtufin/workmanager/engines"
 	"github.com/virtufin/workmanager/engines/enginetest"
@@ -19,7 +18,7 @@ func TestExampleCGreeter(t *testing.T) {
 	code := buildC(t, filepath.Join(repoRoot(t), "examples", "wasm", "c-greeter", "worker.c"))
 	e := newTestEngine(t, Config{})
 	rec := &recorder{}
-	spec := testSpec("c-greeter", 10*time.Second)
+	spec := testSpec("c-greeter", roomy)
 	spec.Logger = slog.New(rec)
 	inst := load(t, e, spec, code)
 	ev := enginetest.NewEvent("n-1", "name", map[string]any{"name": "Ada"}, "c-7")
@@ -49,7 +48,7 @@ func TestExampleGoPricer(t *testing.T) {
 	code := buildGo(t, filepath.Join(repoRoot(t), "examples", "wasm", "go-pricer"))
 	e := newTestEngine(t, Config{})
 	rec := &recorder{}
-	spec := testSpec("go-pricer", 20*time.Second)
+	spec := testSpec("go-pricer", roomy)
 	spec.Logger = slog.New(rec)
 	inst := load(t, e, spec, code)
 	for i := range 3 {

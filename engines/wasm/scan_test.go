@@ -31,7 +31,7 @@ func TestDeeplyNestedModuleIsRefusedBeforeCompiling(t *testing.T) {
 	if !errors.Is(err, engines.ErrInvalidCode) || !strings.Contains(err.Error(), "nest their blocks too deeply") {
 		t.Fatalf("Check(100,000 nested blocks) = %v, want ErrInvalidCode about the nesting", err)
 	}
-	if took := time.Since(start); took > 10*time.Second {
+	if took := time.Since(start); took > time.Minute {
 		t.Errorf("the refusal took %v", took)
 	}
 	// Ordinary nesting compiles.

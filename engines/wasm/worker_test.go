@@ -46,7 +46,7 @@ func process(t *testing.T, inst engines.Instance, typ string, data any, ext map[
 
 func TestTrapsAndExitsAreFailedAttempts(t *testing.T) {
 	e := newTestEngine(t, Config{})
-	spec := testSpec("traps", 5*time.Second)
+	spec := testSpec("traps", roomy)
 	spec.MaxConcurrency = 1
 	inst := load(t, e, spec, fixture(t))
 	for _, c := range []struct{ typ, want string }{
@@ -78,7 +78,7 @@ func TestTrapsAndExitsAreFailedAttempts(t *testing.T) {
 
 func TestMemoryCapHoldsForMalloc(t *testing.T) {
 	e := newTestEngine(t, Config{MaxMemoryPages: 64}) // 4 MiB
-	inst := load(t, e, testSpec("oom", 5*time.Second), fixture(t))
+	inst := load(t, e, testSpec("oom", roomy), fixture(t))
 	_, err := inst.Process(bg(t), enginetest.NewEvent("ev", "test.oom", nil, ""))
 	if !errors.Is(err, engines.ErrWorkerFailed) || !strings.Contains(err.Error(), "out of memory after") {
 		t.Fatalf("Process(test.oom) = %v, want the worker's out-of-memory report", err)
@@ -95,7 +95,7 @@ func TestMemoryCapHoldsForMalloc(t *testing.T) {
 
 func TestTheModuleSeesOnlyItsIdentityAndNoFiles(t *testing.T) {
 	e := newTestEngine(t, Config{})
-	spec := testSpec("identity", 5*time.Second)
+	spec := testSpec("identity", roomy)
 	inst := load(t, e, spec, fixture(t))
 	for _, v := range []string{"HOME", "PATH"} {
 		if os.Getenv(v) == "" {
@@ -152,7 +152,7 @@ func (r *recorder) lines() map[string]slog.Level {
 func TestLogLinesReachTheWorkersLogger(t *testing.T) {
 	e := newTestEngine(t, Config{})
 	rec := &recorder{}
-	spec := testSpec("log", 5*time.Second)
+	spec := testSpec("log", roomy)
 	spec.Logger = slog.New(rec)
 	inst := load(t, e, spec, fixture(t))
 	out, err := inst.Process(bg(t), enginetest.NewEvent("ev", "test.log", nil, ""))
@@ -202,7 +202,7 @@ func (g *gateway) Call(ctx context.Context, service, method string, req []byte) 
 func TestGatewayCallsCarryTheFenceAndHonourTheTargets(t *testing.T) {
 	gw := &gateway{}
 	e := newTestEngine(t, Config{Gateway: gw})
-	spec := testSpec("gateway", 5*time.Second)
+	spec := testSpec("gateway", roomy)
 	spec.GatewayTargets = []string{"svc/do/*"}
 	inst := load(t, e, spec, fixture(t))
 	fence := &engines.Fence{Group: spec.Group, Token: 42, Check: func(context.Context) error { return nil }}
@@ -250,7 +250,7 @@ func TestGatewayCallsCarryTheFenceAndHonourTheTargets(t *testing.T) {
 func TestReloadLetsInFlightCallsFinishOnTheOldModule(t *testing.T) {
 	gw := &gateway{entered: make(chan struct{}, 1), block: make(chan struct{})}
 	e := newTestEngine(t, Config{Gateway: gw})
-	spec := testSpec("reload", 20*time.Second)
+	spec := testSpec("reload", roomy)
 	v1, err := e.Load(bg(t), spec, fixture(t))
 	if err != nil {
 		t.Fatal(err)
@@ -324,7 +324,7 @@ func TestCompiledOncePerModule(t *testing.T) {
 // calls do not grow its memory.
 func TestResponsesDoNotLeakTheModulesMemory(t *testing.T) {
 	e := newTestEngine(t, Config{})
-	spec := testSpec("leak", 10*time.Second)
+	spec := testSpec("leak", roomy)
 	spec.MaxConcurrency = 1
 	inst := load(t, e, spec, fixture(t, "MODE_BENCH"))
 	ev := enginetest.BenchEvent1KiB(t)
